@@ -1,0 +1,120 @@
+//! Generation-checked typed handles.
+//!
+//! A handle names one object in one process's object table: `(owner, index, generation)`.
+//! The kernel refuses a handle whose owner is another process (a foreign handle), whose slot
+//! holds a newer generation (a stale handle: the object was destroyed and the slot reused), or
+//! whose slot is empty. The kind parameter makes a queue handle and a doorbell handle different
+//! types, so they cannot be swapped by mistake at compile time.
+
+use core::fmt;
+use core::hash::{Hash, Hasher};
+use core::marker::PhantomData;
+
+/// A process known to the kernel. In the embedded mode a "process" is a kernel-side object the
+/// client opens; in the later multi-process mode it is a real OS process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ProcessId(pub u32);
+
+impl fmt::Display for ProcessId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "p{}", self.0)
+    }
+}
+
+/// The kind of object a [`Handle`] names.
+pub trait HandleKind: 'static {
+    /// Lower-case name used in messages ("queue", "doorbell", ...).
+    const NAME: &'static str;
+}
+
+macro_rules! kinds {
+    ($($(#[$m:meta])* $kind:ident => $alias:ident, $name:literal;)*) => {$(
+        $(#[$m])*
+        #[derive(Debug)]
+        pub enum $kind {}
+        impl HandleKind for $kind { const NAME: &'static str = $name; }
+        $(#[$m])*
+        pub type $alias = Handle<$kind>;
+    )*};
+}
+
+kinds! {
+    /// A device opened by a process (`D3DKMTCreateDevice`; the amdgpu file description).
+    DeviceKind => DeviceHandle, "device";
+    /// A hardware context on one engine.
+    ContextKind => ContextHandle, "context";
+    /// A hardware queue (`HwQueue`; amdgpu user queue).
+    HwQueueKind => HwQueueHandle, "queue";
+    /// A memory allocation mapped into the process's GPU address space.
+    AllocationKind => AllocationHandle, "allocation";
+    /// A doorbell object of a user-mode queue.
+    DoorbellKind => DoorbellHandle, "doorbell";
+}
+
+/// A typed, generation-checked handle. Cheap to copy; meaningless outside its owner.
+pub struct Handle<K: HandleKind> {
+    owner: ProcessId,
+    index: u32,
+    generation: u32,
+    _kind: PhantomData<fn() -> K>,
+}
+
+impl<K: HandleKind> Handle<K> {
+    /// Builds a handle. Only object tables mint handles; clients receive them from the kernel.
+    pub const fn new(owner: ProcessId, index: u32, generation: u32) -> Self {
+        Handle { owner, index, generation, _kind: PhantomData }
+    }
+    /// The process whose table holds the object.
+    pub const fn owner(&self) -> ProcessId {
+        self.owner
+    }
+    /// Slot index in the owner's table.
+    pub const fn index(&self) -> u32 {
+        self.index
+    }
+    /// Generation of the slot when the handle was minted.
+    pub const fn generation(&self) -> u32 {
+        self.generation
+    }
+}
+
+impl<K: HandleKind> Clone for Handle<K> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<K: HandleKind> Copy for Handle<K> {}
+impl<K: HandleKind> PartialEq for Handle<K> {
+    fn eq(&self, o: &Self) -> bool {
+        (self.owner, self.index, self.generation) == (o.owner, o.index, o.generation)
+    }
+}
+impl<K: HandleKind> Eq for Handle<K> {}
+impl<K: HandleKind> Hash for Handle<K> {
+    fn hash<H: Hasher>(&self, h: &mut H) {
+        (self.owner, self.index, self.generation).hash(h)
+    }
+}
+impl<K: HandleKind> fmt::Display for Handle<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}#{}.g{}@{}", K::NAME, self.index, self.generation, self.owner)
+    }
+}
+impl<K: HandleKind> fmt::Debug for Handle<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn display_names_kind_slot_generation_and_owner() {
+        let h = HwQueueHandle::new(ProcessId(2), 3, 7);
+        assert_eq!(h.to_string(), "queue#3.g7@p2");
+        assert_ne!(h, HwQueueHandle::new(ProcessId(2), 3, 8));
+        assert_ne!(h, HwQueueHandle::new(ProcessId(1), 3, 7));
+    }
+}

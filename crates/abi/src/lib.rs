@@ -1,0 +1,37 @@
+//! # abi — the contract every actor shares
+//!
+//! This crate is doorbell's "uapi header": the bytes and calls that cross a boundary between
+//! the user-mode driver (`umd`), the kernel (`kernel`) and the virtual device (`gpu`). Nothing
+//! here has behaviour beyond encoding, decoding and validating; each actor owns its own logic.
+//!
+//! - [`packet`]: packet encoding version 1, the command stream an engine executes
+//!   (spec 001 "a ring buffer ... IP specific packets"; spec 000 "write the command buffer's
+//!   address into the ring", our `INDIRECT_BUFFER`).
+//! - [`ring`]: the ring buffer control block — rptr, wptr and the last-queued progress value
+//!   (spec 000 "HW queue progress fence changes"), each on its own cache line.
+//! - [`doorbell`]: the doorbell word and the doorbell status values (spec 000
+//!   `D3DDDI_DOORBELL_STATUS_*`), and the doorbell page geometry (spec 001: 4 KiB, 512 × 64-bit).
+//! - [`queue`]: the queue descriptor a client passes at creation (amdgpu's MQD in the USERQ
+//!   ioctl), queue states, priorities, and the per-queue kernel page that holds the progress
+//!   fence and the doorbell status (read-only to user mode).
+//! - [`handle`]: generation-checked typed handles, owned by one process.
+//! - [`port`]: the [`port::KernelPort`] trait — the system-call surface the UMD uses — with its
+//!   argument types and its error enum.
+//!
+//! Invariants: every shared-memory layout is `#[repr(C)]` with `const` size and offset
+//! assertions, so a layout change is a compile error rather than a silent ABI break. Values
+//! read from another actor's memory are decoded through checked constructors
+//! ([`packet::Packet::decode`], [`doorbell::DoorbellStatus::from_word`],
+//! [`queue::QueueState::from_word`]) that never panic.
+
+pub mod doorbell;
+pub mod handle;
+pub mod packet;
+pub mod port;
+pub mod queue;
+pub mod ring;
+
+pub use doorbell::DoorbellStatus;
+pub use handle::{AllocationHandle, ContextHandle, DeviceHandle, DoorbellHandle, Handle, HwQueueHandle, ProcessId};
+pub use packet::{Opcode, Packet};
+pub use queue::{EngineId, EngineKind, Priority, QueueDescriptor, QueueState};

@@ -1,0 +1,329 @@
+//! The kernel port: the system-call surface a user-mode driver uses.
+//!
+//! [`KernelPort`] is the UMD's only way into the kernel (the control path). One port belongs to
+//! one process: every handle it mints carries that process's id, and every call checks it. In
+//! the embedded mode the kernel implements the trait directly; the later multi-process mode
+//! implements it over a Unix socket, passing shared memory as file descriptors — which is why
+//! every mapping handed out here is an fd-backed [`shm::Mapping`].
+//!
+//! The calls mirror WDDM's `D3DKMT*` entry points and amdgpu's USERQ ioctl (spec 000 "User-mode
+//! work submission APIs"; spec 001 "IOCTL Interfaces"). The data path — writing packets, wptr
+//! and the doorbell — never appears here.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use thiserror::Error;
+
+use crate::handle::{AllocationHandle, ContextHandle, DeviceHandle, DoorbellHandle, HwQueueHandle, ProcessId};
+use crate::packet::DecodeError;
+use crate::queue::{EngineId, EngineKind, FaultRecord, Priority, QueueDescriptor, QueueState};
+
+/// Where an allocation lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MemoryDomain {
+    /// System memory (CPU-visible).
+    System,
+    /// Device-local memory ("VRAM").
+    Local,
+}
+
+/// What to allocate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AllocationDesc {
+    /// Size in bytes (rounded up to 4 KiB pages).
+    pub bytes: u64,
+    /// Domain.
+    pub domain: MemoryDomain,
+    /// Whether the GPU may only read it.
+    pub gpu_read_only: bool,
+}
+
+impl AllocationDesc {
+    /// A read-write allocation in system memory.
+    pub const fn system(bytes: u64) -> Self {
+        AllocationDesc { bytes, domain: MemoryDomain::System, gpu_read_only: false }
+    }
+}
+
+/// A created allocation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AllocationInfo {
+    /// Its handle.
+    pub handle: AllocationHandle,
+    /// Where it is mapped in the process's GPU address space.
+    pub va: u64,
+    /// Its size (whole pages).
+    pub bytes: u64,
+}
+
+/// One engine as the adapter reports it (amdgpu INFO: which IPs take user and kernel queues).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EngineInfo {
+    /// Its id.
+    pub id: EngineId,
+    /// Its kind.
+    pub kind: EngineKind,
+    /// Whether it supports user-mode queues (`UserModeSubmissionSupported`).
+    pub user_queues: bool,
+    /// Whether it supports kernel-mode queues.
+    pub kernel_queues: bool,
+}
+
+/// What the adapter reports.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AdapterInfo {
+    /// Engines.
+    pub engines: Vec<EngineInfo>,
+    /// `DXGK_USERMODESUBMISSION_CAPS`: bytes of one doorbell.
+    pub doorbell_bytes: u64,
+    /// Doorbells in the process's doorbell page.
+    pub doorbells_per_process: u32,
+}
+
+/// How a hardware queue takes work.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SubmissionMode {
+    /// `UserModeSubmission`: the client writes the ring and rings a doorbell.
+    UserMode(QueueDescriptor),
+    /// The traditional path: each submission is a kernel call.
+    KernelMode,
+}
+
+/// What to create.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HwQueueDesc {
+    /// Submission model.
+    pub mode: SubmissionMode,
+    /// Priority (user-mode queues carry it in the descriptor too; this one wins).
+    pub priority: Priority,
+}
+
+/// A created hardware queue.
+#[derive(Debug)]
+pub struct HwQueueInfo {
+    /// Its handle.
+    pub handle: HwQueueHandle,
+    /// Its engine.
+    pub engine: EngineId,
+    /// The queue's kernel page ([`crate::queue::QueueKernelPage`]), mapped read-only.
+    pub kernel_page: shm::Mapping,
+    /// Where the kernel page is mapped (read-only) in the process's GPU address space, so
+    /// other queues can `WAIT` on this queue's progress.
+    pub kernel_page_va: u64,
+}
+
+/// `D3DKMT_CREATE_DOORBELL`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CreateDoorbell {
+    /// The user-mode queue.
+    pub queue: HwQueueHandle,
+    /// The allocation holding the ring.
+    pub ring_buffer: AllocationHandle,
+    /// The allocation holding rptr and wptr.
+    pub ring_control: AllocationHandle,
+}
+
+/// A created doorbell.
+pub struct DoorbellInfo {
+    /// Its handle.
+    pub handle: DoorbellHandle,
+    /// `DoorbellCPUVirtualAddress`: the page the kernel rotates between the BAR and a dummy.
+    pub cpu_page: Arc<shm::RotatingPage>,
+    /// Offset of this queue's doorbell word inside `cpu_page`.
+    pub offset: u64,
+}
+
+impl core::fmt::Debug for DoorbellInfo {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("DoorbellInfo").field("handle", &self.handle).field("offset", &self.offset).finish()
+    }
+}
+
+/// How a wait ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WaitOutcome {
+    /// The value was reached; carries the completed value seen.
+    Reached(u64),
+    /// The timeout passed first.
+    TimedOut,
+}
+
+/// `USERQ QUERY_STATUS`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QueueStatus {
+    /// State.
+    pub state: QueueState,
+    /// The fault that hung the queue, if any.
+    pub fault: Option<FaultRecord>,
+    /// Highest completed progress value.
+    pub completed: u64,
+    /// Last queued progress value.
+    pub last_queued: u64,
+}
+
+/// Why a handle was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HandleProblem {
+    /// It belongs to another process.
+    Foreign {
+        /// Its owner.
+        owner: ProcessId,
+    },
+    /// Its object was destroyed (the slot may hold a newer object).
+    Stale,
+    /// It never named an object.
+    Unknown,
+}
+
+impl core::fmt::Display for HandleProblem {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            HandleProblem::Foreign { owner } => write!(f, "belongs to process {owner}"),
+            HandleProblem::Stale => f.write_str("was destroyed"),
+            HandleProblem::Unknown => f.write_str("does not exist"),
+        }
+    }
+}
+
+/// Everything a kernel call can refuse. Each message names the field or handle and its value.
+#[derive(Clone, Debug, PartialEq, Eq, Error)]
+pub enum KernelError {
+    /// A foreign, stale or unknown handle.
+    #[error("{handle}: handle {problem}")]
+    BadHandle {
+        /// The handle as text.
+        handle: String,
+        /// What is wrong with it.
+        problem: HandleProblem,
+    },
+    /// An argument outside its domain.
+    #[error("`{field}` = {value}: {reason}")]
+    InvalidArgument {
+        /// Field name.
+        field: &'static str,
+        /// Value as text.
+        value: String,
+        /// Why.
+        reason: String,
+    },
+    /// A GPU VA range that does not lie inside one mapping of the process.
+    #[error("`{field}` = {va:#x} (+{bytes:#x} bytes) does not lie inside one mapping of the process")]
+    OutsideMappings {
+        /// Field name.
+        field: &'static str,
+        /// Address.
+        va: u64,
+        /// Length.
+        bytes: u64,
+    },
+    /// An object is still referenced.
+    #[error("{handle} is in use by {by}")]
+    InUse {
+        /// The object.
+        handle: String,
+        /// What references it.
+        by: String,
+    },
+    /// The queue cannot run work any more.
+    #[error("{queue} is lost: {reason}")]
+    QueueLost {
+        /// The queue.
+        queue: String,
+        /// Why.
+        reason: String,
+    },
+    /// A call for the other submission model.
+    #[error("{queue} is a {actual} queue; this call needs a {expected} queue")]
+    WrongQueueMode {
+        /// The queue.
+        queue: String,
+        /// What it is.
+        actual: &'static str,
+        /// What the call needs.
+        expected: &'static str,
+    },
+    /// A pool ran dry.
+    #[error("out of {what} ({detail})")]
+    Exhausted {
+        /// The pool.
+        what: &'static str,
+        /// Details.
+        detail: String,
+    },
+    /// A kernel-mode submission failed validation.
+    #[error("command buffer: packet at dword {offset}: {error}")]
+    BadPacket {
+        /// Dword offset in the submission.
+        offset: usize,
+        /// Decode error.
+        error: DecodeError,
+    },
+    /// A progress value that does not move forward.
+    #[error("`{field}` = {value} does not move forward from {last}")]
+    NotIncreasing {
+        /// Field.
+        field: &'static str,
+        /// Value given.
+        value: u64,
+        /// Last value.
+        last: u64,
+    },
+    /// The process was terminated.
+    #[error("process {0} has been terminated")]
+    ProcessTerminated(ProcessId),
+    /// Shared memory failed.
+    #[error("shared memory: {0}")]
+    Shm(#[from] shm::ShmError),
+}
+
+/// The system-call surface of the kernel, for one process.
+///
+/// Every method is a "kernel call": it may take locks and block. The UMD keeps them off its
+/// submission hot path except where the spec puts them there (connect after a disconnect,
+/// `NotifyWorkSubmission` on `ConnectedNotify`, blocking waits).
+pub trait KernelPort: Send + Sync {
+    /// The calling process.
+    fn process(&self) -> ProcessId;
+    /// Adapter capabilities (`DxgkDdiQueryAdapterInfo`, amdgpu INFO).
+    fn adapter_info(&self) -> AdapterInfo;
+    /// `D3DKMTCreateDevice`.
+    fn create_device(&self) -> Result<DeviceHandle, KernelError>;
+    /// `D3DKMTDestroyDevice`: destroys everything the device owns, in the spec's order.
+    fn destroy_device(&self, device: DeviceHandle) -> Result<(), KernelError>;
+    /// Allocates memory and maps it into the process's GPU address space.
+    fn allocate(&self, device: DeviceHandle, desc: &AllocationDesc) -> Result<AllocationInfo, KernelError>;
+    /// Maps an allocation into the caller's CPU address space (`D3DKMTLock2`).
+    fn map_allocation(&self, allocation: AllocationHandle) -> Result<shm::Mapping, KernelError>;
+    /// Frees an allocation. Refused while a doorbell references it.
+    fn free(&self, allocation: AllocationHandle) -> Result<(), KernelError>;
+    /// Creates a hardware context on an engine.
+    fn create_context(&self, device: DeviceHandle, engine: EngineId) -> Result<ContextHandle, KernelError>;
+    /// Destroys a context and its queues.
+    fn destroy_context(&self, context: ContextHandle) -> Result<(), KernelError>;
+    /// `D3DKMTCreateHwQueue` / USERQ CREATE: validates and creates a queue.
+    fn create_hw_queue(&self, context: ContextHandle, desc: &HwQueueDesc) -> Result<HwQueueInfo, KernelError>;
+    /// Destroys a queue (and its doorbell), after it stops.
+    fn destroy_hw_queue(&self, queue: HwQueueHandle) -> Result<(), KernelError>;
+    /// `D3DKMTCreateDoorbell`: the doorbell starts disconnected, its CPU page on the dummy page.
+    fn create_doorbell(&self, args: &CreateDoorbell) -> Result<DoorbellInfo, KernelError>;
+    /// `D3DKMTConnectDoorbell`: wakes the engine if needed and connects.
+    fn connect_doorbell(&self, queue: HwQueueHandle) -> Result<(), KernelError>;
+    /// `D3DKMTDestroyDoorbell`.
+    fn destroy_doorbell(&self, doorbell: DoorbellHandle) -> Result<(), KernelError>;
+    /// `D3DKMTNotifyWorkSubmission`.
+    fn notify_work_submission(&self, doorbell: DoorbellHandle) -> Result<(), KernelError>;
+    /// `D3DKMTSubmitCommand`: the kernel-mode path. `words` is a packet stream; its
+    /// `PROGRESS_FENCE` values must increase.
+    fn submit_command(&self, queue: HwQueueHandle, words: &[u32]) -> Result<(), KernelError>;
+    /// Blocks until the queue's progress fence reaches `value`, or the timeout passes. A hung
+    /// queue ends the wait with [`KernelError::QueueLost`].
+    fn wait_progress(
+        &self,
+        queue: HwQueueHandle,
+        value: u64,
+        timeout: Option<Duration>,
+    ) -> Result<WaitOutcome, KernelError>;
+    /// `USERQ QUERY_STATUS`.
+    fn query_queue(&self, queue: HwQueueHandle) -> Result<QueueStatus, KernelError>;
+}

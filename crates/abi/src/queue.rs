@@ -1,0 +1,303 @@
+//! Queues: the descriptor a client passes at creation, states, priorities, the kernel page,
+//! and fault records.
+//!
+//! The [`QueueDescriptor`] is the amdgpu MQD as the USERQ ioctl takes it: GPU virtual addresses
+//! of the ring, rptr and wptr, the ring size and the doorbell index in the process's doorbell
+//! page. The kernel validates it (spec 001 "The kernel driver then validates the MQD") and the
+//! firmware keeps its own copy.
+//!
+//! The [`QueueKernelPage`] is one page per queue that the kernel owns and the client maps
+//! read-only, on the CPU and in its GPU address space:
+//!
+//! | offset | field                | writer                                  |
+//! |--------|----------------------|-----------------------------------------|
+//! | 0      | `progress_completed` | the engine, by `PROGRESS_FENCE` only    |
+//! | 64     | `doorbell_status`    | the kernel ([`crate::DoorbellStatus`])   |
+//! | 128    | `queue_state`        | the kernel ([`QueueState`])              |
+//!
+//! This is amdgpu's "protected fence": memory only privileged clients can write, that user
+//! queues can read (spec 001 "Special Packets").
+
+use core::fmt;
+use core::mem::{offset_of, size_of};
+use core::sync::atomic::AtomicU64;
+
+/// Index of an engine of the device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct EngineId(pub u32);
+
+impl fmt::Display for EngineId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "engine{}", self.0)
+    }
+}
+
+/// What an engine is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum EngineKind {
+    /// Compute engine (will also run `DISPATCH`).
+    Compute,
+    /// Copy (DMA/SDMA) engine.
+    Copy,
+}
+
+impl fmt::Display for EngineKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            EngineKind::Compute => "compute",
+            EngineKind::Copy => "copy",
+        })
+    }
+}
+
+/// Firmware priority levels (amdgpu MES: low, normal, medium, high, realtime = 0..4).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+#[repr(u32)]
+pub enum Priority {
+    /// 0.
+    Low = 0,
+    /// 1.
+    #[default]
+    Normal = 1,
+    /// 2.
+    Medium = 2,
+    /// 3.
+    High = 3,
+    /// 4.
+    Realtime = 4,
+}
+
+impl Priority {
+    /// Decodes a level; `None` above 4.
+    pub const fn from_u32(v: u32) -> Option<Priority> {
+        Some(match v {
+            0 => Priority::Low,
+            1 => Priority::Normal,
+            2 => Priority::Medium,
+            3 => Priority::High,
+            4 => Priority::Realtime,
+            _ => return None,
+        })
+    }
+}
+
+/// Queue states (`AMDGPU_USERQ_STATE_*`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u64)]
+pub enum QueueState {
+    /// Not on the firmware's run list.
+    Unmapped = 0,
+    /// On the run list.
+    Mapped = 1,
+    /// Taken off a hardware slot with its state saved.
+    Preempted = 2,
+    /// Faulted or hung: it runs no more work.
+    Hung = 3,
+    /// Its memory is no longer valid.
+    InvalidVa = 4,
+}
+
+impl QueueState {
+    /// Decodes a state word.
+    pub const fn from_word(w: u64) -> Option<QueueState> {
+        Some(match w {
+            0 => QueueState::Unmapped,
+            1 => QueueState::Mapped,
+            2 => QueueState::Preempted,
+            3 => QueueState::Hung,
+            4 => QueueState::InvalidVa,
+            _ => return None,
+        })
+    }
+}
+
+/// What a client passes to create a user-mode queue.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QueueDescriptor {
+    /// GPU VA of the ring.
+    pub ring_va: u64,
+    /// Ring size in bytes: a power of two, at least 4 KiB.
+    pub ring_bytes: u64,
+    /// GPU VA of the rptr word (8-byte aligned).
+    pub rptr_va: u64,
+    /// GPU VA of the wptr word (8-byte aligned).
+    pub wptr_va: u64,
+    /// Doorbell index in the process's doorbell page (0..512).
+    pub doorbell_index: u32,
+    /// [`Priority`] level.
+    pub priority: u32,
+}
+
+const _: () = {
+    assert!(size_of::<QueueDescriptor>() == 40);
+    assert!(offset_of!(QueueDescriptor, doorbell_index) == 32);
+};
+
+/// The per-queue page the kernel owns and the client maps read-only.
+#[repr(C, align(64))]
+pub struct QueueKernelPage {
+    /// Highest progress-fence value the engine has completed.
+    pub progress_completed: AtomicU64,
+    _pad0: [u8; 56],
+    /// The doorbell status word.
+    pub doorbell_status: AtomicU64,
+    _pad1: [u8; 56],
+    /// The queue state word.
+    pub queue_state: AtomicU64,
+    _pad2: [u8; 56],
+}
+
+/// Offset of `progress_completed`.
+pub const PROGRESS_COMPLETED_OFFSET: u64 = offset_of!(QueueKernelPage, progress_completed) as u64;
+/// Offset of `doorbell_status`.
+pub const DOORBELL_STATUS_OFFSET: u64 = offset_of!(QueueKernelPage, doorbell_status) as u64;
+/// Offset of `queue_state`.
+pub const QUEUE_STATE_OFFSET: u64 = offset_of!(QueueKernelPage, queue_state) as u64;
+/// Bytes the kernel reserves per queue for the page.
+pub const QUEUE_KERNEL_PAGE_BYTES: u64 = 4096;
+
+const _: () = {
+    assert!(PROGRESS_COMPLETED_OFFSET == 0);
+    assert!(DOORBELL_STATUS_OFFSET == 64);
+    assert!(QUEUE_STATE_OFFSET == 128);
+    assert!(size_of::<QueueKernelPage>() as u64 <= QUEUE_KERNEL_PAGE_BYTES);
+};
+
+/// How a GPU memory access was meant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Access {
+    /// Read.
+    Read,
+    /// Write.
+    Write,
+}
+
+impl fmt::Display for Access {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Access::Read => "read",
+            Access::Write => "write",
+        })
+    }
+}
+
+/// Why the firmware faulted a queue.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum FaultKind {
+    /// A packet could not be decoded.
+    #[error("bad packet: {0}")]
+    BadPacket(#[from] crate::packet::DecodeError),
+    /// A packet's length runs past the end of the ring (packets never wrap).
+    #[error("packet of {dwords} dwords at ring offset {offset:#x} runs past the ring end ({ring_bytes:#x})")]
+    PastRingEnd {
+        /// Ring offset of the header.
+        offset: u64,
+        /// Length from the header.
+        dwords: u64,
+        /// Ring size.
+        ring_bytes: u64,
+    },
+    /// A packet's length runs past the published wptr.
+    #[error("packet of {dwords} dwords at rptr {rptr:#x} runs past wptr {wptr:#x}")]
+    PastWptr {
+        /// rptr of the header.
+        rptr: u64,
+        /// Its length.
+        dwords: u64,
+        /// The published wptr.
+        wptr: u64,
+    },
+    /// An access outside the process's mappings.
+    #[error("{access} of {bytes} bytes at va {va:#x} is outside the process's mappings")]
+    OutsideMappings {
+        /// Address.
+        va: u64,
+        /// Length.
+        bytes: u64,
+        /// Kind.
+        access: Access,
+    },
+    /// A write to a read-only mapping.
+    #[error("write of {bytes} bytes at va {va:#x} hits a read-only mapping")]
+    ReadOnly {
+        /// Address.
+        va: u64,
+        /// Length.
+        bytes: u64,
+    },
+    /// A misaligned access where alignment is required.
+    #[error("{access} at va {va:#x} is not aligned to {align}")]
+    Misaligned {
+        /// Address.
+        va: u64,
+        /// Required alignment.
+        align: u64,
+        /// Kind.
+        access: Access,
+    },
+    /// wptr went backwards.
+    #[error("wptr moved backwards from {old:#x} to {new:#x}")]
+    WptrBackwards {
+        /// Previous wptr.
+        old: u64,
+        /// New wptr.
+        new: u64,
+    },
+    /// wptr is more than a ring ahead of rptr.
+    #[error("wptr {wptr:#x} is more than the ring size {ring_bytes:#x} ahead of rptr {rptr:#x}")]
+    WptrPastRing {
+        /// rptr.
+        rptr: u64,
+        /// wptr.
+        wptr: u64,
+        /// Ring size.
+        ring_bytes: u64,
+    },
+    /// wptr is not a whole number of dwords.
+    #[error("wptr {wptr:#x} is not dword aligned")]
+    WptrMisaligned {
+        /// wptr.
+        wptr: u64,
+    },
+    /// A `PROGRESS_FENCE` value below the completed one.
+    #[error("PROGRESS_FENCE value {value} is below the completed value {completed}")]
+    ProgressBackwards {
+        /// Completed value.
+        completed: u64,
+        /// Value in the packet.
+        value: u64,
+    },
+    /// An indirect buffer inside an indirect buffer, or one on a bad vmid.
+    #[error("INDIRECT_BUFFER: {why}")]
+    BadIndirect {
+        /// Reason.
+        why: &'static str,
+    },
+}
+
+/// A fault as the firmware recorded it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FaultRecord {
+    /// What went wrong.
+    pub kind: FaultKind,
+    /// rptr of the packet (or wptr check) that faulted.
+    pub rptr: u64,
+    /// The packet's opcode, when one was decoded.
+    pub opcode: Option<crate::packet::Opcode>,
+    /// Whether the packet was inside an indirect buffer.
+    pub in_indirect: bool,
+}
+
+impl fmt::Display for FaultRecord {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} (at rptr {:#x}", self.kind, self.rptr)?;
+        if let Some(op) = self.opcode {
+            write!(f, ", {}", op.name())?;
+        }
+        if self.in_indirect {
+            f.write_str(", in indirect buffer")?;
+        }
+        f.write_str(")")
+    }
+}

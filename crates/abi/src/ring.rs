@@ -1,0 +1,148 @@
+//! The ring buffer and its control block.
+//!
+//! A user-mode queue's work queue is a ring of `size` bytes (a power of two, at least
+//! [`MIN_RING_BYTES`]) plus a control block. Pointers are **monotonic byte counts**, never
+//! wrapped: the byte at pointer `p` lives at ring offset `p % size`. So:
+//!
+//! - the queue is idle when `rptr == wptr`;
+//! - the bytes in flight are `wptr - rptr`, never more than `size`;
+//! - a doorbell value (the wptr the client rang with) is never repeated, so a stale value can
+//!   never look like new work.
+//!
+//! The control block keeps each word on its own cache line, because each has one writer:
+//!
+//! | offset | field         | writer                 | readers                              |
+//! |--------|---------------|------------------------|--------------------------------------|
+//! | 0      | `rptr`        | firmware (release)     | UMD, for ring space                  |
+//! | 64     | `wptr`        | UMD (release)          | firmware (acquire)                   |
+//! | 128    | `last_queued` | UMD                    | kernel (termination, idle detection) |
+//!
+//! `last_queued` is the spec's `HwQueueProgressFenceLastQueuedValueCPUVirtualAddress`
+//! (spec 000 "HW queue progress fence changes"). Packets never straddle the end of the ring: a
+//! writer that reaches the end pads it with one `NOP` and continues at offset 0.
+
+use core::mem::{offset_of, size_of};
+use core::sync::atomic::AtomicU64;
+
+/// Smallest ring (amdgpu: 4 KiB).
+pub const MIN_RING_BYTES: u64 = 4096;
+/// Largest ring this device accepts (a packet length is 16 bits; 16 MiB is plenty).
+pub const MAX_RING_BYTES: u64 = 16 << 20;
+
+/// The ring control block in shared memory.
+#[repr(C, align(64))]
+pub struct RingControl {
+    /// Read pointer: bytes consumed by the engine.
+    pub rptr: AtomicU64,
+    _pad0: [u8; 56],
+    /// Write pointer: bytes published by the client.
+    pub wptr: AtomicU64,
+    _pad1: [u8; 56],
+    /// Last queued progress-fence value.
+    pub last_queued: AtomicU64,
+    _pad2: [u8; 56],
+}
+
+/// Offset of `rptr` in [`RingControl`].
+pub const RPTR_OFFSET: u64 = offset_of!(RingControl, rptr) as u64;
+/// Offset of `wptr` in [`RingControl`].
+pub const WPTR_OFFSET: u64 = offset_of!(RingControl, wptr) as u64;
+/// Offset of `last_queued` in [`RingControl`].
+pub const LAST_QUEUED_OFFSET: u64 = offset_of!(RingControl, last_queued) as u64;
+/// Size of [`RingControl`].
+pub const RING_CONTROL_BYTES: u64 = size_of::<RingControl>() as u64;
+
+const _: () = {
+    assert!(RPTR_OFFSET == 0);
+    assert!(WPTR_OFFSET == 64);
+    assert!(LAST_QUEUED_OFFSET == 128);
+    assert!(RING_CONTROL_BYTES == 192);
+};
+
+/// Why a ring size is refused.
+pub fn check_ring_size(bytes: u64) -> Result<(), &'static str> {
+    if !bytes.is_power_of_two() {
+        Err("must be a power of two")
+    } else if bytes < MIN_RING_BYTES {
+        Err("must be at least 4096 bytes")
+    } else if bytes > MAX_RING_BYTES {
+        Err("must be at most 16 MiB")
+    } else {
+        Ok(())
+    }
+}
+
+/// Where a writer puts `dwords` dwords of packets at `wptr` in a ring of `ring_bytes`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WritePlan {
+    /// Dwords of `NOP` padding first (0, or the rest of the ring up to its end).
+    pub pad_dwords: u64,
+    /// Ring offset of the packets (after padding).
+    pub offset: u64,
+    /// wptr after padding and packets.
+    pub new_wptr: u64,
+}
+
+/// Plans a write of `dwords` dwords so that no packet straddles the end of the ring: when they
+/// do not fit before the end, the rest of the ring is padded with one `NOP`. Returns `None`
+/// for a stream longer than half the ring: with padding it could need more than the whole
+/// ring, and then it would never fit.
+///
+/// The caller must still wait until `new_wptr - rptr <= ring_bytes` before writing.
+pub fn plan_write(wptr: u64, ring_bytes: u64, dwords: u64) -> Option<WritePlan> {
+    let bytes = dwords.checked_mul(4)?;
+    let off = wptr % ring_bytes;
+    let to_end = ring_bytes - off;
+    let pad = if bytes > to_end { to_end } else { 0 };
+    if bytes > ring_bytes / 2 || pad / 4 > crate::packet::MAX_PACKET_DWORDS as u64 {
+        return None;
+    }
+    Some(WritePlan { pad_dwords: pad / 4, offset: (off + pad) % ring_bytes, new_wptr: wptr + pad + bytes })
+}
+
+/// Writes a planned stream into a ring mapping: the `NOP` padding (if any) at `wptr`, then
+/// `parts` back to back at `plan.offset`. Publishing the new wptr is the caller's next step.
+pub fn write_stream(
+    ring: &shm::Mapping,
+    ring_bytes: u64,
+    wptr: u64,
+    plan: &WritePlan,
+    parts: &[&[u32]],
+) -> Result<(), shm::ShmError> {
+    if plan.pad_dwords > 0 {
+        let nop = crate::packet::Header::new(crate::packet::Opcode::Nop, plan.pad_dwords as u16);
+        ring.write_u32(wptr % ring_bytes, nop.0)?;
+    }
+    let mut at = plan.offset;
+    for part in parts {
+        ring.write_u32s(at, part)?;
+        at += part.len() as u64 * 4;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn write_plans_pad_to_the_ring_end() {
+        assert_eq!(plan_write(0, 4096, 6), Some(WritePlan { pad_dwords: 0, offset: 0, new_wptr: 24 }));
+        // 8 bytes left before the end: pad 2 dwords, start at 0.
+        assert_eq!(plan_write(4088, 4096, 6), Some(WritePlan { pad_dwords: 2, offset: 0, new_wptr: 4096 + 24 }));
+        // Exactly fits.
+        assert_eq!(plan_write(4096 + 4072, 4096, 6), Some(WritePlan { pad_dwords: 0, offset: 4072, new_wptr: 8192 }));
+        assert_eq!(plan_write(0, 4096, 513), None);
+        assert!(plan_write(4092, 4096, 512).is_some_and(|p| p.new_wptr - 4092 <= 4096));
+    }
+
+    #[test]
+    fn ring_sizes() {
+        assert!(check_ring_size(4096).is_ok());
+        assert!(check_ring_size(1 << 20).is_ok());
+        assert_eq!(check_ring_size(4095), Err("must be a power of two"));
+        assert_eq!(check_ring_size(2048), Err("must be at least 4096 bytes"));
+        assert_eq!(check_ring_size(0), Err("must be a power of two"));
+        assert_eq!(check_ring_size(32 << 20), Err("must be at most 16 MiB"));
+    }
+}

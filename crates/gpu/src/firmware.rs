@@ -1,0 +1,714 @@
+//! The scheduling firmware and its engines.
+//!
+//! The firmware keeps a table of queues (amdgpu: the MQDs it was given), a run list per engine,
+//! and the doorbells it watches. Its work cycle is the one spec 001 describes: "Writing to the
+//! doorbell wakes the firmware and causes it to fetch the wptr and start processing the packets
+//! in the queue". Concretely, for each engine in F0:
+//!
+//! 1. [`Firmware::poll_doorbells`]: a watched BAR word that changed marks its queue *pending*.
+//! 2. [`Firmware::step`]: each pending queue on the run list, in round-robin order, reads its
+//!    wptr (acquire), validates it, then fetches, decodes and executes up to `packet_budget`
+//!    packets, publishing rptr (release) as it goes. A queue with nothing left stops being
+//!    pending; a queue blocked in a `WAIT` stays pending and is re-checked next round.
+//! 3. Interrupts (fault, engine state change, user, progress fence above the monitored value)
+//!    queue on the line for [`Firmware::poll_interrupt`].
+//!
+//! The firmware keeps its own copies of rptr and of the last wptr it validated: a client that
+//! scribbles over its rptr word cannot make the engine re-run or skip work, and a wptr that
+//! moves backwards, is not dword aligned or runs more than a ring ahead hangs the queue.
+//!
+//! Doorbell bind and unbind both re-read the queue's wptr: a submission published while the
+//! doorbell was disconnected, or whose ring raced the disconnect, is found there. Entering F1
+//! is refused while any queue has work. Those two rules are why no submission is lost across a
+//! doorbell disconnect or an engine power transition.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use abi::packet::{DataWidth, Header, MAX_FIXED_PACKET_DWORDS, Opcode, Packet};
+use abi::queue::{Access, FaultKind, FaultRecord};
+use abi::{EngineId, EngineKind, Priority, QueueState};
+use shm::{Mapping, Shm};
+
+use crate::memory::{AddressSpace, Vmid};
+use crate::{GpuConfig, GpuError, Time};
+
+/// A queue in the firmware's table: slot index and generation, so a removed queue's id never
+/// names its successor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct FwQueueId {
+    index: u32,
+    generation: u32,
+}
+
+impl core::fmt::Display for FwQueueId {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(f, "fwq{}.g{}", self.index, self.generation)
+    }
+}
+
+/// What the kernel gives the firmware to add a queue (the engine-specific MQD).
+#[derive(Clone)]
+pub struct QueueConfig {
+    /// Address space the queue runs in.
+    pub vmid: Vmid,
+    /// Engine.
+    pub engine: EngineId,
+    /// Ring GPU VA.
+    pub ring_va: u64,
+    /// Ring size (validated by the kernel: power of two ≥ 4 KiB).
+    pub ring_bytes: u64,
+    /// rptr word GPU VA.
+    pub rptr_va: u64,
+    /// wptr word GPU VA.
+    pub wptr_va: u64,
+    /// The queue's kernel page; `PROGRESS_FENCE` writes its first word.
+    pub kernel_page: Arc<Shm>,
+    /// A kernel queue: may select a vmid in `INDIRECT_BUFFER`.
+    pub privileged: bool,
+    /// Priority.
+    pub priority: Priority,
+}
+
+/// Engine power states (spec 000 "Engine F-state transitions").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PowerState {
+    /// Active: doorbells are watched.
+    F0,
+    /// Idle, powered down: doorbells are not watched.
+    F1,
+}
+
+/// `DXGK_ENGINE_STATE` transitions the firmware reports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EngineState {
+    /// The engine has been idle for the idle period and asks to go to F1.
+    TransitionToF1,
+}
+
+/// What the firmware raises on the interrupt line.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Interrupt {
+    /// A queue faulted and is now hung.
+    QueueFault {
+        /// The queue.
+        queue: FwQueueId,
+        /// What happened.
+        fault: FaultRecord,
+    },
+    /// `DXGK_INTERRUPT_GPU_ENGINE_STATE_CHANGE`.
+    EngineStateChange {
+        /// The engine.
+        engine: EngineId,
+        /// The transition.
+        state: EngineState,
+    },
+    /// An `INTERRUPT` packet.
+    User {
+        /// The queue.
+        queue: FwQueueId,
+        /// The packet's id.
+        id: u32,
+    },
+    /// A `PROGRESS_FENCE` wrote a value above the queue's monitored value.
+    ProgressFence {
+        /// The queue.
+        queue: FwQueueId,
+        /// The value written.
+        value: u64,
+    },
+}
+
+/// What one [`Firmware::step`] did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StepReport {
+    /// Packets executed (indirect-buffer contents included).
+    pub packets: u64,
+    /// Queues that still want to run (pending or blocked).
+    pub runnable: u32,
+}
+
+/// A region and an offset in it, resolved once when the queue is added.
+#[derive(Clone)]
+struct Place {
+    shm: Arc<Shm>,
+    offset: u64,
+}
+
+impl Place {
+    fn resolve(vm: &AddressSpace, va: u64, bytes: u64, access: Access) -> Result<Place, FaultKind> {
+        vm.translate(va, bytes, access)?;
+        let m = vm.find(va).expect("translate succeeded");
+        Ok(Place { shm: m.shm.clone(), offset: m.offset + (va - m.va) })
+    }
+}
+
+/// An indirect buffer being executed.
+#[derive(Clone, Copy, Debug)]
+struct IbCursor {
+    va: u64,
+    dwords: u32,
+    pos: u32,
+    vmid: Option<Vmid>,
+}
+
+struct FwQueue {
+    cfg: QueueConfig,
+    ring: Place,
+    rptr_word: Place,
+    wptr_word: Place,
+    state: QueueState,
+    rptr: u64,
+    wptr: u64,
+    pending: bool,
+    ib: Option<IbCursor>,
+    monitored: u64,
+    completed: u64,
+    doorbell: Option<u32>,
+    fault: Option<FaultRecord>,
+}
+
+impl FwQueue {
+    /// Reads and validates the client's wptr.
+    fn refresh_wptr(&mut self) -> Result<(), FaultKind> {
+        // Acquire: pairs with the client's release store of wptr, so the packets it covers are
+        // visible before we fetch them.
+        let new = self.wptr_word.shm.load_u64(self.wptr_word.offset, Ordering::Acquire).unwrap_or(self.wptr);
+        if new == self.wptr {
+            return Ok(());
+        }
+        if new % 4 != 0 {
+            return Err(FaultKind::WptrMisaligned { wptr: new });
+        }
+        if new < self.wptr {
+            return Err(FaultKind::WptrBackwards { old: self.wptr, new });
+        }
+        if new - self.rptr > self.cfg.ring_bytes {
+            return Err(FaultKind::WptrPastRing { rptr: self.rptr, wptr: new, ring_bytes: self.cfg.ring_bytes });
+        }
+        self.wptr = new;
+        Ok(())
+    }
+
+    /// Raw check for unconsumed work, without validation (used for the no-loss checks).
+    fn has_work(&self) -> bool {
+        // SeqCst fence: the firmware half of the Dekker pairing with the client's
+        // `store wptr; fence(SeqCst); load status` — the kernel stored the new doorbell status
+        // (SeqCst) before asking for this check, so either the client saw that status or this
+        // load sees its wptr.
+        std::sync::atomic::fence(Ordering::SeqCst);
+        let w = self.wptr_word.shm.load_u64(self.wptr_word.offset, Ordering::Acquire).unwrap_or(self.wptr);
+        self.ib.is_some() || w != self.rptr
+    }
+
+    fn publish_rptr(&self) {
+        // Release: the client may reuse ring bytes below rptr once it sees it; our reads of
+        // them happen before.
+        if let Ok(a) = self.rptr_word.shm.atomic_u64(self.rptr_word.offset) {
+            a.store(self.rptr, Ordering::Release);
+        }
+    }
+}
+
+struct Watch {
+    slot: u32,
+    queue: FwQueueId,
+    last: u64,
+}
+
+struct Engine {
+    id: EngineId,
+    kind: EngineKind,
+    power: PowerState,
+    f1_requested: bool,
+    last_busy: Time,
+    run_list: Vec<FwQueueId>,
+    watches: Vec<Watch>,
+    cursor: usize,
+}
+
+struct Slot {
+    generation: u32,
+    queue: Option<FwQueue>,
+}
+
+/// The firmware state machine. See the module docs.
+pub(crate) struct Firmware {
+    idle_period: std::time::Duration,
+    budget: u32,
+    engines: Vec<Engine>,
+    slots: Vec<Slot>,
+    irqs: std::collections::VecDeque<Interrupt>,
+}
+
+/// Outcome of executing one packet.
+enum Flow {
+    Next,
+    Blocked,
+}
+
+impl Firmware {
+    pub(crate) fn new(cfg: &GpuConfig) -> Firmware {
+        let engines = cfg
+            .engines
+            .iter()
+            .enumerate()
+            .map(|(i, &kind)| Engine {
+                id: EngineId(i as u32),
+                kind,
+                power: PowerState::F0,
+                f1_requested: false,
+                last_busy: Time::ZERO,
+                run_list: Vec::new(),
+                watches: Vec::new(),
+                cursor: 0,
+            })
+            .collect();
+        Firmware {
+            idle_period: cfg.idle_period,
+            budget: cfg.packet_budget.max(1),
+            engines,
+            slots: Vec::new(),
+            irqs: Default::default(),
+        }
+    }
+
+    pub(crate) fn engine_kinds(&self) -> Vec<EngineKind> {
+        self.engines.iter().map(|e| e.kind).collect()
+    }
+
+    fn engine_mut(&mut self, id: EngineId) -> Result<&mut Engine, GpuError> {
+        self.engines.get_mut(id.0 as usize).ok_or(GpuError::BadEngine(id.0))
+    }
+
+    fn queue(&self, id: FwQueueId) -> Result<&FwQueue, GpuError> {
+        match self.slots.get(id.index as usize) {
+            Some(Slot { generation, queue: Some(q) }) if *generation == id.generation => Ok(q),
+            _ => Err(GpuError::StaleQueue(id)),
+        }
+    }
+
+    fn queue_mut(&mut self, id: FwQueueId) -> Result<&mut FwQueue, GpuError> {
+        match self.slots.get_mut(id.index as usize) {
+            Some(Slot { generation, queue: Some(q) }) if *generation == id.generation => Ok(q),
+            _ => Err(GpuError::StaleQueue(id)),
+        }
+    }
+
+    pub(crate) fn add_queue(&mut self, cfg: QueueConfig, vm: &AddressSpace) -> Result<FwQueueId, GpuError> {
+        self.engine_mut(cfg.engine)?;
+        let ring = Place::resolve(vm, cfg.ring_va, cfg.ring_bytes, Access::Read).map_err(GpuError::QueueMemory)?;
+        let rptr_word = Place::resolve(vm, cfg.rptr_va, 8, Access::Read).map_err(GpuError::QueueMemory)?;
+        let wptr_word = Place::resolve(vm, cfg.wptr_va, 8, Access::Read).map_err(GpuError::QueueMemory)?;
+        for (va, what) in [(cfg.rptr_va, Access::Write), (cfg.wptr_va, Access::Read)] {
+            if va % 8 != 0 {
+                return Err(GpuError::QueueMemory(FaultKind::Misaligned { va, align: 8, access: what }));
+            }
+        }
+        // The firmware resumes from the client's current pointers: a queue starts idle.
+        let start = wptr_word.shm.load_u64(wptr_word.offset, Ordering::Acquire).unwrap_or(0);
+        let engine = cfg.engine;
+        let q = FwQueue {
+            cfg,
+            ring,
+            rptr_word,
+            wptr_word,
+            state: QueueState::Mapped,
+            rptr: start,
+            wptr: start,
+            pending: false,
+            ib: None,
+            monitored: u64::MAX,
+            completed: 0,
+            doorbell: None,
+            fault: None,
+        };
+        q.publish_rptr();
+        let index = match self.slots.iter().position(|s| s.queue.is_none()) {
+            Some(i) => i,
+            None => {
+                self.slots.push(Slot { generation: 0, queue: None });
+                self.slots.len() - 1
+            }
+        };
+        let slot = &mut self.slots[index];
+        slot.generation = slot.generation.wrapping_add(1);
+        slot.queue = Some(q);
+        let id = FwQueueId { index: index as u32, generation: slot.generation };
+        self.engine_mut(engine)?.run_list.push(id);
+        Ok(id)
+    }
+
+    pub(crate) fn remove_queue(&mut self, id: FwQueueId) -> Result<u64, GpuError> {
+        let engine = self.queue(id)?.cfg.engine;
+        let e = self.engine_mut(engine)?;
+        e.run_list.retain(|&q| q != id);
+        e.watches.retain(|w| w.queue != id);
+        let q = self.slots[id.index as usize].queue.take().expect("checked above");
+        Ok(q.rptr)
+    }
+
+    pub(crate) fn bind_doorbell(&mut self, id: FwQueueId, slot: u32, bar: &Shm) -> Result<(), GpuError> {
+        let engine = self.queue(id)?.cfg.engine;
+        // Start from the word's current value: whatever is there is not a new ring.
+        let last = bar.load_u64(slot as u64 * 8, Ordering::Relaxed)?;
+        let e = self.engine_mut(engine)?;
+        e.watches.retain(|w| w.queue != id);
+        e.watches.push(Watch { slot, queue: id, last });
+        let q = self.queue_mut(id)?;
+        q.doorbell = Some(slot);
+        // Work published while disconnected rang the dummy page: find it through wptr.
+        if q.state == QueueState::Mapped && q.has_work() {
+            q.pending = true;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn unbind_doorbell(&mut self, id: FwQueueId) -> Result<(), GpuError> {
+        let engine = self.queue(id)?.cfg.engine;
+        self.engine_mut(engine)?.watches.retain(|w| w.queue != id);
+        let q = self.queue_mut(id)?;
+        q.doorbell = None;
+        // A ring that raced the disconnect may never be seen on the BAR: re-read wptr.
+        if q.state == QueueState::Mapped && q.has_work() {
+            q.pending = true;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn set_monitored(&mut self, id: FwQueueId, value: u64) -> Result<(), GpuError> {
+        self.queue_mut(id)?.monitored = value;
+        Ok(())
+    }
+
+    pub(crate) fn queue_state(&self, id: FwQueueId) -> Result<QueueState, GpuError> {
+        Ok(self.queue(id)?.state)
+    }
+
+    pub(crate) fn queue_fault(&self, id: FwQueueId) -> Result<Option<FaultRecord>, GpuError> {
+        Ok(self.queue(id)?.fault.clone())
+    }
+
+    pub(crate) fn queue_has_work(&self, id: FwQueueId) -> Result<bool, GpuError> {
+        Ok(self.queue(id)?.has_work())
+    }
+
+    pub(crate) fn power(&self, engine: EngineId) -> Result<PowerState, GpuError> {
+        self.engines.get(engine.0 as usize).map(|e| e.power).ok_or(GpuError::BadEngine(engine.0))
+    }
+
+    pub(crate) fn request_f0(&mut self, engine: EngineId, now: Time) -> Result<(), GpuError> {
+        let e = self.engine_mut(engine)?;
+        e.power = PowerState::F0;
+        e.f1_requested = false;
+        e.last_busy = now;
+        Ok(())
+    }
+
+    pub(crate) fn enter_f1(&mut self, engine: EngineId, now: Time) -> Result<bool, GpuError> {
+        let run_list = self.engine_mut(engine)?.run_list.clone();
+        let mut busy = false;
+        for id in run_list {
+            let q = self.queue_mut(id)?;
+            if q.state == QueueState::Mapped && (q.pending || q.has_work()) {
+                q.pending = true;
+                busy = true;
+            }
+        }
+        let e = self.engine_mut(engine)?;
+        e.f1_requested = false;
+        if busy {
+            e.last_busy = now;
+        } else {
+            e.power = PowerState::F1;
+        }
+        Ok(!busy)
+    }
+
+    pub(crate) fn all_asleep(&self) -> bool {
+        self.engines.iter().all(|e| e.power == PowerState::F1)
+    }
+
+    pub(crate) fn poll_doorbells(&mut self, bar: &Shm) -> bool {
+        let mut rang = false;
+        for e in self.engines.iter_mut().filter(|e| e.power == PowerState::F0) {
+            for w in &mut e.watches {
+                // Relaxed: the doorbell is only a wake-up hint; the acquire load of wptr that
+                // follows is what makes the packets visible.
+                let v = bar.load_u64(w.slot as u64 * 8, Ordering::Relaxed).unwrap_or(w.last);
+                if v != w.last {
+                    w.last = v;
+                    if let Some(Slot { generation, queue: Some(q) }) = self.slots.get_mut(w.queue.index as usize) {
+                        if *generation == w.queue.generation {
+                            q.pending = true;
+                            rang = true;
+                        }
+                    }
+                }
+            }
+        }
+        rang
+    }
+
+    pub(crate) fn step(&mut self, now: Time, vms: &[Option<AddressSpace>]) -> StepReport {
+        let mut report = StepReport::default();
+        let Firmware { engines, slots, irqs, budget, .. } = self;
+        for e in engines.iter_mut().filter(|e| e.power == PowerState::F0) {
+            let n = e.run_list.len();
+            let mut busy = false;
+            for k in 0..n {
+                let id = e.run_list[(e.cursor + k) % n];
+                let Some(q) = slots[id.index as usize].queue.as_mut() else { continue };
+                if !q.pending || q.state != QueueState::Mapped {
+                    continue;
+                }
+                busy = true;
+                report.packets += run_queue(q, id, vms, now, *budget, irqs);
+                if q.pending && q.state == QueueState::Mapped {
+                    report.runnable += 1;
+                }
+            }
+            if n > 0 {
+                e.cursor = (e.cursor + 1) % n;
+            }
+            if busy {
+                e.last_busy = now;
+            }
+        }
+        report
+    }
+
+    pub(crate) fn handle_timeout(&mut self, now: Time) {
+        for e in self.engines.iter_mut() {
+            if e.power != PowerState::F0 || e.f1_requested {
+                continue;
+            }
+            let busy = e.run_list.iter().any(|id| {
+                self.slots[id.index as usize].queue.as_ref().is_some_and(|q| q.pending && q.state == QueueState::Mapped)
+            });
+            if busy {
+                e.last_busy = now;
+            } else if now.since(e.last_busy) >= self.idle_period {
+                e.f1_requested = true;
+                self.irqs.push_back(Interrupt::EngineStateChange { engine: e.id, state: EngineState::TransitionToF1 });
+            }
+        }
+    }
+
+    pub(crate) fn poll_timeout(&self) -> Option<Time> {
+        self.engines
+            .iter()
+            .filter(|e| e.power == PowerState::F0 && !e.f1_requested)
+            .map(|e| e.last_busy.add(self.idle_period))
+            .min()
+    }
+
+    pub(crate) fn poll_interrupt(&mut self) -> Option<Interrupt> {
+        self.irqs.pop_front()
+    }
+}
+
+/// Runs one queue for up to `budget` packets. Returns packets executed.
+fn run_queue(
+    q: &mut FwQueue,
+    id: FwQueueId,
+    vms: &[Option<AddressSpace>],
+    now: Time,
+    budget: u32,
+    irqs: &mut std::collections::VecDeque<Interrupt>,
+) -> u64 {
+    let start_rptr = q.rptr;
+    let mut done = 0u64;
+    let result = (|| -> Result<(), (FaultKind, Option<Opcode>, bool)> {
+        let vm = vms.get(q.cfg.vmid.0 as usize).and_then(Option::as_ref).ok_or((
+            FaultKind::OutsideMappings { va: q.cfg.ring_va, bytes: 0, access: Access::Read },
+            None,
+            false,
+        ))?;
+        while done < budget as u64 {
+            if let Some(mut ib) = q.ib {
+                let ib_vm = match ib.vmid {
+                    Some(v) => vms.get(v.0 as usize).and_then(Option::as_ref).ok_or((
+                        FaultKind::BadIndirect { why: "vmid does not exist" },
+                        Some(Opcode::IndirectBuffer),
+                        false,
+                    ))?,
+                    None => vm,
+                };
+                if ib.pos >= ib.dwords {
+                    q.ib = None;
+                    q.rptr += Opcode::IndirectBuffer.fixed_dwords().unwrap_or(5) as u64 * 4;
+                    continue;
+                }
+                let (packet, n) = fetch_indirect(ib_vm, &ib).map_err(|k| (k, None, true))?;
+                match exec(packet, q, id, ib_vm, now, irqs, true).map_err(|k| (k, Some(packet.opcode()), true))? {
+                    Flow::Blocked => return Ok(()),
+                    Flow::Next => {
+                        ib.pos += n as u32;
+                        q.ib = Some(ib);
+                        done += 1;
+                    }
+                }
+                continue;
+            }
+            if q.rptr == q.wptr {
+                q.refresh_wptr().map_err(|k| (k, None, false))?;
+                if q.rptr == q.wptr {
+                    q.pending = false;
+                    return Ok(());
+                }
+            }
+            let (packet, n) = fetch_ring(q).map_err(|(k, op)| (k, op, false))?;
+            match exec(packet, q, id, vm, now, irqs, false).map_err(|k| (k, Some(packet.opcode()), false))? {
+                Flow::Blocked => return Ok(()),
+                Flow::Next => {
+                    if q.ib.is_none() {
+                        q.rptr += n as u64 * 4;
+                    }
+                    done += 1;
+                }
+            }
+        }
+        Ok(())
+    })();
+    if let Err((kind, opcode, in_indirect)) = result {
+        let fault = FaultRecord { kind, rptr: q.rptr, opcode, in_indirect };
+        q.state = QueueState::Hung;
+        q.pending = false;
+        q.fault = Some(fault.clone());
+        irqs.push_back(Interrupt::QueueFault { queue: id, fault });
+    }
+    if q.rptr != start_rptr {
+        q.publish_rptr();
+    }
+    done
+}
+
+/// Fetches and decodes the packet at rptr.
+fn fetch_ring(q: &FwQueue) -> Result<(Packet, usize), (FaultKind, Option<Opcode>)> {
+    let ring_bytes = q.cfg.ring_bytes;
+    let off = q.rptr & (ring_bytes - 1);
+    let ring: &Mapping = &q.ring.shm;
+    let base = q.ring.offset;
+    let header = Header(ring.read_u32(base + off).map_err(|_| (outside(q.cfg.ring_va + off, 4), None))?);
+    let op = header.check().map_err(|e| (FaultKind::BadPacket(e), None))?;
+    let n = header.dwords() as u64;
+    if off + n * 4 > ring_bytes {
+        return Err((FaultKind::PastRingEnd { offset: off, dwords: n, ring_bytes }, Some(op)));
+    }
+    if q.rptr + n * 4 > q.wptr {
+        return Err((FaultKind::PastWptr { rptr: q.rptr, dwords: n, wptr: q.wptr }, Some(op)));
+    }
+    decode_at(ring, base + off, header, op).map_err(|k| (k, Some(op)))
+}
+
+/// Fetches and decodes the next packet of an indirect buffer.
+fn fetch_indirect(vm: &AddressSpace, ib: &IbCursor) -> Result<(Packet, usize), FaultKind> {
+    let va = ib.va + ib.pos as u64 * 4;
+    let r = vm.translate(va, 4, Access::Read)?;
+    let header = Header(r.shm.read_u32(r.offset).map_err(|_| outside(va, 4))?);
+    let op = header.check().map_err(FaultKind::BadPacket)?;
+    let n = header.dwords();
+    let have = (ib.dwords - ib.pos) as usize;
+    if n > have {
+        return Err(FaultKind::BadPacket(abi::packet::DecodeError::Truncated { need: n, have }));
+    }
+    let r = vm.translate(va, n as u64 * 4, Access::Read)?;
+    decode_at(r.shm, r.offset, header, op)
+}
+
+/// Decodes a packet whose checked header is at `offset` of `m`.
+fn decode_at(m: &Mapping, offset: u64, header: Header, op: Opcode) -> Result<(Packet, usize), FaultKind> {
+    let n = header.dwords();
+    if op == Opcode::Nop {
+        return Ok((Packet::Nop { dwords: n as u16 }, n));
+    }
+    // Fixed-size packets are at most MAX_FIXED_PACKET_DWORDS long (checked by `Header::check`).
+    let mut buf = [0u32; MAX_FIXED_PACKET_DWORDS];
+    let words = &mut buf[..n.min(MAX_FIXED_PACKET_DWORDS)];
+    m.read_u32s(offset, words).map_err(|_| outside(offset, n as u64 * 4))?;
+    Packet::decode(words).map_err(FaultKind::BadPacket)
+}
+
+fn outside(va: u64, bytes: u64) -> FaultKind {
+    FaultKind::OutsideMappings { va, bytes, access: Access::Read }
+}
+
+/// Executes one packet.
+fn exec(
+    p: Packet,
+    q: &mut FwQueue,
+    id: FwQueueId,
+    vm: &AddressSpace,
+    now: Time,
+    irqs: &mut std::collections::VecDeque<Interrupt>,
+    in_indirect: bool,
+) -> Result<Flow, FaultKind> {
+    let wfault = |va: u64, bytes: u64| FaultKind::OutsideMappings { va, bytes, access: Access::Write };
+    match p {
+        Packet::Nop { .. } => {}
+        Packet::WriteData { width, va, value } => {
+            let r = vm.translate_aligned(va, width.bytes(), Access::Write)?;
+            let res = match width {
+                DataWidth::U32 => r.shm.write_u32(r.offset, value as u32),
+                DataWidth::U64 => r.shm.write_u64(r.offset, value),
+            };
+            res.map_err(|_| wfault(va, width.bytes()))?;
+        }
+        Packet::Copy { src, dst, bytes } => {
+            let s = vm.translate(src, bytes, Access::Read)?;
+            let d = vm.translate(dst, bytes, Access::Write)?;
+            Mapping::copy(s.shm, s.offset, d.shm, d.offset, bytes).map_err(|_| wfault(dst, bytes))?;
+        }
+        Packet::Fill { dst, bytes, pattern } => {
+            let d = vm.translate(dst, bytes, Access::Write)?;
+            d.shm.fill_u32(d.offset, bytes, pattern).map_err(|_| wfault(dst, bytes))?;
+        }
+        Packet::Timestamp { va } => {
+            let r = vm.translate_aligned(va, 8, Access::Write)?;
+            r.shm.write_u64(r.offset, now.as_nanos()).map_err(|_| wfault(va, 8))?;
+        }
+        Packet::IndirectBuffer { va, dwords, vmid } => {
+            if in_indirect {
+                return Err(FaultKind::BadIndirect { why: "an indirect buffer may not contain another" });
+            }
+            let vmid = match (vmid, q.cfg.privileged) {
+                (0, _) => None,
+                (v, true) => Some(Vmid(v)),
+                (_, false) => return Err(FaultKind::BadIndirect { why: "vmid must be 0 on a user queue" }),
+            };
+            if vmid.is_none() {
+                vm.translate(va, dwords as u64 * 4, Access::Read)?;
+            }
+            q.ib = Some(IbCursor { va, dwords, pos: 0, vmid });
+        }
+        Packet::Signal { va, value } => {
+            let r = vm.translate_aligned(va, 8, Access::Write)?;
+            // Release: everything the queue wrote before the signal is visible to whoever
+            // acquires the new value.
+            r.shm.atomic_u64(r.offset).map_err(|_| wfault(va, 8))?.store(value, Ordering::Release);
+        }
+        Packet::Wait { va, value } => {
+            let r = vm.translate_aligned(va, 8, Access::Read)?;
+            // Acquire: pairs with the signaller's release store.
+            let v = r.shm.load_u64(r.offset, Ordering::Acquire).map_err(|_| outside(va, 8))?;
+            if v < value {
+                return Ok(Flow::Blocked);
+            }
+        }
+        Packet::ProgressFence { value } => {
+            if value < q.completed {
+                return Err(FaultKind::ProgressBackwards { completed: q.completed, value });
+            }
+            let word = q.cfg.kernel_page.atomic_u64(abi::queue::PROGRESS_COMPLETED_OFFSET).map_err(|_| wfault(0, 8))?;
+            // Release: the command buffer's writes happen-before a waiter's acquire of the value.
+            word.store(value, Ordering::Release);
+            q.completed = value;
+            if value > q.monitored {
+                irqs.push_back(Interrupt::ProgressFence { queue: id, value });
+            }
+        }
+        Packet::Interrupt { id: user } => irqs.push_back(Interrupt::User { queue: id, id: user }),
+    }
+    Ok(Flow::Next)
+}

@@ -1,0 +1,295 @@
+//! # gpu — the virtual device
+//!
+//! This crate is the hardware: memory and per-process GPU virtual address spaces, the doorbell
+//! BAR, and the scheduling firmware with its engines (spec 001 "Theory of Operation": the MES
+//! that maps user queues onto hardware queue slots; spec 000's context management processor).
+//! It knows nothing of processes, handles or policy: the kernel tells it, through firmware
+//! commands, which queues exist, which address space ([`Vmid`]) each runs in and which doorbell
+//! each watches.
+//!
+//! Everything here is a **sans-IO state machine** in the manner of quinn-proto. No thread, no
+//! clock: the driver that owns the device calls
+//!
+//! - [`Gpu::poll_doorbells`] to latch doorbell writes (a cheap scan of the watched BAR words),
+//! - [`Gpu::step`] with the current [`Time`] to let engines execute a bounded amount of work,
+//! - [`Gpu::handle_timeout`] with the current time for the idle (F1) timer, and
+//!   [`Gpu::poll_timeout`] to learn when that is due,
+//! - [`Gpu::poll_interrupt`] to drain the interrupt line.
+//!
+//! The live driver calls these from a firmware thread in real time; the deterministic driver
+//! calls them from tests with a virtual clock. Both run exactly this code.
+//!
+//! Invariants:
+//! - Nothing a client writes can panic the device: packets, pointers and addresses are read
+//!   from shared memory, validated, and turned into a [`abi::queue::FaultRecord`] that hangs
+//!   only the offending queue.
+//! - A queue only runs while it is on the run list, and an engine only runs while in F0.
+//! - Work is never lost across a doorbell unbind or an F1 request: both re-read the queue's
+//!   wptr, and F1 is refused while any queue has `rptr != wptr`.
+
+mod firmware;
+mod memory;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use abi::queue::EngineKind;
+use shm::Shm;
+
+pub use firmware::{EngineState, FwQueueId, Interrupt, PowerState, QueueConfig, StepReport};
+pub use memory::{AddressSpace, GpuMapping, Vmid};
+
+/// Device time in nanoseconds since the device was created. The GPU clock that `TIMESTAMP`
+/// writes, and the time every state machine takes as input.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Time(pub u64);
+
+impl Time {
+    /// Zero.
+    pub const ZERO: Time = Time(0);
+    /// Nanoseconds.
+    pub const fn as_nanos(self) -> u64 {
+        self.0
+    }
+    /// `self + d`, saturating.
+    pub fn add(self, d: Duration) -> Time {
+        Time(self.0.saturating_add(d.as_nanos().min(u64::MAX as u128) as u64))
+    }
+    /// `self - earlier`, saturating at zero.
+    pub fn since(self, earlier: Time) -> Duration {
+        Duration::from_nanos(self.0.saturating_sub(earlier.0))
+    }
+}
+
+/// Device configuration.
+#[derive(Clone, Debug)]
+pub struct GpuConfig {
+    /// Engines, in id order.
+    pub engines: Vec<EngineKind>,
+    /// Pages of the doorbell BAR (512 doorbells each).
+    pub doorbell_pages: u32,
+    /// An engine with no work for this long asks for F1.
+    pub idle_period: Duration,
+    /// Packets one queue may execute per [`Gpu::step`] before the engine moves on.
+    pub packet_budget: u32,
+}
+
+impl Default for GpuConfig {
+    fn default() -> Self {
+        GpuConfig {
+            engines: vec![EngineKind::Compute, EngineKind::Copy],
+            doorbell_pages: 64,
+            idle_period: Duration::from_millis(20),
+            packet_budget: 256,
+        }
+    }
+}
+
+/// What a device command can refuse.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum GpuError {
+    /// A queue id whose slot is empty or reused.
+    #[error("firmware queue {0} is stale or unknown")]
+    StaleQueue(FwQueueId),
+    /// An unknown address space.
+    #[error("vmid {0} does not exist")]
+    BadVmid(u32),
+    /// An unknown engine.
+    #[error("engine {0} does not exist")]
+    BadEngine(u32),
+    /// A mapping that overlaps another.
+    #[error("GPU mapping {va:#x}+{bytes:#x} overlaps an existing mapping")]
+    Overlap {
+        /// Address.
+        va: u64,
+        /// Length.
+        bytes: u64,
+    },
+    /// A mapping request outside its backing.
+    #[error("GPU mapping {va:#x}+{bytes:#x}: {why}")]
+    BadMapping {
+        /// Address.
+        va: u64,
+        /// Length.
+        bytes: u64,
+        /// Why.
+        why: &'static str,
+    },
+    /// A queue's memory does not resolve.
+    #[error("queue memory: {0}")]
+    QueueMemory(abi::queue::FaultKind),
+    /// A doorbell slot outside the BAR.
+    #[error("doorbell slot {slot} is outside the BAR ({slots} slots)")]
+    BadDoorbell {
+        /// Slot.
+        slot: u32,
+        /// Slots in the BAR.
+        slots: u32,
+    },
+    /// Shared memory failed.
+    #[error("shared memory: {0}")]
+    Shm(#[from] shm::ShmError),
+}
+
+/// The virtual GPU: BAR, address spaces and firmware.
+pub struct Gpu {
+    bar: Arc<Shm>,
+    vms: Vec<Option<AddressSpace>>,
+    fw: firmware::Firmware,
+}
+
+impl Gpu {
+    /// Creates a device. Address space 0 is created for the kernel.
+    pub fn new(cfg: GpuConfig) -> Result<Gpu, GpuError> {
+        let bar = Shm::new("doorbell-bar", cfg.doorbell_pages as usize * abi::doorbell::DOORBELL_PAGE_BYTES as usize)?;
+        let fw = firmware::Firmware::new(&cfg);
+        Ok(Gpu { bar, vms: vec![Some(AddressSpace::default())], fw })
+    }
+
+    /// The doorbell BAR.
+    pub fn bar(&self) -> &Arc<Shm> {
+        &self.bar
+    }
+
+    /// Doorbells in the BAR.
+    pub fn doorbell_slots(&self) -> u32 {
+        (self.bar.len() as u64 / abi::doorbell::DOORBELL_BYTES) as u32
+    }
+
+    /// Engines, in id order.
+    pub fn engines(&self) -> Vec<EngineKind> {
+        self.fw.engine_kinds()
+    }
+
+    /// Creates an empty address space.
+    pub fn create_vm(&mut self) -> Vmid {
+        if let Some(i) = self.vms.iter().position(Option::is_none) {
+            self.vms[i] = Some(AddressSpace::default());
+            return Vmid(i as u32);
+        }
+        self.vms.push(Some(AddressSpace::default()));
+        Vmid(self.vms.len() as u32 - 1)
+    }
+
+    /// Destroys an address space. Queues still using it fault on their next access.
+    pub fn destroy_vm(&mut self, vmid: Vmid) -> Result<(), GpuError> {
+        match self.vms.get_mut(vmid.0 as usize) {
+            Some(slot @ Some(_)) if vmid.0 != 0 => {
+                *slot = None;
+                Ok(())
+            }
+            _ => Err(GpuError::BadVmid(vmid.0)),
+        }
+    }
+
+    /// An address space.
+    pub fn vm(&self, vmid: Vmid) -> Result<&AddressSpace, GpuError> {
+        self.vms.get(vmid.0 as usize).and_then(Option::as_ref).ok_or(GpuError::BadVmid(vmid.0))
+    }
+
+    /// An address space, mutably (the kernel maps and unmaps).
+    pub fn vm_mut(&mut self, vmid: Vmid) -> Result<&mut AddressSpace, GpuError> {
+        self.vms.get_mut(vmid.0 as usize).and_then(Option::as_mut).ok_or(GpuError::BadVmid(vmid.0))
+    }
+
+    // ---- firmware commands (the KMD's interface; amdgpu's MES API) ----
+
+    /// Adds a queue to the firmware and its engine's run list.
+    pub fn add_queue(&mut self, cfg: QueueConfig) -> Result<FwQueueId, GpuError> {
+        let Gpu { vms, fw, .. } = self;
+        let vm = vms.get(cfg.vmid.0 as usize).and_then(Option::as_ref).ok_or(GpuError::BadVmid(cfg.vmid.0))?;
+        fw.add_queue(cfg, vm)
+    }
+
+    /// Removes a queue (it must not be running: the firmware stops it at a packet boundary).
+    /// Returns its final rptr.
+    pub fn remove_queue(&mut self, id: FwQueueId) -> Result<u64, GpuError> {
+        self.fw.remove_queue(id)
+    }
+
+    /// Makes the firmware watch BAR `slot` for `id`, then checks the queue's wptr for work
+    /// published while it was not watched.
+    pub fn bind_doorbell(&mut self, id: FwQueueId, slot: u32) -> Result<(), GpuError> {
+        let slots = self.doorbell_slots();
+        if slot >= slots {
+            return Err(GpuError::BadDoorbell { slot, slots });
+        }
+        self.fw.bind_doorbell(id, slot, &self.bar)
+    }
+
+    /// Stops watching the queue's doorbell, then checks its wptr one last time so a ring that
+    /// raced the unbind is not lost.
+    pub fn unbind_doorbell(&mut self, id: FwQueueId) -> Result<(), GpuError> {
+        self.fw.unbind_doorbell(id)
+    }
+
+    /// Sets the progress value above which a `PROGRESS_FENCE` raises an interrupt
+    /// (`u64::MAX`: none).
+    pub fn set_monitored(&mut self, id: FwQueueId, value: u64) -> Result<(), GpuError> {
+        self.fw.set_monitored(id, value)
+    }
+
+    /// The queue's state, as the firmware sees it.
+    pub fn queue_state(&self, id: FwQueueId) -> Result<abi::QueueState, GpuError> {
+        self.fw.queue_state(id)
+    }
+
+    /// The fault that hung the queue.
+    pub fn queue_fault(&self, id: FwQueueId) -> Result<Option<abi::queue::FaultRecord>, GpuError> {
+        self.fw.queue_fault(id)
+    }
+
+    /// Whether the queue has unconsumed work (`rptr != wptr`).
+    pub fn queue_has_work(&self, id: FwQueueId) -> Result<bool, GpuError> {
+        self.fw.queue_has_work(id)
+    }
+
+    /// Engine power state.
+    pub fn power(&self, engine: abi::EngineId) -> Result<PowerState, GpuError> {
+        self.fw.power(engine)
+    }
+
+    /// Wakes an engine to F0.
+    pub fn request_f0(&mut self, engine: abi::EngineId, now: Time) -> Result<(), GpuError> {
+        self.fw.request_f0(engine, now)
+    }
+
+    /// Puts an idle engine in F1. Refused (returns `false`, engine stays F0) if any of its
+    /// queues still has work: the kernel must reconnect their doorbells.
+    pub fn enter_f1(&mut self, engine: abi::EngineId, now: Time) -> Result<bool, GpuError> {
+        self.fw.enter_f1(engine, now)
+    }
+
+    /// Whether every engine is in F1 (the firmware thread may sleep).
+    pub fn all_asleep(&self) -> bool {
+        self.fw.all_asleep()
+    }
+
+    // ---- the sans-IO driving interface ----
+
+    /// Latches doorbell writes of F0 engines. Returns whether any doorbell changed.
+    pub fn poll_doorbells(&mut self) -> bool {
+        self.fw.poll_doorbells(&self.bar)
+    }
+
+    /// Lets every F0 engine run its pending queues for one round.
+    pub fn step(&mut self, now: Time) -> StepReport {
+        let Gpu { vms, fw, .. } = self;
+        fw.step(now, vms)
+    }
+
+    /// Raises idle (TransitionToF1) requests that are due.
+    pub fn handle_timeout(&mut self, now: Time) {
+        self.fw.handle_timeout(now)
+    }
+
+    /// When [`Gpu::handle_timeout`] next has something to do.
+    pub fn poll_timeout(&self) -> Option<Time> {
+        self.fw.poll_timeout()
+    }
+
+    /// The next interrupt on the line.
+    pub fn poll_interrupt(&mut self) -> Option<Interrupt> {
+        self.fw.poll_interrupt()
+    }
+}

@@ -1,0 +1,182 @@
+//! The kernel-mode driver boundary.
+//!
+//! The spec splits the OS graphics kernel (Dxgkrnl) from the IHV's kernel-mode driver through
+//! DDIs (spec 000 "DDIs for user-mode work submission"). [`Kmd`] is that boundary: the OS part
+//! ([`crate::os`]) owns processes, handles, validation, doorbell objects and policy, and calls
+//! these methods for everything device-specific. [`VirtualKmd`] implements them for doorbell's
+//! virtual GPU by sending commands to its firmware. A second doorbell model (global doorbells,
+//! a different firmware) is a second implementation of this trait, not a fork of the OS.
+//!
+//! The OS records every call in its trace before making it, so tests can assert the order.
+
+use std::sync::Arc;
+
+use abi::EngineId;
+use abi::port::{AdapterInfo, EngineInfo, KernelError};
+use gpu::{FwQueueId, Gpu, Interrupt, PowerState, QueueConfig, Time, Vmid};
+use parking_lot::Mutex;
+use shm::Shm;
+
+/// Something that wakes the device's driver thread (the live firmware thread parks while
+/// every engine is in F1).
+pub trait DeviceWaker: Send + Sync {
+    /// Wakes it. Must not block.
+    fn wake(&self);
+}
+
+/// The DDIs the OS calls.
+pub trait Kmd: Send {
+    /// `DxgkDdiQueryAdapterInfo`: engines and doorbell caps.
+    fn adapter_info(&self) -> AdapterInfo;
+    /// The doorbell BAR (the OS maps pages of it into processes).
+    fn doorbell_bar(&self) -> Arc<Shm>;
+    /// Creates a GPU address space for a process.
+    fn create_vm(&mut self) -> Vmid;
+    /// Destroys it.
+    fn destroy_vm(&mut self, vmid: Vmid);
+    /// Maps memory into a GPU address space.
+    fn map_gpu(&mut self, vmid: Vmid, va: u64, bytes: u64, shm: Arc<Shm>, writable: bool) -> Result<(), KernelError>;
+    /// Unmaps it.
+    fn unmap_gpu(&mut self, vmid: Vmid, va: u64);
+    /// Whether `[va, va+bytes)` lies inside one mapping of the address space.
+    fn vm_contains(&self, vmid: Vmid, va: u64, bytes: u64) -> bool;
+    /// `DxgkDdiCreateHwQueue`: the firmware adds the queue to its run list.
+    fn create_hw_queue(&mut self, cfg: QueueConfig) -> Result<FwQueueId, KernelError>;
+    /// `DxgkDdiDestroyHwQueue`.
+    fn destroy_hw_queue(&mut self, q: FwQueueId);
+    /// `DxgkDdiConnectDoorbell`: connect the queue to physical doorbell `slot`. Returns
+    /// whether the KMD wants `NotifyWorkSubmission` after each ring.
+    fn connect_doorbell(&mut self, q: FwQueueId, slot: u32) -> Result<bool, KernelError>;
+    /// `DxgkDdiDisconnectDoorbell`.
+    fn disconnect_doorbell(&mut self, q: FwQueueId);
+    /// `DxgkDdiNotifyWorkSubmission`.
+    fn notify_work_submission(&mut self, q: FwQueueId);
+    /// `DxgkDdiUpdateMonitoredValues` for a progress fence.
+    fn update_monitored(&mut self, q: FwQueueId, value: u64);
+    /// `DxgkDdiSetPowerComponentFState`. Returns the state the engine is in afterwards (the
+    /// firmware refuses F1 while work is pending).
+    fn set_power(&mut self, engine: EngineId, state: PowerState, now: Time) -> PowerState;
+    /// Current engine power state.
+    fn power(&self, engine: EngineId) -> PowerState;
+    /// The firmware's view of a queue.
+    fn queue_state(&self, q: FwQueueId) -> Option<abi::QueueState>;
+}
+
+/// The KMD of doorbell's virtual GPU.
+pub struct VirtualKmd {
+    gpu: Arc<Mutex<Gpu>>,
+    waker: Arc<dyn DeviceWaker>,
+    notify_on_submit: bool,
+}
+
+impl VirtualKmd {
+    /// A KMD driving `gpu`; `waker` is called when an engine returns to F0.
+    pub fn new(gpu: Arc<Mutex<Gpu>>, waker: Arc<dyn DeviceWaker>) -> Self {
+        VirtualKmd { gpu, waker, notify_on_submit: false }
+    }
+
+    /// Makes connected doorbells report `ConnectedNotify`, so the UMD calls
+    /// `NotifyWorkSubmission` after each ring (spec: for "specific and infrequent scenarios").
+    pub fn set_notify_on_submit(&mut self, on: bool) {
+        self.notify_on_submit = on;
+    }
+}
+
+fn gpu_err(e: gpu::GpuError) -> KernelError {
+    KernelError::InvalidArgument { field: "device", value: String::new(), reason: e.to_string() }
+}
+
+impl Kmd for VirtualKmd {
+    fn adapter_info(&self) -> AdapterInfo {
+        let g = self.gpu.lock();
+        AdapterInfo {
+            engines: g
+                .engines()
+                .into_iter()
+                .enumerate()
+                .map(|(i, kind)| EngineInfo { id: EngineId(i as u32), kind, user_queues: true, kernel_queues: true })
+                .collect(),
+            doorbell_bytes: abi::doorbell::DOORBELL_BYTES,
+            doorbells_per_process: abi::doorbell::DOORBELLS_PER_PAGE,
+        }
+    }
+
+    fn doorbell_bar(&self) -> Arc<Shm> {
+        self.gpu.lock().bar().clone()
+    }
+
+    fn create_vm(&mut self) -> Vmid {
+        self.gpu.lock().create_vm()
+    }
+
+    fn destroy_vm(&mut self, vmid: Vmid) {
+        let _ = self.gpu.lock().destroy_vm(vmid);
+    }
+
+    fn map_gpu(&mut self, vmid: Vmid, va: u64, bytes: u64, shm: Arc<Shm>, writable: bool) -> Result<(), KernelError> {
+        self.gpu.lock().vm_mut(vmid).and_then(|vm| vm.map(va, bytes, shm, 0, writable)).map_err(gpu_err)
+    }
+
+    fn unmap_gpu(&mut self, vmid: Vmid, va: u64) {
+        if let Ok(vm) = self.gpu.lock().vm_mut(vmid) {
+            vm.unmap(va);
+        }
+    }
+
+    fn vm_contains(&self, vmid: Vmid, va: u64, bytes: u64) -> bool {
+        self.gpu.lock().vm(vmid).is_ok_and(|vm| vm.contains(va, bytes))
+    }
+
+    fn create_hw_queue(&mut self, cfg: QueueConfig) -> Result<FwQueueId, KernelError> {
+        self.gpu.lock().add_queue(cfg).map_err(gpu_err)
+    }
+
+    fn destroy_hw_queue(&mut self, q: FwQueueId) {
+        let _ = self.gpu.lock().remove_queue(q);
+    }
+
+    fn connect_doorbell(&mut self, q: FwQueueId, slot: u32) -> Result<bool, KernelError> {
+        self.gpu.lock().bind_doorbell(q, slot).map_err(gpu_err)?;
+        Ok(self.notify_on_submit)
+    }
+
+    fn disconnect_doorbell(&mut self, q: FwQueueId) {
+        let _ = self.gpu.lock().unbind_doorbell(q);
+    }
+
+    fn notify_work_submission(&mut self, _q: FwQueueId) {
+        // The virtual firmware needs no help to see a ring; a real KMD might kick a scheduler.
+        self.waker.wake();
+    }
+
+    fn update_monitored(&mut self, q: FwQueueId, value: u64) {
+        let _ = self.gpu.lock().set_monitored(q, value);
+    }
+
+    fn set_power(&mut self, engine: EngineId, state: PowerState, now: Time) -> PowerState {
+        let mut g = self.gpu.lock();
+        match state {
+            PowerState::F0 => {
+                let _ = g.request_f0(engine, now);
+                drop(g);
+                self.waker.wake();
+                PowerState::F0
+            }
+            PowerState::F1 => match g.enter_f1(engine, now) {
+                Ok(true) => PowerState::F1,
+                _ => PowerState::F0,
+            },
+        }
+    }
+
+    fn power(&self, engine: EngineId) -> PowerState {
+        self.gpu.lock().power(engine).unwrap_or(PowerState::F0)
+    }
+
+    fn queue_state(&self, q: FwQueueId) -> Option<abi::QueueState> {
+        self.gpu.lock().queue_state(q).ok()
+    }
+}
+
+/// Interrupts the device raised, in order, as the ISR receives them.
+pub type InterruptBatch = Vec<Interrupt>;

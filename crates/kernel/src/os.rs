@@ -1,0 +1,1154 @@
+//! The OS graphics kernel ("dxg"): processes, objects, validation, doorbells, waits, power
+//! policy, the interrupt service routine and the kernel-mode scheduler.
+//!
+//! This is the Dxgkrnl half of spec 000 and the amdgpu USERQ ioctl half of spec 001. It owns
+//! every policy decision and calls the device only through the [`Kmd`] DDIs, recording each
+//! call in the trace first. The sequences, in the spec's order:
+//!
+//! - **Connect** (`D3DKMTConnectDoorbell`): if the engine is in F1, F0 transition first; then
+//!   `DxgkDdiConnectDoorbell`; then the doorbell CPU page is rotated to the BAR; then the status
+//!   word becomes `Connected` (or `ConnectedNotify`).
+//! - **Disconnect** (victimization callback, F1 entry, fault): the CPU page is rotated to the
+//!   dummy page, the status word becomes `DisconnectedRetry` (or `DisconnectedAbort`), then
+//!   `DxgkDdiDisconnectDoorbell`; the firmware re-reads the queue's wptr so no racing ring is
+//!   lost.
+//! - **Engine idle** (`DXGK_ENGINE_STATE_TRANSITION_TO_F1`): disconnect every doorbell of the
+//!   engine's queues, then the F1 transition; the firmware refuses it if work is pending.
+//! - **CPU wait**: register the waiter, set the monitored value (lowest waited value − 1)
+//!   through the KMD, *then* re-read the completed value and satisfy what already passed; the
+//!   ISR does the same scan when a progress interrupt arrives. Both run under the OS lock, and
+//!   the firmware compares against the monitored value under the device lock after writing the
+//!   completed value, so a wake-up cannot fall between them.
+//!
+//! Lock order: the OS lock, then the device lock (inside the KMD). The device's driver thread
+//! never holds the device lock while it calls the ISR.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use abi::doorbell::{DOORBELL_PAGE_BYTES, DOORBELLS_PER_PAGE};
+use abi::handle::{AllocationKind, ContextKind, DeviceKind, DoorbellKind, HwQueueKind};
+use abi::packet::Packet;
+use abi::port::{
+    AdapterInfo, AllocationDesc, AllocationInfo, CreateDoorbell, DoorbellInfo, HwQueueDesc, HwQueueInfo, KernelError,
+    MemoryDomain, QueueStatus, SubmissionMode, WaitOutcome,
+};
+use abi::queue::{FaultRecord, QueueDescriptor};
+use abi::ring::{self, LAST_QUEUED_OFFSET, RPTR_OFFSET, WPTR_OFFSET};
+use abi::{
+    AllocationHandle, ContextHandle, DeviceHandle, DoorbellHandle, DoorbellStatus, EngineId, HwQueueHandle, Priority,
+    ProcessId, QueueState,
+};
+use gpu::{FwQueueId, Interrupt, PowerState, QueueConfig, Time, Vmid};
+use parking_lot::{Condvar, Mutex};
+use shm::{Prot, RotatingPage, Shm};
+
+use crate::kmd::Kmd;
+use crate::table::Table;
+use crate::trace::{Ddi, Event, PageTarget, Trace, TraceEntry};
+
+/// First GPU VA handed to a process.
+const VA_BASE: u64 = 0x1_0000_0000;
+/// Largest single allocation.
+const MAX_ALLOCATION: u64 = 1 << 30;
+/// Size of a kernel-mode queue's kernel-owned ring.
+pub const KERNEL_RING_BYTES: u64 = 64 * 1024;
+
+/// A source of device time.
+pub trait Clock: Send + Sync {
+    /// Now.
+    fn now(&self) -> Time;
+}
+
+/// A blocked CPU waiter on a progress fence.
+pub struct Waiter {
+    value: u64,
+    result: Mutex<Option<Result<u64, KernelError>>>,
+    cv: Condvar,
+}
+
+impl Waiter {
+    fn new(value: u64) -> Arc<Waiter> {
+        Arc::new(Waiter { value, result: Mutex::new(None), cv: Condvar::new() })
+    }
+    fn complete(&self, r: Result<u64, KernelError>) {
+        let mut g = self.result.lock();
+        if g.is_none() {
+            *g = Some(r);
+            self.cv.notify_all();
+        }
+    }
+    /// Whether the wait has ended.
+    pub fn is_done(&self) -> bool {
+        self.result.lock().is_some()
+    }
+    /// Blocks the calling thread until done or `deadline` (real time) passes.
+    pub fn block_until(&self, deadline: Option<std::time::Instant>) {
+        let mut g = self.result.lock();
+        while g.is_none() {
+            match deadline {
+                Some(d) => {
+                    if self.cv.wait_until(&mut g, d).timed_out() {
+                        return;
+                    }
+                }
+                None => self.cv.wait(&mut g),
+            }
+        }
+    }
+    /// The result, if done.
+    pub fn take(&self) -> Option<Result<u64, KernelError>> {
+        self.result.lock().clone()
+    }
+}
+
+/// How a wait started.
+pub enum WaitStart {
+    /// Already decided.
+    Done(Result<WaitOutcome, KernelError>),
+    /// The caller must block on the waiter, then call [`Os::end_wait`].
+    Blocked(Arc<Waiter>),
+}
+
+struct DeviceObj;
+
+struct ContextObj {
+    device: DeviceHandle,
+    engine: EngineId,
+    software_queue: VecDeque<KmSubmission>,
+}
+
+struct KmSubmission {
+    queue: HwQueueHandle,
+    words: Vec<u32>,
+}
+
+struct AllocObj {
+    device: DeviceHandle,
+    shm: Arc<Shm>,
+    va: u64,
+    bytes: u64,
+    pins: Vec<DoorbellHandle>,
+}
+
+enum QueueMode {
+    User { desc: QueueDescriptor },
+    Kernel { ring: Arc<Shm>, control: Arc<Shm>, ring_va: u64, control_va: u64, slot: u32, wptr: u64, last_queued: u64 },
+}
+
+struct QueueObj {
+    context: ContextHandle,
+    engine: EngineId,
+    fw: FwQueueId,
+    kernel_page: Arc<Shm>,
+    kernel_page_va: u64,
+    mode: QueueMode,
+    doorbell: Option<DoorbellHandle>,
+    waiters: Vec<Arc<Waiter>>,
+    fault: Option<FaultRecord>,
+}
+
+impl QueueObj {
+    fn completed(&self) -> u64 {
+        // Acquire: pairs with the engine's release store in PROGRESS_FENCE.
+        self.kernel_page.load_u64(abi::queue::PROGRESS_COMPLETED_OFFSET, Ordering::Acquire).unwrap_or(0)
+    }
+    fn set_state_word(&self, s: QueueState) {
+        if let Ok(w) = self.kernel_page.atomic_u64(abi::queue::QUEUE_STATE_OFFSET) {
+            w.store(s as u64, Ordering::Release);
+        }
+    }
+    fn lost(&self, h: HwQueueHandle) -> KernelError {
+        KernelError::QueueLost {
+            queue: h.to_string(),
+            reason: self.fault.as_ref().map_or_else(|| "hung".into(), |f| f.to_string()),
+        }
+    }
+}
+
+struct DoorbellObj {
+    queue: HwQueueHandle,
+    ring_buffer: AllocationHandle,
+    ring_control: AllocationHandle,
+    page: Arc<RotatingPage>,
+    connected: bool,
+}
+
+struct Process {
+    vmid: Vmid,
+    doorbell_page: u32,
+    next_va: u64,
+    devices: Table<DeviceKind, DeviceObj>,
+    contexts: Table<ContextKind, ContextObj>,
+    queues: Table<HwQueueKind, QueueObj>,
+    allocations: Table<AllocationKind, AllocObj>,
+    doorbells: Table<DoorbellKind, DoorbellObj>,
+}
+
+impl Process {
+    fn take_va(&mut self, bytes: u64) -> u64 {
+        let va = self.next_va;
+        // One unmapped guard page between allocations catches small overruns as faults.
+        self.next_va += bytes + 4096;
+        va
+    }
+}
+
+/// Counters the benchmark and demo read.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OsStats {
+    /// Interrupts serviced.
+    pub interrupts: u64,
+    /// User interrupts.
+    pub user_interrupts: u64,
+    /// Queue faults.
+    pub faults: u64,
+    /// Kernel-mode submissions accepted.
+    pub km_submissions: u64,
+    /// Doorbell connects.
+    pub connects: u64,
+    /// F1 entries.
+    pub f1_entries: u64,
+}
+
+struct OsState {
+    kmd: Box<dyn Kmd>,
+    bar: Arc<Shm>,
+    dummy: Arc<Shm>,
+    processes: HashMap<ProcessId, Process>,
+    next_pid: u32,
+    doorbell_pages: Vec<bool>,
+    kernel_slots: Vec<u32>,
+    fw_index: HashMap<FwQueueId, (ProcessId, HwQueueHandle)>,
+    trace: Trace,
+    stats: OsStats,
+    km_queued: usize,
+}
+
+/// The OS kernel. All methods take `&self`; state is behind one lock.
+pub struct Os {
+    state: Mutex<OsState>,
+    clock: Arc<dyn Clock>,
+    km_work: Condvar,
+}
+
+fn invalid(field: &'static str, value: impl ToString, reason: impl Into<String>) -> KernelError {
+    KernelError::InvalidArgument { field, value: value.to_string(), reason: reason.into() }
+}
+
+impl Os {
+    /// An OS over `kmd`.
+    pub fn new(kmd: Box<dyn Kmd>, clock: Arc<dyn Clock>) -> Result<Os, KernelError> {
+        let bar = kmd.doorbell_bar();
+        let pages = (bar.len() as u64 / DOORBELL_PAGE_BYTES) as usize;
+        let mut doorbell_pages = vec![false; pages];
+        // Page 0 holds the kernel queues' doorbells.
+        if let Some(p) = doorbell_pages.first_mut() {
+            *p = true;
+        }
+        let state = OsState {
+            kmd,
+            bar,
+            dummy: Shm::new("doorbell-dummy-page", 4096)?,
+            processes: HashMap::new(),
+            next_pid: 1,
+            doorbell_pages,
+            kernel_slots: (0..DOORBELLS_PER_PAGE).rev().collect(),
+            fw_index: HashMap::new(),
+            trace: Trace::default(),
+            stats: OsStats::default(),
+            km_queued: 0,
+        };
+        Ok(Os { state: Mutex::new(state), clock, km_work: Condvar::new() })
+    }
+
+    /// Device time now.
+    pub fn now(&self) -> Time {
+        self.clock.now()
+    }
+
+    /// The trace so far and how many entries were dropped.
+    pub fn trace(&self) -> (Vec<TraceEntry>, u64) {
+        self.state.lock().trace.snapshot()
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> OsStats {
+        self.state.lock().stats
+    }
+
+    /// Adapter capabilities.
+    pub fn adapter_info(&self) -> AdapterInfo {
+        self.state.lock().kmd.adapter_info()
+    }
+
+    /// Creates a process: a GPU address space and a doorbell page.
+    pub fn create_process(&self) -> Result<ProcessId, KernelError> {
+        let mut s = self.state.lock();
+        let page = s.doorbell_pages.iter().position(|used| !used).ok_or_else(|| KernelError::Exhausted {
+            what: "doorbell pages",
+            detail: format!("all {} pages of the doorbell BAR are in use", s.doorbell_pages.len()),
+        })?;
+        s.doorbell_pages[page] = true;
+        let pid = ProcessId(s.next_pid);
+        s.next_pid += 1;
+        let vmid = s.kmd.create_vm();
+        s.processes.insert(
+            pid,
+            Process {
+                vmid,
+                doorbell_page: page as u32,
+                next_va: VA_BASE,
+                devices: Table::new(pid),
+                contexts: Table::new(pid),
+                queues: Table::new(pid),
+                allocations: Table::new(pid),
+                doorbells: Table::new(pid),
+            },
+        );
+        Ok(pid)
+    }
+
+    /// Ends a process: every queue is destroyed (doorbell disconnected first), then its
+    /// memory, address space and doorbell page are returned. Ending it twice is a no-op.
+    pub fn terminate_process(&self, pid: ProcessId) {
+        let mut s = self.state.lock();
+        let now = self.now();
+        let Some(p) = s.processes.get(&pid) else { return };
+        let queues = p.queues.handles();
+        for q in queues {
+            let _ = s.destroy_queue(pid, q, now);
+        }
+        if let Some(p) = s.processes.remove(&pid) {
+            s.kmd.destroy_vm(p.vmid);
+            s.doorbell_pages[p.doorbell_page as usize] = false;
+        }
+    }
+
+    fn with<T>(
+        &self,
+        pid: ProcessId,
+        f: impl FnOnce(&mut OsState, Time) -> Result<T, KernelError>,
+    ) -> Result<T, KernelError> {
+        let mut s = self.state.lock();
+        if !s.processes.contains_key(&pid) {
+            return Err(KernelError::ProcessTerminated(pid));
+        }
+        let now = self.now();
+        f(&mut s, now)
+    }
+
+    /// `D3DKMTCreateDevice`.
+    pub fn create_device(&self, pid: ProcessId) -> Result<DeviceHandle, KernelError> {
+        self.with(pid, |s, _| Ok(s.proc(pid)?.devices.insert(DeviceObj)))
+    }
+
+    /// `D3DKMTDestroyDevice`: its contexts (and their queues), then its allocations.
+    pub fn destroy_device(&self, pid: ProcessId, device: DeviceHandle) -> Result<(), KernelError> {
+        self.with(pid, |s, now| {
+            let p = s.proc(pid)?;
+            p.devices.get(device)?;
+            let contexts: Vec<_> = p.contexts.iter().filter(|(_, c)| c.device == device).map(|(h, _)| h).collect();
+            for c in contexts {
+                s.destroy_context(pid, c, now)?;
+            }
+            let p = s.proc(pid)?;
+            let allocs: Vec<_> = p.allocations.iter().filter(|(_, a)| a.device == device).map(|(h, _)| h).collect();
+            for a in allocs {
+                s.free(pid, a)?;
+            }
+            s.proc(pid)?.devices.remove(device)?;
+            Ok(())
+        })
+    }
+
+    /// Allocates and maps memory.
+    pub fn allocate(
+        &self,
+        pid: ProcessId,
+        device: DeviceHandle,
+        desc: &AllocationDesc,
+    ) -> Result<AllocationInfo, KernelError> {
+        self.with(pid, |s, _| {
+            if desc.bytes == 0 || desc.bytes > MAX_ALLOCATION {
+                return Err(invalid("bytes", desc.bytes, "must be between 1 and 1 GiB"));
+            }
+            let bytes = desc.bytes.div_ceil(4096) * 4096;
+            let p = s.proc(pid)?;
+            p.devices.get(device)?;
+            let name = match desc.domain {
+                MemoryDomain::System => "alloc-system",
+                MemoryDomain::Local => "alloc-local",
+            };
+            let shm = Shm::new(name, bytes as usize)?;
+            let va = p.take_va(bytes);
+            let vmid = p.vmid;
+            s.kmd.map_gpu(vmid, va, bytes, shm.clone(), !desc.gpu_read_only)?;
+            let handle = s.proc(pid)?.allocations.insert(AllocObj { device, shm, va, bytes, pins: Vec::new() });
+            Ok(AllocationInfo { handle, va, bytes })
+        })
+    }
+
+    /// Maps an allocation for the CPU.
+    pub fn map_allocation(&self, pid: ProcessId, a: AllocationHandle) -> Result<shm::Mapping, KernelError> {
+        self.with(pid, |s, _| {
+            let a = s.proc(pid)?.allocations.get(a)?;
+            Ok(a.shm.map_range(0, a.bytes as usize, Prot::ReadWrite)?)
+        })
+    }
+
+    /// Frees an allocation; refused while a doorbell holds a reference.
+    pub fn free(&self, pid: ProcessId, a: AllocationHandle) -> Result<(), KernelError> {
+        self.with(pid, |s, _| s.free(pid, a))
+    }
+
+    /// Creates a context on an engine.
+    pub fn create_context(
+        &self,
+        pid: ProcessId,
+        device: DeviceHandle,
+        engine: EngineId,
+    ) -> Result<ContextHandle, KernelError> {
+        self.with(pid, |s, _| {
+            let engines = s.kmd.adapter_info().engines;
+            if !engines.iter().any(|e| e.id == engine) {
+                return Err(invalid("engine", engine, format!("the device has {} engines", engines.len())));
+            }
+            let p = s.proc(pid)?;
+            p.devices.get(device)?;
+            Ok(p.contexts.insert(ContextObj { device, engine, software_queue: VecDeque::new() }))
+        })
+    }
+
+    /// Destroys a context and its queues.
+    pub fn destroy_context(&self, pid: ProcessId, c: ContextHandle) -> Result<(), KernelError> {
+        self.with(pid, |s, now| s.destroy_context(pid, c, now))
+    }
+
+    /// `D3DKMTCreateHwQueue` / USERQ CREATE.
+    pub fn create_hw_queue(
+        &self,
+        pid: ProcessId,
+        ctx: ContextHandle,
+        desc: &HwQueueDesc,
+    ) -> Result<HwQueueInfo, KernelError> {
+        self.with(pid, |s, now| s.create_hw_queue(pid, ctx, desc, now))
+    }
+
+    /// Destroys a queue: doorbell disconnected and destroyed, then the firmware queue.
+    pub fn destroy_hw_queue(&self, pid: ProcessId, q: HwQueueHandle) -> Result<(), KernelError> {
+        self.with(pid, |s, now| s.destroy_queue(pid, q, now))
+    }
+
+    /// `D3DKMTCreateDoorbell`.
+    pub fn create_doorbell(&self, pid: ProcessId, args: &CreateDoorbell) -> Result<DoorbellInfo, KernelError> {
+        self.with(pid, |s, now| s.create_doorbell(pid, args, now))
+    }
+
+    /// `D3DKMTConnectDoorbell`.
+    pub fn connect_doorbell(&self, pid: ProcessId, q: HwQueueHandle) -> Result<(), KernelError> {
+        self.with(pid, |s, now| s.connect(pid, q, now))
+    }
+
+    /// `D3DKMTDestroyDoorbell`.
+    pub fn destroy_doorbell(&self, pid: ProcessId, d: DoorbellHandle) -> Result<(), KernelError> {
+        self.with(pid, |s, now| {
+            let q = s.proc(pid)?.doorbells.get(d)?.queue;
+            s.destroy_doorbell(pid, q, now)
+        })
+    }
+
+    /// `D3DKMTNotifyWorkSubmission`.
+    pub fn notify_work_submission(&self, pid: ProcessId, d: DoorbellHandle) -> Result<(), KernelError> {
+        self.with(pid, |s, now| {
+            let p = s.proc(pid)?;
+            let qh = p.doorbells.get(d)?.queue;
+            let fw = p.queues.get(qh)?.fw;
+            s.trace.push(now, Event::Ddi(Ddi::NotifyWorkSubmission(qh)));
+            s.kmd.notify_work_submission(fw);
+            Ok(())
+        })
+    }
+
+    /// `D3DKMTSubmitCommand`: validates and queues on the context's software queue.
+    pub fn submit_command(&self, pid: ProcessId, q: HwQueueHandle, words: &[u32]) -> Result<(), KernelError> {
+        self.with(pid, |s, _| s.submit_command(pid, q, words))?;
+        self.km_work.notify_one();
+        Ok(())
+    }
+
+    /// Starts a CPU wait on a queue's progress fence.
+    pub fn begin_wait(&self, pid: ProcessId, q: HwQueueHandle, value: u64) -> WaitStart {
+        match self.with(pid, |s, now| s.begin_wait(pid, q, value, now)) {
+            Ok(w) => w,
+            Err(e) => WaitStart::Done(Err(e)),
+        }
+    }
+
+    /// Ends a wait (whether or not it completed): deregisters the waiter and reports.
+    pub fn end_wait(&self, pid: ProcessId, q: HwQueueHandle, w: &Arc<Waiter>) -> Result<WaitOutcome, KernelError> {
+        let mut s = self.state.lock();
+        let now = self.now();
+        if let Some(qo) = s.processes.get_mut(&pid).and_then(|p| p.queues.get_mut(q).ok()) {
+            qo.waiters.retain(|x| !Arc::ptr_eq(x, w));
+            let fw = qo.fw;
+            let _ = s.update_monitored(pid, q, fw, now);
+        }
+        match w.take() {
+            Some(Ok(v)) => Ok(WaitOutcome::Reached(v)),
+            Some(Err(e)) => Err(e),
+            None => Ok(WaitOutcome::TimedOut),
+        }
+    }
+
+    /// `USERQ QUERY_STATUS`.
+    pub fn query_queue(&self, pid: ProcessId, q: HwQueueHandle) -> Result<QueueStatus, KernelError> {
+        self.with(pid, |s, _| {
+            let fw = s.proc(pid)?.queues.get(q)?.fw;
+            let fw_state = s.kmd.queue_state(fw);
+            let qo = s.proc(pid)?.queues.get(q)?;
+            let last_queued = match &qo.mode {
+                QueueMode::Kernel { last_queued, .. } => *last_queued,
+                QueueMode::User { .. } => 0,
+            };
+            let state = if qo.fault.is_some() { QueueState::Hung } else { fw_state.unwrap_or(QueueState::Unmapped) };
+            Ok(QueueStatus { state, fault: qo.fault.clone(), completed: qo.completed(), last_queued })
+        })
+    }
+
+    /// The interrupt service routine.
+    pub fn handle_interrupt(&self, irq: Interrupt) {
+        let mut s = self.state.lock();
+        let now = self.now();
+        s.stats.interrupts += 1;
+        s.service(irq, now);
+    }
+
+    /// Runs the kernel-mode scheduler once: moves software-queue submissions onto kernel
+    /// rings. Returns `(moved any, some blocked on ring space)`.
+    pub fn run_scheduler(&self) -> (bool, bool) {
+        let mut s = self.state.lock();
+        let now = self.now();
+        s.run_scheduler(now)
+    }
+
+    /// Whether submissions wait on software queues.
+    pub fn has_km_work(&self) -> bool {
+        self.state.lock().km_queued > 0
+    }
+
+    /// Blocks the scheduler worker until a submission arrives or `timeout` passes.
+    pub fn wait_for_km_work(&self, timeout: std::time::Duration) {
+        let mut s = self.state.lock();
+        if s.km_queued == 0 {
+            self.km_work.wait_for(&mut s, timeout);
+        }
+    }
+
+    /// Wakes the scheduler worker (shutdown).
+    pub fn kick_scheduler(&self) {
+        self.km_work.notify_all();
+    }
+
+    /// Engine power states.
+    pub fn power(&self, engine: EngineId) -> PowerState {
+        self.state.lock().kmd.power(engine)
+    }
+}
+
+impl OsState {
+    fn proc(&mut self, pid: ProcessId) -> Result<&mut Process, KernelError> {
+        self.processes.get_mut(&pid).ok_or(KernelError::ProcessTerminated(pid))
+    }
+
+    fn queue(&mut self, pid: ProcessId, q: HwQueueHandle) -> Result<&mut QueueObj, KernelError> {
+        self.proc(pid)?.queues.get_mut(q)
+    }
+
+    fn free(&mut self, pid: ProcessId, a: AllocationHandle) -> Result<(), KernelError> {
+        let p = self.proc(pid)?;
+        let obj = p.allocations.get(a)?;
+        if let Some(d) = obj.pins.first() {
+            let by =
+                p.doorbells.get(*d).map(|d| format!("the doorbell of {}", d.queue)).unwrap_or_else(|_| d.to_string());
+            return Err(KernelError::InUse { handle: a.to_string(), by });
+        }
+        let (vmid, va) = (p.vmid, obj.va);
+        p.allocations.remove(a)?;
+        self.kmd.unmap_gpu(vmid, va);
+        Ok(())
+    }
+
+    fn destroy_context(&mut self, pid: ProcessId, c: ContextHandle, now: Time) -> Result<(), KernelError> {
+        let p = self.proc(pid)?;
+        p.contexts.get(c)?;
+        let queues: Vec<_> = p.queues.iter().filter(|(_, q)| q.context == c).map(|(h, _)| h).collect();
+        for q in queues {
+            self.destroy_queue(pid, q, now)?;
+        }
+        let ctx = self.proc(pid)?.contexts.remove(c)?;
+        self.km_queued -= ctx.software_queue.len();
+        Ok(())
+    }
+
+    fn check_in_vm(&self, vmid: Vmid, field: &'static str, va: u64, bytes: u64) -> Result<(), KernelError> {
+        if self.kmd.vm_contains(vmid, va, bytes) {
+            Ok(())
+        } else {
+            Err(KernelError::OutsideMappings { field, va, bytes })
+        }
+    }
+
+    fn validate_descriptor(&self, vmid: Vmid, d: &QueueDescriptor) -> Result<Priority, KernelError> {
+        ring::check_ring_size(d.ring_bytes).map_err(|r| invalid("ring_bytes", d.ring_bytes, r))?;
+        self.check_in_vm(vmid, "ring_va", d.ring_va, d.ring_bytes)?;
+        for (field, va) in [("rptr_va", d.rptr_va), ("wptr_va", d.wptr_va)] {
+            if va % 8 != 0 {
+                return Err(invalid(field, format!("{va:#x}"), "must be 8-byte aligned"));
+            }
+            self.check_in_vm(vmid, field, va, 8)?;
+        }
+        if d.doorbell_index >= DOORBELLS_PER_PAGE {
+            return Err(invalid(
+                "doorbell_index",
+                d.doorbell_index,
+                format!("lies outside the process's doorbell page (0..{DOORBELLS_PER_PAGE})"),
+            ));
+        }
+        Priority::from_u32(d.priority).ok_or_else(|| invalid("priority", d.priority, "must be 0 (low) to 4 (realtime)"))
+    }
+
+    fn create_hw_queue(
+        &mut self,
+        pid: ProcessId,
+        ctx: ContextHandle,
+        desc: &HwQueueDesc,
+        now: Time,
+    ) -> Result<HwQueueInfo, KernelError> {
+        let engine = self.proc(pid)?.contexts.get(ctx)?.engine;
+        let info = self.kmd.adapter_info();
+        let einfo =
+            info.engines.iter().find(|e| e.id == engine).ok_or_else(|| invalid("engine", engine, "does not exist"))?;
+        let vmid = self.proc(pid)?.vmid;
+        let kernel_page = Shm::new("queue-kernel-page", abi::queue::QUEUE_KERNEL_PAGE_BYTES as usize)?;
+        kernel_page
+            .atomic_u64(abi::queue::DOORBELL_STATUS_OFFSET)?
+            .store(DoorbellStatus::DisconnectedRetry as u64, Ordering::SeqCst);
+        let kernel_page_va = self.proc(pid)?.take_va(4096);
+        let (mode, cfg) = match desc.mode {
+            SubmissionMode::UserMode(d) => {
+                if !einfo.user_queues {
+                    return Err(invalid("engine", engine, "does not support user-mode queues"));
+                }
+                self.validate_descriptor(vmid, &d)?;
+                let used = self.proc(pid)?.queues.iter().find_map(|(h, q)| match &q.mode {
+                    QueueMode::User { desc: o } if o.doorbell_index == d.doorbell_index => Some(h),
+                    _ => None,
+                });
+                if let Some(other) = used {
+                    return Err(invalid("doorbell_index", d.doorbell_index, format!("already used by {other}")));
+                }
+                let cfg = QueueConfig {
+                    vmid,
+                    engine,
+                    ring_va: d.ring_va,
+                    ring_bytes: d.ring_bytes,
+                    rptr_va: d.rptr_va,
+                    wptr_va: d.wptr_va,
+                    kernel_page: kernel_page.clone(),
+                    privileged: false,
+                    priority: desc.priority,
+                };
+                (QueueMode::User { desc: d }, cfg)
+            }
+            SubmissionMode::KernelMode => {
+                if !einfo.kernel_queues {
+                    return Err(invalid("engine", engine, "does not support kernel-mode queues"));
+                }
+                let slot = *self.kernel_slots.last().ok_or_else(|| KernelError::Exhausted {
+                    what: "kernel doorbells",
+                    detail: format!("{DOORBELLS_PER_PAGE} kernel-mode queues exist"),
+                })?;
+                let ring = Shm::new("kernel-ring", KERNEL_RING_BYTES as usize)?;
+                let control = Shm::new("kernel-ring-control", 4096)?;
+                let p = self.proc(pid)?;
+                let ring_va = p.take_va(KERNEL_RING_BYTES);
+                let control_va = p.take_va(4096);
+                // Kernel-owned: mapped GPU read-only, never CPU-mapped for the client.
+                self.kmd.map_gpu(vmid, ring_va, KERNEL_RING_BYTES, ring.clone(), false)?;
+                self.kmd.map_gpu(vmid, control_va, 4096, control.clone(), false)?;
+                let cfg = QueueConfig {
+                    vmid,
+                    engine,
+                    ring_va,
+                    ring_bytes: KERNEL_RING_BYTES,
+                    rptr_va: control_va + RPTR_OFFSET,
+                    wptr_va: control_va + WPTR_OFFSET,
+                    kernel_page: kernel_page.clone(),
+                    privileged: true,
+                    priority: desc.priority,
+                };
+                (QueueMode::Kernel { ring, control, ring_va, control_va, slot, wptr: 0, last_queued: 0 }, cfg)
+            }
+        };
+        self.kmd.map_gpu(vmid, kernel_page_va, 4096, kernel_page.clone(), false)?;
+        let user_mode = matches!(mode, QueueMode::User { .. });
+        let fw = match self.kmd.create_hw_queue(cfg) {
+            Ok(fw) => fw,
+            Err(e) => {
+                self.kmd.unmap_gpu(vmid, kernel_page_va);
+                if let QueueMode::Kernel { ring_va, control_va, .. } = mode {
+                    self.kmd.unmap_gpu(vmid, ring_va);
+                    self.kmd.unmap_gpu(vmid, control_va);
+                }
+                return Err(e);
+            }
+        };
+        let obj = QueueObj {
+            context: ctx,
+            engine,
+            fw,
+            kernel_page: kernel_page.clone(),
+            kernel_page_va,
+            mode,
+            doorbell: None,
+            waiters: Vec::new(),
+            fault: None,
+        };
+        obj.set_state_word(QueueState::Mapped);
+        let handle = self.proc(pid)?.queues.insert(obj);
+        self.trace.push(now, Event::Ddi(Ddi::CreateHwQueue(handle)));
+        self.trace.push(now, Event::QueueCreated { queue: handle, engine, user_mode });
+        self.fw_index.insert(fw, (pid, handle));
+        if let QueueMode::Kernel { slot, .. } = self.queue(pid, handle)?.mode {
+            self.kernel_slots.pop();
+            self.kmd.connect_doorbell(fw, slot)?;
+        }
+        Ok(HwQueueInfo { handle, engine, kernel_page: kernel_page.map_range(0, 4096, Prot::ReadOnly)?, kernel_page_va })
+    }
+
+    fn destroy_queue(&mut self, pid: ProcessId, q: HwQueueHandle, now: Time) -> Result<(), KernelError> {
+        if self.queue(pid, q)?.doorbell.is_some() {
+            self.destroy_doorbell(pid, q, now)?;
+        }
+        let p = self.proc(pid)?;
+        let vmid = p.vmid;
+        let obj = p.queues.remove(q)?;
+        if let Ok(ctx) = p.contexts.get_mut(obj.context) {
+            let before = ctx.software_queue.len();
+            ctx.software_queue.retain(|s| s.queue != q);
+            self.km_queued -= before - ctx.software_queue.len();
+        }
+        self.trace.push(now, Event::Ddi(Ddi::DestroyHwQueue(q)));
+        self.kmd.destroy_hw_queue(obj.fw);
+        self.fw_index.remove(&obj.fw);
+        self.kmd.unmap_gpu(vmid, obj.kernel_page_va);
+        if let QueueMode::Kernel { ring_va, control_va, slot, .. } = obj.mode {
+            self.kmd.unmap_gpu(vmid, ring_va);
+            self.kmd.unmap_gpu(vmid, control_va);
+            self.kernel_slots.push(slot);
+        }
+        for w in &obj.waiters {
+            w.complete(Err(KernelError::QueueLost { queue: q.to_string(), reason: "destroyed".into() }));
+        }
+        Ok(())
+    }
+
+    fn create_doorbell(
+        &mut self,
+        pid: ProcessId,
+        args: &CreateDoorbell,
+        now: Time,
+    ) -> Result<DoorbellInfo, KernelError> {
+        let q = args.queue;
+        let p = self.proc(pid)?;
+        let qo = p.queues.get(q)?;
+        let QueueMode::User { desc } = qo.mode else {
+            return Err(KernelError::WrongQueueMode {
+                queue: q.to_string(),
+                actual: "kernel-mode",
+                expected: "user-mode",
+            });
+        };
+        if qo.doorbell.is_some() {
+            return Err(invalid("queue", q, "already has a doorbell"));
+        }
+        let within = |a: &AllocObj, va: u64, bytes: u64| {
+            va >= a.va && va.checked_add(bytes).is_some_and(|e| e <= a.va + a.bytes)
+        };
+        let ring = p.allocations.get(args.ring_buffer)?;
+        if !within(ring, desc.ring_va, desc.ring_bytes) {
+            return Err(invalid(
+                "ring_buffer",
+                args.ring_buffer,
+                format!("does not hold the queue's ring at {:#x}", desc.ring_va),
+            ));
+        }
+        let control = p.allocations.get(args.ring_control)?;
+        for (what, va) in [("rptr", desc.rptr_va), ("wptr", desc.wptr_va)] {
+            if !within(control, va, 8) {
+                return Err(invalid(
+                    "ring_control",
+                    args.ring_control,
+                    format!("does not hold the queue's {what} at {va:#x}"),
+                ));
+            }
+        }
+        let page = Arc::new(RotatingPage::new(&self.dummy, 0)?);
+        let p = self.proc(pid)?;
+        let d = p.doorbells.insert(DoorbellObj {
+            queue: q,
+            ring_buffer: args.ring_buffer,
+            ring_control: args.ring_control,
+            page: page.clone(),
+            connected: false,
+        });
+        // The kernel's reference on the ring allocations (spec 000 "Residency model").
+        p.allocations.get_mut(args.ring_buffer)?.pins.push(d);
+        p.allocations.get_mut(args.ring_control)?.pins.push(d);
+        p.queues.get_mut(q)?.doorbell = Some(d);
+        self.trace.push(now, Event::Ddi(Ddi::CreateDoorbell(q)));
+        Ok(DoorbellInfo {
+            handle: d,
+            cpu_page: page,
+            offset: desc.doorbell_index as u64 * abi::doorbell::DOORBELL_BYTES,
+        })
+    }
+
+    fn destroy_doorbell(&mut self, pid: ProcessId, q: HwQueueHandle, now: Time) -> Result<(), KernelError> {
+        let d = self.queue(pid, q)?.doorbell.ok_or_else(|| invalid("queue", q, "has no doorbell"))?;
+        self.disconnect(pid, q, DoorbellStatus::DisconnectedAbort, now)?;
+        self.trace.push(now, Event::Ddi(Ddi::DestroyDoorbell(q)));
+        let p = self.proc(pid)?;
+        let obj = p.doorbells.remove(d)?;
+        for a in [obj.ring_buffer, obj.ring_control] {
+            if let Ok(a) = p.allocations.get_mut(a) {
+                if let Some(i) = a.pins.iter().position(|x| *x == d) {
+                    a.pins.swap_remove(i);
+                }
+            }
+        }
+        p.queues.get_mut(q)?.doorbell = None;
+        Ok(())
+    }
+
+    fn write_status(&mut self, q: HwQueueHandle, qo_page: &Shm, status: DoorbellStatus, now: Time) {
+        // SeqCst: the Dekker pairing with the client's `store wptr; fence(SeqCst); load status`
+        // (see `umd::queue`): either the client sees this status, or the firmware's wptr
+        // re-read (after this store) sees the client's wptr.
+        if let Ok(w) = qo_page.atomic_u64(abi::queue::DOORBELL_STATUS_OFFSET) {
+            w.store(status as u64, Ordering::SeqCst);
+        }
+        self.trace.push(now, Event::Status { queue: q, status });
+    }
+
+    fn connect(&mut self, pid: ProcessId, q: HwQueueHandle, now: Time) -> Result<(), KernelError> {
+        let qo = self.queue(pid, q)?;
+        if qo.fault.is_some() {
+            return Err(qo.lost(q));
+        }
+        let QueueMode::User { desc } = qo.mode else {
+            return Err(KernelError::WrongQueueMode {
+                queue: q.to_string(),
+                actual: "kernel-mode",
+                expected: "user-mode",
+            });
+        };
+        let (engine, fw, kernel_page) = (qo.engine, qo.fw, qo.kernel_page.clone());
+        let d = qo.doorbell.ok_or_else(|| invalid("queue", q, "has no doorbell: create one first"))?;
+        let p = self.proc(pid)?;
+        let page_offset = p.doorbell_page as u64 * DOORBELL_PAGE_BYTES;
+        let dobj = p.doorbells.get(d)?;
+        if dobj.connected {
+            return Ok(());
+        }
+        let page = dobj.page.clone();
+        // 1. An engine in F1 goes back to F0 first (spec 000 "Engine F-state transitions").
+        if self.kmd.power(engine) == PowerState::F1 {
+            self.trace.push(now, Event::Ddi(Ddi::SetPowerState(engine, PowerState::F0)));
+            let st = self.kmd.set_power(engine, PowerState::F0, now);
+            self.trace.push(now, Event::Power { engine, state: st });
+        }
+        // 2. DxgkDdiConnectDoorbell: the KMD binds the physical doorbell.
+        self.trace.push(now, Event::Ddi(Ddi::ConnectDoorbell(q)));
+        let slot = self.proc(pid)?.doorbell_page * DOORBELLS_PER_PAGE + desc.doorbell_index;
+        let notify = self.kmd.connect_doorbell(fw, slot)?;
+        // 3. Dxgkrnl maps the physical doorbell at the doorbell's CPU VA.
+        page.rotate_to(&self.bar, page_offset)?;
+        self.trace.push(now, Event::Rotate { queue: q, to: PageTarget::Bar });
+        // 4. Dxgkrnl updates the status to connected.
+        let status = if notify { DoorbellStatus::ConnectedNotify } else { DoorbellStatus::Connected };
+        self.write_status(q, &kernel_page, status, now);
+        self.proc(pid)?.doorbells.get_mut(d)?.connected = true;
+        self.stats.connects += 1;
+        Ok(())
+    }
+
+    /// Disconnects a queue's doorbell (`DxgkCbDisconnectDoorbell` then the DDI). With
+    /// `DisconnectedAbort` the status is written even if it was not connected.
+    fn disconnect(
+        &mut self,
+        pid: ProcessId,
+        q: HwQueueHandle,
+        status: DoorbellStatus,
+        now: Time,
+    ) -> Result<(), KernelError> {
+        let qo = self.queue(pid, q)?;
+        let (fw, kernel_page) = (qo.fw, qo.kernel_page.clone());
+        let Some(d) = qo.doorbell else {
+            if status == DoorbellStatus::DisconnectedAbort {
+                self.write_status(q, &kernel_page, status, now);
+            }
+            return Ok(());
+        };
+        let dobj = self.proc(pid)?.doorbells.get_mut(d)?;
+        let was = std::mem::replace(&mut dobj.connected, false);
+        let page = dobj.page.clone();
+        if was {
+            // 1. Rotate the client's doorbell CPU VA to the dummy page.
+            page.rotate_to(&self.dummy, 0)?;
+            self.trace.push(now, Event::Rotate { queue: q, to: PageTarget::Dummy });
+        }
+        // 2. Publish the status.
+        if was || status == DoorbellStatus::DisconnectedAbort {
+            self.write_status(q, &kernel_page, status, now);
+        }
+        if was {
+            // 3. The KMD disconnects the physical doorbell; the firmware re-reads wptr.
+            self.trace.push(now, Event::Ddi(Ddi::DisconnectDoorbell(q)));
+            self.kmd.disconnect_doorbell(fw);
+        }
+        Ok(())
+    }
+
+    fn validate_packets(&self, vmid: Vmid, words: &[u32], last: u64) -> Result<u64, KernelError> {
+        let packets =
+            abi::packet::decode_stream(words).map_err(|(offset, error)| KernelError::BadPacket { offset, error })?;
+        let mut progress = last;
+        for p in packets {
+            let c = |field, va, bytes| self.check_in_vm(vmid, field, va, bytes);
+            match p {
+                Packet::Nop { .. } | Packet::Interrupt { .. } => {}
+                Packet::WriteData { width, va, .. } => c("WRITE_DATA.va", va, width.bytes())?,
+                Packet::Copy { src, dst, bytes } => {
+                    c("COPY.src", src, bytes)?;
+                    c("COPY.dst", dst, bytes)?;
+                }
+                Packet::Fill { dst, bytes, .. } => c("FILL.dst", dst, bytes)?,
+                Packet::Timestamp { va } => c("TIMESTAMP.va", va, 8)?,
+                Packet::Signal { va, .. } => c("SIGNAL.va", va, 8)?,
+                Packet::Wait { va, .. } => c("WAIT.va", va, 8)?,
+                Packet::IndirectBuffer { va, dwords, vmid: v } => {
+                    if v != 0 {
+                        return Err(invalid("INDIRECT_BUFFER.vmid", v, "must be 0"));
+                    }
+                    c("INDIRECT_BUFFER.va", va, dwords as u64 * 4)?;
+                }
+                Packet::ProgressFence { value } => {
+                    if value <= progress {
+                        return Err(KernelError::NotIncreasing {
+                            field: "PROGRESS_FENCE.value",
+                            value,
+                            last: progress,
+                        });
+                    }
+                    progress = value;
+                }
+            }
+        }
+        Ok(progress)
+    }
+
+    fn submit_command(&mut self, pid: ProcessId, q: HwQueueHandle, words: &[u32]) -> Result<(), KernelError> {
+        let p = self.proc(pid)?;
+        let vmid = p.vmid;
+        let qo = p.queues.get(q)?;
+        if qo.fault.is_some() {
+            return Err(qo.lost(q));
+        }
+        let (ctx, last) = match qo.mode {
+            QueueMode::Kernel { last_queued, .. } => (qo.context, last_queued),
+            QueueMode::User { .. } => {
+                return Err(KernelError::WrongQueueMode {
+                    queue: q.to_string(),
+                    actual: "user-mode",
+                    expected: "kernel-mode",
+                });
+            }
+        };
+        if words.is_empty() || words.len() as u64 * 4 > KERNEL_RING_BYTES / 2 {
+            return Err(invalid(
+                "words",
+                words.len(),
+                format!("a submission holds 1 to {} dwords", KERNEL_RING_BYTES / 8),
+            ));
+        }
+        let progress = self.validate_packets(vmid, words, last)?;
+        let p = self.proc(pid)?;
+        if let QueueMode::Kernel { last_queued, control, .. } = &mut p.queues.get_mut(q)?.mode {
+            *last_queued = progress;
+            if let Ok(w) = control.atomic_u64(LAST_QUEUED_OFFSET) {
+                w.store(progress, Ordering::Release);
+            }
+        }
+        p.contexts.get_mut(ctx)?.software_queue.push_back(KmSubmission { queue: q, words: words.to_vec() });
+        self.km_queued += 1;
+        self.stats.km_submissions += 1;
+        Ok(())
+    }
+
+    fn run_scheduler(&mut self, now: Time) -> (bool, bool) {
+        if self.km_queued == 0 {
+            return (false, false);
+        }
+        let (mut moved, mut blocked) = (false, false);
+        let pids: Vec<_> = self.processes.keys().copied().collect();
+        for pid in pids {
+            let ctxs = self.processes[&pid].contexts.handles();
+            for c in ctxs {
+                loop {
+                    let Some(p) = self.processes.get_mut(&pid) else { break };
+                    let Ok(ctx) = p.contexts.get_mut(c) else { break };
+                    let Some(sub) = ctx.software_queue.front() else { break };
+                    let (qh, dwords) = (sub.queue, sub.words.len() as u64);
+                    let Ok(qo) = p.queues.get_mut(qh) else { break };
+                    let engine = qo.engine;
+                    let QueueMode::Kernel { ring, control, slot, wptr, .. } = &mut qo.mode else { break };
+                    let rptr = control.load_u64(RPTR_OFFSET, Ordering::Acquire).unwrap_or(*wptr);
+                    let Some(plan) = ring::plan_write(*wptr, KERNEL_RING_BYTES, dwords) else { break };
+                    if plan.new_wptr - rptr > KERNEL_RING_BYTES {
+                        blocked = true;
+                        break;
+                    }
+                    let (ring, control, slot, old_wptr) = (ring.clone(), control.clone(), *slot, *wptr);
+                    let sub = ctx.software_queue.pop_front().expect("front exists");
+                    self.km_queued -= 1;
+                    if self.kmd.power(engine) == PowerState::F1 {
+                        self.trace.push(now, Event::Ddi(Ddi::SetPowerState(engine, PowerState::F0)));
+                        let st = self.kmd.set_power(engine, PowerState::F0, now);
+                        self.trace.push(now, Event::Power { engine, state: st });
+                    }
+                    let _ = ring::write_stream(&ring, KERNEL_RING_BYTES, old_wptr, &plan, &[&sub.words]);
+                    // Release: the packets are visible before the firmware acquires wptr.
+                    if let Ok(w) = control.atomic_u64(WPTR_OFFSET) {
+                        w.store(plan.new_wptr, Ordering::Release);
+                    }
+                    let _ = self.bar.atomic_u64(slot as u64 * 8).map(|d| d.store(plan.new_wptr, Ordering::Release));
+                    if let Ok(QueueMode::Kernel { wptr, .. }) = self.queue(pid, qh).map(|q| &mut q.mode) {
+                        *wptr = plan.new_wptr;
+                    }
+                    moved = true;
+                }
+            }
+        }
+        (moved, blocked)
+    }
+
+    fn begin_wait(
+        &mut self,
+        pid: ProcessId,
+        q: HwQueueHandle,
+        value: u64,
+        now: Time,
+    ) -> Result<WaitStart, KernelError> {
+        let qo = self.queue(pid, q)?;
+        let done = qo.completed();
+        if done >= value {
+            return Ok(WaitStart::Done(Ok(WaitOutcome::Reached(done))));
+        }
+        if qo.fault.is_some() {
+            return Err(qo.lost(q));
+        }
+        let w = Waiter::new(value);
+        qo.waiters.push(w.clone());
+        let fw = qo.fw;
+        // Set the monitored value, then re-read the completed value (the spec's
+        // update-then-resample), satisfying what already passed.
+        self.update_monitored(pid, q, fw, now)?;
+        Ok(WaitStart::Blocked(w))
+    }
+
+    /// Wakes satisfied waiters, then programs the monitored value for the rest.
+    fn update_monitored(
+        &mut self,
+        pid: ProcessId,
+        q: HwQueueHandle,
+        fw: FwQueueId,
+        now: Time,
+    ) -> Result<(), KernelError> {
+        loop {
+            let qo = self.queue(pid, q)?;
+            let done = qo.completed();
+            qo.waiters.retain(|w| {
+                let hit = w.value <= done;
+                if hit {
+                    w.complete(Ok(done));
+                }
+                !hit
+            });
+            let monitored = qo.waiters.iter().map(|w| w.value - 1).min().unwrap_or(u64::MAX);
+            self.trace.push(now, Event::Ddi(Ddi::UpdateMonitoredValue(q, monitored)));
+            self.kmd.update_monitored(fw, monitored);
+            // Resample after publishing: a PROGRESS_FENCE that ran before the new monitored
+            // value was visible raised no interrupt, so it must be caught here.
+            if self.queue(pid, q)?.completed() == done {
+                return Ok(());
+            }
+        }
+    }
+
+    fn service(&mut self, irq: Interrupt, now: Time) {
+        match irq {
+            Interrupt::QueueFault { queue, fault } => {
+                let Some(&(pid, q)) = self.fw_index.get(&queue) else { return };
+                self.stats.faults += 1;
+                self.trace.push(now, Event::QueueFault { queue: q, fault: fault.clone() });
+                let Ok(qo) = self.queue(pid, q) else { return };
+                qo.fault = Some(fault);
+                qo.set_state_word(QueueState::Hung);
+                let err = qo.lost(q);
+                for w in qo.waiters.drain(..) {
+                    w.complete(Err(err.clone()));
+                }
+                let _ = self.disconnect(pid, q, DoorbellStatus::DisconnectedAbort, now);
+            }
+            Interrupt::EngineStateChange { engine, state } => {
+                self.trace.push(now, Event::EngineRequest { engine, state });
+                // Disconnect every doorbell of this engine's queues, then power down.
+                let mut targets = Vec::new();
+                for (&pid, p) in &self.processes {
+                    for (h, q) in p.queues.iter() {
+                        if q.engine == engine
+                            && q.doorbell.is_some_and(|d| p.doorbells.get(d).is_ok_and(|d| d.connected))
+                        {
+                            targets.push((pid, h));
+                        }
+                    }
+                }
+                for (pid, q) in targets {
+                    let _ = self.disconnect(pid, q, DoorbellStatus::DisconnectedRetry, now);
+                }
+                self.trace.push(now, Event::Ddi(Ddi::SetPowerState(engine, PowerState::F1)));
+                match self.kmd.set_power(engine, PowerState::F1, now) {
+                    PowerState::F1 => {
+                        self.stats.f1_entries += 1;
+                        self.trace.push(now, Event::Power { engine, state: PowerState::F1 })
+                    }
+                    PowerState::F0 => self.trace.push(now, Event::F1Refused { engine }),
+                }
+            }
+            Interrupt::User { queue, id } => {
+                self.stats.user_interrupts += 1;
+                if let Some(&(_, q)) = self.fw_index.get(&queue) {
+                    self.trace.push(now, Event::UserInterrupt { queue: q, id });
+                }
+            }
+            Interrupt::ProgressFence { queue, .. } => {
+                if let Some(&(pid, q)) = self.fw_index.get(&queue) {
+                    let _ = self.update_monitored(pid, q, queue, now);
+                }
+            }
+        }
+    }
+}

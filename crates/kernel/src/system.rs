@@ -1,0 +1,440 @@
+//! An embedded system: the kernel and the virtual GPU in this process, and the two drivers
+//! that run them.
+//!
+//! One core, two drivers (BRIEF 4.1). Both call the same [`Inner::pump`] — latch doorbells,
+//! step the engines, run the idle timer, service interrupts — and the same kernel-mode
+//! scheduler; they differ only in who owns time and threads:
+//!
+//! - **Live** ([`System::live`]): real time from a monotonic clock; a firmware thread pumps in a
+//!   busy loop while any engine is in F0 (a real engine's doorbell watcher never sleeps) and
+//!   parks while every engine is in F1, until a connect wakes it; a kernel scheduler worker
+//!   thread sleeps on a condition variable until a kernel-mode submission arrives. Dropping
+//!   the [`System`] stops and joins both.
+//! - **Sim** ([`System::sim`]): a virtual clock that moves only when the test says so
+//!   ([`System::advance`]) or when a blocked wait has nothing left to do but let time pass.
+//!   Nothing runs unless [`System::step`] (or a blocking wait) runs it, so every interleaving
+//!   is reproducible.
+//!
+//! A client opens a process with [`System::open_process`] and gets a [`ProcessPort`], the
+//! [`abi::port::KernelPort`] implementation a `umd::Device` runs on.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use abi::port::{
+    AdapterInfo, AllocationDesc, AllocationInfo, CreateDoorbell, DoorbellInfo, HwQueueDesc, HwQueueInfo, KernelError,
+    KernelPort, QueueStatus, WaitOutcome,
+};
+use abi::{AllocationHandle, ContextHandle, DeviceHandle, DoorbellHandle, EngineId, HwQueueHandle, ProcessId};
+use gpu::{Gpu, GpuConfig, PowerState, Time};
+use parking_lot::Mutex;
+
+use crate::kmd::{DeviceWaker, VirtualKmd};
+use crate::os::{Clock, Os, OsStats, WaitStart};
+use crate::trace::TraceEntry;
+
+/// Real time since the system started.
+pub struct RealClock {
+    epoch: Instant,
+}
+
+impl Clock for RealClock {
+    fn now(&self) -> Time {
+        Time(self.epoch.elapsed().as_nanos() as u64)
+    }
+}
+
+/// A virtual clock that only moves when told.
+#[derive(Default)]
+pub struct SimClock {
+    now: AtomicU64,
+}
+
+impl Clock for SimClock {
+    fn now(&self) -> Time {
+        // Relaxed: the clock is only read and written by the thread driving the simulation.
+        Time(self.now.load(Ordering::Relaxed))
+    }
+}
+
+impl SimClock {
+    fn set(&self, t: Time) {
+        self.now.fetch_max(t.0, Ordering::Relaxed);
+    }
+}
+
+/// Configuration of an embedded system.
+#[derive(Clone, Debug, Default)]
+pub struct SystemConfig {
+    /// The device.
+    pub gpu: GpuConfig,
+    /// Doorbells report `ConnectedNotify` (the UMD then calls `NotifyWorkSubmission`).
+    pub notify_on_submit: bool,
+}
+
+enum Driver {
+    Live { stop: Arc<AtomicBool>, threads: Mutex<Vec<JoinHandle<()>>>, fw_thread: Arc<ThreadWaker> },
+    Sim { clock: Arc<SimClock> },
+}
+
+/// Unparks the firmware thread.
+#[derive(Default)]
+struct ThreadWaker {
+    thread: Mutex<Option<std::thread::Thread>>,
+}
+
+impl DeviceWaker for ThreadWaker {
+    fn wake(&self) {
+        if let Some(t) = self.thread.lock().as_ref() {
+            t.unpark();
+        }
+    }
+}
+
+struct Inner {
+    os: Os,
+    gpu: Arc<Mutex<Gpu>>,
+    clock: Arc<dyn Clock>,
+    driver: Driver,
+}
+
+/// What one pump did.
+#[derive(Clone, Copy, Debug, Default)]
+struct Pump {
+    work: bool,
+    asleep: bool,
+}
+
+impl Inner {
+    /// One turn of the device: latch doorbells, step engines, idle timer, interrupts.
+    fn pump(&self) -> Pump {
+        let mut irqs = Vec::new();
+        let (report, asleep) = {
+            let mut g = self.gpu.lock();
+            let rang = g.poll_doorbells();
+            // Sample time after latching, so a TIMESTAMP is never earlier than the ring.
+            let now = self.clock.now();
+            let report = g.step(now);
+            g.handle_timeout(now);
+            while let Some(i) = g.poll_interrupt() {
+                irqs.push(i);
+            }
+            let _ = rang;
+            (report, g.all_asleep())
+        };
+        let work = report.packets > 0 || report.runnable > 0 || !irqs.is_empty();
+        for i in irqs {
+            self.os.handle_interrupt(i);
+        }
+        Pump { work, asleep }
+    }
+
+    /// Sim: one step of the whole world. Returns whether anything happened.
+    fn sim_step(&self) -> bool {
+        let p = self.pump();
+        let (moved, _) = self.os.run_scheduler();
+        p.work || moved
+    }
+
+    /// Sim: runs until nothing happens without time passing. Bounded, in case a queue spins
+    /// (a `WAIT` that is never satisfied keeps it runnable).
+    fn sim_settle(&self) {
+        for _ in 0..100_000 {
+            if !self.sim_step() {
+                return;
+            }
+        }
+    }
+
+    fn block(&self, waiter: &crate::os::Waiter, timeout: Option<Duration>) {
+        match &self.driver {
+            Driver::Live { .. } => waiter.block_until(timeout.map(|t| Instant::now() + t)),
+            Driver::Sim { clock } => {
+                let deadline = timeout.map(|t| clock.now().add(t));
+                loop {
+                    if waiter.is_done() {
+                        return;
+                    }
+                    if self.sim_step() {
+                        continue;
+                    }
+                    // Nothing moves without time: jump to the next timer or the deadline.
+                    let next = self.gpu.lock().poll_timeout();
+                    let next = match (next, deadline) {
+                        (Some(a), Some(b)) => a.min(b),
+                        (a, b) => a.or(b).unwrap_or(Time(u64::MAX)),
+                    };
+                    if deadline.is_some_and(|d| clock.now() >= d) || next.0 == u64::MAX {
+                        return;
+                    }
+                    clock.set(next.max(Time(clock.now().0 + 1)));
+                }
+            }
+        }
+    }
+}
+
+/// An embedded system. Cheap to clone.
+#[derive(Clone)]
+pub struct System {
+    inner: Arc<Inner>,
+}
+
+impl System {
+    fn build(
+        cfg: SystemConfig,
+        clock: Arc<dyn Clock>,
+        waker: Arc<dyn DeviceWaker>,
+        driver: Driver,
+    ) -> Result<System, KernelError> {
+        let gpu = Gpu::new(cfg.gpu).map_err(|e| KernelError::InvalidArgument {
+            field: "gpu",
+            value: String::new(),
+            reason: e.to_string(),
+        })?;
+        let gpu = Arc::new(Mutex::new(gpu));
+        let mut kmd = VirtualKmd::new(gpu.clone(), waker);
+        kmd.set_notify_on_submit(cfg.notify_on_submit);
+        let os = Os::new(Box::new(kmd), clock.clone())?;
+        Ok(System { inner: Arc::new(Inner { os, gpu, clock, driver }) })
+    }
+
+    /// A deterministic system on a virtual clock starting at 0.
+    pub fn sim(cfg: SystemConfig) -> Result<System, KernelError> {
+        let clock = Arc::new(SimClock::default());
+        Self::build(cfg, clock.clone(), Arc::new(ThreadWaker::default()), Driver::Sim { clock })
+    }
+
+    /// A live system: starts the firmware thread and the kernel scheduler worker.
+    pub fn live(cfg: SystemConfig) -> Result<System, KernelError> {
+        let clock: Arc<dyn Clock> = Arc::new(RealClock { epoch: Instant::now() });
+        let waker = Arc::new(ThreadWaker::default());
+        let stop = Arc::new(AtomicBool::new(false));
+        let sys = Self::build(
+            cfg,
+            clock,
+            waker.clone(),
+            Driver::Live { stop: stop.clone(), threads: Mutex::new(Vec::new()), fw_thread: waker.clone() },
+        )?;
+        let fw = {
+            let inner = Arc::downgrade(&sys.inner);
+            let stop = stop.clone();
+            std::thread::Builder::new()
+                .name("doorbell-firmware".into())
+                .spawn(move || firmware_thread(inner, stop))
+                .map_err(|e| KernelError::Exhausted { what: "threads", detail: e.to_string() })?
+        };
+        *waker.thread.lock() = Some(fw.thread().clone());
+        let worker = {
+            let inner = Arc::downgrade(&sys.inner);
+            let stop = stop.clone();
+            std::thread::Builder::new()
+                .name("doorbell-km-scheduler".into())
+                .spawn(move || scheduler_thread(inner, stop))
+                .map_err(|e| KernelError::Exhausted { what: "threads", detail: e.to_string() })?
+        };
+        if let Driver::Live { threads, .. } = &sys.inner.driver {
+            threads.lock().extend([fw, worker]);
+        }
+        Ok(sys)
+    }
+
+    /// Opens a client process and returns its kernel port.
+    pub fn open_process(&self) -> Result<Arc<ProcessPort>, KernelError> {
+        let pid = self.inner.os.create_process()?;
+        Ok(Arc::new(ProcessPort { inner: self.inner.clone(), pid }))
+    }
+
+    /// Device time now.
+    pub fn now(&self) -> Time {
+        self.inner.clock.now()
+    }
+
+    /// The kernel's trace and how many entries were dropped.
+    pub fn trace(&self) -> (Vec<TraceEntry>, u64) {
+        self.inner.os.trace()
+    }
+
+    /// Kernel counters.
+    pub fn stats(&self) -> OsStats {
+        self.inner.os.stats()
+    }
+
+    /// An engine's power state.
+    pub fn power(&self, engine: EngineId) -> PowerState {
+        self.inner.os.power(engine)
+    }
+
+    /// Whether this is the deterministic driver.
+    pub fn is_sim(&self) -> bool {
+        matches!(self.inner.driver, Driver::Sim { .. })
+    }
+
+    /// Sim: one step of the world (device pump, then the kernel scheduler). Returns whether
+    /// anything happened. On a live system it does nothing and returns `false`.
+    pub fn step(&self) -> bool {
+        self.is_sim() && self.inner.sim_step()
+    }
+
+    /// Sim: steps until nothing more happens at the current time.
+    pub fn settle(&self) {
+        if self.is_sim() {
+            self.inner.sim_settle();
+        }
+    }
+
+    /// Sim: moves the virtual clock forward by `d`, then settles.
+    pub fn advance(&self, d: Duration) {
+        if let Driver::Sim { clock } = &self.inner.driver {
+            clock.set(clock.now().add(d));
+            self.inner.sim_settle();
+        }
+    }
+
+    /// Direct access to the device, for tests and tools that inspect it.
+    pub fn with_gpu<T>(&self, f: impl FnOnce(&mut Gpu) -> T) -> T {
+        f(&mut self.inner.gpu.lock())
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if let Driver::Live { stop, threads, fw_thread } = &self.driver {
+            stop.store(true, Ordering::Release);
+            fw_thread.wake();
+            self.os.kick_scheduler();
+            let me = std::thread::current().id();
+            for t in threads.lock().drain(..) {
+                if t.thread().id() != me {
+                    let _ = t.join();
+                }
+            }
+        }
+    }
+}
+
+fn firmware_thread(inner: std::sync::Weak<Inner>, stop: Arc<AtomicBool>) {
+    let mut idle_spins = 0u32;
+    // Acquire: pairs with the release store in `Drop for Inner`.
+    while !stop.load(Ordering::Acquire) {
+        let Some(sys) = inner.upgrade() else { return };
+        let p = sys.pump();
+        drop(sys);
+        if p.asleep {
+            // Every engine is in F1: sleep until a connect wakes us (an unpark that comes
+            // first makes this return at once, so the wake-up cannot be lost).
+            std::thread::park_timeout(Duration::from_millis(100));
+            idle_spins = 0;
+        } else if p.work {
+            idle_spins = 0;
+        } else {
+            idle_spins = idle_spins.saturating_add(1);
+            if idle_spins % 64 == 0 {
+                // Let the other threads of a 2-core machine in now and then.
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+    }
+}
+
+fn scheduler_thread(inner: std::sync::Weak<Inner>, stop: Arc<AtomicBool>) {
+    while !stop.load(Ordering::Acquire) {
+        let Some(sys) = inner.upgrade() else { return };
+        let (moved, blocked) = sys.os.run_scheduler();
+        if !moved {
+            // Blocked on ring space: poll again soon; otherwise sleep until a submission.
+            sys.os.wait_for_km_work(if blocked { Duration::from_micros(50) } else { Duration::from_millis(50) });
+        }
+    }
+}
+
+/// One client process's kernel port.
+pub struct ProcessPort {
+    inner: Arc<Inner>,
+    pid: ProcessId,
+}
+
+impl ProcessPort {
+    /// Ends the process now (its queues, doorbells and memory are destroyed).
+    pub fn terminate(&self) {
+        self.inner.os.terminate_process(self.pid);
+    }
+}
+
+impl Drop for ProcessPort {
+    fn drop(&mut self) {
+        self.inner.os.terminate_process(self.pid);
+    }
+}
+
+impl KernelPort for ProcessPort {
+    fn process(&self) -> ProcessId {
+        self.pid
+    }
+    fn adapter_info(&self) -> AdapterInfo {
+        self.inner.os.adapter_info()
+    }
+    fn create_device(&self) -> Result<DeviceHandle, KernelError> {
+        self.inner.os.create_device(self.pid)
+    }
+    fn destroy_device(&self, device: DeviceHandle) -> Result<(), KernelError> {
+        self.inner.os.destroy_device(self.pid, device)
+    }
+    fn allocate(&self, device: DeviceHandle, desc: &AllocationDesc) -> Result<AllocationInfo, KernelError> {
+        self.inner.os.allocate(self.pid, device, desc)
+    }
+    fn map_allocation(&self, allocation: AllocationHandle) -> Result<shm::Mapping, KernelError> {
+        self.inner.os.map_allocation(self.pid, allocation)
+    }
+    fn free(&self, allocation: AllocationHandle) -> Result<(), KernelError> {
+        self.inner.os.free(self.pid, allocation)
+    }
+    fn create_context(&self, device: DeviceHandle, engine: EngineId) -> Result<ContextHandle, KernelError> {
+        self.inner.os.create_context(self.pid, device, engine)
+    }
+    fn destroy_context(&self, context: ContextHandle) -> Result<(), KernelError> {
+        self.inner.os.destroy_context(self.pid, context)
+    }
+    fn create_hw_queue(&self, context: ContextHandle, desc: &HwQueueDesc) -> Result<HwQueueInfo, KernelError> {
+        self.inner.os.create_hw_queue(self.pid, context, desc)
+    }
+    fn destroy_hw_queue(&self, queue: HwQueueHandle) -> Result<(), KernelError> {
+        self.inner.os.destroy_hw_queue(self.pid, queue)
+    }
+    fn create_doorbell(&self, args: &CreateDoorbell) -> Result<DoorbellInfo, KernelError> {
+        self.inner.os.create_doorbell(self.pid, args)
+    }
+    fn connect_doorbell(&self, queue: HwQueueHandle) -> Result<(), KernelError> {
+        self.inner.os.connect_doorbell(self.pid, queue)
+    }
+    fn destroy_doorbell(&self, doorbell: DoorbellHandle) -> Result<(), KernelError> {
+        self.inner.os.destroy_doorbell(self.pid, doorbell)
+    }
+    fn notify_work_submission(&self, doorbell: DoorbellHandle) -> Result<(), KernelError> {
+        self.inner.os.notify_work_submission(self.pid, doorbell)
+    }
+    fn submit_command(&self, queue: HwQueueHandle, words: &[u32]) -> Result<(), KernelError> {
+        self.inner.os.submit_command(self.pid, queue, words)
+    }
+    fn wait_progress(
+        &self,
+        queue: HwQueueHandle,
+        value: u64,
+        timeout: Option<Duration>,
+    ) -> Result<WaitOutcome, KernelError> {
+        match self.inner.os.begin_wait(self.pid, queue, value) {
+            WaitStart::Done(r) => r,
+            WaitStart::Blocked(w) => {
+                self.inner.block(&w, timeout);
+                self.inner.os.end_wait(self.pid, queue, &w)
+            }
+        }
+    }
+    fn query_queue(&self, queue: HwQueueHandle) -> Result<QueueStatus, KernelError> {
+        self.inner.os.query_queue(self.pid, queue)
+    }
+}

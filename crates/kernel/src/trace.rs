@@ -1,0 +1,165 @@
+//! The kernel's event log: DDI calls, callbacks and OS actions, in the order they happened.
+//!
+//! Tests assert the spec's sequences against it (connect = F0 transition, then
+//! `DxgkDdiConnectDoorbell`, then the CPU VA rotation, then the status write), and
+//! `doorbell demo` prints it. It records control-path events only; the data path never
+//! touches it. The log is bounded: past [`TRACE_CAPACITY`] entries the oldest are dropped and
+//! counted.
+
+use std::collections::VecDeque;
+
+use abi::queue::FaultRecord;
+use abi::{DoorbellStatus, EngineId, HwQueueHandle};
+use gpu::{PowerState, Time};
+
+/// Entries kept.
+pub const TRACE_CAPACITY: usize = 1 << 16;
+
+/// Where a doorbell's CPU page points.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PageTarget {
+    /// The doorbell BAR page (connected).
+    Bar,
+    /// The dummy page (writes have no effect).
+    Dummy,
+}
+
+/// A DDI call from the OS into the KMD, or a callback from the KMD into the OS.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Ddi {
+    /// `DxgkDdiCreateHwQueue`.
+    CreateHwQueue(HwQueueHandle),
+    /// `DxgkDdiDestroyHwQueue`.
+    DestroyHwQueue(HwQueueHandle),
+    /// `DxgkDdiCreateDoorbell`.
+    CreateDoorbell(HwQueueHandle),
+    /// `DxgkDdiConnectDoorbell`.
+    ConnectDoorbell(HwQueueHandle),
+    /// `DxgkDdiDisconnectDoorbell`.
+    DisconnectDoorbell(HwQueueHandle),
+    /// `DxgkDdiDestroyDoorbell`.
+    DestroyDoorbell(HwQueueHandle),
+    /// `DxgkDdiNotifyWorkSubmission`.
+    NotifyWorkSubmission(HwQueueHandle),
+    /// `DxgkDdiUpdateMonitoredValues` (for progress-fence waiters).
+    UpdateMonitoredValue(HwQueueHandle, u64),
+    /// `DxgkDdiSetPowerComponentFState`.
+    SetPowerState(EngineId, PowerState),
+    /// `DxgkDdiSubmitCommand` (the kernel-mode path).
+    SubmitCommand(HwQueueHandle),
+}
+
+/// One logged event.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// A DDI call.
+    Ddi(Ddi),
+    /// A queue was created.
+    QueueCreated {
+        /// Queue.
+        queue: HwQueueHandle,
+        /// Engine.
+        engine: EngineId,
+        /// User-mode submission?
+        user_mode: bool,
+    },
+    /// A doorbell's CPU page was rotated.
+    Rotate {
+        /// Queue.
+        queue: HwQueueHandle,
+        /// New target.
+        to: PageTarget,
+    },
+    /// A doorbell status word was written.
+    Status {
+        /// Queue.
+        queue: HwQueueHandle,
+        /// New status.
+        status: DoorbellStatus,
+    },
+    /// The firmware asked for an engine state change.
+    EngineRequest {
+        /// Engine.
+        engine: EngineId,
+        /// Requested transition.
+        state: gpu::EngineState,
+    },
+    /// An engine's power state changed.
+    Power {
+        /// Engine.
+        engine: EngineId,
+        /// New state.
+        state: PowerState,
+    },
+    /// The firmware refused F1 because work was pending.
+    F1Refused {
+        /// Engine.
+        engine: EngineId,
+    },
+    /// A queue faulted and was marked hung.
+    QueueFault {
+        /// Queue.
+        queue: HwQueueHandle,
+        /// Fault.
+        fault: FaultRecord,
+    },
+    /// A user interrupt arrived.
+    UserInterrupt {
+        /// Queue.
+        queue: HwQueueHandle,
+        /// Id from the packet.
+        id: u32,
+    },
+}
+
+impl core::fmt::Display for Event {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            Event::Ddi(d) => write!(f, "DDI {d:?}"),
+            Event::QueueCreated { queue, engine, user_mode } => {
+                write!(
+                    f,
+                    "{queue} created on {engine} ({})",
+                    if *user_mode { "user-mode submission" } else { "kernel-mode submission" }
+                )
+            }
+            Event::Rotate { queue, to } => write!(f, "{queue}: doorbell CPU page -> {to:?} page"),
+            Event::Status { queue, status } => write!(f, "{queue}: doorbell status = {status:?}"),
+            Event::EngineRequest { engine, state } => write!(f, "{engine}: firmware requests {state:?}"),
+            Event::Power { engine, state } => write!(f, "{engine}: now {state:?}"),
+            Event::F1Refused { engine } => write!(f, "{engine}: F1 refused, work pending"),
+            Event::QueueFault { queue, fault } => write!(f, "{queue}: FAULT {fault}"),
+            Event::UserInterrupt { queue, id } => write!(f, "{queue}: user interrupt {id}"),
+        }
+    }
+}
+
+/// A timestamped event.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TraceEntry {
+    /// When.
+    pub time: Time,
+    /// What.
+    pub event: Event,
+}
+
+/// The bounded log.
+#[derive(Default)]
+pub(crate) struct Trace {
+    entries: VecDeque<TraceEntry>,
+    dropped: u64,
+}
+
+impl Trace {
+    pub(crate) fn push(&mut self, time: Time, event: Event) {
+        if self.entries.len() == TRACE_CAPACITY {
+            self.entries.pop_front();
+            self.dropped += 1;
+        }
+        self.entries.push_back(TraceEntry { time, event });
+    }
+
+    pub(crate) fn snapshot(&self) -> (Vec<TraceEntry>, u64) {
+        (self.entries.iter().cloned().collect(), self.dropped)
+    }
+}

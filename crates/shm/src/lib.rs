@@ -1,0 +1,599 @@
+//! Shared memory for the doorbell stack: memfd-backed regions and CPU mappings of them.
+//!
+//! A real GPU shares memory three ways: the device reads and writes VRAM and system memory by
+//! DMA, the kernel driver maps the same pages, and user-mode clients map parts of them (rings,
+//! read/write pointers, fence logs, and the doorbell BAR page) into their own address space.
+//! This crate models that with Linux memory files: a [`Shm`] is a `memfd` plus a read-write
+//! mapping of all of it (the "device side" view), a [`Mapping`] is any further CPU mapping of
+//! a page-aligned window of a file (what a client gets), and a [`RotatingPage`] is one page of
+//! address space whose backing can be swapped between files (the doorbell "CPU VA rotation":
+//! a connected doorbell shows the BAR page, a disconnected one shows a dummy page).
+//!
+//! Everything is addressed by file descriptor and file offset, never by pointer, because the
+//! multi-process mode later passes these fds over a Unix socket and the receiver maps them
+//! with [`Mapping::new`] exactly as an in-process client does.
+//!
+//! # Invariants
+//!
+//! - A [`Mapping`] owns its own duplicate of the fd and a `MAP_SHARED` mapping of
+//!   `len` bytes rounded up to whole pages; the mapping lives exactly as long as the value.
+//! - Every access is bounds-checked against the requested `len` with overflow-free arithmetic
+//!   before any pointer is touched; a failed check is an error, never a panic.
+//! - Files made by [`Shm::new`] are sealed against shrinking and growing, so a page that was
+//!   inside the file when it was mapped stays there (no `SIGBUS` from a peer's `ftruncate`).
+//!   [`Mapping::new`] checks the file size when it maps; a mapping of a foreign, unsealed
+//!   file can still `SIGBUS` if its owner shrinks it, which kills the process but never
+//!   corrupts memory.
+//! - A [`RotatingPage`]'s address stays mapped from `new` until drop; rotation replaces the
+//!   backing with a single `mmap(MAP_FIXED)`, so other threads see the old or the new page.
+//!
+//! # Why raw pointers and no slices
+//!
+//! The bytes of a mapping are written concurrently by other actors: the simulated GPU, the
+//! kernel, other clients, possibly other processes. That is what DMA looks like from the CPU.
+//! A `&[u8]` over such bytes would promise the compiler that they do not change while the
+//! reference lives, and a `&mut [u8]` that nobody else can see them; both promises would be
+//! false. So this crate never forms references to shared bytes. Bulk data (ring contents,
+//! payloads) moves with volatile accesses, aligned `u64` words in the middle and single bytes
+//! at the edges, between the mapping and private buffers the caller owns. Protocol words
+//! (write pointers, doorbells, fence values) are accessed as atomics, and it is their
+//! Release/Acquire ordering that publishes the bulk data, as a device's doorbell write does.
+//!
+//! A word should be used either as a protocol word (only through [`Mapping::atomic_u64`] and
+//! friends) or as data, not both. Rust's memory model does not define a race between a
+//! volatile and an atomic access, or between two volatile accesses; like device-driver code,
+//! we rely on aligned volatile accesses being single loads and stores and on every bit
+//! pattern of an integer being valid, so a misbehaving peer can only produce wrong numbers,
+//! which the protocol layers above validate.
+
+#[cfg(target_endian = "big")]
+compile_error!("the doorbell shared-memory layout is little-endian; big-endian targets are unsupported");
+
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::ptr::{NonNull, null_mut};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use rustix::fs::{MemfdFlags, SealFlags};
+use rustix::mm::{MapFlags, ProtFlags};
+
+/// The page size the whole stack assumes (doorbell pages, mapping granularity).
+pub const PAGE_SIZE: usize = 4096;
+
+/// Errors from creating or accessing shared memory.
+#[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
+pub enum ShmError {
+    /// A system call failed.
+    #[error("memfd_create/ftruncate/mmap failed for {what}: {errno}")]
+    Os {
+        /// Which operation failed.
+        what: &'static str,
+        /// The error as reported by the OS.
+        errno: String,
+    },
+    /// `[offset, offset + len)` does not lie inside the mapping or file.
+    #[error("access out of bounds: offset {offset:#x} + len {len:#x} exceeds size {size:#x}")]
+    OutOfBounds {
+        /// Start of the access.
+        offset: u64,
+        /// Length of the access in bytes.
+        len: u64,
+        /// Size of the mapping or file.
+        size: u64,
+    },
+    /// The offset does not have the required alignment.
+    #[error("offset {offset:#x} is not aligned to {align}")]
+    Misaligned {
+        /// The offending offset.
+        offset: u64,
+        /// The required alignment in bytes.
+        align: u64,
+    },
+    /// A write or writable view was requested from a read-only mapping.
+    #[error("mapping is read-only")]
+    ReadOnly,
+    /// A size is zero or too large.
+    #[error("size {size:#x} is invalid: {why}")]
+    BadSize {
+        /// The offending size.
+        size: u64,
+        /// Why it is invalid.
+        why: &'static str,
+    },
+}
+
+/// Protection of a [`Mapping`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Prot {
+    /// Readable and writable.
+    ReadWrite,
+    /// Readable only; the CPU faults on stores, so writes are refused up front.
+    ReadOnly,
+}
+
+fn os(what: &'static str) -> impl FnOnce(rustix::io::Errno) -> ShmError {
+    move |errno| ShmError::Os { what, errno: errno.to_string() }
+}
+
+fn dup(fd: BorrowedFd<'_>) -> Result<OwnedFd, ShmError> {
+    fd.try_clone_to_owned().map_err(|e| ShmError::Os { what: "dup", errno: e.to_string() })
+}
+
+fn rw_flags(prot: Prot) -> ProtFlags {
+    match prot {
+        Prot::ReadWrite => ProtFlags::READ | ProtFlags::WRITE,
+        Prot::ReadOnly => ProtFlags::READ,
+    }
+}
+
+/// `mmap(MAP_SHARED)` of `len` bytes of `fd` at `offset`, at an address the kernel picks.
+///
+/// # Panics
+/// If the system page size is not [`PAGE_SIZE`].
+fn mmap_fresh(len: usize, prot: Prot, fd: &OwnedFd, offset: u64) -> Result<NonNull<u8>, ShmError> {
+    let sys = rustix::param::page_size();
+    assert_eq!(sys, PAGE_SIZE, "doorbell assumes {PAGE_SIZE}-byte pages, this system has {sys}");
+    let (flags, null) = (MapFlags::SHARED, null_mut());
+    // SAFETY: without MAP_FIXED the kernel picks unused address space, so the new mapping
+    // cannot alias any existing Rust object. Callers check the range lies inside the file.
+    let ptr = unsafe { rustix::mm::mmap(null, len, rw_flags(prot), flags, fd, offset) };
+    let ptr = ptr.map_err(os("mmap"))?.cast::<u8>();
+    Ok(NonNull::new(ptr).expect("mmap without MAP_FIXED never returns null"))
+}
+
+fn round_to_pages(size: usize) -> Result<usize, ShmError> {
+    let too_large = ShmError::BadSize { size: size as u64, why: "too large" };
+    size.checked_next_multiple_of(PAGE_SIZE).filter(|&n| n <= isize::MAX as usize).ok_or(too_large)
+}
+
+/// Checks that `[offset, offset + len)` lies inside `size` bytes.
+fn in_bounds(offset: u64, len: u64, size: u64) -> Result<(), ShmError> {
+    match offset.checked_add(len) {
+        Some(end) if end <= size => Ok(()),
+        _ => Err(ShmError::OutOfBounds { offset, len, size }),
+    }
+}
+
+/// Checks that `offset` is a multiple of `align`, a power of two.
+fn aligned(offset: u64, align: u64) -> Result<(), ShmError> {
+    let ok = offset & (align - 1) == 0;
+    if ok { Ok(()) } else { Err(ShmError::Misaligned { offset, align }) }
+}
+
+/// The private bounce buffer size of [`Mapping::copy`] and [`Mapping::fill_u32`].
+const CHUNK: usize = 4096;
+
+/// Splits `len` bytes starting at address `addr` into a byte-wise head (up to the first
+/// 8-aligned address), whole aligned `u64` words, and a byte-wise tail. Returns the head
+/// length and the end of the words, both relative to `addr`.
+fn split(addr: usize, len: usize) -> (usize, usize) {
+    let head = (addr.wrapping_neg() % 8).min(len);
+    (head, head + (len - head) / 8 * 8)
+}
+
+/// Copies `dst.len()` bytes from shared memory at `src` into a private buffer.
+///
+/// # Safety
+/// `src .. src + dst.len()` must be readable memory of a live mapping.
+unsafe fn volatile_read(src: *const u8, dst: &mut [u8]) {
+    let (head, words_end) = split(src.addr(), dst.len());
+    let mut i = 0;
+    while i < dst.len() {
+        if i >= head && i < words_end {
+            // SAFETY: `src + i` is 8-aligned (i - head is a multiple of 8) and
+            // `i + 8 <= words_end <= len`, so the word is inside the caller's readable range.
+            let w = unsafe { src.add(i).cast::<u64>().read_volatile() };
+            dst[i..i + 8].copy_from_slice(&w.to_ne_bytes());
+            i += 8;
+        } else {
+            // SAFETY: `i < len`, inside the caller's readable range.
+            dst[i] = unsafe { src.add(i).read_volatile() };
+            i += 1;
+        }
+    }
+}
+
+/// Copies a private buffer into shared memory at `dst`.
+///
+/// # Safety
+/// `dst .. dst + src.len()` must be writable memory of a live mapping.
+unsafe fn volatile_write(dst: *mut u8, src: &[u8]) {
+    let (head, words_end) = split(dst.addr(), src.len());
+    let mut i = 0;
+    while i < src.len() {
+        if i >= head && i < words_end {
+            let mut w = [0; 8];
+            w.copy_from_slice(&src[i..i + 8]);
+            // SAFETY: as in `volatile_read`: aligned and inside the caller's writable range.
+            unsafe { dst.add(i).cast::<u64>().write_volatile(u64::from_ne_bytes(w)) };
+            i += 8;
+        } else {
+            // SAFETY: `i < len`, inside the caller's writable range.
+            unsafe { dst.add(i).write_volatile(src[i]) };
+            i += 1;
+        }
+    }
+}
+
+/// A CPU mapping (`mmap(MAP_SHARED)`) of `len` bytes of a file at a page-aligned file offset.
+///
+/// Unmapped on drop. Holds its own duplicate of the file descriptor. All accessors take
+/// `&self`: the bytes are shared, so mutation through a shared handle is the point.
+#[derive(Debug)]
+pub struct Mapping {
+    ptr: NonNull<u8>,
+    len: usize,
+    map_len: usize,
+    prot: Prot,
+    file_offset: u64,
+    /// `(st_dev, st_ino)`: which file this maps, to detect overlap in [`Mapping::copy`].
+    file_id: (u64, u64),
+    fd: OwnedFd,
+}
+
+// SAFETY: `Mapping` owns its mapping and fd; nothing about them is tied to a thread. All
+// accesses go through volatile or atomic operations on raw pointers, which are as valid from
+// any thread as from the creating one (the bytes are designed to be shared concurrently).
+unsafe impl Send for Mapping {}
+// SAFETY: see `Send`; `&self` methods never hand out references to non-atomic shared bytes.
+unsafe impl Sync for Mapping {}
+
+impl Mapping {
+    /// Maps `len` bytes of `fd` starting at `file_offset`, which must be page-aligned.
+    ///
+    /// `len` must be non-zero and `file_offset + len` must lie inside the file. The mapping
+    /// is rounded up to whole pages, but [`len`](Self::len) and all bounds checks use `len`.
+    ///
+    /// # Panics
+    /// If the system page size is not [`PAGE_SIZE`].
+    pub fn new(fd: BorrowedFd<'_>, file_offset: u64, len: usize, prot: Prot) -> Result<Mapping, ShmError> {
+        if len == 0 {
+            return Err(ShmError::BadSize { size: 0, why: "a mapping must not be empty" });
+        }
+        aligned(file_offset, PAGE_SIZE as u64)?;
+        let map_len = round_to_pages(len)?;
+        let st = rustix::fs::fstat(fd).map_err(os("fstat"))?;
+        in_bounds(file_offset, len as u64, u64::try_from(st.st_size).unwrap_or(0))?;
+        let fd = dup(fd)?;
+        let ptr = mmap_fresh(map_len, prot, &fd, file_offset)?;
+        #[allow(clippy::useless_conversion, reason = "not u64 on every target")]
+        let file_id = (u64::from(st.st_dev), u64::from(st.st_ino));
+        Ok(Mapping { ptr, len, map_len, prot, file_offset, file_id, fd })
+    }
+
+    /// The requested length in bytes (not rounded to pages).
+    #[expect(clippy::len_without_is_empty, reason = "a mapping is never empty")]
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// The protection this mapping was created with.
+    pub fn prot(&self) -> Prot {
+        self.prot
+    }
+
+    /// The mapped file (this mapping's own duplicate of the descriptor).
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
+    /// The file offset of byte 0 of this mapping.
+    pub fn file_offset(&self) -> u64 {
+        self.file_offset
+    }
+
+    /// Returns a pointer to byte `offset` after checking `[offset, offset + len)` is in bounds.
+    fn at(&self, offset: u64, len: u64) -> Result<*mut u8, ShmError> {
+        in_bounds(offset, len, self.len as u64)?;
+        // `offset <= self.len`, so this stays inside (or one past) the mapping.
+        Ok(self.ptr.as_ptr().wrapping_add(offset as usize))
+    }
+
+    fn writable(&self) -> Result<(), ShmError> {
+        match self.prot {
+            Prot::ReadWrite => Ok(()),
+            Prot::ReadOnly => Err(ShmError::ReadOnly),
+        }
+    }
+
+    /// Copies `dst.len()` bytes at `offset` out of the mapping.
+    pub fn read(&self, offset: u64, dst: &mut [u8]) -> Result<(), ShmError> {
+        let p = self.at(offset, dst.len() as u64)?;
+        // SAFETY: `at` checked the range lies inside this live, readable mapping.
+        unsafe { volatile_read(p, dst) };
+        Ok(())
+    }
+
+    /// Copies `src` into the mapping at `offset`.
+    pub fn write(&self, offset: u64, src: &[u8]) -> Result<(), ShmError> {
+        self.writable()?;
+        let p = self.at(offset, src.len() as u64)?;
+        // SAFETY: `at` checked the range lies inside this live mapping, which is writable.
+        unsafe { volatile_write(p, src) };
+        Ok(())
+    }
+
+    /// Reads little-endian `u32`s at a 4-aligned `offset`.
+    pub fn read_u32s(&self, offset: u64, dst: &mut [u32]) -> Result<(), ShmError> {
+        let p = self.at(offset, size_of_val(dst) as u64)?.cast::<u32>();
+        aligned(offset, 4)?;
+        for (i, d) in dst.iter_mut().enumerate() {
+            // SAFETY: in bounds (checked by `at`), 4-aligned (page-aligned base, 4-aligned offset).
+            *d = unsafe { p.add(i).read_volatile() };
+        }
+        Ok(())
+    }
+
+    /// Writes little-endian `u32`s at a 4-aligned `offset`.
+    pub fn write_u32s(&self, offset: u64, src: &[u32]) -> Result<(), ShmError> {
+        self.writable()?;
+        let p = self.at(offset, size_of_val(src) as u64)?.cast::<u32>();
+        aligned(offset, 4)?;
+        for (i, &s) in src.iter().enumerate() {
+            // SAFETY: in bounds, 4-aligned, and the mapping is writable.
+            unsafe { p.add(i).write_volatile(s) };
+        }
+        Ok(())
+    }
+
+    /// Reads a little-endian `u32` at any offset. Not atomic: use it for data, not protocol words.
+    pub fn read_u32(&self, offset: u64) -> Result<u32, ShmError> {
+        let mut b = [0; 4];
+        self.read(offset, &mut b).map(|()| u32::from_le_bytes(b))
+    }
+
+    /// Reads a little-endian `u64` at any offset (one access if 8-aligned). Not atomic.
+    pub fn read_u64(&self, offset: u64) -> Result<u64, ShmError> {
+        let mut b = [0; 8];
+        self.read(offset, &mut b).map(|()| u64::from_le_bytes(b))
+    }
+
+    /// Writes a little-endian `u32` at any offset. Not atomic.
+    pub fn write_u32(&self, offset: u64, v: u32) -> Result<(), ShmError> {
+        self.write(offset, &v.to_le_bytes())
+    }
+
+    /// Writes a little-endian `u64` at any offset (one access if 8-aligned). Not atomic.
+    pub fn write_u64(&self, offset: u64, v: u64) -> Result<(), ShmError> {
+        self.write(offset, &v.to_le_bytes())
+    }
+
+    /// Fills the bytes `[offset, offset + len)` with `pattern` repeated little-endian, its
+    /// phase starting at `offset`; a partial last word gets the pattern's low bytes.
+    pub fn fill_u32(&self, offset: u64, len: u64, pattern: u32) -> Result<(), ShmError> {
+        self.writable()?;
+        let p = self.at(offset, len)?;
+        // Chunks are a multiple of 4 bytes long, so each starts at pattern phase 0.
+        let buf: [u8; CHUNK] = std::array::from_fn(|i| pattern.to_le_bytes()[i % 4]);
+        for at in (0..len as usize).step_by(CHUNK) {
+            let n = CHUNK.min(len as usize - at);
+            // SAFETY: `[at, at + n)` is inside `[0, len)`, which `at()` checked; writable.
+            unsafe { volatile_write(p.add(at), &buf[..n]) };
+        }
+        Ok(())
+    }
+
+    /// Copy `len` bytes from `src[src_off..]` to `dst[dst_off..]`; src and dst may be the same
+    /// mapping or two mappings of the same file, with overlap (memmove semantics).
+    pub fn copy(src: &Mapping, src_off: u64, dst: &Mapping, dst_off: u64, len: u64) -> Result<(), ShmError> {
+        dst.writable()?;
+        let s = src.at(src_off, len)?;
+        let d = dst.at(dst_off, len)?;
+        // Overlap is a property of file positions, not addresses: two mappings of one file
+        // alias at different addresses. Positions are below the file size, so no overflow.
+        let (sf, df) = (src.file_offset + src_off, dst.file_offset + dst_off);
+        let backward = src.file_id == dst.file_id && df > sf && df < sf + len;
+        // Bounce through a private buffer chunk by chunk. Walking chunks in memmove order
+        // means a chunk's writes only clobber source bytes that were already read.
+        let mut buf = [0u8; CHUNK];
+        let len = len as usize;
+        for done in (0..len).step_by(CHUNK) {
+            let n = CHUNK.min(len - done);
+            let at = if backward { len - done - n } else { done };
+            // SAFETY: `[at, at + n)` is inside `[0, len)`, which `at()` checked for both
+            // mappings; `dst` is writable. Source and buffer are distinct memory.
+            unsafe {
+                volatile_read(s.add(at), &mut buf[..n]);
+                volatile_write(d.add(at), &buf[..n]);
+            }
+        }
+        Ok(())
+    }
+
+    /// An atomic view of an 8-aligned `u64` inside the mapping.
+    ///
+    /// For read-only mappings this returns [`ShmError::ReadOnly`] (a store would fault); use
+    /// [`load_u64`](Self::load_u64) instead.
+    pub fn atomic_u64(&self, offset: u64) -> Result<&AtomicU64, ShmError> {
+        let p = self.at(offset, 8)?;
+        aligned(offset, 8)?;
+        self.writable()?;
+        // SAFETY: the word is in bounds, 8-aligned, readable and writable, and stays mapped
+        // for the lifetime of `&self`. By this crate's contract (see the crate docs) the word
+        // is a protocol word, accessed by all actors only atomically.
+        Ok(unsafe { AtomicU64::from_ptr(p.cast()) })
+    }
+
+    /// An atomic view of a 4-aligned `u32` inside the mapping; like [`atomic_u64`](Self::atomic_u64).
+    pub fn atomic_u32(&self, offset: u64) -> Result<&AtomicU32, ShmError> {
+        let p = self.at(offset, 4)?;
+        aligned(offset, 4)?;
+        self.writable()?;
+        // SAFETY: as in `atomic_u64`, for a 4-aligned 4-byte word.
+        Ok(unsafe { AtomicU32::from_ptr(p.cast()) })
+    }
+
+    /// Atomic load of an 8-aligned `u64`; works on read-only mappings too.
+    ///
+    /// # Panics
+    /// If `order` is `Release` or `AcqRel`, like [`AtomicU64::load`].
+    pub fn load_u64(&self, offset: u64, order: Ordering) -> Result<u64, ShmError> {
+        let p = self.at(offset, 8)?;
+        aligned(offset, 8)?;
+        // SAFETY: in bounds, 8-aligned, readable, mapped for the duration of the call. The
+        // std atomic docs allow plain atomic loads of this size on read-only memory; we only
+        // load, and the temporary reference does not escape.
+        Ok(unsafe { &*p.cast::<AtomicU64>() }.load(order))
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: `ptr`/`map_len` are exactly what `mmap` returned, and no reference into the
+        // mapping can outlive `self` (atomic views borrow `&self`).
+        let r = unsafe { rustix::mm::munmap(self.ptr.as_ptr().cast(), self.map_len) };
+        debug_assert!(r.is_ok(), "munmap failed: {r:?}");
+    }
+}
+
+static NEXT_SHM_ID: AtomicU64 = AtomicU64::new(1);
+
+/// A memfd-backed shared region: the file plus one read-write mapping of all of it (the
+/// "device side" view). Zero-filled; the size is rounded up to whole pages. Derefs to that
+/// [`Mapping`], so `shm.read_u32(..)` works.
+#[derive(Debug)]
+pub struct Shm {
+    id: u64,
+    fd: OwnedFd,
+    map: Mapping,
+}
+
+impl Shm {
+    /// Creates a region of `size` bytes (rounded up to pages); `name` shows in `/proc/*/maps`.
+    pub fn new(name: &str, size: usize) -> Result<Arc<Shm>, ShmError> {
+        if size == 0 {
+            return Err(ShmError::BadSize { size: 0, why: "a region must not be empty" });
+        }
+        let len = round_to_pages(size)?;
+        let fd = rustix::fs::memfd_create(name, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)
+            .map_err(os("memfd_create"))?;
+        rustix::fs::ftruncate(&fd, len as u64).map_err(os("ftruncate"))?;
+        rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL).map_err(os("seal"))?;
+        let map = Mapping::new(fd.as_fd(), 0, len, Prot::ReadWrite)?;
+        let id = NEXT_SHM_ID.fetch_add(1, Ordering::Relaxed);
+        Ok(Arc::new(Shm { id, fd, map }))
+    }
+
+    /// A process-unique identity of this region.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Size in bytes (a whole number of pages).
+    #[expect(clippy::len_without_is_empty, reason = "a region is never empty")]
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// The memfd.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
+    /// The whole-region read-write mapping.
+    pub fn map(&self) -> &Mapping {
+        &self.map
+    }
+
+    /// A new CPU mapping of `len` bytes at page-aligned `file_offset` (what a client gets).
+    pub fn map_range(&self, file_offset: u64, len: usize, prot: Prot) -> Result<Mapping, ShmError> {
+        Mapping::new(self.fd(), file_offset, len, prot)
+    }
+}
+
+impl std::ops::Deref for Shm {
+    type Target = Mapping;
+    fn deref(&self) -> &Mapping {
+        &self.map
+    }
+}
+
+/// Checks that `[page_offset, page_offset + PAGE_SIZE)` is a whole page of `shm`.
+fn check_page(shm: &Shm, page_offset: u64) -> Result<(), ShmError> {
+    in_bounds(page_offset, PAGE_SIZE as u64, shm.len() as u64)?;
+    aligned(page_offset, PAGE_SIZE as u64)
+}
+
+#[derive(Debug)]
+struct Backing {
+    fd: OwnedFd,
+    id: u64,
+    page_offset: u64,
+}
+
+/// One page of CPU virtual address whose backing can be swapped atomically between pages of
+/// different regions: the doorbell "CPU VA rotation". Connected, it shows a doorbell BAR
+/// page; disconnected, it shows a dummy page where writes have no effect.
+///
+/// References from [`atomic_u64`](Self::atomic_u64) stay valid across rotations: the address
+/// stays mapped, only the backing page changes. Unmapped on drop.
+#[derive(Debug)]
+pub struct RotatingPage {
+    ptr: NonNull<u8>,
+    backing: Mutex<Backing>,
+}
+
+// SAFETY: as for `Mapping`: the page is owned by this value and only accessed atomically.
+unsafe impl Send for RotatingPage {}
+// SAFETY: as for `Mapping`; rotation is serialized by the mutex and is atomic for readers.
+unsafe impl Sync for RotatingPage {}
+
+impl RotatingPage {
+    /// Maps the page at page-aligned `page_offset` of `initial`.
+    pub fn new(initial: &Shm, page_offset: u64) -> Result<RotatingPage, ShmError> {
+        check_page(initial, page_offset)?;
+        let fd = dup(initial.fd())?;
+        let ptr = mmap_fresh(PAGE_SIZE, Prot::ReadWrite, &fd, page_offset)?;
+        let backing = Mutex::new(Backing { fd, id: initial.id(), page_offset });
+        Ok(RotatingPage { ptr, backing })
+    }
+
+    /// Replaces the backing with the page at `page_offset` of `target`, in one
+    /// `mmap(MAP_FIXED)`. Concurrent accessors see either the old or the new page; callers
+    /// that need an access to land on a particular page must synchronize with the rotation.
+    pub fn rotate_to(&self, target: &Shm, page_offset: u64) -> Result<(), ShmError> {
+        check_page(target, page_offset)?;
+        let fd = dup(target.fd())?;
+        let mut backing = self.backing.lock().unwrap_or_else(PoisonError::into_inner);
+        let remap = |fd: &OwnedFd, off: u64| {
+            let (addr, flags) = (self.ptr.as_ptr().cast(), MapFlags::SHARED | MapFlags::FIXED);
+            // SAFETY: `addr` is the page this value mapped in `new` and still owns, so
+            // MAP_FIXED replaces nothing else. Outstanding `&AtomicU64`s into it stay valid:
+            // the address is mapped read-write before and after, only the backing changes.
+            unsafe { rustix::mm::mmap(addr, PAGE_SIZE, rw_flags(Prot::ReadWrite), flags, fd, off) }
+        };
+        if let Err(e) = remap(&fd, page_offset) {
+            // A failed MAP_FIXED may leave the page unmapped while atomic views into it are
+            // alive: put the old page back, or abort rather than let them dangle.
+            if remap(&backing.fd, backing.page_offset).is_err() {
+                std::process::abort();
+            }
+            return Err(os("mmap(MAP_FIXED)")(e));
+        }
+        *backing = Backing { fd, id: target.id(), page_offset };
+        Ok(())
+    }
+
+    /// An atomic view of the 8-aligned `u64` at `offset` (< [`PAGE_SIZE`]) of the page.
+    pub fn atomic_u64(&self, offset: u64) -> Result<&AtomicU64, ShmError> {
+        in_bounds(offset, 8, PAGE_SIZE as u64)?;
+        aligned(offset, 8)?;
+        // SAFETY: in bounds of the page, 8-aligned, and the address stays mapped read-write
+        // until `self` is dropped (rotation swaps the backing, never unmaps).
+        Ok(unsafe { AtomicU64::from_ptr(self.ptr.as_ptr().add(offset as usize).cast()) })
+    }
+
+    /// The current backing: ([`Shm::id`], page offset).
+    pub fn current(&self) -> (u64, u64) {
+        let b = self.backing.lock().unwrap_or_else(PoisonError::into_inner);
+        (b.id, b.page_offset)
+    }
+}
+
+impl Drop for RotatingPage {
+    fn drop(&mut self) {
+        // SAFETY: this page was mapped in `new`, and no view into it outlives `self`.
+        let r = unsafe { rustix::mm::munmap(self.ptr.as_ptr().cast(), PAGE_SIZE) };
+        debug_assert!(r.is_ok(), "munmap failed: {r:?}");
+    }
+}

@@ -1,0 +1,99 @@
+//! Command buffers: one typed method per packet.
+
+use abi::packet::{DataWidth, Packet};
+
+/// A packet stream under construction. The progress fence is not part of it: [`crate::Queue::submit`]
+/// appends it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CommandBuffer {
+    words: Vec<u32>,
+}
+
+impl CommandBuffer {
+    /// An empty command buffer.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Appends any packet.
+    pub fn packet(&mut self, p: Packet) -> &mut Self {
+        p.encode(&mut self.words);
+        self
+    }
+
+    /// `NOP` of `dwords` dwords.
+    pub fn nop(&mut self, dwords: u16) -> &mut Self {
+        self.packet(Packet::Nop { dwords: dwords.max(1) })
+    }
+
+    /// `WRITE_DATA`, 32-bit.
+    pub fn write_u32(&mut self, va: u64, value: u32) -> &mut Self {
+        self.packet(Packet::WriteData { width: DataWidth::U32, va, value: value as u64 })
+    }
+
+    /// `WRITE_DATA`, 64-bit.
+    pub fn write_u64(&mut self, va: u64, value: u64) -> &mut Self {
+        self.packet(Packet::WriteData { width: DataWidth::U64, va, value })
+    }
+
+    /// `COPY`.
+    pub fn copy(&mut self, src: u64, dst: u64, bytes: u64) -> &mut Self {
+        self.packet(Packet::Copy { src, dst, bytes })
+    }
+
+    /// `FILL`.
+    pub fn fill(&mut self, dst: u64, bytes: u64, pattern: u32) -> &mut Self {
+        self.packet(Packet::Fill { dst, bytes, pattern })
+    }
+
+    /// `TIMESTAMP`.
+    pub fn timestamp(&mut self, va: u64) -> &mut Self {
+        self.packet(Packet::Timestamp { va })
+    }
+
+    /// `INDIRECT_BUFFER`: execute `dwords` dwords of packets at `va`.
+    pub fn indirect(&mut self, va: u64, dwords: u32) -> &mut Self {
+        self.packet(Packet::IndirectBuffer { va, dwords, vmid: 0 })
+    }
+
+    /// `SIGNAL`.
+    pub fn signal(&mut self, va: u64, value: u64) -> &mut Self {
+        self.packet(Packet::Signal { va, value })
+    }
+
+    /// `WAIT` until `*va >= value`.
+    pub fn wait(&mut self, va: u64, value: u64) -> &mut Self {
+        self.packet(Packet::Wait { va, value })
+    }
+
+    /// `INTERRUPT`.
+    pub fn interrupt(&mut self, id: u32) -> &mut Self {
+        self.packet(Packet::Interrupt { id })
+    }
+
+    /// Raw dwords, unchecked: for tests that feed the device malformed streams.
+    pub fn raw(&mut self, words: &[u32]) -> &mut Self {
+        self.words.extend_from_slice(words);
+        self
+    }
+
+    /// The encoded stream.
+    pub fn words(&self) -> &[u32] {
+        &self.words
+    }
+
+    /// Length in dwords.
+    pub fn len(&self) -> usize {
+        self.words.len()
+    }
+
+    /// Whether it holds no packets.
+    pub fn is_empty(&self) -> bool {
+        self.words.is_empty()
+    }
+
+    /// Empties it, keeping its capacity.
+    pub fn clear(&mut self) {
+        self.words.clear();
+    }
+}

@@ -1,0 +1,180 @@
+//! Devices, memory and contexts.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use abi::port::{AdapterInfo, AllocationDesc, AllocationInfo, KernelPort, MemoryDomain};
+use abi::{ContextHandle, DeviceHandle, EngineId, EngineKind};
+
+use crate::UmdError;
+use crate::queue::{Queue, QueueOptions};
+
+pub(crate) struct DeviceInner {
+    pub(crate) port: Arc<dyn KernelPort>,
+    pub(crate) handle: DeviceHandle,
+    pub(crate) info: AdapterInfo,
+    next_doorbell: AtomicU32,
+}
+
+impl DeviceInner {
+    /// A doorbell index in the process's page not yet handed out.
+    pub(crate) fn take_doorbell_index(&self) -> u32 {
+        // Relaxed: a counter; uniqueness comes from the atomic RMW itself.
+        self.next_doorbell.fetch_add(1, Ordering::Relaxed) % self.info.doorbells_per_process
+    }
+}
+
+impl Drop for DeviceInner {
+    fn drop(&mut self) {
+        let _ = self.port.destroy_device(self.handle);
+    }
+}
+
+/// A device opened by a process.
+#[derive(Clone)]
+pub struct Device {
+    pub(crate) inner: Arc<DeviceInner>,
+}
+
+impl Device {
+    /// Opens a device on a kernel port (`D3DKMTCreateDevice`).
+    pub fn open(port: Arc<dyn KernelPort>) -> Result<Device, UmdError> {
+        let handle = port.create_device()?;
+        let info = port.adapter_info();
+        Ok(Device { inner: Arc::new(DeviceInner { port, handle, info, next_doorbell: AtomicU32::new(0) }) })
+    }
+
+    /// The kernel port.
+    pub fn port(&self) -> &Arc<dyn KernelPort> {
+        &self.inner.port
+    }
+
+    /// Adapter capabilities.
+    pub fn info(&self) -> &AdapterInfo {
+        &self.inner.info
+    }
+
+    /// The first engine of a kind.
+    pub fn engine(&self, kind: EngineKind) -> Result<EngineId, UmdError> {
+        self.inner
+            .info
+            .engines
+            .iter()
+            .find(|e| e.kind == kind)
+            .map(|e| e.id)
+            .ok_or_else(|| UmdError::NoEngine { what: format!("{kind} engine") })
+    }
+
+    /// Allocates memory, mapped for the GPU and the CPU.
+    pub fn allocate(&self, bytes: u64) -> Result<Buffer, UmdError> {
+        self.allocate_with(&AllocationDesc::system(bytes))
+    }
+
+    /// Allocates memory with a full description.
+    pub fn allocate_with(&self, desc: &AllocationDesc) -> Result<Buffer, UmdError> {
+        let info = self.inner.port.allocate(self.inner.handle, desc)?;
+        let map = match self.inner.port.map_allocation(info.handle) {
+            Ok(m) => m,
+            Err(e) => {
+                let _ = self.inner.port.free(info.handle);
+                return Err(e.into());
+            }
+        };
+        Ok(Buffer { device: self.inner.clone(), info, map, domain: desc.domain })
+    }
+
+    /// Creates a context on an engine.
+    pub fn create_context(&self, engine: EngineId) -> Result<Context, UmdError> {
+        let handle = self.inner.port.create_context(self.inner.handle, engine)?;
+        Ok(Context { device: self.inner.clone(), handle, engine })
+    }
+}
+
+/// GPU memory mapped into this process: a GPU VA and a CPU mapping. Freed on drop.
+pub struct Buffer {
+    device: Arc<DeviceInner>,
+    info: AllocationInfo,
+    map: shm::Mapping,
+    domain: MemoryDomain,
+}
+
+impl Buffer {
+    /// GPU virtual address.
+    pub fn va(&self) -> u64 {
+        self.info.va
+    }
+    /// Size in bytes.
+    pub fn len(&self) -> u64 {
+        self.info.bytes
+    }
+    /// Whether it is empty (never: allocations are at least a page).
+    pub fn is_empty(&self) -> bool {
+        self.info.bytes == 0
+    }
+    /// Its domain.
+    pub fn domain(&self) -> MemoryDomain {
+        self.domain
+    }
+    /// The kernel handle.
+    pub fn handle(&self) -> abi::AllocationHandle {
+        self.info.handle
+    }
+    /// The CPU mapping.
+    pub fn map(&self) -> &shm::Mapping {
+        &self.map
+    }
+    /// Reads a u32 at a byte offset.
+    pub fn read_u32(&self, offset: u64) -> Result<u32, UmdError> {
+        Ok(self.map.read_u32(offset)?)
+    }
+    /// Reads a u64 at a byte offset.
+    pub fn read_u64(&self, offset: u64) -> Result<u64, UmdError> {
+        Ok(self.map.read_u64(offset)?)
+    }
+    /// Writes bytes at an offset.
+    pub fn write(&self, offset: u64, bytes: &[u8]) -> Result<(), UmdError> {
+        Ok(self.map.write(offset, bytes)?)
+    }
+    /// Reads bytes at an offset.
+    pub fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), UmdError> {
+        Ok(self.map.read(offset, out)?)
+    }
+    /// Writes a u64 at a byte offset.
+    pub fn write_u64(&self, offset: u64, v: u64) -> Result<(), UmdError> {
+        Ok(self.map.write_u64(offset, v)?)
+    }
+}
+
+impl Drop for Buffer {
+    fn drop(&mut self) {
+        let _ = self.device.port.free(self.info.handle);
+    }
+}
+
+/// A hardware context on one engine.
+pub struct Context {
+    pub(crate) device: Arc<DeviceInner>,
+    pub(crate) handle: ContextHandle,
+    engine: EngineId,
+}
+
+impl Context {
+    /// The engine.
+    pub fn engine(&self) -> EngineId {
+        self.engine
+    }
+    /// The kernel handle.
+    pub fn handle(&self) -> ContextHandle {
+        self.handle
+    }
+    /// Creates a queue on this context.
+    pub fn create_queue(&self, opts: QueueOptions) -> Result<Queue, UmdError> {
+        Queue::create(self, opts)
+    }
+}
+
+impl Drop for Context {
+    fn drop(&mut self) {
+        let _ = self.device.port.destroy_context(self.handle);
+    }
+}

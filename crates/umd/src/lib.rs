@@ -1,0 +1,78 @@
+//! # umd — the user-mode driver
+//!
+//! What an application links. It talks to the kernel only through an
+//! [`abi::port::KernelPort`] (the control path) and to the device only through `abi` layouts
+//! in shared memory (the data path); it never sees `gpu` or `kernel` internals.
+//!
+//! - [`Device`]: a device opened on a port, with its memory ([`Buffer`]).
+//! - [`Context`]: a hardware context on one engine.
+//! - [`Queue`]: a hardware queue, user-mode (ring + doorbell, spec 000 "user-mode work
+//!   submission") or kernel-mode (each submission a kernel call, the traditional path).
+//! - [`CommandBuffer`]: one typed method per packet of [`abi::packet`].
+//!
+//! The user-mode submission loop follows spec 000's order exactly; see [`Queue::submit`].
+//! Waits check memory first and enter the kernel only when the value has not been reached.
+//! The ring never overwrites bytes the engine has not read: a full ring waits for rptr.
+
+mod command;
+mod device;
+mod queue;
+
+pub use command::CommandBuffer;
+pub use device::{Buffer, Context, Device};
+pub use queue::{Queue, QueueOptions, SubmissionKind};
+
+use abi::port::KernelError;
+
+/// What the user-mode driver can report.
+#[derive(Debug, thiserror::Error)]
+pub enum UmdError {
+    /// A kernel call failed.
+    #[error(transparent)]
+    Kernel(#[from] KernelError),
+    /// The queue can run no more work (doorbell `DisconnectedAbort`, a fault, or device loss).
+    #[error("{queue} is lost: {reason}; destroy it and create a new one (or fall back to kernel-mode submission)")]
+    QueueLost {
+        /// The queue.
+        queue: String,
+        /// Why.
+        reason: String,
+    },
+    /// A command buffer longer than half the ring.
+    #[error("command buffer of {dwords} dwords does not fit a ring of {ring_bytes} bytes (at most {max} dwords)")]
+    TooLarge {
+        /// Its length, with the progress fence.
+        dwords: usize,
+        /// Ring size.
+        ring_bytes: u64,
+        /// The limit.
+        max: u64,
+    },
+    /// A wait timed out.
+    #[error("timed out waiting for progress value {value} on {queue} (completed: {completed})")]
+    Timeout {
+        /// The queue.
+        queue: String,
+        /// Value waited for.
+        value: u64,
+        /// Value completed when the wait gave up.
+        completed: u64,
+    },
+    /// A value read from shared memory that the kernel never writes.
+    #[error("{field} holds {value:#x}, which is not a valid value")]
+    Corrupt {
+        /// The word.
+        field: &'static str,
+        /// What it held.
+        value: u64,
+    },
+    /// An engine that does not exist or lacks the requested submission model.
+    #[error("no {what}")]
+    NoEngine {
+        /// What was asked for.
+        what: String,
+    },
+    /// Shared memory access failed (an offset outside a buffer).
+    #[error("shared memory: {0}")]
+    Shm(#[from] shm::ShmError),
+}
