@@ -1,0 +1,242 @@
+//! `doorbell bench …`: measurements, each against a floor measured in the same run.
+//!
+//! `bench submit` measures:
+//! - `floor_cacheline_rtt_ns`: one cache line bounced between two threads (a store seen by
+//!   the other core and answered): the hardware floor of any cross-core notification;
+//! - `um_p50_ns`, `um_p99_ns`: user-mode submission, from just before the UMD's submit call
+//!   (which writes the packets, wptr and the doorbell) to the engine starting the first packet
+//!   (a `TIMESTAMP`, written with the device clock, which is the same clock) — firmware awake;
+//! - `km_p50_ns`, `km_p99_ns`: the same through the kernel-mode path (a kernel call, the
+//!   software queue, the scheduler worker, the kernel ring);
+//! - `um_cold_p50_ns`: the same with the engine in F1 and the doorbell disconnected: the ring
+//!   hits the dummy page, the UMD reads DisconnectedRetry, reconnects (the engine returns to F0
+//!   and the firmware thread is unparked), rings again;
+//! - `um_throughput_per_s`: tiny command buffers (one `WRITE_DATA` and the progress fence) on
+//!   one queue, sustained, until the last one completes.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use abi::EngineKind;
+use abi::port::KernelPort;
+use clap::{Args, Subcommand};
+use gpu::{GpuConfig, PowerState};
+use kernel::{System, SystemConfig};
+use umd::{CommandBuffer, Device, Queue, QueueOptions};
+
+use crate::CliError;
+
+#[derive(Subcommand)]
+pub enum BenchCommand {
+    /// Submission latency (user-mode vs kernel-mode, warm and cold) and throughput, with the
+    /// cache-line round trip measured in the same run as the floor.
+    Submit(SubmitArgs),
+}
+
+#[derive(Args)]
+pub struct SubmitArgs {
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// Latency samples per warm path.
+    #[arg(long, default_value_t = 20_000)]
+    samples: usize,
+    /// Latency samples from F1 (each waits for the engine to go idle).
+    #[arg(long, default_value_t = 200)]
+    cold_samples: usize,
+    /// Command buffers in the throughput run.
+    #[arg(long, default_value_t = 2_000_000)]
+    throughput_count: u64,
+}
+
+pub fn run(cmd: BenchCommand) -> Result<(), CliError> {
+    match cmd {
+        BenchCommand::Submit(a) => submit(a),
+    }
+}
+
+fn progress(json: bool, msg: &str) {
+    if !json {
+        eprintln!("  … {msg}");
+    }
+}
+
+/// p50 and p99 of a sample set.
+fn percentiles(mut v: Vec<u64>) -> (u64, u64) {
+    v.sort_unstable();
+    if v.is_empty() {
+        return (0, 0);
+    }
+    (v[v.len() / 2], v[(v.len() * 99 / 100).min(v.len() - 1)])
+}
+
+/// Median round trip of one cache line between two threads, in ns.
+pub fn cacheline_rtt_ns() -> f64 {
+    #[repr(align(128))]
+    struct Line(AtomicU64);
+    let mut runs = Vec::new();
+    for _ in 0..5 {
+        let line = Arc::new(Line(AtomicU64::new(0)));
+        let n = 100_000u64;
+        let other = line.clone();
+        let t = std::thread::spawn(move || {
+            for i in 0..n {
+                // Acquire/Release: a plain hand-off; the ordering is not what is measured.
+                while other.0.load(Ordering::Acquire) != 2 * i + 1 {
+                    std::hint::spin_loop();
+                }
+                other.0.store(2 * i + 2, Ordering::Release);
+            }
+        });
+        let start = Instant::now();
+        for i in 0..n {
+            line.0.store(2 * i + 1, Ordering::Release);
+            while line.0.load(Ordering::Acquire) != 2 * i + 2 {
+                std::hint::spin_loop();
+            }
+        }
+        let el = start.elapsed();
+        let _ = t.join();
+        runs.push(el.as_nanos() as f64 / n as f64);
+    }
+    runs.sort_by(|a, b| a.total_cmp(b));
+    runs[runs.len() / 2]
+}
+
+struct Rig {
+    sys: System,
+    _port: Arc<dyn KernelPort>,
+    dev: Device,
+    ctx: umd::Context,
+}
+
+fn rig(idle: Duration) -> Result<Rig, CliError> {
+    let sys = System::live(SystemConfig {
+        gpu: GpuConfig { idle_period: idle, ..GpuConfig::default() },
+        ..Default::default()
+    })?;
+    let port: Arc<dyn KernelPort> = sys.open_process()?;
+    let dev = Device::open(port.clone())?;
+    let ctx = dev.create_context(dev.engine(EngineKind::Compute)?)?;
+    Ok(Rig { sys, _port: port, dev, ctx })
+}
+
+/// Submit-to-first-packet latencies of `samples` TIMESTAMP command buffers.
+fn latencies(
+    sys: &System,
+    q: &mut Queue,
+    buf: &umd::Buffer,
+    samples: usize,
+    mut before: impl FnMut() -> Result<(), CliError>,
+) -> Result<Vec<u64>, CliError> {
+    let slots = (buf.len() / 8) as usize;
+    let mut out = Vec::with_capacity(samples);
+    let mut cb = CommandBuffer::new();
+    for i in 0..samples {
+        before()?;
+        let slot = (i % slots) as u64 * 8;
+        cb.clear();
+        cb.timestamp(buf.va() + slot);
+        let t0 = sys.now();
+        let v = q.submit(&cb)?;
+        q.wait(v, Some(Duration::from_secs(10)))?;
+        let ts = buf.read_u64(slot)?;
+        out.push(ts.saturating_sub(t0.as_nanos()));
+    }
+    Ok(out)
+}
+
+fn submit(a: SubmitArgs) -> Result<(), CliError> {
+    let json = a.json;
+    progress(json, "measuring the floor: cache-line round trip between two threads");
+    let floor = cacheline_rtt_ns();
+
+    progress(json, "user-mode and kernel-mode latency, firmware awake");
+    let r = rig(Duration::from_secs(3600))?;
+    let buf = r.dev.allocate(1 << 20)?;
+    let mut uq = r.ctx.create_queue(QueueOptions::user_mode())?;
+    uq.set_spin(u32::MAX); // spin on memory: the thread waiting is not what is measured
+    latencies(&r.sys, &mut uq, &buf, 1000, || Ok(()))?; // warm-up
+    let (um_p50, um_p99) = percentiles(latencies(&r.sys, &mut uq, &buf, a.samples, || Ok(()))?);
+    let mut kq = r.ctx.create_queue(QueueOptions::kernel_mode())?;
+    kq.set_spin(0); // block in the kernel so the scheduler worker gets a core
+    latencies(&r.sys, &mut kq, &buf, 200, || Ok(()))?;
+    let (km_p50, km_p99) = percentiles(latencies(&r.sys, &mut kq, &buf, a.samples.min(5_000), || Ok(()))?);
+
+    progress(json, "user-mode throughput, tiny command buffers on one queue");
+    let tbuf = r.dev.allocate(4096)?;
+    let mut tq = r.ctx.create_queue(QueueOptions { ring_bytes: 1 << 20, ..QueueOptions::user_mode() })?;
+    tq.set_spin(u32::MAX);
+    let mut cb = CommandBuffer::new();
+    let start = Instant::now();
+    let mut last = 0;
+    for i in 0..a.throughput_count {
+        cb.clear();
+        cb.write_u32(tbuf.va(), i as u32);
+        last = tq.submit(&cb)?;
+    }
+    tq.wait(last, Some(Duration::from_secs(60)))?;
+    let el = start.elapsed();
+    if a.throughput_count > 0 && tbuf.read_u32(0)? != (a.throughput_count - 1) as u32 {
+        return Err(CliError::Check("throughput run: last WRITE_DATA not visible".into()));
+    }
+    let throughput = a.throughput_count as f64 / el.as_secs_f64();
+    drop((uq, kq, tq, buf, tbuf, r));
+
+    progress(json, "cold user-mode latency: engine in F1, doorbell disconnected");
+    let r = rig(Duration::from_millis(1))?;
+    let buf = r.dev.allocate(1 << 16)?;
+    let mut cq = r.ctx.create_queue(QueueOptions::user_mode())?;
+    cq.set_spin(u32::MAX);
+    let engine = cq.engine();
+    let sys = r.sys.clone();
+    let reconnects_before = cq.reconnects();
+    let cold = latencies(&r.sys, &mut cq, &buf, a.cold_samples, || {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while sys.power(engine) != PowerState::F1 {
+            if Instant::now() > deadline {
+                return Err(CliError::Check("engine did not reach F1".into()));
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        Ok(())
+    })?;
+    if cq.reconnects() - reconnects_before < a.cold_samples as u64 {
+        return Err(CliError::Check("cold samples did not all reconnect".into()));
+    }
+    let (cold_p50, _) = percentiles(cold);
+
+    let floor_ns = floor.round() as u64;
+    if json {
+        let o = serde_json::json!({
+            "um_p50_ns": um_p50,
+            "um_p99_ns": um_p99,
+            "km_p50_ns": km_p50,
+            "km_p99_ns": km_p99,
+            "um_cold_p50_ns": cold_p50,
+            "um_throughput_per_s": throughput.round() as u64,
+            "floor_cacheline_rtt_ns": floor_ns,
+            "samples": a.samples,
+            "cold_samples": a.cold_samples,
+            "throughput_count": a.throughput_count,
+        });
+        println!("{o}");
+    } else {
+        let ratio = |x: u64| x as f64 / floor.max(1.0);
+        println!(
+            "doorbell bench submit ({} warm samples, {} cold, {} command buffers)",
+            a.samples, a.cold_samples, a.throughput_count
+        );
+        println!("{:<34} {:>12} {:>12}", "measure", "value", "x floor");
+        println!("{:<34} {:>9} ns {:>12}", "floor: cache-line round trip", floor_ns, "1.0");
+        println!("{:<34} {:>9} ns {:>12.1}", "user-mode p50 (ring -> engine)", um_p50, ratio(um_p50));
+        println!("{:<34} {:>9} ns {:>12.1}", "user-mode p99", um_p99, ratio(um_p99));
+        println!("{:<34} {:>9} ns {:>12.1}", "kernel-mode p50", km_p50, ratio(km_p50));
+        println!("{:<34} {:>9} ns {:>12.1}", "kernel-mode p99", km_p99, ratio(km_p99));
+        println!("{:<34} {:>9} ns {:>12.1}", "user-mode cold p50 (from F1)", cold_p50, ratio(cold_p50));
+        println!("{:<34} {:>9.0} /s", "user-mode throughput", throughput);
+        println!("kernel-mode p50 / user-mode p50 = {:.1}", km_p50 as f64 / um_p50.max(1) as f64);
+    }
+    Ok(())
+}
