@@ -177,7 +177,7 @@ impl FwQueue {
         if new == self.wptr {
             return Ok(());
         }
-        if new % 4 != 0 {
+        if !new.is_multiple_of(4) {
             return Err(FaultKind::WptrMisaligned { wptr: new });
         }
         if new < self.wptr {
@@ -438,11 +438,11 @@ impl Firmware {
                 let v = bar.load_u64(w.slot as u64 * 8, Ordering::Relaxed).unwrap_or(w.last);
                 if v != w.last {
                     w.last = v;
-                    if let Some(Slot { generation, queue: Some(q) }) = self.slots.get_mut(w.queue.index as usize) {
-                        if *generation == w.queue.generation {
-                            q.pending = true;
-                            rang = true;
-                        }
+                    if let Some(Slot { generation, queue: Some(q) }) = self.slots.get_mut(w.queue.index as usize)
+                        && *generation == w.queue.generation
+                    {
+                        q.pending = true;
+                        rang = true;
                     }
                 }
             }
@@ -499,7 +499,7 @@ impl Firmware {
         self.engines
             .iter()
             .filter(|e| e.power == PowerState::F0 && !e.f1_requested)
-            .map(|e| e.last_busy.add(self.idle_period))
+            .map(|e| e.last_busy.plus(self.idle_period))
             .min()
     }
 

@@ -52,7 +52,7 @@ impl Time {
         self.0
     }
     /// `self + d`, saturating.
-    pub fn add(self, d: Duration) -> Time {
+    pub fn plus(self, d: Duration) -> Time {
         Time(self.0.saturating_add(d.as_nanos().min(u64::MAX as u128) as u64))
     }
     /// `self - earlier`, saturating at zero.

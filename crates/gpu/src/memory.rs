@@ -128,7 +128,7 @@ impl AddressSpace {
     /// Translates an aligned 4- or 8-byte access.
     #[inline]
     pub fn translate_aligned(&self, va: u64, bytes: u64, access: Access) -> Result<Resolved<'_>, FaultKind> {
-        if va % bytes != 0 {
+        if !va.is_multiple_of(bytes) {
             return Err(FaultKind::Misaligned { va, align: bytes, access });
         }
         self.translate(va, bytes, access)

@@ -55,6 +55,13 @@ const MAX_ALLOCATION: u64 = 1 << 30;
 /// Size of a kernel-mode queue's kernel-owned ring.
 pub const KERNEL_RING_BYTES: u64 = 64 * 1024;
 
+/// What one kernel-mode scheduling attempt did.
+enum Move {
+    Moved,
+    NoSpace,
+    Empty,
+}
+
 /// A source of device time.
 pub trait Clock: Send + Sync {
     /// Now.
@@ -507,10 +514,23 @@ impl Os {
         self.with(pid, |s, _| {
             let fw = s.proc(pid)?.queues.get(q)?.fw;
             let fw_state = s.kmd.queue_state(fw);
-            let qo = s.proc(pid)?.queues.get(q)?;
+            let p = s.proc(pid)?;
+            let qo = p.queues.get(q)?;
             let last_queued = match &qo.mode {
                 QueueMode::Kernel { last_queued, .. } => *last_queued,
-                QueueMode::User { .. } => 0,
+                // The UMD's `HwQueueProgressFenceLastQueuedValue`, in the ring-control block
+                // the doorbell references (0 before a doorbell exists). Client memory: it is
+                // reported, never trusted.
+                QueueMode::User { desc } => qo
+                    .doorbell
+                    .and_then(|d| p.doorbells.get(d).ok())
+                    .and_then(|d| p.allocations.get(d.ring_control).ok())
+                    .and_then(|a| {
+                        let va = desc.rptr_va.checked_sub(RPTR_OFFSET)?.checked_add(LAST_QUEUED_OFFSET)?;
+                        // Acquire: pairs with the UMD's release store of the value.
+                        a.shm.load_u64(va.checked_sub(a.va)?, Ordering::Acquire).ok()
+                    })
+                    .unwrap_or(0),
             };
             let state = if qo.fault.is_some() { QueueState::Hung } else { fw_state.unwrap_or(QueueState::Unmapped) };
             Ok(QueueStatus { state, fault: qo.fault.clone(), completed: qo.completed(), last_queued })
@@ -823,10 +843,10 @@ impl OsState {
         let p = self.proc(pid)?;
         let obj = p.doorbells.remove(d)?;
         for a in [obj.ring_buffer, obj.ring_control] {
-            if let Ok(a) = p.allocations.get_mut(a) {
-                if let Some(i) = a.pins.iter().position(|x| *x == d) {
-                    a.pins.swap_remove(i);
-                }
+            if let Ok(a) = p.allocations.get_mut(a)
+                && let Some(i) = a.pins.iter().position(|x| *x == d)
+            {
+                a.pins.swap_remove(i);
             }
         }
         p.queues.get_mut(q)?.doorbell = None;
@@ -1003,46 +1023,60 @@ impl OsState {
             return (false, false);
         }
         let (mut moved, mut blocked) = (false, false);
-        let pids: Vec<_> = self.processes.keys().copied().collect();
-        for pid in pids {
-            let ctxs = self.processes[&pid].contexts.handles();
-            for c in ctxs {
-                loop {
-                    let Some(p) = self.processes.get_mut(&pid) else { break };
-                    let Ok(ctx) = p.contexts.get_mut(c) else { break };
-                    let Some(sub) = ctx.software_queue.front() else { break };
-                    let (qh, dwords) = (sub.queue, sub.words.len() as u64);
-                    let Ok(qo) = p.queues.get_mut(qh) else { break };
-                    let engine = qo.engine;
-                    let QueueMode::Kernel { ring, control, slot, wptr, .. } = &mut qo.mode else { break };
-                    let rptr = control.load_u64(RPTR_OFFSET, Ordering::Acquire).unwrap_or(*wptr);
-                    let Some(plan) = ring::plan_write(*wptr, KERNEL_RING_BYTES, dwords) else { break };
-                    if plan.new_wptr - rptr > KERNEL_RING_BYTES {
+        let contexts: Vec<(ProcessId, ContextHandle)> = self
+            .processes
+            .iter()
+            .flat_map(|(&pid, p)| p.contexts.handles().into_iter().map(move |c| (pid, c)))
+            .collect();
+        for (pid, c) in contexts {
+            loop {
+                match self.move_one(pid, c, now) {
+                    Move::Moved => moved = true,
+                    Move::NoSpace => {
                         blocked = true;
                         break;
                     }
-                    let (ring, control, slot, old_wptr) = (ring.clone(), control.clone(), *slot, *wptr);
-                    let sub = ctx.software_queue.pop_front().expect("front exists");
-                    self.km_queued -= 1;
-                    if self.kmd.power(engine) == PowerState::F1 {
-                        self.trace.push(now, Event::Ddi(Ddi::SetPowerState(engine, PowerState::F0)));
-                        let st = self.kmd.set_power(engine, PowerState::F0, now);
-                        self.trace.push(now, Event::Power { engine, state: st });
-                    }
-                    let _ = ring::write_stream(&ring, KERNEL_RING_BYTES, old_wptr, &plan, &[&sub.words]);
-                    // Release: the packets are visible before the firmware acquires wptr.
-                    if let Ok(w) = control.atomic_u64(WPTR_OFFSET) {
-                        w.store(plan.new_wptr, Ordering::Release);
-                    }
-                    let _ = self.bar.atomic_u64(slot as u64 * 8).map(|d| d.store(plan.new_wptr, Ordering::Release));
-                    if let Ok(QueueMode::Kernel { wptr, .. }) = self.queue(pid, qh).map(|q| &mut q.mode) {
-                        *wptr = plan.new_wptr;
-                    }
-                    moved = true;
+                    Move::Empty => break,
                 }
             }
         }
         (moved, blocked)
+    }
+
+    /// Moves the head of a context's software queue onto its queue's kernel-owned ring:
+    /// wake the engine if it is in F1, write the packets, publish wptr, ring the doorbell.
+    fn move_one(&mut self, pid: ProcessId, c: ContextHandle, now: Time) -> Move {
+        let Some(p) = self.processes.get_mut(&pid) else { return Move::Empty };
+        let Ok(ctx) = p.contexts.get_mut(c) else { return Move::Empty };
+        let Some(sub) = ctx.software_queue.front() else { return Move::Empty };
+        let Ok(qo) = p.queues.get_mut(sub.queue) else { return Move::Empty };
+        let engine = qo.engine;
+        let QueueMode::Kernel { ring, control, slot, wptr, .. } = &mut qo.mode else { return Move::Empty };
+        // Acquire: the engine has finished reading the ring bytes below rptr.
+        let rptr = control.load_u64(RPTR_OFFSET, Ordering::Acquire).unwrap_or(*wptr);
+        // `submit_command` bounded the length to half the ring, so a plan always exists.
+        let Some(plan) = ring::plan_write(*wptr, KERNEL_RING_BYTES, sub.words.len() as u64) else { return Move::Empty };
+        if plan.new_wptr - rptr > KERNEL_RING_BYTES {
+            return Move::NoSpace;
+        }
+        let _ = ring::write_stream(ring, KERNEL_RING_BYTES, *wptr, &plan, &[&sub.words]);
+        *wptr = plan.new_wptr;
+        let (control, slot) = (control.clone(), *slot);
+        ctx.software_queue.pop_front();
+        self.km_queued -= 1;
+        if self.kmd.power(engine) == PowerState::F1 {
+            self.trace.push(now, Event::Ddi(Ddi::SetPowerState(engine, PowerState::F0)));
+            let st = self.kmd.set_power(engine, PowerState::F0, now);
+            self.trace.push(now, Event::Power { engine, state: st });
+        }
+        // Release: the packets are visible before the firmware acquires wptr.
+        if let Ok(w) = control.atomic_u64(WPTR_OFFSET) {
+            w.store(plan.new_wptr, Ordering::Release);
+        }
+        if let Ok(d) = self.bar.atomic_u64(slot as u64 * 8) {
+            d.store(plan.new_wptr, Ordering::Release);
+        }
+        Move::Moved
     }
 
     fn begin_wait(

@@ -12,6 +12,8 @@
 //!   the [`System`] stops and joins both.
 //! - **Sim** ([`System::sim`]): a virtual clock that moves only when the test says so
 //!   ([`System::advance`]) or when a blocked wait has nothing left to do but let time pass.
+//!   A wait with no timeout that sees no progress for 60 s of virtual time is a deadlock: it
+//!   returns timed out instead of spinning forever.
 //!   Nothing runs unless [`System::step`] (or a blocking wait) runs it, so every interleaving
 //!   is reproducible.
 //!
@@ -124,7 +126,8 @@ impl Inner {
             let _ = rang;
             (report, g.all_asleep())
         };
-        let work = report.packets > 0 || report.runnable > 0 || !irqs.is_empty();
+        // Progress only: a queue blocked in a WAIT re-checks every pump but moves nothing.
+        let work = report.packets > 0 || !irqs.is_empty();
         for i in irqs {
             self.os.handle_interrupt(i);
         }
@@ -152,21 +155,27 @@ impl Inner {
         match &self.driver {
             Driver::Live { .. } => waiter.block_until(timeout.map(|t| Instant::now() + t)),
             Driver::Sim { clock } => {
-                let deadline = timeout.map(|t| clock.now().add(t));
+                // With no timeout, give up once virtual time has moved this far without any
+                // progress: nothing in the system can satisfy the wait (a deadlock).
+                const DEADLOCK_HORIZON: Duration = Duration::from_secs(60);
+                let deadline = timeout.map(|t| clock.now().plus(t));
+                let mut stalled_since = clock.now();
                 loop {
                     if waiter.is_done() {
                         return;
                     }
                     if self.sim_step() {
+                        stalled_since = clock.now();
                         continue;
+                    }
+                    if deadline.is_none() && clock.now().since(stalled_since) >= DEADLOCK_HORIZON {
+                        return;
                     }
                     // Nothing moves without time: jump to the next timer or the deadline.
                     let next = self.gpu.lock().poll_timeout();
-                    let next = match (next, deadline) {
-                        (Some(a), Some(b)) => a.min(b),
-                        (a, b) => a.or(b).unwrap_or(Time(u64::MAX)),
-                    };
-                    if deadline.is_some_and(|d| clock.now() >= d) || next.0 == u64::MAX {
+                    let horizon = stalled_since.plus(DEADLOCK_HORIZON);
+                    let next = [next, deadline, Some(horizon)].into_iter().flatten().min().unwrap_or(horizon);
+                    if deadline.is_some_and(|d| clock.now() >= d) {
                         return;
                     }
                     clock.set(next.max(Time(clock.now().0 + 1)));
@@ -288,7 +297,7 @@ impl System {
     /// Sim: moves the virtual clock forward by `d`, then settles.
     pub fn advance(&self, d: Duration) {
         if let Driver::Sim { clock } = &self.inner.driver {
-            clock.set(clock.now().add(d));
+            clock.set(clock.now().plus(d));
             self.inner.sim_settle();
         }
     }
@@ -331,7 +340,7 @@ fn firmware_thread(inner: std::sync::Weak<Inner>, stop: Arc<AtomicBool>) {
             idle_spins = 0;
         } else {
             idle_spins = idle_spins.saturating_add(1);
-            if idle_spins % 64 == 0 {
+            if idle_spins.is_multiple_of(64) {
                 // Let the other threads of a 2-core machine in now and then.
                 std::thread::yield_now();
             } else {

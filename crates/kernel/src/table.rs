@@ -85,11 +85,6 @@ impl<K: HandleKind, T> Table<K, T> {
     pub(crate) fn handles(&self) -> Vec<Handle<K>> {
         self.iter().map(|(h, _)| h).collect()
     }
-
-    /// Number of live objects.
-    pub(crate) fn len(&self) -> usize {
-        self.slots.iter().filter(|s| s.value.is_some()).count()
-    }
 }
 
 #[cfg(test)]
@@ -115,7 +110,6 @@ mod tests {
         ));
         let unknown = Handle::<HwQueueKind>::new(ProcessId(1), 9, 1);
         assert!(matches!(t.get(unknown), Err(KernelError::BadHandle { problem: HandleProblem::Unknown, .. })));
-        assert_eq!(t.len(), 1);
         assert_eq!(t.handles(), vec![b]);
     }
 }

@@ -1,3 +1,5 @@
+//! Smoke tests: both submission paths on the deterministic driver.
+
 mod common;
 
 use std::time::Duration;
