@@ -15,6 +15,8 @@
 //!   ioctl), queue states, priorities, and the per-queue kernel page that holds the progress
 //!   fence and the doorbell status (read-only to user mode).
 //! - [`handle`]: generation-checked typed handles, owned by one process.
+//! - [`protocol`] and [`sync`]: the doorbell-versus-disconnect protocol that every actor
+//!   runs, written once against a `sync` shim so loom can check it (`--cfg loom`).
 //! - [`port`]: the [`port::KernelPort`] trait — the system-call surface the UMD uses — with its
 //!   argument types and its error enum.
 //!
@@ -28,8 +30,10 @@ pub mod doorbell;
 pub mod handle;
 pub mod packet;
 pub mod port;
+pub mod protocol;
 pub mod queue;
 pub mod ring;
+pub mod sync;
 
 pub use doorbell::DoorbellStatus;
 pub use handle::{AllocationHandle, ContextHandle, DeviceHandle, DoorbellHandle, Handle, HwQueueHandle, ProcessId};

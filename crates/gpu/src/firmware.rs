@@ -192,12 +192,14 @@ impl FwQueue {
 
     /// Raw check for unconsumed work, without validation (used for the no-loss checks).
     fn has_work(&self) -> bool {
-        // SeqCst fence: the firmware half of the Dekker pairing with the client's
-        // `store wptr; fence(SeqCst); load status` — the kernel stored the new doorbell status
-        // (SeqCst) before asking for this check, so either the client saw that status or this
-        // load sees its wptr.
-        std::sync::atomic::fence(Ordering::SeqCst);
-        let w = self.wptr_word.shm.load_u64(self.wptr_word.offset, Ordering::Acquire).unwrap_or(self.wptr);
+        // The firmware half of the Dekker pair (`abi::protocol`): the kernel published the new
+        // doorbell status before asking for this check, so either the client saw that status
+        // or this re-read sees its wptr.
+        let w = abi::protocol::recheck_wptr(&abi::sync::MappedWord {
+            map: &self.wptr_word.shm,
+            offset: self.wptr_word.offset,
+        });
+        let w = if w == u64::MAX { self.wptr } else { w };
         self.ib.is_some() || w != self.rptr
     }
 

@@ -858,7 +858,7 @@ impl OsState {
         // (see `umd::queue`): either the client sees this status, or the firmware's wptr
         // re-read (after this store) sees the client's wptr.
         if let Ok(w) = qo_page.atomic_u64(abi::queue::DOORBELL_STATUS_OFFSET) {
-            w.store(status as u64, Ordering::SeqCst);
+            abi::protocol::publish_status(w, status as u64);
         }
         self.trace.push(now, Event::Status { queue: q, status });
     }

@@ -14,8 +14,9 @@
 //!    `DisconnectedRetry` → connect again and go back to 4; `DisconnectedAbort` → the queue
 //!    is lost.
 //!
-//! Between 4 and 5 sits a SeqCst fence. With the kernel's SeqCst status store and the
-//! firmware's fenced wptr re-read on every unbind, it makes a Dekker pair: if a disconnect
+//! Between 4 and 5 sits a SeqCst fence ([`abi::protocol::ring_and_read_status`]). With the
+//! kernel's SeqCst status store and the firmware's fenced wptr re-read on every unbind, it
+//! makes a Dekker pair, model-checked with loom in `abi/tests/loom.rs`: if a disconnect
 //! races the ring, either step 5 sees `DisconnectedRetry` (and reconnects, and the connect
 //! re-reads wptr), or the firmware's re-read sees this wptr. No submission is lost.
 //!
@@ -23,13 +24,15 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::sync::atomic::{Ordering, fence};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use abi::packet::progress_fence_words;
 use abi::port::{CreateDoorbell, HwQueueDesc, KernelError, QueueStatus, SubmissionMode, WaitOutcome};
+use abi::protocol;
 use abi::queue::{DOORBELL_STATUS_OFFSET, PROGRESS_COMPLETED_OFFSET};
 use abi::ring::{self, LAST_QUEUED_OFFSET, RING_CONTROL_BYTES, RPTR_OFFSET, WPTR_OFFSET};
+use abi::sync::MappedWord;
 use abi::{DoorbellHandle, DoorbellStatus, EngineId, HwQueueHandle, Priority, QueueDescriptor};
 
 use crate::device::{Buffer, Context, DeviceInner};
@@ -253,7 +256,6 @@ impl Queue {
         u.control.map().atomic_u64(LAST_QUEUED_OFFSET)?.store(value, Ordering::Release);
         // 3. Packets, then wptr (release: the packets are visible before the new wptr).
         ring::write_stream(u.ring.map(), ring_bytes, wptr, &plan, &[cb.words(), &fence])?;
-        u.control.map().atomic_u64(WPTR_OFFSET)?.store(plan.new_wptr, Ordering::Release);
         u.wptr = plan.new_wptr;
         u.outstanding.push_back((value, plan.new_wptr));
         self.next_progress = value;
@@ -261,16 +263,21 @@ impl Queue {
         Ok(value)
     }
 
-    /// Steps 4 and 5: ring, read the status, act on it.
+    /// Step 3's wptr publication, then steps 4 and 5: ring, read the status, act on it.
     fn ring_and_check(&mut self) -> Result<(), UmdError> {
         loop {
             let u = self.user.as_ref().expect("user-mode");
-            // 4. Ring: the doorbell word takes the new wptr.
-            u.doorbell_page.atomic_u64(u.doorbell_offset)?.store(u.wptr, Ordering::Release);
-            // The client half of the Dekker pair (module docs).
-            fence(Ordering::SeqCst);
-            // 5. Read the status.
-            match self.doorbell_status()? {
+            // Publish wptr, ring the doorbell with it, fence, read the status: the client half
+            // of the Dekker pair (module docs), shared with the loom model.
+            let word = protocol::ring_and_read_status(
+                u.control.map().atomic_u64(WPTR_OFFSET)?,
+                u.doorbell_page.atomic_u64(u.doorbell_offset)?,
+                &MappedWord { map: &self.kernel_page, offset: DOORBELL_STATUS_OFFSET },
+                u.wptr,
+            );
+            let status =
+                DoorbellStatus::from_word(word).ok_or(UmdError::Corrupt { field: "doorbell status", value: word })?;
+            match status {
                 DoorbellStatus::Connected => return Ok(()),
                 DoorbellStatus::ConnectedNotify => {
                     self.device.port.notify_work_submission(u.doorbell)?;
@@ -313,7 +320,8 @@ impl Queue {
                 u.outstanding.pop_front();
             }
             let Some(&(value, _)) = u.outstanding.front() else {
-                std::hint::spin_loop();
+                // Every submission reports complete, yet rptr is short of `need_rptr`.
+                self.yield_to_device()?;
                 continue;
             };
             self.wait(value, None)?;
@@ -327,6 +335,28 @@ impl Queue {
             }
             let u = self.user.as_mut().expect("user-mode");
             u.outstanding.pop_front();
+        }
+    }
+
+    /// Called when every submission reports complete but rptr has not freed the space: the
+    /// engine has not published rptr yet, or the progress values were not the UMD's own (a
+    /// raw `PROGRESS_FENCE` in a command buffer). Spinning on rptr here could last forever: a
+    /// queue that hung in the meantime never frees space, and on the deterministic driver
+    /// nothing runs unless a kernel wait runs it. So: a lost queue is reported, a progress
+    /// value this queue never submitted is refused as corrupt, and otherwise the device gets
+    /// time through a short kernel wait on the next value.
+    fn yield_to_device(&self) -> Result<(), UmdError> {
+        if self.doorbell_status()? == DoorbellStatus::DisconnectedAbort {
+            return Err(self.lost());
+        }
+        let completed = self.completed();
+        if completed > self.next_progress {
+            return Err(UmdError::Corrupt { field: "progress fence", value: completed });
+        }
+        match self.device.port.wait_progress(self.handle, completed + 1, Some(Duration::from_micros(100))) {
+            Ok(_) => Ok(()),
+            Err(KernelError::QueueLost { queue, reason }) => Err(UmdError::QueueLost { queue, reason }),
+            Err(e) => Err(e.into()),
         }
     }
 

@@ -1,0 +1,69 @@
+//! The `sync` shim: std atomics normally, loom's under `--cfg loom`.
+//!
+//! Protocol code ([`crate::protocol`]) calls [`fence`] from here, so that the same functions
+//! the UMD, the kernel and the firmware run are the ones loom explores. The words themselves
+//! are reached through the [`Load`] and [`Store`] traits, because the real ones live in shared memory as
+//! `std` atomics while the model's are loom's.
+
+#[cfg(loom)]
+pub use loom::sync::atomic::fence;
+pub use std::sync::atomic::Ordering;
+#[cfg(not(loom))]
+pub use std::sync::atomic::fence;
+
+/// A 64-bit word shared with another actor, that we may read.
+pub trait Load {
+    /// Atomic load.
+    fn load(&self, order: Ordering) -> u64;
+}
+
+/// A 64-bit word shared with another actor, that we may write.
+pub trait Store {
+    /// Atomic store.
+    fn store(&self, value: u64, order: Ordering);
+}
+
+impl Load for std::sync::atomic::AtomicU64 {
+    #[inline]
+    fn load(&self, order: Ordering) -> u64 {
+        std::sync::atomic::AtomicU64::load(self, order)
+    }
+}
+
+impl Store for std::sync::atomic::AtomicU64 {
+    #[inline]
+    fn store(&self, value: u64, order: Ordering) {
+        std::sync::atomic::AtomicU64::store(self, value, order)
+    }
+}
+
+/// A word in a (possibly read-only) mapping, read atomically. A read outside the mapping
+/// yields `u64::MAX`, which no protocol word ever holds, so callers see a corrupt value rather
+/// than a panic.
+pub struct MappedWord<'a> {
+    /// The mapping.
+    pub map: &'a shm::Mapping,
+    /// Offset of the word (8-aligned).
+    pub offset: u64,
+}
+
+impl Load for MappedWord<'_> {
+    #[inline]
+    fn load(&self, order: Ordering) -> u64 {
+        self.map.load_u64(self.offset, order).unwrap_or(u64::MAX)
+    }
+}
+
+#[cfg(loom)]
+impl Load for loom::sync::atomic::AtomicU64 {
+    fn load(&self, order: Ordering) -> u64 {
+        loom::sync::atomic::AtomicU64::load(self, order)
+    }
+}
+
+#[cfg(loom)]
+impl Store for loom::sync::atomic::AtomicU64 {
+    fn store(&self, value: u64, order: Ordering) {
+        loom::sync::atomic::AtomicU64::store(self, value, order)
+    }
+}
