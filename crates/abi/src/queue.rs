@@ -20,7 +20,8 @@
 
 use core::fmt;
 use core::mem::{offset_of, size_of};
-use core::sync::atomic::AtomicU64;
+
+use crate::ring::CacheLine;
 
 /// Index of an engine of the device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -135,17 +136,14 @@ const _: () = {
 };
 
 /// The per-queue page the kernel owns and the client maps read-only.
-#[repr(C, align(64))]
+#[repr(C)]
 pub struct QueueKernelPage {
     /// Highest progress-fence value the engine has completed.
-    pub progress_completed: AtomicU64,
-    _pad0: [u8; 56],
+    pub progress_completed: CacheLine,
     /// The doorbell status word.
-    pub doorbell_status: AtomicU64,
-    _pad1: [u8; 56],
+    pub doorbell_status: CacheLine,
     /// The queue state word.
-    pub queue_state: AtomicU64,
-    _pad2: [u8; 56],
+    pub queue_state: CacheLine,
 }
 
 /// Offset of `progress_completed`.

@@ -29,18 +29,22 @@ pub const MIN_RING_BYTES: u64 = 4096;
 /// Largest ring this device accepts (a packet length is 16 bits; 16 MiB is plenty).
 pub const MAX_RING_BYTES: u64 = 16 << 20;
 
-/// The ring control block in shared memory.
+/// A 64-bit word alone on its 64-byte cache line, so that words with different writers never
+/// share a line (no false sharing between the client and the engine).
 #[repr(C, align(64))]
+pub struct CacheLine(pub AtomicU64);
+
+const _: () = assert!(size_of::<CacheLine>() == 64);
+
+/// The ring control block in shared memory.
+#[repr(C)]
 pub struct RingControl {
     /// Read pointer: bytes consumed by the engine.
-    pub rptr: AtomicU64,
-    _pad0: [u8; 56],
+    pub rptr: CacheLine,
     /// Write pointer: bytes published by the client.
-    pub wptr: AtomicU64,
-    _pad1: [u8; 56],
+    pub wptr: CacheLine,
     /// Last queued progress-fence value.
-    pub last_queued: AtomicU64,
-    _pad2: [u8; 56],
+    pub last_queued: CacheLine,
 }
 
 /// Offset of `rptr` in [`RingControl`].

@@ -227,23 +227,16 @@ impl System {
             waker.clone(),
             Driver::Live { stop: stop.clone(), threads: Mutex::new(Vec::new()), fw_thread: waker.clone() },
         )?;
-        let fw = {
-            let inner = Arc::downgrade(&sys.inner);
-            let stop = stop.clone();
+        let spawn = |name: &str, body: fn(std::sync::Weak<Inner>, Arc<AtomicBool>)| {
+            let (inner, stop) = (Arc::downgrade(&sys.inner), stop.clone());
             std::thread::Builder::new()
-                .name("doorbell-firmware".into())
-                .spawn(move || firmware_thread(inner, stop))
-                .map_err(|e| KernelError::Exhausted { what: "threads", detail: e.to_string() })?
+                .name(name.into())
+                .spawn(move || body(inner, stop))
+                .map_err(|e| KernelError::Exhausted { what: "threads", detail: e.to_string() })
         };
+        let fw = spawn("doorbell-firmware", firmware_thread)?;
         *waker.thread.lock() = Some(fw.thread().clone());
-        let worker = {
-            let inner = Arc::downgrade(&sys.inner);
-            let stop = stop.clone();
-            std::thread::Builder::new()
-                .name("doorbell-km-scheduler".into())
-                .spawn(move || scheduler_thread(inner, stop))
-                .map_err(|e| KernelError::Exhausted { what: "threads", detail: e.to_string() })?
-        };
+        let worker = spawn("doorbell-km-scheduler", scheduler_thread)?;
         if let Driver::Live { threads, .. } = &sys.inner.driver {
             threads.lock().extend([fw, worker]);
         }
