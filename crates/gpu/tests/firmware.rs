@@ -1,0 +1,227 @@
+//! The firmware driven by hand: no kernel, no threads, a manual clock. These tests pin the
+//! device-side rules the no-loss argument rests on: a doorbell change marks work, unbind and
+//! bind re-read wptr, F1 is refused while work is pending, the idle timer, and faults that
+//! stay in their queue.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use abi::packet::{DecodeError, Packet};
+use abi::queue::{FaultKind, PROGRESS_COMPLETED_OFFSET};
+use abi::ring::{self, RPTR_OFFSET, WPTR_OFFSET};
+use abi::{EngineId, EngineKind, Priority, QueueState};
+use gpu::{EngineState, Gpu, GpuConfig, Interrupt, PowerState, QueueConfig, Time, Vmid};
+use shm::Shm;
+
+const RING: u64 = 0x10_0000;
+const CONTROL: u64 = 0x20_0000;
+const DATA: u64 = 0x30_0000;
+const RING_BYTES: u64 = 4096;
+
+struct Rig {
+    gpu: Gpu,
+    vmid: Vmid,
+    ring: Arc<Shm>,
+    control: Arc<Shm>,
+    data: Arc<Shm>,
+    page: Arc<Shm>,
+    q: gpu::FwQueueId,
+    wptr: u64,
+    slot: u32,
+}
+
+fn rig() -> Rig {
+    let mut gpu = Gpu::new(GpuConfig {
+        engines: vec![EngineKind::Compute, EngineKind::Copy],
+        doorbell_pages: 2,
+        idle_period: Duration::from_millis(10),
+        packet_budget: 64,
+    })
+    .unwrap();
+    let vmid = gpu.create_vm();
+    let ring = Shm::new("ring", RING_BYTES as usize).unwrap();
+    let control = Shm::new("control", 4096).unwrap();
+    let data = Shm::new("data", 4096).unwrap();
+    let page = Shm::new("kernel-page", 4096).unwrap();
+    let vm = gpu.vm_mut(vmid).unwrap();
+    vm.map(RING, RING_BYTES, ring.clone(), 0, true).unwrap();
+    vm.map(CONTROL, 4096, control.clone(), 0, true).unwrap();
+    vm.map(DATA, 4096, data.clone(), 0, true).unwrap();
+    let q = gpu
+        .add_queue(QueueConfig {
+            vmid,
+            engine: EngineId(0),
+            ring_va: RING,
+            ring_bytes: RING_BYTES,
+            rptr_va: CONTROL + RPTR_OFFSET,
+            wptr_va: CONTROL + WPTR_OFFSET,
+            kernel_page: page.clone(),
+            privileged: false,
+            priority: Priority::Normal,
+        })
+        .unwrap();
+    let slot = 512 + 3;
+    gpu.bind_doorbell(q, slot).unwrap();
+    Rig { gpu, vmid, ring, control, data, page, q, wptr: 0, slot }
+}
+
+impl Rig {
+    /// Writes packets and publishes wptr, without ringing.
+    fn publish(&mut self, packets: &[Packet]) {
+        let mut words = Vec::new();
+        for p in packets {
+            p.encode(&mut words);
+        }
+        let plan = ring::plan_write(self.wptr, RING_BYTES, words.len() as u64).unwrap();
+        ring::write_stream(&self.ring, RING_BYTES, self.wptr, &plan, &[&words]).unwrap();
+        self.wptr = plan.new_wptr;
+        self.control.atomic_u64(WPTR_OFFSET).unwrap().store(self.wptr, Ordering::Release);
+    }
+    fn ring_doorbell(&self) {
+        self.gpu.bar().atomic_u64(self.slot as u64 * 8).unwrap().store(self.wptr, Ordering::Release);
+    }
+    fn run(&mut self, now: u64) -> gpu::StepReport {
+        self.gpu.poll_doorbells();
+        self.gpu.step(Time(now))
+    }
+    fn data_u64(&self, off: u64) -> u64 {
+        self.data.read_u64(off).unwrap()
+    }
+    fn irqs(&mut self) -> Vec<Interrupt> {
+        std::iter::from_fn(|| self.gpu.poll_interrupt()).collect()
+    }
+}
+
+#[test]
+fn nothing_runs_until_the_doorbell_rings_then_everything_up_to_wptr_runs() {
+    let mut r = rig();
+    r.publish(&[
+        Packet::Signal { va: DATA, value: 5 },
+        Packet::Timestamp { va: DATA + 8 },
+        Packet::ProgressFence { value: 1 },
+    ]);
+    assert_eq!(r.run(100).packets, 0, "published but not rung: the firmware has not looked");
+    r.ring_doorbell();
+    assert_eq!(r.run(200).packets, 3);
+    assert_eq!(r.data_u64(0), 5);
+    assert_eq!(r.data_u64(8), 200, "TIMESTAMP writes the step's device time");
+    assert_eq!(r.page.read_u64(PROGRESS_COMPLETED_OFFSET).unwrap(), 1);
+    assert_eq!(r.control.read_u64(RPTR_OFFSET).unwrap(), r.wptr, "rptr published");
+    assert!(r.irqs().is_empty(), "no waiter: a progress fence raises no interrupt");
+}
+
+#[test]
+fn unbind_and_bind_reread_wptr_so_a_ring_lost_to_the_dummy_page_still_runs() {
+    let mut r = rig();
+    // The client published work, but its ring landed on the dummy page (never on the BAR).
+    r.publish(&[Packet::Signal { va: DATA, value: 1 }]);
+    r.gpu.unbind_doorbell(r.q).unwrap();
+    assert_eq!(r.run(10).packets, 1, "unbind's wptr re-read found the work");
+    // Disconnected: new work is published; a bind finds it without any ring.
+    r.publish(&[Packet::Signal { va: DATA, value: 2 }]);
+    assert_eq!(r.run(20).packets, 0);
+    r.gpu.bind_doorbell(r.q, r.slot).unwrap();
+    assert_eq!(r.run(30).packets, 1);
+    assert_eq!(r.data_u64(0), 2);
+}
+
+#[test]
+fn f1_is_requested_after_the_idle_period_and_refused_while_work_is_pending() {
+    let mut r = rig();
+    let compute = EngineId(0);
+    r.gpu.handle_timeout(Time(5_000_000));
+    assert!(r.irqs().is_empty(), "5 ms idle < 10 ms");
+    assert_eq!(r.gpu.poll_timeout(), Some(Time(10_000_000)));
+    r.gpu.handle_timeout(Time(10_000_000));
+    let irqs = r.irqs();
+    assert!(irqs.contains(&Interrupt::EngineStateChange { engine: compute, state: EngineState::TransitionToF1 }));
+    // Work arrives between the request and the kernel's F1 call: refused.
+    r.publish(&[Packet::Signal { va: DATA, value: 9 }]);
+    assert!(!r.gpu.enter_f1(compute, Time(10_000_100)).unwrap());
+    assert_eq!(r.gpu.power(compute).unwrap(), PowerState::F0);
+    assert_eq!(r.run(10_000_200).packets, 1, "the refused F1 left the work marked to run");
+    // Idle again: F1 is granted, and an F1 engine ignores its doorbells.
+    assert!(r.gpu.enter_f1(compute, Time(20_000_000)).unwrap());
+    r.publish(&[Packet::Signal { va: DATA, value: 10 }]);
+    r.ring_doorbell();
+    assert_eq!(r.run(20_000_100).packets, 0);
+    r.gpu.request_f0(compute, Time(20_000_200)).unwrap();
+    r.gpu.bind_doorbell(r.q, r.slot).unwrap();
+    assert_eq!(r.run(20_000_300).packets, 1);
+    assert_eq!(r.data_u64(0), 10);
+}
+
+#[test]
+fn a_wait_blocks_its_queue_until_the_value_arrives() {
+    let mut r = rig();
+    r.publish(&[Packet::Wait { va: DATA + 64, value: 3 }, Packet::Signal { va: DATA, value: 1 }]);
+    r.ring_doorbell();
+    let rep = r.run(1);
+    assert_eq!((rep.packets, rep.runnable), (0, 1), "blocked, still runnable");
+    r.data.atomic_u64(64).unwrap().store(3, Ordering::Release);
+    assert_eq!(r.run(2).packets, 2);
+    assert_eq!(r.data_u64(0), 1);
+}
+
+#[test]
+fn faults_hang_only_the_queue_with_a_record() {
+    let cases: Vec<(Vec<u32>, fn(&FaultKind) -> bool)> = vec![
+        (vec![1 | (0x7f << 16) | (1 << 24)], |k| {
+            matches!(k, FaultKind::BadPacket(DecodeError::UnknownOpcode { opcode: 0x7f }))
+        }),
+        (
+            {
+                let mut w = Vec::new();
+                Packet::WriteData { width: abi::packet::DataWidth::U64, va: 0xdead_0000, value: 1 }.encode(&mut w);
+                w
+            },
+            |k| matches!(k, FaultKind::OutsideMappings { va: 0xdead_0000, .. }),
+        ),
+    ];
+    for (words, expect) in cases {
+        let mut r = rig();
+        let plan = ring::plan_write(0, RING_BYTES, words.len() as u64).unwrap();
+        ring::write_stream(&r.ring, RING_BYTES, 0, &plan, &[&words]).unwrap();
+        r.wptr = plan.new_wptr;
+        r.control.atomic_u64(WPTR_OFFSET).unwrap().store(r.wptr, Ordering::Release);
+        r.ring_doorbell();
+        r.run(1);
+        assert_eq!(r.gpu.queue_state(r.q).unwrap(), QueueState::Hung);
+        let fault = r.gpu.queue_fault(r.q).unwrap().expect("fault recorded");
+        assert!(expect(&fault.kind), "{fault}");
+        assert!(matches!(r.irqs().as_slice(), [Interrupt::QueueFault { .. }]));
+    }
+}
+
+#[test]
+fn wptr_backwards_past_the_ring_or_misaligned_faults() {
+    for (bad, expect) in [(RING_BYTES + 8, "more than the ring"), (2, "not dword aligned")] {
+        let mut r = rig();
+        r.control.atomic_u64(WPTR_OFFSET).unwrap().store(bad, Ordering::Release);
+        r.ring_doorbell();
+        r.gpu.bar().atomic_u64(r.slot as u64 * 8).unwrap().store(bad, Ordering::Release);
+        r.run(1);
+        let f = r.gpu.queue_fault(r.q).unwrap().expect("fault");
+        assert!(f.to_string().contains(expect), "{f}");
+    }
+    let mut r = rig();
+    r.publish(&[Packet::Nop { dwords: 4 }]);
+    r.ring_doorbell();
+    r.run(1);
+    r.control.atomic_u64(WPTR_OFFSET).unwrap().store(4, Ordering::Release);
+    r.gpu.bar().atomic_u64(r.slot as u64 * 8).unwrap().store(99, Ordering::Release);
+    r.run(2);
+    let f = r.gpu.queue_fault(r.q).unwrap().expect("fault");
+    assert!(matches!(f.kind, FaultKind::WptrBackwards { old: 16, new: 4 }), "{f}");
+}
+
+#[test]
+fn a_stale_queue_id_is_refused_after_removal() {
+    let mut r = rig();
+    let rptr = r.gpu.remove_queue(r.q).unwrap();
+    assert_eq!(rptr, 0);
+    assert!(matches!(r.gpu.queue_state(r.q), Err(gpu::GpuError::StaleQueue(_))));
+    assert!(r.gpu.bind_doorbell(r.q, r.slot).is_err());
+    let _ = r.vmid;
+}
