@@ -166,7 +166,8 @@ fn a_wait_blocks_its_queue_until_the_value_arrives() {
 
 #[test]
 fn faults_hang_only_the_queue_with_a_record() {
-    let cases: Vec<(Vec<u32>, fn(&FaultKind) -> bool)> = vec![
+    type Case = (Vec<u32>, fn(&FaultKind) -> bool);
+    let cases: Vec<Case> = vec![
         (vec![1 | (0x7f << 16) | (1 << 24)], |k| {
             matches!(k, FaultKind::BadPacket(DecodeError::UnknownOpcode { opcode: 0x7f }))
         }),

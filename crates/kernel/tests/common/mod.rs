@@ -1,15 +1,51 @@
 //! Shared helpers for the kernel's integration tests.
+//!
+//! - [`sim`], [`sim_with`], [`client`], [`client_on`]: a deterministic system and a client
+//!   (device, compute context, 1 MiB buffer) on it.
+//! - [`TapPort`]: a [`KernelPort`] that wraps a process's real port, delegates every call, and
+//!   records what it sees: the allocations behind each user-mode queue (so a test can map its
+//!   ring and ring-control blocks a second time), the doorbell's CPU page, and a [`Snapshot`]
+//!   of the queue's shared memory at the instant of each `connect_doorbell` and
+//!   `notify_work_submission` call.
 #![allow(dead_code)]
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-use abi::port::KernelPort;
+use abi::port::{
+    AdapterInfo, AllocationDesc, AllocationInfo, CreateDoorbell, DoorbellInfo, HwQueueDesc, HwQueueInfo, KernelError,
+    KernelPort, QueueStatus, SubmissionMode, WaitOutcome,
+};
+use abi::queue::{DOORBELL_STATUS_OFFSET, PROGRESS_COMPLETED_OFFSET, QUEUE_STATE_OFFSET, QueueDescriptor};
+use abi::ring::{LAST_QUEUED_OFFSET, RPTR_OFFSET, WPTR_OFFSET};
+use abi::{
+    AllocationHandle, ContextHandle, DeviceHandle, DoorbellHandle, DoorbellStatus, EngineId, EngineKind, HwQueueHandle,
+    ProcessId,
+};
+use gpu::GpuConfig;
+use kernel::trace::Event;
 use kernel::{System, SystemConfig};
+use shm::{Mapping, Prot, RotatingPage};
 use umd::{Buffer, Context, Device, Queue, QueueOptions};
+
+/// A generous timeout for waits on the sim (virtual time: it costs nothing).
+pub const T: Option<Duration> = Some(Duration::from_secs(1));
 
 /// A deterministic system with default config.
 pub fn sim() -> System {
     System::sim(SystemConfig::default()).expect("system")
+}
+
+/// A deterministic system with a config.
+pub fn sim_with(cfg: SystemConfig) -> System {
+    System::sim(cfg).expect("system")
+}
+
+/// A config whose engines ask for F1 after `idle` without work.
+pub fn idle_config(idle: Duration) -> SystemConfig {
+    SystemConfig { gpu: GpuConfig { idle_period: idle, ..GpuConfig::default() }, ..SystemConfig::default() }
 }
 
 /// A client: device, a context on the compute engine, a 1 MiB buffer.
@@ -22,8 +58,13 @@ pub struct Client {
 
 pub fn client(sys: &System) -> Client {
     let port: Arc<dyn KernelPort> = sys.open_process().expect("process");
+    client_on(port)
+}
+
+/// A client on an existing port (a [`TapPort`], for instance).
+pub fn client_on(port: Arc<dyn KernelPort>) -> Client {
     let device = Device::open(port.clone()).expect("device");
-    let engine = device.engine(abi::EngineKind::Compute).expect("engine");
+    let engine = device.engine(EngineKind::Compute).expect("engine");
     let ctx = device.create_context(engine).expect("context");
     let buf = device.allocate(1 << 20).expect("buffer");
     Client { port, device, ctx, buf }
@@ -35,5 +76,302 @@ impl Client {
     }
     pub fn kernel_queue(&self) -> Queue {
         self.ctx.create_queue(QueueOptions::kernel_mode()).expect("kernel queue")
+    }
+    /// A context on the first engine of `kind`.
+    pub fn context(&self, kind: EngineKind) -> Context {
+        let e = self.device.engine(kind).expect("engine");
+        self.device.create_context(e).expect("context")
+    }
+}
+
+/// The trace's events, without timestamps.
+pub fn events(sys: &System) -> Vec<Event> {
+    let (entries, dropped) = sys.trace();
+    assert_eq!(dropped, 0, "trace overflowed");
+    entries.into_iter().map(|e| e.event).collect()
+}
+
+/// Asserts that `want` occurs in `hay` as a contiguous run; returns where it starts.
+#[track_caller]
+pub fn find_run(hay: &[Event], want: &[Event]) -> usize {
+    hay.windows(want.len()).position(|w| w == want).unwrap_or_else(|| {
+        let listing: Vec<String> = hay.iter().map(|e| format!("  {e}")).collect();
+        panic!("sequence {want:#?}\nnot found contiguously in the trace:\n{}", listing.join("\n"))
+    })
+}
+
+/// What a user-mode queue's shared memory held at one instant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Snapshot {
+    /// The ring-control rptr word.
+    pub rptr: u64,
+    /// The ring-control wptr word.
+    pub wptr: u64,
+    /// The ring-control last-queued word.
+    pub last_queued: u64,
+    /// The doorbell word as the client's doorbell CPU page shows it (BAR or dummy page).
+    pub doorbell: u64,
+    /// The doorbell status word of the queue's kernel page.
+    pub status: u64,
+}
+
+/// A kernel call the [`TapPort`] saw, in order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Call {
+    /// `connect_doorbell`, with the queue's memory just before the kernel acted (`None` before
+    /// the doorbell exists).
+    Connect(HwQueueHandle, Option<Snapshot>),
+    /// `notify_work_submission`, with the queue's memory at the call.
+    Notify(HwQueueHandle, Snapshot),
+    /// `wait_progress`.
+    Wait(HwQueueHandle, u64),
+    /// `submit_command`.
+    Submit(HwQueueHandle),
+    /// Any other call, by name.
+    Other(&'static str),
+}
+
+/// The memory behind one user-mode queue, mapped a second time through the port.
+pub struct TapQueue {
+    /// The queue.
+    pub handle: HwQueueHandle,
+    /// Its descriptor.
+    pub desc: QueueDescriptor,
+    /// Its doorbell.
+    pub doorbell: DoorbellHandle,
+    /// The ring allocation.
+    pub ring_alloc: AllocationHandle,
+    /// The ring-control allocation.
+    pub control_alloc: AllocationHandle,
+    /// A second CPU mapping of the ring allocation.
+    pub ring: Mapping,
+    /// Offset of the ring in `ring`.
+    pub ring_base: u64,
+    /// A second CPU mapping of the ring-control allocation.
+    pub control: Mapping,
+    /// Offset of the `RingControl` block in `control`.
+    pub control_base: u64,
+    /// The doorbell's CPU page (shared with the UMD: the kernel rotates it).
+    pub doorbell_page: Arc<RotatingPage>,
+    /// Offset of the doorbell word in the page.
+    pub doorbell_offset: u64,
+    /// A read-only mapping of the queue's kernel page.
+    pub kernel_page: Mapping,
+}
+
+impl TapQueue {
+    pub fn rptr(&self) -> u64 {
+        self.control.load_u64(self.control_base + RPTR_OFFSET, Ordering::Acquire).unwrap()
+    }
+    pub fn wptr(&self) -> u64 {
+        self.control.load_u64(self.control_base + WPTR_OFFSET, Ordering::Acquire).unwrap()
+    }
+    pub fn last_queued(&self) -> u64 {
+        self.control.load_u64(self.control_base + LAST_QUEUED_OFFSET, Ordering::Acquire).unwrap()
+    }
+    pub fn doorbell_word(&self) -> u64 {
+        self.doorbell_page.atomic_u64(self.doorbell_offset).unwrap().load(Ordering::SeqCst)
+    }
+    pub fn status_word(&self) -> u64 {
+        self.kernel_page.load_u64(DOORBELL_STATUS_OFFSET, Ordering::SeqCst).unwrap()
+    }
+    pub fn status(&self) -> DoorbellStatus {
+        DoorbellStatus::from_word(self.status_word()).expect("valid status word")
+    }
+    pub fn state_word(&self) -> u64 {
+        self.kernel_page.load_u64(QUEUE_STATE_OFFSET, Ordering::SeqCst).unwrap()
+    }
+    pub fn completed(&self) -> u64 {
+        self.kernel_page.load_u64(PROGRESS_COMPLETED_OFFSET, Ordering::Acquire).unwrap()
+    }
+    /// Stores the wptr word (release), as a client publishing work does.
+    pub fn set_wptr(&self, v: u64) {
+        self.control.atomic_u64(self.control_base + WPTR_OFFSET).unwrap().store(v, Ordering::Release);
+    }
+    /// Writes dwords at ring offset `off` (taken modulo the ring size).
+    pub fn write_ring(&self, off: u64, words: &[u32]) {
+        let off = off % self.desc.ring_bytes;
+        self.ring.write_u32s(self.ring_base + off, words).unwrap();
+    }
+    /// Reads dwords at ring offset `off`.
+    pub fn read_ring(&self, off: u64, n: usize) -> Vec<u32> {
+        let mut out = vec![0; n];
+        self.ring.read_u32s(self.ring_base + off % self.desc.ring_bytes, &mut out).unwrap();
+        out
+    }
+    /// Rings the doorbell with `v`, through the client's doorbell CPU page.
+    pub fn ring_doorbell(&self, v: u64) {
+        self.doorbell_page.atomic_u64(self.doorbell_offset).unwrap().store(v, Ordering::Release);
+    }
+    pub fn snapshot(&self) -> Snapshot {
+        Snapshot {
+            rptr: self.rptr(),
+            wptr: self.wptr(),
+            last_queued: self.last_queued(),
+            doorbell: self.doorbell_word(),
+            status: self.status_word(),
+        }
+    }
+}
+
+#[derive(Default)]
+struct TapState {
+    allocs: HashMap<AllocationHandle, AllocationInfo>,
+    descs: HashMap<HwQueueHandle, (QueueDescriptor, Mapping)>,
+    queues: HashMap<HwQueueHandle, Arc<TapQueue>>,
+    calls: Vec<Call>,
+}
+
+/// A recording [`KernelPort`] around a real one. See the module docs.
+pub struct TapPort {
+    inner: Arc<dyn KernelPort>,
+    state: Mutex<TapState>,
+}
+
+impl TapPort {
+    pub fn new(inner: Arc<dyn KernelPort>) -> Arc<TapPort> {
+        Arc::new(TapPort { inner, state: Mutex::new(TapState::default()) })
+    }
+    /// Opens a process on `sys` and wraps its port.
+    pub fn open(sys: &System) -> Arc<TapPort> {
+        TapPort::new(sys.open_process().expect("process"))
+    }
+    /// The wrapped port.
+    pub fn inner(&self) -> &Arc<dyn KernelPort> {
+        &self.inner
+    }
+    /// The calls seen so far.
+    pub fn calls(&self) -> Vec<Call> {
+        self.state.lock().unwrap().calls.clone()
+    }
+    /// Forgets the calls seen so far.
+    pub fn clear_calls(&self) {
+        self.state.lock().unwrap().calls.clear();
+    }
+    /// The memory of a user-mode queue created through this port.
+    pub fn queue(&self, h: HwQueueHandle) -> Arc<TapQueue> {
+        self.state
+            .lock()
+            .unwrap()
+            .queues
+            .get(&h)
+            .cloned()
+            .expect("a user-mode queue with a doorbell, created through the tap")
+    }
+    fn log(&self, c: Call) {
+        self.state.lock().unwrap().calls.push(c);
+    }
+    fn snap(&self, q: HwQueueHandle) -> Option<Snapshot> {
+        let tq = self.state.lock().unwrap().queues.get(&q).cloned();
+        tq.map(|t| t.snapshot())
+    }
+}
+
+impl KernelPort for TapPort {
+    fn process(&self) -> ProcessId {
+        self.inner.process()
+    }
+    fn adapter_info(&self) -> AdapterInfo {
+        self.inner.adapter_info()
+    }
+    fn create_device(&self) -> Result<DeviceHandle, KernelError> {
+        self.log(Call::Other("create_device"));
+        self.inner.create_device()
+    }
+    fn destroy_device(&self, device: DeviceHandle) -> Result<(), KernelError> {
+        self.log(Call::Other("destroy_device"));
+        self.inner.destroy_device(device)
+    }
+    fn allocate(&self, device: DeviceHandle, desc: &AllocationDesc) -> Result<AllocationInfo, KernelError> {
+        self.log(Call::Other("allocate"));
+        let info = self.inner.allocate(device, desc)?;
+        self.state.lock().unwrap().allocs.insert(info.handle, info);
+        Ok(info)
+    }
+    fn map_allocation(&self, allocation: AllocationHandle) -> Result<Mapping, KernelError> {
+        self.log(Call::Other("map_allocation"));
+        self.inner.map_allocation(allocation)
+    }
+    fn free(&self, allocation: AllocationHandle) -> Result<(), KernelError> {
+        self.log(Call::Other("free"));
+        self.inner.free(allocation)
+    }
+    fn create_context(&self, device: DeviceHandle, engine: EngineId) -> Result<ContextHandle, KernelError> {
+        self.log(Call::Other("create_context"));
+        self.inner.create_context(device, engine)
+    }
+    fn destroy_context(&self, context: ContextHandle) -> Result<(), KernelError> {
+        self.log(Call::Other("destroy_context"));
+        self.inner.destroy_context(context)
+    }
+    fn create_hw_queue(&self, context: ContextHandle, desc: &HwQueueDesc) -> Result<HwQueueInfo, KernelError> {
+        self.log(Call::Other("create_hw_queue"));
+        let info = self.inner.create_hw_queue(context, desc)?;
+        if let SubmissionMode::UserMode(d) = desc.mode {
+            let kp = Mapping::new(info.kernel_page.fd(), info.kernel_page.file_offset(), 4096, Prot::ReadOnly)?;
+            self.state.lock().unwrap().descs.insert(info.handle, (d, kp));
+        }
+        Ok(info)
+    }
+    fn destroy_hw_queue(&self, queue: HwQueueHandle) -> Result<(), KernelError> {
+        self.log(Call::Other("destroy_hw_queue"));
+        self.inner.destroy_hw_queue(queue)
+    }
+    fn create_doorbell(&self, args: &CreateDoorbell) -> Result<DoorbellInfo, KernelError> {
+        self.log(Call::Other("create_doorbell"));
+        let info = self.inner.create_doorbell(args)?;
+        let ring = self.inner.map_allocation(args.ring_buffer)?;
+        let control = self.inner.map_allocation(args.ring_control)?;
+        let mut s = self.state.lock().unwrap();
+        let (desc, kernel_page) = s.descs.remove(&args.queue).expect("queue created through the tap");
+        let ring_va = s.allocs[&args.ring_buffer].va;
+        let control_va = s.allocs[&args.ring_control].va;
+        let tq = TapQueue {
+            handle: args.queue,
+            desc,
+            doorbell: info.handle,
+            ring_alloc: args.ring_buffer,
+            control_alloc: args.ring_control,
+            ring,
+            ring_base: desc.ring_va - ring_va,
+            control,
+            control_base: desc.rptr_va - RPTR_OFFSET - control_va,
+            doorbell_page: info.cpu_page.clone(),
+            doorbell_offset: info.offset,
+            kernel_page,
+        };
+        s.queues.insert(args.queue, Arc::new(tq));
+        Ok(info)
+    }
+    fn connect_doorbell(&self, queue: HwQueueHandle) -> Result<(), KernelError> {
+        let snap = self.snap(queue);
+        self.log(Call::Connect(queue, snap));
+        self.inner.connect_doorbell(queue)
+    }
+    fn destroy_doorbell(&self, doorbell: DoorbellHandle) -> Result<(), KernelError> {
+        self.log(Call::Other("destroy_doorbell"));
+        self.inner.destroy_doorbell(doorbell)
+    }
+    fn notify_work_submission(&self, doorbell: DoorbellHandle) -> Result<(), KernelError> {
+        let tq = self.state.lock().unwrap().queues.values().find(|q| q.doorbell == doorbell).cloned();
+        let tq = tq.expect("a doorbell created through the tap");
+        self.log(Call::Notify(tq.handle, tq.snapshot()));
+        self.inner.notify_work_submission(doorbell)
+    }
+    fn submit_command(&self, queue: HwQueueHandle, words: &[u32]) -> Result<(), KernelError> {
+        self.log(Call::Submit(queue));
+        self.inner.submit_command(queue, words)
+    }
+    fn wait_progress(
+        &self,
+        queue: HwQueueHandle,
+        value: u64,
+        timeout: Option<Duration>,
+    ) -> Result<WaitOutcome, KernelError> {
+        self.log(Call::Wait(queue, value));
+        self.inner.wait_progress(queue, value, timeout)
+    }
+    fn query_queue(&self, queue: HwQueueHandle) -> Result<QueueStatus, KernelError> {
+        self.inner.query_queue(queue)
     }
 }
