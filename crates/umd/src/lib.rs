@@ -29,7 +29,7 @@ use abi::port::KernelError;
 pub enum UmdError {
     /// A kernel call failed.
     #[error(transparent)]
-    Kernel(#[from] KernelError),
+    Kernel(KernelError),
     /// The queue can run no more work (doorbell `DisconnectedAbort`, a fault, or device loss).
     #[error("{queue} is lost: {reason}; destroy it and create a new one (or fall back to kernel-mode submission)")]
     QueueLost {
@@ -75,4 +75,14 @@ pub enum UmdError {
     /// Shared memory access failed (an offset outside a buffer).
     #[error("shared memory: {0}")]
     Shm(#[from] shm::ShmError),
+}
+
+impl From<KernelError> for UmdError {
+    /// A lost queue is reported the same way whether the kernel or the doorbell status said so.
+    fn from(e: KernelError) -> Self {
+        match e {
+            KernelError::QueueLost { queue, reason } => UmdError::QueueLost { queue, reason },
+            e => UmdError::Kernel(e),
+        }
+    }
 }

@@ -353,11 +353,8 @@ impl Queue {
         if completed > self.next_progress {
             return Err(UmdError::Corrupt { field: "progress fence", value: completed });
         }
-        match self.device.port.wait_progress(self.handle, completed + 1, Some(Duration::from_micros(100))) {
-            Ok(_) => Ok(()),
-            Err(KernelError::QueueLost { queue, reason }) => Err(UmdError::QueueLost { queue, reason }),
-            Err(e) => Err(e.into()),
-        }
+        self.device.port.wait_progress(self.handle, completed + 1, Some(Duration::from_micros(100)))?;
+        Ok(())
     }
 
     /// Waits until the progress value reaches `value`: memory first, a short spin, then a
@@ -369,13 +366,11 @@ impl Queue {
             }
             std::hint::spin_loop();
         }
-        match self.device.port.wait_progress(self.handle, value, timeout) {
-            Ok(WaitOutcome::Reached(_)) => Ok(()),
-            Ok(WaitOutcome::TimedOut) => {
+        match self.device.port.wait_progress(self.handle, value, timeout)? {
+            WaitOutcome::Reached(_) => Ok(()),
+            WaitOutcome::TimedOut => {
                 Err(UmdError::Timeout { queue: self.handle.to_string(), value, completed: self.completed() })
             }
-            Err(KernelError::QueueLost { queue, reason }) => Err(UmdError::QueueLost { queue, reason }),
-            Err(e) => Err(e.into()),
         }
     }
 

@@ -375,3 +375,57 @@ impl KernelPort for TapPort {
         self.inner.query_queue(queue)
     }
 }
+
+/// A process driven through the raw port (no UMD): a device, a compute context, and a ring
+/// allocation and a ring-control allocation ready for a user-mode queue descriptor.
+pub struct RawProc {
+    pub port: Arc<kernel::ProcessPort>,
+    pub dev: DeviceHandle,
+    pub ctx: ContextHandle,
+    pub ring: AllocationInfo,
+    pub ctl: AllocationInfo,
+}
+
+impl RawProc {
+    pub fn open(sys: &System) -> RawProc {
+        let port = sys.open_process().expect("process");
+        let dev = port.create_device().expect("device");
+        let ring = port.allocate(dev, &AllocationDesc::system(4096)).expect("ring");
+        let ctl = port.allocate(dev, &AllocationDesc::system(4096)).expect("control");
+        let ctx = port.create_context(dev, EngineId(0)).expect("context");
+        RawProc { port, dev, ctx, ring, ctl }
+    }
+    /// A valid descriptor over `ring` and `ctl`.
+    pub fn desc(&self, doorbell_index: u32) -> QueueDescriptor {
+        QueueDescriptor {
+            ring_va: self.ring.va,
+            ring_bytes: 4096,
+            rptr_va: self.ctl.va + RPTR_OFFSET,
+            wptr_va: self.ctl.va + WPTR_OFFSET,
+            doorbell_index,
+            priority: abi::Priority::Normal as u32,
+        }
+    }
+    /// Creates a user-mode queue.
+    pub fn create(&self, desc: QueueDescriptor) -> Result<HwQueueInfo, KernelError> {
+        self.port.create_hw_queue(
+            self.ctx,
+            &HwQueueDesc { mode: SubmissionMode::UserMode(desc), priority: abi::Priority::Normal },
+        )
+    }
+    /// Creates a kernel-mode queue.
+    pub fn create_kernel(&self) -> Result<HwQueueInfo, KernelError> {
+        self.port.create_hw_queue(
+            self.ctx,
+            &HwQueueDesc { mode: SubmissionMode::KernelMode, priority: abi::Priority::Normal },
+        )
+    }
+    /// Creates a doorbell for `queue` over `ring` and `ctl`.
+    pub fn doorbell(&self, queue: HwQueueHandle) -> Result<DoorbellInfo, KernelError> {
+        self.port.create_doorbell(&CreateDoorbell {
+            queue,
+            ring_buffer: self.ring.handle,
+            ring_control: self.ctl.handle,
+        })
+    }
+}
