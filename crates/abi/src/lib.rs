@@ -14,6 +14,8 @@
 //! - [`queue`]: the queue descriptor a client passes at creation (amdgpu's MQD in the USERQ
 //!   ioctl), queue states, priorities, and the per-queue kernel page that holds the progress
 //!   fence and the doorbell status (read-only to user mode).
+//! - [`isa`]: the compute ISA, version 1 — kernel binary format, instruction encoding and the
+//!   validator every kernel passes before it runs.
 //! - [`handle`]: generation-checked typed handles, owned by one process.
 //! - [`protocol`] and [`sync`]: the doorbell-versus-disconnect protocol that every actor
 //!   runs, written once against a `sync` shim so loom can check it (`--cfg loom`).
@@ -28,6 +30,7 @@
 
 pub mod doorbell;
 pub mod handle;
+pub mod isa;
 pub mod packet;
 pub mod port;
 pub mod protocol;

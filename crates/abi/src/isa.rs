@@ -1,0 +1,729 @@
+//! The compute ISA, version 1: what a `DISPATCH` runs.
+//!
+//! A small SIMT instruction set in the manner of real GPU ISAs. A **wave** executes one
+//! instruction for all its lanes at once under an **execution mask**; divergent control flow
+//! narrows the mask instead of splitting the wave. The device's wave width is a device
+//! property (32 by default); kernels are written per lane and do not depend on it.
+//!
+//! ## State
+//!
+//! | name       | what                                                          |
+//! |------------|---------------------------------------------------------------|
+//! | `v0..v63`  | vector registers: one 32-bit value per lane (u32, i32 or f32 bits) |
+//! | `s0..s15`  | scalar registers: one 64-bit value per wave (addresses, uniforms) |
+//! | exec mask  | which lanes execute; narrowed by `IF`/`BREAK`/`EXIT`           |
+//!
+//! Registers start at 0 at the beginning of every wave.
+//!
+//! ## Binary format
+//!
+//! A kernel binary is a [`KernelHeader`] (32 bytes) followed by `instructions` 64-bit
+//! instruction words, little-endian. An instruction word:
+//!
+//! | bits   | field | meaning                                                   |
+//! |--------|-------|-----------------------------------------------------------|
+//! | 0..8   | `op`  | [`Op`]                                                    |
+//! | 8..14  | `d`   | destination register (or the stored register for stores)  |
+//! | 14..20 | `a`   | first source register                                     |
+//! | 20..26 | `b`   | second source register                                    |
+//! | 26..32 | `c`   | third source register, or flags: bit 0 = "`b` is `imm`"   |
+//! | 32..64 | `imm` | 32-bit immediate: an operand, an offset, a branch target  |
+//!
+//! ## Instructions
+//!
+//! Binary ALU ops compute `v[d] = v[a] OP (c & 1 ? imm : v[b])` per active lane. Integer ops
+//! wrap. Division follows RISC-V, so it never traps: `x / 0 = u32::MAX` (unsigned) or `-1`
+//! (signed), `x % 0 = x`, `i32::MIN / -1 = i32::MIN`, `i32::MIN % -1 = 0`. Shifts use the low 5
+//! bits of the amount. Float ops are IEEE-754 binary32 with round-to-nearest-even (Rust's
+//! `f32`), `FMIN`/`FMAX` return the non-NaN operand.
+//!
+//! Memory: the address of lane *i* is `s[a] + v[b][i] + imm` (a 64-bit base, a 32-bit
+//! unsigned per-lane offset, a 32-bit unsigned constant offset), like a buffer descriptor and
+//! an offset register on real hardware. Accesses must be naturally aligned and inside the
+//! process's mappings; otherwise the queue faults with the address, the access and the `pc`.
+//! `LD64`/`ST64` use the register pair `v[d]` (low) and `v[d+1]` (high).
+//!
+//! Control flow is structured, and every branch target is checked when the kernel is loaded:
+//!
+//! - `IF a` (imm → its `ELSE` or `ENDIF`): lanes where `v[a] != 0` continue, the others wait
+//!   for the `ELSE`. If none continue, the wave jumps to the target.
+//! - `ELSE` (imm → its `ENDIF`): the waiting lanes run.
+//! - `ENDIF`: the mask from before the `IF` returns (minus lanes that exited).
+//! - `LOOP` (imm → its `ENDLOOP`), `ENDLOOP` (imm → its `LOOP`): the body repeats while any
+//!   lane is still in the loop.
+//! - `BREAK a` (imm → the enclosing `ENDLOOP`): lanes where `v[a] != 0` leave the loop.
+//! - `EXIT`: the active lanes finish.
+//!
+//! Nesting is at most [`MAX_NESTING`] deep. A wave ends when it runs past the last
+//! instruction or every lane has exited. There are no barriers and no shared memory in
+//! version 1: waves and workgroups are independent, so a dispatch can stop between any two
+//! instructions and resume exactly.
+
+use core::fmt;
+use core::mem::size_of;
+
+/// ISA version.
+pub const ISA_VERSION: u32 = 1;
+/// `"DBK1"` little-endian.
+pub const KERNEL_MAGIC: u32 = u32::from_le_bytes(*b"DBK1");
+/// Vector registers.
+pub const VREGS: usize = 64;
+/// Scalar registers.
+pub const SREGS: usize = 16;
+/// Deepest control-flow nesting.
+pub const MAX_NESTING: usize = 16;
+/// Longest kernel.
+pub const MAX_INSTRUCTIONS: u32 = 1 << 16;
+/// Flag in `c`: the second operand is `imm`.
+pub const FLAG_IMM: u8 = 1;
+
+/// The header of a kernel binary.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KernelHeader {
+    /// [`KERNEL_MAGIC`].
+    pub magic: u32,
+    /// [`ISA_VERSION`].
+    pub version: u32,
+    /// Instruction words that follow.
+    pub instructions: u32,
+    /// Reserved, 0.
+    pub flags: u32,
+    /// Reserved, 0.
+    pub reserved: [u32; 4],
+}
+
+/// Bytes of [`KernelHeader`].
+pub const KERNEL_HEADER_BYTES: u64 = size_of::<KernelHeader>() as u64;
+const _: () = assert!(KERNEL_HEADER_BYTES == 32);
+
+impl KernelHeader {
+    /// A header for `instructions` words.
+    pub const fn new(instructions: u32) -> Self {
+        KernelHeader { magic: KERNEL_MAGIC, version: ISA_VERSION, instructions, flags: 0, reserved: [0; 4] }
+    }
+    /// Encodes to 8 dwords.
+    pub fn to_words(&self) -> [u32; 8] {
+        let r = self.reserved;
+        [self.magic, self.version, self.instructions, self.flags, r[0], r[1], r[2], r[3]]
+    }
+    /// Decodes and checks 8 dwords.
+    pub fn from_words(w: &[u32; 8]) -> Result<Self, KernelError> {
+        let h = KernelHeader {
+            magic: w[0],
+            version: w[1],
+            instructions: w[2],
+            flags: w[3],
+            reserved: [w[4], w[5], w[6], w[7]],
+        };
+        if h.magic != KERNEL_MAGIC {
+            return Err(KernelError::at(0, KernelErrorKind::BadMagic(h.magic)));
+        }
+        if h.version != ISA_VERSION {
+            return Err(KernelError::at(0, KernelErrorKind::BadVersion(h.version)));
+        }
+        if h.instructions == 0 || h.instructions > MAX_INSTRUCTIONS {
+            return Err(KernelError::at(0, KernelErrorKind::BadLength(h.instructions)));
+        }
+        if h.flags != 0 || h.reserved != [0; 4] {
+            return Err(KernelError::at(0, KernelErrorKind::Reserved));
+        }
+        Ok(h)
+    }
+}
+
+macro_rules! ops {
+    ($($(#[$m:meta])* $name:ident = $code:literal, $mn:literal, $form:ident;)*) => {
+        /// Opcodes.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        #[repr(u8)]
+        pub enum Op { $($(#[$m])* $name = $code,)* }
+
+        impl Op {
+            /// Decodes an opcode byte.
+            pub const fn from_u8(v: u8) -> Option<Op> {
+                match v { $($code => Some(Op::$name),)* _ => None }
+            }
+            /// The assembler mnemonic.
+            pub const fn mnemonic(self) -> &'static str {
+                match self { $(Op::$name => $mn,)* }
+            }
+            /// The operand form.
+            pub const fn form(self) -> Form {
+                match self { $(Op::$name => Form::$form,)* }
+            }
+            /// Every opcode.
+            pub const ALL: &'static [Op] = &[$(Op::$name,)*];
+        }
+    };
+}
+
+/// How an instruction uses its fields (what the validator checks and the assembler parses).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Form {
+    /// No operands.
+    None,
+    /// `v[d] = f(v[a], v[b] | imm)`.
+    Binary,
+    /// `v[d] = f(v[a], v[b], v[c])`.
+    Ternary,
+    /// `v[d] = f(v[a] | imm)` (c bit 0: imm).
+    Unary,
+    /// `v[d] = builtin imm`.
+    Builtin,
+    /// `s[d] = arg imm` (64-bit argument slot).
+    ScalarArg,
+    /// `s[d] = imm` (zero-extended).
+    ScalarImm,
+    /// `s[d] = s[a] + imm` (imm sign-extended).
+    ScalarAdd,
+    /// `v[d] = half of s[a]` (low or high per opcode).
+    FromScalar,
+    /// Load `v[d]` from `s[a] + v[b] + imm`.
+    Load,
+    /// Store `v[d]` to `s[a] + v[b] + imm`.
+    Store,
+    /// `v[d] = atomic(s[a] + v[b] + imm, v[c])`.
+    Atomic,
+    /// A branch on `v[a]` to `imm`.
+    CondBranch,
+    /// A branch to `imm` (structure instruction).
+    Branch,
+}
+
+ops! {
+    /// No operation.
+    Nop = 0x00, "nop", None;
+    /// Add.
+    Add = 0x01, "add", Binary;
+    /// Subtract.
+    Sub = 0x02, "sub", Binary;
+    /// Multiply, low 32 bits.
+    Mul = 0x03, "mul", Binary;
+    /// Multiply, high 32 bits (unsigned).
+    MulHiU = 0x04, "mulhi.u", Binary;
+    /// Unsigned divide.
+    DivU = 0x05, "div.u", Binary;
+    /// Signed divide.
+    DivS = 0x06, "div.s", Binary;
+    /// Unsigned remainder.
+    RemU = 0x07, "rem.u", Binary;
+    /// Signed remainder.
+    RemS = 0x08, "rem.s", Binary;
+    /// Bitwise and.
+    And = 0x09, "and", Binary;
+    /// Bitwise or.
+    Or = 0x0a, "or", Binary;
+    /// Bitwise xor.
+    Xor = 0x0b, "xor", Binary;
+    /// Shift left.
+    Shl = 0x0c, "shl", Binary;
+    /// Logical shift right.
+    Shr = 0x0d, "shr", Binary;
+    /// Arithmetic shift right.
+    Sra = 0x0e, "sra", Binary;
+    /// Unsigned minimum.
+    MinU = 0x0f, "min.u", Binary;
+    /// Unsigned maximum.
+    MaxU = 0x10, "max.u", Binary;
+    /// Signed minimum.
+    MinS = 0x11, "min.s", Binary;
+    /// Signed maximum.
+    MaxS = 0x12, "max.s", Binary;
+    /// f32 add.
+    FAdd = 0x20, "fadd", Binary;
+    /// f32 subtract.
+    FSub = 0x21, "fsub", Binary;
+    /// f32 multiply.
+    FMul = 0x22, "fmul", Binary;
+    /// f32 divide.
+    FDiv = 0x23, "fdiv", Binary;
+    /// f32 minimum.
+    FMin = 0x24, "fmin", Binary;
+    /// f32 maximum.
+    FMax = 0x25, "fmax", Binary;
+    /// f32 fused multiply-add: `v[a] * v[b] + v[c]`.
+    FFma = 0x26, "ffma", Ternary;
+    /// Move.
+    Mov = 0x30, "mov", Unary;
+    /// Bitwise not.
+    Not = 0x31, "not", Unary;
+    /// u32 → f32.
+    CvtF32U32 = 0x32, "cvt.f32.u32", Unary;
+    /// i32 → f32.
+    CvtF32I32 = 0x33, "cvt.f32.i32", Unary;
+    /// f32 → u32 (saturating, NaN → 0).
+    CvtU32F32 = 0x34, "cvt.u32.f32", Unary;
+    /// f32 → i32 (saturating, NaN → 0).
+    CvtI32F32 = 0x35, "cvt.i32.f32", Unary;
+    /// f32 square root.
+    FSqrt = 0x36, "fsqrt", Unary;
+    /// Equal → 1 else 0.
+    CmpEq = 0x40, "cmp.eq", Binary;
+    /// Not equal.
+    CmpNe = 0x41, "cmp.ne", Binary;
+    /// Unsigned less than.
+    CmpLtU = 0x42, "cmp.lt.u", Binary;
+    /// Unsigned less or equal.
+    CmpLeU = 0x43, "cmp.le.u", Binary;
+    /// Signed less than.
+    CmpLtS = 0x44, "cmp.lt.s", Binary;
+    /// Signed less or equal.
+    CmpLeS = 0x45, "cmp.le.s", Binary;
+    /// f32 equal.
+    FCmpEq = 0x46, "fcmp.eq", Binary;
+    /// f32 less than.
+    FCmpLt = 0x47, "fcmp.lt", Binary;
+    /// f32 less or equal.
+    FCmpLe = 0x48, "fcmp.le", Binary;
+    /// Select: `v[a] != 0 ? v[b] : v[c]`.
+    Sel = 0x49, "sel", Ternary;
+    /// A builtin value ([`Builtin`]).
+    Builtin = 0x50, "builtin", Builtin;
+    /// Load a 64-bit kernel argument into a scalar register.
+    SArg = 0x51, "sarg", ScalarArg;
+    /// Scalar immediate.
+    SMov = 0x52, "smov", ScalarImm;
+    /// Scalar add immediate.
+    SAdd = 0x53, "sadd", ScalarAdd;
+    /// Low 32 bits of a scalar into every lane.
+    VFromS = 0x54, "vfroms", FromScalar;
+    /// High 32 bits of a scalar into every lane.
+    VFromSHi = 0x55, "vfroms.hi", FromScalar;
+    /// Load 32 bits.
+    Ld32 = 0x60, "ld.u32", Load;
+    /// Store 32 bits.
+    St32 = 0x61, "st.u32", Store;
+    /// Load 64 bits into a register pair.
+    Ld64 = 0x62, "ld.u64", Load;
+    /// Store a register pair.
+    St64 = 0x63, "st.u64", Store;
+    /// Atomic add u32; `v[d]` receives the old value.
+    AtomAdd = 0x64, "atom.add.u32", Atomic;
+    /// Structured if.
+    If = 0x70, "if", CondBranch;
+    /// Structured else.
+    Else = 0x71, "else", Branch;
+    /// End of if.
+    EndIf = 0x72, "endif", None;
+    /// Loop start.
+    Loop = 0x73, "loop", Branch;
+    /// Conditional loop exit.
+    Break = 0x74, "break", CondBranch;
+    /// Loop end.
+    EndLoop = 0x75, "endloop", Branch;
+    /// Active lanes finish.
+    Exit = 0x76, "exit", None;
+}
+
+/// Builtin values (`builtin vD, name`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u32)]
+pub enum Builtin {
+    /// Workgroup id x.
+    GroupIdX = 0,
+    /// Workgroup id y.
+    GroupIdY = 1,
+    /// Workgroup id z.
+    GroupIdZ = 2,
+    /// Local id x.
+    LocalIdX = 3,
+    /// Local id y.
+    LocalIdY = 4,
+    /// Local id z.
+    LocalIdZ = 5,
+    /// Workgroup size x.
+    GroupSizeX = 6,
+    /// Workgroup size y.
+    GroupSizeY = 7,
+    /// Workgroup size z.
+    GroupSizeZ = 8,
+    /// Grid size x (workgroups).
+    GridSizeX = 9,
+    /// Grid size y.
+    GridSizeY = 10,
+    /// Grid size z.
+    GridSizeZ = 11,
+    /// Global id x: `group_id.x * group_size.x + local_id.x`.
+    GlobalIdX = 12,
+    /// Flat local index: `local.x + size.x * (local.y + size.y * local.z)`.
+    LocalIndex = 13,
+}
+
+impl Builtin {
+    /// Every builtin, in code order.
+    pub const ALL: [Builtin; 14] = [
+        Builtin::GroupIdX,
+        Builtin::GroupIdY,
+        Builtin::GroupIdZ,
+        Builtin::LocalIdX,
+        Builtin::LocalIdY,
+        Builtin::LocalIdZ,
+        Builtin::GroupSizeX,
+        Builtin::GroupSizeY,
+        Builtin::GroupSizeZ,
+        Builtin::GridSizeX,
+        Builtin::GridSizeY,
+        Builtin::GridSizeZ,
+        Builtin::GlobalIdX,
+        Builtin::LocalIndex,
+    ];
+    /// Decodes a builtin code.
+    pub fn from_u32(v: u32) -> Option<Builtin> {
+        Builtin::ALL.get(v as usize).copied()
+    }
+    /// Assembler name (`%group_id.x`, ...).
+    pub const fn name(self) -> &'static str {
+        match self {
+            Builtin::GroupIdX => "%group_id.x",
+            Builtin::GroupIdY => "%group_id.y",
+            Builtin::GroupIdZ => "%group_id.z",
+            Builtin::LocalIdX => "%local_id.x",
+            Builtin::LocalIdY => "%local_id.y",
+            Builtin::LocalIdZ => "%local_id.z",
+            Builtin::GroupSizeX => "%group_size.x",
+            Builtin::GroupSizeY => "%group_size.y",
+            Builtin::GroupSizeZ => "%group_size.z",
+            Builtin::GridSizeX => "%grid_size.x",
+            Builtin::GridSizeY => "%grid_size.y",
+            Builtin::GridSizeZ => "%grid_size.z",
+            Builtin::GlobalIdX => "%global_id.x",
+            Builtin::LocalIndex => "%local_index",
+        }
+    }
+}
+
+/// One decoded instruction.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Inst {
+    /// Opcode.
+    pub op: Op,
+    /// Destination.
+    pub d: u8,
+    /// Source a.
+    pub a: u8,
+    /// Source b.
+    pub b: u8,
+    /// Source c or flags.
+    pub c: u8,
+    /// Immediate.
+    pub imm: u32,
+}
+
+impl Inst {
+    /// An instruction with all fields.
+    pub const fn new(op: Op, d: u8, a: u8, b: u8, c: u8, imm: u32) -> Inst {
+        Inst { op, d, a, b, c, imm }
+    }
+    /// Whether the second operand is the immediate.
+    pub const fn uses_imm(&self) -> bool {
+        self.c & FLAG_IMM != 0
+    }
+    /// Encodes to a 64-bit word.
+    pub const fn encode(&self) -> u64 {
+        (self.op as u64)
+            | ((self.d as u64 & 63) << 8)
+            | ((self.a as u64 & 63) << 14)
+            | ((self.b as u64 & 63) << 20)
+            | ((self.c as u64 & 63) << 26)
+            | ((self.imm as u64) << 32)
+    }
+    /// Decodes a 64-bit word (the opcode must be known; fields are not range-checked here:
+    /// see [`validate`]).
+    pub fn decode(w: u64, pc: u32) -> Result<Inst, KernelError> {
+        let op = Op::from_u8(w as u8).ok_or(KernelError::at(pc, KernelErrorKind::UnknownOpcode(w as u8)))?;
+        Ok(Inst {
+            op,
+            d: ((w >> 8) & 63) as u8,
+            a: ((w >> 14) & 63) as u8,
+            b: ((w >> 20) & 63) as u8,
+            c: ((w >> 26) & 63) as u8,
+            imm: (w >> 32) as u32,
+        })
+    }
+}
+
+/// Why a kernel binary is refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KernelErrorKind {
+    /// Wrong magic.
+    BadMagic(u32),
+    /// Wrong ISA version.
+    BadVersion(u32),
+    /// Zero or too many instructions.
+    BadLength(u32),
+    /// Reserved header fields set.
+    Reserved,
+    /// Unknown opcode byte.
+    UnknownOpcode(u8),
+    /// A register index out of range (field name, index).
+    BadRegister(&'static str, u8),
+    /// A builtin code out of range.
+    BadBuiltin(u32),
+    /// A branch target outside the program or not its matching instruction.
+    BadTarget(u32),
+    /// Unbalanced structure (an `ENDIF` without `IF`, an unterminated `LOOP`, ...).
+    Unbalanced(&'static str),
+    /// Nesting deeper than [`MAX_NESTING`].
+    TooDeep,
+}
+
+/// A refused kernel, with the instruction index.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KernelError {
+    /// Instruction index (0 for header errors).
+    pub pc: u32,
+    /// What is wrong.
+    pub kind: KernelErrorKind,
+}
+
+impl KernelError {
+    /// An error at `pc`.
+    pub const fn at(pc: u32, kind: KernelErrorKind) -> Self {
+        KernelError { pc, kind }
+    }
+}
+
+impl fmt::Display for KernelError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "kernel instruction {}: ", self.pc)?;
+        match self.kind {
+            KernelErrorKind::BadMagic(m) => write!(f, "header magic {m:#010x}, expected \"DBK1\""),
+            KernelErrorKind::BadVersion(v) => write!(f, "ISA version {v}, expected {ISA_VERSION}"),
+            KernelErrorKind::BadLength(n) => write!(f, "{n} instructions, expected 1 to {MAX_INSTRUCTIONS}"),
+            KernelErrorKind::Reserved => f.write_str("reserved header fields are not 0"),
+            KernelErrorKind::UnknownOpcode(o) => write!(f, "unknown opcode {o:#04x}"),
+            KernelErrorKind::BadRegister(field, r) => write!(f, "register field `{field}` = {r} is out of range"),
+            KernelErrorKind::BadBuiltin(b) => write!(f, "unknown builtin {b}"),
+            KernelErrorKind::BadTarget(t) => {
+                write!(f, "branch target {t} is outside the program or not the matching instruction")
+            }
+            KernelErrorKind::Unbalanced(what) => write!(f, "unbalanced control flow: {what}"),
+            KernelErrorKind::TooDeep => write!(f, "control flow nested deeper than {MAX_NESTING}"),
+        }
+    }
+}
+
+impl std::error::Error for KernelError {}
+
+/// Decodes and validates a whole program: opcodes, register ranges, builtins, and the
+/// structure of every branch (each target is exactly its matching instruction; nesting is
+/// balanced and at most [`MAX_NESTING`] deep). A program that passes can be executed without
+/// any further check on its control flow.
+pub fn validate(words: &[u64]) -> Result<Vec<Inst>, KernelError> {
+    let n = words.len() as u32;
+    if n == 0 || n > MAX_INSTRUCTIONS {
+        return Err(KernelError::at(0, KernelErrorKind::BadLength(n)));
+    }
+    /// An open `IF` or `LOOP`.
+    struct Open {
+        op: Op,
+        start: u32,
+        target: u32,
+        else_at: Option<(u32, u32)>,
+        breaks: Vec<(u32, u32)>,
+    }
+    let mut out = Vec::with_capacity(words.len());
+    let mut open: Vec<Open> = Vec::new();
+    for (pc, &w) in words.iter().enumerate() {
+        let pc = pc as u32;
+        let i = Inst::decode(w, pc)?;
+        check_fields(&i, pc)?;
+        let err = |kind| KernelError::at(pc, kind);
+        match i.op {
+            Op::If | Op::Loop => {
+                open.push(Open { op: i.op, start: pc, target: i.imm, else_at: None, breaks: Vec::new() });
+                if open.len() > MAX_NESTING {
+                    return Err(err(KernelErrorKind::TooDeep));
+                }
+            }
+            Op::Else => match open.last_mut() {
+                Some(o) if o.op == Op::If && o.else_at.is_none() => o.else_at = Some((pc, i.imm)),
+                _ => return Err(err(KernelErrorKind::Unbalanced("ELSE without IF"))),
+            },
+            Op::EndIf => match open.pop() {
+                Some(o) if o.op == Op::If => {
+                    // IF jumps to its own ELSE, or to this ENDIF; ELSE jumps to this ENDIF.
+                    let want = o.else_at.map_or(pc, |(e, _)| e);
+                    if o.target != want {
+                        return Err(KernelError::at(o.start, KernelErrorKind::BadTarget(o.target)));
+                    }
+                    if let Some((e, t)) = o.else_at.filter(|&(_, t)| t != pc) {
+                        return Err(KernelError::at(e, KernelErrorKind::BadTarget(t)));
+                    }
+                }
+                _ => return Err(err(KernelErrorKind::Unbalanced("ENDIF without IF"))),
+            },
+            Op::Break => match open.iter_mut().rev().find(|o| o.op == Op::Loop) {
+                Some(l) => l.breaks.push((pc, i.imm)),
+                None => return Err(err(KernelErrorKind::Unbalanced("BREAK outside a LOOP"))),
+            },
+            Op::EndLoop => match open.pop() {
+                Some(o) if o.op == Op::Loop => {
+                    if o.target != pc {
+                        return Err(KernelError::at(o.start, KernelErrorKind::BadTarget(o.target)));
+                    }
+                    if i.imm != o.start {
+                        return Err(err(KernelErrorKind::BadTarget(i.imm)));
+                    }
+                    if let Some(&(b, t)) = o.breaks.iter().find(|&&(_, t)| t != pc) {
+                        return Err(KernelError::at(b, KernelErrorKind::BadTarget(t)));
+                    }
+                }
+                _ => return Err(err(KernelErrorKind::Unbalanced("ENDLOOP without LOOP"))),
+            },
+            _ => {}
+        }
+        out.push(i);
+    }
+    if let Some(o) = open.last() {
+        let what = if o.op == Op::Loop { "LOOP without ENDLOOP" } else { "IF without ENDIF" };
+        return Err(KernelError::at(o.start, KernelErrorKind::Unbalanced(what)));
+    }
+    Ok(out)
+}
+
+/// Checks the register and builtin fields of one instruction against its form.
+fn check_fields(i: &Inst, pc: u32) -> Result<(), KernelError> {
+    let reg = |field: &'static str, r: u8, limit: usize| {
+        if (r as usize) < limit { Ok(()) } else { Err(KernelError::at(pc, KernelErrorKind::BadRegister(field, r))) }
+    };
+    match i.op.form() {
+        Form::None | Form::Branch => {}
+        Form::Binary => {
+            reg("d", i.d, VREGS)?;
+            reg("a", i.a, VREGS)?;
+            if !i.uses_imm() {
+                reg("b", i.b, VREGS)?;
+            }
+        }
+        Form::Ternary => {
+            reg("d", i.d, VREGS)?;
+            reg("a", i.a, VREGS)?;
+            reg("b", i.b, VREGS)?;
+            reg("c", i.c, VREGS)?;
+        }
+        Form::Unary => {
+            reg("d", i.d, VREGS)?;
+            if !i.uses_imm() {
+                reg("a", i.a, VREGS)?;
+            }
+        }
+        Form::Builtin => {
+            reg("d", i.d, VREGS)?;
+            Builtin::from_u32(i.imm).ok_or(KernelError::at(pc, KernelErrorKind::BadBuiltin(i.imm)))?;
+        }
+        Form::ScalarArg | Form::ScalarImm => reg("d", i.d, SREGS)?,
+        Form::ScalarAdd => {
+            reg("d", i.d, SREGS)?;
+            reg("a", i.a, SREGS)?;
+        }
+        Form::FromScalar => {
+            reg("d", i.d, VREGS)?;
+            reg("a", i.a, SREGS)?;
+        }
+        Form::Load | Form::Store | Form::Atomic => {
+            let pair = matches!(i.op, Op::Ld64 | Op::St64) as usize;
+            reg("d", i.d, VREGS - pair)?;
+            reg("a", i.a, SREGS)?;
+            reg("b", i.b, VREGS)?;
+            if i.op.form() == Form::Atomic {
+                reg("c", i.c, VREGS)?;
+            }
+        }
+        Form::CondBranch => reg("a", i.a, VREGS)?,
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn i(op: Op, d: u8, a: u8, b: u8, c: u8, imm: u32) -> u64 {
+        Inst::new(op, d, a, b, c, imm).encode()
+    }
+
+    #[test]
+    fn encode_decode_round_trips_every_opcode() {
+        for &op in Op::ALL {
+            let inst = Inst::new(op, 5, 6, 7, 1, 0xdead_beef);
+            assert_eq!(Inst::decode(inst.encode(), 0).unwrap(), inst);
+            assert_eq!(Op::from_u8(op as u8), Some(op));
+        }
+        assert_eq!(Inst::decode(0xff, 3), Err(KernelError::at(3, KernelErrorKind::UnknownOpcode(0xff))));
+    }
+
+    #[test]
+    fn structured_control_flow_validates() {
+        // 0 if v1 -> 2 ; 1 nop ; 2 else -> 4 ; 3 nop ; 4 endif ; 5 loop -> 9 ; 6 break v2 -> 9
+        // 7 if v3 -> 8 ; 8 endif ; 9 endloop -> 5
+        let p = [
+            i(Op::If, 0, 1, 0, 0, 2),
+            i(Op::Nop, 0, 0, 0, 0, 0),
+            i(Op::Else, 0, 0, 0, 0, 4),
+            i(Op::Nop, 0, 0, 0, 0, 0),
+            i(Op::EndIf, 0, 0, 0, 0, 0),
+            i(Op::Loop, 0, 0, 0, 0, 9),
+            i(Op::Break, 0, 2, 0, 0, 9),
+            i(Op::If, 0, 3, 0, 0, 8),
+            i(Op::EndIf, 0, 0, 0, 0, 0),
+            i(Op::EndLoop, 0, 0, 0, 0, 5),
+        ];
+        assert_eq!(validate(&p).unwrap().len(), 10);
+        // IF pointing at the inner ENDIF instead of its own ELSE.
+        let mut bad = p;
+        bad[0] = i(Op::If, 0, 1, 0, 0, 4);
+        assert_eq!(validate(&bad), Err(KernelError::at(0, KernelErrorKind::BadTarget(4))));
+        // BREAK to the wrong place.
+        let mut bad = p;
+        bad[6] = i(Op::Break, 0, 2, 0, 0, 8);
+        assert_eq!(validate(&bad), Err(KernelError::at(6, KernelErrorKind::BadTarget(8))));
+        // Branch outside the program.
+        let mut bad = p;
+        bad[5] = i(Op::Loop, 0, 0, 0, 0, 1000);
+        assert_eq!(validate(&bad), Err(KernelError::at(5, KernelErrorKind::BadTarget(1000))));
+        // Unterminated loop.
+        let unterminated = [i(Op::Loop, 0, 0, 0, 0, 1), i(Op::Nop, 0, 0, 0, 0, 0)];
+        assert_eq!(
+            validate(&unterminated),
+            Err(KernelError::at(0, KernelErrorKind::Unbalanced("LOOP without ENDLOOP")))
+        );
+        assert!(matches!(
+            validate(&[i(Op::EndIf, 0, 0, 0, 0, 0)]),
+            Err(KernelError { kind: KernelErrorKind::Unbalanced(_), .. })
+        ));
+    }
+
+    #[test]
+    fn register_and_builtin_fields_are_checked() {
+        assert_eq!(
+            validate(&[i(Op::SArg, 16, 0, 0, 0, 0)]),
+            Err(KernelError::at(0, KernelErrorKind::BadRegister("d", 16)))
+        );
+        assert_eq!(
+            validate(&[i(Op::Ld64, 63, 0, 0, 0, 0)]),
+            Err(KernelError::at(0, KernelErrorKind::BadRegister("d", 63)))
+        );
+        assert_eq!(
+            validate(&[i(Op::Builtin, 0, 0, 0, 0, 99)]),
+            Err(KernelError::at(0, KernelErrorKind::BadBuiltin(99)))
+        );
+        // With the immediate flag, `b` is not a register and may hold anything.
+        assert!(validate(&[i(Op::Add, 0, 0, 63, FLAG_IMM, 5)]).is_ok());
+        let deep: Vec<u64> = (0..=MAX_NESTING as u32).map(|k| i(Op::Loop, 0, 0, 0, 0, 1000 + k)).collect();
+        assert_eq!(validate(&deep), Err(KernelError::at(MAX_NESTING as u32, KernelErrorKind::TooDeep)));
+    }
+
+    #[test]
+    fn header_checks() {
+        let h = KernelHeader::new(3);
+        assert_eq!(KernelHeader::from_words(&h.to_words()), Ok(h));
+        let mut w = h.to_words();
+        w[0] = 0;
+        assert!(matches!(KernelHeader::from_words(&w), Err(KernelError { kind: KernelErrorKind::BadMagic(0), .. })));
+        let mut w = h.to_words();
+        w[2] = 0;
+        assert!(KernelHeader::from_words(&w).is_err());
+    }
+}
