@@ -26,7 +26,14 @@
 //! | 7      | `WAIT`            | 5      | va:u64, value:u64 — block until `*va >= value`|
 //! | 8      | `PROGRESS_FENCE`  | 3      | value:u64 — the queue's own progress fence    |
 //! | 9      | `INTERRUPT`       | 2      | id:u32 — raise a user interrupt               |
-//! | 10     | `DISPATCH`        | —      | reserved for the Compute issue                 |
+//! | 10     | `DISPATCH`        | 11     | kernel:u64, grid x,y,z:u32, group x,y,z:u32, args:u64 |
+//!
+//! `DISPATCH` runs the kernel binary at `kernel` ([`crate::isa`]) over a grid of `grid`
+//! workgroups of `group` threads each (every dimension at least 1, at most 1024 threads per
+//! group), with `args` the GPU VA of its argument buffer (64-bit slots). It is the one packet
+//! that may take many engine steps: the engine runs it in bounded slices, saving its state in
+//! the queue's context save area between them, and the queue moves past it when every
+//! workgroup has finished.
 //!
 //! `INDIRECT_BUFFER` executes `dwords` dwords at `va` and then returns to the ring; an indirect
 //! buffer may not contain another (depth 1, as on most hardware). Its `vmid` selects the address
@@ -44,7 +51,7 @@ pub const PACKET_VERSION: u32 = 1;
 /// Longest packet in dwords (the 16-bit length field).
 pub const MAX_PACKET_DWORDS: usize = u16::MAX as usize;
 /// Longest fixed-size packet in dwords: a decoder never needs more to decode a non-NOP.
-pub const MAX_FIXED_PACKET_DWORDS: usize = 7;
+pub const MAX_FIXED_PACKET_DWORDS: usize = 11;
 
 /// Packet opcodes of version 1.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -70,7 +77,7 @@ pub enum Opcode {
     ProgressFence = 8,
     /// Raise a user interrupt.
     Interrupt = 9,
-    /// Reserved for compute dispatch (issue "Compute").
+    /// Run a compute kernel.
     Dispatch = 10,
 }
 
@@ -101,7 +108,8 @@ impl Opcode {
             Opcode::Timestamp | Opcode::ProgressFence => Some(3),
             Opcode::IndirectBuffer | Opcode::Signal | Opcode::Wait => Some(5),
             Opcode::Interrupt => Some(2),
-            Opcode::Nop | Opcode::Dispatch => None,
+            Opcode::Dispatch => Some(11),
+            Opcode::Nop => None,
         }
     }
 
@@ -264,6 +272,17 @@ pub enum Packet {
         /// User-chosen id delivered with the interrupt.
         id: u32,
     },
+    /// `DISPATCH`.
+    Dispatch {
+        /// GPU VA of the kernel binary.
+        kernel: u64,
+        /// Workgroups per dimension.
+        grid: [u32; 3],
+        /// Threads per workgroup per dimension.
+        group: [u32; 3],
+        /// GPU VA of the argument buffer.
+        args: u64,
+    },
 }
 
 /// Why a dword sequence is not a valid packet.
@@ -363,6 +382,7 @@ impl Packet {
             Packet::Wait { .. } => Opcode::Wait,
             Packet::ProgressFence { .. } => Opcode::ProgressFence,
             Packet::Interrupt { .. } => Opcode::Interrupt,
+            Packet::Dispatch { .. } => Opcode::Dispatch,
         }
     }
 
@@ -410,6 +430,12 @@ impl Packet {
             }
             Packet::ProgressFence { value } => out.extend_from_slice(&progress_fence_words(value)[1..]),
             Packet::Interrupt { id } => out.push(id),
+            Packet::Dispatch { kernel, grid, group, args } => {
+                push_u64(out, kernel);
+                out.extend_from_slice(&grid);
+                out.extend_from_slice(&group);
+                push_u64(out, args);
+            }
         }
     }
 
@@ -445,7 +471,12 @@ impl Packet {
             Opcode::Wait => Packet::Wait { va: u64_at(w, 1), value: u64_at(w, 3) },
             Opcode::ProgressFence => Packet::ProgressFence { value: u64_at(w, 1) },
             Opcode::Interrupt => Packet::Interrupt { id: w[1] },
-            Opcode::Dispatch => return Err(DecodeError::Reserved { opcode: op.name() }),
+            Opcode::Dispatch => Packet::Dispatch {
+                kernel: u64_at(w, 1),
+                grid: [w[3], w[4], w[5]],
+                group: [w[6], w[7], w[8]],
+                args: u64_at(w, 9),
+            },
         };
         Ok((p, n))
     }
@@ -483,6 +514,7 @@ mod tests {
             Packet::Wait { va: 0x58, value: 10 },
             Packet::ProgressFence { value: 42 },
             Packet::Interrupt { id: 7 },
+            Packet::Dispatch { kernel: 0x1000, grid: [4, 2, 1], group: [64, 1, 1], args: 0x2000 },
         ]
     }
 
@@ -518,7 +550,10 @@ mod tests {
         let zero = Header::new(Opcode::Nop, 0);
         assert_eq!(Packet::decode(&[zero.0]), Err(DecodeError::ZeroLength { opcode: "NOP" }));
         let dispatch = Header::new(Opcode::Dispatch, 8);
-        assert_eq!(Packet::decode(&[dispatch.0; 8]), Err(DecodeError::Reserved { opcode: "DISPATCH" }));
+        assert_eq!(
+            Packet::decode(&[dispatch.0; 8]),
+            Err(DecodeError::BadLength { opcode: "DISPATCH", len: 8, expected: 11 })
+        );
         let width = [Header::new(Opcode::WriteData, 6).0, 2, 0, 0, 0, 0];
         assert_eq!(
             Packet::decode(&width),

@@ -266,6 +266,30 @@ pub enum FaultKind {
         /// Value in the packet.
         value: u64,
     },
+    /// A kernel binary refused at dispatch (bad header, unknown opcode, bad register, branch
+    /// outside the program, unbalanced control flow).
+    #[error("DISPATCH: invalid kernel: {0}")]
+    BadKernel(crate::isa::KernelError),
+    /// Grid or workgroup dimensions out of range.
+    #[error("DISPATCH: {why}")]
+    BadDispatch {
+        /// Why.
+        why: &'static str,
+    },
+    /// A kernel instruction's memory access faulted.
+    #[error("kernel instruction {pc}: {fault}")]
+    KernelAccess {
+        /// Instruction index.
+        pc: u32,
+        /// The access fault (VA, length, access kind).
+        fault: Box<FaultKind>,
+    },
+    /// The saved state of an interrupted dispatch does not decode.
+    #[error("context save area: {why}")]
+    BadSaveArea {
+        /// Why.
+        why: &'static str,
+    },
     /// An indirect buffer inside an indirect buffer, or one on a bad vmid.
     #[error("INDIRECT_BUFFER: {why}")]
     BadIndirect {

@@ -30,6 +30,7 @@ use abi::queue::{Access, FaultKind, FaultRecord};
 use abi::{EngineId, EngineKind, Priority, QueueState};
 use shm::{Mapping, Shm};
 
+use crate::compute::{ComputeStats, Dispatch, Progress};
 use crate::memory::{AddressSpace, Vmid};
 use crate::{GpuConfig, GpuError, Time};
 
@@ -64,6 +65,9 @@ pub struct QueueConfig {
     pub wptr_va: u64,
     /// The queue's kernel page; `PROGRESS_FENCE` writes its first word.
     pub kernel_page: Arc<Shm>,
+    /// The queue's context save area (kernel-owned, [`crate::compute::CONTEXT_SAVE_BYTES`]):
+    /// where an interrupted `DISPATCH` keeps its state between slices.
+    pub context_save: Arc<Shm>,
     /// A kernel queue: may select a vmid in `INDIRECT_BUFFER`.
     pub privileged: bool,
     /// Priority.
@@ -126,6 +130,8 @@ pub struct StepReport {
     pub packets: u64,
     /// Queues that still want to run (pending or blocked).
     pub runnable: u32,
+    /// Kernel wave-instructions executed.
+    pub instructions: u64,
 }
 
 /// A region and an offset in it, resolved once when the queue is added.
@@ -166,6 +172,8 @@ struct FwQueue {
     completed: u64,
     doorbell: Option<u32>,
     fault: Option<FaultRecord>,
+    /// A `DISPATCH` at rptr is part-way done; its state is in the context save area.
+    dispatch_active: bool,
 }
 
 impl FwQueue {
@@ -238,6 +246,9 @@ struct Slot {
 pub(crate) struct Firmware {
     idle_period: std::time::Duration,
     budget: u32,
+    wave_width: u32,
+    dispatch_budget: u64,
+    compute: ComputeStats,
     engines: Vec<Engine>,
     slots: Vec<Slot>,
     irqs: std::collections::VecDeque<Interrupt>,
@@ -245,8 +256,22 @@ pub(crate) struct Firmware {
 
 /// Outcome of executing one packet.
 enum Flow {
+    /// Done; move past it.
     Next,
+    /// Cannot proceed (a `WAIT`); retry next round.
     Blocked,
+    /// Made progress but is not done (a sliced `DISPATCH`); continue next round.
+    Yield,
+}
+
+/// What packet execution needs besides the queue and its address space.
+struct Env<'a> {
+    now: Time,
+    kind: EngineKind,
+    wave_width: u32,
+    dispatch_budget: u64,
+    stats: &'a mut ComputeStats,
+    irqs: &'a mut std::collections::VecDeque<Interrupt>,
 }
 
 impl Firmware {
@@ -269,6 +294,9 @@ impl Firmware {
         Firmware {
             idle_period: cfg.idle_period,
             budget: cfg.packet_budget.max(1),
+            wave_width: cfg.wave_width.clamp(1, crate::compute::MAX_WAVE as u32),
+            dispatch_budget: cfg.dispatch_budget.max(1),
+            compute: ComputeStats::default(),
             engines,
             slots: Vec::new(),
             irqs: Default::default(),
@@ -324,6 +352,7 @@ impl Firmware {
             completed: 0,
             doorbell: None,
             fault: None,
+            dispatch_active: false,
         };
         q.publish_rptr();
         let index = match self.slots.iter().position(|s| s.queue.is_none()) {
@@ -454,7 +483,7 @@ impl Firmware {
 
     pub(crate) fn step(&mut self, now: Time, vms: &[Option<AddressSpace>]) -> StepReport {
         let mut report = StepReport::default();
-        let Firmware { engines, slots, irqs, budget, .. } = self;
+        let Firmware { engines, slots, irqs, budget, wave_width, dispatch_budget, compute, .. } = self;
         for e in engines.iter_mut().filter(|e| e.power == PowerState::F0) {
             let n = e.run_list.len();
             let mut busy = false;
@@ -465,7 +494,17 @@ impl Firmware {
                     continue;
                 }
                 busy = true;
-                report.packets += run_queue(q, id, vms, now, *budget, irqs);
+                let before = compute.instructions;
+                let mut env = Env {
+                    now,
+                    kind: e.kind,
+                    wave_width: *wave_width,
+                    dispatch_budget: *dispatch_budget,
+                    stats: compute,
+                    irqs,
+                };
+                report.packets += run_queue(q, id, vms, *budget, &mut env);
+                report.instructions += compute.instructions - before;
                 if q.pending && q.state == QueueState::Mapped {
                     report.runnable += 1;
                 }
@@ -508,17 +547,14 @@ impl Firmware {
     pub(crate) fn poll_interrupt(&mut self) -> Option<Interrupt> {
         self.irqs.pop_front()
     }
+
+    pub(crate) fn compute_stats(&self) -> ComputeStats {
+        self.compute
+    }
 }
 
 /// Runs one queue for up to `budget` packets. Returns packets executed.
-fn run_queue(
-    q: &mut FwQueue,
-    id: FwQueueId,
-    vms: &[Option<AddressSpace>],
-    now: Time,
-    budget: u32,
-    irqs: &mut std::collections::VecDeque<Interrupt>,
-) -> u64 {
+fn run_queue(q: &mut FwQueue, id: FwQueueId, vms: &[Option<AddressSpace>], budget: u32, env: &mut Env<'_>) -> u64 {
     let start_rptr = q.rptr;
     let mut done = 0u64;
     let result = (|| -> Result<(), (FaultKind, Option<Opcode>, bool)> {
@@ -543,8 +579,8 @@ fn run_queue(
                     continue;
                 }
                 let (packet, n) = fetch_indirect(ib_vm, &ib).map_err(|k| (k, None, true))?;
-                match exec(packet, q, id, ib_vm, now, irqs, true).map_err(|k| (k, Some(packet.opcode()), true))? {
-                    Flow::Blocked => return Ok(()),
+                match exec(packet, q, id, ib_vm, env, true).map_err(|k| (k, Some(packet.opcode()), true))? {
+                    Flow::Blocked | Flow::Yield => return Ok(()),
                     Flow::Next => {
                         ib.pos += n as u32;
                         q.ib = Some(ib);
@@ -561,8 +597,8 @@ fn run_queue(
                 }
             }
             let (packet, n) = fetch_ring(q).map_err(|(k, op)| (k, op, false))?;
-            match exec(packet, q, id, vm, now, irqs, false).map_err(|k| (k, Some(packet.opcode()), false))? {
-                Flow::Blocked => return Ok(()),
+            match exec(packet, q, id, vm, env, false).map_err(|k| (k, Some(packet.opcode()), false))? {
+                Flow::Blocked | Flow::Yield => return Ok(()),
                 Flow::Next => {
                     if q.ib.is_none() {
                         q.rptr += n as u64 * 4;
@@ -577,8 +613,9 @@ fn run_queue(
         let fault = FaultRecord { kind, rptr: q.rptr, opcode, in_indirect };
         q.state = QueueState::Hung;
         q.pending = false;
+        q.dispatch_active = false;
         q.fault = Some(fault.clone());
-        irqs.push_back(Interrupt::QueueFault { queue: id, fault });
+        env.irqs.push_back(Interrupt::QueueFault { queue: id, fault });
     }
     if q.rptr != start_rptr {
         q.publish_rptr();
@@ -642,10 +679,10 @@ fn exec(
     q: &mut FwQueue,
     id: FwQueueId,
     vm: &AddressSpace,
-    now: Time,
-    irqs: &mut std::collections::VecDeque<Interrupt>,
+    env: &mut Env<'_>,
     in_indirect: bool,
 ) -> Result<Flow, FaultKind> {
+    let now = env.now;
     let wfault = |va: u64, bytes: u64| FaultKind::OutsideMappings { va, bytes, access: Access::Write };
     match p {
         Packet::Nop { .. } => {}
@@ -707,10 +744,31 @@ fn exec(
             word.store(value, Ordering::Release);
             q.completed = value;
             if value > q.monitored {
-                irqs.push_back(Interrupt::ProgressFence { queue: id, value });
+                env.irqs.push_back(Interrupt::ProgressFence { queue: id, value });
             }
         }
-        Packet::Interrupt { id: user } => irqs.push_back(Interrupt::User { queue: id, id: user }),
+        Packet::Interrupt { id: user } => env.irqs.push_back(Interrupt::User { queue: id, id: user }),
+        Packet::Dispatch { kernel, grid, group, args } => {
+            if env.kind != EngineKind::Compute {
+                return Err(FaultKind::BadDispatch { why: "only compute engines run kernels" });
+            }
+            let save = &q.cfg.context_save;
+            // A dispatch part-way done resumes from its saved state; the packet in the ring
+            // (client memory) is not read again.
+            let mut d = if q.dispatch_active {
+                Dispatch::restore(vm, save, 0, env.wave_width)?
+            } else {
+                Dispatch::start(vm, kernel, grid, group, args, env.wave_width)?
+            };
+            match d.run(vm, env.dispatch_budget, env.stats)? {
+                Progress::Done => q.dispatch_active = false,
+                Progress::Yield => {
+                    d.save(save, 0)?;
+                    q.dispatch_active = true;
+                    return Ok(Flow::Yield);
+                }
+            }
+        }
     }
     Ok(Flow::Next)
 }

@@ -27,6 +27,7 @@
 //! - Work is never lost across a doorbell unbind or an F1 request: both re-read the queue's
 //!   wptr, and F1 is refused while any queue has `rptr != wptr`.
 
+pub mod compute;
 mod firmware;
 mod memory;
 
@@ -72,6 +73,11 @@ pub struct GpuConfig {
     pub idle_period: Duration,
     /// Packets one queue may execute per [`Gpu::step`] before the engine moves on.
     pub packet_budget: u32,
+    /// Lanes per wave on compute engines (1..=64).
+    pub wave_width: u32,
+    /// Kernel wave-instructions a `DISPATCH` may run per [`Gpu::step`] before the engine
+    /// saves its state and moves on.
+    pub dispatch_budget: u64,
 }
 
 impl Default for GpuConfig {
@@ -81,6 +87,8 @@ impl Default for GpuConfig {
             doorbell_pages: 64,
             idle_period: Duration::from_millis(20),
             packet_budget: 256,
+            wave_width: 32,
+            dispatch_budget: 16 * 1024,
         }
     }
 }
@@ -286,6 +294,11 @@ impl Gpu {
     /// When [`Gpu::handle_timeout`] next has something to do.
     pub fn poll_timeout(&self) -> Option<Time> {
         self.fw.poll_timeout()
+    }
+
+    /// Compute work executed so far.
+    pub fn compute_stats(&self) -> compute::ComputeStats {
+        self.fw.compute_stats()
     }
 
     /// The next interrupt on the line.

@@ -37,6 +37,7 @@ fn rig() -> Rig {
         doorbell_pages: 2,
         idle_period: Duration::from_millis(10),
         packet_budget: 64,
+        ..GpuConfig::default()
     })
     .unwrap();
     let vmid = gpu.create_vm();
@@ -57,6 +58,7 @@ fn rig() -> Rig {
             rptr_va: CONTROL + RPTR_OFFSET,
             wptr_va: CONTROL + WPTR_OFFSET,
             kernel_page: page.clone(),
+            context_save: Shm::new("context-save", gpu::compute::CONTEXT_SAVE_BYTES as usize).unwrap(),
             privileged: false,
             priority: Priority::Normal,
         })

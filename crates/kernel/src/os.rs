@@ -656,6 +656,9 @@ impl OsState {
             .atomic_u64(abi::queue::DOORBELL_STATUS_OFFSET)?
             .store(DoorbellStatus::DisconnectedRetry as u64, Ordering::SeqCst);
         let kernel_page_va = self.proc(pid)?.take_va(4096);
+        // Kernel-owned, never mapped for the client (like the MQD): where an interrupted
+        // DISPATCH keeps its state between slices.
+        let context_save = Shm::new("queue-context-save", gpu::compute::CONTEXT_SAVE_BYTES as usize)?;
         let (mode, cfg) = match desc.mode {
             SubmissionMode::UserMode(d) => {
                 if !einfo.user_queues {
@@ -677,6 +680,7 @@ impl OsState {
                     rptr_va: d.rptr_va,
                     wptr_va: d.wptr_va,
                     kernel_page: kernel_page.clone(),
+                    context_save: context_save.clone(),
                     privileged: false,
                     priority: desc.priority,
                 };
@@ -706,6 +710,7 @@ impl OsState {
                     rptr_va: control_va + RPTR_OFFSET,
                     wptr_va: control_va + WPTR_OFFSET,
                     kernel_page: kernel_page.clone(),
+                    context_save: context_save.clone(),
                     privileged: true,
                     priority: desc.priority,
                 };
@@ -964,6 +969,12 @@ impl OsState {
                         return Err(invalid("INDIRECT_BUFFER.vmid", v, "must be 0"));
                     }
                     c("INDIRECT_BUFFER.va", va, dwords as u64 * 4)?;
+                }
+                Packet::Dispatch { kernel, grid, group, args } => {
+                    gpu::compute::check_dims(grid, group)
+                        .map_err(|why| invalid("DISPATCH.grid/group", format!("{grid:?}/{group:?}"), why))?;
+                    c("DISPATCH.kernel", kernel, abi::isa::KERNEL_HEADER_BYTES)?;
+                    c("DISPATCH.args", args, 8)?;
                 }
                 Packet::ProgressFence { value } => {
                     if value <= progress {

@@ -127,7 +127,7 @@ impl Inner {
             (report, g.all_asleep())
         };
         // Progress only: a queue blocked in a WAIT re-checks every pump but moves nothing.
-        let work = report.packets > 0 || !irqs.is_empty();
+        let work = report.packets > 0 || report.instructions > 0 || !irqs.is_empty();
         for i in irqs {
             self.os.handle_interrupt(i);
         }
