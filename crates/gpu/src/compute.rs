@@ -145,7 +145,7 @@ struct Mem<'a> {
 impl<'a> Mem<'a> {
     #[inline]
     fn resolve(&mut self, va: u64, bytes: u64, access: Access) -> Result<(&'a Shm, u64), FaultKind> {
-        if va % bytes != 0 {
+        if !va.is_multiple_of(bytes) {
             return Err(FaultKind::Misaligned { va, align: bytes, access });
         }
         if let Some((start, end, shm, off, writable)) = self.last

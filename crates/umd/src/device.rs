@@ -83,6 +83,13 @@ impl Device {
         Ok(Buffer { device: self.inner.clone(), info, map, domain: desc.domain })
     }
 
+    /// Allocates a buffer holding `bytes` (a kernel binary, an argument buffer, input data).
+    pub fn upload(&self, bytes: &[u8]) -> Result<Buffer, UmdError> {
+        let b = self.allocate(bytes.len().max(1) as u64)?;
+        b.write(0, bytes)?;
+        Ok(b)
+    }
+
     /// Creates a context on an engine.
     pub fn create_context(&self, engine: EngineId) -> Result<Context, UmdError> {
         let handle = self.inner.port.create_context(self.inner.handle, engine)?;
