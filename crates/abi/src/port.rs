@@ -303,7 +303,10 @@ pub trait KernelPort: Send + Sync {
     fn destroy_context(&self, context: ContextHandle) -> Result<(), KernelError>;
     /// `D3DKMTCreateHwQueue` / USERQ CREATE: validates and creates a queue.
     fn create_hw_queue(&self, context: ContextHandle, desc: &HwQueueDesc) -> Result<HwQueueInfo, KernelError>;
-    /// Destroys a queue (and its doorbell), after it stops.
+    /// Destroys a queue: its doorbell is disconnected and destroyed, then the firmware drops
+    /// the queue at once — work not yet executed is discarded (wait for the queue's progress
+    /// fence first to keep it). The spec's normal and abnormal process-termination sequences
+    /// come with the lifecycle work (roadmap item 4).
     fn destroy_hw_queue(&self, queue: HwQueueHandle) -> Result<(), KernelError>;
     /// `D3DKMTCreateDoorbell`: the doorbell starts disconnected, its CPU page on the dummy page.
     fn create_doorbell(&self, args: &CreateDoorbell) -> Result<DoorbellInfo, KernelError>;

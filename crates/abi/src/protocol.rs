@@ -29,8 +29,9 @@ pub fn ring_and_read_status<W: Store + ?Sized, S: Load + ?Sized>(
 ) -> u64 {
     // Release: the packets written before are visible to whoever acquires this wptr.
     wptr_word.store(wptr, Ordering::Release);
-    // Relaxed would do for the doorbell (a wake-up hint; the firmware acquires wptr), but
-    // release keeps a firmware that reads the doorbell first from seeing stale packets.
+    // Release: pairs with the firmware's acquire load of the doorbell, so a firmware that sees
+    // this ring also sees the wptr stored above (otherwise it could read the old wptr and
+    // decide the queue is idle).
     doorbell.store(wptr, Ordering::Release);
     // The client half of the Dekker pair: the stores above are ordered before the load below
     // in the single total order of SeqCst fences.

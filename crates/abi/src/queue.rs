@@ -124,15 +124,24 @@ pub struct QueueDescriptor {
     pub rptr_va: u64,
     /// GPU VA of the wptr word (8-byte aligned).
     pub wptr_va: u64,
-    /// Doorbell index in the process's doorbell page (0..512).
+    /// GPU VA of the last-queued progress value (8-byte aligned), which the client writes
+    /// before each submission and the kernel reads (spec 000
+    /// `HwQueueProgressFenceLastQueuedValueCPUVirtualAddress`).
+    pub last_queued_va: u64,
+    /// Doorbell index in the process's doorbell page (0..512), or [`DOORBELL_INDEX_ANY`] to
+    /// let the kernel pick a free one.
     pub doorbell_index: u32,
     /// [`Priority`] level.
     pub priority: u32,
 }
 
+/// `doorbell_index` value asking the kernel to choose a free doorbell in the process's page.
+pub const DOORBELL_INDEX_ANY: u32 = u32::MAX;
+
 const _: () = {
-    assert!(size_of::<QueueDescriptor>() == 40);
-    assert!(offset_of!(QueueDescriptor, doorbell_index) == 32);
+    assert!(size_of::<QueueDescriptor>() == 48);
+    assert!(offset_of!(QueueDescriptor, last_queued_va) == 32);
+    assert!(offset_of!(QueueDescriptor, doorbell_index) == 40);
 };
 
 /// The per-queue page the kernel owns and the client maps read-only.

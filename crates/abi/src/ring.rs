@@ -98,7 +98,7 @@ pub fn plan_write(wptr: u64, ring_bytes: u64, dwords: u64) -> Option<WritePlan> 
     let off = wptr % ring_bytes;
     let to_end = ring_bytes - off;
     let pad = if bytes > to_end { to_end } else { 0 };
-    if bytes > ring_bytes / 2 || pad / 4 > crate::packet::MAX_PACKET_DWORDS as u64 {
+    if bytes > ring_bytes / 2 {
         return None;
     }
     Some(WritePlan { pad_dwords: pad / 4, offset: (off + pad) % ring_bytes, new_wptr: wptr + pad + bytes })
@@ -113,9 +113,13 @@ pub fn write_stream(
     plan: &WritePlan,
     parts: &[&[u32]],
 ) -> Result<(), shm::ShmError> {
-    if plan.pad_dwords > 0 {
-        let nop = crate::packet::Header::new(crate::packet::Opcode::Nop, plan.pad_dwords as u16);
-        ring.write_u32(wptr % ring_bytes, nop.0)?;
+    // The padding is one NOP, or several when it is longer than a packet can be.
+    let (mut at, mut left) = (wptr % ring_bytes, plan.pad_dwords);
+    while left > 0 {
+        let n = left.min(crate::packet::MAX_PACKET_DWORDS as u64);
+        ring.write_u32(at, crate::packet::Header::new(crate::packet::Opcode::Nop, n as u16).0)?;
+        at += n * 4;
+        left -= n;
     }
     let mut at = plan.offset;
     for part in parts {
@@ -138,6 +142,27 @@ mod tests {
         assert_eq!(plan_write(4096 + 4072, 4096, 6), Some(WritePlan { pad_dwords: 0, offset: 4072, new_wptr: 8192 }));
         assert_eq!(plan_write(0, 4096, 513), None);
         assert!(plan_write(4092, 4096, 512).is_some_and(|p| p.new_wptr - 4092 <= 4096));
+        // A big ring: the padding needs more than one NOP.
+        let big = 1 << 20;
+        let p = plan_write(16, big, 20).unwrap();
+        assert_eq!(p.offset, 16);
+        let p = plan_write(big - 4 * 100_000, big, 100_001).unwrap();
+        assert_eq!((p.pad_dwords, p.offset), (100_000, 0));
+    }
+
+    #[test]
+    fn long_padding_is_written_as_several_nops() {
+        let ring = shm::Shm::new("ring", 1 << 20).unwrap();
+        let wptr = (1 << 20) - 4 * 100_000;
+        let stream = vec![7u32; 100_001];
+        let plan = plan_write(wptr, 1 << 20, stream.len() as u64).unwrap();
+        write_stream(&ring, 1 << 20, wptr, &plan, &[&stream]).unwrap();
+        let mut words = vec![0u32; 100_000];
+        ring.read_u32s(wptr, &mut words).unwrap();
+        let packets = crate::packet::decode_stream(&words).unwrap();
+        assert_eq!(packets.len(), 2);
+        assert!(packets.iter().all(|p| matches!(p, crate::packet::Packet::Nop { .. })));
+        assert_eq!(ring.read_u32(0).unwrap(), 7);
     }
 
     #[test]

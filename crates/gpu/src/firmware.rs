@@ -220,6 +220,14 @@ impl FwQueue {
     }
 }
 
+/// Largest rptr/wptr the firmware accepts: far enough from `u64::MAX` that pointer
+/// arithmetic (a ring's worth of bytes on top) cannot overflow.
+const MAX_POINTER: u64 = 1 << 62;
+
+/// What a doorbell word holds after a bind: never a wptr (not dword aligned), so whatever a
+/// client rings next — even the value a previous owner of the slot left — is seen as new.
+const DOORBELL_UNRUNG: u64 = u64::MAX;
+
 struct Watch {
     slot: u32,
     queue: FwQueueId,
@@ -328,15 +336,23 @@ impl Firmware {
     pub(crate) fn add_queue(&mut self, cfg: QueueConfig, vm: &AddressSpace) -> Result<FwQueueId, GpuError> {
         self.engine_mut(cfg.engine)?;
         let ring = Place::resolve(vm, cfg.ring_va, cfg.ring_bytes, Access::Read).map_err(GpuError::QueueMemory)?;
-        let rptr_word = Place::resolve(vm, cfg.rptr_va, 8, Access::Read).map_err(GpuError::QueueMemory)?;
+        // The firmware writes rptr, so a user queue's rptr must lie in memory the client may
+        // write: otherwise rptr could be aimed at a protected word (another queue's progress
+        // fence) and forge it. A kernel queue's control page is GPU read-only by design.
+        let rptr_access = if cfg.privileged { Access::Read } else { Access::Write };
+        let rptr_word = Place::resolve(vm, cfg.rptr_va, 8, rptr_access).map_err(GpuError::QueueMemory)?;
         let wptr_word = Place::resolve(vm, cfg.wptr_va, 8, Access::Read).map_err(GpuError::QueueMemory)?;
         for (va, what) in [(cfg.rptr_va, Access::Write), (cfg.wptr_va, Access::Read)] {
             if va % 8 != 0 {
                 return Err(GpuError::QueueMemory(FaultKind::Misaligned { va, align: 8, access: what }));
             }
         }
-        // The firmware resumes from the client's current pointers: a queue starts idle.
+        // The firmware resumes from the client's current pointers: a queue starts idle. The
+        // value is client memory: it must be a dword count far from overflow.
         let start = wptr_word.shm.load_u64(wptr_word.offset, Ordering::Acquire).unwrap_or(0);
+        if !start.is_multiple_of(4) || start > MAX_POINTER {
+            return Err(GpuError::BadStartPointer { wptr: start });
+        }
         let engine = cfg.engine;
         let q = FwQueue {
             cfg,
@@ -381,8 +397,10 @@ impl Firmware {
 
     pub(crate) fn bind_doorbell(&mut self, id: FwQueueId, slot: u32, bar: &Shm) -> Result<(), GpuError> {
         let engine = self.queue(id)?.cfg.engine;
-        // Start from the word's current value: whatever is there is not a new ring.
-        let last = bar.load_u64(slot as u64 * 8, Ordering::Relaxed)?;
+        // Reset the word: a recycled slot must not carry its previous owner's value, which
+        // could equal this queue's next wptr and hide a ring.
+        bar.atomic_u64(slot as u64 * 8)?.store(DOORBELL_UNRUNG, Ordering::Relaxed);
+        let last = DOORBELL_UNRUNG;
         let e = self.engine_mut(engine)?;
         e.watches.retain(|w| w.queue != id);
         e.watches.push(Watch { slot, queue: id, last });
@@ -464,9 +482,11 @@ impl Firmware {
         let mut rang = false;
         for e in self.engines.iter_mut().filter(|e| e.power == PowerState::F0) {
             for w in &mut e.watches {
-                // Relaxed: the doorbell is only a wake-up hint; the acquire load of wptr that
-                // follows is what makes the packets visible.
-                let v = bar.load_u64(w.slot as u64 * 8, Ordering::Relaxed).unwrap_or(w.last);
+                // Acquire: pairs with the client's release store of the doorbell, so the wptr it
+                // stored before ringing is visible to the wptr load that follows. (With a
+                // relaxed load the firmware could see the ring yet read the old wptr, and
+                // conclude the queue is idle.)
+                let v = bar.load_u64(w.slot as u64 * 8, Ordering::Acquire).unwrap_or(w.last);
                 if v != w.last {
                     w.last = v;
                     if let Some(Slot { generation, queue: Some(q) }) = self.slots.get_mut(w.queue.index as usize)
@@ -635,7 +655,7 @@ fn fetch_ring(q: &FwQueue) -> Result<(Packet, usize), (FaultKind, Option<Opcode>
     if off + n * 4 > ring_bytes {
         return Err((FaultKind::PastRingEnd { offset: off, dwords: n, ring_bytes }, Some(op)));
     }
-    if q.rptr + n * 4 > q.wptr {
+    if q.rptr.checked_add(n * 4).is_none_or(|end| end > q.wptr) {
         return Err((FaultKind::PastWptr { rptr: q.rptr, dwords: n, wptr: q.wptr }, Some(op)));
     }
     decode_at(ring, base + off, header, op).map_err(|k| (k, Some(op)))

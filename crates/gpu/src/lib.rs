@@ -126,6 +126,12 @@ pub enum GpuError {
     /// A queue's memory does not resolve.
     #[error("queue memory: {0}")]
     QueueMemory(abi::queue::FaultKind),
+    /// The client's wptr word holds an impossible starting value.
+    #[error("queue memory: the wptr word holds {wptr:#x}: a new queue needs a dword count below 2^62 (write 0 first)")]
+    BadStartPointer {
+        /// The value found.
+        wptr: u64,
+    },
     /// A doorbell slot outside the BAR.
     #[error("doorbell slot {slot} is outside the BAR ({slots} slots)")]
     BadDoorbell {

@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use abi::EngineId;
 use abi::port::{AdapterInfo, EngineInfo, KernelError};
+use abi::queue::{Access, FaultKind};
 use gpu::{FwQueueId, Gpu, Interrupt, PowerState, QueueConfig, Time, Vmid};
 use parking_lot::Mutex;
 use shm::Shm;
@@ -38,8 +39,9 @@ pub trait Kmd: Send {
     fn map_gpu(&mut self, vmid: Vmid, va: u64, bytes: u64, shm: Arc<Shm>, writable: bool) -> Result<(), KernelError>;
     /// Unmaps it.
     fn unmap_gpu(&mut self, vmid: Vmid, va: u64);
-    /// Whether `[va, va+bytes)` lies inside one mapping of the address space.
-    fn vm_contains(&self, vmid: Vmid, va: u64, bytes: u64) -> bool;
+    /// Whether the GPU could make `access` to `[va, va+bytes)` in the address space: inside
+    /// one mapping, and writable for a write.
+    fn vm_access(&self, vmid: Vmid, va: u64, bytes: u64, access: Access) -> Result<(), FaultKind>;
     /// `DxgkDdiCreateHwQueue`: the firmware adds the queue to its run list.
     fn create_hw_queue(&mut self, cfg: QueueConfig) -> Result<FwQueueId, KernelError>;
     /// `DxgkDdiDestroyHwQueue`.
@@ -82,8 +84,9 @@ impl VirtualKmd {
     }
 }
 
-fn gpu_err(e: gpu::GpuError) -> KernelError {
-    KernelError::InvalidArgument { field: "device", value: String::new(), reason: e.to_string() }
+/// A device refusal, reported against the argument that caused it.
+fn gpu_err(field: &'static str, value: impl ToString) -> impl FnOnce(gpu::GpuError) -> KernelError {
+    move |e| KernelError::InvalidArgument { field, value: value.to_string(), reason: e.to_string() }
 }
 
 impl Kmd for VirtualKmd {
@@ -114,7 +117,11 @@ impl Kmd for VirtualKmd {
     }
 
     fn map_gpu(&mut self, vmid: Vmid, va: u64, bytes: u64, shm: Arc<Shm>, writable: bool) -> Result<(), KernelError> {
-        self.gpu.lock().vm_mut(vmid).and_then(|vm| vm.map(va, bytes, shm, 0, writable)).map_err(gpu_err)
+        self.gpu
+            .lock()
+            .vm_mut(vmid)
+            .and_then(|vm| vm.map(va, bytes, shm, 0, writable))
+            .map_err(gpu_err("va", format!("{va:#x}+{bytes:#x}")))
     }
 
     fn unmap_gpu(&mut self, vmid: Vmid, va: u64) {
@@ -123,12 +130,15 @@ impl Kmd for VirtualKmd {
         }
     }
 
-    fn vm_contains(&self, vmid: Vmid, va: u64, bytes: u64) -> bool {
-        self.gpu.lock().vm(vmid).is_ok_and(|vm| vm.contains(va, bytes))
+    fn vm_access(&self, vmid: Vmid, va: u64, bytes: u64, access: Access) -> Result<(), FaultKind> {
+        let g = self.gpu.lock();
+        let vm = g.vm(vmid).map_err(|_| FaultKind::OutsideMappings { va, bytes, access })?;
+        vm.translate(va, bytes, access).map(|_| ())
     }
 
     fn create_hw_queue(&mut self, cfg: QueueConfig) -> Result<FwQueueId, KernelError> {
-        self.gpu.lock().add_queue(cfg).map_err(gpu_err)
+        let ring = cfg.ring_va;
+        self.gpu.lock().add_queue(cfg).map_err(gpu_err("queue memory", format!("ring at {ring:#x}")))
     }
 
     fn destroy_hw_queue(&mut self, q: FwQueueId) {
@@ -136,7 +146,7 @@ impl Kmd for VirtualKmd {
     }
 
     fn connect_doorbell(&mut self, q: FwQueueId, slot: u32) -> Result<bool, KernelError> {
-        self.gpu.lock().bind_doorbell(q, slot).map_err(gpu_err)?;
+        self.gpu.lock().bind_doorbell(q, slot).map_err(gpu_err("doorbell slot", slot))?;
         Ok(self.notify_on_submit)
     }
 

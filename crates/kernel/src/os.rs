@@ -34,7 +34,7 @@ use abi::port::{
     AdapterInfo, AllocationDesc, AllocationInfo, CreateDoorbell, DoorbellInfo, HwQueueDesc, HwQueueInfo, KernelError,
     MemoryDomain, QueueStatus, SubmissionMode, WaitOutcome,
 };
-use abi::queue::{FaultRecord, QueueDescriptor};
+use abi::queue::{Access, FaultKind, FaultRecord, QueueDescriptor};
 use abi::ring::{self, LAST_QUEUED_OFFSET, RPTR_OFFSET, WPTR_OFFSET};
 use abi::{
     AllocationHandle, ContextHandle, DeviceHandle, DoorbellHandle, DoorbellStatus, EngineId, HwQueueHandle, Priority,
@@ -131,12 +131,27 @@ struct KmSubmission {
     words: Vec<u32>,
 }
 
+/// Why an allocation cannot be freed: the kernel's references to a queue's memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Pin {
+    /// A queue runs from it (ring, rptr, wptr or last-queued), from creation to destruction.
+    Queue(HwQueueHandle),
+    /// A doorbell references it (spec 000 "Residency model").
+    Doorbell(DoorbellHandle),
+}
+
 struct AllocObj {
     device: DeviceHandle,
     shm: Arc<Shm>,
     va: u64,
     bytes: u64,
-    pins: Vec<DoorbellHandle>,
+    pins: Vec<Pin>,
+}
+
+impl AllocObj {
+    fn holds(&self, va: u64, bytes: u64) -> bool {
+        va >= self.va && va.checked_add(bytes).is_some_and(|e| e <= self.va + self.bytes)
+    }
 }
 
 enum QueueMode {
@@ -521,15 +536,14 @@ impl Os {
                 // The UMD's `HwQueueProgressFenceLastQueuedValue`, in the ring-control block
                 // the doorbell references (0 before a doorbell exists). Client memory: it is
                 // reported, never trusted.
-                QueueMode::User { desc } => qo
-                    .doorbell
-                    .and_then(|d| p.doorbells.get(d).ok())
-                    .and_then(|d| p.allocations.get(d.ring_control).ok())
-                    .and_then(|a| {
-                        let va = desc.rptr_va.checked_sub(RPTR_OFFSET)?.checked_add(LAST_QUEUED_OFFSET)?;
-                        // Acquire: pairs with the UMD's release store of the value.
-                        a.shm.load_u64(va.checked_sub(a.va)?, Ordering::Acquire).ok()
-                    })
+                // The UMD's `HwQueueProgressFenceLastQueuedValue`: client memory, pinned while
+                // the queue exists; reported, never trusted.
+                QueueMode::User { desc } => p
+                    .allocations
+                    .iter()
+                    .find(|(_, a)| a.holds(desc.last_queued_va, 8))
+                    // Acquire: pairs with the UMD's release store of the value.
+                    .and_then(|(_, a)| a.shm.load_u64(desc.last_queued_va - a.va, Ordering::Acquire).ok())
                     .unwrap_or(0),
             };
             let state = if qo.fault.is_some() { QueueState::Hung } else { fw_state.unwrap_or(QueueState::Unmapped) };
@@ -589,9 +603,13 @@ impl OsState {
     fn free(&mut self, pid: ProcessId, a: AllocationHandle) -> Result<(), KernelError> {
         let p = self.proc(pid)?;
         let obj = p.allocations.get(a)?;
-        if let Some(d) = obj.pins.first() {
-            let by =
-                p.doorbells.get(*d).map(|d| format!("the doorbell of {}", d.queue)).unwrap_or_else(|_| d.to_string());
+        if let Some(pin) = obj.pins.first() {
+            let by = match *pin {
+                Pin::Queue(q) => format!("{q}, which runs from it"),
+                Pin::Doorbell(d) => {
+                    p.doorbells.get(d).map(|d| format!("the doorbell of {}", d.queue)).unwrap_or_else(|_| d.to_string())
+                }
+            };
             return Err(KernelError::InUse { handle: a.to_string(), by });
         }
         let (vmid, va) = (p.vmid, obj.va);
@@ -612,24 +630,38 @@ impl OsState {
         Ok(())
     }
 
-    fn check_in_vm(&self, vmid: Vmid, field: &'static str, va: u64, bytes: u64) -> Result<(), KernelError> {
-        if self.kmd.vm_contains(vmid, va, bytes) {
-            Ok(())
-        } else {
-            Err(KernelError::OutsideMappings { field, va, bytes })
+    /// Checks that the GPU could make `access` to `[va, va+bytes)`: aligned to `align`, inside
+    /// one mapping of the process, writable for a write. Errors name `field` and the value.
+    fn check_access(
+        &self,
+        vmid: Vmid,
+        field: &'static str,
+        va: u64,
+        bytes: u64,
+        access: Access,
+        align: u64,
+    ) -> Result<(), KernelError> {
+        if !va.is_multiple_of(align) {
+            return Err(invalid(field, format!("{va:#x}"), format!("must be {align}-byte aligned")));
+        }
+        match self.kmd.vm_access(vmid, va, bytes, access) {
+            Ok(()) => Ok(()),
+            Err(FaultKind::ReadOnly { .. }) => {
+                Err(invalid(field, format!("{va:#x}"), "lies in a mapping the GPU may not write"))
+            }
+            Err(_) => Err(KernelError::OutsideMappings { field, va, bytes }),
         }
     }
 
     fn validate_descriptor(&self, vmid: Vmid, d: &QueueDescriptor) -> Result<Priority, KernelError> {
         ring::check_ring_size(d.ring_bytes).map_err(|r| invalid("ring_bytes", d.ring_bytes, r))?;
-        self.check_in_vm(vmid, "ring_va", d.ring_va, d.ring_bytes)?;
-        for (field, va) in [("rptr_va", d.rptr_va), ("wptr_va", d.wptr_va)] {
-            if va % 8 != 0 {
-                return Err(invalid(field, format!("{va:#x}"), "must be 8-byte aligned"));
-            }
-            self.check_in_vm(vmid, field, va, 8)?;
-        }
-        if d.doorbell_index >= DOORBELLS_PER_PAGE {
+        self.check_access(vmid, "ring_va", d.ring_va, d.ring_bytes, Access::Read, 4)?;
+        // The engine writes rptr: it must be client-writable memory, or a queue could aim it
+        // at a protected word (another queue's progress fence) and forge it.
+        self.check_access(vmid, "rptr_va", d.rptr_va, 8, Access::Write, 8)?;
+        self.check_access(vmid, "wptr_va", d.wptr_va, 8, Access::Read, 8)?;
+        self.check_access(vmid, "last_queued_va", d.last_queued_va, 8, Access::Read, 8)?;
+        if d.doorbell_index >= DOORBELLS_PER_PAGE && d.doorbell_index != abi::queue::DOORBELL_INDEX_ANY {
             return Err(invalid(
                 "doorbell_index",
                 d.doorbell_index,
@@ -665,11 +697,23 @@ impl OsState {
                     return Err(invalid("engine", engine, "does not support user-mode queues"));
                 }
                 self.validate_descriptor(vmid, &d)?;
-                let used = self.proc(pid)?.queues.iter().find_map(|(h, q)| match &q.mode {
-                    QueueMode::User { desc: o } if o.doorbell_index == d.doorbell_index => Some(h),
-                    _ => None,
-                });
-                if let Some(other) = used {
+                let mut d = d;
+                let owner_of = |p: &Process, index: u32| {
+                    p.queues.iter().find_map(|(h, q)| match &q.mode {
+                        QueueMode::User { desc: o } if o.doorbell_index == index => Some(h),
+                        _ => None,
+                    })
+                };
+                let p = self.proc(pid)?;
+                if d.doorbell_index == abi::queue::DOORBELL_INDEX_ANY {
+                    d.doorbell_index =
+                        (0..DOORBELLS_PER_PAGE).find(|&i| owner_of(p, i).is_none()).ok_or_else(|| {
+                            KernelError::Exhausted {
+                                what: "doorbells",
+                                detail: format!("all {DOORBELLS_PER_PAGE} doorbells of the process's page are in use"),
+                            }
+                        })?;
+                } else if let Some(other) = owner_of(p, d.doorbell_index) {
                     return Err(invalid("doorbell_index", d.doorbell_index, format!("already used by {other}")));
                 }
                 let cfg = QueueConfig {
@@ -719,6 +763,7 @@ impl OsState {
         };
         self.kmd.map_gpu(vmid, kernel_page_va, 4096, kernel_page.clone(), false)?;
         let user_mode = matches!(mode, QueueMode::User { .. });
+        self.trace.push(now, Event::Ddi(Ddi::CreateHwQueue(ctx)));
         let fw = match self.kmd.create_hw_queue(cfg) {
             Ok(fw) => fw,
             Err(e) => {
@@ -742,12 +787,25 @@ impl OsState {
             fault: None,
         };
         obj.set_state_word(QueueState::Mapped);
-        let handle = self.proc(pid)?.queues.insert(obj);
-        self.trace.push(now, Event::Ddi(Ddi::CreateHwQueue(handle)));
+        let p = self.proc(pid)?;
+        let handle = p.queues.insert(obj);
+        // The kernel's reference on every allocation the queue runs from, until it is
+        // destroyed: the engine reads and writes them.
+        if let QueueMode::User { desc } = p.queues.get(handle)?.mode {
+            let words =
+                [(desc.ring_va, desc.ring_bytes), (desc.rptr_va, 8), (desc.wptr_va, 8), (desc.last_queued_va, 8)];
+            for h in p.allocations.handles() {
+                let a = p.allocations.get_mut(h)?;
+                if words.iter().any(|&(va, n)| a.holds(va, n)) {
+                    a.pins.push(Pin::Queue(handle));
+                }
+            }
+        }
         self.trace.push(now, Event::QueueCreated { queue: handle, engine, user_mode });
         self.fw_index.insert(fw, (pid, handle));
         if let QueueMode::Kernel { slot, .. } = self.queue(pid, handle)?.mode {
             self.kernel_slots.pop();
+            self.trace.push(now, Event::Ddi(Ddi::ConnectDoorbell(handle)));
             self.kmd.connect_doorbell(fw, slot)?;
         }
         Ok(HwQueueInfo { handle, engine, kernel_page: kernel_page.map_range(0, 4096, Prot::ReadOnly)?, kernel_page_va })
@@ -760,6 +818,11 @@ impl OsState {
         let p = self.proc(pid)?;
         let vmid = p.vmid;
         let obj = p.queues.remove(q)?;
+        for h in p.allocations.handles() {
+            if let Ok(a) = p.allocations.get_mut(h) {
+                a.pins.retain(|&pin| pin != Pin::Queue(q));
+            }
+        }
         if let Ok(ctx) = p.contexts.get_mut(obj.context) {
             let before = ctx.software_queue.len();
             ctx.software_queue.retain(|s| s.queue != q);
@@ -799,11 +862,8 @@ impl OsState {
         if qo.doorbell.is_some() {
             return Err(invalid("queue", q, "already has a doorbell"));
         }
-        let within = |a: &AllocObj, va: u64, bytes: u64| {
-            va >= a.va && va.checked_add(bytes).is_some_and(|e| e <= a.va + a.bytes)
-        };
         let ring = p.allocations.get(args.ring_buffer)?;
-        if !within(ring, desc.ring_va, desc.ring_bytes) {
+        if !ring.holds(desc.ring_va, desc.ring_bytes) {
             return Err(invalid(
                 "ring_buffer",
                 args.ring_buffer,
@@ -811,8 +871,8 @@ impl OsState {
             ));
         }
         let control = p.allocations.get(args.ring_control)?;
-        for (what, va) in [("rptr", desc.rptr_va), ("wptr", desc.wptr_va)] {
-            if !within(control, va, 8) {
+        for (what, va) in [("rptr", desc.rptr_va), ("wptr", desc.wptr_va), ("last-queued value", desc.last_queued_va)] {
+            if !control.holds(va, 8) {
                 return Err(invalid(
                     "ring_control",
                     args.ring_control,
@@ -830,8 +890,8 @@ impl OsState {
             connected: false,
         });
         // The kernel's reference on the ring allocations (spec 000 "Residency model").
-        p.allocations.get_mut(args.ring_buffer)?.pins.push(d);
-        p.allocations.get_mut(args.ring_control)?.pins.push(d);
+        p.allocations.get_mut(args.ring_buffer)?.pins.push(Pin::Doorbell(d));
+        p.allocations.get_mut(args.ring_control)?.pins.push(Pin::Doorbell(d));
         p.queues.get_mut(q)?.doorbell = Some(d);
         self.trace.push(now, Event::Ddi(Ddi::CreateDoorbell(q)));
         Ok(DoorbellInfo {
@@ -849,7 +909,7 @@ impl OsState {
         let obj = p.doorbells.remove(d)?;
         for a in [obj.ring_buffer, obj.ring_control] {
             if let Ok(a) = p.allocations.get_mut(a)
-                && let Some(i) = a.pins.iter().position(|x| *x == d)
+                && let Some(i) = a.pins.iter().position(|x| *x == Pin::Doorbell(d))
             {
                 a.pins.swap_remove(i);
             }
@@ -952,29 +1012,31 @@ impl OsState {
             abi::packet::decode_stream(words).map_err(|(offset, error)| KernelError::BadPacket { offset, error })?;
         let mut progress = last;
         for p in packets {
-            let c = |field, va, bytes| self.check_in_vm(vmid, field, va, bytes);
+            // The same checks the engine would make, as typed errors before anything runs.
+            let r = |field, va, bytes, align| self.check_access(vmid, field, va, bytes, Access::Read, align);
+            let w = |field, va, bytes, align| self.check_access(vmid, field, va, bytes, Access::Write, align);
             match p {
                 Packet::Nop { .. } | Packet::Interrupt { .. } => {}
-                Packet::WriteData { width, va, .. } => c("WRITE_DATA.va", va, width.bytes())?,
+                Packet::WriteData { width, va, .. } => w("WRITE_DATA.va", va, width.bytes(), width.bytes())?,
                 Packet::Copy { src, dst, bytes } => {
-                    c("COPY.src", src, bytes)?;
-                    c("COPY.dst", dst, bytes)?;
+                    r("COPY.src", src, bytes, 1)?;
+                    w("COPY.dst", dst, bytes, 1)?;
                 }
-                Packet::Fill { dst, bytes, .. } => c("FILL.dst", dst, bytes)?,
-                Packet::Timestamp { va } => c("TIMESTAMP.va", va, 8)?,
-                Packet::Signal { va, .. } => c("SIGNAL.va", va, 8)?,
-                Packet::Wait { va, .. } => c("WAIT.va", va, 8)?,
+                Packet::Fill { dst, bytes, .. } => w("FILL.dst", dst, bytes, 1)?,
+                Packet::Timestamp { va } => w("TIMESTAMP.va", va, 8, 8)?,
+                Packet::Signal { va, .. } => w("SIGNAL.va", va, 8, 8)?,
+                Packet::Wait { va, .. } => r("WAIT.va", va, 8, 8)?,
                 Packet::IndirectBuffer { va, dwords, vmid: v } => {
                     if v != 0 {
                         return Err(invalid("INDIRECT_BUFFER.vmid", v, "must be 0"));
                     }
-                    c("INDIRECT_BUFFER.va", va, dwords as u64 * 4)?;
+                    r("INDIRECT_BUFFER.va", va, dwords as u64 * 4, 4)?;
                 }
                 Packet::Dispatch { kernel, grid, group, args } => {
                     gpu::compute::check_dims(grid, group)
                         .map_err(|why| invalid("DISPATCH.grid/group", format!("{grid:?}/{group:?}"), why))?;
-                    c("DISPATCH.kernel", kernel, abi::isa::KERNEL_HEADER_BYTES)?;
-                    c("DISPATCH.args", args, 8)?;
+                    r("DISPATCH.kernel", kernel, abi::isa::KERNEL_HEADER_BYTES, 8)?;
+                    r("DISPATCH.args", args, 8, 8)?;
                 }
                 Packet::ProgressFence { value } => {
                     if value <= progress {
@@ -1067,9 +1129,11 @@ impl OsState {
         let rptr = control.load_u64(RPTR_OFFSET, Ordering::Acquire).unwrap_or(*wptr);
         // `submit_command` bounded the length to half the ring, so a plan always exists.
         let Some(plan) = ring::plan_write(*wptr, KERNEL_RING_BYTES, sub.words.len() as u64) else { return Move::Empty };
-        if plan.new_wptr - rptr > KERNEL_RING_BYTES {
+        // rptr is the engine's (kernel-owned memory); saturating all the same.
+        if plan.new_wptr.saturating_sub(rptr) > KERNEL_RING_BYTES {
             return Move::NoSpace;
         }
+        let qh = sub.queue;
         let _ = ring::write_stream(ring, KERNEL_RING_BYTES, *wptr, &plan, &[&sub.words]);
         *wptr = plan.new_wptr;
         let (control, slot) = (control.clone(), *slot);
@@ -1080,6 +1144,7 @@ impl OsState {
             let st = self.kmd.set_power(engine, PowerState::F0, now);
             self.trace.push(now, Event::Power { engine, state: st });
         }
+        self.trace.push(now, Event::Ddi(Ddi::SubmitCommand(qh)));
         // Release: the packets are visible before the firmware acquires wptr.
         if let Ok(w) = control.atomic_u64(WPTR_OFFSET) {
             w.store(plan.new_wptr, Ordering::Release);
@@ -1171,7 +1236,7 @@ impl OsState {
                         }
                     }
                 }
-                for (pid, q) in targets {
+                for &(pid, q) in &targets {
                     let _ = self.disconnect(pid, q, DoorbellStatus::DisconnectedRetry, now);
                 }
                 self.trace.push(now, Event::Ddi(Ddi::SetPowerState(engine, PowerState::F1)));
@@ -1180,7 +1245,14 @@ impl OsState {
                         self.stats.f1_entries += 1;
                         self.trace.push(now, Event::Power { engine, state: PowerState::F1 })
                     }
-                    PowerState::F0 => self.trace.push(now, Event::F1Refused { engine }),
+                    PowerState::F0 => {
+                        // Work arrived: the engine stays awake, so give its queues their
+                        // doorbells back rather than make each pay a reconnect.
+                        self.trace.push(now, Event::F1Refused { engine });
+                        for (pid, q) in targets {
+                            let _ = self.connect(pid, q, now);
+                        }
+                    }
                 }
             }
             Interrupt::User { queue, id } => {

@@ -9,7 +9,7 @@
 use std::collections::VecDeque;
 
 use abi::queue::FaultRecord;
-use abi::{DoorbellStatus, EngineId, HwQueueHandle};
+use abi::{ContextHandle, DoorbellStatus, EngineId, HwQueueHandle};
 use gpu::{PowerState, Time};
 
 /// Entries kept.
@@ -27,8 +27,8 @@ pub enum PageTarget {
 /// A DDI call from the OS into the KMD, or a callback from the KMD into the OS.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Ddi {
-    /// `DxgkDdiCreateHwQueue`.
-    CreateHwQueue(HwQueueHandle),
+    /// `DxgkDdiCreateHwQueue`, on a context (the queue's handle exists once it returns).
+    CreateHwQueue(ContextHandle),
     /// `DxgkDdiDestroyHwQueue`.
     DestroyHwQueue(HwQueueHandle),
     /// `DxgkDdiCreateDoorbell`.

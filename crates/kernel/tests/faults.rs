@@ -187,10 +187,10 @@ fn malformed_headers() {
         dec(DecodeError::BadLength { opcode: "SIGNAL", len: 3, expected: 5 }),
     );
     case(
-        "reserved DISPATCH",
+        "short DISPATCH",
         RING,
         |e| e.raw(&[hdr(Opcode::Dispatch, 4), 0, 0, 0]),
-        dec(DecodeError::Reserved { opcode: "DISPATCH" }),
+        dec(DecodeError::BadLength { opcode: "DISPATCH", len: 4, expected: 11 }),
     );
     case(
         "WRITE_DATA width 2",
@@ -430,14 +430,21 @@ fn kernel_mode_queue_fault_is_contained() {
     let mut qb = b.kernel_queue();
     let wa = work(&mut qa2, &a.buf, 0x1000, 7);
     let wb = work(&mut qb, &b.buf, 0x1000, 8);
+    // A write the kernel can see is bad is refused at submission, with nothing run.
     let mut cb = CommandBuffer::new();
     cb.write_u32(a.buf.va(), 1).write_u64(km.progress_va(), 999).write_u32(a.buf.va() + 4, 2);
+    let e = km.submit(&cb).unwrap_err();
+    assert!(e.to_string().contains("WRITE_DATA.va") && e.to_string().contains("may not write"), "{e}");
+    // A fault only the engine can find (a kernel binary with a bad header) hangs the queue.
+    let junk = a.device.upload(&[0u8; 64]).unwrap();
+    let mut cb = CommandBuffer::new();
+    cb.write_u32(a.buf.va(), 1).dispatch(junk.va(), [1, 1, 1], [1, 1, 1], junk.va()).write_u32(a.buf.va() + 4, 2);
     let v = km.submit(&cb).unwrap();
     let err = km.wait(v, T).unwrap_err();
     assert!(matches!(err, UmdError::QueueLost { .. }), "{err}");
     let st = km.status().unwrap();
     assert_eq!(st.state, QueueState::Hung);
-    assert!(matches!(st.fault.unwrap().kind, FaultKind::ReadOnly { bytes: 8, .. }));
+    assert!(matches!(st.fault.unwrap().kind, FaultKind::BadKernel(_)));
     assert_eq!(km.completed(), 0, "the progress page was not written");
     assert_eq!((a.buf.read_u32(0).unwrap(), a.buf.read_u32(4).unwrap()), (1, 0));
     let e = a.port.submit_command(km.handle(), &abi::packet::progress_fence_words(2)).unwrap_err();

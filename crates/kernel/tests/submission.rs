@@ -227,7 +227,10 @@ fn creation_leaves_retry_and_connect_is_ddi_rotate_status() {
     let ev = events(&sys);
     find_run(
         &ev,
-        &[Event::Ddi(Ddi::CreateHwQueue(q)), Event::QueueCreated { queue: q, engine: EngineId(0), user_mode: true }],
+        &[
+            Event::Ddi(Ddi::CreateHwQueue(p.ctx)),
+            Event::QueueCreated { queue: q, engine: EngineId(0), user_mode: true },
+        ],
     );
     assert!(ev.contains(&Event::Ddi(Ddi::CreateDoorbell(q))));
     assert!(!ev.iter().any(|e| matches!(e, Event::Status { .. } | Event::Rotate { .. })));

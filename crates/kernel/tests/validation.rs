@@ -121,7 +121,7 @@ fn rptr_and_wptr_must_be_8_byte_aligned() {
 fn doorbell_index_must_be_inside_the_page_and_unused() {
     let sys = common::sim();
     let p = RawProc::open(&sys);
-    for index in [512, 513, u32::MAX] {
+    for index in [512, 513, u32::MAX - 1] {
         let r = invalid(p.create(p.desc(index)).unwrap_err(), "doorbell_index", &index.to_string());
         assert!(r.contains("doorbell page"), "{r}");
     }
@@ -196,7 +196,29 @@ fn create_doorbell_checks_its_allocations_and_queue() {
 }
 
 #[test]
-fn ring_allocations_cannot_be_freed_while_the_doorbell_exists() {
+fn doorbell_index_any_lets_the_kernel_choose_a_free_one() {
+    let sys = common::sim();
+    let p = RawProc::open(&sys);
+    let ring2 = p.port.allocate(p.dev, &abi::port::AllocationDesc::system(4096)).unwrap();
+    let ctl2 = p.port.allocate(p.dev, &abi::port::AllocationDesc::system(4096)).unwrap();
+    let taken = p.create(p.desc(0)).unwrap().handle;
+    let any = abi::QueueDescriptor {
+        ring_va: ring2.va,
+        rptr_va: ctl2.va,
+        wptr_va: ctl2.va + 64,
+        last_queued_va: ctl2.va + 128,
+        ..p.desc(abi::queue::DOORBELL_INDEX_ANY)
+    };
+    let q = p.create(any).unwrap().handle;
+    let db = p
+        .port
+        .create_doorbell(&abi::port::CreateDoorbell { queue: q, ring_buffer: ring2.handle, ring_control: ctl2.handle })
+        .unwrap();
+    assert_eq!(db.offset, 8, "index 0 is {taken}'s, so the kernel picked 1");
+}
+
+#[test]
+fn ring_allocations_cannot_be_freed_while_their_queue_or_doorbell_exists() {
     let sys = common::sim();
     let p = RawProc::open(&sys);
     let q = p.create(p.desc(0)).unwrap().handle;
@@ -211,11 +233,14 @@ fn ring_allocations_cannot_be_freed_while_the_doorbell_exists() {
             }
             other => panic!("expected InUse, got {other:?}"),
         }
-        names(&e, &a.to_string(), "doorbell");
+        names(&e, &a.to_string(), &q.to_string());
     }
     // Still mapped and usable: the mapping outlives the refused free.
     assert!(p.port.map_allocation(p.ring.handle).is_ok());
     p.port.destroy_doorbell(db.handle).unwrap();
+    // The queue itself still runs from them.
+    assert!(matches!(p.port.free(p.ring.handle), Err(KernelError::InUse { .. })));
+    p.port.destroy_hw_queue(q).unwrap();
     p.port.free(p.ring.handle).unwrap();
     p.port.free(p.ctl.handle).unwrap();
     bad_handle(p.port.free(p.ring.handle).unwrap_err(), HandleProblem::Stale, &p.ring.handle.to_string());

@@ -1,7 +1,6 @@
 //! Devices, memory and contexts.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
 
 use abi::port::{AdapterInfo, AllocationDesc, AllocationInfo, KernelPort, MemoryDomain};
 use abi::{ContextHandle, DeviceHandle, EngineId, EngineKind};
@@ -13,15 +12,6 @@ pub(crate) struct DeviceInner {
     pub(crate) port: Arc<dyn KernelPort>,
     pub(crate) handle: DeviceHandle,
     pub(crate) info: AdapterInfo,
-    next_doorbell: AtomicU32,
-}
-
-impl DeviceInner {
-    /// A doorbell index in the process's page not yet handed out.
-    pub(crate) fn take_doorbell_index(&self) -> u32 {
-        // Relaxed: a counter; uniqueness comes from the atomic RMW itself.
-        self.next_doorbell.fetch_add(1, Ordering::Relaxed) % self.info.doorbells_per_process
-    }
 }
 
 impl Drop for DeviceInner {
@@ -41,7 +31,7 @@ impl Device {
     pub fn open(port: Arc<dyn KernelPort>) -> Result<Device, UmdError> {
         let handle = port.create_device()?;
         let info = port.adapter_info();
-        Ok(Device { inner: Arc::new(DeviceInner { port, handle, info, next_doorbell: AtomicU32::new(0) }) })
+        Ok(Device { inner: Arc::new(DeviceInner { port, handle, info }) })
     }
 
     /// The kernel port.

@@ -84,6 +84,9 @@ struct UserRing {
     doorbell_offset: u64,
     /// Our wptr (we are its only writer).
     wptr: u64,
+    /// The last rptr we read: re-read only when the ring looks full, so the submission hot
+    /// path does not pull the engine's cache line every time.
+    rptr_seen: u64,
     /// (progress value, wptr after it) of submissions not yet known complete.
     outstanding: VecDeque<(u64, u64)>,
 }
@@ -126,7 +129,8 @@ impl Queue {
                     ring_bytes: opts.ring_bytes,
                     rptr_va: control.va() + RPTR_OFFSET,
                     wptr_va: control.va() + WPTR_OFFSET,
-                    doorbell_index: dev.take_doorbell_index(),
+                    last_queued_va: control.va() + LAST_QUEUED_OFFSET,
+                    doorbell_index: abi::queue::DOORBELL_INDEX_ANY,
                     priority: opts.priority as u32,
                 };
                 let info = port.create_hw_queue(
@@ -153,6 +157,7 @@ impl Queue {
                     doorbell_page: db.cpu_page,
                     doorbell_offset: db.offset,
                     wptr: 0,
+                    rptr_seen: 0,
                     outstanding: VecDeque::new(),
                 };
                 let q = Queue::from_info(dev, info, Some(user));
@@ -310,9 +315,13 @@ impl Queue {
     fn wait_for_ring_space(&mut self, need_rptr: u64) -> Result<(), UmdError> {
         loop {
             let u = self.user.as_mut().expect("user-mode");
+            if u.rptr_seen >= need_rptr || need_rptr > u.wptr {
+                return Ok(());
+            }
             // Acquire: the engine is done reading bytes below rptr.
             let rptr = u.control.map().load_u64(RPTR_OFFSET, Ordering::Acquire)?;
-            if rptr >= need_rptr || need_rptr > u.wptr {
+            u.rptr_seen = rptr;
+            if rptr >= need_rptr {
                 return Ok(());
             }
             // Wait for the oldest submission whose end frees enough space.

@@ -402,6 +402,7 @@ impl RawProc {
             ring_bytes: 4096,
             rptr_va: self.ctl.va + RPTR_OFFSET,
             wptr_va: self.ctl.va + WPTR_OFFSET,
+            last_queued_va: self.ctl.va + abi::ring::LAST_QUEUED_OFFSET,
             doorbell_index,
             priority: abi::Priority::Normal as u32,
         }
