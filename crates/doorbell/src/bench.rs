@@ -32,6 +32,24 @@ pub enum BenchCommand {
     /// Submission latency (user-mode vs kernel-mode, warm and cold) and throughput, with the
     /// cache-line round trip measured in the same run as the floor.
     Submit(SubmitArgs),
+    /// Compute: lane operations per second of an ALU-bound kernel on one engine thread, with
+    /// the default wave width and with a wave width of 1 (what SIMT buys), and the example
+    /// kernels checked against their CPU references.
+    Compute(ComputeArgs),
+}
+
+#[derive(Args)]
+pub struct ComputeArgs {
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// Loop iterations per thread of the ALU kernel at the default wave width (the scalar run
+    /// uses a twentieth: it is that much slower).
+    #[arg(long, default_value_t = 20_000)]
+    iterations: u32,
+    /// Workgroups of 256 threads.
+    #[arg(long, default_value_t = 16)]
+    groups: u32,
 }
 
 #[derive(Args)]
@@ -53,6 +71,7 @@ pub struct SubmitArgs {
 pub fn run(cmd: BenchCommand) -> Result<(), CliError> {
     match cmd {
         BenchCommand::Submit(a) => submit(a),
+        BenchCommand::Compute(a) => compute(a),
     }
 }
 
@@ -237,6 +256,94 @@ fn submit(a: SubmitArgs) -> Result<(), CliError> {
         println!("{:<34} {:>9} ns {:>12.1}", "user-mode cold p50 (from F1)", cold_p50, ratio(cold_p50));
         println!("{:<34} {:>9.0} /s", "user-mode throughput", throughput);
         println!("kernel-mode p50 / user-mode p50 = {:.1}", km_p50 as f64 / um_p50.max(1) as f64);
+    }
+    Ok(())
+}
+
+/// The ALU-bound kernel: each thread loops `iterations` (argument slot 0) times over seven
+/// integer and float operations plus the loop's own four.
+fn alu_kernel() -> Vec<u8> {
+    use abi::isa::{Builtin, FLAG_IMM, Inst, KernelHeader, Op};
+    let p = [
+        Inst::new(Op::SArg, 0, 0, 0, 0, 0),
+        Inst::new(Op::VFromS, 2, 0, 0, 0, 0),
+        Inst::new(Op::Builtin, 1, 0, 0, 0, Builtin::GlobalIdX as u32),
+        Inst::new(Op::Loop, 0, 0, 0, 0, 14),
+        Inst::new(Op::CmpEq, 3, 2, 0, FLAG_IMM, 0),
+        Inst::new(Op::Break, 0, 3, 0, 0, 14),
+        Inst::new(Op::Sub, 2, 2, 0, FLAG_IMM, 1),
+        Inst::new(Op::Mul, 4, 1, 0, FLAG_IMM, 3),
+        Inst::new(Op::Add, 5, 4, 1, 0, 0),
+        Inst::new(Op::Xor, 6, 5, 4, 0, 0),
+        Inst::new(Op::FMul, 7, 6, 6, 0, 0),
+        Inst::new(Op::FAdd, 8, 7, 5, 0, 0),
+        Inst::new(Op::Add, 1, 1, 8, 0, 0),
+        Inst::new(Op::Shr, 9, 1, 0, FLAG_IMM, 3),
+        Inst::new(Op::EndLoop, 0, 0, 0, 0, 3),
+    ];
+    let mut bytes = Vec::new();
+    for w in KernelHeader::new(p.len() as u32).to_words() {
+        bytes.extend_from_slice(&w.to_le_bytes());
+    }
+    for i in &p {
+        bytes.extend_from_slice(&i.encode().to_le_bytes());
+    }
+    bytes
+}
+
+/// Lane operations per second of the ALU kernel on a live system with `width`-lane waves.
+fn lane_ops_per_s(width: u32, groups: u32, iterations: u32) -> Result<f64, CliError> {
+    let sys = System::live(SystemConfig {
+        gpu: GpuConfig { wave_width: width, idle_period: Duration::from_secs(3600), ..GpuConfig::default() },
+        ..Default::default()
+    })?;
+    let port: Arc<dyn KernelPort> = sys.open_process()?;
+    let dev = Device::open(port)?;
+    let ctx = dev.create_context(dev.engine(EngineKind::Compute)?)?;
+    let mut q = ctx.create_queue(QueueOptions::user_mode())?;
+    let kernel = dev.upload(&alu_kernel())?;
+    let args = dev.upload(&(iterations as u64).to_le_bytes())?;
+    let mut cb = CommandBuffer::new();
+    cb.dispatch(kernel.va(), [groups, 1, 1], [256, 1, 1], args.va());
+    let before = sys.with_gpu(|g| g.compute_stats());
+    let start = Instant::now();
+    let v = q.submit(&cb)?;
+    q.wait(v, Some(Duration::from_secs(600)))?;
+    let el = start.elapsed().as_secs_f64();
+    let after = sys.with_gpu(|g| g.compute_stats());
+    let ops = after.lane_ops - before.lane_ops;
+    let expect = groups as u64 * 256 * (iterations as u64 * 11 + 6);
+    if ops < expect {
+        return Err(CliError::Check(format!("ALU kernel ran {ops} lane operations, expected at least {expect}")));
+    }
+    Ok(ops as f64 / el)
+}
+
+fn compute(a: ComputeArgs) -> Result<(), CliError> {
+    let json = a.json;
+    progress(json, "ALU-bound kernel, default wave width (32 lanes)");
+    let simt = lane_ops_per_s(GpuConfig::default().wave_width, a.groups, a.iterations)?;
+    progress(json, "the same kernel with a wave width of 1");
+    let scalar = lane_ops_per_s(1, a.groups, (a.iterations / 20).max(1))?;
+    progress(json, "example kernels against their CPU references");
+    let (verified, total) = crate::examples::verify_all_live()?;
+    if json {
+        let o = serde_json::json!({
+            "lane_ops_per_s": simt.round() as u64,
+            "scalar_ops_per_s": scalar.round() as u64,
+            "simt_speedup": (simt / scalar * 10.0).round() / 10.0,
+            "kernels_verified": verified,
+            "kernels_total": total,
+            "wave_width": GpuConfig::default().wave_width,
+        });
+        println!("{o}");
+    } else {
+        println!("doorbell bench compute ({} groups x 256 threads, {} iterations)", a.groups, a.iterations);
+        println!("{:<40} {:>16}", "measure", "value");
+        println!("{:<40} {:>14.0} /s", "lane ops, 32-lane waves", simt);
+        println!("{:<40} {:>14.0} /s", "lane ops, 1-lane waves (scalar)", scalar);
+        println!("{:<40} {:>15.1}x", "what SIMT buys", simt / scalar);
+        println!("{:<40} {:>13}/{}", "example kernels verified", verified, total);
     }
     Ok(())
 }

@@ -141,6 +141,21 @@ pub fn run(quiet: bool) -> Result<(), CliError> {
         uq.doorbell_status()?
     ));
 
+    // Compute: the four example kernels on both paths, against their CPU references.
+    for (kind, results) in crate::examples::run_all(&sys, 2048)? {
+        for (name, r) in results {
+            let v = r.map_err(|e| CliError::Check(format!("{name} on the {kind:?} path: {e}")))?;
+            submissions += 1;
+            checked += 1;
+            say(format!(
+                "compute: {name:<10} on a {:<11} queue: {} elements match the CPU reference ({} DISPATCH)",
+                format!("{kind:?}"),
+                v.elements,
+                v.dispatches
+            ));
+        }
+    }
+
     // A fault stays in its queue.
     let mut bad = ctx_b.create_queue(QueueOptions::user_mode())?;
     let mut cb = CommandBuffer::new();

@@ -6,6 +6,8 @@
 
 mod bench;
 mod demo;
+mod examples;
+mod run;
 
 use clap::{Parser, Subcommand};
 
@@ -26,6 +28,11 @@ enum Command {
         #[arg(long)]
         quiet: bool,
     },
+    /// Assemble a kernel (.dbk) and run it on the compute engine; print a summary of its
+    /// buffers. Example:
+    /// doorbell run examples/saxpy.dbk --grid 4 --group 256 --args buf:4096:iotaf,buf:4096:iotaf,f:2.0,1000
+    /// (saxpy's slots are x, y, a, n: see the header of each example file)
+    Run(run::RunArgs),
     /// Benchmarks. Each prints a table, or one JSON object with --json.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -35,6 +42,7 @@ fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Demo { quiet } => demo::run(quiet),
+        Command::Run(a) => run::run(a),
         Command::Bench(b) => bench::run(b),
     };
     match result {
@@ -58,4 +66,7 @@ pub enum CliError {
     /// A check failed.
     #[error("check failed: {0}")]
     Check(String),
+    /// Bad input from the command line or a file.
+    #[error("{0}")]
+    Input(String),
 }

@@ -9,6 +9,9 @@
 //! - [`Queue`]: a hardware queue, user-mode (ring + doorbell, spec 000 "user-mode work
 //!   submission") or kernel-mode (each submission a kernel call, the traditional path).
 //! - [`CommandBuffer`]: one typed method per packet of [`abi::packet`].
+//! - Compute kernels: [`KernelBuilder`], the text assembler [`assemble`] (`docs/isa.md`),
+//!   [`KernelBinary`] to upload, the example kernels ([`examples`]) and [`verify`], which runs
+//!   them on a device against their CPU references.
 //!
 //! The user-mode submission loop follows spec 000's order exactly; see [`Queue::submit`].
 //! Waits check memory first and enter the kernel only when the value has not been reached.
@@ -16,10 +19,16 @@
 
 mod command;
 mod device;
+pub mod examples;
+mod kernel;
 mod queue;
+pub mod verify;
 
 pub use command::CommandBuffer;
 pub use device::{Buffer, Context, Device};
+pub use kernel::{
+    AsmError, BuildError, Imm, KernelBinary, KernelBuilder, Operand, S, V, assemble, assemble_with_lines, disassemble,
+};
 pub use queue::{Queue, QueueOptions, SubmissionKind};
 
 use abi::port::KernelError;
