@@ -55,7 +55,26 @@
 //! - `EXIT`: the active lanes finish.
 //!
 //! Nesting is at most [`MAX_NESTING`] deep. A wave ends when it runs past the last
-//! instruction or every lane has exited. There are no barriers and no shared memory in
+//! instruction or every lane has exited.
+//!
+//! Exact rules (what the interpreter does, and what `docs/isa.md` explains with examples):
+//!
+//! - **Empty mask.** An instruction other than the six structure instructions does nothing
+//!   when no lane is active — scalar instructions (`SARG`, `SMOV`, `SADD`) and `EXIT`
+//!   included. So a scalar write inside divergent code happens only in waves where some lane
+//!   is active there. Vector writes (all of them, `VFROMS` too) change active lanes only.
+//! - **Restoring masks.** `ENDIF` (and `ELSE`) restore from the mask saved at the `IF`, minus
+//!   lanes that exited and lanes that left an enclosing loop with `BREAK`.
+//! - **Jumps.** `IF` jumps to its target when no lane takes it; `ELSE` jumps to its `ENDIF`
+//!   when no lane waits for it; a `LOOP` entered with no active lane jumps to its `ENDLOOP`;
+//!   `BREAK` jumps to its `ENDLOOP` only when no lane remains in the loop (dropping any inner
+//!   `IF` frames). `ENDLOOP`'s field names its `LOOP`; while lanes remain, execution continues
+//!   at the instruction after that `LOOP`.
+//! - **Addresses** are computed in 64 bits: `s[a] + zero-extend(v[b]) + zero-extend(imm)`,
+//!   wrapping at 2^64. `SARG s, k` reads the u64 at `args + 8k` and faults like a load.
+//! - **Conversions** f32 → integer truncate toward zero and saturate; NaN becomes 0.
+//! - **Encoding.** Every field an instruction's form does not use must be 0
+//!   ([`Inst::used_fields`]), so each kernel has one encoding; [`validate`] refuses others. There are no barriers and no shared memory in
 //! version 1: waves and workgroups are independent, so a dispatch can stop between any two
 //! instructions and resume exactly.
 
@@ -415,9 +434,9 @@ impl Inst {
     pub const fn new(op: Op, d: u8, a: u8, b: u8, c: u8, imm: u32) -> Inst {
         Inst { op, d, a, b, c, imm }
     }
-    /// Whether the second operand is the immediate.
+    /// Whether the second operand of a binary or unary form is the immediate.
     pub const fn uses_imm(&self) -> bool {
-        self.c & FLAG_IMM != 0
+        self.c == FLAG_IMM
     }
     /// Encodes to a 64-bit word.
     pub const fn encode(&self) -> u64 {
@@ -428,6 +447,52 @@ impl Inst {
             | ((self.c as u64 & 63) << 26)
             | ((self.imm as u64) << 32)
     }
+    /// Which of `d`, `a`, `b`, `c`, `imm` this instruction's form reads (for binary and unary
+    /// forms, `c` is the immediate flag: with it set, `imm` replaces `b` or `a`).
+    pub const fn used_fields(&self) -> [bool; 5] {
+        let with_imm = self.c == FLAG_IMM;
+        match self.op.form() {
+            Form::None => [false, false, false, false, false],
+            Form::Branch => [false, false, false, false, true],
+            Form::CondBranch => [false, true, false, false, true],
+            Form::Binary if with_imm => [true, true, false, true, true],
+            Form::Binary => [true, true, true, false, false],
+            Form::Unary if with_imm => [true, false, false, true, true],
+            Form::Unary => [true, true, false, false, false],
+            Form::Ternary => [true, true, true, true, false],
+            Form::Builtin | Form::ScalarArg | Form::ScalarImm => [true, false, false, false, true],
+            Form::ScalarAdd => [true, true, false, false, true],
+            Form::FromScalar => [true, true, false, false, false],
+            Form::Load | Form::Store => [true, true, true, false, true],
+            Form::Atomic => [true, true, true, true, true],
+        }
+    }
+
+    /// The same instruction with every unused field zeroed (the one encoding [`validate`]
+    /// accepts). A `c` other than 0 or [`FLAG_IMM`] on a binary or unary form counts as 0.
+    pub const fn canonical(mut self) -> Inst {
+        if matches!(self.op.form(), Form::Binary | Form::Unary) && self.c != FLAG_IMM {
+            self.c = 0;
+        }
+        let [d, a, b, c, imm] = self.used_fields();
+        if !d {
+            self.d = 0;
+        }
+        if !a {
+            self.a = 0;
+        }
+        if !b {
+            self.b = 0;
+        }
+        if !c {
+            self.c = 0;
+        }
+        if !imm {
+            self.imm = 0;
+        }
+        self
+    }
+
     /// Decodes a 64-bit word (the opcode must be known; fields are not range-checked here:
     /// see [`validate`]).
     pub fn decode(w: u64, pc: u32) -> Result<Inst, KernelError> {
@@ -466,6 +531,8 @@ pub enum KernelErrorKind {
     Unbalanced(&'static str),
     /// Nesting deeper than [`MAX_NESTING`].
     TooDeep,
+    /// A field the instruction's form does not use is not 0 (field name, value).
+    UnusedField(&'static str, u32),
 }
 
 /// A refused kernel, with the instruction index.
@@ -500,6 +567,7 @@ impl fmt::Display for KernelError {
             }
             KernelErrorKind::Unbalanced(what) => write!(f, "unbalanced control flow: {what}"),
             KernelErrorKind::TooDeep => write!(f, "control flow nested deeper than {MAX_NESTING}"),
+            KernelErrorKind::UnusedField(field, v) => write!(f, "field `{field}` = {v} is unused by this instruction and must be 0"),
         }
     }
 }
@@ -583,55 +651,41 @@ pub fn validate(words: &[u64]) -> Result<Vec<Inst>, KernelError> {
     Ok(out)
 }
 
-/// Checks the register and builtin fields of one instruction against its form.
+/// Checks the fields of one instruction against its form: registers in range, builtins
+/// known, and every field the form does not use equal to 0 (so each kernel has exactly one
+/// encoding, and later ISA versions can give those bits a meaning).
 fn check_fields(i: &Inst, pc: u32) -> Result<(), KernelError> {
     let reg = |field: &'static str, r: u8, limit: usize| {
         if (r as usize) < limit { Ok(()) } else { Err(KernelError::at(pc, KernelErrorKind::BadRegister(field, r))) }
     };
+    let zero = |field: &'static str, v: u32| {
+        if v == 0 { Ok(()) } else { Err(KernelError::at(pc, KernelErrorKind::UnusedField(field, v))) }
+    };
+    let [d, a, b, c, imm] = i.used_fields();
+    for (used, field, v) in [(d, "d", i.d as u32), (a, "a", i.a as u32), (b, "b", i.b as u32), (c, "c", i.c as u32), (imm, "imm", i.imm)] {
+        if !used {
+            zero(field, v)?;
+        }
+    }
+    let (vd, sd) = (VREGS, SREGS);
     match i.op.form() {
-        Form::None | Form::Branch => {}
-        Form::Binary => {
-            reg("d", i.d, VREGS)?;
-            reg("a", i.a, VREGS)?;
-            if !i.uses_imm() {
-                reg("b", i.b, VREGS)?;
-            }
-        }
-        Form::Ternary => {
-            reg("d", i.d, VREGS)?;
-            reg("a", i.a, VREGS)?;
-            reg("b", i.b, VREGS)?;
-            reg("c", i.c, VREGS)?;
-        }
-        Form::Unary => {
-            reg("d", i.d, VREGS)?;
-            if !i.uses_imm() {
-                reg("a", i.a, VREGS)?;
-            }
+        Form::None | Form::Branch | Form::Binary | Form::Unary | Form::Ternary | Form::CondBranch => {
+            // 6-bit vector register fields cannot exceed v63.
         }
         Form::Builtin => {
-            reg("d", i.d, VREGS)?;
             Builtin::from_u32(i.imm).ok_or(KernelError::at(pc, KernelErrorKind::BadBuiltin(i.imm)))?;
         }
-        Form::ScalarArg | Form::ScalarImm => reg("d", i.d, SREGS)?,
+        Form::ScalarArg | Form::ScalarImm => reg("d", i.d, sd)?,
         Form::ScalarAdd => {
-            reg("d", i.d, SREGS)?;
-            reg("a", i.a, SREGS)?;
+            reg("d", i.d, sd)?;
+            reg("a", i.a, sd)?;
         }
-        Form::FromScalar => {
-            reg("d", i.d, VREGS)?;
-            reg("a", i.a, SREGS)?;
-        }
+        Form::FromScalar => reg("a", i.a, sd)?,
         Form::Load | Form::Store | Form::Atomic => {
             let pair = matches!(i.op, Op::Ld64 | Op::St64) as usize;
-            reg("d", i.d, VREGS - pair)?;
-            reg("a", i.a, SREGS)?;
-            reg("b", i.b, VREGS)?;
-            if i.op.form() == Form::Atomic {
-                reg("c", i.c, VREGS)?;
-            }
+            reg("d", i.d, vd - pair)?;
+            reg("a", i.a, sd)?;
         }
-        Form::CondBranch => reg("a", i.a, VREGS)?,
     }
     Ok(())
 }
@@ -647,7 +701,7 @@ mod tests {
     #[test]
     fn encode_decode_round_trips_every_opcode() {
         for &op in Op::ALL {
-            let inst = Inst::new(op, 5, 6, 7, 1, 0xdead_beef);
+            let inst = Inst::new(op, 5, 6, 7, FLAG_IMM, 0xdead_beef);
             assert_eq!(Inst::decode(inst.encode(), 0).unwrap(), inst);
             assert_eq!(Op::from_u8(op as u8), Some(op));
         }
@@ -709,8 +763,11 @@ mod tests {
             validate(&[i(Op::Builtin, 0, 0, 0, 0, 99)]),
             Err(KernelError::at(0, KernelErrorKind::BadBuiltin(99)))
         );
-        // With the immediate flag, `b` is not a register and may hold anything.
-        assert!(validate(&[i(Op::Add, 0, 0, 63, FLAG_IMM, 5)]).is_ok());
+        // With the immediate flag, `b` is unused and must be 0; without it, `imm` must be 0.
+        assert!(validate(&[i(Op::Add, 0, 0, 0, FLAG_IMM, 5)]).is_ok());
+        assert_eq!(validate(&[i(Op::Add, 0, 0, 63, FLAG_IMM, 5)]), Err(KernelError::at(0, KernelErrorKind::UnusedField("b", 63))));
+        assert_eq!(validate(&[i(Op::Add, 0, 0, 1, 0, 5)]), Err(KernelError::at(0, KernelErrorKind::UnusedField("imm", 5))));
+        assert_eq!(validate(&[i(Op::Ld32, 0, 0, 0, 2, 0)]), Err(KernelError::at(0, KernelErrorKind::UnusedField("c", 2))));
         let deep: Vec<u64> = (0..=MAX_NESTING as u32).map(|k| i(Op::Loop, 0, 0, 0, 0, 1000 + k)).collect();
         assert_eq!(validate(&deep), Err(KernelError::at(MAX_NESTING as u32, KernelErrorKind::TooDeep)));
     }

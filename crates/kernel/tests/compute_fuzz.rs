@@ -38,7 +38,7 @@ fn program() -> impl Strategy<Value = Vec<u64>> {
                 _ => (d % 64, a % 64),
             };
             let imm = if op == Op::Builtin { imm % 14 } else { imm };
-            Some(vec![Inst::new(op, d, a, b % 64, c, imm).encode()])
+            Some(vec![Inst::new(op, d, a, b % 64, c, imm).canonical().encode()])
         });
     let block = prop::collection::vec(straight, 1..6).prop_map(|v| v.concat());
     prop::collection::vec((block, 0u8..4), 1..6).prop_map(|parts| {
