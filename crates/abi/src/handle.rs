@@ -49,6 +49,8 @@ kinds! {
     AllocationKind => AllocationHandle, "allocation";
     /// A doorbell object of a user-mode queue.
     DoorbellKind => DoorbellHandle, "doorbell";
+    /// A native GPU fence (spec 002).
+    NativeFenceKind => NativeFenceHandle, "fence";
 }
 
 /// A typed, generation-checked handle. Cheap to copy; meaningless outside its owner.

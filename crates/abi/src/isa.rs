@@ -567,7 +567,9 @@ impl fmt::Display for KernelError {
             }
             KernelErrorKind::Unbalanced(what) => write!(f, "unbalanced control flow: {what}"),
             KernelErrorKind::TooDeep => write!(f, "control flow nested deeper than {MAX_NESTING}"),
-            KernelErrorKind::UnusedField(field, v) => write!(f, "field `{field}` = {v} is unused by this instruction and must be 0"),
+            KernelErrorKind::UnusedField(field, v) => {
+                write!(f, "field `{field}` = {v} is unused by this instruction and must be 0")
+            }
         }
     }
 }
@@ -662,7 +664,9 @@ fn check_fields(i: &Inst, pc: u32) -> Result<(), KernelError> {
         if v == 0 { Ok(()) } else { Err(KernelError::at(pc, KernelErrorKind::UnusedField(field, v))) }
     };
     let [d, a, b, c, imm] = i.used_fields();
-    for (used, field, v) in [(d, "d", i.d as u32), (a, "a", i.a as u32), (b, "b", i.b as u32), (c, "c", i.c as u32), (imm, "imm", i.imm)] {
+    for (used, field, v) in
+        [(d, "d", i.d as u32), (a, "a", i.a as u32), (b, "b", i.b as u32), (c, "c", i.c as u32), (imm, "imm", i.imm)]
+    {
         if !used {
             zero(field, v)?;
         }
@@ -765,9 +769,18 @@ mod tests {
         );
         // With the immediate flag, `b` is unused and must be 0; without it, `imm` must be 0.
         assert!(validate(&[i(Op::Add, 0, 0, 0, FLAG_IMM, 5)]).is_ok());
-        assert_eq!(validate(&[i(Op::Add, 0, 0, 63, FLAG_IMM, 5)]), Err(KernelError::at(0, KernelErrorKind::UnusedField("b", 63))));
-        assert_eq!(validate(&[i(Op::Add, 0, 0, 1, 0, 5)]), Err(KernelError::at(0, KernelErrorKind::UnusedField("imm", 5))));
-        assert_eq!(validate(&[i(Op::Ld32, 0, 0, 0, 2, 0)]), Err(KernelError::at(0, KernelErrorKind::UnusedField("c", 2))));
+        assert_eq!(
+            validate(&[i(Op::Add, 0, 0, 63, FLAG_IMM, 5)]),
+            Err(KernelError::at(0, KernelErrorKind::UnusedField("b", 63)))
+        );
+        assert_eq!(
+            validate(&[i(Op::Add, 0, 0, 1, 0, 5)]),
+            Err(KernelError::at(0, KernelErrorKind::UnusedField("imm", 5)))
+        );
+        assert_eq!(
+            validate(&[i(Op::Ld32, 0, 0, 0, 2, 0)]),
+            Err(KernelError::at(0, KernelErrorKind::UnusedField("c", 2)))
+        );
         let deep: Vec<u64> = (0..=MAX_NESTING as u32).map(|k| i(Op::Loop, 0, 0, 0, 0, 1000 + k)).collect();
         assert_eq!(validate(&deep), Err(KernelError::at(MAX_NESTING as u32, KernelErrorKind::TooDeep)));
     }

@@ -39,6 +39,8 @@ pub mod ring;
 pub mod sync;
 
 pub use doorbell::DoorbellStatus;
-pub use handle::{AllocationHandle, ContextHandle, DeviceHandle, DoorbellHandle, Handle, HwQueueHandle, ProcessId};
+pub use handle::{
+    AllocationHandle, ContextHandle, DeviceHandle, DoorbellHandle, Handle, HwQueueHandle, NativeFenceHandle, ProcessId,
+};
 pub use packet::{Opcode, Packet};
 pub use queue::{EngineId, EngineKind, Priority, QueueDescriptor, QueueState};

@@ -8,7 +8,7 @@
 //! | 0..16  | `len`    | packet length in dwords, header included; at least 1           |
 //! | 16..24 | `opcode` | an [`Opcode`]                                                   |
 //! | 24..28 | `version`| [`PACKET_VERSION`] (1)                                          |
-//! | 28..32 | `flags`  | reserved, must be 0 in version 1 (the fence-log flag comes later)|
+//! | 28..32 | `flags`  | per opcode; 0 unless listed below                               |
 //!
 //! 64-bit fields are two dwords, low word first, and need only dword alignment. The body of
 //! each packet, after the header (`va`, `src`, `dst` are GPU virtual addresses in the
@@ -27,6 +27,11 @@
 //! | 8      | `PROGRESS_FENCE`  | 3      | value:u64 — the queue's own progress fence    |
 //! | 9      | `INTERRUPT`       | 2      | id:u32 — raise a user interrupt               |
 //! | 10     | `DISPATCH`        | 11     | kernel:u64, grid x,y,z:u32, group x,y,z:u32, args:u64 |
+//!
+//! Flags: `SIGNAL` may carry [`FLAG_NATIVE_FENCE`]: `va` is then a native fence's
+//! CurrentValue, and after the store the engine makes the conditional-interrupt check against
+//! the fence's MonitoredValue (spec 002). That is [`Packet::SignalFence`]. Every other flag
+//! bit is reserved and refused.
 //!
 //! `DISPATCH` runs the kernel binary at `kernel` ([`crate::isa`]) over a grid of `grid`
 //! workgroups of `group` threads each (every dimension at least 1, at most 1024 threads per
@@ -50,6 +55,9 @@ use thiserror::Error;
 pub const PACKET_VERSION: u32 = 1;
 /// Longest packet in dwords (the 16-bit length field).
 pub const MAX_PACKET_DWORDS: usize = u16::MAX as usize;
+/// `SIGNAL` flag: the address is a native fence's CurrentValue.
+pub const FLAG_NATIVE_FENCE: u32 = 1;
+
 /// Longest fixed-size packet in dwords: a decoder never needs more to decode a non-NOP.
 pub const MAX_FIXED_PACKET_DWORDS: usize = 11;
 
@@ -140,6 +148,10 @@ impl Header {
     pub const fn new(opcode: Opcode, dwords: u16) -> Header {
         Header((dwords as u32) | ((opcode as u32) << 16) | (PACKET_VERSION << 24))
     }
+    /// The same header with `flags` set.
+    pub const fn with_flags(self, flags: u32) -> Header {
+        Header(self.0 | ((flags & 0xf) << 28))
+    }
     /// Length in dwords, header included.
     pub const fn dwords(self) -> usize {
         (self.0 & 0xffff) as usize
@@ -161,12 +173,16 @@ impl Header {
         if self.version() != PACKET_VERSION {
             return Err(DecodeError::BadVersion { header: self.0, version: self.version() });
         }
-        if self.flags() != 0 {
-            return Err(DecodeError::ReservedFlags { header: self.0, flags: self.flags() });
-        }
         let Some(op) = Opcode::from_u8(self.opcode_byte()) else {
             return Err(DecodeError::UnknownOpcode { opcode: self.opcode_byte() });
         };
+        let allowed = match op {
+            Opcode::Signal => FLAG_NATIVE_FENCE,
+            _ => 0,
+        };
+        if self.flags() & !allowed != 0 {
+            return Err(DecodeError::ReservedFlags { header: self.0, flags: self.flags() });
+        }
         if self.dwords() == 0 {
             return Err(DecodeError::ZeroLength { opcode: op.name() });
         }
@@ -251,6 +267,14 @@ pub enum Packet {
     /// `SIGNAL`.
     Signal {
         /// Destination.
+        va: u64,
+        /// Value stored.
+        value: u64,
+    },
+    /// `SIGNAL` with [`FLAG_NATIVE_FENCE`]: write a native fence's CurrentValue, then check
+    /// its MonitoredValue and interrupt if `value` is above it.
+    SignalFence {
+        /// The fence's CurrentValue.
         va: u64,
         /// Value stored.
         value: u64,
@@ -378,7 +402,7 @@ impl Packet {
             Packet::Fill { .. } => Opcode::Fill,
             Packet::Timestamp { .. } => Opcode::Timestamp,
             Packet::IndirectBuffer { .. } => Opcode::IndirectBuffer,
-            Packet::Signal { .. } => Opcode::Signal,
+            Packet::Signal { .. } | Packet::SignalFence { .. } => Opcode::Signal,
             Packet::Wait { .. } => Opcode::Wait,
             Packet::ProgressFence { .. } => Opcode::ProgressFence,
             Packet::Interrupt { .. } => Opcode::Interrupt,
@@ -400,7 +424,8 @@ impl Packet {
     /// Appends the encoding to `out`. A `Nop` of length 0 is encoded as length 1.
     pub fn encode(&self, out: &mut Vec<u32>) {
         let dwords = self.dwords().max(1);
-        out.push(Header::new(self.opcode(), dwords as u16).0);
+        let flags = if matches!(self, Packet::SignalFence { .. }) { FLAG_NATIVE_FENCE } else { 0 };
+        out.push(Header::new(self.opcode(), dwords as u16).with_flags(flags).0);
         match *self {
             Packet::Nop { .. } => out.extend(core::iter::repeat_n(0, dwords - 1)),
             Packet::WriteData { width, va, value } => {
@@ -424,7 +449,7 @@ impl Packet {
                 out.push(dwords);
                 out.push(vmid);
             }
-            Packet::Signal { va, value } | Packet::Wait { va, value } => {
+            Packet::Signal { va, value } | Packet::SignalFence { va, value } | Packet::Wait { va, value } => {
                 push_u64(out, va);
                 push_u64(out, value);
             }
@@ -467,6 +492,9 @@ impl Packet {
             Opcode::Fill => Packet::Fill { dst: u64_at(w, 1), bytes: u64_at(w, 3), pattern: w[5] },
             Opcode::Timestamp => Packet::Timestamp { va: u64_at(w, 1) },
             Opcode::IndirectBuffer => Packet::IndirectBuffer { va: u64_at(w, 1), dwords: w[3], vmid: w[4] },
+            Opcode::Signal if header.flags() & FLAG_NATIVE_FENCE != 0 => {
+                Packet::SignalFence { va: u64_at(w, 1), value: u64_at(w, 3) }
+            }
             Opcode::Signal => Packet::Signal { va: u64_at(w, 1), value: u64_at(w, 3) },
             Opcode::Wait => Packet::Wait { va: u64_at(w, 1), value: u64_at(w, 3) },
             Opcode::ProgressFence => Packet::ProgressFence { value: u64_at(w, 1) },
@@ -511,6 +539,7 @@ mod tests {
             Packet::Timestamp { va: 0x40 },
             Packet::IndirectBuffer { va: 0x1000, dwords: 12, vmid: 0 },
             Packet::Signal { va: 0x50, value: 9 },
+            Packet::SignalFence { va: 0x60, value: 10 },
             Packet::Wait { va: 0x58, value: 10 },
             Packet::ProgressFence { value: 42 },
             Packet::Interrupt { id: 7 },

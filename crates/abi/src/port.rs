@@ -15,7 +15,9 @@ use std::time::Duration;
 
 use thiserror::Error;
 
-use crate::handle::{AllocationHandle, ContextHandle, DeviceHandle, DoorbellHandle, HwQueueHandle, ProcessId};
+use crate::handle::{
+    AllocationHandle, ContextHandle, DeviceHandle, DoorbellHandle, HwQueueHandle, NativeFenceHandle, ProcessId,
+};
 use crate::packet::DecodeError;
 use crate::queue::{EngineId, EngineKind, FaultRecord, Priority, QueueDescriptor, QueueState};
 
@@ -138,6 +140,51 @@ impl core::fmt::Debug for DoorbellInfo {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("DoorbellInfo").field("handle", &self.handle).field("offset", &self.offset).finish()
     }
+}
+
+/// `D3DDDI_NATIVEFENCE_TYPE`: where a native fence's CurrentValue lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum NativeFenceType {
+    /// System memory, readable by the CPU (user mode reads it; only the kernel writes it).
+    Default,
+    /// Device-local memory with no CPU access: CPU waits and reads are refused.
+    IntraGpu,
+    /// A legacy monitored fence: system memory, MonitoredValue pinned at 0, so every signal
+    /// interrupts (the behaviour native fences improve on; kept for comparison).
+    LegacyMonitored,
+}
+
+/// What native fence to create.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NativeFenceDesc {
+    /// Initial CurrentValue.
+    pub initial: u64,
+    /// Storage type.
+    pub kind: NativeFenceType,
+    /// Shareable fences get pages of their own (sharing itself comes with global handles).
+    pub shareable: bool,
+}
+
+/// A created native fence.
+#[derive(Debug)]
+pub struct NativeFenceInfo {
+    /// Its handle.
+    pub handle: NativeFenceHandle,
+    /// GPU VA of its CurrentValue (for `SIGNAL` with the fence flag and `WAIT`).
+    pub va: u64,
+    /// Read-only CPU mapping of the page holding CurrentValue (`None` for `IntraGpu`).
+    pub cpu: Option<shm::Mapping>,
+    /// Offset of CurrentValue in `cpu`.
+    pub offset: u64,
+}
+
+/// How a multi-fence wait is satisfied.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WaitMode {
+    /// Every fence reaches its value.
+    All,
+    /// Any one does.
+    Any,
 }
 
 /// How a wait ended.
@@ -329,4 +376,21 @@ pub trait KernelPort: Send + Sync {
     ) -> Result<WaitOutcome, KernelError>;
     /// `USERQ QUERY_STATUS`.
     fn query_queue(&self, queue: HwQueueHandle) -> Result<QueueStatus, KernelError>;
+    /// `D3DKMTCreateNativeFence`.
+    fn create_native_fence(&self, device: DeviceHandle, desc: &NativeFenceDesc)
+    -> Result<NativeFenceInfo, KernelError>;
+    /// Destroys a native fence; its waiters end with an error.
+    fn destroy_native_fence(&self, fence: NativeFenceHandle) -> Result<(), KernelError>;
+    /// `D3DKMTSignalSynchronizationObjectFromCpu`: sets CurrentValue. A value below the current
+    /// one is refused.
+    fn signal_native_fence(&self, fence: NativeFenceHandle, value: u64) -> Result<(), KernelError>;
+    /// `D3DKMTWaitForSynchronizationObjectFromCpu`: blocks until the fences reach their values
+    /// (all, or any), or the timeout passes. `Reached(i)` carries, for [`WaitMode::Any`], the
+    /// index of a fence that was reached (0 for [`WaitMode::All`]).
+    fn wait_native_fences(
+        &self,
+        fences: &[(NativeFenceHandle, u64)],
+        mode: WaitMode,
+        timeout: Option<Duration>,
+    ) -> Result<WaitOutcome, KernelError>;
 }

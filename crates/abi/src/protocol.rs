@@ -1,4 +1,6 @@
-//! The doorbell-versus-disconnect protocol, in one place.
+//! The protocols that could lose a submission or a wake-up, each written once, here.
+//!
+//! # Doorbell versus disconnect
 //!
 //! A submission must never be lost when the kernel disconnects a doorbell at the same moment
 //! the client rings it (engine idle, victimization, power-down). The client's ring may land on
@@ -52,4 +54,35 @@ pub fn recheck_wptr<W: Load + ?Sized>(wptr_word: &W) -> u64 {
     fence(Ordering::SeqCst);
     // Acquire: pairs with the client's release store, so the packets are visible.
     wptr_word.load(Ordering::Acquire)
+}
+
+// # CurrentValue versus MonitoredValue (spec 002 "Synchronization issues")
+//
+// A native fence's CPU waiter must not miss the interrupt for a signal that races its
+// registration. The engine signals by storing CurrentValue, then (after a barrier) reading
+// MonitoredValue and interrupting if CurrentValue > MonitoredValue. The kernel registers a
+// waiter by storing MonitoredValue, then (after a barrier) resampling CurrentValue and
+// satisfying what already passed. Another Dekker pair: at least one side sees the other's
+// store, so the waiter is either woken by the interrupt or satisfied by the resample.
+// `abi/tests/loom.rs` checks it, with a twin whose barrier is removed.
+
+/// Engine: store a native fence's CurrentValue, then decide the conditional interrupt.
+/// Returns whether to interrupt (`value > MonitoredValue`).
+#[inline]
+pub fn signal_fence<W: Store + ?Sized, M: Load + ?Sized>(current: &W, monitored: &M, value: u64) -> bool {
+    // Release: the work before the signal is visible to whoever acquires the value.
+    current.store(value, Ordering::Release);
+    // Spec step 2 from the engine's side: the store is ordered before the read below.
+    fence(Ordering::SeqCst);
+    value > monitored.load(Ordering::Relaxed)
+}
+
+/// Kernel (`DxgkDdiUpdateMonitoredValues`, then the resample): store a new MonitoredValue,
+/// barrier, read CurrentValue. The caller satisfies every waiter the returned value passes.
+#[inline]
+pub fn set_monitored_and_resample<W: Store + ?Sized, C: Load + ?Sized>(monitored: &W, current: &C, value: u64) -> u64 {
+    monitored.store(value, Ordering::Relaxed);
+    fence(Ordering::SeqCst);
+    // Acquire: pairs with the signaller's release, so the signalled work is visible.
+    current.load(Ordering::Acquire)
 }

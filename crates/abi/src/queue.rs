@@ -267,6 +267,12 @@ pub enum FaultKind {
         /// wptr.
         wptr: u64,
     },
+    /// A fence `SIGNAL` whose address is not a native fence's CurrentValue.
+    #[error("SIGNAL with the native-fence flag at va {va:#x}, which is not a native fence")]
+    NotAFence {
+        /// Address.
+        va: u64,
+    },
     /// A `PROGRESS_FENCE` value below the completed one.
     #[error("PROGRESS_FENCE value {value} is below the completed value {completed}")]
     ProgressBackwards {

@@ -49,3 +49,39 @@ fn loom_ring_vs_disconnect_without_the_fence_loses_a_submission() {
         s.load(Ordering::Relaxed)
     });
 }
+
+use abi::protocol::{set_monitored_and_resample, signal_fence};
+
+/// A CPU waiter for value 1 registers (MonitoredValue 0) while the engine signals 1: the waiter
+/// is woken by the interrupt or satisfied by the resample. `engine` is the engine half.
+fn fence_model(engine: fn(&AtomicU64, &AtomicU64, u64) -> bool) {
+    loom::model(move || {
+        let current = Arc::new(AtomicU64::new(0));
+        let monitored = Arc::new(AtomicU64::new(u64::MAX)); // no waiter yet
+        let t = {
+            let (current, monitored) = (current.clone(), monitored.clone());
+            loom::thread::spawn(move || engine(&current, &monitored, 1))
+        };
+        let resampled = set_monitored_and_resample(&*monitored, &*current, 0);
+        let interrupted = t.join().unwrap();
+        assert!(
+            interrupted || resampled >= 1,
+            "wake-up lost: no interrupt, and the resample saw CurrentValue {resampled}"
+        );
+    });
+}
+
+#[test]
+fn loom_fence_signal_vs_new_waiter_never_loses_a_wakeup() {
+    fence_model(|c, m, v| signal_fence(c, m, v));
+}
+
+/// The engine half without its barrier: loom must find the lost wake-up.
+#[test]
+#[should_panic(expected = "wake-up lost")]
+fn loom_fence_signal_without_the_barrier_loses_a_wakeup() {
+    fence_model(|c, m, v| {
+        c.store(v, Ordering::Release);
+        v > m.load(Ordering::Relaxed)
+    });
+}

@@ -114,6 +114,12 @@ pub enum Interrupt {
         /// The packet's id.
         id: u32,
     },
+    /// `DXGK_INTERRUPT_NATIVE_FENCE_SIGNALED`: native fences were signalled above their
+    /// MonitoredValue. `None` means "scan every waiter" (the spec's NULL array).
+    NativeFenceSignaled {
+        /// Ids of the signalled fences, as registered.
+        fences: Option<Vec<u64>>,
+    },
     /// A `PROGRESS_FENCE` wrote a value above the queue's monitored value.
     ProgressFence {
         /// The queue.
@@ -257,6 +263,7 @@ pub(crate) struct Firmware {
     wave_width: u32,
     dispatch_budget: u64,
     compute: ComputeStats,
+    fences: FenceTable,
     engines: Vec<Engine>,
     slots: Vec<Slot>,
     irqs: std::collections::VecDeque<Interrupt>,
@@ -272,8 +279,19 @@ enum Flow {
     Yield,
 }
 
+/// A native fence the firmware knows (`DxgkDdiCreateNativeFence`).
+struct FenceEntry {
+    id: u64,
+    monitored: Place,
+}
+
+/// Native fences by where their CurrentValue lives: (backing region id, offset). Keyed by
+/// the memory rather than a VA, so every mapping of a shared fence finds the same entry.
+type FenceTable = std::collections::HashMap<(u64, u64), FenceEntry>;
+
 /// What packet execution needs besides the queue and its address space.
 struct Env<'a> {
+    fences: &'a FenceTable,
     now: Time,
     kind: EngineKind,
     wave_width: u32,
@@ -305,6 +323,7 @@ impl Firmware {
             wave_width: cfg.wave_width.clamp(1, crate::compute::MAX_WAVE as u32),
             dispatch_budget: cfg.dispatch_budget.max(1),
             compute: ComputeStats::default(),
+            fences: FenceTable::new(),
             engines,
             slots: Vec::new(),
             irqs: Default::default(),
@@ -503,7 +522,7 @@ impl Firmware {
 
     pub(crate) fn step(&mut self, now: Time, vms: &[Option<AddressSpace>]) -> StepReport {
         let mut report = StepReport::default();
-        let Firmware { engines, slots, irqs, budget, wave_width, dispatch_budget, compute, .. } = self;
+        let Firmware { engines, slots, irqs, budget, wave_width, dispatch_budget, compute, fences, .. } = self;
         for e in engines.iter_mut().filter(|e| e.power == PowerState::F0) {
             let n = e.run_list.len();
             let mut busy = false;
@@ -516,6 +535,7 @@ impl Firmware {
                 busy = true;
                 let before = compute.instructions;
                 let mut env = Env {
+                    fences,
                     now,
                     kind: e.kind,
                     wave_width: *wave_width,
@@ -570,6 +590,17 @@ impl Firmware {
 
     pub(crate) fn compute_stats(&self) -> ComputeStats {
         self.compute
+    }
+
+    pub(crate) fn register_fence(&mut self, current: (&Shm, u64), monitored: (Arc<Shm>, u64), id: u64) {
+        self.fences.insert(
+            (current.0.id(), current.1),
+            FenceEntry { id, monitored: Place { shm: monitored.0, offset: monitored.1 } },
+        );
+    }
+
+    pub(crate) fn unregister_fence(&mut self, current: (&Shm, u64)) {
+        self.fences.remove(&(current.0.id(), current.1));
     }
 }
 
@@ -746,6 +777,16 @@ fn exec(
             // Release: everything the queue wrote before the signal is visible to whoever
             // acquires the new value.
             r.shm.atomic_u64(r.offset).map_err(|_| wfault(va, 8))?.store(value, Ordering::Release);
+        }
+        Packet::SignalFence { va, value } => {
+            let r = vm.translate_aligned(va, 8, Access::Write)?;
+            let f = env.fences.get(&(r.shm.id(), r.offset)).ok_or(FaultKind::NotAFence { va })?;
+            let current = r.shm.atomic_u64(r.offset).map_err(|_| wfault(va, 8))?;
+            let monitored = abi::sync::MappedWord { map: &f.monitored.shm, offset: f.monitored.offset };
+            // Store CurrentValue, barrier, read MonitoredValue (spec 002, `abi::protocol`).
+            if abi::protocol::signal_fence(current, &monitored, value) {
+                env.irqs.push_back(Interrupt::NativeFenceSignaled { fences: Some(vec![f.id]) });
+            }
         }
         Packet::Wait { va, value } => {
             let r = vm.translate_aligned(va, 8, Access::Read)?;

@@ -302,6 +302,18 @@ impl Gpu {
         self.fw.poll_timeout()
     }
 
+    /// `DxgkDdiCreateNativeFence`: a `SIGNAL` with the fence flag that lands on `current`
+    /// (a region and offset) compares against the MonitoredValue at `monitored` and raises
+    /// [`Interrupt::NativeFenceSignaled`] with `id`.
+    pub fn register_native_fence(&mut self, current: (&Shm, u64), monitored: (Arc<Shm>, u64), id: u64) {
+        self.fw.register_fence(current, monitored, id)
+    }
+
+    /// `DxgkDdiDestroyNativeFence`.
+    pub fn unregister_native_fence(&mut self, current: (&Shm, u64)) {
+        self.fw.unregister_fence(current)
+    }
+
     /// Compute work executed so far.
     pub fn compute_stats(&self) -> compute::ComputeStats {
         self.fw.compute_stats()

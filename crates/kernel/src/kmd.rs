@@ -58,6 +58,11 @@ pub trait Kmd: Send {
     /// `DxgkDdiSetPowerComponentFState`. Returns the state the engine is in afterwards (the
     /// firmware refuses F1 while work is pending).
     fn set_power(&mut self, engine: EngineId, state: PowerState, now: Time) -> PowerState;
+    /// `DxgkDdiCreateNativeFence`: the firmware learns where the fence's CurrentValue and
+    /// MonitoredValue live, and the id its interrupts name.
+    fn create_native_fence(&mut self, current: (Arc<Shm>, u64), monitored: (Arc<Shm>, u64), id: u64);
+    /// `DxgkDdiDestroyNativeFence`.
+    fn destroy_native_fence(&mut self, current: (Arc<Shm>, u64));
     /// Current engine power state.
     fn power(&self, engine: EngineId) -> PowerState;
     /// The firmware's view of a queue.
@@ -177,6 +182,14 @@ impl Kmd for VirtualKmd {
                 _ => PowerState::F0,
             },
         }
+    }
+
+    fn create_native_fence(&mut self, current: (Arc<Shm>, u64), monitored: (Arc<Shm>, u64), id: u64) {
+        self.gpu.lock().register_native_fence((&current.0, current.1), monitored, id);
+    }
+
+    fn destroy_native_fence(&mut self, current: (Arc<Shm>, u64)) {
+        self.gpu.lock().unregister_native_fence((&current.0, current.1));
     }
 
     fn power(&self, engine: EngineId) -> PowerState {

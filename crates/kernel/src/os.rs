@@ -28,7 +28,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use abi::doorbell::{DOORBELL_PAGE_BYTES, DOORBELLS_PER_PAGE};
-use abi::handle::{AllocationKind, ContextKind, DeviceKind, DoorbellKind, HwQueueKind};
+use abi::handle::{AllocationKind, ContextKind, DeviceKind, DoorbellKind, HwQueueKind, NativeFenceKind};
 use abi::packet::Packet;
 use abi::port::{
     AdapterInfo, AllocationDesc, AllocationInfo, CreateDoorbell, DoorbellInfo, HwQueueDesc, HwQueueInfo, KernelError,
@@ -43,6 +43,10 @@ use abi::{
 use gpu::{FwQueueId, Interrupt, PowerState, QueueConfig, Time, Vmid};
 use parking_lot::{Condvar, Mutex};
 use shm::{Prot, RotatingPage, Shm};
+
+mod fence;
+
+pub use fence::FENCE_STRIDE;
 
 use crate::kmd::Kmd;
 use crate::table::Table;
@@ -68,16 +72,16 @@ pub trait Clock: Send + Sync {
     fn now(&self) -> Time;
 }
 
-/// A blocked CPU waiter on a progress fence.
+/// A blocked CPU wait: a result slot and a condition variable. What it waits for is kept by
+/// whoever registered it (a queue's progress waiters, a fence's waiters).
 pub struct Waiter {
-    value: u64,
     result: Mutex<Option<Result<u64, KernelError>>>,
     cv: Condvar,
 }
 
 impl Waiter {
-    fn new(value: u64) -> Arc<Waiter> {
-        Arc::new(Waiter { value, result: Mutex::new(None), cv: Condvar::new() })
+    fn new() -> Arc<Waiter> {
+        Arc::new(Waiter { result: Mutex::new(None), cv: Condvar::new() })
     }
     fn complete(&self, r: Result<u64, KernelError>) {
         let mut g = self.result.lock();
@@ -129,6 +133,11 @@ struct ContextObj {
 struct KmSubmission {
     queue: HwQueueHandle,
     words: Vec<u32>,
+    /// The submission's `WAIT`s on native fences: the scheduler holds it back until they pass
+    /// (the legacy, CPU-mediated path).
+    waits: Vec<(abi::NativeFenceHandle, u64)>,
+    /// The scheduler's registration on those fences while it waits.
+    pending: Option<Arc<fence::FenceWait>>,
 }
 
 /// Why an allocation cannot be freed: the kernel's references to a queue's memory.
@@ -167,7 +176,8 @@ struct QueueObj {
     kernel_page_va: u64,
     mode: QueueMode,
     doorbell: Option<DoorbellHandle>,
-    waiters: Vec<Arc<Waiter>>,
+    /// CPU waiters on the progress fence: (value, waiter).
+    waiters: Vec<(u64, Arc<Waiter>)>,
     fault: Option<FaultRecord>,
 }
 
@@ -206,6 +216,8 @@ struct Process {
     queues: Table<HwQueueKind, QueueObj>,
     allocations: Table<AllocationKind, AllocObj>,
     doorbells: Table<DoorbellKind, DoorbellObj>,
+    fences: Table<NativeFenceKind, fence::FenceObj>,
+    fence_pages: Vec<fence::FencePage>,
 }
 
 impl Process {
@@ -232,6 +244,8 @@ pub struct OsStats {
     pub connects: u64,
     /// F1 entries.
     pub f1_entries: u64,
+    /// `NativeFenceSignaled` interrupts.
+    pub fence_interrupts: u64,
 }
 
 struct OsState {
@@ -246,6 +260,10 @@ struct OsState {
     trace: Trace,
     stats: OsStats,
     km_queued: usize,
+    next_fence_id: u64,
+    fence_index: HashMap<u64, (ProcessId, abi::NativeFenceHandle)>,
+    /// A kernel-mode submission's fence wait completed: wake the scheduler.
+    km_kick: bool,
 }
 
 /// The OS kernel. All methods take `&self`; state is behind one lock.
@@ -281,6 +299,9 @@ impl Os {
             trace: Trace::default(),
             stats: OsStats::default(),
             km_queued: 0,
+            next_fence_id: 1,
+            fence_index: HashMap::new(),
+            km_kick: false,
         };
         Ok(Os { state: Mutex::new(state), clock, km_work: Condvar::new() })
     }
@@ -327,6 +348,8 @@ impl Os {
                 queues: Table::new(pid),
                 allocations: Table::new(pid),
                 doorbells: Table::new(pid),
+                fences: Table::new(pid),
+                fence_pages: Vec::new(),
             },
         );
         Ok(pid)
@@ -338,9 +361,12 @@ impl Os {
         let mut s = self.state.lock();
         let now = self.now();
         let Some(p) = s.processes.get(&pid) else { return };
-        let queues = p.queues.handles();
+        let (queues, fences) = (p.queues.handles(), p.fences.handles());
         for q in queues {
             let _ = s.destroy_queue(pid, q, now);
+        }
+        for f in fences {
+            let _ = s.destroy_native_fence(pid, f, now);
         }
         if let Some(p) = s.processes.remove(&pid) {
             s.kmd.destroy_vm(p.vmid);
@@ -374,6 +400,11 @@ impl Os {
             let contexts: Vec<_> = p.contexts.iter().filter(|(_, c)| c.device == device).map(|(h, _)| h).collect();
             for c in contexts {
                 s.destroy_context(pid, c, now)?;
+            }
+            let p = s.proc(pid)?;
+            let fences: Vec<_> = p.fences.iter().filter(|(_, f)| f.device == device).map(|(h, _)| h).collect();
+            for f in fences {
+                s.destroy_native_fence(pid, f, now)?;
             }
             let p = s.proc(pid)?;
             let allocs: Vec<_> = p.allocations.iter().filter(|(_, a)| a.device == device).map(|(h, _)| h).collect();
@@ -513,7 +544,7 @@ impl Os {
         let mut s = self.state.lock();
         let now = self.now();
         if let Some(qo) = s.processes.get_mut(&pid).and_then(|p| p.queues.get_mut(q).ok()) {
-            qo.waiters.retain(|x| !Arc::ptr_eq(x, w));
+            qo.waiters.retain(|(_, x)| !Arc::ptr_eq(x, w));
             let fw = qo.fw;
             let _ = s.update_monitored(pid, q, fw, now);
         }
@@ -557,6 +588,56 @@ impl Os {
         let now = self.now();
         s.stats.interrupts += 1;
         s.service(irq, now);
+        if std::mem::take(&mut s.km_kick) {
+            self.km_work.notify_all();
+        }
+    }
+
+    /// `D3DKMTCreateNativeFence`.
+    pub fn create_native_fence(
+        &self,
+        pid: ProcessId,
+        device: DeviceHandle,
+        desc: &abi::port::NativeFenceDesc,
+    ) -> Result<abi::port::NativeFenceInfo, KernelError> {
+        self.with(pid, |s, now| s.create_native_fence(pid, device, desc, now))
+    }
+
+    /// Destroys a native fence.
+    pub fn destroy_native_fence(&self, pid: ProcessId, f: abi::NativeFenceHandle) -> Result<(), KernelError> {
+        self.with(pid, |s, now| s.destroy_native_fence(pid, f, now))
+    }
+
+    /// Signals a native fence from the CPU.
+    pub fn signal_native_fence(
+        &self,
+        pid: ProcessId,
+        f: abi::NativeFenceHandle,
+        value: u64,
+    ) -> Result<(), KernelError> {
+        let r = self.with(pid, |s, now| s.signal_native_fence(pid, f, value, now));
+        if std::mem::take(&mut self.state.lock().km_kick) {
+            self.km_work.notify_all();
+        }
+        r
+    }
+
+    /// Starts a CPU wait on native fences.
+    pub fn begin_fence_wait(
+        &self,
+        pid: ProcessId,
+        conds: &[(abi::NativeFenceHandle, u64)],
+        mode: abi::port::WaitMode,
+    ) -> WaitStart {
+        match self.with(pid, |s, now| s.begin_fence_wait(pid, conds, mode, now)) {
+            Ok(w) => w,
+            Err(e) => WaitStart::Done(Err(e)),
+        }
+    }
+
+    /// Ends a CPU wait on native fences.
+    pub fn end_fence_wait(&self, pid: ProcessId, w: &Arc<Waiter>) -> Result<WaitOutcome, KernelError> {
+        self.state.lock().end_fence_wait(pid, w)
     }
 
     /// Runs the kernel-mode scheduler once: moves software-queue submissions onto kernel
@@ -837,7 +918,7 @@ impl OsState {
             self.kmd.unmap_gpu(vmid, control_va);
             self.kernel_slots.push(slot);
         }
-        for w in &obj.waiters {
+        for (_, w) in &obj.waiters {
             w.complete(Err(KernelError::QueueLost { queue: q.to_string(), reason: "destroyed".into() }));
         }
         Ok(())
@@ -1007,7 +1088,16 @@ impl OsState {
         Ok(())
     }
 
-    fn validate_packets(&self, vmid: Vmid, words: &[u32], last: u64) -> Result<u64, KernelError> {
+    /// Validates a kernel-mode submission; returns its last progress value and its `WAIT`s on
+    /// the process's native fences (`fences`: each fence's VA and handle).
+    fn validate_packets(
+        &self,
+        vmid: Vmid,
+        words: &[u32],
+        last: u64,
+        fences: &[(u64, abi::NativeFenceHandle)],
+    ) -> Result<(u64, Vec<(abi::NativeFenceHandle, u64)>), KernelError> {
+        let mut waits = Vec::new();
         let packets =
             abi::packet::decode_stream(words).map_err(|(offset, error)| KernelError::BadPacket { offset, error })?;
         let mut progress = last;
@@ -1025,7 +1115,22 @@ impl OsState {
                 Packet::Fill { dst, bytes, .. } => w("FILL.dst", dst, bytes, 1)?,
                 Packet::Timestamp { va } => w("TIMESTAMP.va", va, 8, 8)?,
                 Packet::Signal { va, .. } => w("SIGNAL.va", va, 8, 8)?,
-                Packet::Wait { va, .. } => r("WAIT.va", va, 8, 8)?,
+                Packet::SignalFence { va, .. } => {
+                    w("SIGNAL.va", va, 8, 8)?;
+                    if !fences.iter().any(|&(fva, _)| fva == va) {
+                        return Err(invalid(
+                            "SIGNAL.va",
+                            format!("{va:#x}"),
+                            "carries the native-fence flag but is not a native fence of the process",
+                        ));
+                    }
+                }
+                Packet::Wait { va, value } => {
+                    r("WAIT.va", va, 8, 8)?;
+                    if let Some(&(_, h)) = fences.iter().find(|&&(fva, _)| fva == va) {
+                        waits.push((h, value));
+                    }
+                }
                 Packet::IndirectBuffer { va, dwords, vmid: v } => {
                     if v != 0 {
                         return Err(invalid("INDIRECT_BUFFER.vmid", v, "must be 0"));
@@ -1050,7 +1155,7 @@ impl OsState {
                 }
             }
         }
-        Ok(progress)
+        Ok((progress, waits))
     }
 
     fn submit_command(&mut self, pid: ProcessId, q: HwQueueHandle, words: &[u32]) -> Result<(), KernelError> {
@@ -1077,7 +1182,9 @@ impl OsState {
                 format!("a submission holds 1 to {} dwords", KERNEL_RING_BYTES / 8),
             ));
         }
-        let progress = self.validate_packets(vmid, words, last)?;
+        let fences: Vec<(u64, abi::NativeFenceHandle)> =
+            self.proc(pid)?.fences.iter().map(|(h, f)| (f.va, h)).collect();
+        let (progress, waits) = self.validate_packets(vmid, words, last, &fences)?;
         let p = self.proc(pid)?;
         if let QueueMode::Kernel { last_queued, control, .. } = &mut p.queues.get_mut(q)?.mode {
             *last_queued = progress;
@@ -1085,7 +1192,12 @@ impl OsState {
                 w.store(progress, Ordering::Release);
             }
         }
-        p.contexts.get_mut(ctx)?.software_queue.push_back(KmSubmission { queue: q, words: words.to_vec() });
+        p.contexts.get_mut(ctx)?.software_queue.push_back(KmSubmission {
+            queue: q,
+            words: words.to_vec(),
+            waits,
+            pending: None,
+        });
         self.km_queued += 1;
         self.stats.km_submissions += 1;
         Ok(())
@@ -1119,6 +1231,31 @@ impl OsState {
     /// Moves the head of a context's software queue onto its queue's kernel-owned ring:
     /// wake the engine if it is in F1, write the packets, publish wptr, ring the doorbell.
     fn move_one(&mut self, pid: ProcessId, c: ContextHandle, now: Time) -> Move {
+        let Some(p) = self.processes.get_mut(&pid) else { return Move::Empty };
+        let Ok(ctx) = p.contexts.get_mut(c) else { return Move::Empty };
+        let Some(sub) = ctx.software_queue.front_mut() else { return Move::Empty };
+        // The legacy path: a WAIT on a native fence is resolved here, by the CPU. The
+        // submission stays back until the fence passes; the scheduler registers as a waiter so
+        // the fence's signal interrupts and the ISR wakes it.
+        if !sub.waits.is_empty() {
+            let unmet: Vec<_> =
+                sub.waits.iter().copied().filter(|&(h, v)| p.fences.get(h).is_ok_and(|f| f.current() < v)).collect();
+            if !unmet.is_empty() {
+                if sub.pending.as_ref().is_none_or(|w| w.waiter.is_done()) {
+                    let wait = fence::FenceWait::for_scheduler(unmet);
+                    sub.pending = Some(wait.clone());
+                    let _ = self.register_wait(pid, &wait, now);
+                }
+                return Move::NoSpace;
+            }
+            if let Some(w) = sub.pending.take() {
+                self.forget_wait(pid, &w);
+            }
+            let Some(p) = self.processes.get_mut(&pid) else { return Move::Empty };
+            let Ok(ctx) = p.contexts.get_mut(c) else { return Move::Empty };
+            let Some(sub) = ctx.software_queue.front_mut() else { return Move::Empty };
+            sub.waits.clear();
+        }
         let Some(p) = self.processes.get_mut(&pid) else { return Move::Empty };
         let Ok(ctx) = p.contexts.get_mut(c) else { return Move::Empty };
         let Some(sub) = ctx.software_queue.front() else { return Move::Empty };
@@ -1170,8 +1307,8 @@ impl OsState {
         if qo.fault.is_some() {
             return Err(qo.lost(q));
         }
-        let w = Waiter::new(value);
-        qo.waiters.push(w.clone());
+        let w = Waiter::new();
+        qo.waiters.push((value, w.clone()));
         let fw = qo.fw;
         // Set the monitored value, then re-read the completed value (the spec's
         // update-then-resample), satisfying what already passed.
@@ -1190,14 +1327,14 @@ impl OsState {
         loop {
             let qo = self.queue(pid, q)?;
             let done = qo.completed();
-            qo.waiters.retain(|w| {
-                let hit = w.value <= done;
+            qo.waiters.retain(|(value, w)| {
+                let hit = *value <= done;
                 if hit {
                     w.complete(Ok(done));
                 }
                 !hit
             });
-            let monitored = qo.waiters.iter().map(|w| w.value - 1).min().unwrap_or(u64::MAX);
+            let monitored = qo.waiters.iter().map(|(value, _)| value - 1).min().unwrap_or(u64::MAX);
             self.trace.push(now, Event::Ddi(Ddi::UpdateMonitoredValue(q, monitored)));
             self.kmd.update_monitored(fw, monitored);
             // Resample after publishing: a PROGRESS_FENCE that ran before the new monitored
@@ -1218,7 +1355,7 @@ impl OsState {
                 qo.fault = Some(fault);
                 qo.set_state_word(QueueState::Hung);
                 let err = qo.lost(q);
-                for w in qo.waiters.drain(..) {
+                for (_, w) in qo.waiters.drain(..) {
                     w.complete(Err(err.clone()));
                 }
                 let _ = self.disconnect(pid, q, DoorbellStatus::DisconnectedAbort, now);
@@ -1261,6 +1398,7 @@ impl OsState {
                     self.trace.push(now, Event::UserInterrupt { queue: q, id });
                 }
             }
+            Interrupt::NativeFenceSignaled { fences } => self.service_fences(fences, now),
             Interrupt::ProgressFence { queue, .. } => {
                 if let Some(&(pid, q)) = self.fw_index.get(&queue) {
                     let _ = self.update_monitored(pid, q, queue, now);

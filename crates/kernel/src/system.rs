@@ -25,10 +25,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use abi::NativeFenceHandle;
 use abi::port::{
     AdapterInfo, AllocationDesc, AllocationInfo, CreateDoorbell, DoorbellInfo, HwQueueDesc, HwQueueInfo, KernelError,
     KernelPort, QueueStatus, WaitOutcome,
 };
+use abi::port::{NativeFenceDesc, NativeFenceInfo, WaitMode};
 use abi::{AllocationHandle, ContextHandle, DeviceHandle, DoorbellHandle, EngineId, HwQueueHandle, ProcessId};
 use gpu::{Gpu, GpuConfig, PowerState, Time};
 use parking_lot::Mutex;
@@ -438,5 +440,32 @@ impl KernelPort for ProcessPort {
     }
     fn query_queue(&self, queue: HwQueueHandle) -> Result<QueueStatus, KernelError> {
         self.inner.os.query_queue(self.pid, queue)
+    }
+    fn create_native_fence(
+        &self,
+        device: DeviceHandle,
+        desc: &NativeFenceDesc,
+    ) -> Result<NativeFenceInfo, KernelError> {
+        self.inner.os.create_native_fence(self.pid, device, desc)
+    }
+    fn destroy_native_fence(&self, fence: NativeFenceHandle) -> Result<(), KernelError> {
+        self.inner.os.destroy_native_fence(self.pid, fence)
+    }
+    fn signal_native_fence(&self, fence: NativeFenceHandle, value: u64) -> Result<(), KernelError> {
+        self.inner.os.signal_native_fence(self.pid, fence, value)
+    }
+    fn wait_native_fences(
+        &self,
+        fences: &[(NativeFenceHandle, u64)],
+        mode: WaitMode,
+        timeout: Option<Duration>,
+    ) -> Result<WaitOutcome, KernelError> {
+        match self.inner.os.begin_fence_wait(self.pid, fences, mode) {
+            WaitStart::Done(r) => r,
+            WaitStart::Blocked(w) => {
+                self.inner.block(&w, timeout);
+                self.inner.os.end_fence_wait(self.pid, &w)
+            }
+        }
     }
 }

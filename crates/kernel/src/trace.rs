@@ -9,7 +9,7 @@
 use std::collections::VecDeque;
 
 use abi::queue::FaultRecord;
-use abi::{ContextHandle, DoorbellStatus, EngineId, HwQueueHandle};
+use abi::{ContextHandle, DoorbellStatus, EngineId, HwQueueHandle, NativeFenceHandle};
 use gpu::{PowerState, Time};
 
 /// Entries kept.
@@ -47,6 +47,14 @@ pub enum Ddi {
     SetPowerState(EngineId, PowerState),
     /// `DxgkDdiSubmitCommand` (the kernel-mode path).
     SubmitCommand(HwQueueHandle),
+    /// `DxgkDdiCreateNativeFence`.
+    CreateNativeFence(NativeFenceHandle),
+    /// `DxgkDdiDestroyNativeFence`.
+    DestroyNativeFence(NativeFenceHandle),
+    /// `DxgkDdiUpdateMonitoredValues` for a native fence.
+    UpdateMonitoredValues(NativeFenceHandle, u64),
+    /// `DxgkDdiUpdateCurrentValuesFromCpu`.
+    UpdateCurrentValueFromCpu(NativeFenceHandle, u64),
 }
 
 /// One logged event.

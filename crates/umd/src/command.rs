@@ -61,6 +61,18 @@ impl CommandBuffer {
         self.packet(Packet::Signal { va, value })
     }
 
+    /// `SIGNAL` a native fence: write its CurrentValue, and interrupt only if a CPU waits for
+    /// it (CurrentValue > MonitoredValue).
+    pub fn signal_fence(&mut self, fence: &crate::NativeFence, value: u64) -> &mut Self {
+        self.packet(Packet::SignalFence { va: fence.va(), value })
+    }
+
+    /// `WAIT` until a native fence reaches `value`: blocks only this queue, without the CPU
+    /// on a user-mode queue (a kernel-mode queue's scheduler resolves it on the CPU).
+    pub fn wait_fence(&mut self, fence: &crate::NativeFence, value: u64) -> &mut Self {
+        self.packet(Packet::Wait { va: fence.va(), value })
+    }
+
     /// `WAIT` until `*va >= value`.
     pub fn wait(&mut self, va: u64, value: u64) -> &mut Self {
         self.packet(Packet::Wait { va, value })

@@ -80,6 +80,27 @@ impl Device {
         Ok(b)
     }
 
+    /// Creates a native fence (`D3DKMTCreateNativeFence`).
+    pub fn create_fence(&self, initial: u64, kind: abi::port::NativeFenceType) -> Result<crate::NativeFence, UmdError> {
+        crate::NativeFence::create(self.inner.clone(), &abi::port::NativeFenceDesc { initial, kind, shareable: false })
+    }
+
+    /// Creates a native fence with a full description.
+    pub fn create_fence_with(&self, desc: &abi::port::NativeFenceDesc) -> Result<crate::NativeFence, UmdError> {
+        crate::NativeFence::create(self.inner.clone(), desc)
+    }
+
+    /// Waits until every fence (`WaitMode::All`) or any (`WaitMode::Any`) reaches its value;
+    /// returns the index of a reached fence for `Any`. Memory first, then the kernel.
+    pub fn wait_fences(
+        &self,
+        conds: &[(&crate::NativeFence, u64)],
+        mode: abi::port::WaitMode,
+        timeout: Option<std::time::Duration>,
+    ) -> Result<usize, UmdError> {
+        crate::fence::wait_fences(&self.inner, conds, mode, timeout)
+    }
+
     /// Creates a context on an engine.
     pub fn create_context(&self, engine: EngineId) -> Result<Context, UmdError> {
         let handle = self.inner.port.create_context(self.inner.handle, engine)?;

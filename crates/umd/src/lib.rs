@@ -20,12 +20,14 @@
 mod command;
 mod device;
 pub mod examples;
+mod fence;
 mod kernel;
 mod queue;
 pub mod verify;
 
 pub use command::CommandBuffer;
 pub use device::{Buffer, Context, Device};
+pub use fence::NativeFence;
 pub use kernel::{
     AsmError, BuildError, Imm, KernelBinary, KernelBuilder, Operand, S, V, assemble, assemble_with_lines, disassemble,
 };
@@ -66,6 +68,18 @@ pub enum UmdError {
         value: u64,
         /// Value completed when the wait gave up.
         completed: u64,
+    },
+    /// A CPU read or wait on an `IntraGpu` fence, which has no CPU access.
+    #[error("{fence} is an IntraGpu fence: it has no CPU access (wait on it from the GPU)")]
+    NoCpuAccess {
+        /// The fence.
+        fence: String,
+    },
+    /// A fence wait timed out.
+    #[error("timed out waiting on {fences} fence(s)")]
+    FenceTimeout {
+        /// How many fences the wait named.
+        fences: usize,
     },
     /// A value read from shared memory that the kernel never writes.
     #[error("{field} holds {value:#x}, which is not a valid value")]

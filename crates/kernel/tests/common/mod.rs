@@ -374,6 +374,27 @@ impl KernelPort for TapPort {
     fn query_queue(&self, queue: HwQueueHandle) -> Result<QueueStatus, KernelError> {
         self.inner.query_queue(queue)
     }
+    fn create_native_fence(
+        &self,
+        device: DeviceHandle,
+        desc: &abi::port::NativeFenceDesc,
+    ) -> Result<abi::port::NativeFenceInfo, KernelError> {
+        self.inner.create_native_fence(device, desc)
+    }
+    fn destroy_native_fence(&self, fence: abi::NativeFenceHandle) -> Result<(), KernelError> {
+        self.inner.destroy_native_fence(fence)
+    }
+    fn signal_native_fence(&self, fence: abi::NativeFenceHandle, value: u64) -> Result<(), KernelError> {
+        self.inner.signal_native_fence(fence, value)
+    }
+    fn wait_native_fences(
+        &self,
+        fences: &[(abi::NativeFenceHandle, u64)],
+        mode: abi::port::WaitMode,
+        timeout: Option<Duration>,
+    ) -> Result<abi::port::WaitOutcome, KernelError> {
+        self.inner.wait_native_fences(fences, mode, timeout)
+    }
 }
 
 /// A process driven through the raw port (no UMD): a device, a compute context, and a ring

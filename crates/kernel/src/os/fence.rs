@@ -1,0 +1,355 @@
+//! Native fences in the OS (spec 002): objects and storage, CPU waits and signals, the
+//! MonitoredValue protocol, and the interrupt service for `NativeFenceSignaled`.
+//!
+//! Storage. A fence's **CurrentValue** lives in process memory the GPU reads and writes and
+//! the client maps read-only: non-shareable fences of a process are packed into one page at
+//! [`FENCE_STRIDE`] (one cache line each), a shareable fence gets a page of its own. `IntraGpu`
+//! fences live in local-memory pages that are never CPU-mapped. Its **MonitoredValue** lives in
+//! kernel-only memory that the firmware reads through its fence table (registered by
+//! `DxgkDdiCreateNativeFence`); user mode has no access at all.
+//!
+//! Waits. A CPU wait names fences and values, all or any. The OS keeps each fence's waiter
+//! list and sets its MonitoredValue to (lowest waited value − 1), or `u64::MAX` with no waiter
+//! — through [`abi::protocol::set_monitored_and_resample`], which stores MonitoredValue,
+//! fences, and resamples CurrentValue, so a signal racing the registration is either seen by
+//! the resample or raises the interrupt (model-checked in `abi/tests/loom.rs`). The interrupt
+//! service resamples the fences it names (or all of them, for a `None` list) and wakes what is
+//! satisfied. A legacy monitored fence keeps MonitoredValue at 0, so every signal interrupts.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use abi::port::{KernelError, NativeFenceDesc, NativeFenceInfo, NativeFenceType, WaitMode, WaitOutcome};
+use abi::{DeviceHandle, NativeFenceHandle, ProcessId};
+use gpu::Time;
+use shm::{Prot, Shm};
+
+use super::{OsState, WaitStart, Waiter, invalid};
+use crate::trace::{Ddi, Event};
+
+/// Bytes between two fences' CurrentValues in a shared page (one cache line each).
+pub const FENCE_STRIDE: u64 = 64;
+/// Fences per page.
+const FENCES_PER_PAGE: usize = (4096 / FENCE_STRIDE) as usize;
+
+/// A CPU wait on several fences.
+pub(crate) struct FenceWait {
+    conds: Vec<(NativeFenceHandle, u64)>,
+    mode: WaitMode,
+    pub(crate) waiter: Arc<Waiter>,
+    /// Registered by the kernel-mode scheduler for a submission's `WAIT`, not by a thread.
+    pub(crate) scheduler: bool,
+}
+
+impl FenceWait {
+    /// The kernel-mode scheduler's wait for a held-back submission's fences.
+    pub(crate) fn for_scheduler(conds: Vec<(NativeFenceHandle, u64)>) -> Arc<FenceWait> {
+        Arc::new(FenceWait { conds, mode: WaitMode::All, waiter: Waiter::new(), scheduler: true })
+    }
+}
+
+/// A page of packed fence values.
+pub(crate) struct FencePage {
+    kind: NativeFenceType,
+    current: Arc<Shm>,
+    monitored: Arc<Shm>,
+    va: u64,
+    used: Vec<bool>,
+}
+
+/// A native fence object.
+pub(crate) struct FenceObj {
+    pub(crate) device: DeviceHandle,
+    id: u64,
+    kind: NativeFenceType,
+    current: Arc<Shm>,
+    coff: u64,
+    pub(crate) va: u64,
+    monitored: Arc<Shm>,
+    moff: u64,
+    /// (page index, slot) for packed fences; `None` for a shareable fence's own page.
+    slot: Option<(usize, usize)>,
+    waiters: Vec<(u64, Arc<FenceWait>)>,
+}
+
+impl FenceObj {
+    pub(crate) fn current(&self) -> u64 {
+        // Acquire: pairs with the signaller's release (engine or kernel), so the signalled
+        // work is visible once the value is.
+        self.current.load_u64(self.coff, Ordering::Acquire).unwrap_or(0)
+    }
+}
+
+impl OsState {
+    pub(crate) fn create_native_fence(
+        &mut self,
+        pid: ProcessId,
+        device: DeviceHandle,
+        desc: &NativeFenceDesc,
+        now: Time,
+    ) -> Result<NativeFenceInfo, KernelError> {
+        self.proc(pid)?.devices.get(device)?;
+        let vmid = self.proc(pid)?.vmid;
+        // Find or make storage.
+        let (current, monitored, va, coff, slot) = if desc.shareable {
+            let (c, m) = (Shm::new("fence-shared", 4096)?, Shm::new("fence-monitored", 4096)?);
+            let va = self.proc(pid)?.take_va(4096);
+            self.kmd.map_gpu(vmid, va, 4096, c.clone(), true)?;
+            (c, m, va, 0, None)
+        } else {
+            let p = self.proc(pid)?;
+            let found = p.fence_pages.iter().enumerate().find_map(|(i, pg)| {
+                (pg.kind == desc.kind).then(|| pg.used.iter().position(|u| !u).map(|s| (i, s))).flatten()
+            });
+            let (i, s) = match found {
+                Some(x) => x,
+                None => {
+                    let name = if desc.kind == NativeFenceType::IntraGpu { "fence-page-local" } else { "fence-page" };
+                    let (c, m) = (Shm::new(name, 4096)?, Shm::new("fence-monitored", 4096)?);
+                    let va = p.take_va(4096);
+                    self.kmd.map_gpu(vmid, va, 4096, c.clone(), true)?;
+                    let p = self.proc(pid)?;
+                    p.fence_pages.push(FencePage {
+                        kind: desc.kind,
+                        current: c,
+                        monitored: m,
+                        va,
+                        used: vec![false; FENCES_PER_PAGE],
+                    });
+                    (p.fence_pages.len() - 1, 0)
+                }
+            };
+            let pg = &mut self.proc(pid)?.fence_pages[i];
+            pg.used[s] = true;
+            let off = s as u64 * FENCE_STRIDE;
+            (pg.current.clone(), pg.monitored.clone(), pg.va + off, off, Some((i, s)))
+        };
+        let legacy = desc.kind == NativeFenceType::LegacyMonitored;
+        current.atomic_u64(coff)?.store(desc.initial, Ordering::Release);
+        monitored.atomic_u64(coff)?.store(if legacy { 0 } else { u64::MAX }, Ordering::Release);
+        let id = self.next_fence_id;
+        self.next_fence_id += 1;
+        let handle = self.proc(pid)?.fences.insert(FenceObj {
+            device,
+            id,
+            kind: desc.kind,
+            current: current.clone(),
+            coff,
+            va,
+            monitored: monitored.clone(),
+            moff: coff,
+            slot,
+            waiters: Vec::new(),
+        });
+        self.trace.push(now, Event::Ddi(Ddi::CreateNativeFence(handle)));
+        self.kmd.create_native_fence((current.clone(), coff), (monitored, coff), id);
+        self.fence_index.insert(id, (pid, handle));
+        let cpu = match desc.kind {
+            NativeFenceType::IntraGpu => None,
+            _ => Some(current.map_range(0, 4096, Prot::ReadOnly)?),
+        };
+        Ok(NativeFenceInfo { handle, va, cpu, offset: coff })
+    }
+
+    pub(crate) fn destroy_native_fence(
+        &mut self,
+        pid: ProcessId,
+        h: NativeFenceHandle,
+        now: Time,
+    ) -> Result<(), KernelError> {
+        let f = self.proc(pid)?.fences.remove(h)?;
+        self.trace.push(now, Event::Ddi(Ddi::DestroyNativeFence(h)));
+        self.kmd.destroy_native_fence((f.current.clone(), f.coff));
+        self.fence_index.remove(&f.id);
+        let lost = KernelError::InvalidArgument {
+            field: "fence",
+            value: h.to_string(),
+            reason: "was destroyed while waited on".into(),
+        };
+        for (_, w) in &f.waiters {
+            w.waiter.complete(Err(lost.clone()));
+            self.forget_wait(pid, w);
+        }
+        let p = self.proc(pid)?;
+        match f.slot {
+            Some((i, s)) => p.fence_pages[i].used[s] = false,
+            None => {
+                let vmid = p.vmid;
+                self.kmd.unmap_gpu(vmid, f.va);
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) fn signal_native_fence(
+        &mut self,
+        pid: ProcessId,
+        h: NativeFenceHandle,
+        value: u64,
+        now: Time,
+    ) -> Result<(), KernelError> {
+        let f = self.proc(pid)?.fences.get(h)?;
+        let cur = f.current();
+        if value < cur {
+            return Err(KernelError::NotIncreasing { field: "value", value, last: cur });
+        }
+        let (current, coff) = (f.current.clone(), f.coff);
+        let word = current.atomic_u64(coff)?;
+        self.trace.push(now, Event::Ddi(Ddi::UpdateCurrentValueFromCpu(h, value)));
+        // `DxgkDdiUpdateCurrentValuesFromCpu`. Release: what the CPU did before is visible to
+        // whoever acquires the value (GPU waits included).
+        word.store(value, Ordering::Release);
+        self.settle_fence(pid, h, now);
+        Ok(())
+    }
+
+    /// Starts a CPU wait. Returns at once if it is already satisfied.
+    pub(crate) fn begin_fence_wait(
+        &mut self,
+        pid: ProcessId,
+        conds: &[(NativeFenceHandle, u64)],
+        mode: WaitMode,
+        now: Time,
+    ) -> Result<WaitStart, KernelError> {
+        if conds.is_empty() {
+            return Err(invalid("fences", 0, "a wait names at least one fence"));
+        }
+        let p = self.proc(pid)?;
+        for (h, _) in conds {
+            if p.fences.get(*h)?.kind == NativeFenceType::IntraGpu {
+                return Err(invalid(
+                    "fences",
+                    h,
+                    "is an IntraGpu fence: it has no CPU access, so a CPU cannot wait on it",
+                ));
+            }
+        }
+        if let Some(i) = evaluate(p, conds, mode) {
+            return Ok(WaitStart::Done(Ok(WaitOutcome::Reached(i))));
+        }
+        let wait = Arc::new(FenceWait { conds: conds.to_vec(), mode, waiter: Waiter::new(), scheduler: false });
+        self.register_wait(pid, &wait, now)?;
+        Ok(WaitStart::Blocked(wait.waiter.clone()))
+    }
+
+    /// Registers `wait` on each of its fences, then settles them (programs MonitoredValue and
+    /// resamples, which may complete it at once).
+    pub(crate) fn register_wait(
+        &mut self,
+        pid: ProcessId,
+        wait: &Arc<FenceWait>,
+        now: Time,
+    ) -> Result<(), KernelError> {
+        let p = self.proc(pid)?;
+        for &(h, value) in &wait.conds {
+            p.fences.get_mut(h)?.waiters.push((value, wait.clone()));
+        }
+        for &(h, _) in &wait.conds {
+            self.settle_fence(pid, h, now);
+        }
+        Ok(())
+    }
+
+    /// Deregisters a finished or abandoned wait from every fence it named.
+    pub(crate) fn forget_wait(&mut self, pid: ProcessId, wait: &Arc<FenceWait>) {
+        let Ok(p) = self.proc(pid) else { return };
+        for &(h, _) in &wait.conds {
+            if let Ok(f) = p.fences.get_mut(h) {
+                f.waiters.retain(|(_, w)| !Arc::ptr_eq(w, wait));
+            }
+        }
+        // Raising a MonitoredValue cannot lose a wake-up, so no resample is needed here.
+        for &(h, _) in &wait.conds {
+            if let Ok(f) = p.fences.get(h) {
+                let m = monitored_for(f);
+                let _ = f.monitored.atomic_u64(f.moff).map(|w| w.store(m, Ordering::Relaxed));
+            }
+        }
+    }
+
+    /// Ends a CPU wait: deregisters it and reports.
+    pub(crate) fn end_fence_wait(&mut self, pid: ProcessId, waiter: &Arc<Waiter>) -> Result<WaitOutcome, KernelError> {
+        if let Ok(p) = self.proc(pid) {
+            let found = p.fences.iter().find_map(|(_, f)| {
+                f.waiters.iter().find(|(_, w)| Arc::ptr_eq(&w.waiter, waiter)).map(|(_, w)| w.clone())
+            });
+            if let Some(w) = found {
+                self.forget_wait(pid, &w);
+            }
+        }
+        match waiter.take() {
+            Some(Ok(i)) => Ok(WaitOutcome::Reached(i)),
+            Some(Err(e)) => Err(e),
+            None => Ok(WaitOutcome::TimedOut),
+        }
+    }
+
+    /// Wakes what fence `h`'s CurrentValue satisfies, then programs its MonitoredValue for the
+    /// rest and resamples, until nothing changes (`DxgkDdiUpdateMonitoredValues`, then the
+    /// OS's resample).
+    pub(crate) fn settle_fence(&mut self, pid: ProcessId, h: NativeFenceHandle, now: Time) {
+        loop {
+            let Ok(p) = self.proc(pid) else { return };
+            let Ok(f) = p.fences.get(h) else { return };
+            let done: Vec<Arc<FenceWait>> =
+                f.waiters.iter().map(|(_, w)| w.clone()).filter(|w| evaluate(p, &w.conds, w.mode).is_some()).collect();
+            for w in &done {
+                let r = evaluate(p, &w.conds, w.mode).unwrap_or(0);
+                w.waiter.complete(Ok(r));
+            }
+            if done.iter().any(|w| w.scheduler) {
+                self.km_kick = true;
+            }
+            for w in &done {
+                self.forget_wait(pid, w);
+            }
+            let Ok(p) = self.proc(pid) else { return };
+            let Ok(f) = p.fences.get(h) else { return };
+            let m = monitored_for(f);
+            let Ok(mword) = f.monitored.atomic_u64(f.moff) else { return };
+            let Ok(cword) = f.current.atomic_u64(f.coff) else { return };
+            let before = f.current();
+            let resampled = abi::protocol::set_monitored_and_resample(mword, cword, m);
+            self.trace.push(now, Event::Ddi(Ddi::UpdateMonitoredValues(h, m)));
+            if done.is_empty() && resampled == before {
+                return;
+            }
+        }
+    }
+
+    /// `NativeFenceSignaled`: settle the named fences, or every fence with a waiter.
+    pub(crate) fn service_fences(&mut self, fences: Option<Vec<u64>>, now: Time) {
+        let targets: Vec<(ProcessId, NativeFenceHandle)> = match fences {
+            Some(ids) => ids.iter().filter_map(|id| self.fence_index.get(id).copied()).collect(),
+            None => self
+                .processes
+                .iter()
+                .flat_map(|(&pid, p)| {
+                    p.fences.iter().filter(|(_, f)| !f.waiters.is_empty()).map(move |(h, _)| (pid, h))
+                })
+                .collect(),
+        };
+        self.stats.fence_interrupts += 1;
+        for (pid, h) in targets {
+            self.settle_fence(pid, h, now);
+        }
+    }
+}
+
+/// The MonitoredValue a fence should have: lowest waited value − 1, `u64::MAX` with no
+/// waiter, 0 for a legacy monitored fence.
+fn monitored_for(f: &FenceObj) -> u64 {
+    if f.kind == NativeFenceType::LegacyMonitored {
+        return 0;
+    }
+    f.waiters.iter().map(|(v, _)| v.saturating_sub(1)).min().unwrap_or(u64::MAX)
+}
+
+/// Whether a wait is satisfied: for `Any`, the index of a reached fence; for `All`, 0.
+fn evaluate(p: &super::Process, conds: &[(NativeFenceHandle, u64)], mode: WaitMode) -> Option<u64> {
+    let reached = |&(h, v): &(NativeFenceHandle, u64)| p.fences.get(h).is_ok_and(|f| f.current() >= v);
+    match mode {
+        WaitMode::Any => conds.iter().position(reached).map(|i| i as u64),
+        WaitMode::All => conds.iter().all(reached).then_some(0),
+    }
+}

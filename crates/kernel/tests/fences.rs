@@ -1,0 +1,211 @@
+//! Native fences on the deterministic driver: CPU and GPU signals and waits, the conditional
+//! interrupt, MonitoredValue programming, IntraGpu and legacy fences, the CPU-mediated
+//! kernel-mode wait, and bad input.
+
+mod common;
+
+use std::time::Duration;
+
+use abi::port::{KernelError, NativeFenceType, WaitMode};
+use abi::queue::FaultKind;
+use kernel::trace::{Ddi, Event};
+use umd::{CommandBuffer, UmdError};
+
+const T: Option<Duration> = Some(Duration::from_millis(50));
+
+#[test]
+fn cpu_signal_and_read_and_backwards_refused() {
+    let sys = common::sim();
+    let c = common::client(&sys);
+    let f = c.device.create_fence(5, NativeFenceType::Default).unwrap();
+    assert_eq!(f.value().unwrap(), 5);
+    f.signal(9).unwrap();
+    assert_eq!(f.value().unwrap(), 9);
+    let e = f.signal(3).unwrap_err();
+    assert!(e.to_string().contains("`value` = 3 does not move forward from 9"), "{e}");
+    assert_eq!(f.value().unwrap(), 9, "the refused signal changed nothing");
+    f.wait(9, T).unwrap();
+    assert!(matches!(f.wait(10, T), Err(UmdError::FenceTimeout { fences: 1 })));
+}
+
+#[test]
+fn a_gpu_signal_interrupts_only_when_a_cpu_waits() {
+    let sys = common::sim();
+    let c = common::client(&sys);
+    let f = c.device.create_fence(0, NativeFenceType::Default).unwrap();
+    let mut q = c.user_queue();
+    // No waiter: MonitoredValue is u64::MAX, the signal raises no interrupt.
+    let mut cb = CommandBuffer::new();
+    cb.signal_fence(&f, 1);
+    let v = q.submit(&cb).unwrap();
+    q.wait(v, T).unwrap();
+    assert_eq!(f.value().unwrap(), 1);
+    assert_eq!(sys.stats().fence_interrupts, 0);
+    // A waiter for 3 sets MonitoredValue to 2; a signal of 2 does not interrupt, 3 does.
+    let mut cb = CommandBuffer::new();
+    cb.wait(c.buf.va(), 1).signal_fence(&f, 2).signal_fence(&f, 3);
+    q.submit(&cb).unwrap();
+    // The queue is held by the WAIT until the CPU writes the flag; the fence wait below
+    // registers first, then the flag releases the queue from inside the wait (sim steps).
+    c.buf.write_u64(0, 1).unwrap();
+    f.wait(3, T).unwrap();
+    assert_eq!(sys.stats().fence_interrupts, 1, "only the signal above MonitoredValue interrupted");
+    let ev: Vec<Event> = sys.trace().0.into_iter().map(|e| e.event).collect();
+    assert!(
+        ev.contains(&Event::Ddi(Ddi::UpdateMonitoredValues(f.handle(), 2))),
+        "MonitoredValue = lowest waited value - 1"
+    );
+    assert_eq!(
+        ev.iter().rev().find_map(|e| match e {
+            Event::Ddi(Ddi::UpdateMonitoredValues(h, m)) if *h == f.handle() => Some(*m),
+            _ => None,
+        }),
+        Some(u64::MAX),
+        "no waiter left: u64::MAX"
+    );
+}
+
+#[test]
+fn a_gpu_wait_on_a_fence_is_released_by_another_engine_without_the_cpu() {
+    let sys = common::sim();
+    let c = common::client(&sys);
+    let f = c.device.create_fence(0, NativeFenceType::Default).unwrap();
+    let copy = c.device.create_context(c.device.engine(abi::EngineKind::Copy).unwrap()).unwrap();
+    let mut waiter = c.user_queue();
+    let mut signaller = copy.create_queue(umd::QueueOptions::user_mode()).unwrap();
+    let mut cb = CommandBuffer::new();
+    cb.wait_fence(&f, 7).write_u32(c.buf.va(), 0xaa);
+    let wv = waiter.submit(&cb).unwrap();
+    sys.settle();
+    assert_eq!(c.buf.read_u32(0).unwrap(), 0, "blocked on the fence");
+    let mut cb = CommandBuffer::new();
+    cb.signal_fence(&f, 7);
+    let sv = signaller.submit(&cb).unwrap();
+    signaller.wait(sv, T).unwrap();
+    waiter.wait(wv, T).unwrap();
+    assert_eq!(c.buf.read_u32(0).unwrap(), 0xaa);
+    assert_eq!(sys.stats().fence_interrupts, 0, "no CPU waiter, no interrupt");
+}
+
+#[test]
+fn a_kernel_mode_wait_is_resolved_by_the_scheduler() {
+    let sys = common::sim();
+    let c = common::client(&sys);
+    let f = c.device.create_fence(0, NativeFenceType::Default).unwrap();
+    let mut kq = c.kernel_queue();
+    let mut cb = CommandBuffer::new();
+    cb.wait_fence(&f, 2).write_u32(c.buf.va(), 0xbb);
+    let v = kq.submit(&cb).unwrap();
+    sys.settle();
+    assert_eq!(kq.completed(), 0);
+    let st = kq.status().unwrap();
+    assert_eq!(st.last_queued, v, "held back in the software queue, not on the ring");
+    f.signal(2).unwrap();
+    kq.wait(v, T).unwrap();
+    assert_eq!(c.buf.read_u32(0).unwrap(), 0xbb);
+    // A GPU signal releases it too, through the fence interrupt the scheduler's registration asks for.
+    let mut uq = c.user_queue();
+    let mut cb = CommandBuffer::new();
+    cb.wait_fence(&f, 3).write_u32(c.buf.va() + 4, 0xcc);
+    let v = kq.submit(&cb).unwrap();
+    sys.settle();
+    let before = sys.stats().fence_interrupts;
+    let mut cb = CommandBuffer::new();
+    cb.signal_fence(&f, 3);
+    let uv = uq.submit(&cb).unwrap();
+    uq.wait(uv, T).unwrap();
+    kq.wait(v, T).unwrap();
+    assert_eq!(c.buf.read_u32(4).unwrap(), 0xcc);
+    assert!(sys.stats().fence_interrupts > before, "the legacy path needs the interrupt");
+}
+
+#[test]
+fn waits_on_many_fences_all_or_any() {
+    let sys = common::sim();
+    let c = common::client(&sys);
+    let a = c.device.create_fence(0, NativeFenceType::Default).unwrap();
+    let b = c.device.create_fence(0, NativeFenceType::Default).unwrap();
+    b.signal(4).unwrap();
+    assert_eq!(c.device.wait_fences(&[(&a, 1), (&b, 4)], WaitMode::Any, T).unwrap(), 1);
+    assert!(c.device.wait_fences(&[(&a, 1), (&b, 4)], WaitMode::All, T).is_err());
+    // The GPU signals `a` while the CPU waits for both.
+    let mut q = c.user_queue();
+    let mut cb = CommandBuffer::new();
+    cb.wait(c.buf.va(), 1).signal_fence(&a, 1);
+    q.submit(&cb).unwrap();
+    c.buf.write_u64(0, 1).unwrap();
+    assert_eq!(c.device.wait_fences(&[(&a, 1), (&b, 4)], WaitMode::All, T).unwrap(), 0);
+}
+
+#[test]
+fn intra_gpu_fences_have_no_cpu_access_but_work_on_the_gpu() {
+    let sys = common::sim();
+    let c = common::client(&sys);
+    let f = c.device.create_fence(0, NativeFenceType::IntraGpu).unwrap();
+    assert!(matches!(f.value(), Err(UmdError::NoCpuAccess { .. })));
+    let e = c.port.wait_native_fences(&[(f.handle(), 1)], WaitMode::All, T).unwrap_err();
+    assert!(
+        matches!(&e, KernelError::InvalidArgument { field: "fences", reason, .. } if reason.contains("IntraGpu")),
+        "{e}"
+    );
+    let mut q = c.user_queue();
+    let mut cb = CommandBuffer::new();
+    cb.signal_fence(&f, 1).wait_fence(&f, 1).write_u32(c.buf.va(), 1);
+    let v = q.submit(&cb).unwrap();
+    q.wait(v, T).unwrap();
+    assert_eq!(c.buf.read_u32(0).unwrap(), 1);
+}
+
+#[test]
+fn a_legacy_monitored_fence_interrupts_on_every_signal() {
+    let sys = common::sim();
+    let c = common::client(&sys);
+    let f = c.device.create_fence(0, NativeFenceType::LegacyMonitored).unwrap();
+    let mut q = c.user_queue();
+    let mut cb = CommandBuffer::new();
+    for v in 1..=5 {
+        cb.signal_fence(&f, v);
+    }
+    let v = q.submit(&cb).unwrap();
+    q.wait(v, T).unwrap();
+    assert_eq!(sys.stats().fence_interrupts, 5);
+}
+
+#[test]
+fn bad_fence_input_is_refused_and_harms_nothing() {
+    let sys = common::sim();
+    let a = common::client(&sys);
+    let b = common::client(&sys);
+    let f = a.device.create_fence(0, NativeFenceType::Default).unwrap();
+    // Another process's fence.
+    let e = b.port.signal_native_fence(f.handle(), 1).unwrap_err();
+    assert!(matches!(e, KernelError::BadHandle { .. }), "{e}");
+    let e = b.port.wait_native_fences(&[(f.handle(), 1)], WaitMode::All, T).unwrap_err();
+    assert!(matches!(e, KernelError::BadHandle { .. }), "{e}");
+    // A destroyed one.
+    let h = f.handle();
+    drop(f);
+    assert!(matches!(a.port.signal_native_fence(h, 1), Err(KernelError::BadHandle { .. })));
+    // A fence signal to memory that is not a fence: user mode faults the queue, kernel mode refuses.
+    let mut q = a.user_queue();
+    let mut cb = CommandBuffer::new();
+    cb.packet(abi::Packet::SignalFence { va: a.buf.va(), value: 1 });
+    let v = q.submit(&cb).unwrap();
+    assert!(q.wait(v, T).is_err());
+    assert!(matches!(q.status().unwrap().fault.unwrap().kind, FaultKind::NotAFence { .. }));
+    let mut kq = a.kernel_queue();
+    let e = kq.submit(&cb).unwrap_err();
+    assert!(e.to_string().contains("not a native fence"), "{e}");
+    // User code cannot write CurrentValue from the CPU: its mapping is read-only, and the
+    // shared-memory layer refuses a writable view of it with a typed error.
+    let info = a.port.create_native_fence(
+        a.device.port().create_device().unwrap(),
+        &abi::port::NativeFenceDesc { initial: 0, kind: NativeFenceType::Default, shareable: false },
+    );
+    let info = info.unwrap();
+    let cpu = info.cpu.as_ref().unwrap();
+    assert_eq!(cpu.prot(), shm::Prot::ReadOnly);
+    assert!(matches!(cpu.atomic_u64(info.offset), Err(shm::ShmError::ReadOnly)));
+    assert!(matches!(cpu.write_u64(info.offset, 1), Err(shm::ShmError::ReadOnly)));
+    assert_eq!(cpu.load_u64(info.offset, std::sync::atomic::Ordering::Acquire).unwrap(), 0);
+}

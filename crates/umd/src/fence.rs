@@ -1,0 +1,106 @@
+//! Native fences in user mode (spec 002).
+//!
+//! A [`NativeFence`]'s CurrentValue is mapped read-only: [`NativeFence::value`] and the first
+//! check of every wait read memory, with no kernel call. Signals from the CPU and blocking
+//! waits go through the kernel, which keeps the waiter lists and the MonitoredValue protocol.
+//! On the GPU, [`crate::CommandBuffer::signal_fence`] and [`crate::CommandBuffer::wait_fence`]
+//! signal and wait without the CPU.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use abi::NativeFenceHandle;
+use abi::port::{NativeFenceDesc, NativeFenceInfo, NativeFenceType, WaitMode, WaitOutcome};
+
+use crate::UmdError;
+use crate::device::DeviceInner;
+
+/// A native GPU fence. Destroyed on drop.
+pub struct NativeFence {
+    device: Arc<DeviceInner>,
+    info: NativeFenceInfo,
+    kind: NativeFenceType,
+    spin: u32,
+}
+
+impl NativeFence {
+    pub(crate) fn create(device: Arc<DeviceInner>, desc: &NativeFenceDesc) -> Result<NativeFence, UmdError> {
+        let info = device.port.create_native_fence(device.handle, desc)?;
+        Ok(NativeFence { device, info, kind: desc.kind, spin: 2_000 })
+    }
+
+    /// The kernel handle.
+    pub fn handle(&self) -> NativeFenceHandle {
+        self.info.handle
+    }
+    /// GPU VA of CurrentValue.
+    pub fn va(&self) -> u64 {
+        self.info.va
+    }
+    /// Storage type.
+    pub fn kind(&self) -> NativeFenceType {
+        self.kind
+    }
+    /// How many times a wait spins on memory before blocking in the kernel.
+    pub fn set_spin(&mut self, iterations: u32) {
+        self.spin = iterations;
+    }
+
+    /// CurrentValue, read from memory. An `IntraGpu` fence has no CPU access.
+    pub fn value(&self) -> Result<u64, UmdError> {
+        let map = self.info.cpu.as_ref().ok_or_else(|| UmdError::NoCpuAccess { fence: self.handle().to_string() })?;
+        // Acquire: pairs with the signaller's release, so what it wrote before is visible.
+        Ok(map.load_u64(self.info.offset, Ordering::Acquire)?)
+    }
+
+    /// Signals from the CPU (through the kernel). A value below the current one is refused.
+    pub fn signal(&self, value: u64) -> Result<(), UmdError> {
+        Ok(self.device.port.signal_native_fence(self.handle(), value)?)
+    }
+
+    /// Waits until CurrentValue reaches `value`: memory first, a short spin, then the kernel.
+    pub fn wait(&self, value: u64, timeout: Option<Duration>) -> Result<(), UmdError> {
+        wait_fences(&self.device, &[(self, value)], WaitMode::All, timeout).map(|_| ())
+    }
+}
+
+/// Waits on several fences (all, or any); returns the index of a reached fence for `Any`.
+pub(crate) fn wait_fences(
+    device: &Arc<DeviceInner>,
+    conds: &[(&NativeFence, u64)],
+    mode: WaitMode,
+    timeout: Option<Duration>,
+) -> Result<usize, UmdError> {
+    let spin = conds.iter().map(|(f, _)| f.spin).max().unwrap_or(0);
+    for _ in 0..=spin {
+        let mut reached = Vec::with_capacity(conds.len());
+        for (f, v) in conds {
+            reached.push(f.value()? >= *v);
+        }
+        match mode {
+            WaitMode::Any => {
+                if let Some(i) = reached.iter().position(|&r| r) {
+                    return Ok(i);
+                }
+            }
+            WaitMode::All => {
+                if reached.iter().all(|&r| r) {
+                    return Ok(0);
+                }
+            }
+        }
+        std::hint::spin_loop();
+    }
+    let handles: Vec<_> = conds.iter().map(|(f, v)| (f.handle(), *v)).collect();
+    match device.port.wait_native_fences(&handles, mode, timeout)? {
+        WaitOutcome::Reached(i) => Ok(i as usize),
+        WaitOutcome::TimedOut => Err(UmdError::FenceTimeout { fences: conds.len() }),
+    }
+}
+
+impl Drop for NativeFence {
+    fn drop(&mut self) {
+        let _ = self.device.port.destroy_native_fence(self.info.handle);
+    }
+}
