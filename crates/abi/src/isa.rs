@@ -74,9 +74,10 @@
 //!   wrapping at 2^64. `SARG s, k` reads the u64 at `args + 8k` and faults like a load.
 //! - **Conversions** f32 → integer truncate toward zero and saturate; NaN becomes 0.
 //! - **Encoding.** Every field an instruction's form does not use must be 0
-//!   ([`Inst::used_fields`]), so each kernel has one encoding; [`validate`] refuses others. There are no barriers and no shared memory in
-//! version 1: waves and workgroups are independent, so a dispatch can stop between any two
-//! instructions and resume exactly.
+//!   ([`Inst::used_fields`]), so each kernel has one encoding; [`validate`] refuses others.
+//!
+//! There are no barriers and no shared memory in version 1: waves and workgroups are
+//! independent, so a dispatch can stop between any two instructions and resume exactly.
 
 use core::fmt;
 use core::mem::size_of;
