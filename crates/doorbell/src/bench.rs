@@ -36,6 +36,23 @@ pub enum BenchCommand {
     /// the default wave width and with a wave width of 1 (what SIMT buys), and the example
     /// kernels checked against their CPU references.
     Compute(ComputeArgs),
+    /// Native fences: interrupts per signal (no waiter, a waiter, legacy), CPU wake latency
+    /// (blocked and spinning), and a queue waiting on another engine's signal (GPU-side and
+    /// CPU-mediated), with the cache-line round trip as the floor.
+    Fences(FenceArgs),
+}
+
+#[derive(Args)]
+pub struct FenceArgs {
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// Signals counted per interrupt ratio.
+    #[arg(long, default_value_t = 10_000)]
+    signals: u64,
+    /// Latency samples per measure.
+    #[arg(long, default_value_t = 2_000)]
+    samples: usize,
 }
 
 #[derive(Args)]
@@ -72,17 +89,18 @@ pub fn run(cmd: BenchCommand) -> Result<(), CliError> {
     match cmd {
         BenchCommand::Submit(a) => submit(a),
         BenchCommand::Compute(a) => compute(a),
+        BenchCommand::Fences(a) => crate::bench_fences::run(a.json, a.signals, a.samples),
     }
 }
 
-fn progress(json: bool, msg: &str) {
+pub(crate) fn progress(json: bool, msg: &str) {
     if !json {
         eprintln!("  … {msg}");
     }
 }
 
 /// p50 and p99 of a sample set.
-fn percentiles(mut v: Vec<u64>) -> (u64, u64) {
+pub(crate) fn percentiles(mut v: Vec<u64>) -> (u64, u64) {
     v.sort_unstable();
     if v.is_empty() {
         return (0, 0);
@@ -91,7 +109,7 @@ fn percentiles(mut v: Vec<u64>) -> (u64, u64) {
 }
 
 /// Median round trip of one cache line between two threads, in ns.
-pub fn cacheline_rtt_ns() -> f64 {
+pub(crate) fn cacheline_rtt_ns() -> f64 {
     #[repr(align(128))]
     struct Line(AtomicU64);
     let mut runs = Vec::new();

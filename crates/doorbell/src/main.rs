@@ -5,6 +5,7 @@
 //! floor. See `--help` on each.
 
 mod bench;
+mod bench_fences;
 mod demo;
 mod examples;
 mod run;

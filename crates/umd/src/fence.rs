@@ -73,24 +73,21 @@ pub(crate) fn wait_fences(
     timeout: Option<Duration>,
 ) -> Result<usize, UmdError> {
     let spin = conds.iter().map(|(f, _)| f.spin).max().unwrap_or(0);
+    // Memory first, spinning: no allocation and no kernel call on this path.
     for _ in 0..=spin {
-        let mut reached = Vec::with_capacity(conds.len());
-        for (f, v) in conds {
-            reached.push(f.value()? >= *v);
-        }
-        match mode {
-            WaitMode::Any => {
-                if let Some(i) = reached.iter().position(|&r| r) {
-                    return Ok(i);
-                }
-            }
-            WaitMode::All => {
-                if reached.iter().all(|&r| r) {
-                    return Ok(0);
-                }
+        let (mut all, mut any) = (true, None);
+        for (i, (f, v)) in conds.iter().enumerate() {
+            if f.value()? >= *v {
+                any.get_or_insert(i);
+            } else {
+                all = false;
             }
         }
-        std::hint::spin_loop();
+        match (mode, any) {
+            (WaitMode::Any, Some(i)) => return Ok(i),
+            (WaitMode::All, _) if all => return Ok(0),
+            _ => std::hint::spin_loop(),
+        }
     }
     let handles: Vec<_> = conds.iter().map(|(f, v)| (f.handle(), *v)).collect();
     match device.port.wait_native_fences(&handles, mode, timeout)? {
