@@ -91,3 +91,28 @@ fn live_many_small_submissions_all_complete_in_order() {
     }
     drop(sys);
 }
+
+#[test]
+fn live_native_fence_wakes_a_blocked_cpu_waiter_and_a_waiting_queue() {
+    let sys = System::live(SystemConfig::default()).unwrap();
+    let port: Arc<dyn KernelPort> = sys.open_process().unwrap();
+    let dev = Device::open(port).unwrap();
+    let compute = dev.create_context(dev.engine(EngineKind::Compute).unwrap()).unwrap();
+    let copy = dev.create_context(dev.engine(EngineKind::Copy).unwrap()).unwrap();
+    let buf = dev.allocate(4096).unwrap();
+    let mut f = dev.create_fence(0, abi::port::NativeFenceType::Default).unwrap();
+    f.set_spin(0); // block in the kernel
+    let mut waiter = compute.create_queue(QueueOptions::user_mode()).unwrap();
+    let mut signaller = copy.create_queue(QueueOptions::user_mode()).unwrap();
+    for i in 1..=50u64 {
+        let mut cb = CommandBuffer::new();
+        cb.wait_fence(&f, i).write_u64(buf.va(), i);
+        let wv = waiter.submit(&cb).unwrap();
+        let mut cb = CommandBuffer::new();
+        cb.signal_fence(&f, i);
+        signaller.submit(&cb).unwrap();
+        f.wait(i, WAIT).unwrap();
+        waiter.wait(wv, WAIT).unwrap();
+        assert_eq!(buf.read_u64(0).unwrap(), i);
+    }
+}
