@@ -14,6 +14,7 @@
 //! - [`queue`]: the queue descriptor a client passes at creation (amdgpu's MQD in the USERQ
 //!   ioctl), queue states, priorities, and the per-queue kernel page that holds the progress
 //!   fence and the doorbell status (read-only to user mode).
+//! - [`fence_log`]: native fence log buffers, their header and entries.
 //! - [`isa`]: the compute ISA, version 1 — kernel binary format, instruction encoding and the
 //!   validator every kernel passes before it runs.
 //! - [`handle`]: generation-checked typed handles, owned by one process.
@@ -29,6 +30,7 @@
 //! [`queue::QueueState::from_word`]) that never panic.
 
 pub mod doorbell;
+pub mod fence_log;
 pub mod handle;
 pub mod isa;
 pub mod packet;

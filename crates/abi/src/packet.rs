@@ -30,8 +30,10 @@
 //!
 //! Flags: `SIGNAL` may carry [`FLAG_NATIVE_FENCE`]: `va` is then a native fence's
 //! CurrentValue, and after the store the engine makes the conditional-interrupt check against
-//! the fence's MonitoredValue (spec 002). That is [`Packet::SignalFence`]. Every other flag
-//! bit is reserved and refused.
+//! the fence's MonitoredValue (spec 002). That is [`Packet::SignalFence`]. `SIGNAL` and `WAIT`
+//! may carry [`FLAG_LOG`]: one more dword, the entry of the queue's fence log to write once the
+//! operation completes (`crate::fence_log`); the packet is then 6 dwords ([`Packet::Logged`]).
+//! Every other flag bit is reserved and refused.
 //!
 //! `DISPATCH` runs the kernel binary at `kernel` ([`crate::isa`]) over a grid of `grid`
 //! workgroups of `group` threads each (every dimension at least 1, at most 1024 threads per
@@ -57,6 +59,9 @@ pub const PACKET_VERSION: u32 = 1;
 pub const MAX_PACKET_DWORDS: usize = u16::MAX as usize;
 /// `SIGNAL` flag: the address is a native fence's CurrentValue.
 pub const FLAG_NATIVE_FENCE: u32 = 1;
+/// `SIGNAL`/`WAIT` flag: after the operation, write a fence log entry. The packet grows by one
+/// dword, the entry index (below [`crate::fence_log::FENCE_LOG_ENTRIES`]).
+pub const FLAG_LOG: u32 = 2;
 
 /// Longest fixed-size packet in dwords: a decoder never needs more to decode a non-NOP.
 pub const MAX_FIXED_PACKET_DWORDS: usize = 11;
@@ -177,7 +182,8 @@ impl Header {
             return Err(DecodeError::UnknownOpcode { opcode: self.opcode_byte() });
         };
         let allowed = match op {
-            Opcode::Signal => FLAG_NATIVE_FENCE,
+            Opcode::Signal => FLAG_NATIVE_FENCE | FLAG_LOG,
+            Opcode::Wait => FLAG_LOG,
             _ => 0,
         };
         if self.flags() & !allowed != 0 {
@@ -186,11 +192,12 @@ impl Header {
         if self.dwords() == 0 {
             return Err(DecodeError::ZeroLength { opcode: op.name() });
         }
+        // A logged SIGNAL or WAIT carries one more dword: the log entry.
+        let extra = (self.flags() & FLAG_LOG != 0) as usize;
         match op.fixed_dwords() {
-            Some(n) if n != self.dwords() => {
-                Err(DecodeError::BadLength { opcode: op.name(), len: self.dwords(), expected: n })
+            Some(n) if n + extra != self.dwords() => {
+                Err(DecodeError::BadLength { opcode: op.name(), len: self.dwords(), expected: n + extra })
             }
-            None if matches!(op, Opcode::Dispatch) => Err(DecodeError::Reserved { opcode: op.name() }),
             _ => Ok(op),
         }
     }
@@ -213,6 +220,17 @@ impl DataWidth {
             DataWidth::U64 => 8,
         }
     }
+}
+
+/// The operation of a [`Packet::Logged`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LoggedOp {
+    /// A plain `SIGNAL`.
+    Signal,
+    /// A native-fence `SIGNAL`.
+    SignalFence,
+    /// A `WAIT`.
+    Wait,
 }
 
 /// A decoded packet.
@@ -279,6 +297,17 @@ pub enum Packet {
         /// Value stored.
         value: u64,
     },
+    /// `SIGNAL` or `WAIT` with [`FLAG_LOG`]: the operation, then a fence log entry.
+    Logged {
+        /// The operation.
+        op: LoggedOp,
+        /// GPU VA of the fence value.
+        va: u64,
+        /// Value signalled or waited for.
+        value: u64,
+        /// Log entry to write.
+        entry: u32,
+    },
     /// `WAIT`.
     Wait {
         /// Watched address.
@@ -342,12 +371,6 @@ pub enum DecodeError {
         /// Opcode byte.
         opcode: u8,
     },
-    /// Opcode reserved for a later version of the device.
-    #[error("opcode {opcode} is reserved and not supported by this device")]
-    Reserved {
-        /// Opcode name.
-        opcode: &'static str,
-    },
     /// Length field 0.
     #[error("{opcode}: length 0 dwords")]
     ZeroLength {
@@ -403,6 +426,8 @@ impl Packet {
             Packet::Timestamp { .. } => Opcode::Timestamp,
             Packet::IndirectBuffer { .. } => Opcode::IndirectBuffer,
             Packet::Signal { .. } | Packet::SignalFence { .. } => Opcode::Signal,
+            Packet::Logged { op: LoggedOp::Wait, .. } => Opcode::Wait,
+            Packet::Logged { .. } => Opcode::Signal,
             Packet::Wait { .. } => Opcode::Wait,
             Packet::ProgressFence { .. } => Opcode::ProgressFence,
             Packet::Interrupt { .. } => Opcode::Interrupt,
@@ -414,6 +439,7 @@ impl Packet {
     pub const fn dwords(&self) -> usize {
         match self {
             Packet::Nop { dwords } => *dwords as usize,
+            Packet::Logged { .. } => 6,
             p => match p.opcode().fixed_dwords() {
                 Some(n) => n,
                 None => 1,
@@ -424,7 +450,9 @@ impl Packet {
     /// Appends the encoding to `out`. A `Nop` of length 0 is encoded as length 1.
     pub fn encode(&self, out: &mut Vec<u32>) {
         let dwords = self.dwords().max(1);
-        let flags = if matches!(self, Packet::SignalFence { .. }) { FLAG_NATIVE_FENCE } else { 0 };
+        let fence = matches!(self, Packet::SignalFence { .. } | Packet::Logged { op: LoggedOp::SignalFence, .. });
+        let logged = matches!(self, Packet::Logged { .. });
+        let flags = if fence { FLAG_NATIVE_FENCE } else { 0 } | if logged { FLAG_LOG } else { 0 };
         out.push(Header::new(self.opcode(), dwords as u16).with_flags(flags).0);
         match *self {
             Packet::Nop { .. } => out.extend(core::iter::repeat_n(0, dwords - 1)),
@@ -448,6 +476,11 @@ impl Packet {
                 push_u64(out, va);
                 out.push(dwords);
                 out.push(vmid);
+            }
+            Packet::Logged { va, value, entry, .. } => {
+                push_u64(out, va);
+                push_u64(out, value);
+                out.push(entry);
             }
             Packet::Signal { va, value } | Packet::SignalFence { va, value } | Packet::Wait { va, value } => {
                 push_u64(out, va);
@@ -492,6 +525,18 @@ impl Packet {
             Opcode::Fill => Packet::Fill { dst: u64_at(w, 1), bytes: u64_at(w, 3), pattern: w[5] },
             Opcode::Timestamp => Packet::Timestamp { va: u64_at(w, 1) },
             Opcode::IndirectBuffer => Packet::IndirectBuffer { va: u64_at(w, 1), dwords: w[3], vmid: w[4] },
+            Opcode::Signal | Opcode::Wait if header.flags() & FLAG_LOG != 0 => {
+                let lop = match (op, header.flags() & FLAG_NATIVE_FENCE != 0) {
+                    (Opcode::Wait, _) => LoggedOp::Wait,
+                    (_, true) => LoggedOp::SignalFence,
+                    _ => LoggedOp::Signal,
+                };
+                let entry = w[5];
+                if entry >= crate::fence_log::FENCE_LOG_ENTRIES {
+                    return Err(DecodeError::BadField { opcode: op.name(), field: "log entry", value: entry as u64 });
+                }
+                Packet::Logged { op: lop, va: u64_at(w, 1), value: u64_at(w, 3), entry }
+            }
             Opcode::Signal if header.flags() & FLAG_NATIVE_FENCE != 0 => {
                 Packet::SignalFence { va: u64_at(w, 1), value: u64_at(w, 3) }
             }
@@ -540,6 +585,9 @@ mod tests {
             Packet::IndirectBuffer { va: 0x1000, dwords: 12, vmid: 0 },
             Packet::Signal { va: 0x50, value: 9 },
             Packet::SignalFence { va: 0x60, value: 10 },
+            Packet::Logged { op: LoggedOp::SignalFence, va: 0x60, value: 11, entry: 83 },
+            Packet::Logged { op: LoggedOp::Signal, va: 0x68, value: 1, entry: 0 },
+            Packet::Logged { op: LoggedOp::Wait, va: 0x60, value: 11, entry: 5 },
             Packet::Wait { va: 0x58, value: 10 },
             Packet::ProgressFence { value: 42 },
             Packet::Interrupt { id: 7 },

@@ -316,6 +316,15 @@ pub enum KernelError {
         /// Last value.
         last: u64,
     },
+    /// A fence log that does not decode (overrun is not corruption: it is reported as lost
+    /// entries).
+    #[error("{queue}: fence log: {reason}")]
+    CorruptLog {
+        /// The queue.
+        queue: String,
+        /// Why.
+        reason: String,
+    },
     /// The process was terminated.
     #[error("process {0} has been terminated")]
     ProcessTerminated(ProcessId),

@@ -66,12 +66,19 @@ pub fn recheck_wptr<W: Load + ?Sized>(wptr_word: &W) -> u64 {
 // store, so the waiter is either woken by the interrupt or satisfied by the resample.
 // `abi/tests/loom.rs` checks it, with a twin whose barrier is removed.
 
-/// Engine: store a native fence's CurrentValue, then decide the conditional interrupt.
-/// Returns whether to interrupt (`value > MonitoredValue`).
+/// Engine: store a native fence's CurrentValue, run `log` (the fence-log entry and index, when
+/// the signal is logged: spec 002 orders them after the value and before the barrier), then
+/// decide the conditional interrupt. Returns whether to interrupt (`value > MonitoredValue`).
 #[inline]
-pub fn signal_fence<W: Store + ?Sized, M: Load + ?Sized>(current: &W, monitored: &M, value: u64) -> bool {
+pub fn signal_fence<W: Store + ?Sized, M: Load + ?Sized>(
+    current: &W,
+    monitored: &M,
+    value: u64,
+    log: impl FnOnce(),
+) -> bool {
     // Release: the work before the signal is visible to whoever acquires the value.
     current.store(value, Ordering::Release);
+    log();
     // Spec step 2 from the engine's side: the store is ordered before the read below.
     fence(Ordering::SeqCst);
     value > monitored.load(Ordering::Relaxed)

@@ -267,6 +267,14 @@ pub enum FaultKind {
         /// wptr.
         wptr: u64,
     },
+    /// A packet field this queue cannot honour.
+    #[error("`{field}`: {why}")]
+    BadField {
+        /// The field.
+        field: &'static str,
+        /// Why.
+        why: &'static str,
+    },
     /// A fence `SIGNAL` whose address is not a native fence's CurrentValue.
     #[error("SIGNAL with the native-fence flag at va {va:#x}, which is not a native fence")]
     NotAFence {

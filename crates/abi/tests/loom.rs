@@ -73,7 +73,7 @@ fn fence_model(engine: fn(&AtomicU64, &AtomicU64, u64) -> bool) {
 
 #[test]
 fn loom_fence_signal_vs_new_waiter_never_loses_a_wakeup() {
-    fence_model(|c, m, v| signal_fence(c, m, v));
+    fence_model(|c, m, v| signal_fence(c, m, v, || {}));
 }
 
 /// The engine half without its barrier: loom must find the lost wake-up.

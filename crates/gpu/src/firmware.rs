@@ -25,7 +25,8 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use abi::packet::{DataWidth, Header, MAX_FIXED_PACKET_DWORDS, Opcode, Packet};
+use abi::fence_log::{self, FenceLogEntry, FenceLogOp};
+use abi::packet::{DataWidth, Header, LoggedOp, MAX_FIXED_PACKET_DWORDS, Opcode, Packet};
 use abi::queue::{Access, FaultKind, FaultRecord};
 use abi::{EngineId, EngineKind, Priority, QueueState};
 use shm::{Mapping, Shm};
@@ -65,6 +66,9 @@ pub struct QueueConfig {
     pub wptr_va: u64,
     /// The queue's kernel page; `PROGRESS_FENCE` writes its first word.
     pub kernel_page: Arc<Shm>,
+    /// The queue's two fence logs, `[waits, signals]` (`DxgkDdiSetNativeFenceLogBuffer`);
+    /// `None` for kernel-mode queues, which log nothing.
+    pub fence_logs: Option<[Arc<Shm>; 2]>,
     /// The queue's context save area (kernel-owned, [`crate::compute::CONTEXT_SAVE_BYTES`]):
     /// where an interrupted `DISPATCH` keeps its state between slices.
     pub context_save: Arc<Shm>,
@@ -115,11 +119,8 @@ pub enum Interrupt {
         id: u32,
     },
     /// `DXGK_INTERRUPT_NATIVE_FENCE_SIGNALED`: native fences were signalled above their
-    /// MonitoredValue. `None` means "scan every waiter" (the spec's NULL array).
-    NativeFenceSignaled {
-        /// Ids of the signalled fences, as registered.
-        fences: Option<Vec<u64>>,
-    },
+    /// MonitoredValue.
+    NativeFenceSignaled(FenceSignaled),
     /// A `PROGRESS_FENCE` wrote a value above the queue's monitored value.
     ProgressFence {
         /// The queue.
@@ -127,6 +128,18 @@ pub enum Interrupt {
         /// The value written.
         value: u64,
     },
+}
+
+/// What a `NativeFenceSignaled` interrupt tells the kernel.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FenceSignaled {
+    /// These fences (their registered ids) were signalled: the default mode.
+    Fences(Vec<u64>),
+    /// These queues signalled a fence and logged it: read their signal logs to learn which
+    /// (the optimized mode, spec 002 "Optimized native fence signaled interrupt").
+    Queues(Vec<FwQueueId>),
+    /// No list: scan every fence with a waiter (the spec's NULL array).
+    All,
 }
 
 /// What one [`Firmware::step`] did.
@@ -180,6 +193,8 @@ struct FwQueue {
     fault: Option<FaultRecord>,
     /// A `DISPATCH` at rptr is part-way done; its state is in the context save area.
     dispatch_active: bool,
+    /// When the engine first saw the logged `WAIT` it is blocked on (the log's observed time).
+    wait_observed: Option<Time>,
 }
 
 impl FwQueue {
@@ -264,6 +279,7 @@ pub(crate) struct Firmware {
     dispatch_budget: u64,
     compute: ComputeStats,
     fences: FenceTable,
+    optimized_interrupts: bool,
     engines: Vec<Engine>,
     slots: Vec<Slot>,
     irqs: std::collections::VecDeque<Interrupt>,
@@ -292,6 +308,7 @@ type FenceTable = std::collections::HashMap<(u64, u64), FenceEntry>;
 /// What packet execution needs besides the queue and its address space.
 struct Env<'a> {
     fences: &'a FenceTable,
+    optimized_interrupts: bool,
     now: Time,
     kind: EngineKind,
     wave_width: u32,
@@ -324,6 +341,7 @@ impl Firmware {
             dispatch_budget: cfg.dispatch_budget.max(1),
             compute: ComputeStats::default(),
             fences: FenceTable::new(),
+            optimized_interrupts: cfg.optimized_fence_interrupts,
             engines,
             slots: Vec::new(),
             irqs: Default::default(),
@@ -388,6 +406,7 @@ impl Firmware {
             doorbell: None,
             fault: None,
             dispatch_active: false,
+            wait_observed: None,
         };
         q.publish_rptr();
         let index = match self.slots.iter().position(|s| s.queue.is_none()) {
@@ -522,7 +541,18 @@ impl Firmware {
 
     pub(crate) fn step(&mut self, now: Time, vms: &[Option<AddressSpace>]) -> StepReport {
         let mut report = StepReport::default();
-        let Firmware { engines, slots, irqs, budget, wave_width, dispatch_budget, compute, fences, .. } = self;
+        let Firmware {
+            engines,
+            slots,
+            irqs,
+            budget,
+            wave_width,
+            dispatch_budget,
+            compute,
+            fences,
+            optimized_interrupts,
+            ..
+        } = self;
         for e in engines.iter_mut().filter(|e| e.power == PowerState::F0) {
             let n = e.run_list.len();
             let mut busy = false;
@@ -536,6 +566,7 @@ impl Firmware {
                 let before = compute.instructions;
                 let mut env = Env {
                     fences,
+                    optimized_interrupts: *optimized_interrupts,
                     now,
                     kind: e.kind,
                     wave_width: *wave_width,
@@ -720,6 +751,27 @@ fn decode_at(m: &Mapping, offset: u64, header: Header, op: Opcode) -> Result<(Pa
     Packet::decode(words).map_err(FaultKind::BadPacket)
 }
 
+/// Writes one fence log entry and advances the header (FirstFreeEntryIndex = entry + 1,
+/// wrapping to 0 with WraparoundCount + 1). The caller issues the barrier.
+fn write_log(log: &Shm, entry: u32, e: FenceLogEntry) {
+    let base = fence_log::entry_offset(entry);
+    for (k, w) in e.to_words().iter().enumerate() {
+        let _ = log.write_u64(base + k as u64 * 8, *w);
+    }
+    if let Ok(h) = log.atomic_u64(0) {
+        // Relaxed load: the engine is the header's only writer.
+        let (_, wraps) = fence_log::unpack_first_free(h.load(Ordering::Relaxed));
+        let next = entry + 1;
+        let packed = if next >= fence_log::FENCE_LOG_ENTRIES {
+            fence_log::pack_first_free(0, wraps.wrapping_add(1))
+        } else {
+            fence_log::pack_first_free(next, wraps)
+        };
+        // Release: the entry's words are visible to a reader that acquires the new index.
+        h.store(packed, Ordering::Release);
+    }
+}
+
 fn outside(va: u64, bytes: u64) -> FaultKind {
     FaultKind::OutsideMappings { va, bytes, access: Access::Read }
 }
@@ -784,8 +836,77 @@ fn exec(
             let current = r.shm.atomic_u64(r.offset).map_err(|_| wfault(va, 8))?;
             let monitored = abi::sync::MappedWord { map: &f.monitored.shm, offset: f.monitored.offset };
             // Store CurrentValue, barrier, read MonitoredValue (spec 002, `abi::protocol`).
-            if abi::protocol::signal_fence(current, &monitored, value) {
-                env.irqs.push_back(Interrupt::NativeFenceSignaled { fences: Some(vec![f.id]) });
+            if abi::protocol::signal_fence(current, &monitored, value, || {}) {
+                env.irqs.push_back(Interrupt::NativeFenceSignaled(FenceSignaled::Fences(vec![f.id])));
+            }
+        }
+        Packet::Logged { op, va, value, entry } => {
+            let logs = q
+                .cfg
+                .fence_logs
+                .clone()
+                .ok_or(FaultKind::BadField { field: "log entry", why: "this queue has no fence log" })?;
+            let fence =
+                vm.translate_aligned(va, 8, Access::Read).ok().and_then(|r| env.fences.get(&(r.shm.id(), r.offset)));
+            let handle = fence.map_or(0, |f| f.id);
+            match op {
+                LoggedOp::Wait => {
+                    let r = vm.translate_aligned(va, 8, Access::Read)?;
+                    let observed = *q.wait_observed.get_or_insert(now);
+                    // Acquire: pairs with the signaller's release store.
+                    if r.shm.load_u64(r.offset, Ordering::Acquire).map_err(|_| outside(va, 8))? < value {
+                        return Ok(Flow::Blocked);
+                    }
+                    q.wait_observed = None;
+                    // 1. the wait released; 2. the entry; 3. the index; 4. the barrier.
+                    write_log(
+                        &logs[0],
+                        entry,
+                        FenceLogEntry {
+                            fence_value: value,
+                            fence_handle: handle,
+                            operation: FenceLogOp::WaitUnblocked as u32,
+                            observed_timestamp: observed.as_nanos(),
+                            end_timestamp: now.as_nanos(),
+                            ..Default::default()
+                        },
+                    );
+                    std::sync::atomic::fence(Ordering::SeqCst);
+                }
+                LoggedOp::Signal | LoggedOp::SignalFence => {
+                    let r = vm.translate_aligned(va, 8, Access::Write)?;
+                    let current = r.shm.atomic_u64(r.offset).map_err(|_| wfault(va, 8))?;
+                    let entry_of = |h| FenceLogEntry {
+                        fence_value: value,
+                        fence_handle: h,
+                        operation: FenceLogOp::SignalExecuted as u32,
+                        observed_timestamp: now.as_nanos(),
+                        end_timestamp: now.as_nanos(),
+                        ..Default::default()
+                    };
+                    if op == LoggedOp::Signal {
+                        current.store(value, Ordering::Release);
+                        write_log(&logs[1], entry, entry_of(handle));
+                        std::sync::atomic::fence(Ordering::SeqCst);
+                    } else {
+                        let f = fence.ok_or(FaultKind::NotAFence { va })?;
+                        let monitored = abi::sync::MappedWord { map: &f.monitored.shm, offset: f.monitored.offset };
+                        // 1. value; 2. entry; 3. index — inside the protocol, before its barrier
+                        // (4) and the interrupt check (5): spec 002 "Order of operations".
+                        let interrupt = abi::protocol::signal_fence(current, &monitored, value, || {
+                            write_log(&logs[1], entry, entry_of(f.id))
+                        });
+                        if interrupt {
+                            // Optimized: name the queue; the kernel reads its signal log.
+                            let what = if env.optimized_interrupts {
+                                FenceSignaled::Queues(vec![id])
+                            } else {
+                                FenceSignaled::Fences(vec![f.id])
+                            };
+                            env.irqs.push_back(Interrupt::NativeFenceSignaled(what));
+                        }
+                    }
+                }
             }
         }
         Packet::Wait { va, value } => {

@@ -37,7 +37,7 @@ use std::time::Duration;
 use abi::queue::EngineKind;
 use shm::Shm;
 
-pub use firmware::{EngineState, FwQueueId, Interrupt, PowerState, QueueConfig, StepReport};
+pub use firmware::{EngineState, FenceSignaled, FwQueueId, Interrupt, PowerState, QueueConfig, StepReport};
 pub use memory::{AddressSpace, GpuMapping, Vmid};
 
 /// Device time in nanoseconds since the device was created. The GPU clock that `TIMESTAMP`
@@ -78,6 +78,9 @@ pub struct GpuConfig {
     /// Kernel wave-instructions a `DISPATCH` may run per [`Gpu::step`] before the engine
     /// saves its state and moves on.
     pub dispatch_budget: u64,
+    /// `OptimizedNativeFenceSignaledInterrupt`: a logged fence signal's interrupt names the
+    /// queue (the kernel reads its signal log) instead of the fence.
+    pub optimized_fence_interrupts: bool,
 }
 
 impl Default for GpuConfig {
@@ -89,6 +92,7 @@ impl Default for GpuConfig {
             packet_budget: 256,
             wave_width: 32,
             dispatch_budget: 16 * 1024,
+            optimized_fence_interrupts: false,
         }
     }
 }

@@ -59,6 +59,7 @@ fn rig() -> Rig {
             wptr_va: CONTROL + WPTR_OFFSET,
             kernel_page: page.clone(),
             context_save: Shm::new("context-save", gpu::compute::CONTEXT_SAVE_BYTES as usize).unwrap(),
+            fence_logs: None,
             privileged: false,
             priority: Priority::Normal,
         })

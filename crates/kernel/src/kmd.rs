@@ -63,6 +63,9 @@ pub trait Kmd: Send {
     fn create_native_fence(&mut self, current: (Arc<Shm>, u64), monitored: (Arc<Shm>, u64), id: u64);
     /// `DxgkDdiDestroyNativeFence`.
     fn destroy_native_fence(&mut self, current: (Arc<Shm>, u64));
+    /// `DxgkDdiUpdateNativeFenceLogs`: make the queue's pending log writes visible (the
+    /// consumer-side barrier the spec moves from the GPU to the CPU).
+    fn flush_fence_logs(&mut self, q: FwQueueId);
     /// Current engine power state.
     fn power(&self, engine: EngineId) -> PowerState;
     /// The firmware's view of a queue.
@@ -190,6 +193,13 @@ impl Kmd for VirtualKmd {
 
     fn destroy_native_fence(&mut self, current: (Arc<Shm>, u64)) {
         self.gpu.lock().unregister_native_fence((&current.0, current.1));
+    }
+
+    fn flush_fence_logs(&mut self, _q: FwQueueId) {
+        // The virtual engine's log writes are complete when its step returns; taking the
+        // device lock orders them before the OS's reads, and the fence makes it explicit.
+        let _g = self.gpu.lock();
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
     }
 
     fn power(&self, engine: EngineId) -> PowerState {

@@ -179,6 +179,10 @@ struct QueueObj {
     /// CPU waiters on the progress fence: (value, waiter).
     waiters: Vec<(u64, Arc<Waiter>)>,
     fault: Option<FaultRecord>,
+    /// The fence logs `[waits, signals]` (user-mode queues).
+    logs: Option<[Arc<Shm>; 2]>,
+    /// Entries of the signal log the interrupt service has read.
+    signal_log_seen: u64,
 }
 
 impl QueueObj {
@@ -246,6 +250,8 @@ pub struct OsStats {
     pub f1_entries: u64,
     /// `NativeFenceSignaled` interrupts.
     pub fence_interrupts: u64,
+    /// Optimized fence interrupts that fell back to scanning every fence (log overrun).
+    pub fence_log_fallbacks: u64,
 }
 
 struct OsState {
@@ -666,6 +672,28 @@ impl Os {
         self.km_work.notify_all();
     }
 
+    /// Reads a queue's fence log: the entries written after `since` entries (a previous
+    /// [`abi::fence_log::LogRead::total`], 0 at first), after the KMD's flush
+    /// (`DxgkDdiUpdateNativeFenceLogs`). For tools (the timeline) and tests; the client has no
+    /// access to its logs.
+    pub fn read_fence_log(
+        &self,
+        pid: ProcessId,
+        q: HwQueueHandle,
+        kind: abi::fence_log::FenceLogType,
+        since: u64,
+    ) -> Result<abi::fence_log::LogRead, KernelError> {
+        self.with(pid, |s, now| {
+            let qo = s.queue(pid, q)?;
+            let (fw, logs) = (qo.fw, qo.logs.clone());
+            let logs = logs.ok_or_else(|| invalid("queue", q, "is a kernel-mode queue: it has no fence log"))?;
+            s.trace.push(now, Event::Ddi(Ddi::UpdateNativeFenceLogs(q)));
+            s.kmd.flush_fence_logs(fw);
+            abi::fence_log::read_since(&logs[kind as usize], since)
+                .map_err(|e| KernelError::CorruptLog { queue: q.to_string(), reason: e.to_string() })
+        })
+    }
+
     /// Engine power states.
     pub fn power(&self, engine: EngineId) -> PowerState {
         self.state.lock().kmd.power(engine)
@@ -772,6 +800,17 @@ impl OsState {
         // Kernel-owned, never mapped for the client (like the MQD): where an interrupted
         // DISPATCH keeps its state between slices.
         let context_save = Shm::new("queue-context-save", gpu::compute::CONTEXT_SAVE_BYTES as usize)?;
+        // Two fence logs for a user-mode queue (spec 002): the engine writes them, the client
+        // cannot see them, the kernel reads them. Kernel-mode queues log nothing.
+        let logs = match desc.mode {
+            SubmissionMode::UserMode(_) => {
+                let (w, sg) = (Shm::new("fence-log-waits", 4096)?, Shm::new("fence-log-signals", 4096)?);
+                abi::fence_log::init(&w, abi::fence_log::FenceLogType::Wait)?;
+                abi::fence_log::init(&sg, abi::fence_log::FenceLogType::Signal)?;
+                Some([w, sg])
+            }
+            SubmissionMode::KernelMode => None,
+        };
         let (mode, cfg) = match desc.mode {
             SubmissionMode::UserMode(d) => {
                 if !einfo.user_queues {
@@ -806,6 +845,7 @@ impl OsState {
                     wptr_va: d.wptr_va,
                     kernel_page: kernel_page.clone(),
                     context_save: context_save.clone(),
+                    fence_logs: logs.clone(),
                     privileged: false,
                     priority: desc.priority,
                 };
@@ -836,6 +876,7 @@ impl OsState {
                     wptr_va: control_va + WPTR_OFFSET,
                     kernel_page: kernel_page.clone(),
                     context_save: context_save.clone(),
+                    fence_logs: None,
                     privileged: true,
                     priority: desc.priority,
                 };
@@ -866,6 +907,8 @@ impl OsState {
             doorbell: None,
             waiters: Vec::new(),
             fault: None,
+            logs: logs.clone(),
+            signal_log_seen: 0,
         };
         obj.set_state_word(QueueState::Mapped);
         let p = self.proc(pid)?;
@@ -883,6 +926,11 @@ impl OsState {
             }
         }
         self.trace.push(now, Event::QueueCreated { queue: handle, engine, user_mode });
+        if logs.is_some() {
+            // Passed to the firmware with the queue (`DxgkDdiSetNativeFenceLogBuffer`, once
+            // for waits and once for signals).
+            self.trace.push(now, Event::Ddi(Ddi::SetNativeFenceLogBuffer(handle)));
+        }
         self.fw_index.insert(fw, (pid, handle));
         if let QueueMode::Kernel { slot, .. } = self.queue(pid, handle)?.mode {
             self.kernel_slots.pop();
@@ -1115,6 +1163,13 @@ impl OsState {
                 Packet::Fill { dst, bytes, .. } => w("FILL.dst", dst, bytes, 1)?,
                 Packet::Timestamp { va } => w("TIMESTAMP.va", va, 8, 8)?,
                 Packet::Signal { va, .. } => w("SIGNAL.va", va, 8, 8)?,
+                Packet::Logged { .. } => {
+                    return Err(invalid(
+                        "SIGNAL/WAIT log flag",
+                        "set",
+                        "kernel-mode queues have no fence log (their fences are software operations of the kernel)",
+                    ));
+                }
                 Packet::SignalFence { va, .. } => {
                     w("SIGNAL.va", va, 8, 8)?;
                     if !fences.iter().any(|&(fva, _)| fva == va) {
@@ -1398,7 +1453,7 @@ impl OsState {
                     self.trace.push(now, Event::UserInterrupt { queue: q, id });
                 }
             }
-            Interrupt::NativeFenceSignaled { fences } => self.service_fences(fences, now),
+            Interrupt::NativeFenceSignaled(what) => self.service_fences(what, now),
             Interrupt::ProgressFence { queue, .. } => {
                 if let Some(&(pid, q)) = self.fw_index.get(&queue) {
                     let _ = self.update_monitored(pid, q, queue, now);

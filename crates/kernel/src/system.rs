@@ -297,6 +297,18 @@ impl System {
         }
     }
 
+    /// Reads a user-mode queue's fence log (entries written after `since`); see
+    /// [`crate::os::Os::read_fence_log`]. For tools and tests: clients cannot read their logs.
+    pub fn read_fence_log(
+        &self,
+        pid: ProcessId,
+        queue: HwQueueHandle,
+        kind: abi::fence_log::FenceLogType,
+        since: u64,
+    ) -> Result<abi::fence_log::LogRead, KernelError> {
+        self.inner.os.read_fence_log(pid, queue, kind, since)
+    }
+
     /// Direct access to the device, for tests and tools that inspect it.
     pub fn with_gpu<T>(&self, f: impl FnOnce(&mut Gpu) -> T) -> T {
         f(&mut self.inner.gpu.lock())

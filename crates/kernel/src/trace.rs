@@ -53,6 +53,10 @@ pub enum Ddi {
     DestroyNativeFence(NativeFenceHandle),
     /// `DxgkDdiUpdateMonitoredValues` for a native fence.
     UpdateMonitoredValues(NativeFenceHandle, u64),
+    /// `DxgkDdiSetNativeFenceLogBuffer` (the queue's wait and signal logs).
+    SetNativeFenceLogBuffer(HwQueueHandle),
+    /// `DxgkDdiUpdateNativeFenceLogs`: flush pending log writes before the OS reads them.
+    UpdateNativeFenceLogs(HwQueueHandle),
     /// `DxgkDdiUpdateCurrentValuesFromCpu`.
     UpdateCurrentValueFromCpu(NativeFenceHandle, u64),
 }

@@ -1,12 +1,16 @@
 //! Command buffers: one typed method per packet.
 
-use abi::packet::{DataWidth, Packet};
+use abi::fence_log::FenceLogType;
+use abi::packet::{DataWidth, LoggedOp, Packet};
 
 /// A packet stream under construction. The progress fence is not part of it: [`crate::Queue::submit`]
 /// appends it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct CommandBuffer {
     words: Vec<u32>,
+    /// Logged fence operations: (dword index of the log-entry field, which log). The queue
+    /// fills the entries in at submission, since it owns the log's progression.
+    logs: Vec<(usize, FenceLogType)>,
 }
 
 impl CommandBuffer {
@@ -73,6 +77,29 @@ impl CommandBuffer {
         self.packet(Packet::Wait { va: fence.va(), value })
     }
 
+    /// [`Self::signal_fence`], then a fence log entry (`SignalExecuted`, with the GPU time) in
+    /// the queue's signal log. User-mode queues only: kernel-mode queues have no fence log.
+    pub fn signal_fence_logged(&mut self, fence: &crate::NativeFence, value: u64) -> &mut Self {
+        self.logged(LoggedOp::SignalFence, fence.va(), value, FenceLogType::Signal)
+    }
+
+    /// [`Self::wait_fence`], then a fence log entry (`WaitUnblocked`, with when the engine saw
+    /// the wait and when it was released) in the queue's wait log.
+    pub fn wait_fence_logged(&mut self, fence: &crate::NativeFence, value: u64) -> &mut Self {
+        self.logged(LoggedOp::Wait, fence.va(), value, FenceLogType::Wait)
+    }
+
+    fn logged(&mut self, op: LoggedOp, va: u64, value: u64, log: FenceLogType) -> &mut Self {
+        self.packet(Packet::Logged { op, va, value, entry: 0 });
+        self.logs.push((self.words.len() - 1, log));
+        self
+    }
+
+    /// The logged operations' entry fields (dword index, log).
+    pub(crate) fn log_fields(&self) -> &[(usize, FenceLogType)] {
+        &self.logs
+    }
+
     /// `WAIT` until `*va >= value`.
     pub fn wait(&mut self, va: u64, value: u64) -> &mut Self {
         self.packet(Packet::Wait { va, value })
@@ -113,5 +140,6 @@ impl CommandBuffer {
     /// Empties it, keeping its capacity.
     pub fn clear(&mut self) {
         self.words.clear();
+        self.logs.clear();
     }
 }

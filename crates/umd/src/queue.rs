@@ -102,6 +102,9 @@ pub struct Queue {
     user: Option<UserRing>,
     scratch: Vec<u32>,
     spin: u32,
+    /// The next entry of the wait and signal fence logs: the UMD owns the progression (spec
+    /// 002), the engine writes where it is told.
+    log_next: [u32; 2],
     /// Doorbell reconnects this queue performed.
     reconnects: u64,
 }
@@ -178,6 +181,7 @@ impl Queue {
             user,
             scratch: Vec::new(),
             spin: 2_000,
+            log_next: [0; 2],
             reconnects: 0,
         }
     }
@@ -244,7 +248,21 @@ impl Queue {
             self.next_progress = value;
             return Ok(value);
         }
-        let dwords = cb.len() + fence.len();
+        // Logged fence operations get their log entries now (into a copy: the command buffer
+        // is the caller's and may be submitted again).
+        let mut patched = std::mem::take(&mut self.scratch);
+        let logged = !cb.log_fields().is_empty();
+        if logged {
+            patched.clear();
+            patched.extend_from_slice(cb.words());
+            for &(at, log) in cb.log_fields() {
+                let next = &mut self.log_next[log as usize];
+                patched[at] = *next;
+                *next = (*next + 1) % abi::fence_log::FENCE_LOG_ENTRIES;
+            }
+        }
+        let words: &[u32] = if logged { &patched } else { cb.words() };
+        let dwords = words.len() + fence.len();
         let (ring_bytes, wptr) = {
             let u = self.user.as_ref().expect("user-mode");
             (u.ring_bytes, u.wptr)
@@ -260,10 +278,11 @@ impl Queue {
         // 2. Tell the OS the new last-queued value before the work becomes visible.
         u.control.map().atomic_u64(LAST_QUEUED_OFFSET)?.store(value, Ordering::Release);
         // 3. Packets, then wptr (release: the packets are visible before the new wptr).
-        ring::write_stream(u.ring.map(), ring_bytes, wptr, &plan, &[cb.words(), &fence])?;
+        ring::write_stream(u.ring.map(), ring_bytes, wptr, &plan, &[words, &fence])?;
         u.wptr = plan.new_wptr;
         u.outstanding.push_back((value, plan.new_wptr));
         self.next_progress = value;
+        self.scratch = patched;
         self.ring_and_check()?;
         Ok(value)
     }

@@ -21,7 +21,7 @@ use std::sync::atomic::Ordering;
 
 use abi::port::{KernelError, NativeFenceDesc, NativeFenceInfo, NativeFenceType, WaitMode, WaitOutcome};
 use abi::{DeviceHandle, NativeFenceHandle, ProcessId};
-use gpu::Time;
+use gpu::{FenceSignaled, Time};
 use shm::{Prot, Shm};
 
 use super::{OsState, WaitStart, Waiter, invalid};
@@ -317,22 +317,57 @@ impl OsState {
         }
     }
 
-    /// `NativeFenceSignaled`: settle the named fences, or every fence with a waiter.
-    pub(crate) fn service_fences(&mut self, fences: Option<Vec<u64>>, now: Time) {
-        let targets: Vec<(ProcessId, NativeFenceHandle)> = match fences {
-            Some(ids) => ids.iter().filter_map(|id| self.fence_index.get(id).copied()).collect(),
-            None => self
-                .processes
-                .iter()
-                .flat_map(|(&pid, p)| {
-                    p.fences.iter().filter(|(_, f)| !f.waiters.is_empty()).map(move |(h, _)| (pid, h))
-                })
-                .collect(),
-        };
+    /// `NativeFenceSignaled`: settle the named fences; for named queues (the optimized mode),
+    /// flush and read their signal logs to learn which fences; with no list, or when a log was
+    /// overrun or is corrupt, settle every fence with a waiter (the fallback scan).
+    pub(crate) fn service_fences(&mut self, what: FenceSignaled, now: Time) {
         self.stats.fence_interrupts += 1;
+        let targets: Vec<(ProcessId, NativeFenceHandle)> = match what {
+            FenceSignaled::Fences(ids) => ids.iter().filter_map(|id| self.fence_index.get(id).copied()).collect(),
+            FenceSignaled::Queues(queues) => {
+                let mut ids = Vec::new();
+                let mut scan_all = false;
+                for fw in queues {
+                    let Some(&(pid, q)) = self.fw_index.get(&fw) else { continue };
+                    let Ok(qo) = self.queue(pid, q) else { continue };
+                    let (logs, seen) = (qo.logs.clone(), qo.signal_log_seen);
+                    let Some(logs) = logs else { continue };
+                    self.trace.push(now, Event::Ddi(Ddi::UpdateNativeFenceLogs(q)));
+                    self.kmd.flush_fence_logs(fw);
+                    match abi::fence_log::read_since(&logs[abi::fence_log::FenceLogType::Signal as usize], seen) {
+                        Ok(r) => {
+                            if let Ok(qo) = self.queue(pid, q) {
+                                qo.signal_log_seen = r.total;
+                            }
+                            if r.lost > 0 {
+                                scan_all = true;
+                            }
+                            ids.extend(r.entries.iter().map(|e| e.fence_handle).filter(|&h| h != 0));
+                        }
+                        Err(_) => scan_all = true,
+                    }
+                }
+                if scan_all {
+                    self.stats.fence_log_fallbacks += 1;
+                    self.fences_with_waiters()
+                } else {
+                    ids.sort_unstable();
+                    ids.dedup();
+                    ids.iter().filter_map(|id| self.fence_index.get(id).copied()).collect()
+                }
+            }
+            FenceSignaled::All => self.fences_with_waiters(),
+        };
         for (pid, h) in targets {
             self.settle_fence(pid, h, now);
         }
+    }
+
+    fn fences_with_waiters(&self) -> Vec<(ProcessId, NativeFenceHandle)> {
+        self.processes
+            .iter()
+            .flat_map(|(&pid, p)| p.fences.iter().filter(|(_, f)| !f.waiters.is_empty()).map(move |(h, _)| (pid, h)))
+            .collect()
     }
 }
 

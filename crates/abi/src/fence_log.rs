@@ -1,0 +1,316 @@
+//! Native fence log buffers (spec 002 "Native fence log buffer design").
+//!
+//! The kernel gives every user-mode queue two 4 KiB logs, one for waits and one for signals,
+//! that the engine writes and the client cannot touch. A `SIGNAL` or `WAIT` carrying
+//! [`crate::packet::FLAG_LOG`] names the entry to write (the UMD chooses the progression);
+//! after the fence operation the engine writes, in the spec's order:
+//!
+//! 1. the fence value (the signal itself, or the wait's release),
+//! 2. the log entry, with the GPU timestamps,
+//! 3. the header's FirstFreeEntryIndex (and WraparoundCount when it wraps),
+//! 4. a barrier,
+//! 5. the conditional-interrupt check (signals on native fences).
+//!
+//! Overrun is allowed: the engine keeps writing and bumps WraparoundCount; a reader that cached
+//! the header detects lost entries by comparing totals. Timestamps never go backwards.
+//!
+//! Layout (little-endian):
+//!
+//! | offset | header field       | meaning                                              |
+//! |--------|--------------------|------------------------------------------------------|
+//! | 0      | `first_free`       | FirstFreeEntryIndex (bits 0..32) and WraparoundCount (bits 32..64), one atomic word |
+//! | 8      | `log_type`         | [`FenceLogType`]                                     |
+//! | 12     | `num_entries`      | [`FENCE_LOG_ENTRIES`]                                |
+//! | 16     | reserved (24 bytes)|                                                      |
+//!
+//! | offset | entry field          | meaning                                         |
+//! |--------|----------------------|-------------------------------------------------|
+//! | 0      | `fence_value`        | the value signalled or waited for               |
+//! | 8      | `fence_handle`       | the kernel's id of the fence (0: not a registered native fence) |
+//! | 16     | `operation`          | [`FenceLogOp`]                                  |
+//! | 24     | `observed_timestamp` | GPU time the engine first saw the operation     |
+//! | 32     | `end_timestamp`      | GPU time it completed (signal written, wait released) |
+//! | 40     | reserved             |                                                 |
+
+use core::mem::{offset_of, size_of};
+use core::sync::atomic::AtomicU64;
+
+/// Bytes of one log.
+pub const FENCE_LOG_BYTES: u64 = 4096;
+
+/// The log header.
+#[repr(C)]
+pub struct FenceLogHeader {
+    /// FirstFreeEntryIndex | WraparoundCount << 32.
+    pub first_free: AtomicU64,
+    /// [`FenceLogType`].
+    pub log_type: u32,
+    /// Entries in the log.
+    pub num_entries: u32,
+    /// Reserved.
+    pub reserved: [u64; 3],
+}
+
+/// One log entry.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FenceLogEntry {
+    /// Fence value.
+    pub fence_value: u64,
+    /// The fence's kernel id.
+    pub fence_handle: u64,
+    /// [`FenceLogOp`].
+    pub operation: u32,
+    /// Reserved.
+    pub reserved0: u32,
+    /// When the engine first saw the operation.
+    pub observed_timestamp: u64,
+    /// When it completed.
+    pub end_timestamp: u64,
+    /// Reserved.
+    pub reserved1: u64,
+}
+
+/// Bytes of the header.
+pub const FENCE_LOG_HEADER_BYTES: u64 = size_of::<FenceLogHeader>() as u64;
+/// Bytes of an entry.
+pub const FENCE_LOG_ENTRY_BYTES: u64 = size_of::<FenceLogEntry>() as u64;
+/// Entries per log.
+pub const FENCE_LOG_ENTRIES: u32 = ((FENCE_LOG_BYTES - FENCE_LOG_HEADER_BYTES) / FENCE_LOG_ENTRY_BYTES) as u32;
+
+const _: () = {
+    assert!(FENCE_LOG_HEADER_BYTES == 40);
+    assert!(offset_of!(FenceLogHeader, log_type) == 8);
+    assert!(offset_of!(FenceLogHeader, num_entries) == 12);
+    assert!(FENCE_LOG_ENTRY_BYTES == 48);
+    assert!(offset_of!(FenceLogEntry, operation) == 16);
+    assert!(offset_of!(FenceLogEntry, observed_timestamp) == 24);
+    assert!(offset_of!(FenceLogEntry, end_timestamp) == 32);
+    assert!(FENCE_LOG_ENTRIES == 84);
+};
+
+/// Which log.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u32)]
+pub enum FenceLogType {
+    /// Waits.
+    Wait = 0,
+    /// Signals.
+    Signal = 1,
+}
+
+/// `DXGK_NATIVE_FENCE_LOG_OPERATION`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u32)]
+pub enum FenceLogOp {
+    /// A signal executed.
+    SignalExecuted = 0,
+    /// A wait was satisfied and the queue unblocked.
+    WaitUnblocked = 1,
+}
+
+impl FenceLogOp {
+    /// Decodes an operation word.
+    pub const fn from_u32(v: u32) -> Option<FenceLogOp> {
+        match v {
+            0 => Some(FenceLogOp::SignalExecuted),
+            1 => Some(FenceLogOp::WaitUnblocked),
+            _ => None,
+        }
+    }
+}
+
+/// Packs FirstFreeEntryIndex and WraparoundCount.
+pub const fn pack_first_free(index: u32, wraps: u32) -> u64 {
+    index as u64 | (wraps as u64) << 32
+}
+
+/// Unpacks (FirstFreeEntryIndex, WraparoundCount).
+pub const fn unpack_first_free(w: u64) -> (u32, u32) {
+    (w as u32, (w >> 32) as u32)
+}
+
+/// Entries written since the log was created: `wraps * entries + index`.
+pub const fn total_written(w: u64) -> u64 {
+    let (i, n) = unpack_first_free(w);
+    n as u64 * FENCE_LOG_ENTRIES as u64 + i as u64
+}
+
+/// Byte offset of entry `i`.
+pub const fn entry_offset(i: u32) -> u64 {
+    FENCE_LOG_HEADER_BYTES + i as u64 * FENCE_LOG_ENTRY_BYTES
+}
+
+impl FenceLogEntry {
+    /// Encodes to 6 u64 words.
+    pub const fn to_words(&self) -> [u64; 6] {
+        [
+            self.fence_value,
+            self.fence_handle,
+            self.operation as u64 | (self.reserved0 as u64) << 32,
+            self.observed_timestamp,
+            self.end_timestamp,
+            self.reserved1,
+        ]
+    }
+    /// Decodes 6 u64 words.
+    pub const fn from_words(w: [u64; 6]) -> FenceLogEntry {
+        FenceLogEntry {
+            fence_value: w[0],
+            fence_handle: w[1],
+            operation: w[2] as u32,
+            reserved0: (w[2] >> 32) as u32,
+            observed_timestamp: w[3],
+            end_timestamp: w[4],
+            reserved1: w[5],
+        }
+    }
+}
+
+/// What a reader got from a log since its last read.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LogRead {
+    /// New entries, oldest first.
+    pub entries: Vec<FenceLogEntry>,
+    /// Entries the engine overwrote before they were read (overrun).
+    pub lost: u64,
+    /// The header total to pass to the next read.
+    pub total: u64,
+}
+
+/// Why a log cannot be trusted.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum LogError {
+    /// The header's index is out of range.
+    #[error("fence log header: FirstFreeEntryIndex {index} is not below {FENCE_LOG_ENTRIES}")]
+    BadIndex {
+        /// The index.
+        index: u32,
+    },
+    /// The header went backwards.
+    #[error("fence log header went backwards: {total} entries written, {cached} seen before")]
+    Backwards {
+        /// Now.
+        total: u64,
+        /// Before.
+        cached: u64,
+    },
+    /// An entry holds an unknown operation.
+    #[error("fence log entry {index}: operation {op} is unknown")]
+    BadOperation {
+        /// Entry.
+        index: u32,
+        /// Value.
+        op: u32,
+    },
+    /// Timestamps went backwards between entries.
+    #[error("fence log entry {index}: end timestamp {ts} is before the previous entry's {prev}")]
+    TimeBackwards {
+        /// Entry.
+        index: u32,
+        /// Its timestamp.
+        ts: u64,
+        /// The previous one.
+        prev: u64,
+    },
+    /// The log memory could not be read.
+    #[error("fence log memory: {0}")]
+    Memory(#[from] shm::ShmError),
+}
+
+/// Reads the entries written since `cached` (a previous [`LogRead::total`], 0 at first). Call
+/// after the KMD's flush (`DxgkDdiUpdateNativeFenceLogs`). Everything is validated: the log is
+/// written by another actor.
+pub fn read_since(log: &shm::Mapping, cached: u64) -> Result<LogRead, LogError> {
+    // Acquire: pairs with the engine's release of the index, so the entries are visible.
+    let w = log.load_u64(0, core::sync::atomic::Ordering::Acquire)?;
+    let (index, _) = unpack_first_free(w);
+    if index >= FENCE_LOG_ENTRIES {
+        return Err(LogError::BadIndex { index });
+    }
+    let total = total_written(w);
+    if total < cached {
+        return Err(LogError::Backwards { total, cached });
+    }
+    let n = FENCE_LOG_ENTRIES as u64;
+    let new = total - cached;
+    let lost = new.saturating_sub(n);
+    let mut entries = Vec::with_capacity(new.min(n) as usize);
+    let mut prev = 0u64;
+    for t in (total - new.min(n))..total {
+        let i = (t % n) as u32;
+        let mut words = [0u64; 6];
+        for (k, word) in words.iter_mut().enumerate() {
+            *word = log.read_u64(entry_offset(i) + k as u64 * 8)?;
+        }
+        let e = FenceLogEntry::from_words(words);
+        if FenceLogOp::from_u32(e.operation).is_none() {
+            return Err(LogError::BadOperation { index: i, op: e.operation });
+        }
+        if e.end_timestamp < prev {
+            return Err(LogError::TimeBackwards { index: i, ts: e.end_timestamp, prev });
+        }
+        prev = e.end_timestamp;
+        entries.push(e);
+    }
+    Ok(LogRead { entries, lost, total })
+}
+
+/// Writes a fresh header (index 0, no wraps) for a log of `kind`.
+pub fn init(log: &shm::Mapping, kind: FenceLogType) -> Result<(), shm::ShmError> {
+    log.write_u64(0, 0)?;
+    log.write_u32(8, kind as u32)?;
+    log.write_u32(12, FENCE_LOG_ENTRIES)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_packing_and_totals() {
+        let w = pack_first_free(83, 2);
+        assert_eq!(unpack_first_free(w), (83, 2));
+        assert_eq!(total_written(w), 2 * 84 + 83);
+        assert_eq!(entry_offset(0), 40);
+        assert_eq!(entry_offset(83) + 48, 4072);
+        let e =
+            FenceLogEntry { fence_value: 7, fence_handle: 3, operation: 1, end_timestamp: 99, ..Default::default() };
+        assert_eq!(FenceLogEntry::from_words(e.to_words()), e);
+    }
+
+    fn put(log: &shm::Mapping, i: u32, ts: u64, next: u64) {
+        let e = FenceLogEntry { fence_value: ts, end_timestamp: ts, ..Default::default() };
+        for (k, w) in e.to_words().iter().enumerate() {
+            log.write_u64(entry_offset(i) + k as u64 * 8, *w).unwrap();
+        }
+        log.write_u64(0, next).unwrap();
+    }
+
+    #[test]
+    fn reads_new_entries_detects_overrun_and_refuses_corrupt_logs() {
+        let shm = shm::Shm::new("log", 4096).unwrap();
+        init(&shm, FenceLogType::Signal).unwrap();
+        put(&shm, 0, 10, pack_first_free(1, 0));
+        put(&shm, 1, 20, pack_first_free(2, 0));
+        let r = read_since(&shm, 0).unwrap();
+        assert_eq!((r.entries.len(), r.lost, r.total), (2, 0, 2));
+        assert_eq!(read_since(&shm, 2).unwrap().entries.len(), 0);
+        // 100 more entries: 16 overwritten before anyone read them.
+        for t in 2..102u64 {
+            let i = (t % 84) as u32;
+            let next = t + 1;
+            put(&shm, i, 100 + t, pack_first_free((next % 84) as u32, (next / 84) as u32));
+        }
+        let r = read_since(&shm, 2).unwrap();
+        assert_eq!((r.entries.len(), r.lost, r.total), (84, 16, 102));
+        assert_eq!(r.entries.first().unwrap().end_timestamp, 100 + 18);
+        // Corruption: an index out of range, a header going backwards, time going backwards.
+        shm.write_u64(0, pack_first_free(90, 0)).unwrap();
+        assert!(matches!(read_since(&shm, 0), Err(LogError::BadIndex { index: 90 })));
+        shm.write_u64(0, pack_first_free(1, 0)).unwrap();
+        assert!(matches!(read_since(&shm, 5), Err(LogError::Backwards { .. })));
+        put(&shm, 1, 5, pack_first_free(2, 0));
+        assert!(matches!(read_since(&shm, 0), Err(LogError::TimeBackwards { index: 1, .. })));
+    }
+}
