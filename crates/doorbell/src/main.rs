@@ -9,6 +9,7 @@ mod bench_fences;
 mod demo;
 mod examples;
 mod run;
+mod trace;
 
 use clap::{Parser, Subcommand};
 
@@ -34,6 +35,10 @@ enum Command {
     /// doorbell run examples/saxpy.dbk --grid 4 --group 256 --args buf:4096:iotaf,buf:4096:iotaf,f:2.0,1000
     /// (saxpy's slots are x, y, a, n: see the header of each example file)
     Run(run::RunArgs),
+    /// Run a fence pipeline across three queues and two engines and write its timeline as
+    /// Chrome/Perfetto trace JSON: one track per queue, a box per signal and wait from when it
+    /// was queued (CPU) to when it executed (GPU, from the fence logs).
+    Trace(trace::TraceArgs),
     /// Benchmarks. Each prints a table, or one JSON object with --json.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -44,6 +49,7 @@ fn main() -> std::process::ExitCode {
     let result = match cli.command {
         Command::Demo { quiet } => demo::run(quiet),
         Command::Run(a) => run::run(a),
+        Command::Trace(a) => trace::run(a),
         Command::Bench(b) => bench::run(b),
     };
     match result {
