@@ -57,7 +57,7 @@ pub fn run(a: TraceArgs) -> Result<(), CliError> {
         ("consumer (compute)".into(), compute.create_queue(QueueOptions::user_mode())?),
     ];
     let mut queued: Vec<Queued> = Vec::new();
-    let mut last = vec![0u64; 3];
+    let mut last = [0u64; 3];
     let note = |queued: &mut Vec<Queued>, queue: usize, log, name: String| {
         queued.push(Queued { queue, log, name, at_ns: sys.now().as_nanos() });
     };
