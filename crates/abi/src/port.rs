@@ -176,6 +176,9 @@ pub struct NativeFenceInfo {
     pub cpu: Option<shm::Mapping>,
     /// Offset of CurrentValue in `cpu`.
     pub offset: u64,
+    /// For a shareable fence, the global handle another process passes to
+    /// [`KernelPort::open_native_fence`].
+    pub global: Option<u64>,
 }
 
 /// How a multi-fence wait is satisfied.
@@ -388,7 +391,11 @@ pub trait KernelPort: Send + Sync {
     /// `D3DKMTCreateNativeFence`.
     fn create_native_fence(&self, device: DeviceHandle, desc: &NativeFenceDesc)
     -> Result<NativeFenceInfo, KernelError>;
-    /// Destroys a native fence; its waiters end with an error.
+    /// Opens a fence another process shared, by its global handle; this process gets its own
+    /// local handle. A fence that was not created shareable cannot be opened.
+    fn open_native_fence(&self, device: DeviceHandle, global: u64) -> Result<NativeFenceInfo, KernelError>;
+    /// Destroys (closes) a native fence; its waiters in this process end with an error. A
+    /// shared fence lives on while another process has it open.
     fn destroy_native_fence(&self, fence: NativeFenceHandle) -> Result<(), KernelError>;
     /// `D3DKMTSignalSynchronizationObjectFromCpu`: sets CurrentValue. A value below the current
     /// one is refused.

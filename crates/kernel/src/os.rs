@@ -267,7 +267,9 @@ struct OsState {
     stats: OsStats,
     km_queued: usize,
     next_fence_id: u64,
-    fence_index: HashMap<u64, (ProcessId, abi::NativeFenceHandle)>,
+    /// Every local instance of each fence, by global id (one for a private fence; one per
+    /// opening process for a shared one).
+    fence_index: HashMap<u64, Vec<(ProcessId, abi::NativeFenceHandle)>>,
     /// A kernel-mode submission's fence wait completed: wake the scheduler.
     km_kick: bool,
 }
@@ -607,6 +609,16 @@ impl Os {
         desc: &abi::port::NativeFenceDesc,
     ) -> Result<abi::port::NativeFenceInfo, KernelError> {
         self.with(pid, |s, now| s.create_native_fence(pid, device, desc, now))
+    }
+
+    /// Opens a shared native fence by its global handle.
+    pub fn open_native_fence(
+        &self,
+        pid: ProcessId,
+        device: DeviceHandle,
+        global: u64,
+    ) -> Result<abi::port::NativeFenceInfo, KernelError> {
+        self.with(pid, |s, now| s.open_native_fence(pid, device, global, now))
     }
 
     /// Destroys a native fence.

@@ -460,6 +460,9 @@ impl KernelPort for ProcessPort {
     ) -> Result<NativeFenceInfo, KernelError> {
         self.inner.os.create_native_fence(self.pid, device, desc)
     }
+    fn open_native_fence(&self, device: DeviceHandle, global: u64) -> Result<NativeFenceInfo, KernelError> {
+        self.inner.os.open_native_fence(self.pid, device, global)
+    }
     fn destroy_native_fence(&self, fence: NativeFenceHandle) -> Result<(), KernelError> {
         self.inner.os.destroy_native_fence(self.pid, fence)
     }

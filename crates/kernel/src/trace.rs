@@ -47,10 +47,14 @@ pub enum Ddi {
     SetPowerState(EngineId, PowerState),
     /// `DxgkDdiSubmitCommand` (the kernel-mode path).
     SubmitCommand(HwQueueHandle),
-    /// `DxgkDdiCreateNativeFence`.
-    CreateNativeFence(NativeFenceHandle),
-    /// `DxgkDdiDestroyNativeFence`.
-    DestroyNativeFence(NativeFenceHandle),
+    /// `DxgkDdiCreateNativeFence`, with the global id.
+    CreateNativeFence(u64),
+    /// `DxgkDdiOpenNativeFence`: a process's local handle to a shared fence.
+    OpenNativeFence(NativeFenceHandle),
+    /// `DxgkDdiCloseNativeFence`.
+    CloseNativeFence(NativeFenceHandle),
+    /// `DxgkDdiDestroyNativeFence`, with the global id.
+    DestroyNativeFence(u64),
     /// `DxgkDdiUpdateMonitoredValues` for a native fence.
     UpdateMonitoredValues(NativeFenceHandle, u64),
     /// `DxgkDdiSetNativeFenceLogBuffer` (the queue's wait and signal logs).

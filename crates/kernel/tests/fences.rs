@@ -209,3 +209,84 @@ fn bad_fence_input_is_refused_and_harms_nothing() {
     assert!(matches!(cpu.write_u64(info.offset, 1), Err(shm::ShmError::ReadOnly)));
     assert_eq!(cpu.load_u64(info.offset, std::sync::atomic::Ordering::Acquire).unwrap(), 0);
 }
+
+fn ddis(sys: &kernel::System) -> Vec<Ddi> {
+    sys.trace()
+        .0
+        .into_iter()
+        .filter_map(|e| match e.event {
+            Event::Ddi(
+                d @ (Ddi::CreateNativeFence(_)
+                | Ddi::OpenNativeFence(_)
+                | Ddi::CloseNativeFence(_)
+                | Ddi::DestroyNativeFence(_)),
+            ) => Some(d),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_shared_fence_works_across_processes_and_closes_in_the_specs_order() {
+    let sys = common::sim();
+    let a = common::client(&sys);
+    let b = common::client(&sys);
+    let fa = a
+        .device
+        .create_fence_with(&abi::port::NativeFenceDesc { initial: 0, kind: NativeFenceType::Default, shareable: true })
+        .unwrap();
+    let g = fa.global().expect("a shareable fence has a global handle");
+    let fb = b.device.open_fence(g).unwrap();
+    assert_ne!(fa.handle(), fb.handle(), "each process has its own local handle");
+    assert_eq!(
+        ddis(&sys),
+        [Ddi::CreateNativeFence(g), Ddi::OpenNativeFence(fa.handle()), Ddi::OpenNativeFence(fb.handle())]
+    );
+    // B's GPU signals; A's GPU waits on it and A's CPU waits on it.
+    let mut qa = a.user_queue();
+    let mut cb = CommandBuffer::new();
+    cb.wait_fence(&fa, 2).write_u32(a.buf.va(), 0x5a);
+    let va = qa.submit(&cb).unwrap();
+    let mut qb = b.user_queue();
+    let mut cb = CommandBuffer::new();
+    cb.wait(b.buf.va(), 1).signal_fence(&fb, 2);
+    qb.submit(&cb).unwrap();
+    b.buf.write_u64(0, 1).unwrap();
+    fa.wait(2, T).unwrap(); // registered in A, woken by B's signal: the interrupt reaches every instance
+    qa.wait(va, T).unwrap();
+    assert_eq!((fa.value().unwrap(), fb.value().unwrap(), a.buf.read_u32(0).unwrap()), (2, 2, 0x5a));
+    assert!(sys.stats().fence_interrupts >= 1);
+    // Close A's instance: the global fence lives on for B.
+    let (ha, hb) = (fa.handle(), fb.handle());
+    drop(fa);
+    assert_eq!(ddis(&sys)[3..], [Ddi::CloseNativeFence(ha)]);
+    fb.signal(3).unwrap();
+    assert_eq!(fb.value().unwrap(), 3);
+    drop(fb);
+    assert_eq!(ddis(&sys)[3..], [Ddi::CloseNativeFence(ha), Ddi::CloseNativeFence(hb), Ddi::DestroyNativeFence(g)]);
+    assert!(b.device.open_fence(g).is_err(), "the global handle is gone with its last reference");
+}
+
+#[test]
+fn only_shared_fences_can_be_opened() {
+    let sys = common::sim();
+    let a = common::client(&sys);
+    let b = common::client(&sys);
+    let private = a.device.create_fence(0, NativeFenceType::Default).unwrap();
+    assert_eq!(private.global(), None);
+    // Guess the private fence's global id: it exists, but was not shared.
+    let id = match ddis(&sys)[..] {
+        [Ddi::CreateNativeFence(id)] => id,
+        ref d => panic!("{d:?}"),
+    };
+    let e = b.port.open_native_fence(b.device.port().create_device().unwrap(), id).unwrap_err();
+    assert!(
+        matches!(&e, KernelError::InvalidArgument { field: "global", reason, .. } if reason.contains("not created shareable")),
+        "{e}"
+    );
+    let e = b.port.open_native_fence(b.device.port().create_device().unwrap(), 999_999).unwrap_err();
+    assert!(
+        matches!(&e, KernelError::InvalidArgument { field: "global", reason, .. } if reason.contains("does not name")),
+        "{e}"
+    );
+}

@@ -90,6 +90,11 @@ impl Device {
         crate::NativeFence::create(self.inner.clone(), desc)
     }
 
+    /// Opens a fence another process shared (by its [`crate::NativeFence::global`] handle).
+    pub fn open_fence(&self, global: u64) -> Result<crate::NativeFence, UmdError> {
+        crate::NativeFence::open(self.inner.clone(), global)
+    }
+
     /// Waits until every fence (`WaitMode::All`) or any (`WaitMode::Any`) reaches its value;
     /// returns the index of a reached fence for `Any`. Memory first, then the kernel.
     pub fn wait_fences(

@@ -30,6 +30,18 @@ impl NativeFence {
         Ok(NativeFence { device, info, kind: desc.kind, spin: 2_000 })
     }
 
+    pub(crate) fn open(device: Arc<DeviceInner>, global: u64) -> Result<NativeFence, UmdError> {
+        let info = device.port.open_native_fence(device.handle, global)?;
+        let kind = if info.cpu.is_some() { NativeFenceType::Default } else { NativeFenceType::IntraGpu };
+        Ok(NativeFence { device, info, kind, spin: 2_000 })
+    }
+
+    /// For a shareable fence, the global handle to pass to another process
+    /// ([`crate::Device::open_fence`]).
+    pub fn global(&self) -> Option<u64> {
+        self.info.global
+    }
+
     /// The kernel handle.
     pub fn handle(&self) -> NativeFenceHandle {
         self.info.handle

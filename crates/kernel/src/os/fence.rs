@@ -69,6 +69,8 @@ pub(crate) struct FenceObj {
     moff: u64,
     /// (page index, slot) for packed fences; `None` for a shareable fence's own page.
     slot: Option<(usize, usize)>,
+    /// Created shareable (opened with global and local handles).
+    shared: bool,
     waiters: Vec<(u64, Arc<FenceWait>)>,
 }
 
@@ -139,16 +141,67 @@ impl OsState {
             monitored: monitored.clone(),
             moff: coff,
             slot,
+            shared: desc.shareable,
             waiters: Vec::new(),
         });
-        self.trace.push(now, Event::Ddi(Ddi::CreateNativeFence(handle)));
+        // A shared fence: DxgkDdiCreateNativeFence (global), then DxgkDdiOpenNativeFence for
+        // the creating process's local handle (spec 002 "Global and local handles").
+        self.trace.push(now, Event::Ddi(Ddi::CreateNativeFence(id)));
         self.kmd.create_native_fence((current.clone(), coff), (monitored, coff), id);
-        self.fence_index.insert(id, (pid, handle));
+        if desc.shareable {
+            self.trace.push(now, Event::Ddi(Ddi::OpenNativeFence(handle)));
+        }
+        self.fence_index.insert(id, vec![(pid, handle)]);
         let cpu = match desc.kind {
             NativeFenceType::IntraGpu => None,
             _ => Some(current.map_range(0, 4096, Prot::ReadOnly)?),
         };
-        Ok(NativeFenceInfo { handle, va, cpu, offset: coff })
+        Ok(NativeFenceInfo { handle, va, cpu, offset: coff, global: desc.shareable.then_some(id) })
+    }
+
+    /// Opens a shared fence in another process: the same storage, mapped at a VA of this
+    /// process, under a local handle of its own (`DxgkDdiOpenNativeFence`).
+    pub(crate) fn open_native_fence(
+        &mut self,
+        pid: ProcessId,
+        device: DeviceHandle,
+        global: u64,
+        now: Time,
+    ) -> Result<NativeFenceInfo, KernelError> {
+        self.proc(pid)?.devices.get(device)?;
+        let &(opid, oh) = self
+            .fence_index
+            .get(&global)
+            .and_then(|v| v.first())
+            .ok_or_else(|| invalid("global", global, "does not name a fence"))?;
+        let o = self.proc(opid)?.fences.get(oh)?;
+        if !o.shared {
+            return Err(invalid("global", global, "names a fence that was not created shareable: it cannot be opened"));
+        }
+        let (kind, current, coff, monitored, moff) = (o.kind, o.current.clone(), o.coff, o.monitored.clone(), o.moff);
+        let p = self.proc(pid)?;
+        let (vmid, va) = (p.vmid, p.take_va(4096));
+        self.kmd.map_gpu(vmid, va, 4096, current.clone(), true)?;
+        let handle = self.proc(pid)?.fences.insert(FenceObj {
+            device,
+            id: global,
+            kind,
+            current: current.clone(),
+            coff,
+            va: va + coff,
+            monitored,
+            moff,
+            slot: None,
+            shared: true,
+            waiters: Vec::new(),
+        });
+        self.trace.push(now, Event::Ddi(Ddi::OpenNativeFence(handle)));
+        self.fence_index.entry(global).or_default().push((pid, handle));
+        let cpu = match kind {
+            NativeFenceType::IntraGpu => None,
+            _ => Some(current.map_range(0, 4096, Prot::ReadOnly)?),
+        };
+        Ok(NativeFenceInfo { handle, va: va + coff, cpu, offset: coff, global: Some(global) })
     }
 
     pub(crate) fn destroy_native_fence(
@@ -158,9 +211,22 @@ impl OsState {
         now: Time,
     ) -> Result<(), KernelError> {
         let f = self.proc(pid)?.fences.remove(h)?;
-        self.trace.push(now, Event::Ddi(Ddi::DestroyNativeFence(h)));
-        self.kmd.destroy_native_fence((f.current.clone(), f.coff));
-        self.fence_index.remove(&f.id);
+        // Close this process's local handle; destroy the global fence with its last one.
+        let left = match self.fence_index.get_mut(&f.id) {
+            Some(v) => {
+                v.retain(|&(p, x)| (p, x) != (pid, h));
+                v.len()
+            }
+            None => 0,
+        };
+        if f.shared {
+            self.trace.push(now, Event::Ddi(Ddi::CloseNativeFence(h)));
+        }
+        if left == 0 {
+            self.trace.push(now, Event::Ddi(Ddi::DestroyNativeFence(f.id)));
+            self.kmd.destroy_native_fence((f.current.clone(), f.coff));
+            self.fence_index.remove(&f.id);
+        }
         let lost = KernelError::InvalidArgument {
             field: "fence",
             value: h.to_string(),
@@ -175,8 +241,12 @@ impl OsState {
             Some((i, s)) => p.fence_pages[i].used[s] = false,
             None => {
                 let vmid = p.vmid;
-                self.kmd.unmap_gpu(vmid, f.va);
+                self.kmd.unmap_gpu(vmid, f.va - f.coff);
             }
+        }
+        // The closed instance's waiters are gone: the shared MonitoredValue may rise.
+        if left > 0 {
+            self.program_monitored(f.id);
         }
         Ok(())
     }
@@ -195,11 +265,15 @@ impl OsState {
         }
         let (current, coff) = (f.current.clone(), f.coff);
         let word = current.atomic_u64(coff)?;
+        let id = self.proc(pid)?.fences.get(h)?.id;
         self.trace.push(now, Event::Ddi(Ddi::UpdateCurrentValueFromCpu(h, value)));
         // `DxgkDdiUpdateCurrentValuesFromCpu`. Release: what the CPU did before is visible to
         // whoever acquires the value (GPU waits included).
         word.store(value, Ordering::Release);
-        self.settle_fence(pid, h, now);
+        // Every process that has the fence open sees the signal.
+        for (p, x) in self.instances(id) {
+            self.settle_fence(p, x, now);
+        }
         Ok(())
     }
 
@@ -259,11 +333,9 @@ impl OsState {
             }
         }
         // Raising a MonitoredValue cannot lose a wake-up, so no resample is needed here.
-        for &(h, _) in &wait.conds {
-            if let Ok(f) = p.fences.get(h) {
-                let m = monitored_for(f);
-                let _ = f.monitored.atomic_u64(f.moff).map(|w| w.store(m, Ordering::Relaxed));
-            }
+        let ids: Vec<u64> = wait.conds.iter().filter_map(|&(h, _)| p.fences.get(h).ok().map(|f| f.id)).collect();
+        for id in ids {
+            self.program_monitored(id);
         }
     }
 
@@ -303,9 +375,10 @@ impl OsState {
             for w in &done {
                 self.forget_wait(pid, w);
             }
+            let Ok(id) = self.proc(pid).and_then(|p| p.fences.get(h).map(|f| f.id)) else { return };
+            let m = self.monitored_for(id);
             let Ok(p) = self.proc(pid) else { return };
             let Ok(f) = p.fences.get(h) else { return };
-            let m = monitored_for(f);
             let Ok(mword) = f.monitored.atomic_u64(f.moff) else { return };
             let Ok(cword) = f.current.atomic_u64(f.coff) else { return };
             let before = f.current();
@@ -323,7 +396,7 @@ impl OsState {
     pub(crate) fn service_fences(&mut self, what: FenceSignaled, now: Time) {
         self.stats.fence_interrupts += 1;
         let targets: Vec<(ProcessId, NativeFenceHandle)> = match what {
-            FenceSignaled::Fences(ids) => ids.iter().filter_map(|id| self.fence_index.get(id).copied()).collect(),
+            FenceSignaled::Fences(ids) => ids.iter().flat_map(|&id| self.instances(id)).collect(),
             FenceSignaled::Queues(queues) => {
                 let mut ids = Vec::new();
                 let mut scan_all = false;
@@ -353,7 +426,7 @@ impl OsState {
                 } else {
                     ids.sort_unstable();
                     ids.dedup();
-                    ids.iter().filter_map(|id| self.fence_index.get(id).copied()).collect()
+                    ids.iter().flat_map(|&id| self.instances(id)).collect()
                 }
             }
             FenceSignaled::All => self.fences_with_waiters(),
@@ -363,21 +436,42 @@ impl OsState {
         }
     }
 
+    /// Every local instance of fence `id`.
+    fn instances(&self, id: u64) -> Vec<(ProcessId, NativeFenceHandle)> {
+        self.fence_index.get(&id).cloned().unwrap_or_default()
+    }
+
+    /// The MonitoredValue fence `id` should have: the lowest value any process's waiter waits
+    /// for, minus 1; `u64::MAX` with no waiter; 0 for a legacy monitored fence. Shared fences
+    /// have one MonitoredValue, so every instance's waiters count.
+    fn monitored_for(&self, id: u64) -> u64 {
+        let mut m = u64::MAX;
+        for (pid, h) in self.instances(id) {
+            let Some(f) = self.processes.get(&pid).and_then(|p| p.fences.get(h).ok()) else { continue };
+            if f.kind == NativeFenceType::LegacyMonitored {
+                return 0;
+            }
+            m = m.min(f.waiters.iter().map(|(v, _)| v.saturating_sub(1)).min().unwrap_or(u64::MAX));
+        }
+        m
+    }
+
+    /// Stores fence `id`'s MonitoredValue (a raise needs no resample).
+    fn program_monitored(&mut self, id: u64) {
+        let m = self.monitored_for(id);
+        if let Some(&(pid, h)) = self.instances(id).first()
+            && let Some(f) = self.processes.get(&pid).and_then(|p| p.fences.get(h).ok())
+        {
+            let _ = f.monitored.atomic_u64(f.moff).map(|w| w.store(m, Ordering::Relaxed));
+        }
+    }
+
     fn fences_with_waiters(&self) -> Vec<(ProcessId, NativeFenceHandle)> {
         self.processes
             .iter()
             .flat_map(|(&pid, p)| p.fences.iter().filter(|(_, f)| !f.waiters.is_empty()).map(move |(h, _)| (pid, h)))
             .collect()
     }
-}
-
-/// The MonitoredValue a fence should have: lowest waited value − 1, `u64::MAX` with no
-/// waiter, 0 for a legacy monitored fence.
-fn monitored_for(f: &FenceObj) -> u64 {
-    if f.kind == NativeFenceType::LegacyMonitored {
-        return 0;
-    }
-    f.waiters.iter().map(|(v, _)| v.saturating_sub(1)).min().unwrap_or(u64::MAX)
 }
 
 /// Whether a wait is satisfied: for `Any`, the index of a reached fence; for `All`, 0.

@@ -381,6 +381,9 @@ impl KernelPort for TapPort {
     ) -> Result<abi::port::NativeFenceInfo, KernelError> {
         self.inner.create_native_fence(device, desc)
     }
+    fn open_native_fence(&self, device: DeviceHandle, global: u64) -> Result<abi::port::NativeFenceInfo, KernelError> {
+        self.inner.open_native_fence(device, global)
+    }
     fn destroy_native_fence(&self, fence: abi::NativeFenceHandle) -> Result<(), KernelError> {
         self.inner.destroy_native_fence(fence)
     }
