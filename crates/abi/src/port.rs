@@ -142,6 +142,10 @@ impl core::fmt::Debug for DoorbellInfo {
     }
 }
 
+/// The CurrentValue a fence takes when its device is in error (AlwaysSignaled): every wait
+/// passes. Reserved: the CPU cannot signal it.
+pub const FENCE_ALWAYS_SIGNALED: u64 = u64::MAX;
+
 /// `D3DDDI_NATIVEFENCE_TYPE`: where a native fence's CurrentValue lives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum NativeFenceType {
@@ -327,6 +331,13 @@ pub enum KernelError {
         queue: String,
         /// Why.
         reason: String,
+    },
+    /// The device is in error (lost): its fences are always signalled and waits on them end
+    /// with this error.
+    #[error("{device} is lost (in error): its fences read as always signalled")]
+    DeviceLost {
+        /// The device.
+        device: String,
     },
     /// The process was terminated.
     #[error("process {0} has been terminated")]

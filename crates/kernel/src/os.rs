@@ -122,7 +122,11 @@ pub enum WaitStart {
     Blocked(Arc<Waiter>),
 }
 
-struct DeviceObj;
+/// A device; `error` once it is lost (its fences then read as always signalled).
+#[derive(Default)]
+struct DeviceObj {
+    error: bool,
+}
 
 struct ContextObj {
     device: DeviceHandle,
@@ -397,7 +401,7 @@ impl Os {
 
     /// `D3DKMTCreateDevice`.
     pub fn create_device(&self, pid: ProcessId) -> Result<DeviceHandle, KernelError> {
-        self.with(pid, |s, _| Ok(s.proc(pid)?.devices.insert(DeviceObj)))
+        self.with(pid, |s, _| Ok(s.proc(pid)?.devices.insert(DeviceObj::default())))
     }
 
     /// `D3DKMTDestroyDevice`: its contexts (and their queues), then its allocations.
@@ -609,6 +613,13 @@ impl Os {
         desc: &abi::port::NativeFenceDesc,
     ) -> Result<abi::port::NativeFenceInfo, KernelError> {
         self.with(pid, |s, now| s.create_native_fence(pid, device, desc, now))
+    }
+
+    /// Marks a device in error (TDR, abnormal termination): every fence it owns becomes
+    /// AlwaysSignaled, so GPU and CPU waits pass, and CPU waits report
+    /// [`KernelError::DeviceLost`]. Idempotent.
+    pub fn mark_device_error(&self, pid: ProcessId, device: DeviceHandle) -> Result<(), KernelError> {
+        self.with(pid, |s, now| s.mark_device_error(pid, device, now))
     }
 
     /// Opens a shared native fence by its global handle.

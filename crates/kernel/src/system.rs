@@ -309,6 +309,12 @@ impl System {
         self.inner.os.read_fence_log(pid, queue, kind, since)
     }
 
+    /// Marks a process's device in error (see [`crate::os::Os::mark_device_error`]); the
+    /// lifecycle and recovery work (abnormal termination, TDR) will call it.
+    pub fn mark_device_error(&self, pid: ProcessId, device: DeviceHandle) -> Result<(), KernelError> {
+        self.inner.os.mark_device_error(pid, device)
+    }
+
     /// Direct access to the device, for tests and tools that inspect it.
     pub fn with_gpu<T>(&self, f: impl FnOnce(&mut Gpu) -> T) -> T {
         f(&mut self.inner.gpu.lock())

@@ -290,3 +290,31 @@ fn only_shared_fences_can_be_opened() {
         "{e}"
     );
 }
+
+#[test]
+fn a_device_in_error_signals_every_fence_and_waits_report_it() {
+    let sys = common::sim();
+    let c = common::client(&sys);
+    let f = c.device.create_fence(0, NativeFenceType::Default).unwrap();
+    // A GPU queue waits on the fence; a CPU waiter would too.
+    let mut q = c.user_queue();
+    let mut cb = CommandBuffer::new();
+    cb.wait_fence(&f, 100).write_u32(c.buf.va(), 7);
+    let v = q.submit(&cb).unwrap();
+    sys.settle();
+    assert_eq!(c.buf.read_u32(0).unwrap(), 0);
+    sys.mark_device_error(c.port.process(), c.device.handle()).unwrap();
+    // AlwaysSignaled: the GPU wait passes ...
+    q.wait(v, T).unwrap();
+    assert_eq!(c.buf.read_u32(0).unwrap(), 7);
+    assert_eq!(f.value().unwrap(), abi::port::FENCE_ALWAYS_SIGNALED);
+    // ... and CPU waits end at once, reporting the error.
+    let e = f.wait(5, T).unwrap_err();
+    assert!(e.to_string().contains("is lost"), "{e}");
+    let e = c.port.wait_native_fences(&[(f.handle(), 5)], WaitMode::All, None).unwrap_err();
+    assert!(matches!(e, KernelError::DeviceLost { .. }), "{e}");
+    // The reserved value cannot be signalled by the CPU.
+    let g = c.device.create_fence(0, NativeFenceType::Default).unwrap();
+    let e = g.signal(u64::MAX).unwrap_err();
+    assert!(e.to_string().contains("reserved"), "{e}");
+}

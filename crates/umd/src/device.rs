@@ -34,6 +34,11 @@ impl Device {
         Ok(Device { inner: Arc::new(DeviceInner { port, handle, info }) })
     }
 
+    /// The kernel handle.
+    pub fn handle(&self) -> DeviceHandle {
+        self.inner.handle
+    }
+
     /// The kernel port.
     pub fn port(&self) -> &Arc<dyn KernelPort> {
         &self.inner.port

@@ -89,7 +89,15 @@ pub(crate) fn wait_fences(
     for _ in 0..=spin {
         let (mut all, mut any) = (true, None);
         for (i, (f, v)) in conds.iter().enumerate() {
-            if f.value()? >= *v {
+            let cur = f.value()?;
+            if cur == abi::port::FENCE_ALWAYS_SIGNALED {
+                // AlwaysSignaled: the device is in error. Let the kernel say so.
+                return match device.port.wait_native_fences(&[(f.handle(), *v)], mode, Some(Duration::ZERO)) {
+                    Err(e) => Err(e.into()),
+                    Ok(_) => Ok(i),
+                };
+            }
+            if cur >= *v {
                 any.get_or_insert(i);
             } else {
                 all = false;

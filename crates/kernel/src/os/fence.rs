@@ -258,6 +258,9 @@ impl OsState {
         value: u64,
         now: Time,
     ) -> Result<(), KernelError> {
+        if value == abi::port::FENCE_ALWAYS_SIGNALED {
+            return Err(invalid("value", value, "is reserved for a device in error (AlwaysSignaled)"));
+        }
         let f = self.proc(pid)?.fences.get(h)?;
         let cur = f.current();
         if value < cur {
@@ -290,7 +293,11 @@ impl OsState {
         }
         let p = self.proc(pid)?;
         for (h, _) in conds {
-            if p.fences.get(*h)?.kind == NativeFenceType::IntraGpu {
+            let f = p.fences.get(*h)?;
+            if p.devices.get(f.device).is_ok_and(|d| d.error) {
+                return Err(KernelError::DeviceLost { device: f.device.to_string() });
+            }
+            if f.kind == NativeFenceType::IntraGpu {
                 return Err(invalid(
                     "fences",
                     h,
@@ -304,6 +311,37 @@ impl OsState {
         let wait = Arc::new(FenceWait { conds: conds.to_vec(), mode, waiter: Waiter::new(), scheduler: false });
         self.register_wait(pid, &wait, now)?;
         Ok(WaitStart::Blocked(wait.waiter.clone()))
+    }
+
+    /// A device in error: every fence it owns becomes AlwaysSignaled (CurrentValue =
+    /// `u64::MAX`, so GPU waits pass), and its blocked CPU waiters end with `DeviceLost`.
+    pub(crate) fn mark_device_error(
+        &mut self,
+        pid: ProcessId,
+        device: DeviceHandle,
+        now: Time,
+    ) -> Result<(), KernelError> {
+        self.proc(pid)?.devices.get_mut(device)?.error = true;
+        let lost = KernelError::DeviceLost { device: device.to_string() };
+        let p = self.proc(pid)?;
+        let mine: Vec<NativeFenceHandle> =
+            p.fences.iter().filter(|(_, f)| f.device == device).map(|(h, _)| h).collect();
+        let mut waits = Vec::new();
+        for &h in &mine {
+            let f = self.proc(pid)?.fences.get(h)?;
+            // Release: pairs with the acquire loads of waiters (CPU and GPU).
+            f.current.atomic_u64(f.coff)?.store(abi::port::FENCE_ALWAYS_SIGNALED, Ordering::Release);
+            waits.extend(f.waiters.iter().map(|(_, w)| w.clone()));
+            self.trace.push(now, Event::Ddi(Ddi::UpdateCurrentValueFromCpu(h, abi::port::FENCE_ALWAYS_SIGNALED)));
+        }
+        for w in waits {
+            w.waiter.complete(Err(lost.clone()));
+            if w.scheduler {
+                self.km_kick = true;
+            }
+            self.forget_wait(pid, &w);
+        }
+        Ok(())
     }
 
     /// Registers `wait` on each of its fences, then settles them (programs MonitoredValue and
