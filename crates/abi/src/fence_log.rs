@@ -237,7 +237,8 @@ pub fn read_since(log: &shm::Mapping, cached: u64) -> Result<LogRead, LogError> 
     let lost = new.saturating_sub(n);
     let mut entries = Vec::with_capacity(new.min(n) as usize);
     let mut prev = 0u64;
-    for t in (total - new.min(n))..total {
+    let first = total - new.min(n);
+    for t in first..total {
         let i = (t % n) as u32;
         let mut words = [0u64; 6];
         for (k, word) in words.iter_mut().enumerate() {
@@ -253,7 +254,18 @@ pub fn read_since(log: &shm::Mapping, cached: u64) -> Result<LogRead, LogError> 
         prev = e.end_timestamp;
         entries.push(e);
     }
-    Ok(LogRead { entries, lost, total })
+    // The engine may have gone on writing while we read. Position t shares its slot with
+    // t + n, so every position up to `after - n` may have been overwritten (and the one at
+    // `after - n` may be mid-write now, before the header says so): drop them as lost.
+    let after = total_written(log.load_u64(0, core::sync::atomic::Ordering::Acquire)?).max(total);
+    let torn = (after + 1).saturating_sub(n).saturating_sub(first).min(entries.len() as u64);
+    entries.drain(..torn as usize);
+    Ok(LogRead { entries, lost: lost + torn, total })
+}
+
+/// The header's total (entries written since creation), for a reader that must resynchronize.
+pub fn header_total(log: &shm::Mapping) -> Result<u64, LogError> {
+    Ok(total_written(log.load_u64(0, core::sync::atomic::Ordering::Acquire)?))
 }
 
 /// Writes a fresh header (index 0, no wraps) for a log of `kind`.
@@ -303,8 +315,10 @@ mod tests {
             put(&shm, i, 100 + t, pack_first_free((next % 84) as u32, (next / 84) as u32));
         }
         let r = read_since(&shm, 2).unwrap();
-        assert_eq!((r.entries.len(), r.lost, r.total), (84, 16, 102));
-        assert_eq!(r.entries.first().unwrap().end_timestamp, 100 + 18);
+        // 84 entries are in the log, but the oldest shares its slot with the next write, which
+        // may be under way: it counts as lost.
+        assert_eq!((r.entries.len(), r.lost, r.total), (83, 17, 102));
+        assert_eq!(r.entries.first().unwrap().end_timestamp, 100 + 19);
         // Corruption: an index out of range, a header going backwards, time going backwards.
         shm.write_u64(0, pack_first_free(90, 0)).unwrap();
         assert!(matches!(read_since(&shm, 0), Err(LogError::BadIndex { index: 90 })));

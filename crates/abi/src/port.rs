@@ -183,6 +183,8 @@ pub struct NativeFenceInfo {
     /// For a shareable fence, the global handle another process passes to
     /// [`KernelPort::open_native_fence`].
     pub global: Option<u64>,
+    /// Its storage type.
+    pub kind: NativeFenceType,
 }
 
 /// How a multi-fence wait is satisfied.

@@ -29,6 +29,8 @@ use crate::memory::AddressSpace;
 pub const MAX_WAVE: usize = 64;
 /// Most threads in one workgroup.
 pub const MAX_GROUP_THREADS: u64 = 1024;
+/// Most workgroups in one grid.
+pub const MAX_GRID_GROUPS: u64 = 1 << 40;
 
 type Lanes = [u32; MAX_WAVE];
 
@@ -150,7 +152,7 @@ impl<'a> Mem<'a> {
         }
         if let Some((start, end, shm, off, writable)) = self.last
             && va >= start
-            && va + bytes <= end
+            && va.checked_add(bytes).is_some_and(|e| e <= end)
             && (writable || access == Access::Read)
         {
             return Ok((shm, off + (va - start)));
@@ -505,6 +507,12 @@ pub fn check_dims(grid: [u32; 3], group: [u32; 3]) -> Result<(), &'static str> {
     }
     if group.iter().map(|&x| x as u64).product::<u64>() > MAX_GROUP_THREADS {
         return Err("a workgroup holds at most 1024 threads");
+    }
+    // Three u32 dimensions can multiply past u64; a grid of 2^40 workgroups is already far
+    // beyond anything a dispatch can run.
+    let groups = grid.iter().try_fold(1u64, |acc, &x| acc.checked_mul(x as u64));
+    if groups.is_none_or(|g| g > MAX_GRID_GROUPS) {
+        return Err("a grid holds at most 2^40 workgroups");
     }
     Ok(())
 }

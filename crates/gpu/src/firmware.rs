@@ -826,9 +826,20 @@ fn exec(
         }
         Packet::Signal { va, value } => {
             let r = vm.translate_aligned(va, 8, Access::Write)?;
-            // Release: everything the queue wrote before the signal is visible to whoever
-            // acquires the new value.
-            r.shm.atomic_u64(r.offset).map_err(|_| wfault(va, 8))?.store(value, Ordering::Release);
+            let word = r.shm.atomic_u64(r.offset).map_err(|_| wfault(va, 8))?;
+            match env.fences.get(&(r.shm.id(), r.offset)) {
+                // A plain SIGNAL that lands on a native fence still owes its CPU waiters the
+                // interrupt check: a fence is a fence whatever the packet's flags say.
+                Some(f) => {
+                    let monitored = abi::sync::MappedWord { map: &f.monitored.shm, offset: f.monitored.offset };
+                    if abi::protocol::signal_fence(word, &monitored, value, || {}) {
+                        env.irqs.push_back(Interrupt::NativeFenceSignaled(FenceSignaled::Fences(vec![f.id])));
+                    }
+                }
+                // Release: everything the queue wrote before the signal is visible to whoever
+                // acquires the new value.
+                None => word.store(value, Ordering::Release),
+            }
         }
         Packet::SignalFence { va, value } => {
             let r = vm.translate_aligned(va, 8, Access::Write)?;
@@ -884,11 +895,12 @@ fn exec(
                         end_timestamp: now.as_nanos(),
                         ..Default::default()
                     };
-                    if op == LoggedOp::Signal {
+                    if op == LoggedOp::Signal && fence.is_none() {
                         current.store(value, Ordering::Release);
                         write_log(&logs[1], entry, entry_of(handle));
                         std::sync::atomic::fence(Ordering::SeqCst);
                     } else {
+                        // A fence signal (flagged, or a plain one landing on a fence).
                         let f = fence.ok_or(FaultKind::NotAFence { va })?;
                         let monitored = abi::sync::MappedWord { map: &f.monitored.shm, offset: f.monitored.offset };
                         // 1. value; 2. entry; 3. index — inside the protocol, before its barrier

@@ -63,6 +63,8 @@ pub const KERNEL_RING_BYTES: u64 = 64 * 1024;
 enum Move {
     Moved,
     NoSpace,
+    /// Held back until a fence passes; the fence's interrupt wakes the scheduler.
+    FenceWait,
     Empty,
 }
 
@@ -237,6 +239,17 @@ impl Process {
     }
 }
 
+/// One pass of the kernel-mode scheduler.
+#[derive(Clone, Copy, Debug)]
+pub struct SchedulerPass {
+    /// Submissions were moved onto kernel rings.
+    pub moved: bool,
+    /// Some waited for ring space (the engine frees it without telling anyone: poll soon).
+    pub ring_full: bool,
+    /// The work generation seen.
+    pub generation: u64,
+}
+
 /// Counters the benchmark and demo read.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct OsStats {
@@ -276,6 +289,9 @@ struct OsState {
     fence_index: HashMap<u64, Vec<(ProcessId, abi::NativeFenceHandle)>>,
     /// A kernel-mode submission's fence wait completed: wake the scheduler.
     km_kick: bool,
+    /// Bumped whenever the scheduler may have new work (a submission, a fence it waits on):
+    /// it sleeps only if this has not changed since it last looked, so no wake-up is lost.
+    km_gen: u64,
 }
 
 /// The OS kernel. All methods take `&self`; state is behind one lock.
@@ -314,6 +330,7 @@ impl Os {
             next_fence_id: 1,
             fence_index: HashMap::new(),
             km_kick: false,
+            km_gen: 0,
         };
         Ok(Os { state: Mutex::new(state), clock, km_work: Condvar::new() })
     }
@@ -538,7 +555,11 @@ impl Os {
 
     /// `D3DKMTSubmitCommand`: validates and queues on the context's software queue.
     pub fn submit_command(&self, pid: ProcessId, q: HwQueueHandle, words: &[u32]) -> Result<(), KernelError> {
-        self.with(pid, |s, _| s.submit_command(pid, q, words))?;
+        self.with(pid, |s, _| {
+            s.submit_command(pid, q, words)?;
+            s.km_gen += 1;
+            Ok(())
+        })?;
         self.km_work.notify_one();
         Ok(())
     }
@@ -600,7 +621,13 @@ impl Os {
         let now = self.now();
         s.stats.interrupts += 1;
         s.service(irq, now);
+        self.kick_if_needed(&mut s);
+    }
+
+    /// Wakes the scheduler if a fence it waited on passed.
+    fn kick_if_needed(&self, s: &mut OsState) {
         if std::mem::take(&mut s.km_kick) {
+            s.km_gen += 1;
             self.km_work.notify_all();
         }
     }
@@ -619,7 +646,9 @@ impl Os {
     /// AlwaysSignaled, so GPU and CPU waits pass, and CPU waits report
     /// [`KernelError::DeviceLost`]. Idempotent.
     pub fn mark_device_error(&self, pid: ProcessId, device: DeviceHandle) -> Result<(), KernelError> {
-        self.with(pid, |s, now| s.mark_device_error(pid, device, now))
+        let r = self.with(pid, |s, now| s.mark_device_error(pid, device, now));
+        self.kick_if_needed(&mut self.state.lock());
+        r
     }
 
     /// Opens a shared native fence by its global handle.
@@ -634,7 +663,9 @@ impl Os {
 
     /// Destroys a native fence.
     pub fn destroy_native_fence(&self, pid: ProcessId, f: abi::NativeFenceHandle) -> Result<(), KernelError> {
-        self.with(pid, |s, now| s.destroy_native_fence(pid, f, now))
+        let r = self.with(pid, |s, now| s.destroy_native_fence(pid, f, now));
+        self.kick_if_needed(&mut self.state.lock());
+        r
     }
 
     /// Signals a native fence from the CPU.
@@ -645,9 +676,7 @@ impl Os {
         value: u64,
     ) -> Result<(), KernelError> {
         let r = self.with(pid, |s, now| s.signal_native_fence(pid, f, value, now));
-        if std::mem::take(&mut self.state.lock().km_kick) {
-            self.km_work.notify_all();
-        }
+        self.kick_if_needed(&mut self.state.lock());
         r
     }
 
@@ -670,11 +699,13 @@ impl Os {
     }
 
     /// Runs the kernel-mode scheduler once: moves software-queue submissions onto kernel
-    /// rings. Returns `(moved any, some blocked on ring space)`.
-    pub fn run_scheduler(&self) -> (bool, bool) {
+    /// rings. Returns what it did, and the work generation it saw (for
+    /// [`Os::wait_for_km_work`]).
+    pub fn run_scheduler(&self) -> SchedulerPass {
         let mut s = self.state.lock();
         let now = self.now();
-        s.run_scheduler(now)
+        let (moved, ring_full) = s.run_scheduler(now);
+        SchedulerPass { moved, ring_full, generation: s.km_gen }
     }
 
     /// Whether submissions wait on software queues.
@@ -682,10 +713,12 @@ impl Os {
         self.state.lock().km_queued > 0
     }
 
-    /// Blocks the scheduler worker until a submission arrives or `timeout` passes.
-    pub fn wait_for_km_work(&self, timeout: std::time::Duration) {
+    /// Blocks the scheduler worker until there may be new work — a submission, or a fence a
+    /// held-back submission waits on — or `timeout` passes. Returns at once if the work
+    /// generation moved since `seen` (so a wake-up between the pass and this call is kept).
+    pub fn wait_for_km_work(&self, seen: u64, timeout: std::time::Duration) {
         let mut s = self.state.lock();
-        if s.km_queued == 0 {
+        if s.km_gen == seen {
             self.km_work.wait_for(&mut s, timeout);
         }
     }
@@ -1169,6 +1202,7 @@ impl OsState {
         fences: &[(u64, abi::NativeFenceHandle)],
     ) -> Result<(u64, Vec<(abi::NativeFenceHandle, u64)>), KernelError> {
         let mut waits = Vec::new();
+        let mut signalled: Vec<(u64, u64)> = Vec::new();
         let packets =
             abi::packet::decode_stream(words).map_err(|(offset, error)| KernelError::BadPacket { offset, error })?;
         let mut progress = last;
@@ -1185,7 +1219,10 @@ impl OsState {
                 }
                 Packet::Fill { dst, bytes, .. } => w("FILL.dst", dst, bytes, 1)?,
                 Packet::Timestamp { va } => w("TIMESTAMP.va", va, 8, 8)?,
-                Packet::Signal { va, .. } => w("SIGNAL.va", va, 8, 8)?,
+                Packet::Signal { va, value } => {
+                    w("SIGNAL.va", va, 8, 8)?;
+                    signalled.push((va, value));
+                }
                 Packet::Logged { .. } => {
                     return Err(invalid(
                         "SIGNAL/WAIT log flag",
@@ -1193,7 +1230,8 @@ impl OsState {
                         "kernel-mode queues have no fence log (their fences are software operations of the kernel)",
                     ));
                 }
-                Packet::SignalFence { va, .. } => {
+                Packet::SignalFence { va, value } => {
+                    signalled.push((va, value));
                     w("SIGNAL.va", va, 8, 8)?;
                     if !fences.iter().any(|&(fva, _)| fva == va) {
                         return Err(invalid(
@@ -1205,7 +1243,12 @@ impl OsState {
                 }
                 Packet::Wait { va, value } => {
                     r("WAIT.va", va, 8, 8)?;
-                    if let Some(&(_, h)) = fences.iter().find(|&&(fva, _)| fva == va) {
+                    // Held back on the CPU unless this submission signals it first (holding
+                    // it would then wait for itself).
+                    let covered = signalled.iter().any(|&(sva, sv)| sva == va && sv >= value);
+                    if let Some(&(_, h)) = fences.iter().find(|&&(fva, _)| fva == va)
+                        && !covered
+                    {
                         waits.push((h, value));
                     }
                 }
@@ -1299,7 +1342,7 @@ impl OsState {
                         blocked = true;
                         break;
                     }
-                    Move::Empty => break,
+                    Move::FenceWait | Move::Empty => break,
                 }
             }
         }
@@ -1324,7 +1367,7 @@ impl OsState {
                     sub.pending = Some(wait.clone());
                     let _ = self.register_wait(pid, &wait, now);
                 }
-                return Move::NoSpace;
+                return Move::FenceWait;
             }
             if let Some(w) = sub.pending.take() {
                 self.forget_wait(pid, &w);

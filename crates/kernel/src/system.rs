@@ -139,8 +139,7 @@ impl Inner {
     /// Sim: one step of the whole world. Returns whether anything happened.
     fn sim_step(&self) -> bool {
         let p = self.pump();
-        let (moved, _) = self.os.run_scheduler();
-        p.work || moved
+        p.work || self.os.run_scheduler().moved
     }
 
     /// Sim: runs until nothing happens without time passing. Bounded, in case a queue spins
@@ -366,10 +365,12 @@ fn firmware_thread(inner: std::sync::Weak<Inner>, stop: Arc<AtomicBool>) {
 fn scheduler_thread(inner: std::sync::Weak<Inner>, stop: Arc<AtomicBool>) {
     while !stop.load(Ordering::Acquire) {
         let Some(sys) = inner.upgrade() else { return };
-        let (moved, blocked) = sys.os.run_scheduler();
-        if !moved {
-            // Blocked on ring space: poll again soon; otherwise sleep until a submission.
-            sys.os.wait_for_km_work(if blocked { Duration::from_micros(50) } else { Duration::from_millis(50) });
+        let pass = sys.os.run_scheduler();
+        if !pass.moved {
+            // Ring space frees without a notification: poll soon. Otherwise sleep until new
+            // work (a submission, or a fence a held-back submission waits on).
+            let timeout = if pass.ring_full { Duration::from_micros(50) } else { Duration::from_millis(50) };
+            sys.os.wait_for_km_work(pass.generation, timeout);
         }
     }
 }

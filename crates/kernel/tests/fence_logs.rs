@@ -103,7 +103,9 @@ fn an_overrun_log_falls_back_to_scanning_every_fence() {
     b.wait(1, T).unwrap();
     assert_eq!(sys.stats().fence_log_fallbacks, 1);
     let r = sys.read_fence_log(pid, q.handle(), FenceLogType::Signal, 0).unwrap();
-    assert_eq!((r.entries.len(), r.lost, r.total), (84, 7, 91));
+    // 91 written, 84 slots: 7 overwritten, and the oldest remaining one shares its slot with
+    // the next write, so a reader cannot trust it either.
+    assert_eq!((r.entries.len(), r.lost, r.total), (83, 8, 91));
 }
 
 #[test]

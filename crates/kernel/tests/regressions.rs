@@ -114,3 +114,125 @@ fn a_refused_f1_reconnects_the_doorbells() {
     assert_eq!(status, abi::DoorbellStatus::Connected as u64);
     let _ = db;
 }
+
+mod review2 {
+    //! Regressions from the second review (compute, fences, fence logs).
+
+    use super::common;
+    use abi::packet::{LoggedOp, Packet};
+    use abi::port::NativeFenceType;
+    use std::time::Duration;
+    use umd::CommandBuffer;
+
+    const T: Option<Duration> = Some(Duration::from_millis(50));
+
+    fn optimized() -> kernel::System {
+        common::sim_with(kernel::SystemConfig {
+            gpu: gpu::GpuConfig { optimized_fence_interrupts: true, ..gpu::GpuConfig::default() },
+            ..kernel::SystemConfig::default()
+        })
+    }
+
+    /// A client that logs the same entry twice must not make the optimized interrupt miss a
+    /// waiter: a log that shows no new signal means "scan everything".
+    #[test]
+    fn a_log_that_does_not_advance_falls_back_to_a_scan() {
+        let sys = optimized();
+        let c = common::client(&sys);
+        let f = c.device.create_fence(0, NativeFenceType::Default).unwrap();
+        let mut q = c.user_queue();
+        for v in 1..=2 {
+            let mut cb = CommandBuffer::new();
+            cb.wait(c.buf.va(), v).packet(Packet::Logged { op: LoggedOp::SignalFence, va: f.va(), value: v, entry: 5 });
+            q.submit(&cb).unwrap();
+        }
+        c.buf.write_u64(0, 1).unwrap();
+        f.wait(1, T).unwrap();
+        c.buf.write_u64(0, 2).unwrap();
+        f.wait(2, T).unwrap();
+        assert!(sys.stats().fence_log_fallbacks >= 1);
+    }
+
+    /// A kernel-mode submission that signals a fence and then waits for it must not wait for
+    /// itself.
+    #[test]
+    fn a_kernel_mode_submission_may_wait_for_its_own_signal() {
+        let sys = common::sim();
+        let c = common::client(&sys);
+        let f = c.device.create_fence(0, NativeFenceType::Default).unwrap();
+        let mut kq = c.kernel_queue();
+        let mut cb = CommandBuffer::new();
+        cb.signal_fence(&f, 1).wait_fence(&f, 1).write_u32(c.buf.va(), 9);
+        let v = kq.submit(&cb).unwrap();
+        kq.wait(v, T).unwrap();
+        assert_eq!(c.buf.read_u32(0).unwrap(), 9);
+    }
+
+    /// A plain SIGNAL (no fence flag) that lands on a native fence still interrupts for a waiter.
+    #[test]
+    fn a_plain_signal_on_a_fence_still_wakes_its_cpu_waiter() {
+        let sys = common::sim();
+        let c = common::client(&sys);
+        let f = c.device.create_fence(0, NativeFenceType::Default).unwrap();
+        let mut q = c.user_queue();
+        let mut cb = CommandBuffer::new();
+        cb.wait(c.buf.va(), 1).signal(f.va(), 1);
+        q.submit(&cb).unwrap();
+        c.buf.write_u64(0, 1).unwrap();
+        f.wait(1, T).unwrap();
+        assert_eq!(sys.stats().fence_interrupts, 1);
+    }
+
+    /// Address arithmetic near the top of the address space and absurd grids are faults or
+    /// typed errors, never debug-build overflow panics.
+    #[test]
+    fn overflowing_addresses_and_grids_fault_instead_of_panicking() {
+        use abi::isa::{FLAG_IMM, Inst, KernelHeader, Op};
+        let sys = common::sim();
+        let c = common::client(&sys);
+        let p = [
+            Inst::new(Op::SArg, 0, 0, 0, 0, 0), // fills the translation cache
+            Inst::new(Op::SAdd, 1, 1, 0, 0, (-4i32) as u32),
+            Inst::new(Op::Mov, 0, 0, 0, FLAG_IMM, 0),
+            Inst::new(Op::Ld32, 1, 1, 0, 0, 0),
+        ];
+        let mut bytes: Vec<u8> =
+            KernelHeader::new(p.len() as u32).to_words().iter().flat_map(|w| w.to_le_bytes()).collect();
+        bytes.extend(p.iter().flat_map(|i| i.encode().to_le_bytes()));
+        let kernel = c.device.upload(&bytes).unwrap();
+        let args = c.device.upload(&c.buf.va().to_le_bytes()).unwrap();
+        let mut q = c.user_queue();
+        let mut cb = CommandBuffer::new();
+        cb.dispatch(kernel.va(), [1, 1, 1], [1, 1, 1], args.va());
+        let v = q.submit(&cb).unwrap();
+        assert!(q.wait(v, T).is_err());
+        assert!(matches!(q.status().unwrap().fault.unwrap().kind, abi::queue::FaultKind::KernelAccess { pc: 3, .. }));
+        let mut q = c.user_queue();
+        let mut cb = CommandBuffer::new();
+        cb.dispatch(kernel.va(), [u32::MAX; 3], [1, 1, 1], args.va());
+        let v = q.submit(&cb).unwrap();
+        assert!(q.wait(v, T).is_err());
+        assert!(matches!(q.status().unwrap().fault.unwrap().kind, abi::queue::FaultKind::BadDispatch { .. }));
+        let e = c.kernel_queue().submit(&cb).unwrap_err();
+        assert!(e.to_string().contains("2^40"), "{e}");
+    }
+
+    /// A refused submission does not consume fence-log entries.
+    #[test]
+    fn a_refused_submission_leaves_no_hole_in_the_log() {
+        let sys = common::sim();
+        let c = common::client(&sys);
+        let f = c.device.create_fence(0, NativeFenceType::Default).unwrap();
+        let mut q =
+            c.ctx.create_queue(umd::QueueOptions { ring_bytes: 4096, ..umd::QueueOptions::user_mode() }).unwrap();
+        let mut big = CommandBuffer::new();
+        big.signal_fence_logged(&f, 1).nop(1000);
+        assert!(q.submit(&big).is_err(), "too large for a 4 KiB ring");
+        let mut cb = CommandBuffer::new();
+        cb.signal_fence_logged(&f, 1);
+        let v = q.submit(&cb).unwrap();
+        q.wait(v, T).unwrap();
+        let r = sys.read_fence_log(c.port.process(), q.handle(), abi::fence_log::FenceLogType::Signal, 0).unwrap();
+        assert_eq!((r.total, r.entries.len()), (1, 1));
+    }
+}

@@ -32,7 +32,7 @@ impl NativeFence {
 
     pub(crate) fn open(device: Arc<DeviceInner>, global: u64) -> Result<NativeFence, UmdError> {
         let info = device.port.open_native_fence(device.handle, global)?;
-        let kind = if info.cpu.is_some() { NativeFenceType::Default } else { NativeFenceType::IntraGpu };
+        let kind = info.kind;
         Ok(NativeFence { device, info, kind, spin: 2_000 })
     }
 
@@ -84,9 +84,13 @@ pub(crate) fn wait_fences(
     mode: WaitMode,
     timeout: Option<Duration>,
 ) -> Result<usize, UmdError> {
-    let spin = conds.iter().map(|(f, _)| f.spin).max().unwrap_or(0);
+    // An empty wait is the kernel's to refuse (spinning would "succeed" vacuously).
+    let spin = if conds.is_empty() { 0 } else { conds.iter().map(|(f, _)| f.spin).max().unwrap_or(0) };
     // Memory first, spinning: no allocation and no kernel call on this path.
     for _ in 0..=spin {
+        if conds.is_empty() {
+            break;
+        }
         let (mut all, mut any) = (true, None);
         for (i, (f, v)) in conds.iter().enumerate() {
             let cur = f.value()?;

@@ -252,11 +252,14 @@ impl Queue {
         // is the caller's and may be submitted again).
         let mut patched = std::mem::take(&mut self.scratch);
         let logged = !cb.log_fields().is_empty();
+        // The log positions advance only once the submission is in the ring: a refused one
+        // must not leave holes (a reader would see stale entries).
+        let mut log_next = self.log_next;
         if logged {
             patched.clear();
             patched.extend_from_slice(cb.words());
             for &(at, log) in cb.log_fields() {
-                let next = &mut self.log_next[log as usize];
+                let next = &mut log_next[log as usize];
                 patched[at] = *next;
                 *next = (*next + 1) % abi::fence_log::FENCE_LOG_ENTRIES;
             }
@@ -282,6 +285,7 @@ impl Queue {
         u.wptr = plan.new_wptr;
         u.outstanding.push_back((value, plan.new_wptr));
         self.next_progress = value;
+        self.log_next = log_next;
         self.scratch = patched;
         self.ring_and_check()?;
         Ok(value)

@@ -156,7 +156,7 @@ impl OsState {
             NativeFenceType::IntraGpu => None,
             _ => Some(current.map_range(0, 4096, Prot::ReadOnly)?),
         };
-        Ok(NativeFenceInfo { handle, va, cpu, offset: coff, global: desc.shareable.then_some(id) })
+        Ok(NativeFenceInfo { handle, va, cpu, offset: coff, global: desc.shareable.then_some(id), kind: desc.kind })
     }
 
     /// Opens a shared fence in another process: the same storage, mapped at a VA of this
@@ -201,7 +201,7 @@ impl OsState {
             NativeFenceType::IntraGpu => None,
             _ => Some(current.map_range(0, 4096, Prot::ReadOnly)?),
         };
-        Ok(NativeFenceInfo { handle, va: va + coff, cpu, offset: coff, global: Some(global) })
+        Ok(NativeFenceInfo { handle, va: va + coff, cpu, offset: coff, global: Some(global), kind })
     }
 
     pub(crate) fn destroy_native_fence(
@@ -234,6 +234,9 @@ impl OsState {
         };
         for (_, w) in &f.waiters {
             w.waiter.complete(Err(lost.clone()));
+            if w.scheduler {
+                self.km_kick = true;
+            }
             self.forget_wait(pid, w);
         }
         let p = self.proc(pid)?;
@@ -419,10 +422,14 @@ impl OsState {
             let Ok(f) = p.fences.get(h) else { return };
             let Ok(mword) = f.monitored.atomic_u64(f.moff) else { return };
             let Ok(cword) = f.current.atomic_u64(f.coff) else { return };
-            let before = f.current();
             let resampled = abi::protocol::set_monitored_and_resample(mword, cword, m);
+            // Any signal after the barrier sees the new MonitoredValue and interrupts; a signal
+            // before it is in `resampled`. So a waiter this fence's `resampled` value passes
+            // gets no interrupt: if its whole wait (other fences too) is now satisfied, wake it
+            // in another round; otherwise stop (its other fences' signals will settle it).
+            let pending = f.waiters.iter().any(|(v, w)| *v <= resampled && evaluate(p, &w.conds, w.mode).is_some());
             self.trace.push(now, Event::Ddi(Ddi::UpdateMonitoredValues(h, m)));
-            if done.is_empty() && resampled == before {
+            if !pending {
                 return;
             }
         }
@@ -438,24 +445,47 @@ impl OsState {
             FenceSignaled::Queues(queues) => {
                 let mut ids = Vec::new();
                 let mut scan_all = false;
+                // The log is written where the client says (it chooses the entries), so the
+                // kernel trusts it only to narrow the search: anything it cannot account for —
+                // a queue gone, no log, a corrupt or overrun log, or an interrupt whose log shows
+                // no new signal — falls back to scanning every fence.
                 for fw in queues {
-                    let Some(&(pid, q)) = self.fw_index.get(&fw) else { continue };
-                    let Ok(qo) = self.queue(pid, q) else { continue };
+                    let Some(&(pid, q)) = self.fw_index.get(&fw) else {
+                        scan_all = true;
+                        continue;
+                    };
+                    let Ok(qo) = self.queue(pid, q) else {
+                        scan_all = true;
+                        continue;
+                    };
                     let (logs, seen) = (qo.logs.clone(), qo.signal_log_seen);
-                    let Some(logs) = logs else { continue };
+                    let Some(logs) = logs else {
+                        scan_all = true;
+                        continue;
+                    };
                     self.trace.push(now, Event::Ddi(Ddi::UpdateNativeFenceLogs(q)));
                     self.kmd.flush_fence_logs(fw);
-                    match abi::fence_log::read_since(&logs[abi::fence_log::FenceLogType::Signal as usize], seen) {
+                    let log = &logs[abi::fence_log::FenceLogType::Signal as usize];
+                    match abi::fence_log::read_since(log, seen) {
                         Ok(r) => {
                             if let Ok(qo) = self.queue(pid, q) {
                                 qo.signal_log_seen = r.total;
                             }
-                            if r.lost > 0 {
+                            let named: Vec<u64> =
+                                r.entries.iter().map(|e| e.fence_handle).filter(|&h| h != 0).collect();
+                            if r.lost > 0 || named.is_empty() {
                                 scan_all = true;
                             }
-                            ids.extend(r.entries.iter().map(|e| e.fence_handle).filter(|&h| h != 0));
+                            ids.extend(named);
                         }
-                        Err(_) => scan_all = true,
+                        Err(_) => {
+                            scan_all = true;
+                            // Start over from wherever the header is now.
+                            let total = abi::fence_log::header_total(log).unwrap_or(seen);
+                            if let Ok(qo) = self.queue(pid, q) {
+                                qo.signal_log_seen = total;
+                            }
+                        }
                     }
                 }
                 if scan_all {
