@@ -141,22 +141,28 @@ pub(crate) fn cacheline_rtt_ns() -> f64 {
     runs[runs.len() / 2]
 }
 
-struct Rig {
-    sys: System,
+/// A live system, one client process with a device, and a context on each engine kind.
+pub(crate) struct Rig {
+    pub(crate) sys: System,
     _port: Arc<dyn KernelPort>,
-    dev: Device,
-    ctx: umd::Context,
+    pub(crate) dev: Device,
+    pub(crate) ctx: umd::Context,
+    pub(crate) copy: umd::Context,
 }
 
-fn rig(idle: Duration) -> Result<Rig, CliError> {
-    let sys = System::live(SystemConfig {
-        gpu: GpuConfig { idle_period: idle, ..GpuConfig::default() },
-        ..Default::default()
-    })?;
+/// A [`Rig`] on a device configured by `gpu`.
+pub(crate) fn rig_with(gpu: GpuConfig) -> Result<Rig, CliError> {
+    let sys = System::live(SystemConfig { gpu, ..Default::default() })?;
     let port: Arc<dyn KernelPort> = sys.open_process()?;
     let dev = Device::open(port.clone())?;
     let ctx = dev.create_context(dev.engine(EngineKind::Compute)?)?;
-    Ok(Rig { sys, _port: port, dev, ctx })
+    let copy = dev.create_context(dev.engine(EngineKind::Copy)?)?;
+    Ok(Rig { sys, _port: port, dev, ctx, copy })
+}
+
+/// A [`Rig`] whose engines go idle after `idle`.
+fn rig(idle: Duration) -> Result<Rig, CliError> {
+    rig_with(GpuConfig { idle_period: idle, ..GpuConfig::default() })
 }
 
 /// Submit-to-first-packet latencies of `samples` TIMESTAMP command buffers.
@@ -311,13 +317,8 @@ fn alu_kernel() -> Vec<u8> {
 
 /// Lane operations per second of the ALU kernel on a live system with `width`-lane waves.
 fn lane_ops_per_s(width: u32, groups: u32, iterations: u32) -> Result<f64, CliError> {
-    let sys = System::live(SystemConfig {
-        gpu: GpuConfig { wave_width: width, idle_period: Duration::from_secs(3600), ..GpuConfig::default() },
-        ..Default::default()
-    })?;
-    let port: Arc<dyn KernelPort> = sys.open_process()?;
-    let dev = Device::open(port)?;
-    let ctx = dev.create_context(dev.engine(EngineKind::Compute)?)?;
+    let Rig { sys, dev, ctx, .. } =
+        rig_with(GpuConfig { wave_width: width, idle_period: Duration::from_secs(3600), ..GpuConfig::default() })?;
     let mut q = ctx.create_queue(QueueOptions::user_mode())?;
     let kernel = dev.upload(&alu_kernel())?;
     let args = dev.upload(&(iterations as u64).to_le_bytes())?;

@@ -1,37 +1,18 @@
 //! `doorbell bench fences`.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use abi::EngineKind;
-use abi::port::{KernelPort, NativeFenceType};
+use abi::port::NativeFenceType;
 use gpu::GpuConfig;
-use kernel::{System, SystemConfig};
-use umd::{CommandBuffer, Device, NativeFence, Queue, QueueOptions};
+use umd::{CommandBuffer, NativeFence, Queue, QueueOptions};
 
 use crate::CliError;
-use crate::bench::{cacheline_rtt_ns, percentiles, progress};
+use crate::bench::{Rig, cacheline_rtt_ns, percentiles, progress, rig_with};
 
 const WAIT: Option<Duration> = Some(Duration::from_secs(30));
 
-struct Rig {
-    sys: System,
-    _port: Arc<dyn KernelPort>,
-    dev: Device,
-    compute: umd::Context,
-    copy: umd::Context,
-}
-
 fn rig() -> Result<Rig, CliError> {
-    let sys = System::live(SystemConfig {
-        gpu: GpuConfig { idle_period: Duration::from_secs(3600), ..GpuConfig::default() },
-        ..Default::default()
-    })?;
-    let port: Arc<dyn KernelPort> = sys.open_process()?;
-    let dev = Device::open(port.clone())?;
-    let compute = dev.create_context(dev.engine(EngineKind::Compute)?)?;
-    let copy = dev.create_context(dev.engine(EngineKind::Copy)?)?;
-    Ok(Rig { sys, _port: port, dev, compute, copy })
+    rig_with(GpuConfig { idle_period: Duration::from_secs(3600), ..GpuConfig::default() })
 }
 
 /// Fence interrupts per GPU signal of a fence of `kind`, with no CPU waiter.
@@ -128,7 +109,7 @@ pub fn run(json: bool, signals: u64, samples: usize) -> Result<(), CliError> {
     progress(json, "measuring the floor: cache-line round trip between two threads");
     let floor = cacheline_rtt_ns();
     let r = rig()?;
-    let mut q = r.compute.create_queue(QueueOptions::user_mode())?;
+    let mut q = r.ctx.create_queue(QueueOptions::user_mode())?;
     q.set_spin(u32::MAX);
     progress(json, "interrupts per signal: native fence with no waiter, legacy monitored fence");
     let no_waiter = interrupts_per_signal(&r, &mut q, NativeFenceType::Default, signals)?;
@@ -140,7 +121,7 @@ pub fn run(json: bool, signals: u64, samples: usize) -> Result<(), CliError> {
     let mut sig = r.copy.create_queue(QueueOptions::user_mode())?;
     sig.set_spin(u32::MAX);
     let gpu = unblock(&r, &mut q, &mut sig, samples)?;
-    let mut kq = r.compute.create_queue(QueueOptions::kernel_mode())?;
+    let mut kq = r.ctx.create_queue(QueueOptions::kernel_mode())?;
     kq.set_spin(0);
     let cpu = unblock(&r, &mut kq, &mut sig, samples.min(1000))?;
 

@@ -12,13 +12,6 @@ use umd::CommandBuffer;
 
 const T: Option<Duration> = Some(Duration::from_millis(50));
 
-fn optimized() -> kernel::System {
-    common::sim_with(kernel::SystemConfig {
-        gpu: gpu::GpuConfig { optimized_fence_interrupts: true, ..gpu::GpuConfig::default() },
-        ..kernel::SystemConfig::default()
-    })
-}
-
 #[test]
 fn signal_and_wait_logs_hold_values_handles_and_monotonic_timestamps() {
     let sys = common::sim();
@@ -67,7 +60,7 @@ fn signal_and_wait_logs_hold_values_handles_and_monotonic_timestamps() {
 /// the value store and the barrier (spec 002 "Order of operations").
 #[test]
 fn optimized_interrupts_are_serviced_from_the_log() {
-    let sys = optimized();
+    let sys = common::optimized();
     let c = common::client(&sys);
     let f = c.device.create_fence(0, NativeFenceType::Default).unwrap();
     let mut q = c.user_queue();
@@ -86,7 +79,7 @@ fn optimized_interrupts_are_serviced_from_the_log() {
 /// falls back to scanning every fence, so the waiter is still woken.
 #[test]
 fn an_overrun_log_falls_back_to_scanning_every_fence() {
-    let sys = optimized();
+    let sys = common::optimized();
     let c = common::client(&sys);
     let pid = c.port.process();
     let a = c.device.create_fence(0, NativeFenceType::Default).unwrap();

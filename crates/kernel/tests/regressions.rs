@@ -126,18 +126,11 @@ mod review2 {
 
     const T: Option<Duration> = Some(Duration::from_millis(50));
 
-    fn optimized() -> kernel::System {
-        common::sim_with(kernel::SystemConfig {
-            gpu: gpu::GpuConfig { optimized_fence_interrupts: true, ..gpu::GpuConfig::default() },
-            ..kernel::SystemConfig::default()
-        })
-    }
-
     /// A client that logs the same entry twice must not make the optimized interrupt miss a
     /// waiter: a log that shows no new signal means "scan everything".
     #[test]
     fn a_log_that_does_not_advance_falls_back_to_a_scan() {
-        let sys = optimized();
+        let sys = common::optimized();
         let c = common::client(&sys);
         let f = c.device.create_fence(0, NativeFenceType::Default).unwrap();
         let mut q = c.user_queue();

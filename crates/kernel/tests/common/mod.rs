@@ -43,6 +43,15 @@ pub fn sim_with(cfg: SystemConfig) -> System {
     System::sim(cfg).expect("system")
 }
 
+/// A deterministic system whose logged fence signals raise the optimized interrupt (naming
+/// the queue, not the fence).
+pub fn optimized() -> System {
+    sim_with(SystemConfig {
+        gpu: GpuConfig { optimized_fence_interrupts: true, ..GpuConfig::default() },
+        ..SystemConfig::default()
+    })
+}
+
 /// A config whose engines ask for F1 after `idle` without work.
 pub fn idle_config(idle: Duration) -> SystemConfig {
     SystemConfig { gpu: GpuConfig { idle_period: idle, ..GpuConfig::default() }, ..SystemConfig::default() }
