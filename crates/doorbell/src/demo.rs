@@ -156,6 +156,39 @@ pub fn run(quiet: bool) -> Result<(), CliError> {
         }
     }
 
+    // Native fences: B shares a fence with A; A's compute queue waits on it on the GPU, B's
+    // copy queue signals it (logged), A's CPU waits for it in the kernel.
+    let shared = b.create_fence_with(&abi::port::NativeFenceDesc {
+        initial: 0,
+        kind: abi::port::NativeFenceType::Default,
+        shareable: true,
+    })?;
+    let global = shared.global().ok_or_else(|| CliError::Check("a shareable fence has a global handle".into()))?;
+    let mut in_a = a.open_fence(global)?;
+    in_a.set_spin(0);
+    let before = sys.stats().fence_interrupts;
+    let mut cb = CommandBuffer::new();
+    cb.wait_fence_logged(&in_a, 1).write_u32(buf.va() + 0xC000, 0xFE);
+    let wv = uq.submit(&cb)?;
+    let mut cb = CommandBuffer::new();
+    cb.signal_fence_logged(&shared, 1);
+    bq.submit(&cb)?;
+    in_a.wait(1, WAIT)?;
+    uq.wait(wv, WAIT)?;
+    submissions += 2;
+    check(buf.read_u32(0xC000)? == 0xFE, "GPU wait on a shared fence released by another process's signal")?;
+    let log = sys.read_fence_log(port_b.process(), bq.handle(), abi::fence_log::FenceLogType::Signal, 0)?;
+    check(log.entries.iter().any(|e| e.fence_value == 1), "the signal is in the queue's fence log")?;
+    checked += 2;
+    say(format!(
+        "fences: {} shared fence {global:#x} with {}; A's GPU waited on it, B's copy queue signalled it, \
+         A's CPU waiter woke on {} interrupt(s); B's signal log: {} entry",
+        port_b.process(),
+        port_a.process(),
+        sys.stats().fence_interrupts - before,
+        log.entries.len()
+    ));
+
     // A fault stays in its queue.
     let mut bad = ctx_b.create_queue(QueueOptions::user_mode())?;
     let mut cb = CommandBuffer::new();
@@ -210,6 +243,7 @@ pub fn run(quiet: bool) -> Result<(), CliError> {
     println!("engine F0 wake-ups:      {}", count(|e| matches!(e, Event::Power { state: gpu::PowerState::F0, .. })));
     println!("queue faults contained:  {}", st.faults);
     println!("user interrupts:         {}", st.user_interrupts);
+    println!("fence interrupts:        {}", st.fence_interrupts);
     Ok(())
 }
 
