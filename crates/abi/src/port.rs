@@ -70,6 +70,35 @@ pub struct EngineInfo {
     pub user_queues: bool,
     /// Whether it supports kernel-mode queues.
     pub kernel_queues: bool,
+    /// First doorbell of this engine's range in every doorbell page (spec 001: each 4 KiB page
+    /// reserves a range per IP; a queue's doorbell must lie in its engine's range).
+    pub doorbell_first: u32,
+    /// Doorbells in the range.
+    pub doorbell_count: u32,
+}
+
+/// `amdgpu_user_queue`: which submission models the device offers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[repr(u32)]
+pub enum UserQueueMode {
+    /// 0: kernel queues only; user-mode queues are refused.
+    KernelOnly = 0,
+    /// 1: both (the default).
+    #[default]
+    Both = 1,
+    /// 2: user-mode queues only; kernel-mode submission is refused.
+    UserOnly = 2,
+}
+
+/// Sizes of what the kernel allocates per queue (amdgpu INFO: the metadata a queue needs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QueueMetadataSizes {
+    /// The context save area (an interrupted `DISPATCH`'s state).
+    pub context_save_bytes: u64,
+    /// One fence log; a user-mode queue has two (waits, signals).
+    pub fence_log_bytes: u64,
+    /// The kernel page (progress fence, doorbell status, queue state).
+    pub kernel_page_bytes: u64,
 }
 
 /// What the adapter reports.
@@ -81,6 +110,10 @@ pub struct AdapterInfo {
     pub doorbell_bytes: u64,
     /// Doorbells in the process's doorbell page.
     pub doorbells_per_process: u32,
+    /// Which submission models the device offers.
+    pub user_queue_mode: UserQueueMode,
+    /// Per-queue metadata sizes.
+    pub queue_metadata: QueueMetadataSizes,
 }
 
 /// How a hardware queue takes work.

@@ -77,12 +77,18 @@ pub struct VirtualKmd {
     gpu: Arc<Mutex<Gpu>>,
     waker: Arc<dyn DeviceWaker>,
     notify_on_submit: bool,
+    mode: abi::port::UserQueueMode,
 }
 
 impl VirtualKmd {
     /// A KMD driving `gpu`; `waker` is called when an engine returns to F0.
     pub fn new(gpu: Arc<Mutex<Gpu>>, waker: Arc<dyn DeviceWaker>) -> Self {
-        VirtualKmd { gpu, waker, notify_on_submit: false }
+        VirtualKmd { gpu, waker, notify_on_submit: false, mode: abi::port::UserQueueMode::Both }
+    }
+
+    /// Which submission models the device offers (amdgpu's `user_queue` parameter).
+    pub fn set_user_queue_mode(&mut self, mode: abi::port::UserQueueMode) {
+        self.mode = mode;
     }
 
     /// Makes connected doorbells report `ConnectedNotify`, so the UMD calls
@@ -99,16 +105,33 @@ fn gpu_err(field: &'static str, value: impl ToString) -> impl FnOnce(gpu::GpuErr
 
 impl Kmd for VirtualKmd {
     fn adapter_info(&self) -> AdapterInfo {
+        use abi::port::UserQueueMode;
         let g = self.gpu.lock();
+        let kinds = g.engines();
+        let n = kinds.len().max(1) as u32;
+        let per = abi::doorbell::DOORBELLS_PER_PAGE / n;
         AdapterInfo {
-            engines: g
-                .engines()
+            engines: kinds
                 .into_iter()
                 .enumerate()
-                .map(|(i, kind)| EngineInfo { id: EngineId(i as u32), kind, user_queues: true, kernel_queues: true })
+                .map(|(i, kind)| EngineInfo {
+                    id: EngineId(i as u32),
+                    kind,
+                    user_queues: self.mode != UserQueueMode::KernelOnly,
+                    kernel_queues: self.mode != UserQueueMode::UserOnly,
+                    // Each engine owns an equal slice of every doorbell page.
+                    doorbell_first: i as u32 * per,
+                    doorbell_count: per,
+                })
                 .collect(),
             doorbell_bytes: abi::doorbell::DOORBELL_BYTES,
             doorbells_per_process: abi::doorbell::DOORBELLS_PER_PAGE,
+            user_queue_mode: self.mode,
+            queue_metadata: abi::port::QueueMetadataSizes {
+                context_save_bytes: gpu::compute::CONTEXT_SAVE_BYTES,
+                fence_log_bytes: abi::fence_log::FENCE_LOG_BYTES,
+                kernel_page_bytes: abi::queue::QUEUE_KERNEL_PAGE_BYTES,
+            },
         }
     }
 

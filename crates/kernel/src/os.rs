@@ -818,7 +818,12 @@ impl OsState {
         }
     }
 
-    fn validate_descriptor(&self, vmid: Vmid, d: &QueueDescriptor) -> Result<Priority, KernelError> {
+    fn validate_descriptor(
+        &self,
+        vmid: Vmid,
+        d: &QueueDescriptor,
+        engine: &abi::port::EngineInfo,
+    ) -> Result<Priority, KernelError> {
         ring::check_ring_size(d.ring_bytes).map_err(|r| invalid("ring_bytes", d.ring_bytes, r))?;
         self.check_access(vmid, "ring_va", d.ring_va, d.ring_bytes, Access::Read, 4)?;
         // The engine writes rptr: it must be client-writable memory, or a queue could aim it
@@ -826,6 +831,20 @@ impl OsState {
         self.check_access(vmid, "rptr_va", d.rptr_va, 8, Access::Write, 8)?;
         self.check_access(vmid, "wptr_va", d.wptr_va, 8, Access::Read, 8)?;
         self.check_access(vmid, "last_queued_va", d.last_queued_va, 8, Access::Read, 8)?;
+        let range = engine.doorbell_first..engine.doorbell_first + engine.doorbell_count;
+        if d.doorbell_index != abi::queue::DOORBELL_INDEX_ANY
+            && d.doorbell_index < DOORBELLS_PER_PAGE
+            && !range.contains(&d.doorbell_index)
+        {
+            return Err(invalid(
+                "doorbell_index",
+                d.doorbell_index,
+                format!(
+                    "lies outside the {} engine's doorbell range {}..{} of the page",
+                    engine.kind, range.start, range.end
+                ),
+            ));
+        }
         if d.doorbell_index >= DOORBELLS_PER_PAGE && d.doorbell_index != abi::queue::DOORBELL_INDEX_ANY {
             return Err(invalid(
                 "doorbell_index",
@@ -872,7 +891,7 @@ impl OsState {
                 if !einfo.user_queues {
                     return Err(invalid("engine", engine, "does not support user-mode queues"));
                 }
-                self.validate_descriptor(vmid, &d)?;
+                self.validate_descriptor(vmid, &d, einfo)?;
                 let mut d = d;
                 let owner_of = |p: &Process, index: u32| {
                     p.queues.iter().find_map(|(h, q)| match &q.mode {
@@ -882,12 +901,14 @@ impl OsState {
                 };
                 let p = self.proc(pid)?;
                 if d.doorbell_index == abi::queue::DOORBELL_INDEX_ANY {
+                    let range = einfo.doorbell_first..einfo.doorbell_first + einfo.doorbell_count;
                     d.doorbell_index =
-                        (0..DOORBELLS_PER_PAGE).find(|&i| owner_of(p, i).is_none()).ok_or_else(|| {
-                            KernelError::Exhausted {
-                                what: "doorbells",
-                                detail: format!("all {DOORBELLS_PER_PAGE} doorbells of the process's page are in use"),
-                            }
+                        range.clone().find(|&i| owner_of(p, i).is_none()).ok_or_else(|| KernelError::Exhausted {
+                            what: "doorbells",
+                            detail: format!(
+                                "all doorbells {}..{} of the {} engine's range are in use",
+                                range.start, range.end, einfo.kind
+                            ),
                         })?;
                 } else if let Some(other) = owner_of(p, d.doorbell_index) {
                     return Err(invalid("doorbell_index", d.doorbell_index, format!("already used by {other}")));

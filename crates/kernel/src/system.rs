@@ -76,6 +76,8 @@ pub struct SystemConfig {
     pub gpu: GpuConfig,
     /// Doorbells report `ConnectedNotify` (the UMD then calls `NotifyWorkSubmission`).
     pub notify_on_submit: bool,
+    /// Which submission models the device offers (amdgpu's `user_queue`: 0, 1 or 2).
+    pub user_queue_mode: abi::port::UserQueueMode,
 }
 
 enum Driver {
@@ -207,6 +209,7 @@ impl System {
         let gpu = Arc::new(Mutex::new(gpu));
         let mut kmd = VirtualKmd::new(gpu.clone(), waker);
         kmd.set_notify_on_submit(cfg.notify_on_submit);
+        kmd.set_user_queue_mode(cfg.user_queue_mode);
         let os = Os::new(Box::new(kmd), clock.clone())?;
         Ok(System { inner: Arc::new(Inner { os, gpu, clock, driver }) })
     }

@@ -125,15 +125,18 @@ fn doorbell_index_must_be_inside_the_page_and_unused() {
         let r = invalid(p.create(p.desc(index)).unwrap_err(), "doorbell_index", &index.to_string());
         assert!(r.contains("doorbell page"), "{r}");
     }
-    let first = p.create(p.desc(511)).unwrap();
-    let r = invalid(p.create(p.desc(511)).unwrap_err(), "doorbell_index", "511");
+    // Engine 0 (compute) owns doorbells 0..256 of the page; 300 belongs to the copy engine.
+    let r = invalid(p.create(p.desc(300)).unwrap_err(), "doorbell_index", "300");
+    assert!(r.contains("compute engine's doorbell range 0..256"), "{r}");
+    let first = p.create(p.desc(255)).unwrap();
+    let r = invalid(p.create(p.desc(255)).unwrap_err(), "doorbell_index", "255");
     assert!(r.contains(&first.handle.to_string()), "the message names the queue that holds it: {r}");
     // Another process has its own doorbell page: the same index is free there.
     let other = RawProc::open(&sys);
-    other.create(other.desc(511)).unwrap();
+    other.create(other.desc(255)).unwrap();
     // Free again once its queue is gone.
     p.port.destroy_hw_queue(first.handle).unwrap();
-    p.create(p.desc(511)).unwrap();
+    p.create(p.desc(255)).unwrap();
 }
 
 #[test]
@@ -394,4 +397,46 @@ fn calls_for_the_other_submission_model_are_refused() {
     // A user-mode queue without a doorbell cannot connect.
     let r = invalid(p.port.connect_doorbell(um).unwrap_err(), "queue", &um.to_string());
     assert!(r.contains("no doorbell"), "{r}");
+}
+
+#[test]
+fn user_queue_modes_refuse_the_missing_model_and_info_reports_it() {
+    use abi::port::UserQueueMode;
+    for mode in [UserQueueMode::KernelOnly, UserQueueMode::Both, UserQueueMode::UserOnly] {
+        let sys = common::sim_with(kernel::SystemConfig { user_queue_mode: mode, ..kernel::SystemConfig::default() });
+        let p = RawProc::open(&sys);
+        let info = p.port.adapter_info();
+        assert_eq!(info.user_queue_mode, mode);
+        assert!(info.engines.iter().all(|e| e.user_queues == (mode != UserQueueMode::KernelOnly)));
+        assert!(info.engines.iter().all(|e| e.kernel_queues == (mode != UserQueueMode::UserOnly)));
+        let user = p.create(p.desc(0));
+        let kernel = p.create_kernel();
+        match mode {
+            UserQueueMode::KernelOnly => {
+                let r = invalid(user.unwrap_err(), "engine", "engine0");
+                assert!(r.contains("does not support user-mode queues"), "{r}");
+                kernel.unwrap();
+            }
+            UserQueueMode::Both => {
+                user.unwrap();
+                kernel.unwrap();
+            }
+            UserQueueMode::UserOnly => {
+                user.unwrap();
+                let r = invalid(kernel.unwrap_err(), "engine", "engine0");
+                assert!(r.contains("does not support kernel-mode queues"), "{r}");
+            }
+        }
+    }
+}
+
+#[test]
+fn info_reports_doorbell_ranges_and_queue_metadata_sizes() {
+    let sys = common::sim();
+    let info = RawProc::open(&sys).port.adapter_info();
+    let ranges: Vec<(u32, u32)> = info.engines.iter().map(|e| (e.doorbell_first, e.doorbell_count)).collect();
+    assert_eq!(ranges, [(0, 256), (256, 256)], "each engine owns a slice of every doorbell page");
+    assert_eq!(info.queue_metadata.context_save_bytes, gpu::compute::CONTEXT_SAVE_BYTES);
+    assert_eq!(info.queue_metadata.fence_log_bytes, 4096);
+    assert_eq!(info.queue_metadata.kernel_page_bytes, 4096);
 }
