@@ -505,7 +505,9 @@ pub fn check_dims(grid: [u32; 3], group: [u32; 3]) -> Result<(), &'static str> {
     if !dims_ok(group) {
         return Err("every workgroup dimension must be at least 1");
     }
-    if group.iter().map(|&x| x as u64).product::<u64>() > MAX_GROUP_THREADS {
+    // Checked: three u32 dimensions can multiply past u64 (client input, never a panic).
+    let threads = group.iter().try_fold(1u64, |acc, &x| acc.checked_mul(x as u64));
+    if threads.is_none_or(|t| t > MAX_GROUP_THREADS) {
         return Err("a workgroup holds at most 1024 threads");
     }
     // Three u32 dimensions can multiply past u64; a grid of 2^40 workgroups is already far

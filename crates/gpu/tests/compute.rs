@@ -307,3 +307,11 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn huge_dimensions_are_refused_without_overflow() {
+    for (grid, group) in [([1; 3], [u32::MAX; 3]), ([u32::MAX; 3], [1; 3]), ([u32::MAX, u32::MAX, 1], [1024, 1, 1])] {
+        assert!(gpu::compute::check_dims(grid, group).is_err(), "{grid:?} {group:?}");
+    }
+    assert!(gpu::compute::check_dims([1 << 20, 1 << 20, 1], [1024, 1, 1]).is_ok());
+}
