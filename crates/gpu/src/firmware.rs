@@ -309,7 +309,9 @@ type FenceTable = std::collections::HashMap<(u64, u64), FenceEntry>;
 struct Env<'a> {
     fences: &'a FenceTable,
     optimized_interrupts: bool,
-    now: Time,
+    /// Reads the device clock. Timestamps (`TIMESTAMP`, fence-log entries) read it when they
+    /// execute, so they never predate work that was published after the step began.
+    clock: &'a dyn Fn() -> Time,
     kind: EngineKind,
     wave_width: u32,
     dispatch_budget: u64,
@@ -422,6 +424,38 @@ impl Firmware {
         let id = FwQueueId { index: index as u32, generation: slot.generation };
         self.engine_mut(engine)?.run_list.push(id);
         Ok(id)
+    }
+
+    /// Takes a queue off its engine's run list (`DxgkDdiSuspendContext`): it stops at a packet
+    /// boundary (or a dispatch slice, whose state is already in the save area) and is not
+    /// scheduled until resumed. Its doorbell stays connected; rings are remembered.
+    pub(crate) fn suspend_queue(&mut self, id: FwQueueId) -> Result<(), GpuError> {
+        let engine = self.queue(id)?.cfg.engine;
+        self.engine_mut(engine)?.run_list.retain(|&q| q != id);
+        let q = self.queue_mut(id)?;
+        if q.state == QueueState::Mapped {
+            q.state = QueueState::Unmapped;
+        }
+        Ok(())
+    }
+
+    /// Puts a suspended queue back on the run list (`DxgkDdiResumeContext`) and looks for the
+    /// work queued meanwhile.
+    pub(crate) fn resume_queue(&mut self, id: FwQueueId) -> Result<(), GpuError> {
+        let engine = self.queue(id)?.cfg.engine;
+        let q = self.queue_mut(id)?;
+        if q.state != QueueState::Unmapped {
+            return Ok(());
+        }
+        q.state = QueueState::Mapped;
+        if q.has_work() {
+            q.pending = true;
+        }
+        let e = self.engine_mut(engine)?;
+        if !e.run_list.contains(&id) {
+            e.run_list.push(id);
+        }
+        Ok(())
     }
 
     pub(crate) fn remove_queue(&mut self, id: FwQueueId) -> Result<u64, GpuError> {
@@ -539,7 +573,8 @@ impl Firmware {
         rang
     }
 
-    pub(crate) fn step(&mut self, now: Time, vms: &[Option<AddressSpace>]) -> StepReport {
+    pub(crate) fn step(&mut self, clock: &dyn Fn() -> Time, vms: &[Option<AddressSpace>]) -> StepReport {
+        let now = clock();
         let mut report = StepReport::default();
         let Firmware {
             engines,
@@ -567,7 +602,7 @@ impl Firmware {
                 let mut env = Env {
                     fences,
                     optimized_interrupts: *optimized_interrupts,
-                    now,
+                    clock,
                     kind: e.kind,
                     wave_width: *wave_width,
                     dispatch_budget: *dispatch_budget,
@@ -785,7 +820,6 @@ fn exec(
     env: &mut Env<'_>,
     in_indirect: bool,
 ) -> Result<Flow, FaultKind> {
-    let now = env.now;
     let wfault = |va: u64, bytes: u64| FaultKind::OutsideMappings { va, bytes, access: Access::Write };
     match p {
         Packet::Nop { .. } => {}
@@ -808,7 +842,7 @@ fn exec(
         }
         Packet::Timestamp { va } => {
             let r = vm.translate_aligned(va, 8, Access::Write)?;
-            r.shm.write_u64(r.offset, now.as_nanos()).map_err(|_| wfault(va, 8))?;
+            r.shm.write_u64(r.offset, (env.clock)().as_nanos()).map_err(|_| wfault(va, 8))?;
         }
         Packet::IndirectBuffer { va, dwords, vmid } => {
             if in_indirect {
@@ -863,6 +897,7 @@ fn exec(
             match op {
                 LoggedOp::Wait => {
                     let r = vm.translate_aligned(va, 8, Access::Read)?;
+                    let now = (env.clock)();
                     let observed = *q.wait_observed.get_or_insert(now);
                     // Acquire: pairs with the signaller's release store.
                     if r.shm.load_u64(r.offset, Ordering::Acquire).map_err(|_| outside(va, 8))? < value {
@@ -887,6 +922,7 @@ fn exec(
                 LoggedOp::Signal | LoggedOp::SignalFence => {
                     let r = vm.translate_aligned(va, 8, Access::Write)?;
                     let current = r.shm.atomic_u64(r.offset).map_err(|_| wfault(va, 8))?;
+                    let now = (env.clock)();
                     let entry_of = |h| FenceLogEntry {
                         fence_value: value,
                         fence_handle: h,

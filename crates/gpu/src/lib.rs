@@ -225,6 +225,16 @@ impl Gpu {
         self.fw.remove_queue(id)
     }
 
+    /// Takes a queue off the run list (context suspend). See the firmware docs.
+    pub fn suspend_queue(&mut self, id: FwQueueId) -> Result<(), GpuError> {
+        self.fw.suspend_queue(id)
+    }
+
+    /// Puts a suspended queue back on the run list (context resume).
+    pub fn resume_queue(&mut self, id: FwQueueId) -> Result<(), GpuError> {
+        self.fw.resume_queue(id)
+    }
+
     /// Makes the firmware watch BAR `slot` for `id`, then checks the queue's wptr for work
     /// published while it was not watched.
     pub fn bind_doorbell(&mut self, id: FwQueueId, slot: u32) -> Result<(), GpuError> {
@@ -290,10 +300,16 @@ impl Gpu {
         self.fw.poll_doorbells(&self.bar)
     }
 
-    /// Lets every F0 engine run its pending queues for one round.
+    /// Lets every F0 engine run its pending queues for one round, at time `now` (timestamps
+    /// written in this round all read `now`: the deterministic driver's case).
     pub fn step(&mut self, now: Time) -> StepReport {
+        self.step_with_clock(&|| now)
+    }
+
+    /// [`Gpu::step`] with a live clock: timestamps read it when they execute.
+    pub fn step_with_clock(&mut self, clock: &dyn Fn() -> Time) -> StepReport {
         let Gpu { vms, fw, .. } = self;
-        fw.step(now, vms)
+        fw.step(clock, vms)
     }
 
     /// Raises idle (TransitionToF1) requests that are due.

@@ -63,6 +63,10 @@ pub trait Kmd: Send {
     fn create_native_fence(&mut self, current: (Arc<Shm>, u64), monitored: (Arc<Shm>, u64), id: u64);
     /// `DxgkDdiDestroyNativeFence`.
     fn destroy_native_fence(&mut self, current: (Arc<Shm>, u64));
+    /// `DxgkddiSuspendContext`: take the context's queues off the scheduler's list.
+    fn suspend_context(&mut self, queues: &[FwQueueId]);
+    /// `DxgkddiResumeContext`: put them back.
+    fn resume_context(&mut self, queues: &[FwQueueId]);
     /// `DxgkDdiUpdateNativeFenceLogs`: make the queue's pending log writes visible (the
     /// consumer-side barrier the spec moves from the GPU to the CPU).
     fn flush_fence_logs(&mut self, q: FwQueueId);
@@ -216,6 +220,22 @@ impl Kmd for VirtualKmd {
 
     fn destroy_native_fence(&mut self, current: (Arc<Shm>, u64)) {
         self.gpu.lock().unregister_native_fence((&current.0, current.1));
+    }
+
+    fn suspend_context(&mut self, queues: &[FwQueueId]) {
+        let mut g = self.gpu.lock();
+        for &q in queues {
+            let _ = g.suspend_queue(q);
+        }
+    }
+
+    fn resume_context(&mut self, queues: &[FwQueueId]) {
+        let mut g = self.gpu.lock();
+        for &q in queues {
+            let _ = g.resume_queue(q);
+        }
+        drop(g);
+        self.waker.wake();
     }
 
     fn flush_fence_logs(&mut self, _q: FwQueueId) {

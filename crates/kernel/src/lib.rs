@@ -26,4 +26,4 @@ pub mod system;
 mod table;
 pub mod trace;
 
-pub use system::{ProcessPort, System, SystemConfig};
+pub use system::{ProcessPort, System, SystemConfig, Termination};

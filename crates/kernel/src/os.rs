@@ -134,6 +134,8 @@ struct ContextObj {
     device: DeviceHandle,
     engine: EngineId,
     software_queue: VecDeque<KmSubmission>,
+    /// Suspended (`DxgkDdiSuspendContext`): its queues are off the run list.
+    suspended: bool,
 }
 
 struct KmSubmission {
@@ -384,9 +386,78 @@ impl Os {
         Ok(pid)
     }
 
+    /// Suspends a context (spec 000 "Hardware context suspension"): `DxgkddiSuspendContext`,
+    /// and the KMD takes its queues off the scheduler's list. Doorbells stay connected and
+    /// the client keeps queuing; the work runs after [`Os::resume_context`]. Suspending a
+    /// suspended context is refused.
+    pub fn suspend_context(&self, pid: ProcessId, c: ContextHandle) -> Result<(), KernelError> {
+        self.with(pid, |s, now| s.suspend_context(pid, c, now))
+    }
+
+    /// Resumes a context: `DxgkddiResumeContext`, and the KMD puts its queues back on the
+    /// scheduler's list (waking the engine first if it is in F1). Resuming a context that is
+    /// not suspended is refused.
+    pub fn resume_context(&self, pid: ProcessId, c: ContextHandle) -> Result<(), KernelError> {
+        self.with(pid, |s, now| {
+            let ctx = s.proc(pid)?.contexts.get_mut(c)?;
+            if !ctx.suspended {
+                return Err(invalid("context", c, "is not suspended"));
+            }
+            ctx.suspended = false;
+            let engine = ctx.engine;
+            let fws: Vec<FwQueueId> =
+                s.proc(pid)?.queues.iter().filter(|(_, q)| q.context == c).map(|(_, q)| q.fw).collect();
+            if s.kmd.power(engine) == PowerState::F1 {
+                s.trace.push(now, Event::Ddi(Ddi::SetPowerState(engine, PowerState::F0)));
+                let st = s.kmd.set_power(engine, PowerState::F0, now);
+                s.trace.push(now, Event::Power { engine, state: st });
+            }
+            s.trace.push(now, Event::Ddi(Ddi::ResumeContext(c)));
+            s.kmd.resume_context(&fws);
+            Ok(())
+        })
+    }
+
+    /// Normal termination, first part (spec 000 "Normal and abnormal process termination"):
+    /// for each queue, `DxgkDdiDisconnectDoorbell`. Returns each queue and the last-queued
+    /// progress value to wait for before [`Os::finish_termination`]. Ring memory stays
+    /// resident meanwhile.
+    pub fn begin_normal_termination(&self, pid: ProcessId) -> Result<Vec<(HwQueueHandle, u64)>, KernelError> {
+        self.with(pid, |s, now| {
+            let mut out = Vec::new();
+            for q in s.proc(pid)?.queues.handles() {
+                s.disconnect(pid, q, DoorbellStatus::DisconnectedAbort, now)?;
+                out.push((q, s.last_queued(pid, q)));
+            }
+            Ok(out)
+        })
+    }
+
+    /// Abnormal termination, first part: the device is marked in error, then for each
+    /// context `DxgkddiSuspendContext` (the KMD preempts it off the run list), then for each
+    /// queue `DxgkDdiDisconnectDoorbell`. [`Os::finish_termination`] destroys, without waiting.
+    pub fn begin_abnormal_termination(&self, pid: ProcessId) -> Result<(), KernelError> {
+        self.with(pid, |s, now| {
+            for d in s.proc(pid)?.devices.handles() {
+                s.mark_device_error(pid, d, now)?;
+            }
+            for c in s.proc(pid)?.contexts.handles() {
+                if !s.proc(pid)?.contexts.get(c)?.suspended {
+                    s.suspend_context(pid, c, now)?;
+                }
+            }
+            for q in s.proc(pid)?.queues.handles() {
+                s.disconnect(pid, q, DoorbellStatus::DisconnectedAbort, now)?;
+            }
+            Ok(())
+        })?;
+        self.kick_if_needed(&mut self.state.lock());
+        Ok(())
+    }
+
     /// Ends a process: every queue is destroyed (doorbell disconnected first), then its
     /// memory, address space and doorbell page are returned. Ending it twice is a no-op.
-    pub fn terminate_process(&self, pid: ProcessId) {
+    pub fn finish_termination(&self, pid: ProcessId) {
         let mut s = self.state.lock();
         let now = self.now();
         let Some(p) = s.processes.get(&pid) else { return };
@@ -499,7 +570,7 @@ impl Os {
             }
             let p = s.proc(pid)?;
             p.devices.get(device)?;
-            Ok(p.contexts.insert(ContextObj { device, engine, software_queue: VecDeque::new() }))
+            Ok(p.contexts.insert(ContextObj { device, engine, software_queue: VecDeque::new(), suspended: false }))
         })
     }
 
@@ -593,23 +664,9 @@ impl Os {
         self.with(pid, |s, _| {
             let fw = s.proc(pid)?.queues.get(q)?.fw;
             let fw_state = s.kmd.queue_state(fw);
+            let last_queued = s.last_queued(pid, q);
             let p = s.proc(pid)?;
             let qo = p.queues.get(q)?;
-            let last_queued = match &qo.mode {
-                QueueMode::Kernel { last_queued, .. } => *last_queued,
-                // The UMD's `HwQueueProgressFenceLastQueuedValue`, in the ring-control block
-                // the doorbell references (0 before a doorbell exists). Client memory: it is
-                // reported, never trusted.
-                // The UMD's `HwQueueProgressFenceLastQueuedValue`: client memory, pinned while
-                // the queue exists; reported, never trusted.
-                QueueMode::User { desc } => p
-                    .allocations
-                    .iter()
-                    .find(|(_, a)| a.holds(desc.last_queued_va, 8))
-                    // Acquire: pairs with the UMD's release store of the value.
-                    .and_then(|(_, a)| a.shm.load_u64(desc.last_queued_va - a.va, Ordering::Acquire).ok())
-                    .unwrap_or(0),
-            };
             let state = if qo.fault.is_some() { QueueState::Hung } else { fw_state.unwrap_or(QueueState::Unmapped) };
             Ok(QueueStatus { state, fault: qo.fault.clone(), completed: qo.completed(), last_queued })
         })
@@ -763,6 +820,36 @@ impl OsState {
 
     fn queue(&mut self, pid: ProcessId, q: HwQueueHandle) -> Result<&mut QueueObj, KernelError> {
         self.proc(pid)?.queues.get_mut(q)
+    }
+
+    fn suspend_context(&mut self, pid: ProcessId, c: ContextHandle, now: Time) -> Result<(), KernelError> {
+        let ctx = self.proc(pid)?.contexts.get_mut(c)?;
+        if ctx.suspended {
+            return Err(invalid("context", c, "is already suspended"));
+        }
+        ctx.suspended = true;
+        let fws: Vec<FwQueueId> =
+            self.proc(pid)?.queues.iter().filter(|(_, q)| q.context == c).map(|(_, q)| q.fw).collect();
+        self.trace.push(now, Event::Ddi(Ddi::SuspendContext(c)));
+        self.kmd.suspend_context(&fws);
+        Ok(())
+    }
+
+    /// A queue's last-queued progress value: the kernel's own for a kernel-mode queue, the
+    /// client's word for a user-mode one (reported, never trusted).
+    fn last_queued(&mut self, pid: ProcessId, q: HwQueueHandle) -> u64 {
+        let Ok(p) = self.proc(pid) else { return 0 };
+        let Ok(qo) = p.queues.get(q) else { return 0 };
+        match &qo.mode {
+            QueueMode::Kernel { last_queued, .. } => *last_queued,
+            QueueMode::User { desc } => p
+                .allocations
+                .iter()
+                .find(|(_, a)| a.holds(desc.last_queued_va, 8))
+                // Acquire: pairs with the UMD's release store of the value.
+                .and_then(|(_, a)| a.shm.load_u64(desc.last_queued_va - a.va, Ordering::Acquire).ok())
+                .unwrap_or(0),
+        }
     }
 
     fn free(&mut self, pid: ProcessId, a: AllocationHandle) -> Result<(), KernelError> {

@@ -120,9 +120,10 @@ impl Inner {
         let (report, asleep) = {
             let mut g = self.gpu.lock();
             let rang = g.poll_doorbells();
-            // Sample time after latching, so a TIMESTAMP is never earlier than the ring.
+            // Timestamps read the clock as they execute (after the doorbell was latched).
+            let clock = || self.clock.now();
+            let report = g.step_with_clock(&clock);
             let now = self.clock.now();
-            let report = g.step(now);
             g.handle_timeout(now);
             while let Some(i) = g.poll_interrupt() {
                 irqs.push(i);
@@ -185,6 +186,51 @@ impl Inner {
                 }
             }
         }
+    }
+}
+
+/// How a process ends (spec 000 "Normal and abnormal process termination").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Termination {
+    /// Disconnect each doorbell, wait for each queue's last-queued progress value, then
+    /// destroy. A wait that does not finish within 5 s (the spec's DDI budget) turns the rest
+    /// into an abnormal termination.
+    Normal,
+    /// Mark the device in error, suspend every context, disconnect, destroy without waiting.
+    Abnormal,
+}
+
+/// How long a normal termination waits for a process's queued work.
+const TERMINATION_BUDGET: Duration = Duration::from_secs(5);
+
+impl Inner {
+    fn terminate(&self, pid: ProcessId, how: Termination) {
+        if how == Termination::Normal {
+            let Ok(queues) = self.os.begin_normal_termination(pid) else { return };
+            let deadline = Instant::now() + TERMINATION_BUDGET;
+            for (q, value) in queues {
+                let left = deadline.saturating_duration_since(Instant::now());
+                let reached = match self.os.begin_wait(pid, q, value) {
+                    WaitStart::Done(r) => matches!(r, Ok(WaitOutcome::Reached(_))),
+                    WaitStart::Blocked(w) => {
+                        self.block(&w, Some(if self.is_sim() { TERMINATION_BUDGET } else { left }));
+                        matches!(self.os.end_wait(pid, q, &w), Ok(WaitOutcome::Reached(_)))
+                    }
+                };
+                if !reached {
+                    // Hung, lost, or out of time: end it abnormally.
+                    let _ = self.os.begin_abnormal_termination(pid);
+                    break;
+                }
+            }
+        } else {
+            let _ = self.os.begin_abnormal_termination(pid);
+        }
+        self.os.finish_termination(pid);
+    }
+
+    fn is_sim(&self) -> bool {
+        matches!(self.driver, Driver::Sim { .. })
     }
 }
 
@@ -311,6 +357,21 @@ impl System {
         self.inner.os.read_fence_log(pid, queue, kind, since)
     }
 
+    /// Suspends a context (see [`crate::os::Os::suspend_context`]).
+    pub fn suspend_context(&self, pid: ProcessId, context: ContextHandle) -> Result<(), KernelError> {
+        self.inner.os.suspend_context(pid, context)
+    }
+
+    /// Resumes a context (see [`crate::os::Os::resume_context`]).
+    pub fn resume_context(&self, pid: ProcessId, context: ContextHandle) -> Result<(), KernelError> {
+        self.inner.os.resume_context(pid, context)
+    }
+
+    /// Ends a process, normally or abnormally. Ending one twice is a no-op.
+    pub fn terminate(&self, pid: ProcessId, how: Termination) {
+        self.inner.terminate(pid, how)
+    }
+
     /// Marks a process's device in error (see [`crate::os::Os::mark_device_error`]); the
     /// lifecycle and recovery work (abnormal termination, TDR) will call it.
     pub fn mark_device_error(&self, pid: ProcessId, device: DeviceHandle) -> Result<(), KernelError> {
@@ -385,15 +446,17 @@ pub struct ProcessPort {
 }
 
 impl ProcessPort {
-    /// Ends the process now (its queues, doorbells and memory are destroyed).
-    pub fn terminate(&self) {
-        self.inner.os.terminate_process(self.pid);
+    /// Ends the process now, normally or abnormally. Its queues, doorbells, fences and
+    /// memory are destroyed and every pool gets its resources back.
+    pub fn terminate(&self, how: Termination) {
+        self.inner.terminate(self.pid, how);
     }
 }
 
 impl Drop for ProcessPort {
+    /// The process exits: a normal termination (it waits for the work already queued).
     fn drop(&mut self) {
-        self.inner.os.terminate_process(self.pid);
+        self.inner.terminate(self.pid, Termination::Normal);
     }
 }
 

@@ -45,6 +45,10 @@ pub enum Ddi {
     UpdateMonitoredValue(HwQueueHandle, u64),
     /// `DxgkDdiSetPowerComponentFState`.
     SetPowerState(EngineId, PowerState),
+    /// `DxgkddiSuspendContext`.
+    SuspendContext(ContextHandle),
+    /// `DxgkddiResumeContext`.
+    ResumeContext(ContextHandle),
     /// `DxgkDdiSubmitCommand` (the kernel-mode path).
     SubmitCommand(HwQueueHandle),
     /// `DxgkDdiCreateNativeFence`, with the global id.

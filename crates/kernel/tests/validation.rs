@@ -308,7 +308,7 @@ fn destroyed_and_foreign_handles_are_refused() {
 
     // A terminated process is refused as a whole.
     let pid2 = p2.port.process();
-    p2.port.terminate();
+    p2.port.terminate(kernel::Termination::Normal);
     let e = p2.port.create_device().unwrap_err();
     assert_eq!(e, KernelError::ProcessTerminated(pid2));
     names(&e, &pid2.to_string(), "terminated");
