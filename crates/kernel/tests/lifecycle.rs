@@ -1,0 +1,146 @@
+//! Context suspend/resume and process termination, in spec 000's order, on the deterministic
+//! driver.
+
+mod common;
+
+use std::time::Duration;
+
+use abi::port::{KernelError, NativeFenceType};
+use abi::{DoorbellStatus, QueueState};
+use kernel::trace::{Ddi, Event};
+use kernel::{SystemConfig, Termination};
+use umd::CommandBuffer;
+
+const T: Option<Duration> = Some(Duration::from_millis(50));
+
+fn ddi_run(sys: &kernel::System, from: usize) -> Vec<Ddi> {
+    sys.trace()
+        .0
+        .into_iter()
+        .skip(from)
+        .filter_map(|e| if let Event::Ddi(d) = e.event { Some(d) } else { None })
+        .collect()
+}
+
+#[test]
+fn a_suspended_context_keeps_its_doorbells_and_runs_the_queued_work_after_resume() {
+    let sys = common::sim();
+    let c = common::client(&sys);
+    let pid = c.port.process();
+    let mut q = c.user_queue();
+    sys.suspend_context(pid, c.ctx.handle()).unwrap();
+    let mut cb = CommandBuffer::new();
+    cb.write_u32(c.buf.va(), 0x51);
+    let v = q.submit(&cb).unwrap();
+    sys.settle();
+    assert_eq!(c.buf.read_u32(0).unwrap(), 0, "suspended: the GPU does not process it");
+    assert_eq!(q.doorbell_status().unwrap(), DoorbellStatus::Connected, "the doorbell stays connected");
+    assert_eq!(q.status().unwrap().state, QueueState::Unmapped);
+    let e = sys.suspend_context(pid, c.ctx.handle()).unwrap_err();
+    assert!(e.to_string().contains("already suspended"), "{e}");
+    sys.resume_context(pid, c.ctx.handle()).unwrap();
+    q.wait(v, T).unwrap();
+    assert_eq!(c.buf.read_u32(0).unwrap(), 0x51);
+    let e = sys.resume_context(pid, c.ctx.handle()).unwrap_err();
+    assert!(e.to_string().contains("is not suspended"), "{e}");
+}
+
+#[test]
+fn normal_termination_disconnects_waits_for_the_queued_work_then_destroys() {
+    let sys = common::sim();
+    let c = common::client(&sys);
+    let pid = c.port.process();
+    let mut uq = c.user_queue();
+    let mut kq = c.kernel_queue();
+    let mut cb = CommandBuffer::new();
+    cb.fill(c.buf.va(), 4096, 7);
+    let (uv, kv) = (uq.submit(&cb).unwrap(), kq.submit(&cb).unwrap());
+    // Not run yet: nothing stepped the simulation.
+    assert!(uq.completed() < uv && kq.completed() < kv);
+    let mark = sys.trace().0.len();
+    sys.terminate(pid, Termination::Normal);
+    // The work queued before the exit completed before anything was destroyed.
+    assert_eq!((uq.completed(), kq.completed()), (uv, kv));
+    let d = ddi_run(&sys, mark);
+    let first_destroy = d.iter().position(|x| matches!(x, Ddi::DestroyDoorbell(_) | Ddi::DestroyHwQueue(_))).unwrap();
+    assert!(d[..first_destroy].contains(&Ddi::DisconnectDoorbell(uq.handle())), "disconnect before any destroy: {d:?}");
+    assert!(!d.iter().any(|x| matches!(x, Ddi::SuspendContext(_))), "no suspension on a normal exit");
+    assert!(d.contains(&Ddi::DestroyHwQueue(uq.handle())) && d.contains(&Ddi::DestroyHwQueue(kq.handle())));
+    assert!(matches!(c.port.create_device(), Err(KernelError::ProcessTerminated(_))));
+    sys.terminate(pid, Termination::Normal); // twice: a no-op
+}
+
+#[test]
+fn abnormal_termination_errors_the_device_suspends_disconnects_and_destroys_without_waiting() {
+    let sys = common::sim();
+    let c = common::client(&sys);
+    let pid = c.port.process();
+    let f = c.device.create_fence(0, NativeFenceType::Default).unwrap();
+    let mut q = c.user_queue();
+    let mut cb = CommandBuffer::new();
+    cb.write_u32(c.buf.va(), 0xdead);
+    let v = q.submit(&cb).unwrap();
+    let mark = sys.trace().0.len();
+    sys.terminate(pid, Termination::Abnormal);
+    assert!(q.completed() < v, "nothing waited for the queued work");
+    assert_eq!(f.value().unwrap(), abi::port::FENCE_ALWAYS_SIGNALED, "the device in error signals every fence");
+    let d = ddi_run(&sys, mark);
+    let pos = |want: &Ddi| d.iter().position(|x| x == want).unwrap_or_else(|| panic!("{want:?} missing: {d:?}"));
+    let (suspend, disconnect, destroy) = (
+        pos(&Ddi::SuspendContext(c.ctx.handle())),
+        pos(&Ddi::DisconnectDoorbell(q.handle())),
+        pos(&Ddi::DestroyHwQueue(q.handle())),
+    );
+    assert!(suspend < disconnect && disconnect < destroy, "{d:?}");
+}
+
+#[test]
+fn a_normal_termination_that_cannot_finish_ends_abnormally() {
+    let sys = common::sim();
+    let c = common::client(&sys);
+    let pid = c.port.process();
+    let mut q = c.user_queue();
+    let mut cb = CommandBuffer::new();
+    cb.wait(c.buf.va(), 1); // never satisfied
+    q.submit(&cb).unwrap();
+    let mark = sys.trace().0.len();
+    sys.terminate(pid, Termination::Normal);
+    let d = ddi_run(&sys, mark);
+    assert!(d.contains(&Ddi::SuspendContext(c.ctx.handle())), "fell back to the abnormal path: {d:?}");
+    assert!(d.contains(&Ddi::DestroyHwQueue(q.handle())));
+}
+
+#[test]
+fn termination_returns_every_resource_and_leaves_other_processes_alone() {
+    // One doorbell page for processes (page 0 is the kernel's): a second process can only
+    // open once the first has given its page back.
+    let sys = common::sim_with(SystemConfig {
+        gpu: gpu::GpuConfig { doorbell_pages: 2, ..gpu::GpuConfig::default() },
+        ..SystemConfig::default()
+    });
+    for how in [Termination::Normal, Termination::Abnormal] {
+        let a = common::client(&sys);
+        assert!(matches!(sys.open_process(), Err(KernelError::Exhausted { .. })), "the only page is taken");
+        let mut qa = a.user_queue();
+        let mut ka = a.kernel_queue();
+        let f = a.device.create_fence(0, NativeFenceType::Default).unwrap();
+        let mut cb = CommandBuffer::new();
+        cb.write_u32(a.buf.va(), 1).signal_fence(&f, 1);
+        let (v1, v2) = (qa.submit(&cb).unwrap(), ka.submit(&cb).unwrap());
+        qa.wait(v1, T).unwrap();
+        ka.wait(v2, T).unwrap();
+        sys.terminate(a.port.process(), how);
+        // The doorbell page, kernel doorbell slots and address space came back: a new
+        // process opens and works.
+        let b = common::client(&sys);
+        let mut qb = b.user_queue();
+        let mut kb = b.kernel_queue();
+        let mut cb = CommandBuffer::new();
+        cb.write_u32(b.buf.va(), 2);
+        let (v1, v2) = (qb.submit(&cb).unwrap(), kb.submit(&cb).unwrap());
+        qb.wait(v1, T).unwrap();
+        kb.wait(v2, T).unwrap();
+        assert_eq!(b.buf.read_u32(0).unwrap(), 2);
+        sys.terminate(b.port.process(), Termination::Normal);
+    }
+}
