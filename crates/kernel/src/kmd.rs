@@ -18,6 +18,25 @@ use gpu::{FwQueueId, Gpu, Interrupt, PowerState, QueueConfig, Time, Vmid};
 use parking_lot::Mutex;
 use shm::Shm;
 
+/// What `DxgkDdiConnectDoorbell` answered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConnectStep {
+    /// Connected to BAR slot `slot`, shown by BAR page `page_offset` at the doorbell's offset.
+    Connected {
+        /// The physical doorbell.
+        slot: u32,
+        /// Byte offset of the BAR page to map at the doorbell's CPU VA.
+        page_offset: u64,
+        /// The KMD wants `NotifyWorkSubmission` after each ring.
+        notify: bool,
+    },
+    /// No physical doorbell is free: victimize this queue's first.
+    Victimize {
+        /// The victim.
+        victim: FwQueueId,
+    },
+}
+
 /// Something that wakes the device's driver thread (the live firmware thread parks while
 /// every engine is in F1).
 pub trait DeviceWaker: Send + Sync {
@@ -46,9 +65,21 @@ pub trait Kmd: Send {
     fn create_hw_queue(&mut self, cfg: QueueConfig) -> Result<FwQueueId, KernelError>;
     /// `DxgkDdiDestroyHwQueue`.
     fn destroy_hw_queue(&mut self, q: FwQueueId);
-    /// `DxgkDdiConnectDoorbell`: connect the queue to physical doorbell `slot`. Returns
-    /// whether the KMD wants `NotifyWorkSubmission` after each ring.
-    fn connect_doorbell(&mut self, q: FwQueueId, slot: u32) -> Result<bool, KernelError>;
+    /// `DxgkDdiConnectDoorbell` for a user-mode queue whose doorbell index in the process's
+    /// page `process_page` is `index`. Either connects it, or — with a limited pool and no
+    /// free physical doorbell — answers which doorbell must be victimized first: the OS then
+    /// runs the `DxgkCbDisconnectDoorbell` callback for it, calls
+    /// [`Kmd::victimized`], and asks again.
+    fn connect_doorbell(&mut self, q: FwQueueId, process_page: u32, index: u32) -> Result<ConnectStep, KernelError>;
+    /// The KMD's half of a victimization, after the OS's callback rotated the victim's CPU VA
+    /// to the dummy page and published `DisconnectedRetry`: disconnect the physical doorbell.
+    fn victimized(&mut self, victim: FwQueueId);
+    /// Connects a kernel queue's doorbell (kernel slots in BAR page 0, never virtualized).
+    fn connect_kernel_doorbell(&mut self, q: FwQueueId, slot: u32) -> Result<(), KernelError>;
+    /// Offset of a user-mode queue's doorbell word inside its CPU page.
+    fn doorbell_offset(&self, index: u32) -> u64;
+    /// BAR pages the KMD keeps for itself (the physical doorbell pool), not for processes.
+    fn reserved_doorbell_pages(&self) -> std::ops::Range<u32>;
     /// `DxgkDdiDisconnectDoorbell`.
     fn disconnect_doorbell(&mut self, q: FwQueueId);
     /// `DxgkDdiNotifyWorkSubmission`.
@@ -82,12 +113,45 @@ pub struct VirtualKmd {
     waker: Arc<dyn DeviceWaker>,
     notify_on_submit: bool,
     mode: abi::port::UserQueueMode,
+    pool: Option<DoorbellPool>,
+}
+
+/// The dedicated-doorbell model with a limited pool (spec 000 "Dedicated doorbells"): a few
+/// physical doorbells, each at offset 0 of its own BAR page (a CPU VA rotates a whole page),
+/// shared by every user-mode queue by victimizing the least recently connected.
+struct DoorbellPool {
+    first_page: u32,
+    owners: Vec<Option<FwQueueId>>,
+    /// Connected owners, least recently connected first.
+    lru: std::collections::VecDeque<FwQueueId>,
 }
 
 impl VirtualKmd {
     /// A KMD driving `gpu`; `waker` is called when an engine returns to F0.
     pub fn new(gpu: Arc<Mutex<Gpu>>, waker: Arc<dyn DeviceWaker>) -> Self {
-        VirtualKmd { gpu, waker, notify_on_submit: false, mode: abi::port::UserQueueMode::Both }
+        VirtualKmd { gpu, waker, notify_on_submit: false, mode: abi::port::UserQueueMode::Both, pool: None }
+    }
+
+    /// Virtualizes user-mode doorbells over a pool of `count` physical doorbells, kept in the
+    /// last `count` pages of the BAR.
+    pub fn set_doorbell_pool(&mut self, count: u32) {
+        let pages = (self.gpu.lock().doorbell_slots() / abi::doorbell::DOORBELLS_PER_PAGE).max(1);
+        let count = count.clamp(1, pages.saturating_sub(2).max(1));
+        self.pool = Some(DoorbellPool {
+            first_page: pages - count,
+            owners: vec![None; count as usize],
+            lru: Default::default(),
+        });
+    }
+
+    /// Frees `q`'s pool doorbell, if it holds one.
+    fn release_pool_slot(&mut self, q: FwQueueId) {
+        if let Some(pool) = &mut self.pool
+            && let Some(j) = pool.owners.iter().position(|o| *o == Some(q))
+        {
+            pool.owners[j] = None;
+            pool.lru.retain(|&x| x != q);
+        }
     }
 
     /// Which submission models the device offers (amdgpu's `user_queue` parameter).
@@ -180,13 +244,58 @@ impl Kmd for VirtualKmd {
         let _ = self.gpu.lock().remove_queue(q);
     }
 
-    fn connect_doorbell(&mut self, q: FwQueueId, slot: u32) -> Result<bool, KernelError> {
+    fn connect_doorbell(&mut self, q: FwQueueId, process_page: u32, index: u32) -> Result<ConnectStep, KernelError> {
+        let per_page = abi::doorbell::DOORBELLS_PER_PAGE;
+        let (slot, page) = match &mut self.pool {
+            None => (process_page * per_page + index, process_page),
+            Some(pool) => {
+                let Some(j) = pool.owners.iter().position(Option::is_none) else {
+                    // Victimize the least recently connected doorbell.
+                    let victim = *pool.lru.front().expect("a full pool has connected owners");
+                    return Ok(ConnectStep::Victimize { victim });
+                };
+                pool.owners[j] = Some(q);
+                pool.lru.push_back(q);
+                let page = pool.first_page + j as u32;
+                (page * per_page, page)
+            }
+        };
         self.gpu.lock().bind_doorbell(q, slot).map_err(gpu_err("doorbell slot", slot))?;
-        Ok(self.notify_on_submit)
+        Ok(ConnectStep::Connected {
+            slot,
+            page_offset: page as u64 * abi::doorbell::DOORBELL_PAGE_BYTES,
+            notify: self.notify_on_submit,
+        })
+    }
+
+    fn victimized(&mut self, victim: FwQueueId) {
+        // The OS has rotated the victim's CPU VA away and published DisconnectedRetry: now the
+        // physical disconnect (the firmware re-reads the victim's wptr so nothing is lost).
+        let _ = self.gpu.lock().unbind_doorbell(victim);
+        self.release_pool_slot(victim);
+    }
+
+    fn connect_kernel_doorbell(&mut self, q: FwQueueId, slot: u32) -> Result<(), KernelError> {
+        self.gpu.lock().bind_doorbell(q, slot).map_err(gpu_err("doorbell slot", slot))
+    }
+
+    fn doorbell_offset(&self, index: u32) -> u64 {
+        match self.pool {
+            Some(_) => 0,
+            None => index as u64 * abi::doorbell::DOORBELL_BYTES,
+        }
+    }
+
+    fn reserved_doorbell_pages(&self) -> std::ops::Range<u32> {
+        match &self.pool {
+            Some(p) => p.first_page..p.first_page + p.owners.len() as u32,
+            None => 0..0,
+        }
     }
 
     fn disconnect_doorbell(&mut self, q: FwQueueId) {
         let _ = self.gpu.lock().unbind_doorbell(q);
+        self.release_pool_slot(q);
     }
 
     fn notify_work_submission(&mut self, _q: FwQueueId) {

@@ -48,9 +48,9 @@ mod fence;
 
 pub use fence::FENCE_STRIDE;
 
-use crate::kmd::Kmd;
+use crate::kmd::{ConnectStep, Kmd};
 use crate::table::Table;
-use crate::trace::{Ddi, Event, PageTarget, Trace, TraceEntry};
+use crate::trace::{Callback, Ddi, Event, PageTarget, Trace, TraceEntry};
 
 /// First GPU VA handed to a process.
 const VA_BASE: u64 = 0x1_0000_0000;
@@ -267,6 +267,8 @@ pub struct OsStats {
     pub connects: u64,
     /// F1 entries.
     pub f1_entries: u64,
+    /// Doorbells victimized to connect another (limited pool).
+    pub victimizations: u64,
     /// `NativeFenceSignaled` interrupts.
     pub fence_interrupts: u64,
     /// Optimized fence interrupts that fell back to scanning every fence (log overrun).
@@ -313,9 +315,14 @@ impl Os {
         let bar = kmd.doorbell_bar();
         let pages = (bar.len() as u64 / DOORBELL_PAGE_BYTES) as usize;
         let mut doorbell_pages = vec![false; pages];
-        // Page 0 holds the kernel queues' doorbells.
+        // Page 0 holds the kernel queues' doorbells; the KMD may keep pages for its pool.
         if let Some(p) = doorbell_pages.first_mut() {
             *p = true;
+        }
+        for i in kmd.reserved_doorbell_pages() {
+            if let Some(p) = doorbell_pages.get_mut(i as usize) {
+                *p = true;
+            }
         }
         let state = OsState {
             kmd,
@@ -1099,7 +1106,7 @@ impl OsState {
         if let QueueMode::Kernel { slot, .. } = self.queue(pid, handle)?.mode {
             self.kernel_slots.pop();
             self.trace.push(now, Event::Ddi(Ddi::ConnectDoorbell(handle)));
-            self.kmd.connect_doorbell(fw, slot)?;
+            self.kmd.connect_kernel_doorbell(fw, slot)?;
         }
         Ok(HwQueueInfo { handle, engine, kernel_page: kernel_page.map_range(0, 4096, Prot::ReadOnly)?, kernel_page_va })
     }
@@ -1187,11 +1194,7 @@ impl OsState {
         p.allocations.get_mut(args.ring_control)?.pins.push(Pin::Doorbell(d));
         p.queues.get_mut(q)?.doorbell = Some(d);
         self.trace.push(now, Event::Ddi(Ddi::CreateDoorbell(q)));
-        Ok(DoorbellInfo {
-            handle: d,
-            cpu_page: page,
-            offset: desc.doorbell_index as u64 * abi::doorbell::DOORBELL_BYTES,
-        })
+        Ok(DoorbellInfo { handle: d, cpu_page: page, offset: self.kmd.doorbell_offset(desc.doorbell_index) })
     }
 
     fn destroy_doorbell(&mut self, pid: ProcessId, q: HwQueueHandle, now: Time) -> Result<(), KernelError> {
@@ -1236,7 +1239,7 @@ impl OsState {
         let (engine, fw, kernel_page) = (qo.engine, qo.fw, qo.kernel_page.clone());
         let d = qo.doorbell.ok_or_else(|| invalid("queue", q, "has no doorbell: create one first"))?;
         let p = self.proc(pid)?;
-        let page_offset = p.doorbell_page as u64 * DOORBELL_PAGE_BYTES;
+        let process_page = p.doorbell_page;
         let dobj = p.doorbells.get(d)?;
         if dobj.connected {
             return Ok(());
@@ -1248,10 +1251,15 @@ impl OsState {
             let st = self.kmd.set_power(engine, PowerState::F0, now);
             self.trace.push(now, Event::Power { engine, state: st });
         }
-        // 2. DxgkDdiConnectDoorbell: the KMD binds the physical doorbell.
+        // 2. DxgkDdiConnectDoorbell: the KMD binds a physical doorbell — after victimizing
+        // one, when the pool is full (spec 000 "Victimizing doorbell pseudocode in KMD").
         self.trace.push(now, Event::Ddi(Ddi::ConnectDoorbell(q)));
-        let slot = self.proc(pid)?.doorbell_page * DOORBELLS_PER_PAGE + desc.doorbell_index;
-        let notify = self.kmd.connect_doorbell(fw, slot)?;
+        let (page_offset, notify) = loop {
+            match self.kmd.connect_doorbell(fw, process_page, desc.doorbell_index)? {
+                ConnectStep::Connected { page_offset, notify, .. } => break (page_offset, notify),
+                ConnectStep::Victimize { victim } => self.victimize(victim, now)?,
+            }
+        };
         // 3. Dxgkrnl maps the physical doorbell at the doorbell's CPU VA.
         page.rotate_to(&self.bar, page_offset)?;
         self.trace.push(now, Event::Rotate { queue: q, to: PageTarget::Bar });
@@ -1260,6 +1268,27 @@ impl OsState {
         self.write_status(q, &kernel_page, status, now);
         self.proc(pid)?.doorbells.get_mut(d)?.connected = true;
         self.stats.connects += 1;
+        Ok(())
+    }
+
+    /// The OS's side of a victimization: `DxgkCbDisconnectDoorbell(victim)` rotates the
+    /// victim's CPU VA to the dummy page and publishes `DisconnectedRetry`; then control goes
+    /// back to the KMD, which disconnects the physical doorbell.
+    fn victimize(&mut self, victim: FwQueueId, now: Time) -> Result<(), KernelError> {
+        let &(pid, q) = self.fw_index.get(&victim).ok_or_else(|| invalid("victim", victim, "is not a queue"))?;
+        let qo = self.queue(pid, q)?;
+        let (d, kernel_page) = (qo.doorbell, qo.kernel_page.clone());
+        self.trace.push(now, Event::Callback(Callback::DisconnectDoorbell(q)));
+        if let Some(d) = d {
+            let dobj = self.proc(pid)?.doorbells.get_mut(d)?;
+            dobj.connected = false;
+            let page = dobj.page.clone();
+            page.rotate_to(&self.dummy, 0)?;
+            self.trace.push(now, Event::Rotate { queue: q, to: PageTarget::Dummy });
+        }
+        self.write_status(q, &kernel_page, DoorbellStatus::DisconnectedRetry, now);
+        self.kmd.victimized(victim);
+        self.stats.victimizations += 1;
         Ok(())
     }
 

@@ -78,6 +78,9 @@ pub struct SystemConfig {
     pub notify_on_submit: bool,
     /// Which submission models the device offers (amdgpu's `user_queue`: 0, 1 or 2).
     pub user_queue_mode: abi::port::UserQueueMode,
+    /// Dedicated doorbells virtualized over a pool of this many physical doorbells (`None`:
+    /// one per queue index in each process's page).
+    pub doorbell_pool: Option<u32>,
 }
 
 enum Driver {
@@ -256,6 +259,9 @@ impl System {
         let mut kmd = VirtualKmd::new(gpu.clone(), waker);
         kmd.set_notify_on_submit(cfg.notify_on_submit);
         kmd.set_user_queue_mode(cfg.user_queue_mode);
+        if let Some(n) = cfg.doorbell_pool {
+            kmd.set_doorbell_pool(n);
+        }
         let os = Os::new(Box::new(kmd), clock.clone())?;
         Ok(System { inner: Arc::new(Inner { os, gpu, clock, driver }) })
     }

@@ -69,11 +69,20 @@ pub enum Ddi {
     UpdateCurrentValueFromCpu(NativeFenceHandle, u64),
 }
 
+/// A callback from the KMD into the OS.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Callback {
+    /// `DxgkCbDisconnectDoorbell`: the KMD needs this queue's doorbell (victimization).
+    DisconnectDoorbell(HwQueueHandle),
+}
+
 /// One logged event.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Event {
     /// A DDI call.
     Ddi(Ddi),
+    /// A KMD callback into the OS.
+    Callback(Callback),
     /// A queue was created.
     QueueCreated {
         /// Queue.
@@ -136,6 +145,7 @@ impl core::fmt::Display for Event {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         match self {
             Event::Ddi(d) => write!(f, "DDI {d:?}"),
+            Event::Callback(c) => write!(f, "callback {c:?}"),
             Event::QueueCreated { queue, engine, user_mode } => {
                 write!(
                     f,
