@@ -163,6 +163,10 @@ struct AllocObj {
     va: u64,
     bytes: u64,
     pins: Vec<Pin>,
+    /// Where it lives.
+    domain: MemoryDomain,
+    /// A local allocation evicted to system memory for D3 (contents preserved).
+    evicted: bool,
 }
 
 impl AllocObj {
@@ -293,6 +297,10 @@ struct OsState {
     fence_index: HashMap<u64, Vec<(ProcessId, abi::NativeFenceHandle)>>,
     /// A kernel-mode submission's fence wait completed: wake the scheduler.
     km_kick: bool,
+    /// The device is in D3 (powered down).
+    d3: bool,
+    /// Contexts the D3 entry suspended (resumed on the way back to D0).
+    power_suspended: Vec<(ProcessId, ContextHandle)>,
     /// Bumped whenever the scheduler may have new work (a submission, a fence it waits on):
     /// it sleeps only if this has not changed since it last looked, so no wake-up is lost.
     km_gen: u64,
@@ -340,6 +348,8 @@ impl Os {
             fence_index: HashMap::new(),
             km_kick: false,
             km_gen: 0,
+            d3: false,
+            power_suspended: Vec::new(),
         };
         Ok(Os { state: Mutex::new(state), clock, km_work: Condvar::new() })
     }
@@ -423,6 +433,22 @@ impl Os {
             s.kmd.resume_context(&fws);
             Ok(())
         })
+    }
+
+    /// D0 → D3 (spec 000 "Engine D-state transitions"), in order: 1. `DxgkddiSuspendContext`
+    /// for every context; 2. disconnect every doorbell (status `DisconnectedRetry`); 3. evict
+    /// the ring allocations from local memory (contents preserved). Then every engine powers
+    /// down. Entering D3 twice is a no-op. A connect (or a kernel-mode submission) brings the
+    /// device back to D0.
+    pub fn enter_d3(&self) -> Result<(), KernelError> {
+        let mut s = self.state.lock();
+        let now = self.now();
+        s.enter_d3(now)
+    }
+
+    /// Whether the device is in D3.
+    pub fn in_d3(&self) -> bool {
+        self.state.lock().d3
     }
 
     /// Normal termination, first part (spec 000 "Normal and abnormal process termination"):
@@ -545,7 +571,15 @@ impl Os {
             let va = p.take_va(bytes);
             let vmid = p.vmid;
             s.kmd.map_gpu(vmid, va, bytes, shm.clone(), !desc.gpu_read_only)?;
-            let handle = s.proc(pid)?.allocations.insert(AllocObj { device, shm, va, bytes, pins: Vec::new() });
+            let handle = s.proc(pid)?.allocations.insert(AllocObj {
+                device,
+                shm,
+                va,
+                bytes,
+                pins: Vec::new(),
+                domain: desc.domain,
+                evicted: false,
+            });
             Ok(AllocationInfo { handle, va, bytes })
         })
     }
@@ -827,6 +861,95 @@ impl OsState {
 
     fn queue(&mut self, pid: ProcessId, q: HwQueueHandle) -> Result<&mut QueueObj, KernelError> {
         self.proc(pid)?.queues.get_mut(q)
+    }
+
+    fn enter_d3(&mut self, now: Time) -> Result<(), KernelError> {
+        if self.d3 {
+            return Ok(());
+        }
+        self.trace.push(now, Event::DevicePower { d3: true });
+        let pids: Vec<ProcessId> = self.processes.keys().copied().collect();
+        // 1. Suspend every context.
+        for &pid in &pids {
+            for c in self.proc(pid)?.contexts.handles() {
+                if !self.proc(pid)?.contexts.get(c)?.suspended {
+                    self.suspend_context(pid, c, now)?;
+                    self.power_suspended.push((pid, c));
+                }
+            }
+        }
+        // 2. Disconnect every doorbell.
+        for &pid in &pids {
+            for q in self.proc(pid)?.queues.handles() {
+                self.disconnect(pid, q, DoorbellStatus::DisconnectedRetry, now)?;
+            }
+        }
+        // 3. Evict ring allocations from local memory, now that no queue is scheduled.
+        for &pid in &pids {
+            let p = self.proc(pid)?;
+            let rings: Vec<AllocationHandle> = p
+                .allocations
+                .iter()
+                .filter(|(_, a)| a.domain == MemoryDomain::Local && !a.pins.is_empty())
+                .map(|(h, _)| h)
+                .collect();
+            for a in rings {
+                let obj = self.proc(pid)?.allocations.get_mut(a)?;
+                obj.evicted = true;
+                obj.domain = MemoryDomain::System;
+                self.trace.push(now, Event::Residency { allocation: a, resident: false });
+            }
+        }
+        // The device powers down: every engine to F1 (nothing is scheduled).
+        for e in self.kmd.adapter_info().engines {
+            self.trace.push(now, Event::Ddi(Ddi::SetPowerState(e.id, PowerState::F1)));
+            let st = self.kmd.set_power(e.id, PowerState::F1, now);
+            self.trace.push(now, Event::Power { engine: e.id, state: st });
+        }
+        self.d3 = true;
+        Ok(())
+    }
+
+    /// The first half of D3 → D0: the D0 transition, then residency restored. The contexts
+    /// are resumed by [`OsState::resume_after_d3`], after the doorbell connection (the spec's
+    /// order).
+    fn power_up(&mut self, now: Time) -> Result<bool, KernelError> {
+        if !self.d3 {
+            return Ok(false);
+        }
+        self.d3 = false;
+        self.trace.push(now, Event::DevicePower { d3: false });
+        let pids: Vec<ProcessId> = self.processes.keys().copied().collect();
+        for pid in pids {
+            let evicted: Vec<AllocationHandle> =
+                self.proc(pid)?.allocations.iter().filter(|(_, a)| a.evicted).map(|(h, _)| h).collect();
+            for a in evicted {
+                let obj = self.proc(pid)?.allocations.get_mut(a)?;
+                obj.evicted = false;
+                obj.domain = MemoryDomain::Local;
+                self.trace.push(now, Event::Residency { allocation: a, resident: true });
+            }
+        }
+        Ok(true)
+    }
+
+    /// The last step of D3 → D0: `DxgkddiResumeContext` for the contexts D3 suspended.
+    fn resume_after_d3(&mut self, now: Time) -> Result<(), KernelError> {
+        for (pid, c) in std::mem::take(&mut self.power_suspended) {
+            let Ok(ctx) = self.proc(pid).and_then(|p| p.contexts.get_mut(c)) else { continue };
+            ctx.suspended = false;
+            let engine = ctx.engine;
+            let fws: Vec<FwQueueId> =
+                self.proc(pid)?.queues.iter().filter(|(_, q)| q.context == c).map(|(_, q)| q.fw).collect();
+            if self.kmd.power(engine) == PowerState::F1 {
+                self.trace.push(now, Event::Ddi(Ddi::SetPowerState(engine, PowerState::F0)));
+                let st = self.kmd.set_power(engine, PowerState::F0, now);
+                self.trace.push(now, Event::Power { engine, state: st });
+            }
+            self.trace.push(now, Event::Ddi(Ddi::ResumeContext(c)));
+            self.kmd.resume_context(&fws);
+        }
+        Ok(())
     }
 
     fn suspend_context(&mut self, pid: ProcessId, c: ContextHandle, now: Time) -> Result<(), KernelError> {
@@ -1245,6 +1368,9 @@ impl OsState {
             return Ok(());
         }
         let page = dobj.page.clone();
+        // 0. A connect in D3 wakes the device: D0, then residency (spec 000 "Engine D-state
+        // transitions"); the contexts resume after the connection, below.
+        let woke = self.power_up(now)?;
         // 1. An engine in F1 goes back to F0 first (spec 000 "Engine F-state transitions").
         if self.kmd.power(engine) == PowerState::F1 {
             self.trace.push(now, Event::Ddi(Ddi::SetPowerState(engine, PowerState::F0)));
@@ -1268,6 +1394,10 @@ impl OsState {
         self.write_status(q, &kernel_page, status, now);
         self.proc(pid)?.doorbells.get_mut(d)?.connected = true;
         self.stats.connects += 1;
+        // 5. After D3: resume every context.
+        if woke {
+            self.resume_after_d3(now)?;
+        }
         Ok(())
     }
 
@@ -1489,6 +1619,10 @@ impl OsState {
     /// Moves the head of a context's software queue onto its queue's kernel-owned ring:
     /// wake the engine if it is in F1, write the packets, publish wptr, ring the doorbell.
     fn move_one(&mut self, pid: ProcessId, c: ContextHandle, now: Time) -> Move {
+        // A kernel-mode submission in D3 wakes the device too.
+        if self.d3 && self.power_up(now).is_ok() {
+            let _ = self.resume_after_d3(now);
+        }
         let Some(p) = self.processes.get_mut(&pid) else { return Move::Empty };
         let Ok(ctx) = p.contexts.get_mut(c) else { return Move::Empty };
         let Some(sub) = ctx.software_queue.front_mut() else { return Move::Empty };

@@ -363,6 +363,16 @@ impl System {
         self.inner.os.read_fence_log(pid, queue, kind, since)
     }
 
+    /// Puts the device in D3 (see [`crate::os::Os::enter_d3`]).
+    pub fn enter_d3(&self) -> Result<(), KernelError> {
+        self.inner.os.enter_d3()
+    }
+
+    /// Whether the device is in D3.
+    pub fn in_d3(&self) -> bool {
+        self.inner.os.in_d3()
+    }
+
     /// Suspends a context (see [`crate::os::Os::suspend_context`]).
     pub fn suspend_context(&self, pid: ProcessId, context: ContextHandle) -> Result<(), KernelError> {
         self.inner.os.suspend_context(pid, context)

@@ -120,6 +120,18 @@ pub enum Event {
         /// New state.
         state: PowerState,
     },
+    /// The device changed D-state (D0 ↔ D3).
+    DevicePower {
+        /// Entering D3 (`false`: back to D0).
+        d3: bool,
+    },
+    /// An allocation was evicted from local memory, or made resident again.
+    Residency {
+        /// The allocation.
+        allocation: abi::AllocationHandle,
+        /// Resident again (`false`: evicted).
+        resident: bool,
+    },
     /// The firmware refused F1 because work was pending.
     F1Refused {
         /// Engine.
@@ -158,6 +170,10 @@ impl core::fmt::Display for Event {
             Event::EngineRequest { engine, state } => write!(f, "{engine}: firmware requests {state:?}"),
             Event::Power { engine, state } => write!(f, "{engine}: now {state:?}"),
             Event::F1Refused { engine } => write!(f, "{engine}: F1 refused, work pending"),
+            Event::DevicePower { d3 } => write!(f, "device: now {}", if *d3 { "D3" } else { "D0" }),
+            Event::Residency { allocation, resident } => {
+                write!(f, "{allocation}: {}", if *resident { "resident again" } else { "evicted to system memory" })
+            }
             Event::QueueFault { queue, fault } => write!(f, "{queue}: FAULT {fault}"),
             Event::UserInterrupt { queue, id } => write!(f, "{queue}: user interrupt {id}"),
         }

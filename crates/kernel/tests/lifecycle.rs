@@ -144,3 +144,77 @@ fn termination_returns_every_resource_and_leaves_other_processes_alone() {
         sys.terminate(b.port.process(), Termination::Normal);
     }
 }
+
+fn events_from(sys: &kernel::System, from: usize) -> Vec<Event> {
+    sys.trace().0.into_iter().skip(from).map(|e| e.event).collect()
+}
+
+#[test]
+fn d3_entry_and_exit_follow_the_specs_order_and_lose_nothing() {
+    use abi::port::{AllocationDesc, CreateDoorbell, KernelPort, MemoryDomain};
+    let sys = common::sim();
+    let c = common::client(&sys);
+    // A queue whose ring lives in local memory: D3 evicts it.
+    let p = common::RawProc::open(&sys);
+    let local = |bytes| AllocationDesc { bytes, domain: MemoryDomain::Local, gpu_read_only: false };
+    let ring = p.port.allocate(p.dev, &local(4096)).unwrap();
+    let ctl = p.port.allocate(p.dev, &local(4096)).unwrap();
+    let desc = abi::QueueDescriptor {
+        ring_va: ring.va,
+        rptr_va: ctl.va,
+        wptr_va: ctl.va + 64,
+        last_queued_va: ctl.va + 128,
+        ..p.desc(abi::queue::DOORBELL_INDEX_ANY)
+    };
+    let lq = p.create(desc).unwrap().handle;
+    p.port.create_doorbell(&CreateDoorbell { queue: lq, ring_buffer: ring.handle, ring_control: ctl.handle }).unwrap();
+    p.port.connect_doorbell(lq).unwrap();
+    let mut q = c.user_queue();
+    let mut cb = CommandBuffer::new();
+    cb.write_u32(c.buf.va(), 0xd0);
+    let v = q.submit(&cb).unwrap();
+    q.wait(v, T).unwrap();
+
+    let mark = sys.trace().0.len();
+    sys.enter_d3().unwrap();
+    assert!(sys.in_d3());
+    let ev = events_from(&sys, mark);
+    let first = |f: &dyn Fn(&Event) -> bool| ev.iter().position(|e| f(e)).unwrap_or_else(|| panic!("{ev:#?}"));
+    let suspend = first(&|e| matches!(e, Event::Ddi(Ddi::SuspendContext(_))));
+    let disconnect = first(&|e| matches!(e, Event::Ddi(Ddi::DisconnectDoorbell(_))));
+    let evict = first(&|e| matches!(e, Event::Residency { resident: false, .. }));
+    let last_suspend = ev.iter().rposition(|e| matches!(e, Event::Ddi(Ddi::SuspendContext(_)))).unwrap();
+    let last_disconnect = ev.iter().rposition(|e| matches!(e, Event::Ddi(Ddi::DisconnectDoorbell(_)))).unwrap();
+    assert!(suspend < disconnect && last_suspend < disconnect, "1. every context suspended first");
+    assert!(last_disconnect < evict, "2. then every doorbell disconnected, 3. then eviction");
+    assert!(ev.contains(&Event::Residency { allocation: ring.handle, resident: false }));
+    assert!(
+        !ev.iter().any(|e| matches!(e, Event::Residency { allocation, .. } if *allocation == c.buf.handle())),
+        "only ring allocations"
+    );
+    assert_eq!(q.doorbell_status().unwrap(), DoorbellStatus::DisconnectedRetry);
+
+    // A submission in D3: the UMD sees the doorbell disconnected and connects, which wakes the
+    // device: D0, residency, the doorbell connection, then the contexts resume.
+    let mark = sys.trace().0.len();
+    let mut cb = CommandBuffer::new();
+    cb.write_u32(c.buf.va() + 4, 0xd1);
+    let v = q.submit(&cb).unwrap();
+    q.wait(v, T).unwrap();
+    assert!(!sys.in_d3());
+    assert_eq!(
+        (c.buf.read_u32(0).unwrap(), c.buf.read_u32(4).unwrap()),
+        (0xd0, 0xd1),
+        "memory preserved, new work ran"
+    );
+    let ev = events_from(&sys, mark);
+    let first = |f: &dyn Fn(&Event) -> bool| ev.iter().position(|e| f(e)).unwrap_or_else(|| panic!("{ev:#?}"));
+    let d0 = first(&|e| matches!(e, Event::DevicePower { d3: false }));
+    let resident = first(&|e| matches!(e, Event::Residency { resident: true, .. }));
+    let connect = first(&|e| *e == Event::Ddi(Ddi::ConnectDoorbell(q.handle())));
+    let resume = first(&|e| matches!(e, Event::Ddi(Ddi::ResumeContext(_))));
+    assert!(d0 < resident && resident < connect && connect < resume, "{ev:#?}");
+    // Every context D3 suspended is resumed, including the local-ring queue's.
+    let resumed = ev.iter().filter(|e| matches!(e, Event::Ddi(Ddi::ResumeContext(_)))).count();
+    assert_eq!(resumed, 2);
+}
