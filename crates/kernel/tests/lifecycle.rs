@@ -179,7 +179,7 @@ fn d3_entry_and_exit_follow_the_specs_order_and_lose_nothing() {
     sys.enter_d3().unwrap();
     assert!(sys.in_d3());
     let ev = events_from(&sys, mark);
-    let first = |f: &dyn Fn(&Event) -> bool| ev.iter().position(|e| f(e)).unwrap_or_else(|| panic!("{ev:#?}"));
+    let first = |f: &dyn Fn(&Event) -> bool| ev.iter().position(f).unwrap_or_else(|| panic!("{ev:#?}"));
     let suspend = first(&|e| matches!(e, Event::Ddi(Ddi::SuspendContext(_))));
     let disconnect = first(&|e| matches!(e, Event::Ddi(Ddi::DisconnectDoorbell(_))));
     let evict = first(&|e| matches!(e, Event::Residency { resident: false, .. }));
@@ -208,7 +208,7 @@ fn d3_entry_and_exit_follow_the_specs_order_and_lose_nothing() {
         "memory preserved, new work ran"
     );
     let ev = events_from(&sys, mark);
-    let first = |f: &dyn Fn(&Event) -> bool| ev.iter().position(|e| f(e)).unwrap_or_else(|| panic!("{ev:#?}"));
+    let first = |f: &dyn Fn(&Event) -> bool| ev.iter().position(f).unwrap_or_else(|| panic!("{ev:#?}"));
     let d0 = first(&|e| matches!(e, Event::DevicePower { d3: false }));
     let resident = first(&|e| matches!(e, Event::Residency { resident: true, .. }));
     let connect = first(&|e| *e == Event::Ddi(Ddi::ConnectDoorbell(q.handle())));
