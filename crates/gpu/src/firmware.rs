@@ -191,6 +191,10 @@ struct FwQueue {
     completed: u64,
     doorbell: Option<u32>,
     fault: Option<FaultRecord>,
+    /// When it last got a hardware slot (its quantum runs from here).
+    slice_start: Time,
+    /// When it last executed.
+    last_run: Time,
     /// A `DISPATCH` at rptr is part-way done; its state is in the context save area.
     dispatch_active: bool,
     /// When the engine first saw the logged `WAIT` it is blocked on (the log's observed time).
@@ -261,7 +265,11 @@ struct Engine {
     power: PowerState,
     f1_requested: bool,
     last_busy: Time,
+    /// Every queue the firmware may schedule on this engine (amdgpu's run list).
     run_list: Vec<FwQueueId>,
+    /// The queues in hardware slots (HQDs): at most `hw_slots`; only these execute.
+    hqd: Vec<FwQueueId>,
+    hw_slots: usize,
     watches: Vec<Watch>,
     cursor: usize,
 }
@@ -280,6 +288,7 @@ pub(crate) struct Firmware {
     compute: ComputeStats,
     fences: FenceTable,
     optimized_interrupts: bool,
+    quanta: Quanta,
     engines: Vec<Engine>,
     slots: Vec<Slot>,
     irqs: std::collections::VecDeque<Interrupt>,
@@ -332,6 +341,8 @@ impl Firmware {
                 f1_requested: false,
                 last_busy: Time::ZERO,
                 run_list: Vec::new(),
+                hqd: Vec::new(),
+                hw_slots: cfg.hw_slots.max(1) as usize,
                 watches: Vec::new(),
                 cursor: 0,
             })
@@ -344,6 +355,7 @@ impl Firmware {
             compute: ComputeStats::default(),
             fences: FenceTable::new(),
             optimized_interrupts: cfg.optimized_fence_interrupts,
+            quanta: Quanta { process: cfg.process_quantum, gang: cfg.gang_quantum },
             engines,
             slots: Vec::new(),
             irqs: Default::default(),
@@ -398,7 +410,7 @@ impl Firmware {
             ring,
             rptr_word,
             wptr_word,
-            state: QueueState::Mapped,
+            state: QueueState::Unmapped,
             rptr: start,
             wptr: start,
             pending: false,
@@ -407,6 +419,8 @@ impl Firmware {
             completed: 0,
             doorbell: None,
             fault: None,
+            slice_start: Time::ZERO,
+            last_run: Time::ZERO,
             dispatch_active: false,
             wait_observed: None,
         };
@@ -422,7 +436,13 @@ impl Firmware {
         slot.generation = slot.generation.wrapping_add(1);
         slot.queue = Some(q);
         let id = FwQueueId { index: index as u32, generation: slot.generation };
-        self.engine_mut(engine)?.run_list.push(id);
+        let e = self.engine_mut(engine)?;
+        e.run_list.push(id);
+        // A free hardware slot maps it at once; otherwise the scheduler will.
+        if e.hqd.len() < e.hw_slots {
+            e.hqd.push(id);
+            self.queue_mut(id)?.state = QueueState::Mapped;
+        }
         Ok(id)
     }
 
@@ -431,9 +451,11 @@ impl Firmware {
     /// scheduled until resumed. Its doorbell stays connected; rings are remembered.
     pub(crate) fn suspend_queue(&mut self, id: FwQueueId) -> Result<(), GpuError> {
         let engine = self.queue(id)?.cfg.engine;
-        self.engine_mut(engine)?.run_list.retain(|&q| q != id);
+        let e = self.engine_mut(engine)?;
+        e.run_list.retain(|&q| q != id);
+        e.hqd.retain(|&q| q != id);
         let q = self.queue_mut(id)?;
-        if q.state == QueueState::Mapped {
+        if q.state != QueueState::Hung {
             q.state = QueueState::Unmapped;
         }
         Ok(())
@@ -444,10 +466,9 @@ impl Firmware {
     pub(crate) fn resume_queue(&mut self, id: FwQueueId) -> Result<(), GpuError> {
         let engine = self.queue(id)?.cfg.engine;
         let q = self.queue_mut(id)?;
-        if q.state != QueueState::Unmapped {
+        if q.state == QueueState::Hung {
             return Ok(());
         }
-        q.state = QueueState::Mapped;
         if q.has_work() {
             q.pending = true;
         }
@@ -462,6 +483,7 @@ impl Firmware {
         let engine = self.queue(id)?.cfg.engine;
         let e = self.engine_mut(engine)?;
         e.run_list.retain(|&q| q != id);
+        e.hqd.retain(|&q| q != id);
         e.watches.retain(|w| w.queue != id);
         let q = self.slots[id.index as usize].queue.take().expect("checked above");
         Ok(q.rptr)
@@ -479,7 +501,7 @@ impl Firmware {
         let q = self.queue_mut(id)?;
         q.doorbell = Some(slot);
         // Work published while disconnected rang the dummy page: find it through wptr.
-        if q.state == QueueState::Mapped && q.has_work() {
+        if q.state != QueueState::Hung && q.has_work() {
             q.pending = true;
         }
         Ok(())
@@ -491,7 +513,7 @@ impl Firmware {
         let q = self.queue_mut(id)?;
         q.doorbell = None;
         // A ring that raced the disconnect may never be seen on the BAR: re-read wptr.
-        if q.state == QueueState::Mapped && q.has_work() {
+        if q.state != QueueState::Hung && q.has_work() {
             q.pending = true;
         }
         Ok(())
@@ -531,7 +553,7 @@ impl Firmware {
         let mut busy = false;
         for id in run_list {
             let q = self.queue_mut(id)?;
-            if q.state == QueueState::Mapped && (q.pending || q.has_work()) {
+            if q.state != QueueState::Hung && (q.pending || q.has_work()) {
                 q.pending = true;
                 busy = true;
             }
@@ -586,18 +608,21 @@ impl Firmware {
             compute,
             fences,
             optimized_interrupts,
+            quanta,
             ..
         } = self;
         for e in engines.iter_mut().filter(|e| e.power == PowerState::F0) {
-            let n = e.run_list.len();
+            schedule(e, slots, now, *quanta);
+            let n = e.hqd.len();
             let mut busy = false;
             for k in 0..n {
-                let id = e.run_list[(e.cursor + k) % n];
+                let id = e.hqd[(e.cursor + k) % n];
                 let Some(q) = slots[id.index as usize].queue.as_mut() else { continue };
                 if !q.pending || q.state != QueueState::Mapped {
                     continue;
                 }
                 busy = true;
+                q.last_run = now;
                 let before = compute.instructions;
                 let mut env = Env {
                     fences,
@@ -631,7 +656,7 @@ impl Firmware {
                 continue;
             }
             let busy = e.run_list.iter().any(|id| {
-                self.slots[id.index as usize].queue.as_ref().is_some_and(|q| q.pending && q.state == QueueState::Mapped)
+                self.slots[id.index as usize].queue.as_ref().is_some_and(|q| q.pending && q.state != QueueState::Hung)
             });
             if busy {
                 e.last_busy = now;
@@ -667,6 +692,94 @@ impl Firmware {
 
     pub(crate) fn unregister_fence(&mut self, current: (&Shm, u64)) {
         self.fences.remove(&(current.0.id(), current.1));
+    }
+}
+
+/// Time slices for queues of equal priority (MES: process and gang quanta).
+#[derive(Clone, Copy)]
+struct Quanta {
+    /// Between queues of different processes.
+    process: std::time::Duration,
+    /// Between queues of one process (one address space).
+    gang: std::time::Duration,
+}
+
+/// Chooses which queues hold this engine's hardware slots (spec 001 "the scheduling firmware
+/// dynamically maps and unmaps queues based on priority and time quanta"). Every queue on
+/// the run list with work wants a slot; in order of priority (kernel queues first, then the
+/// highest level, then the longest-waiting), each takes a free slot, or evicts a holder:
+/// an idle one first, else one of lower priority (so a realtime queue evicts at once), else
+/// one of equal priority that has used up its quantum. An evicted queue with work left is
+/// `Preempted` — stopped at a packet boundary or a dispatch slice, state saved — and rings
+/// on an unmapped queue are remembered: it runs when it gets a slot back.
+fn schedule(e: &mut Engine, slots: &mut [Slot], now: Time, quanta: Quanta) {
+    // Every queue holds a slot (the common case: no oversubscription): nothing can wait. A
+    // hung queue may linger in `hqd`; the run loop skips it.
+    if e.hqd.len() == e.run_list.len() {
+        return;
+    }
+    let get = |slots: &[Slot], id: FwQueueId| {
+        slots[id.index as usize]
+            .queue
+            .as_ref()
+            .filter(|_| slots[id.index as usize].generation == id.generation)
+            .map(|q| (q.state, q.pending, q.cfg.privileged, q.cfg.priority, q.cfg.vmid, q.slice_start, q.last_run))
+    };
+    e.hqd.retain(|&id| get(slots, id).is_some_and(|(st, ..)| st == QueueState::Mapped));
+    let mut waiting: Vec<FwQueueId> = e
+        .run_list
+        .iter()
+        .copied()
+        .filter(|id| !e.hqd.contains(id))
+        .filter(|&id| get(slots, id).is_some_and(|(st, pending, ..)| st != QueueState::Hung && pending))
+        .collect();
+    if waiting.is_empty() {
+        return;
+    }
+    // Kernel queues first, then priority, then whoever ran longest ago.
+    waiting.sort_by_key(|&id| {
+        let (_, _, privileged, prio, _, _, last_run) = get(slots, id).expect("filtered");
+        (!privileged, std::cmp::Reverse(prio), last_run)
+    });
+    for w in waiting {
+        let (_, _, w_priv, w_prio, w_vm, _, _) = get(slots, w).expect("filtered");
+        if e.hqd.len() >= e.hw_slots {
+            // Pick a holder to evict: idle first, then lower priority (lowest first), then an
+            // equal-priority one past its quantum (longest-running first). Kernel queues keep
+            // their slots.
+            let victim = e
+                .hqd
+                .iter()
+                .copied()
+                .filter_map(|id| {
+                    let (_, pending, privileged, prio, vm, start, _) = get(slots, id)?;
+                    if privileged && !w_priv {
+                        return None;
+                    }
+                    let quantum = if vm == w_vm { quanta.gang } else { quanta.process };
+                    let rank = if !pending {
+                        0
+                    } else if prio < w_prio {
+                        1
+                    } else if prio == w_prio && now.since(start) >= quantum {
+                        2
+                    } else {
+                        return None;
+                    };
+                    Some((rank, prio, start, id))
+                })
+                .min_by_key(|&(rank, prio, start, _)| (rank, prio, start));
+            let Some((_, _, _, v)) = victim else { continue };
+            e.hqd.retain(|&id| id != v);
+            if let Some(q) = slots[v.index as usize].queue.as_mut() {
+                q.state = if q.pending { QueueState::Preempted } else { QueueState::Unmapped };
+            }
+        }
+        e.hqd.push(w);
+        if let Some(q) = slots[w.index as usize].queue.as_mut() {
+            q.state = QueueState::Mapped;
+            q.slice_start = now;
+        }
     }
 }
 

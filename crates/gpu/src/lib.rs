@@ -81,6 +81,12 @@ pub struct GpuConfig {
     /// `OptimizedNativeFenceSignaledInterrupt`: a logged fence signal's interrupt names the
     /// queue (the kernel reads its signal log) instead of the fence.
     pub optimized_fence_interrupts: bool,
+    /// Hardware queue slots (HQDs) per engine; more queues than slots are time-sliced.
+    pub hw_slots: u32,
+    /// Time slice between queues of equal priority in different processes.
+    pub process_quantum: Duration,
+    /// Time slice between queues of equal priority in one process.
+    pub gang_quantum: Duration,
 }
 
 impl Default for GpuConfig {
@@ -93,6 +99,9 @@ impl Default for GpuConfig {
             wave_width: 32,
             dispatch_budget: 16 * 1024,
             optimized_fence_interrupts: false,
+            hw_slots: 8,
+            process_quantum: Duration::from_millis(10),
+            gang_quantum: Duration::from_millis(1),
         }
     }
 }
