@@ -103,6 +103,9 @@ pub trait Kmd: Send {
     fn flush_fence_logs(&mut self, q: FwQueueId);
     /// Current engine power state.
     fn power(&self, engine: EngineId) -> PowerState;
+    /// Whether the queue has work the engine has not finished (`rptr != wptr`, or a dispatch
+    /// part-way).
+    fn queue_has_work(&self, q: FwQueueId) -> bool;
     /// The firmware's view of a queue.
     fn queue_state(&self, q: FwQueueId) -> Option<abi::QueueState>;
 }
@@ -356,6 +359,10 @@ impl Kmd for VirtualKmd {
 
     fn power(&self, engine: EngineId) -> PowerState {
         self.gpu.lock().power(engine).unwrap_or(PowerState::F0)
+    }
+
+    fn queue_has_work(&self, q: FwQueueId) -> bool {
+        self.gpu.lock().queue_has_work(q).unwrap_or(false)
     }
 
     fn queue_state(&self, q: FwQueueId) -> Option<abi::QueueState> {

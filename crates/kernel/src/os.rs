@@ -422,8 +422,14 @@ impl Os {
             }
             ctx.suspended = false;
             let engine = ctx.engine;
-            let fws: Vec<FwQueueId> =
-                s.proc(pid)?.queues.iter().filter(|(_, q)| q.context == c).map(|(_, q)| q.fw).collect();
+            // In D3 its queues stay off the run list: the return to D0 resumes it.
+            if s.d3 {
+                if !s.power_suspended.contains(&(pid, c)) {
+                    s.power_suspended.push((pid, c));
+                }
+                return Ok(());
+            }
+            let fws = s.context_queues(pid, c)?;
             if s.kmd.power(engine) == PowerState::F1 {
                 s.trace.push(now, Event::Ddi(Ddi::SetPowerState(engine, PowerState::F0)));
                 let st = s.kmd.set_power(engine, PowerState::F0, now);
@@ -435,7 +441,8 @@ impl Os {
         })
     }
 
-    /// D0 → D3 (spec 000 "Engine D-state transitions"), in order: 1. `DxgkddiSuspendContext`
+    /// D0 → D3 (spec 000 "Engine D-state transitions") for an idle device (refused while any
+    /// queue has work in flight), in order: 1. `DxgkddiSuspendContext`
     /// for every context; 2. disconnect every doorbell (status `DisconnectedRetry`); 3. evict
     /// the ring allocations from local memory (contents preserved). Then every engine powers
     /// down. Entering D3 twice is a no-op. A connect (or a kernel-mode submission) brings the
@@ -457,6 +464,10 @@ impl Os {
     /// resident meanwhile.
     pub fn begin_normal_termination(&self, pid: ProcessId) -> Result<Vec<(HwQueueHandle, u64)>, KernelError> {
         self.with(pid, |s, now| {
+            // The exiting process's queued work must be able to finish: wake a device in D3.
+            if s.power_up(now)? {
+                s.resume_after_d3(now)?;
+            }
             let mut out = Vec::new();
             for q in s.proc(pid)?.queues.handles() {
                 s.disconnect(pid, q, DoorbellStatus::DisconnectedAbort, now)?;
@@ -867,13 +878,29 @@ impl OsState {
         if self.d3 {
             return Ok(());
         }
+        // D3 is for an idle device: work in flight would wait for a connect that may never
+        // come. Refuse, naming a busy queue.
+        for (&pid, p) in &self.processes {
+            for (h, q) in p.queues.iter() {
+                let sw_queued = p.contexts.get(q.context).is_ok_and(|c| c.software_queue.iter().any(|s| s.queue == h));
+                if sw_queued || self.kmd.queue_has_work(q.fw) {
+                    return Err(KernelError::InUse {
+                        handle: "the device".into(),
+                        by: format!("{h} of {pid}, which has work in flight (D3 needs an idle device)"),
+                    });
+                }
+            }
+        }
         self.trace.push(now, Event::DevicePower { d3: true });
         let pids: Vec<ProcessId> = self.processes.keys().copied().collect();
-        // 1. Suspend every context.
+        // 1. Suspend every context (the ones not already suspended on request; D3's
+        // suspension is its own, undone on the way back to D0).
         for &pid in &pids {
             for c in self.proc(pid)?.contexts.handles() {
                 if !self.proc(pid)?.contexts.get(c)?.suspended {
-                    self.suspend_context(pid, c, now)?;
+                    let fws = self.context_queues(pid, c)?;
+                    self.trace.push(now, Event::Ddi(Ddi::SuspendContext(c)));
+                    self.kmd.suspend_context(&fws);
                     self.power_suspended.push((pid, c));
                 }
             }
@@ -937,7 +964,9 @@ impl OsState {
     fn resume_after_d3(&mut self, now: Time) -> Result<(), KernelError> {
         for (pid, c) in std::mem::take(&mut self.power_suspended) {
             let Ok(ctx) = self.proc(pid).and_then(|p| p.contexts.get_mut(c)) else { continue };
-            ctx.suspended = false;
+            if ctx.suspended {
+                continue; // suspended on request meanwhile: it stays suspended
+            }
             let engine = ctx.engine;
             let fws: Vec<FwQueueId> =
                 self.proc(pid)?.queues.iter().filter(|(_, q)| q.context == c).map(|(_, q)| q.fw).collect();
@@ -950,6 +979,11 @@ impl OsState {
             self.kmd.resume_context(&fws);
         }
         Ok(())
+    }
+
+    /// The firmware queues of a context.
+    fn context_queues(&mut self, pid: ProcessId, c: ContextHandle) -> Result<Vec<FwQueueId>, KernelError> {
+        Ok(self.proc(pid)?.queues.iter().filter(|(_, q)| q.context == c).map(|(_, q)| q.fw).collect())
     }
 
     fn suspend_context(&mut self, pid: ProcessId, c: ContextHandle, now: Time) -> Result<(), KernelError> {

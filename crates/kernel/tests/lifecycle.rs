@@ -218,3 +218,39 @@ fn d3_entry_and_exit_follow_the_specs_order_and_lose_nothing() {
     let resumed = ev.iter().filter(|e| matches!(e, Event::Ddi(Ddi::ResumeContext(_)))).count();
     assert_eq!(resumed, 2);
 }
+
+#[test]
+fn d3_is_refused_while_work_is_in_flight_and_keeps_an_explicit_suspension() {
+    let sys = common::sim();
+    let c = common::client(&sys);
+    let pid = c.port.process();
+    let mut q = c.user_queue();
+    let mut cb = CommandBuffer::new();
+    cb.write_u32(c.buf.va(), 0x31);
+    let v = q.submit(&cb).unwrap();
+    // Nothing stepped the simulation: the work is queued, so the device is not idle.
+    let mark = sys.trace().0.len();
+    let e = sys.enter_d3().unwrap_err();
+    assert!(matches!(e, KernelError::InUse { .. }), "{e:?}");
+    assert!(e.to_string().contains("work in flight"), "{e}");
+    assert!(!sys.in_d3());
+    assert!(ddi_run(&sys, mark).is_empty(), "a refused D3 costs nothing: {:?}", ddi_run(&sys, mark));
+    q.wait(v, T).unwrap();
+    assert_eq!(c.buf.read_u32(0).unwrap(), 0x31);
+
+    // Idle now. A context the caller suspended stays suspended through D3 and D0.
+    sys.suspend_context(pid, c.ctx.handle()).unwrap();
+    sys.enter_d3().unwrap();
+    let e = sys.resume_context(pid, c.ctx.handle());
+    assert!(e.is_ok(), "resuming during D3 is deferred to D0 exit: {e:?}");
+    sys.suspend_context(pid, c.ctx.handle()).unwrap();
+    let mut cb = CommandBuffer::new();
+    cb.write_u32(c.buf.va() + 4, 0x32);
+    let v = q.submit(&cb).unwrap(); // wakes the device
+    sys.settle();
+    assert!(!sys.in_d3());
+    assert_eq!(c.buf.read_u32(4).unwrap(), 0, "still suspended by its owner after D0");
+    sys.resume_context(pid, c.ctx.handle()).unwrap();
+    q.wait(v, T).unwrap();
+    assert_eq!(c.buf.read_u32(4).unwrap(), 0x32);
+}
