@@ -40,6 +40,10 @@ pub enum BenchCommand {
     /// (blocked and spinning), and a queue waiting on another engine's signal (GPU-side and
     /// CPU-mediated), with the cache-line round trip as the floor.
     Fences(FenceArgs),
+    /// Oversubscription: N saturated normal-priority user-mode queues and one high-priority
+    /// queue over a few hardware slots and a small pool of physical doorbells; loss, Jain
+    /// fairness, throughput, victimizations and submit-to-completion p99 per priority.
+    Oversubscribe(crate::bench_oversub::OversubArgs),
 }
 
 #[derive(Args)]
@@ -90,6 +94,7 @@ pub fn run(cmd: BenchCommand) -> Result<(), CliError> {
         BenchCommand::Submit(a) => submit(a),
         BenchCommand::Compute(a) => compute(a),
         BenchCommand::Fences(a) => crate::bench_fences::run(a.json, a.signals, a.samples),
+        BenchCommand::Oversubscribe(a) => crate::bench_oversub::run(a),
     }
 }
 

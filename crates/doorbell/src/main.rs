@@ -6,6 +6,7 @@
 
 mod bench;
 mod bench_fences;
+mod bench_oversub;
 mod demo;
 mod examples;
 mod run;

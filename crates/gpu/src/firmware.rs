@@ -272,6 +272,13 @@ struct Engine {
     hw_slots: usize,
     watches: Vec<Watch>,
     cursor: usize,
+    /// Whether the slot assignment must be recomputed: set by everything that can change who
+    /// deserves a slot (a queue added, removed, suspended, resumed, (dis)connected; an
+    /// unmapped queue gaining work; a mapped one going idle or hanging; a power change).
+    /// Otherwise [`schedule`] only looks again at `resched_at`, when a quantum expires.
+    resched: bool,
+    /// When the earliest slot holder's quantum runs out, if a queue is waiting.
+    resched_at: Option<Time>,
 }
 
 struct Slot {
@@ -345,6 +352,8 @@ impl Firmware {
                 hw_slots: cfg.hw_slots.max(1) as usize,
                 watches: Vec::new(),
                 cursor: 0,
+                resched: true,
+                resched_at: None,
             })
             .collect();
         Firmware {
@@ -438,6 +447,7 @@ impl Firmware {
         let id = FwQueueId { index: index as u32, generation: slot.generation };
         let e = self.engine_mut(engine)?;
         e.run_list.push(id);
+        e.resched = true;
         // A free hardware slot maps it at once; otherwise the scheduler will.
         if e.hqd.len() < e.hw_slots {
             e.hqd.push(id);
@@ -454,6 +464,7 @@ impl Firmware {
         let e = self.engine_mut(engine)?;
         e.run_list.retain(|&q| q != id);
         e.hqd.retain(|&q| q != id);
+        e.resched = true;
         let q = self.queue_mut(id)?;
         if q.state != QueueState::Hung {
             q.state = QueueState::Unmapped;
@@ -476,6 +487,7 @@ impl Firmware {
         if !e.run_list.contains(&id) {
             e.run_list.push(id);
         }
+        e.resched = true;
         Ok(())
     }
 
@@ -484,6 +496,7 @@ impl Firmware {
         let e = self.engine_mut(engine)?;
         e.run_list.retain(|&q| q != id);
         e.hqd.retain(|&q| q != id);
+        e.resched = true;
         e.watches.retain(|w| w.queue != id);
         let q = self.slots[id.index as usize].queue.take().expect("checked above");
         Ok(q.rptr)
@@ -498,6 +511,7 @@ impl Firmware {
         let e = self.engine_mut(engine)?;
         e.watches.retain(|w| w.queue != id);
         e.watches.push(Watch { slot, queue: id, last });
+        e.resched = true;
         let q = self.queue_mut(id)?;
         q.doorbell = Some(slot);
         // Work published while disconnected rang the dummy page: find it through wptr.
@@ -509,7 +523,9 @@ impl Firmware {
 
     pub(crate) fn unbind_doorbell(&mut self, id: FwQueueId) -> Result<(), GpuError> {
         let engine = self.queue(id)?.cfg.engine;
-        self.engine_mut(engine)?.watches.retain(|w| w.queue != id);
+        let e = self.engine_mut(engine)?;
+        e.watches.retain(|w| w.queue != id);
+        e.resched = true;
         let q = self.queue_mut(id)?;
         q.doorbell = None;
         // A ring that raced the disconnect may never be seen on the BAR: re-read wptr.
@@ -545,6 +561,7 @@ impl Firmware {
         e.power = PowerState::F0;
         e.f1_requested = false;
         e.last_busy = now;
+        e.resched = true;
         Ok(())
     }
 
@@ -560,6 +577,7 @@ impl Firmware {
         }
         let e = self.engine_mut(engine)?;
         e.f1_requested = false;
+        e.resched = true;
         if busy {
             e.last_busy = now;
         } else {
@@ -586,6 +604,8 @@ impl Firmware {
                     if let Some(Slot { generation, queue: Some(q) }) = self.slots.get_mut(w.queue.index as usize)
                         && *generation == w.queue.generation
                     {
+                        // An unmapped queue that gains work may deserve a slot.
+                        e.resched |= !q.pending && q.state != QueueState::Mapped;
                         q.pending = true;
                         rang = true;
                     }
@@ -638,6 +658,9 @@ impl Firmware {
                 report.instructions += compute.instructions - before;
                 if q.pending && q.state == QueueState::Mapped {
                     report.runnable += 1;
+                } else {
+                    // Idle or hung: its slot may go to a waiting queue.
+                    e.resched = true;
                 }
             }
             if n > 0 {
@@ -655,9 +678,12 @@ impl Firmware {
             if e.power != PowerState::F0 || e.f1_requested {
                 continue;
             }
-            let busy = e.run_list.iter().any(|id| {
+            let busy_queue = |id: &FwQueueId| {
                 self.slots[id.index as usize].queue.as_ref().is_some_and(|q| q.pending && q.state != QueueState::Hung)
-            });
+            };
+            // The slot holders first: while one is busy (the common case under load) the run
+            // list, which may be long, need not be scanned.
+            let busy = e.hqd.iter().any(busy_queue) || e.run_list.iter().any(busy_queue);
             if busy {
                 e.last_busy = now;
             } else if now.since(e.last_busy) >= self.idle_period {
@@ -718,6 +744,12 @@ fn schedule(e: &mut Engine, slots: &mut [Slot], now: Time, quanta: Quanta) {
     if e.hqd.len() == e.run_list.len() {
         return;
     }
+    // Nothing changed and no quantum ran out: the assignment stands.
+    if !e.resched && e.resched_at.is_none_or(|t| now < t) {
+        return;
+    }
+    e.resched = false;
+    e.resched_at = None;
     let get = |slots: &[Slot], id: FwQueueId| {
         slots[id.index as usize]
             .queue
@@ -737,10 +769,12 @@ fn schedule(e: &mut Engine, slots: &mut [Slot], now: Time, quanta: Quanta) {
         return;
     }
     // Kernel queues first, then priority, then whoever ran longest ago.
-    waiting.sort_by_key(|&id| {
+    waiting.sort_by_cached_key(|&id| {
         let (_, _, privileged, prio, _, _, last_run) = get(slots, id).expect("filtered");
         (!privileged, std::cmp::Reverse(prio), last_run)
     });
+    // Waiting queues no holder can make room for, by (priority, address space, privileged).
+    let mut unplaced = std::collections::BTreeSet::new();
     for w in waiting {
         let (_, _, w_priv, w_prio, w_vm, _, _) = get(slots, w).expect("filtered");
         if e.hqd.len() >= e.hw_slots {
@@ -769,7 +803,10 @@ fn schedule(e: &mut Engine, slots: &mut [Slot], now: Time, quanta: Quanta) {
                     Some((rank, prio, start, id))
                 })
                 .min_by_key(|&(rank, prio, start, _)| (rank, prio, start));
-            let Some((_, _, _, v)) = victim else { continue };
+            let Some((_, _, _, v)) = victim else {
+                unplaced.insert((w_prio, w_vm.0, w_priv));
+                continue;
+            };
             e.hqd.retain(|&id| id != v);
             if let Some(q) = slots[v.index as usize].queue.as_mut() {
                 q.state = if q.pending { QueueState::Preempted } else { QueueState::Unmapped };
@@ -781,6 +818,19 @@ fn schedule(e: &mut Engine, slots: &mut [Slot], now: Time, quanta: Quanta) {
             q.slice_start = now;
         }
     }
+    // Look again when the first holder's quantum runs out against a queue still waiting (it
+    // lies ahead: a holder past its quantum would have been evicted above).
+    e.resched_at = e
+        .hqd
+        .iter()
+        .filter_map(|&id| get(slots, id))
+        .flat_map(|(_, pending, privileged, prio, vm, start, _)| {
+            unplaced.iter().filter_map(move |&(w_prio, w_vm, w_priv)| {
+                let contends = pending && prio == w_prio && (w_priv || !privileged);
+                contends.then(|| start.plus(if vm.0 == w_vm { quanta.gang } else { quanta.process }))
+            })
+        })
+        .min();
 }
 
 /// Runs one queue for up to `budget` packets. Returns packets executed.

@@ -1,0 +1,315 @@
+//! `doorbell bench oversubscribe`: many saturated user-mode queues over few hardware slots and
+//! few physical doorbells (spec 000's doorbell virtualization, 001's firmware scheduling).
+//!
+//! One thread plays every client, as a UMD's submission loop would: it sweeps the `N`
+//! normal-priority queues, retires what completed and tops each up to four outstanding command
+//! buffers (a `WRITE_DATA` and the progress fence, one doorbell ring each). When a queue's
+//! doorbell was victimized the UMD sees `DisconnectedRetry` and reconnects, which may victimize
+//! another. One high-priority queue submits a command buffer every millisecond; the sweep
+//! looks at it after every normal queue, so its observed latency is not the sweep's length.
+//!
+//! Latency is submit-to-observed-completion on the host clock. After `--seconds` the loop stops
+//! submitting and drains; `lost` counts what was submitted but never completed, and every
+//! queue's last `WRITE_DATA` is checked in memory. Fairness is Jain's index over the command
+//! buffers each normal queue completed inside the window.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use abi::port::KernelPort;
+use abi::{EngineKind, Priority};
+use clap::Args;
+use gpu::GpuConfig;
+use kernel::{System, SystemConfig};
+use umd::{Buffer, CommandBuffer, Device, Queue, QueueOptions};
+
+use crate::CliError;
+use crate::bench::{percentiles, progress};
+
+/// Command buffers each normal queue keeps outstanding.
+const DEPTH: usize = 4;
+/// The high-priority queue's period.
+const HIGH_PERIOD: Duration = Duration::from_millis(1);
+const DRAIN: Option<Duration> = Some(Duration::from_secs(60));
+
+#[derive(Args)]
+pub struct OversubArgs {
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// Normal-priority user-mode queues, each kept saturated.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    queues: u32,
+    /// Physical doorbells in the pool (queues beyond it are victimized and reconnect).
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..))]
+    doorbells: u32,
+    /// Hardware queue slots per engine.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..))]
+    slots: u32,
+    /// Seconds of submission before the drain.
+    #[arg(long, default_value_t = 2.0)]
+    seconds: f64,
+}
+
+/// One queue the loop drives, with what it has outstanding.
+struct Driven {
+    q: Queue,
+    /// (fence value, submit time) of each outstanding command buffer, oldest first.
+    outstanding: VecDeque<(u64, Instant)>,
+    submitted: u64,
+    completed: u64,
+    completed_in_window: u64,
+    /// The WRITE_DATA target (a word of the shared buffer) and the last value written.
+    slot_va: u64,
+    last_written: u32,
+    /// Which client process (and so which buffer) the queue belongs to.
+    client: usize,
+}
+
+impl Driven {
+    fn new(q: Queue, slot_va: u64, client: usize) -> Self {
+        Driven {
+            q,
+            outstanding: VecDeque::with_capacity(DEPTH),
+            submitted: 0,
+            completed: 0,
+            completed_in_window: 0,
+            slot_va,
+            last_written: 0,
+            client,
+        }
+    }
+
+    /// Retires every completed command buffer, recording its latency.
+    fn retire(&mut self, now: Instant, in_window: bool, lat: &mut Vec<u64>) {
+        let done = self.q.completed();
+        while let Some(&(v, t)) = self.outstanding.front() {
+            if v > done {
+                break;
+            }
+            self.outstanding.pop_front();
+            lat.push(now.saturating_duration_since(t).as_nanos() as u64);
+            self.completed += 1;
+            self.completed_in_window += in_window as u64;
+        }
+    }
+
+    fn submit(&mut self, cb: &mut CommandBuffer) -> Result<(), CliError> {
+        self.last_written = self.last_written.wrapping_add(1);
+        cb.clear();
+        cb.write_u32(self.slot_va, self.last_written);
+        let t = Instant::now();
+        let v = self.q.submit(cb)?;
+        self.outstanding.push_back((v, t));
+        self.submitted += 1;
+        Ok(())
+    }
+}
+
+/// Jain's fairness index of `xs`: 1 when all are equal, 1/n when one has everything.
+fn jain(xs: impl Iterator<Item = u64> + Clone) -> f64 {
+    let n = xs.clone().count() as f64;
+    let sum: f64 = xs.clone().map(|x| x as f64).sum();
+    let sq: f64 = xs.map(|x| (x as f64) * (x as f64)).sum();
+    if sq == 0.0 { 0.0 } else { sum * sum / (n * sq) }
+}
+
+/// What one run measured.
+#[derive(Debug)]
+struct Figures {
+    submitted: u64,
+    completed: u64,
+    fairness: f64,
+    throughput: f64,
+    victimizations: u64,
+    reconnects: u64,
+    high_p50: u64,
+    high_p99: u64,
+    high_samples: usize,
+    normal_p99: u64,
+}
+
+pub fn run(a: OversubArgs) -> Result<(), CliError> {
+    let f = measure(&a)?;
+    let lost = f.submitted - f.completed;
+    if a.json {
+        let o = serde_json::json!({
+            "queues": a.queues,
+            "slots": a.slots,
+            "doorbells": a.doorbells,
+            "seconds": a.seconds,
+            "submitted": f.submitted,
+            "completed": f.completed,
+            "lost": lost,
+            "jain_fairness": (f.fairness * 1e4).round() / 1e4,
+            "throughput_per_s": f.throughput.round() as u64,
+            "victimizations": f.victimizations,
+            "reconnects": f.reconnects,
+            "high_prio_p50_ns": f.high_p50,
+            "high_prio_p99_ns": f.high_p99,
+            "high_prio_samples": f.high_samples,
+            "normal_p99_ns": f.normal_p99,
+        });
+        println!("{o}");
+    } else {
+        println!(
+            "doorbell bench oversubscribe ({} normal queues + 1 high, {} slots, {} doorbells, {} s)",
+            a.queues, a.slots, a.doorbells, a.seconds
+        );
+        println!("{:<36} {:>14}", "measure", "value");
+        println!("{:<36} {:>14}", "submitted", f.submitted);
+        println!("{:<36} {:>14}", "completed", f.completed);
+        println!("{:<36} {:>14}", "lost", lost);
+        println!("{:<36} {:>14.4}", "Jain fairness (normal queues)", f.fairness);
+        println!("{:<36} {:>12.0} /s", "throughput (in the window)", f.throughput);
+        println!("{:<36} {:>14}", "victimizations", f.victimizations);
+        println!("{:<36} {:>14}", "reconnects", f.reconnects);
+        println!("{:<36} {:>11} ns", "high priority p50", f.high_p50);
+        println!("{:<36} {:>11} ns", "high priority p99", f.high_p99);
+        println!("{:<36} {:>11} ns", "normal p99", f.normal_p99);
+    }
+    Ok(())
+}
+
+fn measure(a: &OversubArgs) -> Result<Figures, CliError> {
+    if !(a.seconds > 0.0 && a.seconds <= 3600.0) {
+        return Err(CliError::Input(format!("--seconds: {} is not in (0, 3600]", a.seconds)));
+    }
+    let json = a.json;
+    progress(
+        json,
+        &format!("{} normal queues + 1 high, {} slots, {} doorbells: creating queues", a.queues, a.slots, a.doorbells),
+    );
+    let gpu = GpuConfig { hw_slots: a.slots, idle_period: Duration::from_secs(3600), ..GpuConfig::default() };
+    let sys = System::live(SystemConfig { gpu, doorbell_pool: Some(a.doorbells), ..Default::default() })?;
+    // A process's doorbell page gives each engine a range of indices, so the queues are spread
+    // over as many processes as that takes (which also exercises the process quantum).
+    let opts = |priority| QueueOptions { ring_bytes: 4096, priority, ..QueueOptions::user_mode() };
+    let mut clients = Vec::new();
+    let mut normal = Vec::with_capacity(a.queues as usize);
+    let mut high = None;
+    while normal.len() < a.queues as usize || high.is_none() {
+        let port: Arc<dyn KernelPort> = sys.open_process()?;
+        let dev = Device::open(port)?;
+        let engine = dev.engine(EngineKind::Compute)?;
+        let per_process =
+            dev.info().engines.iter().find(|e| e.id == engine).map_or(1, |e| e.doorbell_count.max(1)) as usize;
+        let ctx = dev.create_context(engine)?;
+        let words: Buffer = dev.allocate(4 * per_process as u64)?;
+        for i in 0..per_process as u64 {
+            if normal.len() == a.queues as usize {
+                let q = ctx.create_queue(opts(Priority::High))?;
+                high = Some(Driven::new(q, words.va() + 4 * i, clients.len()));
+                break;
+            }
+            let mut q = ctx.create_queue(opts(Priority::Normal))?;
+            q.set_spin(0);
+            normal.push(Driven::new(q, words.va() + 4 * i, clients.len()));
+        }
+        clients.push((dev, ctx, words));
+    }
+    let mut high = high.expect("the loop ends with the high-priority queue created");
+    let before = sys.stats();
+
+    progress(json, &format!("submitting for {} s", a.seconds));
+    let (mut lat_normal, mut lat_high) = (Vec::new(), Vec::new());
+    let mut cb = CommandBuffer::new();
+    let start = Instant::now();
+    let end = start + Duration::from_secs_f64(a.seconds);
+    let mut next_high = start;
+    let service_high = |high: &mut Driven, next: &mut Instant, cb: &mut CommandBuffer, lat: &mut Vec<u64>| {
+        let now = Instant::now();
+        high.retire(now, now < end, lat);
+        if now >= *next && now < end {
+            high.submit(cb)?;
+            // Never a burst to catch up: the next one is a period after this one at the earliest.
+            *next = (*next + HIGH_PERIOD).max(now);
+        }
+        Ok::<_, CliError>(())
+    };
+    loop {
+        let now = Instant::now();
+        if now >= end {
+            break;
+        }
+        // The high-priority queue is looked at after every normal queue: a visit to a normal
+        // queue can cost a reconnect, and a sweep is long.
+        for d in normal.iter_mut() {
+            d.retire(Instant::now(), true, &mut lat_normal);
+            while d.outstanding.len() < DEPTH {
+                d.submit(&mut cb)?;
+            }
+            service_high(&mut high, &mut next_high, &mut cb, &mut lat_high)?;
+        }
+        service_high(&mut high, &mut next_high, &mut cb, &mut lat_high)?;
+    }
+    let window = start.elapsed().as_secs_f64();
+    let in_window: u64 = normal.iter().chain([&high]).map(|d| d.completed_in_window).sum();
+
+    progress(json, "draining");
+    for d in normal.iter_mut().chain([&mut high]) {
+        d.q.finish(DRAIN)?;
+        d.retire(Instant::now(), false, &mut Vec::new());
+    }
+    let after = sys.stats();
+    let submitted: u64 = normal.iter().chain([&high]).map(|d| d.submitted).sum();
+    let completed: u64 = normal.iter().chain([&high]).map(|d| d.completed).sum();
+    for (i, d) in normal.iter().chain([&high]).enumerate() {
+        let words = &clients[d.client].2;
+        let seen = words.read_u32(d.slot_va - words.va())?;
+        if d.submitted > 0 && seen != d.last_written {
+            return Err(CliError::Check(format!(
+                "queue {i}: last WRITE_DATA {} not in memory (found {seen})",
+                d.last_written
+            )));
+        }
+    }
+    let reconnects: u64 = normal.iter().chain([&high]).map(|d| d.q.reconnects()).sum();
+    let fairness = jain(normal.iter().map(|d| d.completed_in_window));
+    let (_, normal_p99) = percentiles(lat_normal);
+    let high_samples = lat_high.len();
+    let (high_p50, high_p99) = percentiles(lat_high);
+    let throughput = in_window as f64 / window;
+    let victimizations = after.victimizations - before.victimizations;
+
+    Ok(Figures {
+        submitted,
+        completed,
+        fairness,
+        throughput,
+        victimizations,
+        reconnects,
+        high_p50,
+        high_p99,
+        high_samples,
+        normal_p99,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{OversubArgs, jain, measure};
+
+    /// A short live run over a pool of 3 doorbells and 2 slots: victimization happens, nothing
+    /// is lost (every queue's last WRITE_DATA is checked in memory inside `measure`), and the
+    /// high-priority queue is served. No figure is asserted: timing belongs to the benchmark.
+    #[test]
+    fn a_short_oversubscribed_run_loses_nothing() {
+        let a = OversubArgs { json: true, queues: 12, doorbells: 3, slots: 2, seconds: 0.2 };
+        let f = measure(&a).unwrap();
+        assert_eq!(f.submitted, f.completed, "{f:?}");
+        assert!(f.submitted >= 12 * 4, "every queue submitted its first four: {f:?}");
+        assert!(f.victimizations > 0 && f.reconnects > 0, "{f:?}");
+        assert!(f.high_samples > 0, "{f:?}");
+    }
+
+    #[test]
+    fn jain_is_one_when_equal_and_one_over_n_when_one_has_all() {
+        assert_eq!(jain([5u64, 5, 5, 5].into_iter()), 1.0);
+        assert_eq!(jain([8u64, 0, 0, 0].into_iter()), 0.25);
+        assert_eq!(jain([0u64, 0].into_iter()), 0.0);
+        let j = jain([1u64, 2, 3].into_iter());
+        assert!((j - 36.0 / 42.0).abs() < 1e-12, "{j}");
+    }
+}
