@@ -311,6 +311,10 @@ pub struct Os {
     state: Mutex<OsState>,
     clock: Arc<dyn Clock>,
     km_work: Condvar,
+    /// The D3 idle timer: how long every engine must stay in F1 before the device enters D3
+    /// (`None`: only on request), and since when they have been.
+    d3_idle: Option<std::time::Duration>,
+    all_f1_since: Mutex<Option<Time>>,
 }
 
 fn invalid(field: &'static str, value: impl ToString, reason: impl Into<String>) -> KernelError {
@@ -351,7 +355,48 @@ impl Os {
             d3: false,
             power_suspended: Vec::new(),
         };
-        Ok(Os { state: Mutex::new(state), clock, km_work: Condvar::new() })
+        Ok(Os {
+            state: Mutex::new(state),
+            clock,
+            km_work: Condvar::new(),
+            d3_idle: None,
+            all_f1_since: Mutex::new(None),
+        })
+    }
+
+    /// Enters D3 by itself once every engine has stayed in F1 for `period` (spec 000: D0 to
+    /// D3 "after a longer idle period"); `None` leaves D3 to [`Os::enter_d3`] alone.
+    pub fn set_d3_idle(&mut self, period: Option<std::time::Duration>) {
+        self.d3_idle = period;
+    }
+
+    /// The D3 idle timer, driven from outside like the firmware's: `all_f1` says whether every
+    /// engine is in F1 at `now`. Once they have all been for the idle period, the device
+    /// enters D3; if work is queued meanwhile D3 is refused (see [`Os::enter_d3`]) and the
+    /// timer starts over.
+    pub fn handle_idle(&self, all_f1: bool, now: Time) {
+        let Some(period) = self.d3_idle else { return };
+        let mut since = self.all_f1_since.lock();
+        if !all_f1 {
+            *since = None;
+            return;
+        }
+        let start = *since.get_or_insert(now);
+        if now.since(start) < period {
+            return;
+        }
+        *since = None;
+        drop(since);
+        let mut s = self.state.lock();
+        if !s.d3 {
+            let _ = s.enter_d3(now);
+        }
+    }
+
+    /// When [`Os::handle_idle`] next has something to do, if the engines are all in F1.
+    pub fn poll_idle_timeout(&self) -> Option<Time> {
+        let period = self.d3_idle?;
+        self.all_f1_since.lock().map(|t| t.plus(period))
     }
 
     /// Device time now.

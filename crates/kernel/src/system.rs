@@ -81,6 +81,9 @@ pub struct SystemConfig {
     /// Dedicated doorbells virtualized over a pool of this many physical doorbells (`None`:
     /// one per queue index in each process's page).
     pub doorbell_pool: Option<u32>,
+    /// The device enters D3 by itself once every engine has been in F1 this long (`None`:
+    /// only on request, [`System::enter_d3`]).
+    pub d3_idle: Option<Duration>,
 }
 
 enum Driver {
@@ -142,6 +145,7 @@ impl Inner {
         for i in irqs {
             self.os.handle_interrupt(i);
         }
+        self.os.handle_idle(asleep, self.clock.now());
         Pump { work, asleep }
     }
 
@@ -183,8 +187,9 @@ impl Inner {
                     }
                     // Nothing moves without time: jump to the next timer or the deadline.
                     let next = self.gpu.lock().poll_timeout();
+                    let d3 = self.os.poll_idle_timeout();
                     let horizon = stalled_since.plus(DEADLOCK_HORIZON);
-                    let next = [next, deadline, Some(horizon)].into_iter().flatten().min().unwrap_or(horizon);
+                    let next = [next, d3, deadline, Some(horizon)].into_iter().flatten().min().unwrap_or(horizon);
                     if deadline.is_some_and(|d| clock.now() >= d) {
                         return;
                     }
@@ -265,7 +270,8 @@ impl System {
         if let Some(n) = cfg.doorbell_pool {
             kmd.set_doorbell_pool(n);
         }
-        let os = Os::new(Box::new(kmd), clock.clone())?;
+        let mut os = Os::new(Box::new(kmd), clock.clone())?;
+        os.set_d3_idle(cfg.d3_idle);
         Ok(System { inner: Arc::new(Inner { os, gpu, clock, driver }) })
     }
 

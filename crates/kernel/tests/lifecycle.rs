@@ -254,3 +254,47 @@ fn d3_is_refused_while_work_is_in_flight_and_keeps_an_explicit_suspension() {
     q.wait(v, T).unwrap();
     assert_eq!(c.buf.read_u32(4).unwrap(), 0x32);
 }
+
+#[test]
+fn the_d3_idle_timer_enters_d3_after_the_engines_idle_that_long_unless_work_is_queued() {
+    let sys = common::sim_with(SystemConfig { d3_idle: Some(Duration::from_secs(1)), ..Default::default() });
+    let c = common::client(&sys);
+    let pid = c.port.process();
+    let mut q = c.user_queue();
+    let mut cb = CommandBuffer::new();
+    cb.write_u32(c.buf.va(), 1);
+    let v = q.submit(&cb).unwrap();
+    q.wait(v, T).unwrap();
+
+    // The engines reach F1 after their 20 ms idle period; D3 waits a whole second more.
+    sys.advance(Duration::from_millis(50));
+    let f1_at = sys.now();
+    assert!(!sys.in_d3());
+    sys.advance(Duration::from_millis(900));
+    assert!(!sys.in_d3(), "not yet: {:?} since F1", sys.now().since(f1_at));
+    let mark = sys.trace().0.len();
+    sys.advance(Duration::from_millis(200));
+    assert!(sys.in_d3(), "a second after F1");
+    assert!(events_from(&sys, mark).contains(&Event::DevicePower { d3: true }));
+
+    // A submission wakes it, as in the request case.
+    cb.clear();
+    cb.write_u32(c.buf.va(), 2);
+    let v = q.submit(&cb).unwrap();
+    q.wait(v, T).unwrap();
+    assert!(!sys.in_d3());
+    assert_eq!(c.buf.read_u32(0).unwrap(), 2);
+
+    // Work queued on a suspended context keeps the device out of D3: the engines sleep, the
+    // timer fires, D3 is refused, nothing is lost.
+    sys.suspend_context(pid, c.ctx.handle()).unwrap();
+    cb.clear();
+    cb.write_u32(c.buf.va(), 3);
+    let v = q.submit(&cb).unwrap();
+    sys.advance(Duration::from_millis(50));
+    sys.advance(Duration::from_secs(3));
+    assert!(!sys.in_d3(), "queued work: no D3");
+    sys.resume_context(pid, c.ctx.handle()).unwrap();
+    q.wait(v, T).unwrap();
+    assert_eq!(c.buf.read_u32(0).unwrap(), 3);
+}

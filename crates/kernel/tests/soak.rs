@@ -56,6 +56,8 @@ proptest! {
         let sys = common::sim_with(SystemConfig {
             gpu: gpu::GpuConfig { hw_slots: 2, idle_period: Duration::from_millis(5), ..gpu::GpuConfig::default() },
             doorbell_pool: Some(3),
+            // The D3 idle timer fires inside the run too (Advance steps reach it).
+            d3_idle: Some(Duration::from_millis(40)),
             ..SystemConfig::default()
         });
         let mut procs: Vec<Proc> = (0..PROCS).map(|_| open(&sys)).collect();
