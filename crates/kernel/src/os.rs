@@ -474,15 +474,7 @@ impl Os {
                 }
                 return Ok(());
             }
-            let fws = s.context_queues(pid, c)?;
-            if s.kmd.power(engine) == PowerState::F1 {
-                s.trace.push(now, Event::Ddi(Ddi::SetPowerState(engine, PowerState::F0)));
-                let st = s.kmd.set_power(engine, PowerState::F0, now);
-                s.trace.push(now, Event::Power { engine, state: st });
-            }
-            s.trace.push(now, Event::Ddi(Ddi::ResumeContext(c)));
-            s.kmd.resume_context(&fws);
-            Ok(())
+            s.resume_context_queues(pid, c, engine, now)
         })
     }
 
@@ -1013,15 +1005,7 @@ impl OsState {
                 continue; // suspended on request meanwhile: it stays suspended
             }
             let engine = ctx.engine;
-            let fws: Vec<FwQueueId> =
-                self.proc(pid)?.queues.iter().filter(|(_, q)| q.context == c).map(|(_, q)| q.fw).collect();
-            if self.kmd.power(engine) == PowerState::F1 {
-                self.trace.push(now, Event::Ddi(Ddi::SetPowerState(engine, PowerState::F0)));
-                let st = self.kmd.set_power(engine, PowerState::F0, now);
-                self.trace.push(now, Event::Power { engine, state: st });
-            }
-            self.trace.push(now, Event::Ddi(Ddi::ResumeContext(c)));
-            self.kmd.resume_context(&fws);
+            self.resume_context_queues(pid, c, engine, now)?;
         }
         Ok(())
     }
@@ -1029,6 +1013,32 @@ impl OsState {
     /// The firmware queues of a context.
     fn context_queues(&mut self, pid: ProcessId, c: ContextHandle) -> Result<Vec<FwQueueId>, KernelError> {
         Ok(self.proc(pid)?.queues.iter().filter(|(_, q)| q.context == c).map(|(_, q)| q.fw).collect())
+    }
+
+    /// An engine in F1 goes back to F0 (spec 000 "Engine F-state transitions"), logged as the
+    /// DDI call and the state the engine reached.
+    fn wake_engine(&mut self, engine: EngineId, now: Time) {
+        if self.kmd.power(engine) == PowerState::F1 {
+            self.trace.push(now, Event::Ddi(Ddi::SetPowerState(engine, PowerState::F0)));
+            let st = self.kmd.set_power(engine, PowerState::F0, now);
+            self.trace.push(now, Event::Power { engine, state: st });
+        }
+    }
+
+    /// `DxgkDdiResumeContext`: the context's engine wakes, then its queues return to the run
+    /// list.
+    fn resume_context_queues(
+        &mut self,
+        pid: ProcessId,
+        c: ContextHandle,
+        engine: EngineId,
+        now: Time,
+    ) -> Result<(), KernelError> {
+        let fws = self.context_queues(pid, c)?;
+        self.wake_engine(engine, now);
+        self.trace.push(now, Event::Ddi(Ddi::ResumeContext(c)));
+        self.kmd.resume_context(&fws);
+        Ok(())
     }
 
     fn suspend_context(&mut self, pid: ProcessId, c: ContextHandle, now: Time) -> Result<(), KernelError> {
@@ -1451,11 +1461,7 @@ impl OsState {
         // transitions"); the contexts resume after the connection, below.
         let woke = self.power_up(now)?;
         // 1. An engine in F1 goes back to F0 first (spec 000 "Engine F-state transitions").
-        if self.kmd.power(engine) == PowerState::F1 {
-            self.trace.push(now, Event::Ddi(Ddi::SetPowerState(engine, PowerState::F0)));
-            let st = self.kmd.set_power(engine, PowerState::F0, now);
-            self.trace.push(now, Event::Power { engine, state: st });
-        }
+        self.wake_engine(engine, now);
         // 2. DxgkDdiConnectDoorbell: the KMD binds a physical doorbell — after victimizing
         // one, when the pool is full (spec 000 "Victimizing doorbell pseudocode in KMD").
         self.trace.push(now, Event::Ddi(Ddi::ConnectDoorbell(q)));
@@ -1747,11 +1753,7 @@ impl OsState {
         let (control, slot) = (control.clone(), *slot);
         ctx.software_queue.pop_front();
         self.km_queued -= 1;
-        if self.kmd.power(engine) == PowerState::F1 {
-            self.trace.push(now, Event::Ddi(Ddi::SetPowerState(engine, PowerState::F0)));
-            let st = self.kmd.set_power(engine, PowerState::F0, now);
-            self.trace.push(now, Event::Power { engine, state: st });
-        }
+        self.wake_engine(engine, now);
         self.trace.push(now, Event::Ddi(Ddi::SubmitCommand(qh)));
         // Release: the packets are visible before the firmware acquires wptr.
         if let Ok(w) = control.atomic_u64(WPTR_OFFSET) {
