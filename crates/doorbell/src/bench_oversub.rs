@@ -22,7 +22,7 @@ use abi::{EngineKind, Priority};
 use clap::Args;
 use gpu::GpuConfig;
 use kernel::{System, SystemConfig};
-use umd::{Buffer, CommandBuffer, Device, Queue, QueueOptions};
+use umd::{CommandBuffer, Device, Queue, QueueOptions};
 
 use crate::CliError;
 use crate::bench::{percentiles, progress};
@@ -108,10 +108,10 @@ impl Driven {
 }
 
 /// Jain's fairness index of `xs`: 1 when all are equal, 1/n when one has everything.
-fn jain(xs: impl Iterator<Item = u64> + Clone) -> f64 {
-    let n = xs.clone().count() as f64;
-    let sum: f64 = xs.clone().map(|x| x as f64).sum();
-    let sq: f64 = xs.map(|x| (x as f64) * (x as f64)).sum();
+fn jain(xs: &[u64]) -> f64 {
+    let n = xs.len() as f64;
+    let sum: f64 = xs.iter().map(|&x| x as f64).sum();
+    let sq: f64 = xs.iter().map(|&x| (x as f64) * (x as f64)).sum();
     if sq == 0.0 { 0.0 } else { sum * sum / (n * sq) }
 }
 
@@ -196,7 +196,7 @@ fn measure(a: &OversubArgs) -> Result<Figures, CliError> {
         let per_process =
             dev.info().engines.iter().find(|e| e.id == engine).map_or(1, |e| e.doorbell_count.max(1)) as usize;
         let ctx = dev.create_context(engine)?;
-        let words: Buffer = dev.allocate(4 * per_process as u64)?;
+        let words = dev.allocate(4 * per_process as u64)?;
         for i in 0..per_process as u64 {
             if normal.len() == a.queues as usize {
                 let q = ctx.create_queue(opts(Priority::High))?;
@@ -266,7 +266,7 @@ fn measure(a: &OversubArgs) -> Result<Figures, CliError> {
         }
     }
     let reconnects: u64 = normal.iter().chain([&high]).map(|d| d.q.reconnects()).sum();
-    let fairness = jain(normal.iter().map(|d| d.completed_in_window));
+    let fairness = jain(&normal.iter().map(|d| d.completed_in_window).collect::<Vec<_>>());
     let (_, normal_p99) = percentiles(lat_normal);
     let high_samples = lat_high.len();
     let (high_p50, high_p99) = percentiles(lat_high);
@@ -306,10 +306,10 @@ mod tests {
 
     #[test]
     fn jain_is_one_when_equal_and_one_over_n_when_one_has_all() {
-        assert_eq!(jain([5u64, 5, 5, 5].into_iter()), 1.0);
-        assert_eq!(jain([8u64, 0, 0, 0].into_iter()), 0.25);
-        assert_eq!(jain([0u64, 0].into_iter()), 0.0);
-        let j = jain([1u64, 2, 3].into_iter());
+        assert_eq!(jain(&[5, 5, 5, 5]), 1.0);
+        assert_eq!(jain(&[8, 0, 0, 0]), 0.25);
+        assert_eq!(jain(&[0, 0]), 0.0);
+        let j = jain(&[1, 2, 3]);
         assert!((j - 36.0 / 42.0).abs() < 1e-12, "{j}");
     }
 }

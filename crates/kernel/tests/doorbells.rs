@@ -28,7 +28,7 @@ fn a_single_physical_doorbell_moves_from_one_queue_to_another_in_the_specs_order
     assert_eq!(q1.doorbell_status().unwrap(), DoorbellStatus::Connected);
     let mark = sys.trace().0.len();
     let q2 = c.user_queue(); // connecting it victimizes q1
-    let ev: Vec<Event> = sys.trace().0.into_iter().skip(mark).map(|e| e.event).collect();
+    let ev: Vec<Event> = common::events_from(&sys, mark);
     let want = [
         Event::Ddi(Ddi::ConnectDoorbell(q2.handle())),
         Event::Callback(Callback::DisconnectDoorbell(q1.handle())),

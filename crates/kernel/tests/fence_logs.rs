@@ -71,7 +71,7 @@ fn optimized_interrupts_are_serviced_from_the_log() {
     f.wait(1, T).unwrap();
     let st = sys.stats();
     assert_eq!((st.fence_interrupts, st.fence_log_fallbacks), (1, 0));
-    let ev: Vec<Event> = sys.trace().0.into_iter().map(|e| e.event).collect();
+    let ev: Vec<Event> = common::events_from(&sys, 0);
     assert!(ev.contains(&Event::Ddi(Ddi::UpdateNativeFenceLogs(q.handle()))), "the log was flushed before it was read");
 }
 

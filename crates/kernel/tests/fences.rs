@@ -50,7 +50,7 @@ fn a_gpu_signal_interrupts_only_when_a_cpu_waits() {
     c.buf.write_u64(0, 1).unwrap();
     f.wait(3, T).unwrap();
     assert_eq!(sys.stats().fence_interrupts, 1, "only the signal above MonitoredValue interrupted");
-    let ev: Vec<Event> = sys.trace().0.into_iter().map(|e| e.event).collect();
+    let ev: Vec<Event> = common::events_from(&sys, 0);
     assert!(
         ev.contains(&Event::Ddi(Ddi::UpdateMonitoredValues(f.handle(), 2))),
         "MonitoredValue = lowest waited value - 1"

@@ -13,15 +13,6 @@ use umd::CommandBuffer;
 
 const T: Option<Duration> = Some(Duration::from_millis(50));
 
-fn ddi_run(sys: &kernel::System, from: usize) -> Vec<Ddi> {
-    sys.trace()
-        .0
-        .into_iter()
-        .skip(from)
-        .filter_map(|e| if let Event::Ddi(d) = e.event { Some(d) } else { None })
-        .collect()
-}
-
 #[test]
 fn a_suspended_context_keeps_its_doorbells_and_runs_the_queued_work_after_resume() {
     let sys = common::sim();
@@ -61,7 +52,7 @@ fn normal_termination_disconnects_waits_for_the_queued_work_then_destroys() {
     sys.terminate(pid, Termination::Normal);
     // The work queued before the exit completed before anything was destroyed.
     assert_eq!((uq.completed(), kq.completed()), (uv, kv));
-    let d = ddi_run(&sys, mark);
+    let d = common::ddis_from(&sys, mark);
     let first_destroy = d.iter().position(|x| matches!(x, Ddi::DestroyDoorbell(_) | Ddi::DestroyHwQueue(_))).unwrap();
     assert!(d[..first_destroy].contains(&Ddi::DisconnectDoorbell(uq.handle())), "disconnect before any destroy: {d:?}");
     assert!(!d.iter().any(|x| matches!(x, Ddi::SuspendContext(_))), "no suspension on a normal exit");
@@ -84,7 +75,7 @@ fn abnormal_termination_errors_the_device_suspends_disconnects_and_destroys_with
     sys.terminate(pid, Termination::Abnormal);
     assert!(q.completed() < v, "nothing waited for the queued work");
     assert_eq!(f.value().unwrap(), abi::port::FENCE_ALWAYS_SIGNALED, "the device in error signals every fence");
-    let d = ddi_run(&sys, mark);
+    let d = common::ddis_from(&sys, mark);
     let pos = |want: &Ddi| d.iter().position(|x| x == want).unwrap_or_else(|| panic!("{want:?} missing: {d:?}"));
     let (suspend, disconnect, destroy) = (
         pos(&Ddi::SuspendContext(c.ctx.handle())),
@@ -105,7 +96,7 @@ fn a_normal_termination_that_cannot_finish_ends_abnormally() {
     q.submit(&cb).unwrap();
     let mark = sys.trace().0.len();
     sys.terminate(pid, Termination::Normal);
-    let d = ddi_run(&sys, mark);
+    let d = common::ddis_from(&sys, mark);
     assert!(d.contains(&Ddi::SuspendContext(c.ctx.handle())), "fell back to the abnormal path: {d:?}");
     assert!(d.contains(&Ddi::DestroyHwQueue(q.handle())));
 }
@@ -145,10 +136,6 @@ fn termination_returns_every_resource_and_leaves_other_processes_alone() {
     }
 }
 
-fn events_from(sys: &kernel::System, from: usize) -> Vec<Event> {
-    sys.trace().0.into_iter().skip(from).map(|e| e.event).collect()
-}
-
 #[test]
 fn d3_entry_and_exit_follow_the_specs_order_and_lose_nothing() {
     use abi::port::{AllocationDesc, CreateDoorbell, KernelPort, MemoryDomain};
@@ -178,7 +165,7 @@ fn d3_entry_and_exit_follow_the_specs_order_and_lose_nothing() {
     let mark = sys.trace().0.len();
     sys.enter_d3().unwrap();
     assert!(sys.in_d3());
-    let ev = events_from(&sys, mark);
+    let ev = common::events_from(&sys, mark);
     let first = |f: &dyn Fn(&Event) -> bool| ev.iter().position(f).unwrap_or_else(|| panic!("{ev:#?}"));
     let suspend = first(&|e| matches!(e, Event::Ddi(Ddi::SuspendContext(_))));
     let disconnect = first(&|e| matches!(e, Event::Ddi(Ddi::DisconnectDoorbell(_))));
@@ -207,7 +194,7 @@ fn d3_entry_and_exit_follow_the_specs_order_and_lose_nothing() {
         (0xd0, 0xd1),
         "memory preserved, new work ran"
     );
-    let ev = events_from(&sys, mark);
+    let ev = common::events_from(&sys, mark);
     let first = |f: &dyn Fn(&Event) -> bool| ev.iter().position(f).unwrap_or_else(|| panic!("{ev:#?}"));
     let d0 = first(&|e| matches!(e, Event::DevicePower { d3: false }));
     let resident = first(&|e| matches!(e, Event::Residency { resident: true, .. }));
@@ -234,7 +221,11 @@ fn d3_is_refused_while_work_is_in_flight_and_keeps_an_explicit_suspension() {
     assert!(matches!(e, KernelError::InUse { .. }), "{e:?}");
     assert!(e.to_string().contains("work in flight"), "{e}");
     assert!(!sys.in_d3());
-    assert!(ddi_run(&sys, mark).is_empty(), "a refused D3 costs nothing: {:?}", ddi_run(&sys, mark));
+    assert!(
+        common::ddis_from(&sys, mark).is_empty(),
+        "a refused D3 costs nothing: {:?}",
+        common::ddis_from(&sys, mark)
+    );
     q.wait(v, T).unwrap();
     assert_eq!(c.buf.read_u32(0).unwrap(), 0x31);
 
@@ -275,7 +266,7 @@ fn the_d3_idle_timer_enters_d3_after_the_engines_idle_that_long_unless_work_is_q
     let mark = sys.trace().0.len();
     sys.advance(Duration::from_millis(200));
     assert!(sys.in_d3(), "a second after F1");
-    assert!(events_from(&sys, mark).contains(&Event::DevicePower { d3: true }));
+    assert!(common::events_from(&sys, mark).contains(&Event::DevicePower { d3: true }));
 
     // A submission wakes it, as in the request case.
     cb.clear();

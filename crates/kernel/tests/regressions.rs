@@ -103,7 +103,7 @@ fn a_refused_f1_reconnects_the_doorbells() {
     sys.with_gpu(|g| g.handle_timeout(gpu::Time(u64::MAX / 2)));
     sys.step(); // the pump delivers the interrupt to the kernel
 
-    let ev: Vec<Event> = sys.trace().0.into_iter().map(|e| e.event).collect();
+    let ev: Vec<Event> = common::events_from(&sys, 0);
     let refused = ev.iter().position(|e| matches!(e, Event::F1Refused { .. })).expect("F1 refused");
     assert!(
         ev[refused..].contains(&Event::Ddi(Ddi::ConnectDoorbell(q.handle))),

@@ -25,7 +25,7 @@ use abi::{
     ProcessId,
 };
 use gpu::GpuConfig;
-use kernel::trace::Event;
+use kernel::trace::{Ddi, Event};
 use kernel::{System, SystemConfig};
 use shm::{Mapping, Prot, RotatingPage};
 use umd::{Buffer, Context, Device, Queue, QueueOptions};
@@ -34,6 +34,16 @@ use umd::{Buffer, Context, Device, Queue, QueueOptions};
 pub const T: Option<Duration> = Some(Duration::from_secs(1));
 
 /// A deterministic system with default config.
+/// The trace's events from entry `from` on (0: all of them).
+pub fn events_from(sys: &System, from: usize) -> Vec<Event> {
+    sys.trace().0.into_iter().skip(from).map(|e| e.event).collect()
+}
+
+/// The DDI calls in the trace from entry `from` on, in order.
+pub fn ddis_from(sys: &System, from: usize) -> Vec<Ddi> {
+    events_from(sys, from).into_iter().filter_map(|e| if let Event::Ddi(d) = e { Some(d) } else { None }).collect()
+}
+
 pub fn sim() -> System {
     System::sim(SystemConfig::default()).expect("system")
 }
