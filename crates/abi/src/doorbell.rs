@@ -1,9 +1,24 @@
 //! Doorbells and their status word.
 //!
-//! A doorbell is one 64-bit word in the device's doorbell BAR. A client rings it by storing the
-//! queue's new wptr; the firmware notices the change and fetches work (spec 001 "Writing to the
-//! doorbell wakes the firmware"). The BAR is made of 4 KiB pages of 512 doorbells; each client
-//! process owns one page, and a queue's doorbell index lies inside it.
+//! A doorbell is a 64-bit word in the device's doorbell BAR (spec 001 "Writing to the doorbell
+//! wakes the firmware"). The BAR is made of 4 KiB pages of 512 doorbells; each client process
+//! owns one page, and a queue's doorbell index lies inside it. The device implements one of
+//! spec 000's two models ([`DoorbellModel`]), and the kernel tells the client how to ring
+//! ([`RingMethod`]):
+//!
+//! - **Dedicated**: each queue has its own word, and a client rings it by storing the queue's
+//!   new wptr ([`RingMethod::WriteWptr`]). The firmware notices the change. Physical doorbells
+//!   may be fewer than queues; the kernel then virtualizes them (victimization).
+//! - **Global**: one page for every queue of every process. A queue's ring sets its own bit
+//!   ([`RingMethod::SetBit`], an atomic OR, so concurrent rings of different queues never
+//!   overwrite each other); the bit's position names the queue. The firmware takes whole words
+//!   (swapping them to zero) and re-reads the wptr of each queue named. A bit set by someone
+//!   else only makes the firmware re-read that queue's wptr, which is harmless.
+//!
+//! Either model may add the **aggregated doorbell** (amdgpu, spec 001): on a device whose
+//! engines miss doorbells of queues that are not in a hardware slot, the client also sets its
+//! engine's bit in the aggregated page after every ring, which makes the firmware look at the
+//! wptrs of that engine's unmapped queues.
 //!
 //! The kernel maps the doorbell into the client at a CPU virtual address it can *rotate*: while
 //! connected the address shows the BAR page, while disconnected it shows a dummy page where
@@ -19,6 +34,47 @@ pub const DOORBELL_PAGE_BYTES: u64 = 4096;
 pub const DOORBELLS_PER_PAGE: u32 = (DOORBELL_PAGE_BYTES / DOORBELL_BYTES) as u32;
 
 const _: () = assert!(DOORBELLS_PER_PAGE == 512);
+
+/// Bits in one global doorbell page: the most queues a global doorbell can name.
+pub const GLOBAL_DOORBELL_BITS: u32 = (DOORBELL_PAGE_BYTES * 8) as u32;
+
+/// Spec 000's doorbell models.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum DoorbellModel {
+    /// One doorbell per queue, from a possibly limited pool (virtualized by victimization).
+    #[default]
+    Dedicated,
+    /// One doorbell for every queue; the value written names the queue.
+    Global,
+}
+
+impl core::fmt::Display for DoorbellModel {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(match self {
+            DoorbellModel::Dedicated => "dedicated",
+            DoorbellModel::Global => "global",
+        })
+    }
+}
+
+/// How a client rings its doorbell word.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RingMethod {
+    /// Store the queue's new wptr (dedicated doorbells).
+    WriteWptr,
+    /// Atomically OR this mask into the word (the global doorbell, and the aggregated one).
+    SetBit {
+        /// The queue's (or engine's) bit.
+        mask: u64,
+    },
+}
+
+impl RingMethod {
+    /// Where queue (or engine) number `id` rings in a bit page: byte offset and method.
+    pub const fn bit(id: u32) -> (u64, RingMethod) {
+        ((id / 64) as u64 * DOORBELL_BYTES, RingMethod::SetBit { mask: 1 << (id % 64) })
+    }
+}
 
 /// `D3DDDI_DOORBELL_STATUS`: the value the kernel stores in a doorbell's status word.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -67,5 +123,14 @@ mod tests {
             assert_eq!(DoorbellStatus::from_word(v), Some(s));
         }
         assert_eq!(DoorbellStatus::from_word(4), None);
+    }
+
+    #[test]
+    fn a_bit_page_names_every_id_once() {
+        assert_eq!(RingMethod::bit(0), (0, RingMethod::SetBit { mask: 1 }));
+        assert_eq!(RingMethod::bit(63), (0, RingMethod::SetBit { mask: 1 << 63 }));
+        assert_eq!(RingMethod::bit(64), (8, RingMethod::SetBit { mask: 1 }));
+        let (off, _) = RingMethod::bit(GLOBAL_DOORBELL_BITS - 1);
+        assert_eq!(off, DOORBELL_PAGE_BYTES - DOORBELL_BYTES);
     }
 }

@@ -110,6 +110,11 @@ pub struct AdapterInfo {
     pub doorbell_bytes: u64,
     /// Doorbells in the process's doorbell page.
     pub doorbells_per_process: u32,
+    /// Spec 000's doorbell model.
+    pub doorbell_model: crate::doorbell::DoorbellModel,
+    /// Engines miss doorbells of queues not in a hardware slot, so clients also ring the
+    /// aggregated doorbell (amdgpu).
+    pub aggregated_doorbell: bool,
     /// Which submission models the device offers.
     pub user_queue_mode: UserQueueMode,
     /// Per-queue metadata sizes.
@@ -167,11 +172,32 @@ pub struct DoorbellInfo {
     pub cpu_page: Arc<shm::RotatingPage>,
     /// Offset of this queue's doorbell word inside `cpu_page`.
     pub offset: u64,
+    /// How to ring that word.
+    pub ring: crate::doorbell::RingMethod,
+    /// The aggregated doorbell, when the device needs one: the page (never rotated), the
+    /// offset of the word and this queue's engine's bit in it.
+    pub aggregated: Option<AggregatedDoorbell>,
+}
+
+/// Where a client rings the aggregated doorbell.
+#[derive(Clone)]
+pub struct AggregatedDoorbell {
+    /// The aggregated doorbell page, mapped into the process.
+    pub page: Arc<shm::Mapping>,
+    /// Offset of the word.
+    pub offset: u64,
+    /// The engine's bit.
+    pub mask: u64,
 }
 
 impl core::fmt::Debug for DoorbellInfo {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.debug_struct("DoorbellInfo").field("handle", &self.handle).field("offset", &self.offset).finish()
+        f.debug_struct("DoorbellInfo")
+            .field("handle", &self.handle)
+            .field("offset", &self.offset)
+            .field("ring", &self.ring)
+            .field("aggregated", &self.aggregated.is_some())
+            .finish()
     }
 }
 

@@ -17,28 +17,81 @@
 //! or the firmware's re-read finds the new wptr and runs the work. `umd`, `kernel` and `gpu`
 //! call these functions; the loom test `loom_ring_vs_disconnect` explores every interleaving of
 //! them, and its twin with the client's fence removed must fail.
+//!
+//! # Bit doorbells: rings never overwrite each other
+//!
+//! The global doorbell (one page for every queue) and the aggregated doorbell are bit pages:
+//! a client [`ring`]s by OR-ing its bit in with release ordering, and the firmware
+//! [`take_rings`] by swapping a word to zero with acquire ordering, then re-reads the wptr of
+//! each queue a bit names. An OR never erases another client's bit, and the acquire/release
+//! pair makes the wptr stored before the ring visible to the re-read. `loom_global_doorbell`
+//! checks two clients racing the firmware; its twin, where a client stores its bit instead
+//! of OR-ing it (last writer wins, the bug class of emulated global doorbells), must fail.
 
-use crate::sync::{Load, Ordering, Store, fence};
+use crate::doorbell::RingMethod;
+use crate::sync::{Bits, Load, Ordering, Store, fence};
 
-/// Client, spec 000 steps 3–5: publish `wptr`, ring the doorbell with it, fence, and return
-/// the doorbell status word.
+/// A client's doorbell: its word, how to ring it, and the aggregated doorbell to ring after
+/// it when the device needs one (word and this engine's bit).
+pub struct Bell<'a, W: ?Sized> {
+    /// The queue's doorbell word (dedicated), or its word of the global page.
+    pub word: &'a W,
+    /// How to ring `word`.
+    pub method: RingMethod,
+    /// The aggregated doorbell word and the engine's bit in it.
+    pub aggregated: Option<(&'a W, u64)>,
+}
+
+/// Client, spec 000 step 4: ring the doorbell for `wptr` (already published).
 #[inline]
-pub fn ring_and_read_status<W: Store + ?Sized, S: Load + ?Sized>(
+pub fn ring<W: Store + Bits + ?Sized>(bell: &Bell<'_, W>, wptr: u64) {
+    // Release (both arms): pairs with the firmware's acquire of the doorbell, so a firmware
+    // that sees this ring also sees the wptr stored before it (otherwise it could read the old
+    // wptr and decide the queue is idle).
+    match bell.method {
+        RingMethod::WriteWptr => bell.word.store(wptr, Ordering::Release),
+        // OR, never store: other queues' bits share the word.
+        RingMethod::SetBit { mask } => {
+            bell.word.fetch_or(mask, Ordering::Release);
+        }
+    }
+    // Spec 001: "update the doorbell and wptr as normal and then write to the aggregated
+    // doorbell as well". Release, for the same reason.
+    if let Some((word, mask)) = bell.aggregated {
+        word.fetch_or(mask, Ordering::Release);
+    }
+}
+
+/// Client, spec 000 steps 3–5: publish `wptr`, ring the doorbell, fence, and return the
+/// doorbell status word.
+#[inline]
+pub fn ring_and_read_status<W: Store + Bits + ?Sized, S: Load + ?Sized>(
     wptr_word: &W,
-    doorbell: &W,
+    bell: &Bell<'_, W>,
     status: &S,
     wptr: u64,
 ) -> u64 {
     // Release: the packets written before are visible to whoever acquires this wptr.
     wptr_word.store(wptr, Ordering::Release);
-    // Release: pairs with the firmware's acquire load of the doorbell, so a firmware that sees
-    // this ring also sees the wptr stored above (otherwise it could read the old wptr and
-    // decide the queue is idle).
-    doorbell.store(wptr, Ordering::Release);
+    ring(bell, wptr);
     // The client half of the Dekker pair: the stores above are ordered before the load below
     // in the single total order of SeqCst fences.
     fence(Ordering::SeqCst);
     status.load(Ordering::Relaxed)
+}
+
+/// Firmware: take the rings latched in a bit word (zero when there are none). Each set bit
+/// names a queue (or engine) whose wptr must be re-read.
+#[inline]
+pub fn take_rings<W: Bits + ?Sized>(word: &W) -> u64 {
+    // Relaxed: a cheap look first, so an idle word costs a read, not a write that would take
+    // the cache line from the clients.
+    if word.load(Ordering::Relaxed) == 0 {
+        return 0;
+    }
+    // Acquire: pairs with the clients' release ORs, so each named queue's wptr stored before
+    // its ring is visible to the re-read that follows.
+    word.swap(0, Ordering::Acquire)
 }
 
 /// Kernel: publish a new doorbell status (before the firmware's [`recheck_wptr`]).

@@ -23,6 +23,26 @@ pub trait Store {
     fn store(&self, value: u64, order: Ordering);
 }
 
+/// A 64-bit word of bits several actors set and one takes (the global and aggregated
+/// doorbells).
+pub trait Bits: Load {
+    /// Atomic OR; returns the previous value.
+    fn fetch_or(&self, bits: u64, order: Ordering) -> u64;
+    /// Atomic swap; returns the previous value.
+    fn swap(&self, value: u64, order: Ordering) -> u64;
+}
+
+impl Bits for std::sync::atomic::AtomicU64 {
+    #[inline]
+    fn fetch_or(&self, bits: u64, order: Ordering) -> u64 {
+        std::sync::atomic::AtomicU64::fetch_or(self, bits, order)
+    }
+    #[inline]
+    fn swap(&self, value: u64, order: Ordering) -> u64 {
+        std::sync::atomic::AtomicU64::swap(self, value, order)
+    }
+}
+
 impl Load for std::sync::atomic::AtomicU64 {
     #[inline]
     fn load(&self, order: Ordering) -> u64 {
@@ -58,6 +78,16 @@ impl Load for MappedWord<'_> {
 impl Load for loom::sync::atomic::AtomicU64 {
     fn load(&self, order: Ordering) -> u64 {
         loom::sync::atomic::AtomicU64::load(self, order)
+    }
+}
+
+#[cfg(loom)]
+impl Bits for loom::sync::atomic::AtomicU64 {
+    fn fetch_or(&self, bits: u64, order: Ordering) -> u64 {
+        loom::sync::atomic::AtomicU64::fetch_or(self, bits, order)
+    }
+    fn swap(&self, value: u64, order: Ordering) -> u64 {
+        loom::sync::atomic::AtomicU64::swap(self, value, order)
     }
 }
 

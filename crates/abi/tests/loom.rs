@@ -3,7 +3,8 @@
 #![cfg(loom)]
 
 use abi::DoorbellStatus;
-use abi::protocol::{publish_status, recheck_wptr, ring_and_read_status};
+use abi::doorbell::RingMethod;
+use abi::protocol::{Bell, publish_status, recheck_wptr, ring_and_read_status, take_rings};
 use abi::sync::Ordering;
 use loom::sync::Arc;
 use loom::sync::atomic::AtomicU64;
@@ -36,7 +37,17 @@ fn model(client: fn(&AtomicU64, &AtomicU64, &AtomicU64, u64) -> u64) {
 
 #[test]
 fn loom_ring_vs_disconnect_never_loses_a_submission() {
-    model(|w, d, s, v| ring_and_read_status(w, d, s, v));
+    model(|w, d, s, v| {
+        ring_and_read_status(w, &Bell { word: d, method: RingMethod::WriteWptr, aggregated: None }, s, v)
+    });
+}
+
+/// The same race on the global doorbell, where the ring is an OR of the queue's bit.
+#[test]
+fn loom_global_ring_vs_disconnect_never_loses_a_submission() {
+    model(|w, d, s, v| {
+        ring_and_read_status(w, &Bell { word: d, method: RingMethod::SetBit { mask: 1 }, aggregated: None }, s, v)
+    });
 }
 
 /// The same client with its SeqCst fence removed: loom must find the lost submission.
@@ -84,4 +95,55 @@ fn loom_fence_signal_without_the_barrier_loses_a_wakeup() {
         c.store(v, Ordering::Release);
         v > m.load(Ordering::Relaxed)
     });
+}
+
+/// Two queues ring the global doorbell (bits 0 and 1 of one word) while the firmware takes
+/// rings; it takes once more after both rang. Every ring must be seen, and seeing a queue's
+/// bit must mean seeing the wptr that queue published before ringing. `ring` is the client's
+/// ring under test.
+fn global_model(ring: fn(&AtomicU64, u64)) {
+    loom::model(move || {
+        let bell = Arc::new(AtomicU64::new(0));
+        let wptrs = Arc::new([AtomicU64::new(0), AtomicU64::new(0)]);
+        let clients: Vec<_> = (0..2)
+            .map(|i| {
+                let (bell, wptrs) = (bell.clone(), wptrs.clone());
+                loom::thread::spawn(move || {
+                    wptrs[i].store(WPTR, Ordering::Release);
+                    ring(&bell, 1 << i);
+                })
+            })
+            .collect();
+        let mut seen = 0;
+        let mut check = |bits: u64| {
+            for i in 0..2 {
+                if bits & (1 << i) != 0 {
+                    let w = wptrs[i].load(Ordering::Acquire);
+                    assert_eq!(w, WPTR, "ring lost: queue {i}'s bit was taken but its wptr read {w}");
+                    seen |= 1 << i;
+                }
+            }
+        };
+        check(take_rings(&*bell));
+        for c in clients {
+            c.join().unwrap();
+        }
+        check(take_rings(&*bell));
+        assert_eq!(seen, 0b11, "ring lost: the firmware saw only bits {seen:#b}");
+    });
+}
+
+#[test]
+fn loom_global_doorbell_never_loses_a_ring() {
+    global_model(|bell, mask| {
+        abi::protocol::ring(&Bell { word: bell, method: RingMethod::SetBit { mask }, aggregated: None }, WPTR)
+    });
+}
+
+/// A client that stores its bit instead of OR-ing it (last writer wins): loom must find the
+/// other queue's ring erased.
+#[test]
+#[should_panic(expected = "ring lost")]
+fn loom_global_doorbell_with_a_store_loses_a_ring() {
+    global_model(|bell, mask| bell.store(mask, Ordering::Release));
 }

@@ -25,8 +25,10 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
+use abi::doorbell::{DOORBELL_PAGE_BYTES, GLOBAL_DOORBELL_BITS, RingMethod};
 use abi::fence_log::{self, FenceLogEntry, FenceLogOp};
 use abi::packet::{DataWidth, Header, LoggedOp, MAX_FIXED_PACKET_DWORDS, Opcode, Packet};
+use abi::protocol;
 use abi::queue::{Access, FaultKind, FaultRecord};
 use abi::{EngineId, EngineKind, Priority, QueueState};
 use shm::{Mapping, Shm};
@@ -189,7 +191,7 @@ struct FwQueue {
     ib: Option<IbCursor>,
     monitored: u64,
     completed: u64,
-    doorbell: Option<u32>,
+    doorbell: Option<Binding>,
     fault: Option<FaultRecord>,
     /// When it last got a hardware slot (its quantum runs from here).
     slice_start: Time,
@@ -223,6 +225,14 @@ impl FwQueue {
         Ok(())
     }
 
+    /// Whether the client published work the engine has not fetched (a cheap acquire read,
+    /// for the aggregated doorbell's poll).
+    fn wptr_moved(&self) -> bool {
+        // Acquire: pairs with the client's release store of wptr (and the aggregated ring
+        // after it), so the packets are visible once we run them.
+        self.wptr_word.shm.load_u64(self.wptr_word.offset, Ordering::Acquire).is_ok_and(|w| w != self.wptr)
+    }
+
     /// Raw check for unconsumed work, without validation (used for the no-loss checks).
     fn has_work(&self) -> bool {
         // The firmware half of the Dekker pair (`abi::protocol`): the kernel published the new
@@ -252,6 +262,15 @@ const MAX_POINTER: u64 = 1 << 62;
 /// What a doorbell word holds after a bind: never a wptr (not dword aligned), so whatever a
 /// client rings next — even the value a previous owner of the slot left — is seen as new.
 const DOORBELL_UNRUNG: u64 = u64::MAX;
+
+/// Which doorbell a queue answers to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Binding {
+    /// A dedicated BAR word.
+    Word(u32),
+    /// Its bit in the global doorbell page.
+    Global,
+}
 
 struct Watch {
     slot: u32,
@@ -299,6 +318,12 @@ pub(crate) struct Firmware {
     engines: Vec<Engine>,
     slots: Vec<Slot>,
     irqs: std::collections::VecDeque<Interrupt>,
+    /// The global doorbell's BAR page (the global model).
+    global_page: Option<u32>,
+    /// The aggregated doorbell's BAR page (when engines miss unmapped queues' doorbells).
+    aggregated_page: Option<u32>,
+    /// Engines drop rings of queues without a hardware slot.
+    misses_unmapped: bool,
 }
 
 /// Outcome of executing one packet.
@@ -336,7 +361,9 @@ struct Env<'a> {
 }
 
 impl Firmware {
-    pub(crate) fn new(cfg: &GpuConfig) -> Firmware {
+    /// A firmware for `cfg`, with its global and aggregated doorbells (if any) in those BAR
+    /// pages.
+    pub(crate) fn new(cfg: &GpuConfig, global_page: Option<u32>, aggregated_page: Option<u32>) -> Firmware {
         let engines = cfg
             .engines
             .iter()
@@ -368,6 +395,9 @@ impl Firmware {
             engines,
             slots: Vec::new(),
             irqs: Default::default(),
+            global_page,
+            aggregated_page,
+            misses_unmapped: cfg.misses_unmapped_doorbells,
         }
     }
 
@@ -513,12 +543,46 @@ impl Firmware {
         e.watches.push(Watch { slot, queue: id, last });
         e.resched = true;
         let q = self.queue_mut(id)?;
-        q.doorbell = Some(slot);
+        q.doorbell = Some(Binding::Word(slot));
         // Work published while disconnected rang the dummy page: find it through wptr.
         if q.state != QueueState::Hung && q.has_work() {
             q.pending = true;
         }
         Ok(())
+    }
+
+    pub(crate) fn global_ring(&self, id: FwQueueId) -> Result<(u64, RingMethod), GpuError> {
+        self.queue(id)?;
+        if self.global_page.is_none() {
+            return Err(GpuError::NoGlobalDoorbell { model: abi::doorbell::DoorbellModel::Dedicated });
+        }
+        if id.index >= GLOBAL_DOORBELL_BITS {
+            return Err(GpuError::NoGlobalDoorbellBit { queue: id, bits: GLOBAL_DOORBELL_BITS });
+        }
+        Ok(RingMethod::bit(id.index))
+    }
+
+    pub(crate) fn bind_global_doorbell(&mut self, id: FwQueueId) -> Result<(), GpuError> {
+        self.global_ring(id)?;
+        let engine = self.queue(id)?.cfg.engine;
+        // Nothing to reset: a bit a previous owner of this index left set only makes us
+        // re-read this queue's wptr once.
+        self.engine_mut(engine)?.resched = true;
+        let q = self.queue_mut(id)?;
+        q.doorbell = Some(Binding::Global);
+        // Work published while disconnected rang the dummy page: find it through wptr.
+        if q.state != QueueState::Hung && q.has_work() {
+            q.pending = true;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn global_page(&self) -> Option<u32> {
+        self.global_page
+    }
+
+    pub(crate) fn aggregated_page(&self) -> Option<u32> {
+        self.aggregated_page
     }
 
     pub(crate) fn unbind_doorbell(&mut self, id: FwQueueId) -> Result<(), GpuError> {
@@ -591,9 +655,12 @@ impl Firmware {
     }
 
     pub(crate) fn poll_doorbells(&mut self, bar: &Shm) -> bool {
+        let misses = self.misses_unmapped;
         let mut rang = false;
+        // Dedicated doorbells: a watched word that changed.
         for e in self.engines.iter_mut().filter(|e| e.power == PowerState::F0) {
-            for w in &mut e.watches {
+            let Engine { watches, resched, .. } = e;
+            for w in watches {
                 // Acquire: pairs with the client's release store of the doorbell, so the wptr it
                 // stored before ringing is visible to the wptr load that follows. (With a
                 // relaxed load the firmware could see the ring yet read the old wptr, and
@@ -604,9 +671,47 @@ impl Firmware {
                     if let Some(Slot { generation, queue: Some(q) }) = self.slots.get_mut(w.queue.index as usize)
                         && *generation == w.queue.generation
                     {
-                        // An unmapped queue that gains work may deserve a slot.
-                        e.resched |= !q.pending && q.state != QueueState::Mapped;
+                        rang |= latch_ring(resched, q, misses);
+                    }
+                }
+            }
+        }
+        // The global doorbell: each bit names a queue by its table index. Only the words that
+        // can name a queue are looked at.
+        if let Some(page) = self.global_page {
+            let base = page as u64 * DOORBELL_PAGE_BYTES;
+            let words = self.slots.len().div_ceil(64).min(GLOBAL_DOORBELL_BITS as usize / 64);
+            for w in 0..words {
+                let Ok(word) = bar.atomic_u64(base + w as u64 * 8) else { break };
+                let mut bits = protocol::take_rings(word);
+                while bits != 0 {
+                    let index = w * 64 + bits.trailing_zeros() as usize;
+                    bits &= bits - 1;
+                    // Whoever set the bit, the queue only has its wptr re-read: a stale or
+                    // foreign ring costs that, nothing more. A queue not connected to the
+                    // global doorbell (rotated to the dummy page) is found by its next bind.
+                    // A bit past the table names no queue: a client may set any bit of the page.
+                    let Some(q) = self.slots.get_mut(index).and_then(|s| s.queue.as_mut()) else { continue };
+                    let e = &mut self.engines[q.cfg.engine.0 as usize];
+                    if q.doorbell == Some(Binding::Global) && e.power == PowerState::F0 {
+                        rang |= latch_ring(&mut e.resched, q, misses);
+                    }
+                }
+            }
+        }
+        // The aggregated doorbell: bit `e` says some queue of engine `e` rang, perhaps one
+        // without a slot whose own ring was missed. Poll the wptrs of those queues.
+        if let Some(page) = self.aggregated_page
+            && let Ok(word) = bar.atomic_u64(page as u64 * DOORBELL_PAGE_BYTES)
+        {
+            let bits = protocol::take_rings(word);
+            let Firmware { engines, slots, .. } = self;
+            for e in engines.iter_mut().filter(|e| e.power == PowerState::F0 && bits & (1 << e.id.0) != 0) {
+                for &id in &e.run_list {
+                    let Some(q) = slots[id.index as usize].queue.as_mut() else { continue };
+                    if !q.pending && q.state != QueueState::Hung && q.wptr_moved() {
                         q.pending = true;
+                        e.resched = true;
                         rang = true;
                     }
                 }
@@ -738,6 +843,19 @@ struct Quanta {
 /// one of equal priority that has used up its quantum. An evicted queue with work left is
 /// `Preempted` — stopped at a packet boundary or a dispatch slice, state saved — and rings
 /// on an unmapped queue are remembered: it runs when it gets a slot back.
+/// A doorbell ring for `q` reached the engine: the queue is pending and, if it holds no
+/// slot, may deserve one. An engine that misses unmapped queues' doorbells drops the ring of a
+/// queue without a slot (the aggregated doorbell will tell). Returns whether it was latched.
+fn latch_ring(resched: &mut bool, q: &mut FwQueue, misses_unmapped: bool) -> bool {
+    let mapped = q.state == QueueState::Mapped;
+    if misses_unmapped && !mapped {
+        return false;
+    }
+    *resched |= !q.pending && !mapped;
+    q.pending = true;
+    true
+}
+
 fn schedule(e: &mut Engine, slots: &mut [Slot], now: Time, quanta: Quanta) {
     // Every queue holds a slot (the common case: no oversubscription): nothing can wait. A
     // hung queue may linger in `hqd`; the run loop skips it.

@@ -34,6 +34,7 @@ mod memory;
 use std::sync::Arc;
 use std::time::Duration;
 
+use abi::doorbell::DoorbellModel;
 use abi::queue::EngineKind;
 use shm::Shm;
 
@@ -67,7 +68,8 @@ impl Time {
 pub struct GpuConfig {
     /// Engines, in id order.
     pub engines: Vec<EngineKind>,
-    /// Pages of the doorbell BAR (512 doorbells each).
+    /// Pages of the doorbell BAR (512 doorbells each). At least 2 (the kernel's and one
+    /// process page), plus the global and aggregated doorbells' pages when configured.
     pub doorbell_pages: u32,
     /// An engine with no work for this long asks for F1.
     pub idle_period: Duration,
@@ -87,6 +89,12 @@ pub struct GpuConfig {
     pub process_quantum: Duration,
     /// Time slice between queues of equal priority in one process.
     pub gang_quantum: Duration,
+    /// Spec 000's doorbell model. `Global` gives the last BAR page to the global doorbell.
+    pub doorbell_model: DoorbellModel,
+    /// Engines miss doorbells of queues that hold no hardware slot (amdgpu: "the engine
+    /// firmware may miss the request"). The device then offers the aggregated doorbell, in
+    /// the BAR page below the device's other pages, which clients ring too.
+    pub misses_unmapped_doorbells: bool,
 }
 
 impl Default for GpuConfig {
@@ -102,6 +110,8 @@ impl Default for GpuConfig {
             hw_slots: 8,
             process_quantum: Duration::from_millis(10),
             gang_quantum: Duration::from_millis(1),
+            doorbell_model: DoorbellModel::Dedicated,
+            misses_unmapped_doorbells: false,
         }
     }
 }
@@ -145,6 +155,20 @@ pub enum GpuError {
         /// The value found.
         wptr: u64,
     },
+    /// A queue the global doorbell cannot name (its bit would lie outside the page).
+    #[error("firmware queue {queue} has no bit in the global doorbell page ({bits} bits)")]
+    NoGlobalDoorbellBit {
+        /// The queue.
+        queue: FwQueueId,
+        /// Bits in the page.
+        bits: u32,
+    },
+    /// The device has no global doorbell (its model is dedicated).
+    #[error("the device's doorbell model is {model}: it has no global doorbell")]
+    NoGlobalDoorbell {
+        /// The model.
+        model: DoorbellModel,
+    },
     /// A doorbell slot outside the BAR.
     #[error("doorbell slot {slot} is outside the BAR ({slots} slots)")]
     BadDoorbell {
@@ -168,9 +192,40 @@ pub struct Gpu {
 impl Gpu {
     /// Creates a device. Address space 0 is created for the kernel.
     pub fn new(cfg: GpuConfig) -> Result<Gpu, GpuError> {
-        let bar = Shm::new("doorbell-bar", cfg.doorbell_pages as usize * abi::doorbell::DOORBELL_PAGE_BYTES as usize)?;
-        let fw = firmware::Firmware::new(&cfg);
+        // The kernel's page, at least one process page, then the device's own pages.
+        let own = (cfg.doorbell_model == DoorbellModel::Global) as u32 + cfg.misses_unmapped_doorbells as u32;
+        let pages = cfg.doorbell_pages.max(2 + own);
+        let bar = Shm::new("doorbell-bar", pages as usize * abi::doorbell::DOORBELL_PAGE_BYTES as usize)?;
+        let mut next = pages;
+        let mut take = |on: bool| {
+            on.then(|| {
+                next -= 1;
+                next
+            })
+        };
+        let global = take(cfg.doorbell_model == DoorbellModel::Global);
+        let aggregated = take(cfg.misses_unmapped_doorbells);
+        let fw = firmware::Firmware::new(&cfg, global, aggregated);
         Ok(Gpu { bar, vms: vec![Some(AddressSpace::default())], fw })
+    }
+
+    /// BAR pages the device keeps for its global and aggregated doorbells (at the top of the
+    /// BAR; empty when it has neither).
+    pub fn device_doorbell_pages(&self) -> std::ops::Range<u32> {
+        let pages = (self.bar.len() as u64 / abi::doorbell::DOORBELL_PAGE_BYTES) as u32;
+        let lowest = [self.fw.global_page(), self.fw.aggregated_page()].into_iter().flatten().min();
+        lowest.unwrap_or(pages)..pages
+    }
+
+    /// The global doorbell's BAR page, if the model is global.
+    pub fn global_doorbell_page(&self) -> Option<u32> {
+        self.fw.global_page()
+    }
+
+    /// The aggregated doorbell's BAR page, if the engines miss unmapped queues' doorbells.
+    /// Engine `e` rings bit `e` of its first word.
+    pub fn aggregated_doorbell_page(&self) -> Option<u32> {
+        self.fw.aggregated_page()
     }
 
     /// The doorbell BAR.
@@ -252,6 +307,18 @@ impl Gpu {
             return Err(GpuError::BadDoorbell { slot, slots });
         }
         self.fw.bind_doorbell(id, slot, &self.bar)
+    }
+
+    /// Where queue `id` rings the global doorbell: its bit (the firmware table index names
+    /// it), as the word's offset inside the global page and the ring method.
+    pub fn global_doorbell_ring(&self, id: FwQueueId) -> Result<(u64, abi::doorbell::RingMethod), GpuError> {
+        self.fw.global_ring(id)
+    }
+
+    /// Connects a queue to the global doorbell: from now on a ring of its bit makes the
+    /// firmware re-read its wptr. Work published while it was disconnected is found at once.
+    pub fn bind_global_doorbell(&mut self, id: FwQueueId) -> Result<(), GpuError> {
+        self.fw.bind_global_doorbell(id)
     }
 
     /// Stops watching the queue's doorbell, then checks its wptr one last time so a ring that

@@ -4,14 +4,18 @@
 //! DDIs (spec 000 "DDIs for user-mode work submission"). [`Kmd`] is that boundary: the OS part
 //! ([`crate::os`]) owns processes, handles, validation, doorbell objects and policy, and calls
 //! these methods for everything device-specific. [`VirtualKmd`] implements them for doorbell's
-//! virtual GPU by sending commands to its firmware. A second doorbell model (global doorbells,
-//! a different firmware) is a second implementation of this trait, not a fork of the OS.
+//! virtual GPU by sending commands to its firmware. The doorbell model is the KMD's business:
+//! [`VirtualKmd`] hands out doorbells per process page, from a victimized pool, or as bits of
+//! the device's global doorbell, and the OS runs the same connect, disconnect and
+//! victimization sequences over all three. A different device is a second implementation of
+//! this trait, not a fork of the OS.
 //!
 //! The OS records every call in its trace before making it, so tests can assert the order.
 
 use std::sync::Arc;
 
 use abi::EngineId;
+use abi::doorbell::{DoorbellModel, RingMethod};
 use abi::port::{AdapterInfo, EngineInfo, KernelError};
 use abi::queue::{Access, FaultKind};
 use gpu::{FwQueueId, Gpu, Interrupt, PowerState, QueueConfig, Time, Vmid};
@@ -21,10 +25,8 @@ use shm::Shm;
 /// What `DxgkDdiConnectDoorbell` answered.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ConnectStep {
-    /// Connected to BAR slot `slot`, shown by BAR page `page_offset` at the doorbell's offset.
+    /// Connected, shown by BAR page `page_offset` at the doorbell's offset.
     Connected {
-        /// The physical doorbell.
-        slot: u32,
         /// Byte offset of the BAR page to map at the doorbell's CPU VA.
         page_offset: u64,
         /// The KMD wants `NotifyWorkSubmission` after each ring.
@@ -76,9 +78,14 @@ pub trait Kmd: Send {
     fn victimized(&mut self, victim: FwQueueId);
     /// Connects a kernel queue's doorbell (kernel slots in BAR page 0, never virtualized).
     fn connect_kernel_doorbell(&mut self, q: FwQueueId, slot: u32) -> Result<(), KernelError>;
-    /// Offset of a user-mode queue's doorbell word inside its CPU page.
-    fn doorbell_offset(&self, index: u32) -> u64;
-    /// BAR pages the KMD keeps for itself (the physical doorbell pool), not for processes.
+    /// Where the user-mode queue `q` (doorbell index `index`) rings inside its doorbell CPU
+    /// page, and how.
+    fn doorbell_ring(&self, q: FwQueueId, index: u32) -> Result<(u64, RingMethod), KernelError>;
+    /// The aggregated doorbell for queues of `engine`, when the device needs one: its BAR
+    /// page, the word's offset and the engine's bit.
+    fn aggregated_doorbell(&self, engine: EngineId) -> Option<(u32, u64, u64)>;
+    /// BAR pages not for processes: the KMD's physical doorbell pool and the device's global
+    /// and aggregated doorbells.
     fn reserved_doorbell_pages(&self) -> std::ops::Range<u32>;
     /// `DxgkDdiDisconnectDoorbell`.
     fn disconnect_doorbell(&mut self, q: FwQueueId);
@@ -116,7 +123,20 @@ pub struct VirtualKmd {
     waker: Arc<dyn DeviceWaker>,
     notify_on_submit: bool,
     mode: abi::port::UserQueueMode,
-    pool: Option<DoorbellPool>,
+    doorbells: Doorbells,
+}
+
+/// How the KMD hands out doorbells.
+enum Doorbells {
+    /// Dedicated: every queue index of a process's page is its own physical doorbell.
+    PerProcess,
+    /// Dedicated, virtualized over a limited pool.
+    Pool(DoorbellPool),
+    /// Global: every queue rings its bit of one page (spec 000: no victimization needed).
+    Global {
+        /// The global doorbell's BAR page.
+        page: u32,
+    },
 }
 
 /// The dedicated-doorbell model with a limited pool (spec 000 "Dedicated doorbells"): a few
@@ -132,24 +152,42 @@ struct DoorbellPool {
 impl VirtualKmd {
     /// A KMD driving `gpu`; `waker` is called when an engine returns to F0.
     pub fn new(gpu: Arc<Mutex<Gpu>>, waker: Arc<dyn DeviceWaker>) -> Self {
-        VirtualKmd { gpu, waker, notify_on_submit: false, mode: abi::port::UserQueueMode::Both, pool: None }
+        let doorbells = match gpu.lock().global_doorbell_page() {
+            Some(page) => Doorbells::Global { page },
+            None => Doorbells::PerProcess,
+        };
+        VirtualKmd { gpu, waker, notify_on_submit: false, mode: abi::port::UserQueueMode::Both, doorbells }
     }
 
     /// Virtualizes user-mode doorbells over a pool of `count` physical doorbells, kept in the
-    /// last `count` pages of the BAR.
-    pub fn set_doorbell_pool(&mut self, count: u32) {
-        let pages = (self.gpu.lock().doorbell_slots() / abi::doorbell::DOORBELLS_PER_PAGE).max(1);
-        let count = count.clamp(1, pages.saturating_sub(2).max(1));
-        self.pool = Some(DoorbellPool {
-            first_page: pages - count,
+    /// BAR pages just below the device's own. A device with a global doorbell has nothing to
+    /// virtualize (spec 000: "This mechanism isn't required if a GPU uses global doorbells"),
+    /// so there this does nothing and returns `false`.
+    pub fn set_doorbell_pool(&mut self, count: u32) -> bool {
+        if let Doorbells::Global { .. } = self.doorbells {
+            return false;
+        }
+        let top = self.gpu.lock().device_doorbell_pages().start;
+        // Keep page 0 (kernel queues) and at least one process page.
+        let count = count.clamp(1, top.saturating_sub(2).max(1));
+        self.doorbells = Doorbells::Pool(DoorbellPool {
+            first_page: top - count,
             owners: vec![None; count as usize],
             lru: Default::default(),
         });
+        true
+    }
+
+    fn connected(&self, page: u32) -> ConnectStep {
+        ConnectStep::Connected {
+            page_offset: page as u64 * abi::doorbell::DOORBELL_PAGE_BYTES,
+            notify: self.notify_on_submit,
+        }
     }
 
     /// Frees `q`'s pool doorbell, if it holds one.
     fn release_pool_slot(&mut self, q: FwQueueId) {
-        if let Some(pool) = &mut self.pool
+        if let Doorbells::Pool(pool) = &mut self.doorbells
             && let Some(j) = pool.owners.iter().position(|o| *o == Some(q))
         {
             pool.owners[j] = None;
@@ -197,6 +235,11 @@ impl Kmd for VirtualKmd {
                 .collect(),
             doorbell_bytes: abi::doorbell::DOORBELL_BYTES,
             doorbells_per_process: abi::doorbell::DOORBELLS_PER_PAGE,
+            doorbell_model: match self.doorbells {
+                Doorbells::Global { .. } => DoorbellModel::Global,
+                _ => DoorbellModel::Dedicated,
+            },
+            aggregated_doorbell: g.aggregated_doorbell_page().is_some(),
             user_queue_mode: self.mode,
             queue_metadata: abi::port::QueueMetadataSizes {
                 context_save_bytes: gpu::compute::CONTEXT_SAVE_BYTES,
@@ -249,26 +292,33 @@ impl Kmd for VirtualKmd {
 
     fn connect_doorbell(&mut self, q: FwQueueId, process_page: u32, index: u32) -> Result<ConnectStep, KernelError> {
         let per_page = abi::doorbell::DOORBELLS_PER_PAGE;
-        let (slot, page) = match &mut self.pool {
-            None => (process_page * per_page + index, process_page),
-            Some(pool) => {
+        let page = match &mut self.doorbells {
+            Doorbells::Global { page } => {
+                // Every queue shares the one physical doorbell: nothing to victimize.
+                let page = *page;
+                self.gpu.lock().bind_global_doorbell(q).map_err(gpu_err("queue", q))?;
+                page
+            }
+            Doorbells::PerProcess => {
+                let slot = process_page * per_page + index;
+                self.gpu.lock().bind_doorbell(q, slot).map_err(gpu_err("doorbell slot", slot))?;
+                process_page
+            }
+            Doorbells::Pool(pool) => {
                 let Some(j) = pool.owners.iter().position(Option::is_none) else {
                     // Victimize the least recently connected doorbell.
                     let victim = *pool.lru.front().expect("a full pool has connected owners");
                     return Ok(ConnectStep::Victimize { victim });
                 };
+                let page = pool.first_page + j as u32;
+                let slot = page * per_page;
+                self.gpu.lock().bind_doorbell(q, slot).map_err(gpu_err("doorbell slot", slot))?;
                 pool.owners[j] = Some(q);
                 pool.lru.push_back(q);
-                let page = pool.first_page + j as u32;
-                (page * per_page, page)
+                page
             }
         };
-        self.gpu.lock().bind_doorbell(q, slot).map_err(gpu_err("doorbell slot", slot))?;
-        Ok(ConnectStep::Connected {
-            slot,
-            page_offset: page as u64 * abi::doorbell::DOORBELL_PAGE_BYTES,
-            notify: self.notify_on_submit,
-        })
+        Ok(self.connected(page))
     }
 
     fn victimized(&mut self, victim: FwQueueId) {
@@ -282,17 +332,28 @@ impl Kmd for VirtualKmd {
         self.gpu.lock().bind_doorbell(q, slot).map_err(gpu_err("doorbell slot", slot))
     }
 
-    fn doorbell_offset(&self, index: u32) -> u64 {
-        match self.pool {
-            Some(_) => 0,
-            None => index as u64 * abi::doorbell::DOORBELL_BYTES,
+    fn doorbell_ring(&self, q: FwQueueId, index: u32) -> Result<(u64, RingMethod), KernelError> {
+        Ok(match self.doorbells {
+            Doorbells::PerProcess => (index as u64 * abi::doorbell::DOORBELL_BYTES, RingMethod::WriteWptr),
+            // Each pool doorbell is at offset 0 of its own page (a CPU VA rotates a page).
+            Doorbells::Pool(_) => (0, RingMethod::WriteWptr),
+            Doorbells::Global { .. } => self.gpu.lock().global_doorbell_ring(q).map_err(gpu_err("queue", q))?,
+        })
+    }
+
+    fn aggregated_doorbell(&self, engine: EngineId) -> Option<(u32, u64, u64)> {
+        let page = self.gpu.lock().aggregated_doorbell_page()?;
+        match RingMethod::bit(engine.0) {
+            (offset, RingMethod::SetBit { mask }) => Some((page, offset, mask)),
+            (_, RingMethod::WriteWptr) => None,
         }
     }
 
     fn reserved_doorbell_pages(&self) -> std::ops::Range<u32> {
-        match &self.pool {
-            Some(p) => p.first_page..p.first_page + p.owners.len() as u32,
-            None => 0..0,
+        let device = self.gpu.lock().device_doorbell_pages();
+        match &self.doorbells {
+            Doorbells::Pool(p) => p.first_page..device.end,
+            _ => device,
         }
     }
 

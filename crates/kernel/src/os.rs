@@ -31,8 +31,8 @@ use abi::doorbell::{DOORBELL_PAGE_BYTES, DOORBELLS_PER_PAGE};
 use abi::handle::{AllocationKind, ContextKind, DeviceKind, DoorbellKind, HwQueueKind, NativeFenceKind};
 use abi::packet::Packet;
 use abi::port::{
-    AdapterInfo, AllocationDesc, AllocationInfo, CreateDoorbell, DoorbellInfo, HwQueueDesc, HwQueueInfo, KernelError,
-    MemoryDomain, QueueStatus, SubmissionMode, WaitOutcome,
+    AdapterInfo, AggregatedDoorbell, AllocationDesc, AllocationInfo, CreateDoorbell, DoorbellInfo, HwQueueDesc,
+    HwQueueInfo, KernelError, MemoryDomain, QueueStatus, SubmissionMode, WaitOutcome,
 };
 use abi::queue::{Access, FaultKind, FaultRecord, QueueDescriptor};
 use abi::ring::{self, LAST_QUEUED_OFFSET, RPTR_OFFSET, WPTR_OFFSET};
@@ -301,6 +301,9 @@ struct OsState {
     d3: bool,
     /// Contexts the D3 entry suspended (resumed on the way back to D0).
     power_suspended: Vec<(ProcessId, ContextHandle)>,
+    /// The aggregated doorbell page, mapped once and handed to every doorbell (if the device
+    /// has one).
+    aggregated_map: Option<Arc<shm::Mapping>>,
     /// Bumped whenever the scheduler may have new work (a submission, a fence it waits on):
     /// it sleeps only if this has not changed since it last looked, so no wake-up is lost.
     km_gen: u64,
@@ -354,6 +357,7 @@ impl Os {
             km_gen: 0,
             d3: false,
             power_suspended: Vec::new(),
+            aggregated_map: None,
         };
         Ok(Os {
             state: Mutex::new(state),
@@ -1392,6 +1396,10 @@ impl OsState {
                 ));
             }
         }
+        let fw = qo.fw;
+        let engine = qo.engine;
+        let (offset, ring) = self.kmd.doorbell_ring(fw, desc.doorbell_index)?;
+        let aggregated = self.aggregated_doorbell(engine)?;
         let page = Arc::new(RotatingPage::new(&self.dummy, 0)?);
         let p = self.proc(pid)?;
         let d = p.doorbells.insert(DoorbellObj {
@@ -1406,7 +1414,27 @@ impl OsState {
         p.allocations.get_mut(args.ring_control)?.pins.push(Pin::Doorbell(d));
         p.queues.get_mut(q)?.doorbell = Some(d);
         self.trace.push(now, Event::Ddi(Ddi::CreateDoorbell(q)));
-        Ok(DoorbellInfo { handle: d, cpu_page: page, offset: self.kmd.doorbell_offset(desc.doorbell_index) })
+        Ok(DoorbellInfo { handle: d, cpu_page: page, offset, ring, aggregated })
+    }
+
+    /// The aggregated doorbell for `engine`'s queues, if the device needs one (spec 001: "the
+    /// kernel driver will map a page of aggregated doorbell space into each GPUVM space"). The
+    /// page is never rotated: a ring of it only makes the firmware look at wptrs.
+    fn aggregated_doorbell(&mut self, engine: EngineId) -> Result<Option<AggregatedDoorbell>, KernelError> {
+        let Some((page, offset, mask)) = self.kmd.aggregated_doorbell(engine) else { return Ok(None) };
+        let map = match &self.aggregated_map {
+            Some(m) => m.clone(),
+            None => {
+                let m = Arc::new(self.bar.map_range(
+                    page as u64 * DOORBELL_PAGE_BYTES,
+                    DOORBELL_PAGE_BYTES as usize,
+                    Prot::ReadWrite,
+                )?);
+                self.aggregated_map = Some(m.clone());
+                m
+            }
+        };
+        Ok(Some(AggregatedDoorbell { page: map, offset, mask }))
     }
 
     fn destroy_doorbell(&mut self, pid: ProcessId, q: HwQueueHandle, now: Time) -> Result<(), KernelError> {

@@ -79,7 +79,8 @@ pub struct SystemConfig {
     /// Which submission models the device offers (amdgpu's `user_queue`: 0, 1 or 2).
     pub user_queue_mode: abi::port::UserQueueMode,
     /// Dedicated doorbells virtualized over a pool of this many physical doorbells (`None`:
-    /// one per queue index in each process's page).
+    /// one per queue index in each process's page). Refused with the global doorbell model
+    /// (`gpu.doorbell_model`), which has nothing to virtualize.
     pub doorbell_pool: Option<u32>,
     /// The device enters D3 by itself once every engine has been in F1 this long (`None`:
     /// only on request, [`System::enter_d3`]).
@@ -267,8 +268,14 @@ impl System {
         let mut kmd = VirtualKmd::new(gpu.clone(), waker);
         kmd.set_notify_on_submit(cfg.notify_on_submit);
         kmd.set_user_queue_mode(cfg.user_queue_mode);
-        if let Some(n) = cfg.doorbell_pool {
-            kmd.set_doorbell_pool(n);
+        if let Some(n) = cfg.doorbell_pool
+            && !kmd.set_doorbell_pool(n)
+        {
+            return Err(KernelError::InvalidArgument {
+                field: "doorbell_pool",
+                value: n.to_string(),
+                reason: "the device's doorbell model is global: there are no dedicated doorbells to pool".into(),
+            });
         }
         let mut os = Os::new(Box::new(kmd), clock.clone())?;
         os.set_d3_idle(cfg.d3_idle);

@@ -9,7 +9,10 @@
 //!    `PROGRESS_FENCE` N+1.
 //! 2. Write the last-queued value (`HwQueueProgressFenceLastQueuedValueCPUVirtualAddress`).
 //! 3. Write the packets into the ring, then publish wptr with a release store.
-//! 4. Ring the doorbell: store the new wptr into the doorbell word.
+//! 4. Ring the doorbell as the kernel said ([`abi::doorbell::RingMethod`]): store the new wptr
+//!    into a dedicated doorbell, or set the queue's bit in the global doorbell. On a device
+//!    whose engines miss unmapped queues' doorbells, also set the engine's bit in the
+//!    aggregated doorbell (spec 001).
 //! 5. Read the doorbell status: `Connected` → done; `ConnectedNotify` → `NotifyWorkSubmission`;
 //!    `DisconnectedRetry` → connect again and go back to 4; `DisconnectedAbort` → the queue
 //!    is lost.
@@ -27,8 +30,11 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use abi::doorbell::RingMethod;
 use abi::packet::progress_fence_words;
-use abi::port::{CreateDoorbell, HwQueueDesc, KernelError, QueueStatus, SubmissionMode, WaitOutcome};
+use abi::port::{
+    AggregatedDoorbell, CreateDoorbell, HwQueueDesc, KernelError, QueueStatus, SubmissionMode, WaitOutcome,
+};
 use abi::protocol;
 use abi::queue::{DOORBELL_STATUS_OFFSET, PROGRESS_COMPLETED_OFFSET};
 use abi::ring::{self, LAST_QUEUED_OFFSET, RING_CONTROL_BYTES, RPTR_OFFSET, WPTR_OFFSET};
@@ -82,6 +88,10 @@ struct UserRing {
     doorbell: DoorbellHandle,
     doorbell_page: Arc<shm::RotatingPage>,
     doorbell_offset: u64,
+    /// How to ring it (a dedicated word takes wptr; the global page takes our bit).
+    ring_method: RingMethod,
+    /// The aggregated doorbell, rung after ours when the device needs it.
+    aggregated: Option<AggregatedDoorbell>,
     /// Our wptr (we are its only writer).
     wptr: u64,
     /// The last rptr we read: re-read only when the ring looks full, so the submission hot
@@ -159,6 +169,8 @@ impl Queue {
                     doorbell: db.handle,
                     doorbell_page: db.cpu_page,
                     doorbell_offset: db.offset,
+                    ring_method: db.ring,
+                    aggregated: db.aggregated,
                     wptr: 0,
                     rptr_seen: 0,
                     outstanding: VecDeque::new(),
@@ -297,9 +309,18 @@ impl Queue {
             let u = self.user.as_ref().expect("user-mode");
             // Publish wptr, ring the doorbell with it, fence, read the status: the client half
             // of the Dekker pair (module docs), shared with the loom model.
+            let aggregated = match &u.aggregated {
+                Some(a) => Some((a.page.atomic_u64(a.offset)?, a.mask)),
+                None => None,
+            };
+            let bell = protocol::Bell {
+                word: u.doorbell_page.atomic_u64(u.doorbell_offset)?,
+                method: u.ring_method,
+                aggregated,
+            };
             let word = protocol::ring_and_read_status(
                 u.control.map().atomic_u64(WPTR_OFFSET)?,
-                u.doorbell_page.atomic_u64(u.doorbell_offset)?,
+                &bell,
                 &MappedWord { map: &self.kernel_page, offset: DOORBELL_STATUS_OFFSET },
                 u.wptr,
             );
