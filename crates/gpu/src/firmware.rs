@@ -5,8 +5,9 @@
 //! doorbell wakes the firmware and causes it to fetch the wptr and start processing the packets
 //! in the queue". Concretely, for each engine in F0:
 //!
-//! 1. [`Firmware::poll_doorbells`]: a watched BAR word that changed marks its queue *pending*.
-//! 2. [`Firmware::step`]: each pending queue on the run list, in round-robin order, reads its
+//! 1. [`Firmware::poll_doorbells`]: a watched BAR word that changed marks its queue *pending*
+//!    ([`mark_pending`]).
+//! 2. [`Firmware::step`]: each pending queue in a hardware slot, in round-robin order, reads its
 //!    wptr (acquire), validates it, then fetches, decodes and executes up to `packet_budget`
 //!    packets, publishing rptr (release) as it goes. A queue with nothing left stops being
 //!    pending; a queue blocked in a `WAIT` stays pending and is re-checked next round.
@@ -21,6 +22,16 @@
 //! doorbell was disconnected, or whose ring raced the disconnect, is found there. Entering F1
 //! is refused while any queue has work. Those two rules are why no submission is lost across a
 //! doorbell disconnect or an engine power transition.
+//!
+//! With more queues than hardware slots, only the slot holders (`hqd`) execute; [`schedule`]
+//! decides who holds the slots. It never scans the run list, which may hold thousands of
+//! queues: each engine keeps a **waiting set** ([`Engine::waiting`]), ordered like the
+//! scheduler's waiting order (kernel queues, then priority, then whoever ran longest ago, then
+//! run-list order) and grouped by [`Class`] so a pass looks at one head per class. Its
+//! invariant: a queue is in the waiting set exactly when it is on the run list, pending, not
+//! hung and not in a slot ([`FwQueue::should_wait`]). Every `pending = true` goes through
+//! [`mark_pending`], and every other change of those facts (suspend, resume, remove, map,
+//! evict) through [`sync_waiting`], which keep it.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -201,6 +212,15 @@ struct FwQueue {
     dispatch_active: bool,
     /// When the engine first saw the logged `WAIT` it is blocked on (the log's observed time).
     wait_observed: Option<Time>,
+    /// On its engine's run list (not suspended).
+    on_run_list: bool,
+    /// Its place in run-list order: stamped from [`Engine::next_seq`] each time it joins the
+    /// run list, so among waiting queues that ran at the same time the earlier joiner goes
+    /// first, as in a stable sort of the run list.
+    seq: u64,
+    /// In its engine's waiting set ([`Engine::waiting`]), under [`FwQueue::class`] and
+    /// [`FwQueue::turn`]. Kept equal to [`FwQueue::should_wait`] by [`sync_waiting`].
+    waiting: bool,
 }
 
 impl FwQueue {
@@ -246,6 +266,24 @@ impl FwQueue {
         self.ib.is_some() || w != self.rptr
     }
 
+    /// Whether the queue belongs in its engine's waiting set: on the run list, with work
+    /// (pending), not hung, and not in a hardware slot (`Mapped` is exactly "in `hqd`" for a
+    /// queue that is not hung).
+    fn should_wait(&self) -> bool {
+        self.on_run_list && self.pending && !matches!(self.state, QueueState::Mapped | QueueState::Hung)
+    }
+
+    /// The scheduling class it waits in.
+    fn class(&self) -> Class {
+        Class { user: !self.cfg.privileged, priority: std::cmp::Reverse(self.cfg.priority), vmid: self.cfg.vmid }
+    }
+
+    /// Its turn within its class. Stable while it waits: `last_run` only changes while it
+    /// holds a slot.
+    fn turn(&self) -> Turn {
+        (self.last_run, self.seq)
+    }
+
     fn publish_rptr(&self) {
         // Release: the client may reuse ring bytes below rptr once it sees it; our reads of
         // them happen before.
@@ -278,6 +316,72 @@ struct Watch {
     last: u64,
 }
 
+/// What the scheduler compares two waiting queues by, other than when they last ran: kernel
+/// queues first (`user` false), then higher priority, and the address space, which decides
+/// between the gang and the process quantum. Queues of one class are interchangeable for
+/// eviction: whether a holder can be evicted for a waiter depends only on the waiter's class.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Class {
+    user: bool,
+    priority: std::cmp::Reverse<Priority>,
+    vmid: Vmid,
+}
+
+/// A waiting queue's turn within its class: whoever ran longest ago first, then run-list order.
+type Turn = (Time, u64);
+
+/// An engine's waiting queues (see [`FwQueue::should_wait`]), by class, each class in turn
+/// order. Walking the class heads in class order merges them into the scheduler's waiting
+/// order `(!privileged, Reverse(priority), last_run, run-list order)`. Empty classes are
+/// dropped, so a pass looks at one head per distinct waiting class.
+#[derive(Default)]
+struct Waiting {
+    by_class: std::collections::BTreeMap<Class, std::collections::BTreeMap<Turn, FwQueueId>>,
+}
+
+impl Waiting {
+    fn insert(&mut self, class: Class, turn: Turn, id: FwQueueId) {
+        let old = self.by_class.entry(class).or_default().insert(turn, id);
+        debug_assert!(old.is_none(), "{id} waits twice, or two queues share a turn");
+    }
+
+    fn remove(&mut self, class: Class, turn: Turn, id: FwQueueId) {
+        let Some(queues) = self.by_class.get_mut(&class) else {
+            debug_assert!(false, "{id} is not waiting");
+            return;
+        };
+        let old = queues.remove(&turn);
+        debug_assert_eq!(old, Some(id), "{id} waits under another turn");
+        if queues.is_empty() {
+            self.by_class.remove(&class);
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.by_class.is_empty()
+    }
+
+    /// The first waiting queue, in waiting order, outside the classes in `skip`.
+    fn first(&self, skip: &[Class]) -> Option<(Class, FwQueueId)> {
+        let mut best: Option<(Class, Turn, FwQueueId)> = None;
+        for (class, queues) in &self.by_class {
+            // Classes come in (privilege, priority) order: a head in a later group never
+            // precedes one already found.
+            if best.is_some_and(|(b, ..)| (b.user, b.priority) != (class.user, class.priority)) {
+                break;
+            }
+            if skip.contains(class) {
+                continue;
+            }
+            let (&turn, &id) = queues.first_key_value().expect("empty classes are dropped");
+            if best.is_none_or(|(_, t, _)| turn < t) {
+                best = Some((*class, turn, id));
+            }
+        }
+        best.map(|(class, _, id)| (class, id))
+    }
+}
+
 struct Engine {
     id: EngineId,
     kind: EngineKind,
@@ -298,6 +402,12 @@ struct Engine {
     resched: bool,
     /// When the earliest slot holder's quantum runs out, if a queue is waiting.
     resched_at: Option<Time>,
+    /// The waiting set: exactly the queues for which [`FwQueue::should_wait`] holds (on the
+    /// run list, pending, not hung, not in `hqd`). Maintained by [`sync_waiting`], which every
+    /// change of those four facts goes through, so a scheduling pass never scans the run list.
+    waiting: Waiting,
+    /// The next [`FwQueue::seq`].
+    next_seq: u64,
 }
 
 struct Slot {
@@ -381,6 +491,8 @@ impl Firmware {
                 cursor: 0,
                 resched: true,
                 resched_at: None,
+                waiting: Waiting::default(),
+                next_seq: 0,
             })
             .collect();
         Firmware {
@@ -423,6 +535,17 @@ impl Firmware {
         }
     }
 
+    /// A queue and its engine, both mutable (for [`mark_pending`] and [`sync_waiting`]).
+    fn engine_and_queue(&mut self, id: FwQueueId) -> Result<(&mut Engine, &mut FwQueue), GpuError> {
+        let q = match self.slots.get_mut(id.index as usize) {
+            Some(Slot { generation, queue: Some(q) }) if *generation == id.generation => q,
+            _ => return Err(GpuError::StaleQueue(id)),
+        };
+        let engine = q.cfg.engine.0;
+        let e = self.engines.get_mut(engine as usize).ok_or(GpuError::BadEngine(engine))?;
+        Ok((e, q))
+    }
+
     pub(crate) fn add_queue(&mut self, cfg: QueueConfig, vm: &AddressSpace) -> Result<FwQueueId, GpuError> {
         self.engine_mut(cfg.engine)?;
         let ring = Place::resolve(vm, cfg.ring_va, cfg.ring_bytes, Access::Read).map_err(GpuError::QueueMemory)?;
@@ -462,6 +585,9 @@ impl Firmware {
             last_run: Time::ZERO,
             dispatch_active: false,
             wait_observed: None,
+            on_run_list: false,
+            seq: 0,
+            waiting: false,
         };
         q.publish_rptr();
         let index = match self.slots.iter().position(|s| s.queue.is_none()) {
@@ -475,14 +601,20 @@ impl Firmware {
         slot.generation = slot.generation.wrapping_add(1);
         slot.queue = Some(q);
         let id = FwQueueId { index: index as u32, generation: slot.generation };
-        let e = self.engine_mut(engine)?;
+        let (e, q) = self.engine_and_queue(id)?;
+        debug_assert_eq!(e.id, engine);
         e.run_list.push(id);
+        q.on_run_list = true;
+        q.seq = e.next_seq;
+        e.next_seq += 1;
         e.resched = true;
-        // A free hardware slot maps it at once; otherwise the scheduler will.
+        // A free hardware slot maps it at once; otherwise the scheduler will. (It starts idle,
+        // so it does not wait either way.)
         if e.hqd.len() < e.hw_slots {
             e.hqd.push(id);
-            self.queue_mut(id)?.state = QueueState::Mapped;
+            q.state = QueueState::Mapped;
         }
+        sync_waiting(e, q, id);
         Ok(id)
     }
 
@@ -490,63 +622,67 @@ impl Firmware {
     /// boundary (or a dispatch slice, whose state is already in the save area) and is not
     /// scheduled until resumed. Its doorbell stays connected; rings are remembered.
     pub(crate) fn suspend_queue(&mut self, id: FwQueueId) -> Result<(), GpuError> {
-        let engine = self.queue(id)?.cfg.engine;
-        let e = self.engine_mut(engine)?;
+        let (e, q) = self.engine_and_queue(id)?;
         e.run_list.retain(|&q| q != id);
         e.hqd.retain(|&q| q != id);
         e.resched = true;
-        let q = self.queue_mut(id)?;
+        q.on_run_list = false;
         if q.state != QueueState::Hung {
             q.state = QueueState::Unmapped;
         }
+        // Off the run list: it leaves the waiting set (and stays pending: rings are remembered).
+        sync_waiting(e, q, id);
         Ok(())
     }
 
     /// Puts a suspended queue back on the run list (`DxgkDdiResumeContext`) and looks for the
     /// work queued meanwhile.
     pub(crate) fn resume_queue(&mut self, id: FwQueueId) -> Result<(), GpuError> {
-        let engine = self.queue(id)?.cfg.engine;
-        let q = self.queue_mut(id)?;
+        let (e, q) = self.engine_and_queue(id)?;
         if q.state == QueueState::Hung {
             return Ok(());
         }
-        if q.has_work() {
-            q.pending = true;
-        }
-        let e = self.engine_mut(engine)?;
-        if !e.run_list.contains(&id) {
+        if !q.on_run_list {
             e.run_list.push(id);
+            q.on_run_list = true;
+            q.seq = e.next_seq;
+            e.next_seq += 1;
         }
         e.resched = true;
+        // Back on the run list: it waits if it has work, found now or remembered from before.
+        if q.has_work() {
+            mark_pending(e, q, id);
+        }
+        sync_waiting(e, q, id);
         Ok(())
     }
 
     pub(crate) fn remove_queue(&mut self, id: FwQueueId) -> Result<u64, GpuError> {
-        let engine = self.queue(id)?.cfg.engine;
-        let e = self.engine_mut(engine)?;
+        let (e, q) = self.engine_and_queue(id)?;
         e.run_list.retain(|&q| q != id);
         e.hqd.retain(|&q| q != id);
         e.resched = true;
         e.watches.retain(|w| w.queue != id);
+        q.on_run_list = false;
+        sync_waiting(e, q, id);
         let q = self.slots[id.index as usize].queue.take().expect("checked above");
         Ok(q.rptr)
     }
 
     pub(crate) fn bind_doorbell(&mut self, id: FwQueueId, slot: u32, bar: &Shm) -> Result<(), GpuError> {
-        let engine = self.queue(id)?.cfg.engine;
+        self.queue(id)?;
         // Reset the word: a recycled slot must not carry its previous owner's value, which
         // could equal this queue's next wptr and hide a ring.
         bar.atomic_u64(slot as u64 * 8)?.store(DOORBELL_UNRUNG, Ordering::Relaxed);
         let last = DOORBELL_UNRUNG;
-        let e = self.engine_mut(engine)?;
+        let (e, q) = self.engine_and_queue(id)?;
         e.watches.retain(|w| w.queue != id);
         e.watches.push(Watch { slot, queue: id, last });
         e.resched = true;
-        let q = self.queue_mut(id)?;
         q.doorbell = Some(Binding::Word(slot));
         // Work published while disconnected rang the dummy page: find it through wptr.
         if q.state != QueueState::Hung && q.has_work() {
-            q.pending = true;
+            mark_pending(e, q, id);
         }
         Ok(())
     }
@@ -564,15 +700,14 @@ impl Firmware {
 
     pub(crate) fn bind_global_doorbell(&mut self, id: FwQueueId) -> Result<(), GpuError> {
         self.global_ring(id)?;
-        let engine = self.queue(id)?.cfg.engine;
         // Nothing to reset: a bit a previous owner of this index left set only makes us
         // re-read this queue's wptr once.
-        self.engine_mut(engine)?.resched = true;
-        let q = self.queue_mut(id)?;
+        let (e, q) = self.engine_and_queue(id)?;
+        e.resched = true;
         q.doorbell = Some(Binding::Global);
         // Work published while disconnected rang the dummy page: find it through wptr.
         if q.state != QueueState::Hung && q.has_work() {
-            q.pending = true;
+            mark_pending(e, q, id);
         }
         Ok(())
     }
@@ -586,15 +721,13 @@ impl Firmware {
     }
 
     pub(crate) fn unbind_doorbell(&mut self, id: FwQueueId) -> Result<(), GpuError> {
-        let engine = self.queue(id)?.cfg.engine;
-        let e = self.engine_mut(engine)?;
+        let (e, q) = self.engine_and_queue(id)?;
         e.watches.retain(|w| w.queue != id);
         e.resched = true;
-        let q = self.queue_mut(id)?;
         q.doorbell = None;
         // A ring that raced the disconnect may never be seen on the BAR: re-read wptr.
         if q.state != QueueState::Hung && q.has_work() {
-            q.pending = true;
+            mark_pending(e, q, id);
         }
         Ok(())
     }
@@ -630,16 +763,18 @@ impl Firmware {
     }
 
     pub(crate) fn enter_f1(&mut self, engine: EngineId, now: Time) -> Result<bool, GpuError> {
-        let run_list = self.engine_mut(engine)?.run_list.clone();
+        let Firmware { engines, slots, .. } = self;
+        let e = engines.get_mut(engine.0 as usize).ok_or(GpuError::BadEngine(engine.0))?;
         let mut busy = false;
-        for id in run_list {
-            let q = self.queue_mut(id)?;
+        // A scan of the whole run list, but a rare one (the kernel's answer to an idle request).
+        for k in 0..e.run_list.len() {
+            let id = e.run_list[k];
+            let q = live_queue(slots, id).ok_or(GpuError::StaleQueue(id))?;
             if q.state != QueueState::Hung && (q.pending || q.has_work()) {
-                q.pending = true;
+                mark_pending(e, q, id);
                 busy = true;
             }
         }
-        let e = self.engine_mut(engine)?;
         e.f1_requested = false;
         e.resched = true;
         if busy {
@@ -659,8 +794,8 @@ impl Firmware {
         let mut rang = false;
         // Dedicated doorbells: a watched word that changed.
         for e in self.engines.iter_mut().filter(|e| e.power == PowerState::F0) {
-            let Engine { watches, resched, .. } = e;
-            for w in watches {
+            for k in 0..e.watches.len() {
+                let w = &mut e.watches[k];
                 // Acquire: pairs with the client's release store of the doorbell, so the wptr it
                 // stored before ringing is visible to the wptr load that follows. (With a
                 // relaxed load the firmware could see the ring yet read the old wptr, and
@@ -668,10 +803,9 @@ impl Firmware {
                 let v = bar.load_u64(w.slot as u64 * 8, Ordering::Acquire).unwrap_or(w.last);
                 if v != w.last {
                     w.last = v;
-                    if let Some(Slot { generation, queue: Some(q) }) = self.slots.get_mut(w.queue.index as usize)
-                        && *generation == w.queue.generation
-                    {
-                        rang |= latch_ring(resched, q, misses);
+                    let id = w.queue;
+                    if let Some(q) = live_queue(&mut self.slots, id) {
+                        rang |= latch_ring(e, q, id, misses);
                     }
                 }
             }
@@ -688,13 +822,14 @@ impl Firmware {
                     let index = w * 64 + bits.trailing_zeros() as usize;
                     bits &= bits - 1;
                     // Whoever set the bit, the queue only has its wptr re-read: a stale or
-                    // foreign ring costs that, nothing more. A queue not connected to the
-                    // global doorbell (rotated to the dummy page) is found by its next bind.
-                    // A bit past the table names no queue: a client may set any bit of the page.
-                    let Some(q) = self.slots.get_mut(index).and_then(|s| s.queue.as_mut()) else { continue };
+                    // foreign ring costs that, nothing more. A bit past the table names no
+                    // queue (a client may set any bit of the page). A queue not connected to
+                    // the global doorbell (rotated to the dummy page) is found by its next bind.
+                    let Some(Slot { generation, queue: Some(q) }) = self.slots.get_mut(index) else { continue };
+                    let id = FwQueueId { index: index as u32, generation: *generation };
                     let e = &mut self.engines[q.cfg.engine.0 as usize];
                     if q.doorbell == Some(Binding::Global) && e.power == PowerState::F0 {
-                        rang |= latch_ring(&mut e.resched, q, misses);
+                        rang |= latch_ring(e, q, id, misses);
                     }
                 }
             }
@@ -707,11 +842,11 @@ impl Firmware {
             let bits = protocol::take_rings(word);
             let Firmware { engines, slots, .. } = self;
             for e in engines.iter_mut().filter(|e| e.power == PowerState::F0 && bits & (1 << e.id.0) != 0) {
-                for &id in &e.run_list {
-                    let Some(q) = slots[id.index as usize].queue.as_mut() else { continue };
+                for k in 0..e.run_list.len() {
+                    let id = e.run_list[k];
+                    let Some(q) = live_queue(slots, id) else { continue };
                     if !q.pending && q.state != QueueState::Hung && q.wptr_moved() {
-                        q.pending = true;
-                        e.resched = true;
+                        mark_pending(e, q, id);
                         rang = true;
                     }
                 }
@@ -786,9 +921,9 @@ impl Firmware {
             let busy_queue = |id: &FwQueueId| {
                 self.slots[id.index as usize].queue.as_ref().is_some_and(|q| q.pending && q.state != QueueState::Hung)
             };
-            // The slot holders first: while one is busy (the common case under load) the run
-            // list, which may be long, need not be scanned.
-            let busy = e.hqd.iter().any(busy_queue) || e.run_list.iter().any(busy_queue);
+            // A busy queue on the run list is either in a slot or in the waiting set (pending,
+            // not hung, not in a slot): no scan of the run list.
+            let busy = e.hqd.iter().any(busy_queue) || !e.waiting.is_empty();
             if busy {
                 e.last_busy = now;
             } else if now.since(e.last_busy) >= self.idle_period {
@@ -835,6 +970,58 @@ struct Quanta {
     gang: std::time::Duration,
 }
 
+/// The queue `id` names, if it still exists.
+fn live_queue(slots: &mut [Slot], id: FwQueueId) -> Option<&mut FwQueue> {
+    match slots.get_mut(id.index as usize) {
+        Some(Slot { generation, queue: Some(q) }) if *generation == id.generation => Some(q),
+        _ => None,
+    }
+}
+
+/// A doorbell ring for `q` reached the engine: [`mark_pending`], unless the engine misses
+/// doorbells of queues without a hardware slot and `q` holds none (the aggregated doorbell
+/// will tell). Returns whether the ring was latched.
+fn latch_ring(e: &mut Engine, q: &mut FwQueue, id: FwQueueId, misses_unmapped: bool) -> bool {
+    if misses_unmapped && q.state != QueueState::Mapped {
+        return false;
+    }
+    mark_pending(e, q, id);
+    true
+}
+
+/// Marks queue `id` (`q`, on engine `e`) as having work: the one way `pending` becomes true.
+///
+/// Every discovery of work goes through here — a doorbell ring ([`Firmware::poll_doorbells`]),
+/// the wptr re-reads of a doorbell bind or unbind, a context resume, a refused F1 — so that the
+/// waiting set stays exact: a queue that is on the run list but not in a hardware slot (and not
+/// hung) joins [`Engine::waiting`] here, and an unmapped queue that gains work asks for a
+/// scheduling pass (`resched`), since it may deserve a slot. A mapped queue just runs on its
+/// next turn. Marking a queue that is already pending changes nothing. O(log n).
+///
+/// The caller has checked whatever makes the work real (a changed doorbell word, `has_work`);
+/// a hung queue may be marked (a ring on a hung queue's doorbell) but never waits.
+fn mark_pending(e: &mut Engine, q: &mut FwQueue, id: FwQueueId) {
+    // An unmapped queue that gains work may deserve a slot.
+    e.resched |= !q.pending && q.state != QueueState::Mapped;
+    q.pending = true;
+    sync_waiting(e, q, id);
+}
+
+/// Puts `q` in `e`'s waiting set or takes it out, so that it is there exactly when
+/// [`FwQueue::should_wait`] holds. Called after every change of what that depends on (the run
+/// list, `pending`, the state): [`mark_pending`], suspend, resume, remove, and the scheduler
+/// when it maps or evicts. (`pending` only turns false, and a queue only hangs, while it holds
+/// a slot, where it is not waiting either way.) O(log n).
+fn sync_waiting(e: &mut Engine, q: &mut FwQueue, id: FwQueueId) {
+    let want = q.should_wait();
+    match (q.waiting, want) {
+        (false, true) => e.waiting.insert(q.class(), q.turn(), id),
+        (true, false) => e.waiting.remove(q.class(), q.turn(), id),
+        _ => {}
+    }
+    q.waiting = want;
+}
+
 /// Chooses which queues hold this engine's hardware slots (spec 001 "the scheduling firmware
 /// dynamically maps and unmaps queues based on priority and time quanta"). Every queue on
 /// the run list with work wants a slot; in order of priority (kernel queues first, then the
@@ -843,19 +1030,18 @@ struct Quanta {
 /// one of equal priority that has used up its quantum. An evicted queue with work left is
 /// `Preempted` — stopped at a packet boundary or a dispatch slice, state saved — and rings
 /// on an unmapped queue are remembered: it runs when it gets a slot back.
-/// A doorbell ring for `q` reached the engine: the queue is pending and, if it holds no
-/// slot, may deserve one. An engine that misses unmapped queues' doorbells drops the ring of a
-/// queue without a slot (the aggregated doorbell will tell). Returns whether it was latched.
-fn latch_ring(resched: &mut bool, q: &mut FwQueue, misses_unmapped: bool) -> bool {
-    let mapped = q.state == QueueState::Mapped;
-    if misses_unmapped && !mapped {
-        return false;
-    }
-    *resched |= !q.pending && !mapped;
-    q.pending = true;
-    true
-}
-
+///
+/// The waiting queues come from [`Engine::waiting`], never from a scan of the run list. Whether
+/// a holder can be evicted for a waiter depends only on the waiter's [`Class`], and within a
+/// pass the set of holders evictable for a class only shrinks (a queue mapped in this pass is
+/// never evicted in it): so once one queue of a class finds no victim, the rest of its class
+/// is skipped. A pass therefore takes O((slots + classes) × (slots + classes)) plus O(log n)
+/// per queue it maps, however long the run list.
+///
+/// One difference from the plain "walk every waiting queue" formulation: with a quantum of
+/// zero, a queue mapped in this pass could there be evicted again later in the same pass by
+/// another waiter of its priority; here it keeps its slot until the next pass. With a non-zero
+/// quantum (the default, and every test) the two are the same.
 fn schedule(e: &mut Engine, slots: &mut [Slot], now: Time, quanta: Quanta) {
     // Every queue holds a slot (the common case: no oversubscription): nothing can wait. A
     // hung queue may linger in `hqd`; the run loop skips it.
@@ -873,28 +1059,21 @@ fn schedule(e: &mut Engine, slots: &mut [Slot], now: Time, quanta: Quanta) {
             .queue
             .as_ref()
             .filter(|_| slots[id.index as usize].generation == id.generation)
-            .map(|q| (q.state, q.pending, q.cfg.privileged, q.cfg.priority, q.cfg.vmid, q.slice_start, q.last_run))
+            .map(|q| (q.state, q.pending, q.cfg.privileged, q.cfg.priority, q.cfg.vmid, q.slice_start))
     };
     e.hqd.retain(|&id| get(slots, id).is_some_and(|(st, ..)| st == QueueState::Mapped));
-    let mut waiting: Vec<FwQueueId> = e
-        .run_list
-        .iter()
-        .copied()
-        .filter(|id| !e.hqd.contains(id))
-        .filter(|&id| get(slots, id).is_some_and(|(st, pending, ..)| st != QueueState::Hung && pending))
-        .collect();
-    if waiting.is_empty() {
+    if e.waiting.is_empty() {
         return;
     }
-    // Kernel queues first, then priority, then whoever ran longest ago.
-    waiting.sort_by_cached_key(|&id| {
-        let (_, _, privileged, prio, _, _, last_run) = get(slots, id).expect("filtered");
-        (!privileged, std::cmp::Reverse(prio), last_run)
-    });
-    // Waiting queues no holder can make room for, by (priority, address space, privileged).
-    let mut unplaced = std::collections::BTreeSet::new();
-    for w in waiting {
-        let (_, _, w_priv, w_prio, w_vm, _, _) = get(slots, w).expect("filtered");
+    // Classes of waiting queues no holder can make room for.
+    let mut unplaced: Vec<Class> = Vec::new();
+    // Mapped in this pass: not victims in it.
+    let mut placed: Vec<FwQueueId> = Vec::new();
+    // Evicted with work left: they wait again, but only from the next pass on.
+    let mut evicted: Vec<FwQueueId> = Vec::new();
+    // Kernel queues first, then priority, then whoever ran longest ago (then run-list order).
+    while let Some((class, w)) = e.waiting.first(&unplaced) {
+        let (w_priv, w_prio, w_vm) = (!class.user, class.priority.0, class.vmid);
         if e.hqd.len() >= e.hw_slots {
             // Pick a holder to evict: idle first, then lower priority (lowest first), then an
             // equal-priority one past its quantum (longest-running first). Kernel queues keep
@@ -903,8 +1082,9 @@ fn schedule(e: &mut Engine, slots: &mut [Slot], now: Time, quanta: Quanta) {
                 .hqd
                 .iter()
                 .copied()
+                .filter(|id| !placed.contains(id))
                 .filter_map(|id| {
-                    let (_, pending, privileged, prio, vm, start, _) = get(slots, id)?;
+                    let (_, pending, privileged, prio, vm, start) = get(slots, id)?;
                     if privileged && !w_priv {
                         return None;
                     }
@@ -922,30 +1102,40 @@ fn schedule(e: &mut Engine, slots: &mut [Slot], now: Time, quanta: Quanta) {
                 })
                 .min_by_key(|&(rank, prio, start, _)| (rank, prio, start));
             let Some((_, _, _, v)) = victim else {
-                unplaced.insert((w_prio, w_vm.0, w_priv));
+                unplaced.push(class);
                 continue;
             };
             e.hqd.retain(|&id| id != v);
             if let Some(q) = slots[v.index as usize].queue.as_mut() {
                 q.state = if q.pending { QueueState::Preempted } else { QueueState::Unmapped };
+                if q.pending {
+                    evicted.push(v);
+                }
             }
         }
         e.hqd.push(w);
-        if let Some(q) = slots[w.index as usize].queue.as_mut() {
-            q.state = QueueState::Mapped;
-            q.slice_start = now;
+        placed.push(w);
+        let q = slots[w.index as usize].queue.as_mut().expect("a waiting queue exists");
+        q.state = QueueState::Mapped;
+        q.slice_start = now;
+        sync_waiting(e, q, w);
+    }
+    for v in evicted {
+        if let Some(q) = slots[v.index as usize].queue.as_mut() {
+            sync_waiting(e, q, v);
         }
     }
-    // Look again when the first holder's quantum runs out against a queue still waiting (it
+    // Look again when the first holder's quantum runs out against a class still waiting (it
     // lies ahead: a holder past its quantum would have been evicted above).
     e.resched_at = e
         .hqd
         .iter()
         .filter_map(|&id| get(slots, id))
-        .flat_map(|(_, pending, privileged, prio, vm, start, _)| {
-            unplaced.iter().filter_map(move |&(w_prio, w_vm, w_priv)| {
+        .flat_map(|(_, pending, privileged, prio, vm, start)| {
+            unplaced.iter().filter_map(move |w| {
+                let (w_priv, w_prio, w_vm) = (!w.user, w.priority.0, w.vmid);
                 let contends = pending && prio == w_prio && (w_priv || !privileged);
-                contends.then(|| start.plus(if vm.0 == w_vm { quanta.gang } else { quanta.process }))
+                contends.then(|| start.plus(if vm == w_vm { quanta.gang } else { quanta.process }))
             })
         })
         .min();

@@ -229,3 +229,183 @@ fn a_stale_queue_id_is_refused_after_removal() {
     assert!(r.gpu.bind_doorbell(r.q, r.slot).is_err());
     let _ = r.vmid;
 }
+
+/// Many queues in one address space over few hardware slots: each has its own ring, control
+/// block, doorbell (BAR slot = its index) and data word (`DATA + 8 * index`).
+struct Many {
+    gpu: Gpu,
+    vmid: Vmid,
+    control: Arc<Shm>,
+    data: Arc<Shm>,
+    queues: Vec<ManyQueue>,
+}
+
+struct ManyQueue {
+    id: gpu::FwQueueId,
+    ring: Arc<Shm>,
+    wptr: u64,
+}
+
+const MANY_RINGS: u64 = 0x1000_0000;
+const MANY_CONTROL_BYTES: u64 = ring::RING_CONTROL_BYTES;
+
+fn many(n: usize, hw_slots: u32, packet_budget: u32) -> Many {
+    let mut gpu = Gpu::new(GpuConfig {
+        engines: vec![EngineKind::Compute],
+        doorbell_pages: 1,
+        idle_period: Duration::from_secs(3600),
+        packet_budget,
+        hw_slots,
+        ..GpuConfig::default()
+    })
+    .unwrap();
+    let vmid = gpu.create_vm();
+    let control = Shm::new("control", (MANY_CONTROL_BYTES as usize * (n + 1)).next_multiple_of(4096)).unwrap();
+    let data = Shm::new("data", (8 * (n + 1)).next_multiple_of(4096)).unwrap();
+    let vm = gpu.vm_mut(vmid).unwrap();
+    vm.map(CONTROL, control.len() as u64, control.clone(), 0, true).unwrap();
+    vm.map(DATA, data.len() as u64, data.clone(), 0, true).unwrap();
+    let mut m = Many { gpu, vmid, control, data, queues: Vec::new() };
+    for _ in 0..n {
+        m.add();
+    }
+    m
+}
+
+impl Many {
+    /// Adds a queue with its doorbell bound; returns its index.
+    fn add(&mut self) -> usize {
+        let i = self.queues.len();
+        let ring = Shm::new("ring", RING_BYTES as usize).unwrap();
+        let ring_va = MANY_RINGS + i as u64 * RING_BYTES;
+        self.gpu.vm_mut(self.vmid).unwrap().map(ring_va, RING_BYTES, ring.clone(), 0, false).unwrap();
+        let ctl = CONTROL + i as u64 * MANY_CONTROL_BYTES;
+        let id = self
+            .gpu
+            .add_queue(QueueConfig {
+                vmid: self.vmid,
+                engine: EngineId(0),
+                ring_va,
+                ring_bytes: RING_BYTES,
+                rptr_va: ctl + RPTR_OFFSET,
+                wptr_va: ctl + WPTR_OFFSET,
+                kernel_page: Shm::new("kernel-page", 4096).unwrap(),
+                context_save: Shm::new("context-save", gpu::compute::CONTEXT_SAVE_BYTES as usize).unwrap(),
+                fence_logs: None,
+                privileged: false,
+                priority: Priority::Normal,
+            })
+            .unwrap();
+        self.gpu.bind_doorbell(id, i as u32).unwrap();
+        self.queues.push(ManyQueue { id, ring, wptr: 0 });
+        i
+    }
+    /// Publishes packets on queue `i` and rings its doorbell.
+    fn submit(&mut self, i: usize, packets: &[Packet]) {
+        let q = &mut self.queues[i];
+        let mut words = Vec::new();
+        for p in packets {
+            p.encode(&mut words);
+        }
+        let plan = ring::plan_write(q.wptr, RING_BYTES, words.len() as u64).unwrap();
+        ring::write_stream(&q.ring, RING_BYTES, q.wptr, &plan, &[&words]).unwrap();
+        q.wptr = plan.new_wptr;
+        let ctl = i as u64 * MANY_CONTROL_BYTES;
+        self.control.atomic_u64(ctl + WPTR_OFFSET).unwrap().store(q.wptr, Ordering::Release);
+        self.gpu.bar().atomic_u64(i as u64 * 8).unwrap().store(q.wptr, Ordering::Release);
+    }
+    fn word(&self, i: usize) -> u64 {
+        self.data.read_u64(8 * i as u64).unwrap()
+    }
+    fn write(i: usize, value: u64) -> Packet {
+        Packet::WriteData { width: abi::packet::DataWidth::U64, va: DATA + 8 * i as u64, value }
+    }
+    fn run(&mut self, now: u64) -> gpu::StepReport {
+        self.gpu.poll_doorbells();
+        self.gpu.step(Time(now))
+    }
+}
+
+#[test]
+fn many_queues_over_two_slots_are_served_round_robin() {
+    // 200 saturated queues of one process over 2 slots, one packet a step: each holder is
+    // evicted when its (gang) quantum runs out, and the waiting queue that ran longest ago
+    // takes its slot. So service goes in rounds: no queue runs its k-th packet before every
+    // queue has run k - 1.
+    const N: usize = 200;
+    const PACKETS: u64 = 3;
+    let mut m = many(N, 2, 1);
+    for i in 0..N {
+        let packets: Vec<Packet> = (1..=PACKETS).map(|k| Many::write(i, k)).collect();
+        m.submit(i, &packets);
+    }
+    let gang = GpuConfig::default().gang_quantum.as_nanos() as u64;
+    let mut served = [0u64; N];
+    let mut order = Vec::new();
+    let mut now = gang; // not 0: a queue that ran at 0 must not look as if it never ran
+    while order.len() < N * PACKETS as usize {
+        assert!(now < gang * 10 * (N as u64 * PACKETS), "stalled: {} services", order.len());
+        let rep = m.run(now);
+        assert!(rep.packets <= 2, "two slots, one packet each: {rep:?}");
+        for (i, s) in served.iter_mut().enumerate() {
+            let w = m.word(i);
+            if w != *s {
+                assert_eq!(w, *s + 1, "queue {i} ran one packet");
+                *s = w;
+                order.push((i, w));
+            }
+        }
+        let min = served.iter().min().copied().unwrap();
+        for &(i, k) in &order[order.len().saturating_sub(rep.packets as usize)..] {
+            assert!(min + 1 >= k, "queue {i} ran its packet {k} while another has run only {min}");
+        }
+        now += gang;
+    }
+    assert!(served.iter().all(|&s| s == PACKETS));
+    for q in &m.queues {
+        assert_ne!(m.gpu.queue_state(q.id).unwrap(), QueueState::Hung);
+    }
+}
+
+#[test]
+fn a_waiting_queue_that_is_suspended_or_removed_is_never_mapped() {
+    let mut m = many(5, 2, 64);
+    let (a, b, w, x, y) = (0, 1, 2, 3, 4);
+    // A and B hold both slots, blocked on a flag (busy, so not idle).
+    let flag = DATA + 0x800;
+    m.submit(a, &[Packet::Wait { va: flag, value: 1 }, Many::write(a, 1)]);
+    m.submit(b, &[Packet::Wait { va: flag, value: 1 }, Many::write(b, 1)]);
+    // W, X and Y wait for a slot.
+    for i in [w, x, y] {
+        m.submit(i, &[Many::write(i, 7)]);
+    }
+    let t0 = 1_000;
+    m.run(t0);
+    for i in [w, x, y] {
+        assert_eq!(m.gpu.queue_state(m.queues[i].id).unwrap(), QueueState::Unmapped, "queue {i} waits");
+    }
+    m.gpu.suspend_queue(m.queues[w].id).unwrap();
+    m.gpu.remove_queue(m.queues[x].id).unwrap();
+    // A new queue takes X's firmware slot (a fresh generation): it has no work, so X's place in
+    // the waiting order must not map it.
+    let z = m.add();
+    let (wid, zid) = (m.queues[w].id, m.queues[z].id);
+    // Quanta run out, Y gets a slot, the flag releases A and B: W and Z stay off the slots.
+    let mut now = t0;
+    for step in 0..200u64 {
+        now += 500_000;
+        if step == 50 {
+            m.data.atomic_u64(0x800).unwrap().store(1, Ordering::Release);
+        }
+        m.run(now);
+        assert_eq!(m.gpu.queue_state(wid).unwrap(), QueueState::Unmapped, "suspended W at step {step}");
+        assert_ne!(m.gpu.queue_state(zid).unwrap(), QueueState::Mapped, "idle Z at step {step}");
+    }
+    assert_eq!((m.word(a), m.word(b), m.word(y)), (1, 1, 7), "the others ran");
+    assert_eq!(m.word(w), 0, "suspended W never ran");
+    assert_eq!(m.word(x), 0, "removed X never ran");
+    // Resumed, W's remembered work runs.
+    m.gpu.resume_queue(wid).unwrap();
+    m.run(now + 1);
+    assert_eq!(m.word(w), 7);
+}
