@@ -117,6 +117,9 @@ pub struct AdapterInfo {
     pub aggregated_doorbell: bool,
     /// Which submission models the device offers.
     pub user_queue_mode: UserQueueMode,
+    /// The adapter supports native fences. Without them, fences are monitored fences
+    /// (`LegacyMonitored`) waited on through kernel-mode queues.
+    pub native_fences: bool,
     /// Per-queue metadata sizes.
     pub queue_metadata: QueueMetadataSizes,
 }
@@ -226,6 +229,19 @@ pub struct NativeFenceDesc {
     pub kind: NativeFenceType,
     /// Shareable fences get pages of their own (sharing itself comes with global handles).
     pub shareable: bool,
+    /// A cross-adapter fence (spec 002 "Cross-adapter native fences"): its CurrentValue lives
+    /// in system memory every adapter maps, its MonitoredValue stays 0 (every signal
+    /// interrupts, so the OS can propagate it), and other adapters open it by its
+    /// cross-adapter handle. Its type must be `Default` (or `LegacyMonitored`, a monitored
+    /// fence, on an adapter without native fences).
+    pub cross_adapter: bool,
+}
+
+impl NativeFenceDesc {
+    /// A fence of `kind` starting at `initial`, neither shareable nor cross-adapter.
+    pub const fn new(initial: u64, kind: NativeFenceType) -> Self {
+        NativeFenceDesc { initial, kind, shareable: false, cross_adapter: false }
+    }
 }
 
 /// A created native fence.
@@ -242,8 +258,12 @@ pub struct NativeFenceInfo {
     /// For a shareable fence, the global handle another process passes to
     /// [`KernelPort::open_native_fence`].
     pub global: Option<u64>,
-    /// Its storage type.
+    /// Its storage type. A cross-adapter fence opened on an adapter without native fences is
+    /// a monitored fence there (`LegacyMonitored`).
     pub kind: NativeFenceType,
+    /// For a cross-adapter fence, the handle another adapter's device passes to
+    /// [`KernelPort::open_cross_adapter_fence`].
+    pub cross_adapter: Option<u64>,
 }
 
 /// How a multi-fence wait is satisfied.
@@ -466,6 +486,10 @@ pub trait KernelPort: Send + Sync {
     /// Opens a fence another process shared, by its global handle; this process gets its own
     /// local handle. A fence that was not created shareable cannot be opened.
     fn open_native_fence(&self, device: DeviceHandle, global: u64) -> Result<NativeFenceInfo, KernelError>;
+    /// Opens a cross-adapter fence created on another adapter (spec 002): the same
+    /// CurrentValue storage, mapped on this adapter. On an adapter without native fences it
+    /// opens as a monitored fence.
+    fn open_cross_adapter_fence(&self, device: DeviceHandle, handle: u64) -> Result<NativeFenceInfo, KernelError>;
     /// Destroys (closes) a native fence; its waiters in this process end with an error. A
     /// shared fence lives on while another process has it open.
     fn destroy_native_fence(&self, fence: NativeFenceHandle) -> Result<(), KernelError>;

@@ -159,9 +159,8 @@ pub fn run(quiet: bool) -> Result<(), CliError> {
     // Native fences: B shares a fence with A; A's compute queue waits on it on the GPU, B's
     // copy queue signals it (logged), A's CPU waits for it in the kernel.
     let shared = b.create_fence_with(&abi::port::NativeFenceDesc {
-        initial: 0,
-        kind: abi::port::NativeFenceType::Default,
         shareable: true,
+        ..abi::port::NativeFenceDesc::new(0, abi::port::NativeFenceType::Default)
     })?;
     let global = shared.global().ok_or_else(|| CliError::Check("a shareable fence has a global handle".into()))?;
     let mut in_a = a.open_fence(global)?;

@@ -101,6 +101,10 @@ pub trait Kmd: Send {
     fn create_native_fence(&mut self, current: (Arc<Shm>, u64), monitored: (Arc<Shm>, u64), id: u64);
     /// `DxgkDdiDestroyNativeFence`.
     fn destroy_native_fence(&mut self, current: (Arc<Shm>, u64));
+    /// `DxgkDdiUpdateCurrentValuesFromCpu` with `NotificationOnly`: a cross-adapter fence's
+    /// shared CurrentValue moved on another adapter; rescan the run list so queues waiting on
+    /// it re-check.
+    fn notify_current_values(&mut self);
     /// `DxgkddiSuspendContext`: take the context's queues off the scheduler's list.
     fn suspend_context(&mut self, queues: &[FwQueueId]);
     /// `DxgkddiResumeContext`: put them back.
@@ -124,6 +128,7 @@ pub struct VirtualKmd {
     notify_on_submit: bool,
     mode: abi::port::UserQueueMode,
     doorbells: Doorbells,
+    native_fences: bool,
 }
 
 /// How the KMD hands out doorbells.
@@ -156,7 +161,14 @@ impl VirtualKmd {
             Some(page) => Doorbells::Global { page },
             None => Doorbells::PerProcess,
         };
-        VirtualKmd { gpu, waker, notify_on_submit: false, mode: abi::port::UserQueueMode::Both, doorbells }
+        VirtualKmd {
+            gpu,
+            waker,
+            notify_on_submit: false,
+            mode: abi::port::UserQueueMode::Both,
+            doorbells,
+            native_fences: true,
+        }
     }
 
     /// Virtualizes user-mode doorbells over a pool of `count` physical doorbells, kept in the
@@ -200,6 +212,12 @@ impl VirtualKmd {
         self.mode = mode;
     }
 
+    /// Reports the adapter without native fences (spec 002's iGPU in scenarios 2a and 2b): the
+    /// OS then keeps monitored fences only.
+    pub fn set_native_fences(&mut self, on: bool) {
+        self.native_fences = on;
+    }
+
     /// Makes connected doorbells report `ConnectedNotify`, so the UMD calls
     /// `NotifyWorkSubmission` after each ring (spec: for "specific and infrequent scenarios").
     pub fn set_notify_on_submit(&mut self, on: bool) {
@@ -240,6 +258,7 @@ impl Kmd for VirtualKmd {
                 _ => DoorbellModel::Dedicated,
             },
             aggregated_doorbell: g.aggregated_doorbell_page().is_some(),
+            native_fences: self.native_fences,
             user_queue_mode: self.mode,
             queue_metadata: abi::port::QueueMetadataSizes {
                 context_save_bytes: gpu::compute::CONTEXT_SAVE_BYTES,
@@ -389,6 +408,12 @@ impl Kmd for VirtualKmd {
 
     fn create_native_fence(&mut self, current: (Arc<Shm>, u64), monitored: (Arc<Shm>, u64), id: u64) {
         self.gpu.lock().register_native_fence((&current.0, current.1), monitored, id);
+    }
+
+    fn notify_current_values(&mut self) {
+        // The firmware re-checks every queue blocked in a WAIT on each pass over its run list,
+        // so the rescan is a wake-up of the device's driver thread.
+        self.waker.wake();
     }
 
     fn destroy_native_fence(&mut self, current: (Arc<Shm>, u64)) {

@@ -20,10 +20,11 @@
 //! failure is a [`abi::port::KernelError`] naming the field or handle and its value; one
 //! process's bad input changes nothing for any other process.
 
+pub mod cross;
 pub mod kmd;
 pub mod os;
 pub mod system;
 mod table;
 pub mod trace;
 
-pub use system::{ProcessPort, System, SystemConfig, Termination};
+pub use system::{Machine, ProcessPort, System, SystemConfig, Termination};

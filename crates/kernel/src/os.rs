@@ -304,6 +304,12 @@ struct OsState {
     /// The aggregated doorbell page, mapped once and handed to every doorbell (if the device
     /// has one).
     aggregated_map: Option<Arc<shm::Mapping>>,
+    /// The adapter has native fences (otherwise only monitored fences).
+    native_fences: bool,
+    /// The machine's cross-adapter layer and this adapter's id in it, if it has several.
+    cross: Option<(Arc<crate::cross::CrossAdapter>, crate::cross::AdapterId)>,
+    /// Cross-adapter fences signalled here, to propagate once the lock is released.
+    cross_outbox: Vec<u64>,
     /// Bumped whenever the scheduler may have new work (a submission, a fence it waits on):
     /// it sleeps only if this has not changed since it last looked, so no wake-up is lost.
     km_gen: u64,
@@ -328,6 +334,7 @@ impl Os {
     /// An OS over `kmd`.
     pub fn new(kmd: Box<dyn Kmd>, clock: Arc<dyn Clock>) -> Result<Os, KernelError> {
         let bar = kmd.doorbell_bar();
+        let native_fences = kmd.adapter_info().native_fences;
         let pages = (bar.len() as u64 / DOORBELL_PAGE_BYTES) as usize;
         let mut doorbell_pages = vec![false; pages];
         // Page 0 holds the kernel queues' doorbells; the KMD may keep pages for its pool.
@@ -358,6 +365,9 @@ impl Os {
             d3: false,
             power_suspended: Vec::new(),
             aggregated_map: None,
+            native_fences,
+            cross: None,
+            cross_outbox: Vec::new(),
         };
         Ok(Os {
             state: Mutex::new(state),
@@ -771,7 +781,50 @@ impl Os {
         let now = self.now();
         s.stats.interrupts += 1;
         s.service(irq, now);
-        self.kick_if_needed(&mut s);
+        drop(s);
+        self.after_signals();
+    }
+
+    /// After anything that may have passed fences: wake the kernel-mode scheduler if a fence
+    /// it waits on passed, then — with the lock released — propagate the cross-adapter fences
+    /// signalled here to the other adapters.
+    fn after_signals(&self) {
+        let (out, cross) = {
+            let mut s = self.state.lock();
+            self.kick_if_needed(&mut s);
+            (std::mem::take(&mut s.cross_outbox), s.cross.clone())
+        };
+        if let Some((x, me)) = cross {
+            for fence in out {
+                x.propagate(fence, me);
+            }
+        }
+    }
+
+    /// Joins this adapter to a machine's cross-adapter layer as `me`.
+    pub(crate) fn attach_cross(&self, x: Arc<crate::cross::CrossAdapter>, me: crate::cross::AdapterId) {
+        self.state.lock().cross = Some((x, me));
+    }
+
+    /// Another adapter signalled the cross-adapter fence this adapter knows as `local` (see
+    /// [`crate::cross`]).
+    pub(crate) fn notify_current_value(&self, local: u64) {
+        {
+            let mut s = self.state.lock();
+            let now = self.now();
+            s.notify_current_value(local, now);
+        }
+        self.after_signals();
+    }
+
+    /// Opens a cross-adapter fence created on another adapter.
+    pub fn open_cross_adapter_fence(
+        &self,
+        pid: ProcessId,
+        device: DeviceHandle,
+        handle: u64,
+    ) -> Result<abi::port::NativeFenceInfo, KernelError> {
+        self.with(pid, |s, now| s.open_cross_adapter_fence(pid, device, handle, now))
     }
 
     /// Wakes the scheduler if a fence it waited on passed.
@@ -797,7 +850,7 @@ impl Os {
     /// [`KernelError::DeviceLost`]. Idempotent.
     pub fn mark_device_error(&self, pid: ProcessId, device: DeviceHandle) -> Result<(), KernelError> {
         let r = self.with(pid, |s, now| s.mark_device_error(pid, device, now));
-        self.kick_if_needed(&mut self.state.lock());
+        self.after_signals();
         r
     }
 
@@ -814,7 +867,7 @@ impl Os {
     /// Destroys a native fence.
     pub fn destroy_native_fence(&self, pid: ProcessId, f: abi::NativeFenceHandle) -> Result<(), KernelError> {
         let r = self.with(pid, |s, now| s.destroy_native_fence(pid, f, now));
-        self.kick_if_needed(&mut self.state.lock());
+        self.after_signals();
         r
     }
 
@@ -826,7 +879,7 @@ impl Os {
         value: u64,
     ) -> Result<(), KernelError> {
         let r = self.with(pid, |s, now| s.signal_native_fence(pid, f, value, now));
-        self.kick_if_needed(&mut self.state.lock());
+        self.after_signals();
         r
     }
 

@@ -85,11 +85,55 @@ pub struct SystemConfig {
     /// The device enters D3 by itself once every engine has been in F1 this long (`None`:
     /// only on request, [`System::enter_d3`]).
     pub d3_idle: Option<Duration>,
+    /// The adapter has no native fences (spec 002's iGPU in scenarios 2a and 2b): only
+    /// monitored fences (`LegacyMonitored`), and a cross-adapter fence opens as one.
+    pub without_native_fences: bool,
 }
 
 enum Driver {
     Live { stop: Arc<AtomicBool>, threads: Mutex<Vec<JoinHandle<()>>>, fw_thread: Arc<ThreadWaker> },
-    Sim { clock: Arc<SimClock> },
+    Sim { world: Arc<SimWorld> },
+}
+
+/// The deterministic driver's world: one virtual clock and every adapter that shares it (one
+/// for a [`System`], several for a [`Machine`]). A step of the world steps every adapter, so a
+/// wait on one adapter sees the signals of the others.
+#[derive(Default)]
+pub(crate) struct SimWorld {
+    clock: Arc<SimClock>,
+    members: Mutex<Vec<std::sync::Weak<Inner>>>,
+}
+
+impl SimWorld {
+    fn members(&self) -> Vec<Arc<Inner>> {
+        self.members.lock().iter().filter_map(std::sync::Weak::upgrade).collect()
+    }
+
+    /// One step of every adapter (each one's device pump, then its kernel scheduler).
+    /// Returns whether anything happened anywhere.
+    fn step(&self) -> bool {
+        let mut any = false;
+        for m in self.members() {
+            let p = m.pump();
+            any |= p.work || m.os.run_scheduler().moved;
+        }
+        any
+    }
+
+    /// Steps until nothing happens without time passing. Bounded, in case a queue spins (a
+    /// `WAIT` that is never satisfied keeps it runnable).
+    fn settle(&self) {
+        for _ in 0..100_000 {
+            if !self.step() {
+                return;
+            }
+        }
+    }
+
+    /// The earliest timer of any adapter (engine idle, D3 idle).
+    fn next_timer(&self) -> Option<Time> {
+        self.members().iter().flat_map(|m| [m.gpu.lock().poll_timeout(), m.os.poll_idle_timeout()]).flatten().min()
+    }
 }
 
 /// Unparks the firmware thread.
@@ -130,7 +174,7 @@ impl Inner {
             // Timestamps read the clock as they execute (after the doorbell was latched).
             let clock = || self.clock.now();
             let report = g.step_with_clock(&clock);
-            // The idle timer, only when due (its check may scan every queue on the engine).
+            // The idle timer, only when due.
             let now = self.clock.now();
             if g.poll_timeout().is_some_and(|t| now >= t) {
                 g.handle_timeout(now);
@@ -150,26 +194,11 @@ impl Inner {
         Pump { work, asleep }
     }
 
-    /// Sim: one step of the whole world. Returns whether anything happened.
-    fn sim_step(&self) -> bool {
-        let p = self.pump();
-        p.work || self.os.run_scheduler().moved
-    }
-
-    /// Sim: runs until nothing happens without time passing. Bounded, in case a queue spins
-    /// (a `WAIT` that is never satisfied keeps it runnable).
-    fn sim_settle(&self) {
-        for _ in 0..100_000 {
-            if !self.sim_step() {
-                return;
-            }
-        }
-    }
-
     fn block(&self, waiter: &crate::os::Waiter, timeout: Option<Duration>) {
         match &self.driver {
             Driver::Live { .. } => waiter.block_until(timeout.map(|t| Instant::now() + t)),
-            Driver::Sim { clock } => {
+            Driver::Sim { world } => {
+                let clock = &world.clock;
                 // With no timeout, give up once virtual time has moved this far without any
                 // progress: nothing in the system can satisfy the wait (a deadlock).
                 const DEADLOCK_HORIZON: Duration = Duration::from_secs(60);
@@ -179,7 +208,7 @@ impl Inner {
                     if waiter.is_done() {
                         return;
                     }
-                    if self.sim_step() {
+                    if world.step() {
                         stalled_since = clock.now();
                         continue;
                     }
@@ -187,10 +216,9 @@ impl Inner {
                         return;
                     }
                     // Nothing moves without time: jump to the next timer or the deadline.
-                    let next = self.gpu.lock().poll_timeout();
-                    let d3 = self.os.poll_idle_timeout();
                     let horizon = stalled_since.plus(DEADLOCK_HORIZON);
-                    let next = [next, d3, deadline, Some(horizon)].into_iter().flatten().min().unwrap_or(horizon);
+                    let next =
+                        [world.next_timer(), deadline, Some(horizon)].into_iter().flatten().min().unwrap_or(horizon);
                     if deadline.is_some_and(|d| clock.now() >= d) {
                         return;
                     }
@@ -268,6 +296,7 @@ impl System {
         let mut kmd = VirtualKmd::new(gpu.clone(), waker);
         kmd.set_notify_on_submit(cfg.notify_on_submit);
         kmd.set_user_queue_mode(cfg.user_queue_mode);
+        kmd.set_native_fences(!cfg.without_native_fences);
         if let Some(n) = cfg.doorbell_pool
             && !kmd.set_doorbell_pool(n)
         {
@@ -284,8 +313,19 @@ impl System {
 
     /// A deterministic system on a virtual clock starting at 0.
     pub fn sim(cfg: SystemConfig) -> Result<System, KernelError> {
-        let clock = Arc::new(SimClock::default());
-        Self::build(cfg, clock.clone(), Arc::new(ThreadWaker::default()), Driver::Sim { clock })
+        Self::sim_in(cfg, Arc::new(SimWorld::default()))
+    }
+
+    /// A deterministic system joining `world` (its clock, and its steps).
+    fn sim_in(cfg: SystemConfig, world: Arc<SimWorld>) -> Result<System, KernelError> {
+        let sys = Self::build(
+            cfg,
+            world.clock.clone(),
+            Arc::new(ThreadWaker::default()),
+            Driver::Sim { world: world.clone() },
+        )?;
+        world.members.lock().push(Arc::downgrade(&sys.inner));
+        Ok(sys)
     }
 
     /// A live system: starts the firmware thread and the kernel scheduler worker.
@@ -349,22 +389,46 @@ impl System {
     /// Sim: one step of the world (device pump, then the kernel scheduler). Returns whether
     /// anything happened. On a live system it does nothing and returns `false`.
     pub fn step(&self) -> bool {
-        self.is_sim() && self.inner.sim_step()
+        match &self.inner.driver {
+            Driver::Sim { world } => world.step(),
+            Driver::Live { .. } => false,
+        }
     }
 
     /// Sim: steps until nothing more happens at the current time.
     pub fn settle(&self) {
-        if self.is_sim() {
-            self.inner.sim_settle();
+        if let Driver::Sim { world } = &self.inner.driver {
+            world.settle();
         }
     }
 
     /// Sim: moves the virtual clock forward by `d`, then settles.
     pub fn advance(&self, d: Duration) {
-        if let Driver::Sim { clock } = &self.inner.driver {
-            clock.set(clock.now().plus(d));
-            self.inner.sim_settle();
+        if let Driver::Sim { world } = &self.inner.driver {
+            world.clock.set(world.clock.now().plus(d));
+            world.settle();
         }
+    }
+
+    /// Starts a CPU wait on native fences without blocking (for tools and tests that drive
+    /// several actors from one thread): `None` if it is already satisfied, otherwise the
+    /// waiter to poll ([`crate::os::Waiter::is_done`]) and to hand to
+    /// [`System::end_fence_wait`].
+    pub fn begin_fence_wait(
+        &self,
+        pid: ProcessId,
+        fences: &[(NativeFenceHandle, u64)],
+        mode: WaitMode,
+    ) -> Result<Option<Arc<crate::os::Waiter>>, KernelError> {
+        match self.inner.os.begin_fence_wait(pid, fences, mode) {
+            WaitStart::Done(r) => r.map(|_| None),
+            WaitStart::Blocked(w) => Ok(Some(w)),
+        }
+    }
+
+    /// Ends a wait [`System::begin_fence_wait`] started: deregisters it and reports.
+    pub fn end_fence_wait(&self, pid: ProcessId, w: &Arc<crate::os::Waiter>) -> Result<WaitOutcome, KernelError> {
+        self.inner.os.end_fence_wait(pid, w)
     }
 
     /// Reads a user-mode queue's fence log (entries written after `since`); see
@@ -568,6 +632,9 @@ impl KernelPort for ProcessPort {
     fn open_native_fence(&self, device: DeviceHandle, global: u64) -> Result<NativeFenceInfo, KernelError> {
         self.inner.os.open_native_fence(self.pid, device, global)
     }
+    fn open_cross_adapter_fence(&self, device: DeviceHandle, handle: u64) -> Result<NativeFenceInfo, KernelError> {
+        self.inner.os.open_cross_adapter_fence(self.pid, device, handle)
+    }
     fn destroy_native_fence(&self, fence: NativeFenceHandle) -> Result<(), KernelError> {
         self.inner.os.destroy_native_fence(self.pid, fence)
     }
@@ -587,5 +654,66 @@ impl KernelPort for ProcessPort {
                 self.inner.os.end_fence_wait(self.pid, &w)
             }
         }
+    }
+}
+
+impl crate::cross::Peer for Inner {
+    fn notify_current_value(&self, local: u64) {
+        self.os.notify_current_value(local);
+    }
+}
+
+/// Several adapters in one kernel (spec 002 "Cross-adapter native fences"), say an iGPU and
+/// a dGPU: each is a [`System`] (its own OS instance, KMD, GPU and driver), joined by the
+/// cross-adapter fence layer ([`crate::cross`]). The deterministic machine runs every adapter
+/// on one virtual clock, and a step (or a blocked wait) steps them all.
+pub struct Machine {
+    adapters: Vec<System>,
+    cross: Arc<crate::cross::CrossAdapter>,
+}
+
+impl Machine {
+    /// A deterministic machine with one adapter per config.
+    pub fn sim(cfgs: &[SystemConfig]) -> Result<Machine, KernelError> {
+        let world = Arc::new(SimWorld::default());
+        Self::join(cfgs.iter().map(|c| System::sim_in(c.clone(), world.clone())).collect::<Result<_, _>>()?)
+    }
+
+    /// A live machine: each adapter with its own threads.
+    pub fn live(cfgs: &[SystemConfig]) -> Result<Machine, KernelError> {
+        Self::join(cfgs.iter().map(|c| System::live(c.clone())).collect::<Result<_, _>>()?)
+    }
+
+    fn join(adapters: Vec<System>) -> Result<Machine, KernelError> {
+        let cross = Arc::new(crate::cross::CrossAdapter::default());
+        for (i, a) in adapters.iter().enumerate() {
+            let me = crate::cross::AdapterId(i as u32);
+            let weak = Arc::downgrade(&a.inner);
+            cross.attach(me, weak);
+            a.inner.os.attach_cross(cross.clone(), me);
+        }
+        Ok(Machine { adapters, cross })
+    }
+
+    /// Adapter `i` (in config order).
+    pub fn adapter(&self, i: usize) -> &System {
+        &self.adapters[i]
+    }
+
+    /// The adapters.
+    pub fn adapters(&self) -> &[System] {
+        &self.adapters
+    }
+
+    /// Sim: steps every adapter until nothing more happens at the current time.
+    pub fn settle(&self) {
+        if let Some(a) = self.adapters.first() {
+            a.settle();
+        }
+    }
+
+    /// What the cross-adapter layer did, in order.
+    pub fn cross_trace(&self) -> Vec<crate::cross::CrossEvent> {
+        self.cross.trace()
     }
 }

@@ -67,6 +67,10 @@ pub enum Ddi {
     UpdateNativeFenceLogs(HwQueueHandle),
     /// `DxgkDdiUpdateCurrentValuesFromCpu`.
     UpdateCurrentValueFromCpu(NativeFenceHandle, u64),
+    /// `DxgkDdiUpdateCurrentValuesFromCpu` with `NotificationOnly`: another adapter signalled
+    /// a cross-adapter fence; the value is already in the shared storage, and the KMD rescans
+    /// its run list for queues waiting on it.
+    UpdateCurrentValueNotificationOnly(NativeFenceHandle),
 }
 
 /// A callback from the KMD into the OS.
@@ -144,6 +148,17 @@ pub enum Event {
         /// Fault.
         fault: FaultRecord,
     },
+    /// This adapter saw a cross-adapter fence signalled and handed it to the OS for
+    /// propagation to the other adapters.
+    CrossAdapterSignal {
+        /// The local handle.
+        fence: NativeFenceHandle,
+    },
+    /// Another adapter's signal of a cross-adapter fence was propagated here.
+    CrossAdapterNotified {
+        /// The local handle.
+        fence: NativeFenceHandle,
+    },
     /// A user interrupt arrived.
     UserInterrupt {
         /// Queue.
@@ -176,6 +191,8 @@ impl core::fmt::Display for Event {
             }
             Event::QueueFault { queue, fault } => write!(f, "{queue}: FAULT {fault}"),
             Event::UserInterrupt { queue, id } => write!(f, "{queue}: user interrupt {id}"),
+            Event::CrossAdapterSignal { fence } => write!(f, "{fence}: signalled, propagating to the other adapters"),
+            Event::CrossAdapterNotified { fence } => write!(f, "{fence}: signalled on another adapter"),
         }
     }
 }

@@ -200,7 +200,7 @@ fn bad_fence_input_is_refused_and_harms_nothing() {
     // shared-memory layer refuses a writable view of it with a typed error.
     let info = a.port.create_native_fence(
         a.device.port().create_device().unwrap(),
-        &abi::port::NativeFenceDesc { initial: 0, kind: NativeFenceType::Default, shareable: false },
+        &abi::port::NativeFenceDesc::new(0, NativeFenceType::Default),
     );
     let info = info.unwrap();
     let cpu = info.cpu.as_ref().unwrap();
@@ -233,7 +233,10 @@ fn a_shared_fence_works_across_processes_and_closes_in_the_specs_order() {
     let b = common::client(&sys);
     let fa = a
         .device
-        .create_fence_with(&abi::port::NativeFenceDesc { initial: 0, kind: NativeFenceType::Default, shareable: true })
+        .create_fence_with(&abi::port::NativeFenceDesc {
+            shareable: true,
+            ..abi::port::NativeFenceDesc::new(0, NativeFenceType::Default)
+        })
         .unwrap();
     let g = fa.global().expect("a shareable fence has a global handle");
     let fb = b.device.open_fence(g).unwrap();

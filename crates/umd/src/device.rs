@@ -87,12 +87,19 @@ impl Device {
 
     /// Creates a native fence (`D3DKMTCreateNativeFence`).
     pub fn create_fence(&self, initial: u64, kind: abi::port::NativeFenceType) -> Result<crate::NativeFence, UmdError> {
-        crate::NativeFence::create(self.inner.clone(), &abi::port::NativeFenceDesc { initial, kind, shareable: false })
+        crate::NativeFence::create(self.inner.clone(), &abi::port::NativeFenceDesc::new(initial, kind))
     }
 
     /// Creates a native fence with a full description.
     pub fn create_fence_with(&self, desc: &abi::port::NativeFenceDesc) -> Result<crate::NativeFence, UmdError> {
         crate::NativeFence::create(self.inner.clone(), desc)
+    }
+
+    /// Opens a cross-adapter fence created on another adapter (by its
+    /// [`crate::NativeFence::cross_adapter`] handle). On an adapter without native fences it is
+    /// a monitored fence.
+    pub fn open_cross_adapter_fence(&self, handle: u64) -> Result<crate::NativeFence, UmdError> {
+        crate::NativeFence::open_cross_adapter(self.inner.clone(), handle)
     }
 
     /// Opens a fence another process shared (by its [`crate::NativeFence::global`] handle).

@@ -32,14 +32,29 @@ impl NativeFence {
 
     pub(crate) fn open(device: Arc<DeviceInner>, global: u64) -> Result<NativeFence, UmdError> {
         let info = device.port.open_native_fence(device.handle, global)?;
+        Ok(Self::opened(device, info))
+    }
+
+    pub(crate) fn open_cross_adapter(device: Arc<DeviceInner>, handle: u64) -> Result<NativeFence, UmdError> {
+        let info = device.port.open_cross_adapter_fence(device.handle, handle)?;
+        Ok(Self::opened(device, info))
+    }
+
+    fn opened(device: Arc<DeviceInner>, info: NativeFenceInfo) -> NativeFence {
         let kind = info.kind;
-        Ok(NativeFence { device, info, kind, spin: 2_000 })
+        NativeFence { device, info, kind, spin: 2_000 }
     }
 
     /// For a shareable fence, the global handle to pass to another process
     /// ([`crate::Device::open_fence`]).
     pub fn global(&self) -> Option<u64> {
         self.info.global
+    }
+
+    /// For a cross-adapter fence, the handle to pass to a device on another adapter
+    /// ([`crate::Device::open_cross_adapter_fence`]).
+    pub fn cross_adapter(&self) -> Option<u64> {
+        self.info.cross_adapter
     }
 
     /// The kernel handle.

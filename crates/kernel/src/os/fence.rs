@@ -15,6 +15,14 @@
 //! the resample or raises the interrupt (model-checked in `abi/tests/loom.rs`). The interrupt
 //! service resamples the fences it names (or all of them, for a `None` list) and wakes what is
 //! satisfied. A legacy monitored fence keeps MonitoredValue at 0, so every signal interrupts.
+//!
+//! Cross-adapter fences ([`crate::cross`]) have their own system-memory page, shared with
+//! every adapter that opens them, and a MonitoredValue pinned at 0. Whenever this adapter sees
+//! one signalled — its interrupt, a CPU signal, a device error — the fence goes to the outbox,
+//! which [`super::Os`] hands to the cross-adapter layer once its lock is released. A signal
+//! another adapter propagates arrives through [`OsState::notify_current_value`]. On an adapter
+//! without native fences, fences are monitored fences (`LegacyMonitored`): creating another
+//! type is refused, and a cross-adapter fence opens as one.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -71,6 +79,8 @@ pub(crate) struct FenceObj {
     slot: Option<(usize, usize)>,
     /// Created shareable (opened with global and local handles).
     shared: bool,
+    /// Its cross-adapter handle, for a cross-adapter fence.
+    cross: Option<u64>,
     waiters: Vec<(u64, Arc<FenceWait>)>,
 }
 
@@ -92,9 +102,32 @@ impl OsState {
     ) -> Result<NativeFenceInfo, KernelError> {
         self.proc(pid)?.devices.get(device)?;
         let vmid = self.proc(pid)?.vmid;
+        if !self.native_fences && desc.kind != NativeFenceType::LegacyMonitored {
+            return Err(invalid(
+                "kind",
+                format!("{:?}", desc.kind),
+                "this adapter has no native fences: create a monitored fence (LegacyMonitored)",
+            ));
+        }
+        if desc.cross_adapter {
+            // Spec 002: "A cross-adapter fence must be created with type DEFAULT" (a monitored
+            // fence where there are no native fences).
+            let allowed = if self.native_fences { NativeFenceType::Default } else { NativeFenceType::LegacyMonitored };
+            if desc.kind != allowed {
+                return Err(invalid(
+                    "kind",
+                    format!("{:?}", desc.kind),
+                    format!("a cross-adapter fence must be of type {allowed:?} on this adapter"),
+                ));
+            }
+            if self.cross.is_none() {
+                return Err(invalid("cross_adapter", true, "this adapter is not part of a multi-adapter machine"));
+            }
+        }
         // Find or make storage.
-        let (current, monitored, va, coff, slot) = if desc.shareable {
-            let (c, m) = (Shm::new("fence-shared", 4096)?, Shm::new("fence-monitored", 4096)?);
+        let (current, monitored, va, coff, slot) = if desc.shareable || desc.cross_adapter {
+            let name = if desc.cross_adapter { "fence-cross-adapter" } else { "fence-shared" };
+            let (c, m) = (Shm::new(name, 4096)?, Shm::new("fence-monitored", 4096)?);
             let va = self.proc(pid)?.take_va(4096);
             self.kmd.map_gpu(vmid, va, 4096, c.clone(), true)?;
             (c, m, va, 0, None)
@@ -126,11 +159,16 @@ impl OsState {
             let off = s as u64 * FENCE_STRIDE;
             (pg.current.clone(), pg.monitored.clone(), pg.va + off, off, Some((i, s)))
         };
-        let legacy = desc.kind == NativeFenceType::LegacyMonitored;
+        // A legacy monitored fence and a cross-adapter fence always interrupt.
+        let always = desc.kind == NativeFenceType::LegacyMonitored || desc.cross_adapter;
         current.atomic_u64(coff)?.store(desc.initial, Ordering::Release);
-        monitored.atomic_u64(coff)?.store(if legacy { 0 } else { u64::MAX }, Ordering::Release);
+        monitored.atomic_u64(coff)?.store(if always { 0 } else { u64::MAX }, Ordering::Release);
         let id = self.next_fence_id;
         self.next_fence_id += 1;
+        let cross = match (&self.cross, desc.cross_adapter) {
+            (Some((x, me)), true) => Some(x.create(*me, id, current.clone(), coff)),
+            _ => None,
+        };
         let handle = self.proc(pid)?.fences.insert(FenceObj {
             device,
             id,
@@ -142,6 +180,7 @@ impl OsState {
             moff: coff,
             slot,
             shared: desc.shareable,
+            cross,
             waiters: Vec::new(),
         });
         // A shared fence: DxgkDdiCreateNativeFence (global), then DxgkDdiOpenNativeFence for
@@ -156,7 +195,100 @@ impl OsState {
             NativeFenceType::IntraGpu => None,
             _ => Some(current.map_range(0, 4096, Prot::ReadOnly)?),
         };
-        Ok(NativeFenceInfo { handle, va, cpu, offset: coff, global: desc.shareable.then_some(id), kind: desc.kind })
+        Ok(NativeFenceInfo {
+            handle,
+            va,
+            cpu,
+            offset: coff,
+            global: desc.shareable.then_some(id),
+            kind: desc.kind,
+            cross_adapter: cross,
+        })
+    }
+
+    /// Opens a cross-adapter fence another adapter created: its CurrentValue page mapped into
+    /// this process's GPU address space, a MonitoredValue of this adapter's own pinned at 0,
+    /// the KMD told (`DxgkDdiCreateNativeFence`). Without native fences here, it is a
+    /// monitored fence (spec 002: "opened as a regular MonitoredFence on GPU2").
+    pub(crate) fn open_cross_adapter_fence(
+        &mut self,
+        pid: ProcessId,
+        device: DeviceHandle,
+        handle: u64,
+        now: Time,
+    ) -> Result<NativeFenceInfo, KernelError> {
+        self.proc(pid)?.devices.get(device)?;
+        let Some((x, me)) = self.cross.clone() else {
+            return Err(invalid("handle", handle, "this adapter is not part of a multi-adapter machine"));
+        };
+        let (current, coff) = x.storage(handle)?;
+        let kind = if self.native_fences { NativeFenceType::Default } else { NativeFenceType::LegacyMonitored };
+        let monitored = Shm::new("fence-monitored", 4096)?;
+        monitored.atomic_u64(coff)?.store(0, Ordering::Release);
+        let p = self.proc(pid)?;
+        let (vmid, va) = (p.vmid, p.take_va(4096));
+        self.kmd.map_gpu(vmid, va, 4096, current.clone(), true)?;
+        let id = self.next_fence_id;
+        self.next_fence_id += 1;
+        let h = self.proc(pid)?.fences.insert(FenceObj {
+            device,
+            id,
+            kind,
+            current: current.clone(),
+            coff,
+            va: va + coff,
+            monitored: monitored.clone(),
+            moff: coff,
+            slot: None,
+            shared: false,
+            cross: Some(handle),
+            waiters: Vec::new(),
+        });
+        self.trace.push(now, Event::Ddi(Ddi::CreateNativeFence(id)));
+        self.kmd.create_native_fence((current.clone(), coff), (monitored, coff), id);
+        self.fence_index.insert(id, vec![(pid, h)]);
+        x.opened(handle, me, id);
+        let cpu = Some(current.map_range(0, 4096, Prot::ReadOnly)?);
+        Ok(NativeFenceInfo {
+            handle: h,
+            va: va + coff,
+            cpu,
+            offset: coff,
+            global: None,
+            kind,
+            cross_adapter: Some(handle),
+        })
+    }
+
+    /// Another adapter signalled cross-adapter fence `id` (this adapter's local id). A
+    /// native-fence adapter calls `DxgkDdiUpdateCurrentValuesFromCpu` with `NotificationOnly`
+    /// (the KMD rescans its run list, unblocking GPU waiters); either kind then wakes what
+    /// the value satisfies (CPU waiters, and the kernel-mode scheduler's monitored-fence
+    /// waiting list).
+    pub(crate) fn notify_current_value(&mut self, id: u64, now: Time) {
+        let instances = self.instances(id);
+        let Some(&(_, first)) = instances.first() else { return };
+        self.trace.push(now, Event::CrossAdapterNotified { fence: first });
+        if self.native_fences {
+            self.trace.push(now, Event::Ddi(Ddi::UpdateCurrentValueNotificationOnly(first)));
+            self.kmd.notify_current_values();
+        }
+        for (pid, h) in instances {
+            self.settle_fence(pid, h, now);
+        }
+    }
+
+    /// This adapter saw fence `id` signalled: if it is a cross-adapter fence, queue it for
+    /// propagation to the other adapters (after the OS lock is released).
+    fn note_signaled(&mut self, id: u64, now: Time) {
+        let Some(&(pid, h)) = self.instances(id).first() else { return };
+        let Some(x) = self.processes.get(&pid).and_then(|p| p.fences.get(h).ok()).and_then(|f| f.cross) else {
+            return;
+        };
+        if !self.cross_outbox.contains(&x) {
+            self.trace.push(now, Event::CrossAdapterSignal { fence: h });
+            self.cross_outbox.push(x);
+        }
     }
 
     /// Opens a shared fence in another process: the same storage, mapped at a VA of this
@@ -193,6 +325,7 @@ impl OsState {
             moff,
             slot: None,
             shared: true,
+            cross: None,
             waiters: Vec::new(),
         });
         self.trace.push(now, Event::Ddi(Ddi::OpenNativeFence(handle)));
@@ -201,7 +334,15 @@ impl OsState {
             NativeFenceType::IntraGpu => None,
             _ => Some(current.map_range(0, 4096, Prot::ReadOnly)?),
         };
-        Ok(NativeFenceInfo { handle, va: va + coff, cpu, offset: coff, global: Some(global), kind })
+        Ok(NativeFenceInfo {
+            handle,
+            va: va + coff,
+            cpu,
+            offset: coff,
+            global: Some(global),
+            kind,
+            cross_adapter: None,
+        })
     }
 
     pub(crate) fn destroy_native_fence(
@@ -226,6 +367,9 @@ impl OsState {
             self.trace.push(now, Event::Ddi(Ddi::DestroyNativeFence(f.id)));
             self.kmd.destroy_native_fence((f.current.clone(), f.coff));
             self.fence_index.remove(&f.id);
+            if let (Some(handle), Some((x, me))) = (f.cross, &self.cross) {
+                x.closed(handle, *me, f.id);
+            }
         }
         let lost = KernelError::InvalidArgument {
             field: "fence",
@@ -272,14 +416,18 @@ impl OsState {
         let (current, coff) = (f.current.clone(), f.coff);
         let word = current.atomic_u64(coff)?;
         let id = self.proc(pid)?.fences.get(h)?.id;
-        self.trace.push(now, Event::Ddi(Ddi::UpdateCurrentValueFromCpu(h, value)));
-        // `DxgkDdiUpdateCurrentValuesFromCpu`. Release: what the CPU did before is visible to
-        // whoever acquires the value (GPU waits included).
+        // `DxgkDdiUpdateCurrentValuesFromCpu`; without native fences the scheduler writes the
+        // monitored fence itself. Release: what the CPU did before is visible to whoever
+        // acquires the value (GPU waits included).
+        if self.native_fences {
+            self.trace.push(now, Event::Ddi(Ddi::UpdateCurrentValueFromCpu(h, value)));
+        }
         word.store(value, Ordering::Release);
-        // Every process that has the fence open sees the signal.
+        // Every process that has the fence open sees the signal; so does every adapter.
         for (p, x) in self.instances(id) {
             self.settle_fence(p, x, now);
         }
+        self.note_signaled(id, now);
         Ok(())
     }
 
@@ -335,7 +483,10 @@ impl OsState {
             // Release: pairs with the acquire loads of waiters (CPU and GPU).
             f.current.atomic_u64(f.coff)?.store(abi::port::FENCE_ALWAYS_SIGNALED, Ordering::Release);
             waits.extend(f.waiters.iter().map(|(_, w)| w.clone()));
+            let id = f.id;
             self.trace.push(now, Event::Ddi(Ddi::UpdateCurrentValueFromCpu(h, abi::port::FENCE_ALWAYS_SIGNALED)));
+            // The other adapters' waiters see the shared value pass too.
+            self.note_signaled(id, now);
         }
         for w in waits {
             w.waiter.complete(Err(lost.clone()));
@@ -501,6 +652,9 @@ impl OsState {
         };
         for (pid, h) in targets {
             self.settle_fence(pid, h, now);
+            if let Ok(id) = self.proc(pid).and_then(|p| p.fences.get(h).map(|f| f.id)) {
+                self.note_signaled(id, now);
+            }
         }
     }
 
@@ -516,7 +670,7 @@ impl OsState {
         let mut m = u64::MAX;
         for (pid, h) in self.instances(id) {
             let Some(f) = self.processes.get(&pid).and_then(|p| p.fences.get(h).ok()) else { continue };
-            if f.kind == NativeFenceType::LegacyMonitored {
+            if f.kind == NativeFenceType::LegacyMonitored || f.cross.is_some() {
                 return 0;
             }
             m = m.min(f.waiters.iter().map(|(v, _)| v.saturating_sub(1)).min().unwrap_or(u64::MAX));
@@ -534,10 +688,14 @@ impl OsState {
         }
     }
 
+    /// What the fallback scan settles: every fence with a waiter here, and every
+    /// cross-adapter fence (its waiters may be on another adapter).
     fn fences_with_waiters(&self) -> Vec<(ProcessId, NativeFenceHandle)> {
         self.processes
             .iter()
-            .flat_map(|(&pid, p)| p.fences.iter().filter(|(_, f)| !f.waiters.is_empty()).map(move |(h, _)| (pid, h)))
+            .flat_map(|(&pid, p)| {
+                p.fences.iter().filter(|(_, f)| !f.waiters.is_empty() || f.cross.is_some()).map(move |(h, _)| (pid, h))
+            })
             .collect()
     }
 }

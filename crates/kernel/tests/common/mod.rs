@@ -403,6 +403,14 @@ impl KernelPort for TapPort {
     fn open_native_fence(&self, device: DeviceHandle, global: u64) -> Result<abi::port::NativeFenceInfo, KernelError> {
         self.inner.open_native_fence(device, global)
     }
+    fn open_cross_adapter_fence(
+        &self,
+        device: DeviceHandle,
+        handle: u64,
+    ) -> Result<abi::port::NativeFenceInfo, KernelError> {
+        self.log(Call::Other("open_cross_adapter_fence"));
+        self.inner.open_cross_adapter_fence(device, handle)
+    }
     fn destroy_native_fence(&self, fence: abi::NativeFenceHandle) -> Result<(), KernelError> {
         self.inner.destroy_native_fence(fence)
     }
