@@ -116,3 +116,44 @@ fn live_native_fence_wakes_a_blocked_cpu_waiter_and_a_waiting_queue() {
         assert_eq!(buf.read_u64(0).unwrap(), i);
     }
 }
+
+/// Two live adapters, each with its own firmware thread: the dGPU's queue signals a
+/// cross-adapter fence, which wakes a CPU thread blocked on the iGPU and releases an iGPU
+/// queue waiting on it. The propagation runs on the dGPU's firmware thread, after its OS lock
+/// is released.
+#[test]
+fn live_cross_adapter_signal_wakes_the_other_adapters_waiters() {
+    let m = kernel::Machine::live(&[SystemConfig::default(), SystemConfig::default()]).unwrap();
+    let open = |i: usize| {
+        let port: Arc<dyn KernelPort> = m.adapter(i).open_process().unwrap();
+        let dev = Device::open(port).unwrap();
+        let ctx = dev.create_context(dev.engine(EngineKind::Compute).unwrap()).unwrap();
+        (dev, ctx)
+    };
+    let (idev, ictx) = open(0);
+    let (ddev, dctx) = open(1);
+    let desc = abi::port::NativeFenceDesc {
+        cross_adapter: true,
+        ..abi::port::NativeFenceDesc::new(0, abi::port::NativeFenceType::Default)
+    };
+    let df = ddev.create_fence_with(&desc).unwrap();
+    let mut ifence = idev.open_cross_adapter_fence(df.cross_adapter().unwrap()).unwrap();
+    ifence.set_spin(0); // block in the kernel, so the wake-up is the propagated one
+    let buf = idev.allocate(4096).unwrap();
+    let mut iq = ictx.create_queue(QueueOptions::user_mode()).unwrap();
+    let mut cb = CommandBuffer::new();
+    cb.wait_fence(&ifence, 1).write_u32(buf.va(), 0xc0de);
+    let v = iq.submit(&cb).unwrap();
+    let waiter = std::thread::spawn(move || {
+        ifence.wait(1, WAIT).unwrap();
+        ifence
+    });
+    let mut dq = dctx.create_queue(QueueOptions::user_mode()).unwrap();
+    let mut cb = CommandBuffer::new();
+    cb.signal_fence(&df, 1);
+    dq.submit(&cb).unwrap();
+    let ifence = waiter.join().unwrap();
+    assert_eq!(ifence.value().unwrap(), 1);
+    iq.wait(v, WAIT).unwrap();
+    assert_eq!(buf.read_u32(0).unwrap(), 0xc0de);
+}

@@ -1,8 +1,10 @@
 //! A soak property test: random connect/submit/suspend/resume/D3/kill sequences across
-//! several processes, on a small doorbell pool and few hardware slots, lose nothing.
+//! several processes, on few hardware slots, under both doorbell models (dedicated over a small
+//! pool, and global) with and without the aggregated doorbell, lose nothing.
 
 mod common;
 
+use abi::doorbell::DoorbellModel;
 use std::time::Duration;
 
 use kernel::{SystemConfig, Termination};
@@ -50,12 +52,25 @@ fn open(sys: &kernel::System) -> Proc {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
     #[test]
-    fn random_lifecycles_lose_nothing(ops in prop::collection::vec(op(), 1..60)) {
+    fn random_lifecycles_lose_nothing(
+        ops in prop::collection::vec(op(), 1..60),
+        global in any::<bool>(),
+        misses_unmapped in any::<bool>(),
+    ) {
+        // Both doorbell models (the dedicated one over a pool of 3), with and without engines
+        // that miss unmapped queues' doorbells (then the UMD rings the aggregated doorbell).
+        let model = if global { DoorbellModel::Global } else { DoorbellModel::Dedicated };
         let sys = common::sim_with(SystemConfig {
-            gpu: gpu::GpuConfig { hw_slots: 2, idle_period: Duration::from_millis(5), ..gpu::GpuConfig::default() },
-            doorbell_pool: Some(3),
+            gpu: gpu::GpuConfig {
+                hw_slots: 2,
+                idle_period: Duration::from_millis(5),
+                doorbell_model: model,
+                misses_unmapped_doorbells: misses_unmapped,
+                ..gpu::GpuConfig::default()
+            },
+            doorbell_pool: (!global).then_some(3),
             // The D3 idle timer fires inside the run too (Advance steps reach it).
             d3_idle: Some(Duration::from_millis(40)),
             ..SystemConfig::default()
