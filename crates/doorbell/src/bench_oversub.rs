@@ -26,7 +26,7 @@ use kernel::{System, SystemConfig};
 use umd::{CommandBuffer, Device, Queue, QueueOptions};
 
 use crate::CliError;
-use crate::bench::{percentiles, progress};
+use crate::bench::{cacheline_rtt_ns, percentiles, progress};
 
 /// Command buffers each normal queue keeps outstanding.
 const DEPTH: usize = 4;
@@ -177,6 +177,7 @@ struct Figures {
     high_p99: u64,
     high_samples: usize,
     normal_p99: u64,
+    floor_ns: f64,
 }
 
 pub fn run(a: OversubArgs) -> Result<(), CliError> {
@@ -201,6 +202,7 @@ pub fn run(a: OversubArgs) -> Result<(), CliError> {
             "high_prio_p99_ns": f.high_p99,
             "high_prio_samples": f.high_samples,
             "normal_p99_ns": f.normal_p99,
+            "floor_cacheline_rtt_ns": f.floor_ns.round() as u64,
         });
         println!("{o}");
     } else {
@@ -216,6 +218,7 @@ pub fn run(a: OversubArgs) -> Result<(), CliError> {
         println!("{:<36} {:>11} ns", "high priority p50", f.high_p50);
         println!("{:<36} {:>11} ns", "high priority p99", f.high_p99);
         println!("{:<36} {:>11} ns", "normal p99", f.normal_p99);
+        println!("{:<36} {:>11.0} ns", "floor: cache-line round trip", f.floor_ns);
     }
     Ok(())
 }
@@ -225,6 +228,8 @@ fn measure(a: &OversubArgs) -> Result<Figures, CliError> {
         return Err(CliError::Input(format!("--seconds: {} is not in (0, 3600]", a.seconds)));
     }
     let json = a.json;
+    progress(json, "measuring the floor: cache-line round trip between two threads");
+    let floor_ns = cacheline_rtt_ns();
     progress(json, &format!("{}: creating queues", a.describe()));
     let gpu = GpuConfig {
         hw_slots: a.slots,
@@ -336,6 +341,7 @@ fn measure(a: &OversubArgs) -> Result<Figures, CliError> {
         high_p99,
         high_samples,
         normal_p99,
+        floor_ns,
     })
 }
 
