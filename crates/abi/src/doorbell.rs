@@ -9,16 +9,20 @@
 //! - **Dedicated**: each queue has its own word, and a client rings it by storing the queue's
 //!   new wptr ([`RingMethod::WriteWptr`]). The firmware notices the change. Physical doorbells
 //!   may be fewer than queues; the kernel then virtualizes them (victimization).
-//! - **Global**: one page for every queue of every process. A queue's ring sets its own bit
-//!   ([`RingMethod::SetBit`], an atomic OR, so concurrent rings of different queues never
-//!   overwrite each other); the bit's position names the queue. The firmware takes whole words
-//!   (swapping them to zero) and re-reads the wptr of each queue named. A bit set by someone
-//!   else only makes the firmware re-read that queue's wptr, which is harmless.
+//! - **Global**: one doorbell for every queue, the value written naming the queue. Written
+//!   memory is not a bus write (a later store could erase an earlier one), so the emulation
+//!   gives each process its doorbell page as a page of bits: a queue's ring sets the bit of its
+//!   doorbell index ([`RingMethod::SetBit`], an atomic OR, so concurrent rings never overwrite
+//!   each other), and a process can only ever clear its own queues' bits. The firmware takes
+//!   whole words (swapping them to zero) and re-reads the wptr of each queue named; a bit set
+//!   by another queue only makes the firmware re-read that queue's wptr, which is harmless.
+//!   Nothing is ever victimized.
 //!
 //! Either model may add the **aggregated doorbell** (amdgpu, spec 001): on a device whose
-//! engines miss doorbells of queues that are not in a hardware slot, the client also sets its
-//! engine's bit in the aggregated page after every ring, which makes the firmware look at the
-//! wptrs of that engine's unmapped queues.
+//! engines miss doorbells of queues that are not in a hardware slot, the kernel maps a page of
+//! aggregated doorbell into each process, and the client also sets its engine's bit there
+//! after every ring, which makes the firmware look at the wptrs of that engine's unmapped
+//! queues.
 //!
 //! The kernel maps the doorbell into the client at a CPU virtual address it can *rotate*: while
 //! connected the address shows the BAR page, while disconnected it shows a dummy page where
@@ -34,9 +38,6 @@ pub const DOORBELL_PAGE_BYTES: u64 = 4096;
 pub const DOORBELLS_PER_PAGE: u32 = (DOORBELL_PAGE_BYTES / DOORBELL_BYTES) as u32;
 
 const _: () = assert!(DOORBELLS_PER_PAGE == 512);
-
-/// Bits in one global doorbell page: the most queues a global doorbell can name.
-pub const GLOBAL_DOORBELL_BITS: u32 = (DOORBELL_PAGE_BYTES * 8) as u32;
 
 /// Spec 000's doorbell models.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -130,7 +131,7 @@ mod tests {
         assert_eq!(RingMethod::bit(0), (0, RingMethod::SetBit { mask: 1 }));
         assert_eq!(RingMethod::bit(63), (0, RingMethod::SetBit { mask: 1 << 63 }));
         assert_eq!(RingMethod::bit(64), (8, RingMethod::SetBit { mask: 1 }));
-        let (off, _) = RingMethod::bit(GLOBAL_DOORBELL_BITS - 1);
-        assert_eq!(off, DOORBELL_PAGE_BYTES - DOORBELL_BYTES);
+        let (off, _) = RingMethod::bit(DOORBELLS_PER_PAGE - 1);
+        assert_eq!(off, 7 * DOORBELL_BYTES);
     }
 }

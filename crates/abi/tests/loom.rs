@@ -42,14 +42,6 @@ fn loom_ring_vs_disconnect_never_loses_a_submission() {
     });
 }
 
-/// The same race on the global doorbell, where the ring is an OR of the queue's bit.
-#[test]
-fn loom_global_ring_vs_disconnect_never_loses_a_submission() {
-    model(|w, d, s, v| {
-        ring_and_read_status(w, &Bell { word: d, method: RingMethod::SetBit { mask: 1 }, aggregated: None }, s, v)
-    });
-}
-
 /// The same client with its SeqCst fence removed: loom must find the lost submission.
 #[test]
 #[should_panic(expected = "submission lost")]

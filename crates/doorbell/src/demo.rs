@@ -289,7 +289,7 @@ fn cross_adapter() -> Result<(Vec<String>, u32), CliError> {
     iq.wait(v, WAIT)?;
     check(buf.read_u32(0)? == 0x2A, "the iGPU's held-back submission ran after the dGPU's signal")?;
     let propagated =
-        m.cross_trace().iter().filter(|e| matches!(e, kernel::cross::CrossEvent::Propagated { .. })).count();
+        m.cross_trace().0.iter().filter(|e| matches!(e, kernel::cross::CrossEvent::Propagated { .. })).count();
     check(propagated >= 1, "the OS propagated the dGPU's signal to the iGPU")?;
     Ok((
         vec![format!(

@@ -36,7 +36,7 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use abi::doorbell::{DOORBELL_PAGE_BYTES, GLOBAL_DOORBELL_BITS, RingMethod};
+use abi::doorbell::{DOORBELL_PAGE_BYTES, DoorbellModel};
 use abi::fence_log::{self, FenceLogEntry, FenceLogOp};
 use abi::packet::{DataWidth, Header, LoggedOp, MAX_FIXED_PACKET_DWORDS, Opcode, Packet};
 use abi::protocol;
@@ -246,7 +246,7 @@ impl FwQueue {
     }
 
     /// Whether the client published work the engine has not fetched (a cheap acquire read,
-    /// for the aggregated doorbell's poll).
+    /// for rings of queues without a slot and the aggregated doorbell's poll).
     fn wptr_moved(&self) -> bool {
         // Acquire: pairs with the client's release store of wptr (and the aggregated ring
         // after it), so the packets are visible once we run them.
@@ -306,9 +306,25 @@ const DOORBELL_UNRUNG: u64 = u64::MAX;
 enum Binding {
     /// A dedicated BAR word.
     Word(u32),
-    /// Its bit in the global doorbell page.
-    Global,
+    /// Its bit of a global-doorbell bit page.
+    Bit {
+        /// The BAR page.
+        page: u32,
+        /// The bit (0..512).
+        bit: u32,
+    },
 }
+
+/// A BAR page of global-doorbell bits (one per process: the page is the unit of protection,
+/// so a client can only ever clear bits of its own queues), and which queue each bit names.
+struct BitPage {
+    queues: Vec<Option<FwQueueId>>,
+    /// Per word, the bits that name a queue.
+    bound: [u64; BITS_PER_PAGE as usize / 64],
+}
+
+/// Bits in a doorbell page.
+const BITS_PER_PAGE: u32 = abi::doorbell::DOORBELLS_PER_PAGE;
 
 struct Watch {
     slot: u32,
@@ -428,10 +444,12 @@ pub(crate) struct Firmware {
     engines: Vec<Engine>,
     slots: Vec<Slot>,
     irqs: std::collections::VecDeque<Interrupt>,
-    /// The global doorbell's BAR page (the global model).
-    global_page: Option<u32>,
-    /// The aggregated doorbell's BAR page (when engines miss unmapped queues' doorbells).
-    aggregated_page: Option<u32>,
+    /// Spec 000's doorbell model.
+    model: DoorbellModel,
+    /// The global model's bit pages, by BAR page.
+    bit_pages: std::collections::BTreeMap<u32, BitPage>,
+    /// Aggregated doorbell pages being watched (when engines miss unmapped queues' doorbells).
+    aggregated: Vec<u32>,
     /// Engines drop rings of queues without a hardware slot.
     misses_unmapped: bool,
 }
@@ -471,9 +489,8 @@ struct Env<'a> {
 }
 
 impl Firmware {
-    /// A firmware for `cfg`, with its global and aggregated doorbells (if any) in those BAR
-    /// pages.
-    pub(crate) fn new(cfg: &GpuConfig, global_page: Option<u32>, aggregated_page: Option<u32>) -> Firmware {
+    /// A firmware for `cfg`.
+    pub(crate) fn new(cfg: &GpuConfig) -> Firmware {
         let engines = cfg
             .engines
             .iter()
@@ -507,8 +524,9 @@ impl Firmware {
             engines,
             slots: Vec::new(),
             irqs: Default::default(),
-            global_page,
-            aggregated_page,
+            model: cfg.doorbell_model,
+            bit_pages: Default::default(),
+            aggregated: Vec::new(),
             misses_unmapped: cfg.misses_unmapped_doorbells,
         }
     }
@@ -665,6 +683,8 @@ impl Firmware {
         e.watches.retain(|w| w.queue != id);
         q.on_run_list = false;
         sync_waiting(e, q, id);
+        let binding = q.doorbell.take();
+        self.forget_bit(id, binding);
         let q = self.slots[id.index as usize].queue.take().expect("checked above");
         Ok(q.rptr)
     }
@@ -687,24 +707,33 @@ impl Firmware {
         Ok(())
     }
 
-    pub(crate) fn global_ring(&self, id: FwQueueId) -> Result<(u64, RingMethod), GpuError> {
-        self.queue(id)?;
-        if self.global_page.is_none() {
-            return Err(GpuError::NoGlobalDoorbell { model: abi::doorbell::DoorbellModel::Dedicated });
+    /// Binds queue `id` to bit `bit` of the global-doorbell bit page `page` (its process's).
+    pub(crate) fn bind_global_doorbell(&mut self, id: FwQueueId, page: u32, bit: u32) -> Result<(), GpuError> {
+        if self.model != DoorbellModel::Global {
+            return Err(GpuError::NoGlobalDoorbell { model: self.model });
         }
-        if id.index >= GLOBAL_DOORBELL_BITS {
-            return Err(GpuError::NoGlobalDoorbellBit { queue: id, bits: GLOBAL_DOORBELL_BITS });
+        if bit >= BITS_PER_PAGE {
+            return Err(GpuError::NoGlobalDoorbellBit { bit, bits: BITS_PER_PAGE });
         }
-        Ok(RingMethod::bit(id.index))
-    }
-
-    pub(crate) fn bind_global_doorbell(&mut self, id: FwQueueId) -> Result<(), GpuError> {
-        self.global_ring(id)?;
+        let old = self.queue(id)?.doorbell;
+        self.forget_bit(id, old);
+        let bp = self
+            .bit_pages
+            .entry(page)
+            .or_insert_with(|| BitPage { queues: vec![None; BITS_PER_PAGE as usize], bound: [0; 8] });
+        // A queue that held the bit before loses it (the OS hands each index out once).
+        if let Some(prev) = bp.queues[bit as usize].replace(id)
+            && let Ok(q) = self.queue_mut(prev)
+        {
+            q.doorbell = None;
+        }
+        let bp = self.bit_pages.get_mut(&page).expect("inserted above");
+        bp.bound[bit as usize / 64] |= 1 << (bit % 64);
         // Nothing to reset: a bit a previous owner of this index left set only makes us
         // re-read this queue's wptr once.
         let (e, q) = self.engine_and_queue(id)?;
         e.resched = true;
-        q.doorbell = Some(Binding::Global);
+        q.doorbell = Some(Binding::Bit { page, bit });
         // Work published while disconnected rang the dummy page: find it through wptr.
         if q.state != QueueState::Hung && q.has_work() {
             mark_pending(e, q, id);
@@ -712,15 +741,42 @@ impl Firmware {
         Ok(())
     }
 
-    pub(crate) fn global_page(&self) -> Option<u32> {
-        self.global_page
+    /// Drops queue `id`'s bit, if `binding` is one.
+    fn forget_bit(&mut self, id: FwQueueId, binding: Option<Binding>) {
+        let Some(Binding::Bit { page, bit }) = binding else { return };
+        let Some(bp) = self.bit_pages.get_mut(&page) else { return };
+        if bp.queues[bit as usize] == Some(id) {
+            bp.queues[bit as usize] = None;
+            bp.bound[bit as usize / 64] &= !(1 << (bit % 64));
+        }
+        if bp.bound.iter().all(|&w| w == 0) {
+            self.bit_pages.remove(&page);
+        }
     }
 
-    pub(crate) fn aggregated_page(&self) -> Option<u32> {
-        self.aggregated_page
+    /// Starts watching BAR page `page` as an aggregated doorbell (one per process).
+    pub(crate) fn watch_aggregated(&mut self, page: u32) {
+        if !self.aggregated.contains(&page) {
+            self.aggregated.push(page);
+        }
+    }
+
+    /// Stops watching it.
+    pub(crate) fn unwatch_aggregated(&mut self, page: u32) {
+        self.aggregated.retain(|&p| p != page);
+    }
+
+    pub(crate) fn model(&self) -> DoorbellModel {
+        self.model
+    }
+
+    pub(crate) fn misses_unmapped(&self) -> bool {
+        self.misses_unmapped
     }
 
     pub(crate) fn unbind_doorbell(&mut self, id: FwQueueId) -> Result<(), GpuError> {
+        let binding = self.queue(id)?.doorbell;
+        self.forget_bit(id, binding);
         let (e, q) = self.engine_and_queue(id)?;
         e.watches.retain(|w| w.queue != id);
         e.resched = true;
@@ -810,38 +866,53 @@ impl Firmware {
                 }
             }
         }
-        // The global doorbell: each bit names a queue by its table index. Only the words that
-        // can name a queue are looked at.
-        if let Some(page) = self.global_page {
-            let base = page as u64 * DOORBELL_PAGE_BYTES;
-            let words = self.slots.len().div_ceil(64).min(GLOBAL_DOORBELL_BITS as usize / 64);
-            for w in 0..words {
-                let Ok(word) = bar.atomic_u64(base + w as u64 * 8) else { break };
+        // Global-doorbell bit pages: each set bit names a queue of that page's process. A bit
+        // of a queue whose engine is in F1 goes back (the engine is not watching); a bit that
+        // names no queue is dropped. Either way a bit only ever makes the firmware re-read one
+        // queue's wptr.
+        let Firmware { bit_pages, slots, engines, .. } = self;
+        for (&page, bp) in bit_pages.iter() {
+            for (w, &bound) in bp.bound.iter().enumerate() {
+                if bound == 0 {
+                    continue;
+                }
+                let Ok(word) = bar.atomic_u64(page as u64 * DOORBELL_PAGE_BYTES + w as u64 * 8) else { break };
                 let mut bits = protocol::take_rings(word);
+                let mut back = 0;
                 while bits != 0 {
-                    let index = w * 64 + bits.trailing_zeros() as usize;
+                    let b = bits.trailing_zeros();
                     bits &= bits - 1;
-                    // Whoever set the bit, the queue only has its wptr re-read: a stale or
-                    // foreign ring costs that, nothing more. A bit past the table names no
-                    // queue (a client may set any bit of the page). A queue not connected to
-                    // the global doorbell (rotated to the dummy page) is found by its next bind.
-                    let Some(Slot { generation, queue: Some(q) }) = self.slots.get_mut(index) else { continue };
-                    let id = FwQueueId { index: index as u32, generation: *generation };
-                    let e = &mut self.engines[q.cfg.engine.0 as usize];
-                    if q.doorbell == Some(Binding::Global) && e.power == PowerState::F0 {
+                    let Some(id) = bp.queues[w * 64 + b as usize] else { continue };
+                    let Some(q) = live_queue(slots, id) else { continue };
+                    let e = &mut engines[q.cfg.engine.0 as usize];
+                    if e.power == PowerState::F0 {
                         rang |= latch_ring(e, q, id, misses);
+                    } else {
+                        back |= 1 << b;
                     }
+                }
+                if back != 0 {
+                    // Release, as a client's ring: the wptr stays visible to whoever takes it.
+                    word.fetch_or(back, Ordering::Release);
                 }
             }
         }
-        // The aggregated doorbell: bit `e` says some queue of engine `e` rang, perhaps one
-        // without a slot whose own ring was missed. Poll the wptrs of those queues.
-        if let Some(page) = self.aggregated_page
-            && let Ok(word) = bar.atomic_u64(page as u64 * DOORBELL_PAGE_BYTES)
-        {
+        // Aggregated doorbells (one page per process): bit `e` says some queue of engine `e`
+        // rang, perhaps one without a slot whose own ring was missed. Poll the wptrs of that
+        // engine's queues; bits of engines in F1 go back.
+        let Firmware { aggregated, engines, slots, .. } = self;
+        for &page in aggregated.iter() {
+            let Ok(word) = bar.atomic_u64(page as u64 * DOORBELL_PAGE_BYTES) else { continue };
             let bits = protocol::take_rings(word);
-            let Firmware { engines, slots, .. } = self;
-            for e in engines.iter_mut().filter(|e| e.power == PowerState::F0 && bits & (1 << e.id.0) != 0) {
+            if bits == 0 {
+                continue;
+            }
+            let mut back = 0;
+            for e in engines.iter_mut().filter(|e| bits & (1 << e.id.0) != 0) {
+                if e.power != PowerState::F0 {
+                    back |= 1 << e.id.0;
+                    continue;
+                }
                 for k in 0..e.run_list.len() {
                     let id = e.run_list[k];
                     let Some(q) = live_queue(slots, id) else { continue };
@@ -850,6 +921,9 @@ impl Firmware {
                         rang = true;
                     }
                 }
+            }
+            if back != 0 {
+                word.fetch_or(back, Ordering::Release);
             }
         }
         rang
@@ -979,10 +1053,16 @@ fn live_queue(slots: &mut [Slot], id: FwQueueId) -> Option<&mut FwQueue> {
 }
 
 /// A doorbell ring for `q` reached the engine: [`mark_pending`], unless the engine misses
-/// doorbells of queues without a hardware slot and `q` holds none (the aggregated doorbell
+/// doorbells of user queues without a hardware slot and `q` is one (the aggregated doorbell
 /// will tell). Returns whether the ring was latched.
 fn latch_ring(e: &mut Engine, q: &mut FwQueue, id: FwQueueId, misses_unmapped: bool) -> bool {
-    if misses_unmapped && q.state != QueueState::Mapped {
+    // Kernel queues are the KMD's own and always heard (it rings no aggregated doorbell).
+    if misses_unmapped && q.state != QueueState::Mapped && !q.cfg.privileged {
+        return false;
+    }
+    // A ring of an idle queue without a slot that published nothing new (a spurious or
+    // foreign ring) must not win it a slot: it would only evict a holder to run nothing.
+    if q.state != QueueState::Mapped && !q.pending && !q.wptr_moved() {
         return false;
     }
     mark_pending(e, q, id);

@@ -69,7 +69,7 @@ pub struct GpuConfig {
     /// Engines, in id order.
     pub engines: Vec<EngineKind>,
     /// Pages of the doorbell BAR (512 doorbells each). At least 2 (the kernel's and one
-    /// process page), plus the global and aggregated doorbells' pages when configured.
+    /// process page).
     pub doorbell_pages: u32,
     /// An engine with no work for this long asks for F1.
     pub idle_period: Duration,
@@ -89,11 +89,12 @@ pub struct GpuConfig {
     pub process_quantum: Duration,
     /// Time slice between queues of equal priority in one process.
     pub gang_quantum: Duration,
-    /// Spec 000's doorbell model. `Global` gives the last BAR page to the global doorbell.
+    /// Spec 000's doorbell model. Under `Global` every queue of a process rings its bit of
+    /// that process's doorbell page (see [`abi::doorbell`]).
     pub doorbell_model: DoorbellModel,
-    /// Engines miss doorbells of queues that hold no hardware slot (amdgpu: "the engine
-    /// firmware may miss the request"). The device then offers the aggregated doorbell, in
-    /// the BAR page below the device's other pages, which clients ring too.
+    /// Engines miss doorbells of user queues that hold no hardware slot (amdgpu: "the engine
+    /// firmware may miss the request"). The kernel then gives each process an aggregated
+    /// doorbell page, which its clients ring too.
     pub misses_unmapped_doorbells: bool,
 }
 
@@ -155,13 +156,21 @@ pub enum GpuError {
         /// The value found.
         wptr: u64,
     },
-    /// A queue the global doorbell cannot name (its bit would lie outside the page).
-    #[error("firmware queue {queue} has no bit in the global doorbell page ({bits} bits)")]
+    /// A global-doorbell bit outside the page.
+    #[error("global doorbell bit {bit} is outside the page ({bits} bits)")]
     NoGlobalDoorbellBit {
-        /// The queue.
-        queue: FwQueueId,
+        /// The bit.
+        bit: u32,
         /// Bits in the page.
         bits: u32,
+    },
+    /// More engines than an aggregated doorbell word has bits.
+    #[error("{engines} engines: an aggregated doorbell names at most {max}")]
+    TooManyEngines {
+        /// Engines configured.
+        engines: usize,
+        /// The most it can name.
+        max: usize,
     },
     /// The device has no global doorbell (its model is dedicated).
     #[error("the device's doorbell model is {model}: it has no global doorbell")]
@@ -192,40 +201,25 @@ pub struct Gpu {
 impl Gpu {
     /// Creates a device. Address space 0 is created for the kernel.
     pub fn new(cfg: GpuConfig) -> Result<Gpu, GpuError> {
-        // The kernel's page, at least one process page, then the device's own pages.
-        let own = (cfg.doorbell_model == DoorbellModel::Global) as u32 + cfg.misses_unmapped_doorbells as u32;
-        let pages = cfg.doorbell_pages.max(2 + own);
+        if cfg.misses_unmapped_doorbells && cfg.engines.len() > 64 {
+            return Err(GpuError::TooManyEngines { engines: cfg.engines.len(), max: 64 });
+        }
+        // The kernel's page and at least one process page.
+        let pages = cfg.doorbell_pages.max(2);
         let bar = Shm::new("doorbell-bar", pages as usize * abi::doorbell::DOORBELL_PAGE_BYTES as usize)?;
-        let mut next = pages;
-        let mut take = |on: bool| {
-            on.then(|| {
-                next -= 1;
-                next
-            })
-        };
-        let global = take(cfg.doorbell_model == DoorbellModel::Global);
-        let aggregated = take(cfg.misses_unmapped_doorbells);
-        let fw = firmware::Firmware::new(&cfg, global, aggregated);
+        let fw = firmware::Firmware::new(&cfg);
         Ok(Gpu { bar, vms: vec![Some(AddressSpace::default())], fw })
     }
 
-    /// BAR pages the device keeps for its global and aggregated doorbells (at the top of the
-    /// BAR; empty when it has neither).
-    pub fn device_doorbell_pages(&self) -> std::ops::Range<u32> {
-        let pages = (self.bar.len() as u64 / abi::doorbell::DOORBELL_PAGE_BYTES) as u32;
-        let lowest = [self.fw.global_page(), self.fw.aggregated_page()].into_iter().flatten().min();
-        lowest.unwrap_or(pages)..pages
+    /// Spec 000's doorbell model.
+    pub fn doorbell_model(&self) -> DoorbellModel {
+        self.fw.model()
     }
 
-    /// The global doorbell's BAR page, if the model is global.
-    pub fn global_doorbell_page(&self) -> Option<u32> {
-        self.fw.global_page()
-    }
-
-    /// The aggregated doorbell's BAR page, if the engines miss unmapped queues' doorbells.
-    /// Engine `e` rings bit `e` of its first word.
-    pub fn aggregated_doorbell_page(&self) -> Option<u32> {
-        self.fw.aggregated_page()
+    /// Whether engines miss doorbells of user queues without a hardware slot (so clients also
+    /// ring an aggregated doorbell).
+    pub fn misses_unmapped_doorbells(&self) -> bool {
+        self.fw.misses_unmapped()
     }
 
     /// The doorbell BAR.
@@ -309,16 +303,29 @@ impl Gpu {
         self.fw.bind_doorbell(id, slot, &self.bar)
     }
 
-    /// Where queue `id` rings the global doorbell: its bit (the firmware table index names
-    /// it), as the word's offset inside the global page and the ring method.
-    pub fn global_doorbell_ring(&self, id: FwQueueId) -> Result<(u64, abi::doorbell::RingMethod), GpuError> {
-        self.fw.global_ring(id)
+    /// Connects a queue to the global doorbell, as bit `bit` of BAR page `page` (its
+    /// process's doorbell page): from now on a ring of that bit makes the firmware re-read its
+    /// wptr. Work published while it was disconnected is found at once.
+    pub fn bind_global_doorbell(&mut self, id: FwQueueId, page: u32, bit: u32) -> Result<(), GpuError> {
+        let pages = (self.bar.len() as u64 / abi::doorbell::DOORBELL_PAGE_BYTES) as u32;
+        if page >= pages {
+            return Err(GpuError::BadDoorbell {
+                slot: page.saturating_mul(abi::doorbell::DOORBELLS_PER_PAGE),
+                slots: self.doorbell_slots(),
+            });
+        }
+        self.fw.bind_global_doorbell(id, page, bit)
     }
 
-    /// Connects a queue to the global doorbell: from now on a ring of its bit makes the
-    /// firmware re-read its wptr. Work published while it was disconnected is found at once.
-    pub fn bind_global_doorbell(&mut self, id: FwQueueId) -> Result<(), GpuError> {
-        self.fw.bind_global_doorbell(id)
+    /// Watches BAR page `page` as a process's aggregated doorbell: engine `e` rings bit `e` of
+    /// its first word, and the firmware then polls the wptrs of that engine's queues.
+    pub fn watch_aggregated_doorbell(&mut self, page: u32) {
+        self.fw.watch_aggregated(page)
+    }
+
+    /// Stops watching an aggregated doorbell page.
+    pub fn unwatch_aggregated_doorbell(&mut self, page: u32) {
+        self.fw.unwatch_aggregated(page)
     }
 
     /// Stops watching the queue's doorbell, then checks its wptr one last time so a ring that

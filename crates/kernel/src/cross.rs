@@ -100,7 +100,20 @@ struct State {
     peers: Vec<Option<Weak<dyn Peer>>>,
     fences: HashMap<u64, Fence>,
     next: u64,
-    trace: Vec<CrossEvent>,
+    trace: std::collections::VecDeque<CrossEvent>,
+    dropped: u64,
+}
+
+impl State {
+    /// Logs an event; past [`crate::trace::TRACE_CAPACITY`] entries the oldest go (counted),
+    /// since every signal of a cross-adapter fence adds two.
+    fn log(&mut self, e: CrossEvent) {
+        if self.trace.len() == crate::trace::TRACE_CAPACITY {
+            self.trace.pop_front();
+            self.dropped += 1;
+        }
+        self.trace.push_back(e);
+    }
 }
 
 /// The machine's cross-adapter fence table. See the module docs.
@@ -127,7 +140,7 @@ impl CrossAdapter {
         s.next += 1;
         let fence = s.next;
         s.fences.insert(fence, Fence { current, offset, open: vec![(adapter, local)] });
-        s.trace.push(CrossEvent::Created { fence, adapter });
+        s.log(CrossEvent::Created { fence, adapter });
         fence
     }
 
@@ -147,7 +160,7 @@ impl CrossAdapter {
         let mut s = self.state.lock();
         if let Some(f) = s.fences.get_mut(&handle) {
             f.open.push((adapter, local));
-            s.trace.push(CrossEvent::Opened { fence: handle, adapter });
+            s.log(CrossEvent::Opened { fence: handle, adapter });
         }
     }
 
@@ -159,7 +172,7 @@ impl CrossAdapter {
         if f.open.is_empty() {
             s.fences.remove(&handle);
         }
-        s.trace.push(CrossEvent::Closed { fence: handle, adapter });
+        s.log(CrossEvent::Closed { fence: handle, adapter });
     }
 
     /// `from` saw fence `handle` signalled: tell every other adapter that has it open. Called
@@ -167,7 +180,7 @@ impl CrossAdapter {
     pub(crate) fn propagate(&self, handle: u64, from: AdapterId) {
         let targets: Vec<(AdapterId, u64, Arc<dyn Peer>)> = {
             let mut s = self.state.lock();
-            s.trace.push(CrossEvent::Signaled { fence: handle, from });
+            s.log(CrossEvent::Signaled { fence: handle, from });
             let Some(f) = s.fences.get(&handle) else { return };
             let open = f.open.clone();
             let mut out = Vec::new();
@@ -177,7 +190,7 @@ impl CrossAdapter {
                 }
                 let peer = s.peers.get(adapter.0 as usize).and_then(|p| p.as_ref()).and_then(Weak::upgrade);
                 if let Some(peer) = peer {
-                    s.trace.push(CrossEvent::Propagated { fence: handle, to: adapter });
+                    s.log(CrossEvent::Propagated { fence: handle, to: adapter });
                     out.push((adapter, local, peer));
                 }
             }
@@ -188,8 +201,9 @@ impl CrossAdapter {
         }
     }
 
-    /// The events so far, in order.
-    pub fn trace(&self) -> Vec<CrossEvent> {
-        self.state.lock().trace.clone()
+    /// The events kept, in order, and how many older ones were dropped.
+    pub fn trace(&self) -> (Vec<CrossEvent>, u64) {
+        let s = self.state.lock();
+        (s.trace.iter().cloned().collect(), s.dropped)
     }
 }

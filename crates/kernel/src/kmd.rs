@@ -78,14 +78,17 @@ pub trait Kmd: Send {
     fn victimized(&mut self, victim: FwQueueId);
     /// Connects a kernel queue's doorbell (kernel slots in BAR page 0, never virtualized).
     fn connect_kernel_doorbell(&mut self, q: FwQueueId, slot: u32) -> Result<(), KernelError>;
-    /// Where the user-mode queue `q` (doorbell index `index`) rings inside its doorbell CPU
-    /// page, and how.
-    fn doorbell_ring(&self, q: FwQueueId, index: u32) -> Result<(u64, RingMethod), KernelError>;
-    /// The aggregated doorbell for queues of `engine`, when the device needs one: its BAR
-    /// page, the word's offset and the engine's bit.
-    fn aggregated_doorbell(&self, engine: EngineId) -> Option<(u32, u64, u64)>;
-    /// BAR pages not for processes: the KMD's physical doorbell pool and the device's global
-    /// and aggregated doorbells.
+    /// Where a user-mode queue with doorbell index `index` rings inside its doorbell CPU page,
+    /// and how.
+    fn doorbell_ring(&self, index: u32) -> (u64, RingMethod);
+    /// Where queues of `engine` ring their process's aggregated doorbell page, when the
+    /// device needs one: the word's offset and the engine's bit.
+    fn aggregated_doorbell(&self, engine: EngineId) -> Option<(u64, u64)>;
+    /// The device starts watching BAR page `page` as a process's aggregated doorbell.
+    fn watch_aggregated_page(&mut self, page: u32);
+    /// It stops.
+    fn unwatch_aggregated_page(&mut self, page: u32);
+    /// BAR pages not for processes (the KMD's physical doorbell pool).
     fn reserved_doorbell_pages(&self) -> std::ops::Range<u32>;
     /// `DxgkDdiDisconnectDoorbell`.
     fn disconnect_doorbell(&mut self, q: FwQueueId);
@@ -137,11 +140,9 @@ enum Doorbells {
     PerProcess,
     /// Dedicated, virtualized over a limited pool.
     Pool(DoorbellPool),
-    /// Global: every queue rings its bit of one page (spec 000: no victimization needed).
-    Global {
-        /// The global doorbell's BAR page.
-        page: u32,
-    },
+    /// Global: one doorbell for every queue (spec 000: no victimization needed); each queue
+    /// rings its bit of its process's page.
+    Global,
 }
 
 /// The dedicated-doorbell model with a limited pool (spec 000 "Dedicated doorbells"): a few
@@ -157,9 +158,9 @@ struct DoorbellPool {
 impl VirtualKmd {
     /// A KMD driving `gpu`; `waker` is called when an engine returns to F0.
     pub fn new(gpu: Arc<Mutex<Gpu>>, waker: Arc<dyn DeviceWaker>) -> Self {
-        let doorbells = match gpu.lock().global_doorbell_page() {
-            Some(page) => Doorbells::Global { page },
-            None => Doorbells::PerProcess,
+        let doorbells = match gpu.lock().doorbell_model() {
+            DoorbellModel::Global => Doorbells::Global,
+            DoorbellModel::Dedicated => Doorbells::PerProcess,
         };
         VirtualKmd {
             gpu,
@@ -172,14 +173,14 @@ impl VirtualKmd {
     }
 
     /// Virtualizes user-mode doorbells over a pool of `count` physical doorbells, kept in the
-    /// BAR pages just below the device's own. A device with a global doorbell has nothing to
+    /// last BAR pages. A device with a global doorbell has nothing to
     /// virtualize (spec 000: "This mechanism isn't required if a GPU uses global doorbells"),
     /// so there this does nothing and returns `false`.
     pub fn set_doorbell_pool(&mut self, count: u32) -> bool {
-        if let Doorbells::Global { .. } = self.doorbells {
+        if let Doorbells::Global = self.doorbells {
             return false;
         }
-        let top = self.gpu.lock().device_doorbell_pages().start;
+        let top = self.gpu.lock().doorbell_slots() / abi::doorbell::DOORBELLS_PER_PAGE;
         // Keep page 0 (kernel queues) and at least one process page.
         let count = count.clamp(1, top.saturating_sub(2).max(1));
         self.doorbells = Doorbells::Pool(DoorbellPool {
@@ -254,10 +255,10 @@ impl Kmd for VirtualKmd {
             doorbell_bytes: abi::doorbell::DOORBELL_BYTES,
             doorbells_per_process: abi::doorbell::DOORBELLS_PER_PAGE,
             doorbell_model: match self.doorbells {
-                Doorbells::Global { .. } => DoorbellModel::Global,
+                Doorbells::Global => DoorbellModel::Global,
                 _ => DoorbellModel::Dedicated,
             },
-            aggregated_doorbell: g.aggregated_doorbell_page().is_some(),
+            aggregated_doorbell: g.misses_unmapped_doorbells(),
             native_fences: self.native_fences,
             user_queue_mode: self.mode,
             queue_metadata: abi::port::QueueMetadataSizes {
@@ -312,11 +313,13 @@ impl Kmd for VirtualKmd {
     fn connect_doorbell(&mut self, q: FwQueueId, process_page: u32, index: u32) -> Result<ConnectStep, KernelError> {
         let per_page = abi::doorbell::DOORBELLS_PER_PAGE;
         let page = match &mut self.doorbells {
-            Doorbells::Global { page } => {
-                // Every queue shares the one physical doorbell: nothing to victimize.
-                let page = *page;
-                self.gpu.lock().bind_global_doorbell(q).map_err(gpu_err("queue", q))?;
-                page
+            Doorbells::Global => {
+                // Every queue shares the one doorbell: nothing to victimize.
+                self.gpu
+                    .lock()
+                    .bind_global_doorbell(q, process_page, index)
+                    .map_err(gpu_err("doorbell index", index))?;
+                process_page
             }
             Doorbells::PerProcess => {
                 let slot = process_page * per_page + index;
@@ -351,28 +354,37 @@ impl Kmd for VirtualKmd {
         self.gpu.lock().bind_doorbell(q, slot).map_err(gpu_err("doorbell slot", slot))
     }
 
-    fn doorbell_ring(&self, q: FwQueueId, index: u32) -> Result<(u64, RingMethod), KernelError> {
-        Ok(match self.doorbells {
+    fn doorbell_ring(&self, index: u32) -> (u64, RingMethod) {
+        match self.doorbells {
             Doorbells::PerProcess => (index as u64 * abi::doorbell::DOORBELL_BYTES, RingMethod::WriteWptr),
             // Each pool doorbell is at offset 0 of its own page (a CPU VA rotates a page).
             Doorbells::Pool(_) => (0, RingMethod::WriteWptr),
-            Doorbells::Global { .. } => self.gpu.lock().global_doorbell_ring(q).map_err(gpu_err("queue", q))?,
-        })
+            Doorbells::Global => RingMethod::bit(index),
+        }
     }
 
-    fn aggregated_doorbell(&self, engine: EngineId) -> Option<(u32, u64, u64)> {
-        let page = self.gpu.lock().aggregated_doorbell_page()?;
+    fn aggregated_doorbell(&self, engine: EngineId) -> Option<(u64, u64)> {
+        if !self.gpu.lock().misses_unmapped_doorbells() {
+            return None;
+        }
         match RingMethod::bit(engine.0) {
-            (offset, RingMethod::SetBit { mask }) => Some((page, offset, mask)),
+            (offset, RingMethod::SetBit { mask }) => Some((offset, mask)),
             (_, RingMethod::WriteWptr) => None,
         }
     }
 
+    fn watch_aggregated_page(&mut self, page: u32) {
+        self.gpu.lock().watch_aggregated_doorbell(page);
+    }
+
+    fn unwatch_aggregated_page(&mut self, page: u32) {
+        self.gpu.lock().unwatch_aggregated_doorbell(page);
+    }
+
     fn reserved_doorbell_pages(&self) -> std::ops::Range<u32> {
-        let device = self.gpu.lock().device_doorbell_pages();
         match &self.doorbells {
-            Doorbells::Pool(p) => p.first_page..device.end,
-            _ => device,
+            Doorbells::Pool(p) => p.first_page..p.first_page + p.owners.len() as u32,
+            _ => 0..0,
         }
     }
 

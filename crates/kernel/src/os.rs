@@ -226,6 +226,8 @@ struct DoorbellObj {
 struct Process {
     vmid: Vmid,
     doorbell_page: u32,
+    /// The process's aggregated doorbell page, mapped once (when the device needs one).
+    aggregated: Option<(u32, Arc<shm::Mapping>)>,
     next_va: u64,
     devices: Table<DeviceKind, DeviceObj>,
     contexts: Table<ContextKind, ContextObj>,
@@ -301,9 +303,6 @@ struct OsState {
     d3: bool,
     /// Contexts the D3 entry suspended (resumed on the way back to D0).
     power_suspended: Vec<(ProcessId, ContextHandle)>,
-    /// The aggregated doorbell page, mapped once and handed to every doorbell (if the device
-    /// has one).
-    aggregated_map: Option<Arc<shm::Mapping>>,
     /// The adapter has native fences (otherwise only monitored fences).
     native_fences: bool,
     /// The machine's cross-adapter layer and this adapter's id in it, if it has several.
@@ -364,7 +363,6 @@ impl Os {
             km_gen: 0,
             d3: false,
             power_suspended: Vec::new(),
-            aggregated_map: None,
             native_fences,
             cross: None,
             cross_outbox: Vec::new(),
@@ -436,11 +434,23 @@ impl Os {
     /// Creates a process: a GPU address space and a doorbell page.
     pub fn create_process(&self) -> Result<ProcessId, KernelError> {
         let mut s = self.state.lock();
-        let page = s.doorbell_pages.iter().position(|used| !used).ok_or_else(|| KernelError::Exhausted {
-            what: "doorbell pages",
-            detail: format!("all {} pages of the doorbell BAR are in use", s.doorbell_pages.len()),
-        })?;
-        s.doorbell_pages[page] = true;
+        let page = s.take_doorbell_page()?;
+        // Spec 001: "the kernel driver will map a page of aggregated doorbell space into each
+        // GPUVM space" — a page of its own, so no process can clear another's rings.
+        let aggregated = if s.kmd.adapter_info().aggregated_doorbell {
+            let a = match s.take_doorbell_page() {
+                Ok(a) => a,
+                Err(e) => {
+                    s.release_doorbell_page(page);
+                    return Err(e);
+                }
+            };
+            let map = s.bar.map_range(a as u64 * DOORBELL_PAGE_BYTES, DOORBELL_PAGE_BYTES as usize, Prot::ReadWrite)?;
+            s.kmd.watch_aggregated_page(a);
+            Some((a, Arc::new(map)))
+        } else {
+            None
+        };
         let pid = ProcessId(s.next_pid);
         s.next_pid += 1;
         let vmid = s.kmd.create_vm();
@@ -448,7 +458,8 @@ impl Os {
             pid,
             Process {
                 vmid,
-                doorbell_page: page as u32,
+                doorbell_page: page,
+                aggregated,
                 next_va: VA_BASE,
                 devices: Table::new(pid),
                 contexts: Table::new(pid),
@@ -545,9 +556,7 @@ impl Os {
                 s.disconnect(pid, q, DoorbellStatus::DisconnectedAbort, now)?;
             }
             Ok(())
-        })?;
-        self.kick_if_needed(&mut self.state.lock());
-        Ok(())
+        })
     }
 
     /// Ends a process: every queue is destroyed (doorbell disconnected first), then its
@@ -565,8 +574,14 @@ impl Os {
         }
         if let Some(p) = s.processes.remove(&pid) {
             s.kmd.destroy_vm(p.vmid);
-            s.doorbell_pages[p.doorbell_page as usize] = false;
+            s.release_doorbell_page(p.doorbell_page);
+            if let Some((a, _)) = p.aggregated {
+                s.kmd.unwatch_aggregated_page(a);
+                s.release_doorbell_page(a);
+            }
         }
+        drop(s);
+        self.after_signals();
     }
 
     fn with<T>(
@@ -574,12 +589,21 @@ impl Os {
         pid: ProcessId,
         f: impl FnOnce(&mut OsState, Time) -> Result<T, KernelError>,
     ) -> Result<T, KernelError> {
-        let mut s = self.state.lock();
-        if !s.processes.contains_key(&pid) {
-            return Err(KernelError::ProcessTerminated(pid));
+        let (r, signalled) = {
+            let mut s = self.state.lock();
+            if !s.processes.contains_key(&pid) {
+                return Err(KernelError::ProcessTerminated(pid));
+            }
+            let now = self.now();
+            let r = f(&mut s, now);
+            (r, s.km_kick || !s.cross_outbox.is_empty())
+        };
+        // Whatever the call passed — a fence the scheduler waits on, a cross-adapter fence —
+        // is acted on now, with the lock released.
+        if signalled {
+            self.after_signals();
         }
-        let now = self.now();
-        f(&mut s, now)
+        r
     }
 
     /// `D3DKMTCreateDevice`.
@@ -849,9 +873,7 @@ impl Os {
     /// AlwaysSignaled, so GPU and CPU waits pass, and CPU waits report
     /// [`KernelError::DeviceLost`]. Idempotent.
     pub fn mark_device_error(&self, pid: ProcessId, device: DeviceHandle) -> Result<(), KernelError> {
-        let r = self.with(pid, |s, now| s.mark_device_error(pid, device, now));
-        self.after_signals();
-        r
+        self.with(pid, |s, now| s.mark_device_error(pid, device, now))
     }
 
     /// Opens a shared native fence by its global handle.
@@ -866,9 +888,7 @@ impl Os {
 
     /// Destroys a native fence.
     pub fn destroy_native_fence(&self, pid: ProcessId, f: abi::NativeFenceHandle) -> Result<(), KernelError> {
-        let r = self.with(pid, |s, now| s.destroy_native_fence(pid, f, now));
-        self.after_signals();
-        r
+        self.with(pid, |s, now| s.destroy_native_fence(pid, f, now))
     }
 
     /// Signals a native fence from the CPU.
@@ -878,9 +898,7 @@ impl Os {
         f: abi::NativeFenceHandle,
         value: u64,
     ) -> Result<(), KernelError> {
-        let r = self.with(pid, |s, now| s.signal_native_fence(pid, f, value, now));
-        self.after_signals();
-        r
+        self.with(pid, |s, now| s.signal_native_fence(pid, f, value, now))
     }
 
     /// Starts a CPU wait on native fences.
@@ -960,6 +978,30 @@ impl Os {
 }
 
 impl OsState {
+    /// A free page of the doorbell BAR for a process.
+    fn take_doorbell_page(&mut self) -> Result<u32, KernelError> {
+        let page = self.doorbell_pages.iter().position(|used| !used).ok_or_else(|| KernelError::Exhausted {
+            what: "doorbell pages",
+            detail: format!("all {} pages of the doorbell BAR are in use", self.doorbell_pages.len()),
+        })?;
+        self.doorbell_pages[page] = true;
+        Ok(page as u32)
+    }
+
+    /// Gives a process's doorbell page back, cleared: its next owner starts with no stale
+    /// value or bit (which would at worst make the firmware re-read a wptr).
+    fn release_doorbell_page(&mut self, page: u32) {
+        for w in 0..DOORBELLS_PER_PAGE as u64 {
+            if let Ok(word) = self.bar.atomic_u64(page as u64 * DOORBELL_PAGE_BYTES + w * 8) {
+                // Relaxed: the page has no user left; the next owner's mapping is created after.
+                word.store(0, Ordering::Relaxed);
+            }
+        }
+        if let Some(p) = self.doorbell_pages.get_mut(page as usize) {
+            *p = false;
+        }
+    }
+
     fn proc(&mut self, pid: ProcessId) -> Result<&mut Process, KernelError> {
         self.processes.get_mut(&pid).ok_or(KernelError::ProcessTerminated(pid))
     }
@@ -1449,10 +1491,12 @@ impl OsState {
                 ));
             }
         }
-        let fw = qo.fw;
         let engine = qo.engine;
-        let (offset, ring) = self.kmd.doorbell_ring(fw, desc.doorbell_index)?;
-        let aggregated = self.aggregated_doorbell(engine)?;
+        let (offset, ring) = self.kmd.doorbell_ring(desc.doorbell_index);
+        let aggregated = match (self.kmd.aggregated_doorbell(engine), &self.proc(pid)?.aggregated) {
+            (Some((offset, mask)), Some((_, page))) => Some(AggregatedDoorbell { page: page.clone(), offset, mask }),
+            _ => None,
+        };
         let page = Arc::new(RotatingPage::new(&self.dummy, 0)?);
         let p = self.proc(pid)?;
         let d = p.doorbells.insert(DoorbellObj {
@@ -1468,26 +1512,6 @@ impl OsState {
         p.queues.get_mut(q)?.doorbell = Some(d);
         self.trace.push(now, Event::Ddi(Ddi::CreateDoorbell(q)));
         Ok(DoorbellInfo { handle: d, cpu_page: page, offset, ring, aggregated })
-    }
-
-    /// The aggregated doorbell for `engine`'s queues, if the device needs one (spec 001: "the
-    /// kernel driver will map a page of aggregated doorbell space into each GPUVM space"). The
-    /// page is never rotated: a ring of it only makes the firmware look at wptrs.
-    fn aggregated_doorbell(&mut self, engine: EngineId) -> Result<Option<AggregatedDoorbell>, KernelError> {
-        let Some((page, offset, mask)) = self.kmd.aggregated_doorbell(engine) else { return Ok(None) };
-        let map = match &self.aggregated_map {
-            Some(m) => m.clone(),
-            None => {
-                let m = Arc::new(self.bar.map_range(
-                    page as u64 * DOORBELL_PAGE_BYTES,
-                    DOORBELL_PAGE_BYTES as usize,
-                    Prot::ReadWrite,
-                )?);
-                self.aggregated_map = Some(m.clone());
-                m
-            }
-        };
-        Ok(Some(AggregatedDoorbell { page: map, offset, mask }))
     }
 
     fn destroy_doorbell(&mut self, pid: ProcessId, q: HwQueueHandle, now: Time) -> Result<(), KernelError> {

@@ -712,8 +712,9 @@ impl Machine {
         }
     }
 
-    /// What the cross-adapter layer did, in order.
-    pub fn cross_trace(&self) -> Vec<crate::cross::CrossEvent> {
+    /// What the cross-adapter layer did, in order (bounded like [`System::trace`]), and how
+    /// many older events were dropped.
+    pub fn cross_trace(&self) -> (Vec<crate::cross::CrossEvent>, u64) {
         self.cross.trace()
     }
 }

@@ -88,7 +88,7 @@ fn cell(igpu_native: bool, wait_on: usize, wait: From, signal: From) {
 
     // The signal.
     let marks: Vec<usize> = m.adapters().iter().map(|a| a.trace().0.len()).collect();
-    let xmark = m.cross_trace().len();
+    let xmark = m.cross_trace().0.len();
     let irqs = m.adapter(signal_on).stats().fence_interrupts;
     match signal {
         From::Gpu => {
@@ -128,7 +128,7 @@ fn cell(igpu_native: bool, wait_on: usize, wait: From, signal: From) {
         _ => assert!(!sev.contains(&cpu_ddi), "{what}: {sev:#?}"),
     }
     // The OS propagates it to the waiting adapter.
-    let x: Vec<CrossEvent> = m.cross_trace().into_iter().skip(xmark).collect();
+    let x: Vec<CrossEvent> = m.cross_trace().0.into_iter().skip(xmark).collect();
     let (from, to) = (AdapterId(signal_on as u32), AdapterId(wait_on as u32));
     let sig = x.iter().position(|e| *e == CrossEvent::Signaled { fence: handle, from });
     let prop = x.iter().position(|e| *e == CrossEvent::Propagated { fence: handle, to });
@@ -212,7 +212,7 @@ fn every_signal_of_a_cross_adapter_fence_interrupts_even_with_no_waiter() {
     }
     // Three signals of the cross-adapter fence, none of the local one (no waiter).
     assert_eq!(m.adapter(DGPU).stats().fence_interrupts - before, 3);
-    let propagated = m.cross_trace().iter().filter(|e| matches!(e, CrossEvent::Propagated { .. })).count();
+    let propagated = m.cross_trace().0.iter().filter(|e| matches!(e, CrossEvent::Propagated { .. })).count();
     assert_eq!(propagated, 3);
 }
 
@@ -228,7 +228,7 @@ fn closing_on_one_adapter_keeps_the_fence_alive_on_the_other() {
     ix.signal(5).unwrap();
     assert_eq!(ix.value().unwrap(), 5);
     drop(ix);
-    let t = m.cross_trace();
+    let t = m.cross_trace().0;
     let closes: Vec<&CrossEvent> = t.iter().filter(|e| matches!(e, CrossEvent::Closed { .. })).collect();
     assert_eq!(
         closes,
@@ -276,4 +276,86 @@ fn bad_cross_adapter_requests_are_refused_with_typed_errors() {
     let v = q.submit(&cb).unwrap();
     q.wait(v, common::T).unwrap();
     assert_eq!(c.buf.read_u32(0).unwrap(), 9);
+}
+
+/// An abnormal termination makes the dying process's fences AlwaysSignaled; for a
+/// cross-adapter fence, the other adapters' waiters see that too, at once.
+#[test]
+fn a_killed_processs_cross_adapter_fence_releases_the_other_adapters_waiters() {
+    let m = machine(true);
+    let d = common::client_on(m.adapter(DGPU).open_process().unwrap());
+    let i = common::client_on(m.adapter(IGPU).open_process().unwrap());
+    let x = d.device.create_fence_with(&cross(NativeFenceType::Default)).unwrap();
+    let ix = i.device.open_cross_adapter_fence(x.cross_adapter().unwrap()).unwrap();
+    let pid = i.port.process();
+    let w = m.adapter(IGPU).begin_fence_wait(pid, &[(ix.handle(), VALUE)], WaitMode::All).unwrap().unwrap();
+    m.settle();
+    assert!(!w.is_done());
+    m.adapter(DGPU).terminate(d.port.process(), kernel::Termination::Abnormal);
+    assert!(w.is_done(), "propagated by the termination itself");
+    assert_eq!(m.adapter(IGPU).end_fence_wait(pid, &w).unwrap(), WaitOutcome::Reached(0));
+    assert_eq!(ix.value().unwrap(), abi::port::FENCE_ALWAYS_SIGNALED);
+}
+
+/// Two processes of one adapter open the same cross-adapter fence: one fence object there
+/// (the KMD registers it once), two local instances; closing one leaves the other working.
+#[test]
+fn two_processes_of_one_adapter_share_one_instance_of_a_cross_adapter_fence() {
+    let m = machine(true);
+    let d = common::client_on(m.adapter(DGPU).open_process().unwrap());
+    let i1 = common::client_on(m.adapter(IGPU).open_process().unwrap());
+    let i2 = common::client_on(m.adapter(IGPU).open_process().unwrap());
+    let x = d.device.create_fence_with(&cross(NativeFenceType::Default)).unwrap();
+    let handle = x.cross_adapter().unwrap();
+    let f1 = i1.device.open_cross_adapter_fence(handle).unwrap();
+    let f2 = i2.device.open_cross_adapter_fence(handle).unwrap();
+    let creates = |m: &Machine| {
+        common::events_from(m.adapter(IGPU), 0)
+            .iter()
+            .filter(|e| matches!(e, Event::Ddi(Ddi::CreateNativeFence(_))))
+            .count()
+    };
+    assert_eq!(creates(&m), 1, "the iGPU's KMD knows the fence once");
+    // A CPU signal through one instance wakes a waiter on the other, on the same adapter.
+    let pid = i1.port.process();
+    let w = m.adapter(IGPU).begin_fence_wait(pid, &[(f1.handle(), 2)], WaitMode::All).unwrap().unwrap();
+    f2.signal(2).unwrap();
+    assert!(w.is_done());
+    assert_eq!(m.adapter(IGPU).end_fence_wait(pid, &w).unwrap(), WaitOutcome::Reached(0));
+    // Closing the second leaves the first's GPU signal working (and propagating).
+    drop(f2);
+    let mut q = i1.user_queue();
+    let mut cb = CommandBuffer::new();
+    cb.signal_fence(&f1, 3);
+    let v = q.submit(&cb).unwrap();
+    q.wait(v, common::T).unwrap();
+    m.settle();
+    assert_eq!(x.value().unwrap(), 3);
+    assert_ne!(q.status().unwrap().state, abi::QueueState::Hung);
+}
+
+/// A fence both shareable and cross-adapter: the instance another process opened by its
+/// global handle is a cross-adapter instance too, so it keeps propagating after the creator
+/// closed, and the last close on the adapter tells the cross-adapter layer.
+#[test]
+fn a_shareable_cross_adapter_fence_propagates_from_every_instance() {
+    let m = machine(true);
+    let d1 = common::client_on(m.adapter(DGPU).open_process().unwrap());
+    let d2 = common::client_on(m.adapter(DGPU).open_process().unwrap());
+    let i = common::client_on(m.adapter(IGPU).open_process().unwrap());
+    let desc = NativeFenceDesc { shareable: true, ..cross(NativeFenceType::Default) };
+    let x = d1.device.create_fence_with(&desc).unwrap();
+    let handle = x.cross_adapter().unwrap();
+    let y = d2.device.open_fence(x.global().unwrap()).unwrap();
+    assert_eq!(y.cross_adapter(), Some(handle));
+    let ix = i.device.open_cross_adapter_fence(handle).unwrap();
+    drop(x);
+    let pid = i.port.process();
+    let w = m.adapter(IGPU).begin_fence_wait(pid, &[(ix.handle(), 4)], WaitMode::All).unwrap().unwrap();
+    y.signal(4).unwrap();
+    assert!(w.is_done(), "the opened instance propagated");
+    m.adapter(IGPU).end_fence_wait(pid, &w).unwrap();
+    drop(y);
+    let closed = m.cross_trace().0.contains(&CrossEvent::Closed { fence: handle, adapter: AdapterId(1) });
+    assert!(closed, "the dGPU's last instance closed");
 }

@@ -1,10 +1,10 @@
 //! Spec 000's global doorbell model, and amdgpu's aggregated doorbell for engines that miss
 //! the doorbells of queues without a hardware slot.
 //!
-//! - Global: every queue of every process rings its own bit of one physical doorbell page;
-//!   nothing is ever victimized; a bit rung by someone else (another process, a stale ring of
-//!   a destroyed queue, an index naming no queue) only makes the firmware re-read that queue's
-//!   wptr.
+//! - Global: one doorbell for every queue; each queue rings its own bit of its process's
+//!   page (a page per process, so no process can clear another's rings); nothing is ever
+//!   victimized; a bit rung by someone else (another queue, a stale ring of a destroyed queue,
+//!   an index naming no queue) only makes the firmware re-read that queue's wptr.
 //! - Aggregated: with `misses_unmapped_doorbells`, a ring of an unmapped queue is dropped by
 //!   the engine; the UMD's extra ring of the aggregated doorbell makes the firmware poll the
 //!   unmapped queues' wptrs, so no submission is lost. Without the option a ring on an
@@ -106,8 +106,7 @@ impl Raw {
     }
 }
 
-/// Rings `target`'s doorbell through `through`'s CPU page (the same page under the global
-/// model: any process can name any queue).
+/// Rings `target`'s doorbell through `through`'s CPU page.
 fn ring_as(through: &DoorbellInfo, target: &DoorbellInfo) {
     let word = through.cpu_page.atomic_u64(target.offset).unwrap();
     match target.ring {
@@ -130,19 +129,24 @@ fn the_adapter_reports_its_doorbell_model() {
 }
 
 #[test]
-fn global_queues_of_every_process_ring_their_own_bit_of_one_page_and_nothing_is_victimized() {
+fn global_queues_ring_their_own_bit_of_their_process_page_and_nothing_is_victimized() {
     let sys = common::sim_with(config(DoorbellModel::Global, false, 2));
     let a = common::client(&sys);
     let b = common::client(&sys);
     let mut queues: Vec<(usize, umd::Queue)> =
         (0..24).map(|i| (i, if i % 2 == 0 { a.user_queue() } else { b.user_queue() })).collect();
-    // One physical doorbell page behind every CPU page.
-    let bar = sys.with_gpu(|g| g.global_doorbell_page()).expect("a global page") as u64 * 4096;
+    // Each process's queues show its own page, each at its own bit.
     let tap = common::TapPort::open(&sys);
     let tc = common::client_on(tap.clone());
-    let q = tc.user_queue();
-    let tq = tap.queue(q.handle());
-    assert_eq!(tq.doorbell_page.current().1, bar, "the doorbell shows the global page");
+    let (q1, q2) = (tc.user_queue(), tc.user_queue());
+    let (t1, t2) = (tap.queue(q1.handle()), tap.queue(q2.handle()));
+    assert_eq!(t1.doorbell_page.current(), t2.doorbell_page.current(), "one page per process");
+    assert_ne!((t1.doorbell_offset, t1.ring_method), (t2.doorbell_offset, t2.ring_method), "a bit per queue");
+    assert!(matches!(t1.ring_method, RingMethod::SetBit { .. }));
+    let other = common::TapPort::open(&sys);
+    let oc = common::client_on(other.clone());
+    let oq = oc.user_queue();
+    assert_ne!(other.queue(oq.handle()).doorbell_page.current(), t1.doorbell_page.current(), "another process's page");
     let mut expect = [0u32; 24];
     for round in 1..=5u32 {
         for (i, q) in queues.iter_mut() {
@@ -174,54 +178,114 @@ fn a_pool_of_dedicated_doorbells_is_refused_under_the_global_model() {
     }
 }
 
-#[test]
-fn another_process_ringing_a_queues_bit_only_makes_the_firmware_reread_its_wptr() {
-    let sys = global();
-    let mut a = Raw::open(&sys);
-    let mut b = Raw::open(&sys);
-    // B rings A's bit while A has nothing new: nothing happens to A.
-    ring_as(&b.db, &a.db);
-    sys.settle();
-    assert_eq!((a.completed(), a.written()), (0, 0));
-    assert_ne!(a.state(), QueueState::Hung);
-    // Bits naming no queue at all: ignored.
-    let word = b.db.cpu_page.atomic_u64(0).unwrap();
-    word.fetch_or(1 << 63, Ordering::Release);
-    b.db.cpu_page.atomic_u64(4088).unwrap().fetch_or(1 << 63, Ordering::Release);
-    sys.settle();
-    // B's own work is untouched by all that.
-    b.publish(7, 1);
-    b.ring();
-    sys.settle();
-    assert_eq!((b.completed(), b.written()), (1, 7));
-    // A's work published without its own ring runs when anyone names A: the firmware only
-    // re-read A's wptr, which A wrote.
-    a.publish(9, 1);
-    ring_as(&b.db, &a.db);
-    sys.settle();
-    assert_eq!((a.completed(), a.written()), (1, 9));
-    assert_ne!(a.state(), QueueState::Hung);
-    assert_eq!(sys.stats().faults, 0);
+/// Sets `target`'s bit through `through`'s doorbell CPU page (the same process page).
+fn ring_bit(through: &common::TapQueue, target: &common::TapQueue) {
+    let RingMethod::SetBit { mask } = target.ring_method else { panic!("global doorbells set bits") };
+    through.doorbell_page.atomic_u64(target.doorbell_offset).unwrap().fetch_or(mask, Ordering::Release);
 }
 
 #[test]
-fn a_stale_ring_of_a_destroyed_queue_never_runs_anything_for_the_new_owner_of_its_bit() {
+fn another_queue_ringing_a_queues_bit_only_makes_the_firmware_reread_its_wptr() {
     let sys = global();
-    let a = Raw::open(&sys);
-    // A rings and is destroyed before the firmware looks.
+    let tap = common::TapPort::open(&sys);
+    let c = common::client_on(tap.clone());
+    let (mut qa, mut qb) = (c.user_queue(), c.user_queue());
+    let (ta, tb) = (tap.queue(qa.handle()), tap.queue(qb.handle()));
+    // B rings A's bit while A has nothing new: nothing happens to A.
+    ring_bit(&tb, &ta);
+    sys.settle();
+    assert_eq!(ta.completed(), 0);
+    assert_ne!(qa.status().unwrap().state, QueueState::Hung);
+    // Bits naming no queue: ignored.
+    for w in [0, 8, 4088] {
+        tb.doorbell_page.atomic_u64(w).unwrap().fetch_or(u64::MAX, Ordering::Release);
+    }
+    sys.settle();
+    // Both queues' own work is untouched by all that.
+    for (i, q) in [(0u64, &mut qa), (1, &mut qb)] {
+        let mut cb = CommandBuffer::new();
+        cb.write_u32(c.buf.va() + 4 * i, 7);
+        let v = q.submit(&cb).unwrap();
+        q.wait(v, T).unwrap();
+        assert_eq!(c.buf.read_u32(4 * i).unwrap(), 7);
+    }
+    assert_eq!(sys.stats().faults, 0);
+}
+
+/// The page is the unit of protection: a process that scribbles over its whole doorbell page
+/// and its aggregated doorbell cannot erase another process's rings.
+#[test]
+fn no_process_can_erase_another_process_rings() {
+    let mut cfg = config(DoorbellModel::Global, true, 1);
+    cfg.gpu.idle_period = Duration::from_secs(3600); // no F1 round trip re-reads wptrs for us
+    let sys = common::sim_with(cfg);
+    let tap_a = common::TapPort::open(&sys);
+    let a = common::client_on(tap_a.clone());
+    let tap_b = common::TapPort::open(&sys);
+    let b = common::client_on(tap_b.clone());
+    let holder = b.user_queue(); // takes the only slot
+    let mut qa = a.user_queue(); // has none: its own ring is missed, the aggregated one counts
+    sys.settle();
+    assert_eq!(holder.status().unwrap().state, QueueState::Mapped);
+    let tb = tap_b.queue(holder.handle());
+    let mut cb = CommandBuffer::new();
+    cb.write_u32(a.buf.va(), 0xa11);
+    let v = qa.submit(&cb).unwrap(); // rings A's bit and A's aggregated doorbell
+    // B erases everything it can reach before the firmware looks.
+    for w in 0..512 {
+        tb.doorbell_page.atomic_u64(w * 8).unwrap().store(0, Ordering::Release);
+    }
+    let agg = tb.aggregated.as_ref().expect("an aggregated doorbell");
+    agg.page.atomic_u64(agg.offset).unwrap().store(0, Ordering::Release);
+    let ta = tap_a.queue(qa.handle());
+    assert_ne!(ta.doorbell_page.current(), tb.doorbell_page.current());
+    qa.wait(v, T).unwrap();
+    assert_eq!(a.buf.read_u32(0).unwrap(), 0xa11);
+}
+
+#[test]
+fn a_stale_ring_of_a_destroyed_queue_never_runs_its_work_on_the_new_owner_of_its_bit() {
+    let sys = global();
+    let mut a = Raw::open(&sys);
+    // A publishes work and rings, and is destroyed before the firmware looks.
+    a.publish(7, 1);
     a.ring();
     let old = (a.db.offset, a.db.ring);
     a.p.port.destroy_hw_queue(a.q.handle).unwrap();
-    // B's new queue takes the same firmware index, so the same bit.
-    let mut b = Raw::open(&sys);
-    assert_eq!((b.db.offset, b.db.ring), old, "the bit was reused");
+    // A new queue of the same process takes the same index, so the same bit, over the same
+    // ring and control memory: it starts at the current wptr, after the old work.
+    let q = a.p.create(a.p.desc(abi::queue::DOORBELL_INDEX_ANY)).unwrap();
+    let db = a.p.doorbell(q.handle).unwrap();
+    a.p.port.connect_doorbell(q.handle).unwrap();
+    assert_eq!((db.offset, db.ring), old, "the bit was reused");
+    let mut b = Raw { p: a.p, q, db, wptr: a.wptr };
     sys.settle();
-    assert_eq!(b.completed(), 0);
+    assert_eq!((b.completed(), b.written()), (0, 0), "the destroyed queue's work never ran");
     assert_ne!(b.state(), QueueState::Hung);
     b.publish(3, 1);
     b.ring();
     sys.settle();
     assert_eq!((b.completed(), b.written()), (1, 3));
+}
+
+#[test]
+fn kernel_queues_are_never_missed_by_an_engine_that_misses_unmapped_doorbells() {
+    let mut cfg = config(DoorbellModel::Dedicated, true, 1);
+    cfg.gpu.idle_period = Duration::from_secs(3600);
+    let sys = common::sim_with(cfg);
+    let c = common::client(&sys);
+    // A user queue holds the only slot, blocked in a WAIT.
+    let mut user = c.user_queue();
+    let mut cb = CommandBuffer::new();
+    cb.wait(c.buf.va() + 64, 1);
+    user.submit(&cb).unwrap();
+    sys.settle();
+    let mut kq = c.kernel_queue();
+    let mut cb = CommandBuffer::new();
+    cb.write_u32(c.buf.va(), 5);
+    let v = kq.submit(&cb).unwrap();
+    kq.wait(v, T).unwrap();
+    assert_eq!(c.buf.read_u32(0).unwrap(), 5);
 }
 
 #[test]

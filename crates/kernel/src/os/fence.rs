@@ -222,12 +222,22 @@ impl OsState {
             return Err(invalid("handle", handle, "this adapter is not part of a multi-adapter machine"));
         };
         let (current, coff) = x.storage(handle)?;
-        let kind = if self.native_fences { NativeFenceType::Default } else { NativeFenceType::LegacyMonitored };
-        let monitored = Shm::new("fence-monitored", 4096)?;
-        monitored.atomic_u64(coff)?.store(0, Ordering::Release);
+        // This adapter has it already (created here, or opened before): one more local
+        // instance of the same fence object, as for a shared fence — the KMD knows it once.
+        let existing = self.fence_index.values().find_map(|v| {
+            let &(p, h) = v.first()?;
+            let f = self.processes.get(&p)?.fences.get(h).ok()?;
+            (f.cross == Some(handle)).then_some((p, h))
+        });
+        if let Some(instance) = existing {
+            return self.open_instance(pid, device, instance, now);
+        }
         let p = self.proc(pid)?;
         let (vmid, va) = (p.vmid, p.take_va(4096));
         self.kmd.map_gpu(vmid, va, 4096, current.clone(), true)?;
+        let kind = if self.native_fences { NativeFenceType::Default } else { NativeFenceType::LegacyMonitored };
+        let monitored = Shm::new("fence-monitored", 4096)?;
+        monitored.atomic_u64(coff)?.store(0, Ordering::Release);
         let id = self.next_fence_id;
         self.next_fence_id += 1;
         let h = self.proc(pid)?.fences.insert(FenceObj {
@@ -310,13 +320,28 @@ impl OsState {
         if !o.shared {
             return Err(invalid("global", global, "names a fence that was not created shareable: it cannot be opened"));
         }
-        let (kind, current, coff, monitored, moff) = (o.kind, o.current.clone(), o.coff, o.monitored.clone(), o.moff);
+        self.open_instance(pid, device, (opid, oh), now)
+    }
+
+    /// Another local instance, in process `pid`, of the fence that instance `(opid, oh)`
+    /// belongs to: the same storage mapped at a VA of its own, under a local handle of its own
+    /// (`DxgkDdiOpenNativeFence`). A cross-adapter fence stays one: every instance propagates.
+    fn open_instance(
+        &mut self,
+        pid: ProcessId,
+        device: DeviceHandle,
+        (opid, oh): (ProcessId, NativeFenceHandle),
+        now: Time,
+    ) -> Result<NativeFenceInfo, KernelError> {
+        let o = self.proc(opid)?.fences.get(oh)?;
+        let (id, kind, current, coff, monitored, moff, cross) =
+            (o.id, o.kind, o.current.clone(), o.coff, o.monitored.clone(), o.moff, o.cross);
         let p = self.proc(pid)?;
         let (vmid, va) = (p.vmid, p.take_va(4096));
         self.kmd.map_gpu(vmid, va, 4096, current.clone(), true)?;
         let handle = self.proc(pid)?.fences.insert(FenceObj {
             device,
-            id: global,
+            id,
             kind,
             current: current.clone(),
             coff,
@@ -325,24 +350,16 @@ impl OsState {
             moff,
             slot: None,
             shared: true,
-            cross: None,
+            cross,
             waiters: Vec::new(),
         });
         self.trace.push(now, Event::Ddi(Ddi::OpenNativeFence(handle)));
-        self.fence_index.entry(global).or_default().push((pid, handle));
+        self.fence_index.entry(id).or_default().push((pid, handle));
         let cpu = match kind {
             NativeFenceType::IntraGpu => None,
             _ => Some(current.map_range(0, 4096, Prot::ReadOnly)?),
         };
-        Ok(NativeFenceInfo {
-            handle,
-            va: va + coff,
-            cpu,
-            offset: coff,
-            global: Some(global),
-            kind,
-            cross_adapter: None,
-        })
+        Ok(NativeFenceInfo { handle, va: va + coff, cpu, offset: coff, global: Some(id), kind, cross_adapter: cross })
     }
 
     pub(crate) fn destroy_native_fence(

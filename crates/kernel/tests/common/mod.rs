@@ -174,6 +174,10 @@ pub struct TapQueue {
     pub doorbell_page: Arc<RotatingPage>,
     /// Offset of the doorbell word in the page.
     pub doorbell_offset: u64,
+    /// How the queue rings it.
+    pub ring_method: abi::doorbell::RingMethod,
+    /// The process's aggregated doorbell, if the device has one.
+    pub aggregated: Option<abi::port::AggregatedDoorbell>,
     /// A read-only mapping of the queue's kernel page.
     pub kernel_page: Mapping,
 }
@@ -357,6 +361,8 @@ impl KernelPort for TapPort {
             control_base: desc.rptr_va - RPTR_OFFSET - control_va,
             doorbell_page: info.cpu_page.clone(),
             doorbell_offset: info.offset,
+            ring_method: info.ring,
+            aggregated: info.aggregated.clone(),
             kernel_page,
         };
         s.queues.insert(args.queue, Arc::new(tq));
