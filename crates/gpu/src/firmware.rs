@@ -212,6 +212,9 @@ struct FwQueue {
     dispatch_active: bool,
     /// When the engine first saw the logged `WAIT` it is blocked on (the log's observed time).
     wait_observed: Option<Time>,
+    /// Blocked in a `WAIT` on a native fence, as of this fence epoch: not re-checked until a
+    /// fence changes.
+    parked: Option<u64>,
     /// On its engine's run list (not suspended).
     on_run_list: bool,
     /// Its place in run-list order: stamped from [`Engine::next_seq`] each time it joins the
@@ -452,6 +455,10 @@ pub(crate) struct Firmware {
     aggregated: Vec<u32>,
     /// Engines drop rings of queues without a hardware slot.
     misses_unmapped: bool,
+    /// Bumped whenever a native fence may have changed: a signal executed here, a CPU update
+    /// or another adapter's signal (`notify_fences`), a fence registered or destroyed. A queue
+    /// parked on a fence `WAIT` re-checks only when it moved.
+    fence_epoch: u64,
 }
 
 /// Outcome of executing one packet.
@@ -486,6 +493,8 @@ struct Env<'a> {
     dispatch_budget: u64,
     stats: &'a mut ComputeStats,
     irqs: &'a mut std::collections::VecDeque<Interrupt>,
+    /// The fence epoch: bumped by every signal this device executes.
+    fence_epoch: &'a mut u64,
 }
 
 impl Firmware {
@@ -528,6 +537,7 @@ impl Firmware {
             bit_pages: Default::default(),
             aggregated: Vec::new(),
             misses_unmapped: cfg.misses_unmapped_doorbells,
+            fence_epoch: 0,
         }
     }
 
@@ -603,6 +613,7 @@ impl Firmware {
             last_run: Time::ZERO,
             dispatch_active: false,
             wait_observed: None,
+            parked: None,
             on_run_list: false,
             seq: 0,
             waiting: false,
@@ -943,6 +954,7 @@ impl Firmware {
             fences,
             optimized_interrupts,
             quanta,
+            fence_epoch,
             ..
         } = self;
         for e in engines.iter_mut().filter(|e| e.power == PowerState::F0) {
@@ -956,6 +968,12 @@ impl Firmware {
                     continue;
                 }
                 busy = true;
+                // Parked on a fence that has not changed: nothing to re-check. (It still has
+                // work, so the engine stays awake, as for any queue blocked in a WAIT.)
+                if q.parked == Some(*fence_epoch) {
+                    continue;
+                }
+                q.parked = None;
                 q.last_run = now;
                 let before = compute.instructions;
                 let mut env = Env {
@@ -967,6 +985,7 @@ impl Firmware {
                     dispatch_budget: *dispatch_budget,
                     stats: compute,
                     irqs,
+                    fence_epoch,
                 };
                 report.packets += run_queue(q, id, vms, *budget, &mut env);
                 report.instructions += compute.instructions - before;
@@ -1024,6 +1043,7 @@ impl Firmware {
     }
 
     pub(crate) fn register_fence(&mut self, current: (&Shm, u64), monitored: (Arc<Shm>, u64), id: u64) {
+        self.fence_epoch += 1;
         self.fences.insert(
             (current.0.id(), current.1),
             FenceEntry { id, monitored: Place { shm: monitored.0, offset: monitored.1 } },
@@ -1031,7 +1051,15 @@ impl Firmware {
     }
 
     pub(crate) fn unregister_fence(&mut self, current: (&Shm, u64)) {
+        // A queue parked on it re-checks (and faults, if the memory went with it).
+        self.fence_epoch += 1;
         self.fences.remove(&(current.0.id(), current.1));
+    }
+
+    /// Native fences may have changed behind the engines' back (a CPU update, another
+    /// adapter's signal): every parked queue re-checks.
+    pub(crate) fn notify_fences(&mut self) {
+        self.fence_epoch += 1;
     }
 }
 
@@ -1222,6 +1250,15 @@ fn schedule(e: &mut Engine, slots: &mut [Slot], now: Time, quanta: Quanta) {
 }
 
 /// Runs one queue for up to `budget` packets. Returns packets executed.
+/// A `WAIT` blocked on the word `r` resolves to: if it is a native fence, the queue parks
+/// until a fence changes (spec 002: "the firmware re-checks blocked queues when fences
+/// change"); a plain memory word, which anyone may write without telling, is polled.
+fn park_on_fence(q: &mut FwQueue, r: &crate::memory::Resolved<'_>, env: &Env<'_>) {
+    if env.fences.contains_key(&(r.shm.id(), r.offset)) {
+        q.parked = Some(*env.fence_epoch);
+    }
+}
+
 fn run_queue(q: &mut FwQueue, id: FwQueueId, vms: &[Option<AddressSpace>], budget: u32, env: &mut Env<'_>) -> u64 {
     let start_rptr = q.rptr;
     let mut done = 0u64;
@@ -1410,6 +1447,7 @@ fn exec(
             q.ib = Some(IbCursor { va, dwords, pos: 0, vmid });
         }
         Packet::Signal { va, value } => {
+            *env.fence_epoch += 1;
             let r = vm.translate_aligned(va, 8, Access::Write)?;
             let word = r.shm.atomic_u64(r.offset).map_err(|_| wfault(va, 8))?;
             match env.fences.get(&(r.shm.id(), r.offset)) {
@@ -1427,6 +1465,7 @@ fn exec(
             }
         }
         Packet::SignalFence { va, value } => {
+            *env.fence_epoch += 1;
             let r = vm.translate_aligned(va, 8, Access::Write)?;
             let f = env.fences.get(&(r.shm.id(), r.offset)).ok_or(FaultKind::NotAFence { va })?;
             let current = r.shm.atomic_u64(r.offset).map_err(|_| wfault(va, 8))?;
@@ -1452,6 +1491,7 @@ fn exec(
                     let observed = *q.wait_observed.get_or_insert(now);
                     // Acquire: pairs with the signaller's release store.
                     if r.shm.load_u64(r.offset, Ordering::Acquire).map_err(|_| outside(va, 8))? < value {
+                        park_on_fence(q, &r, env);
                         return Ok(Flow::Blocked);
                     }
                     q.wait_observed = None;
@@ -1471,6 +1511,7 @@ fn exec(
                     std::sync::atomic::fence(Ordering::SeqCst);
                 }
                 LoggedOp::Signal | LoggedOp::SignalFence => {
+                    *env.fence_epoch += 1;
                     let r = vm.translate_aligned(va, 8, Access::Write)?;
                     let current = r.shm.atomic_u64(r.offset).map_err(|_| wfault(va, 8))?;
                     let now = (env.clock)();
@@ -1513,6 +1554,7 @@ fn exec(
             // Acquire: pairs with the signaller's release store.
             let v = r.shm.load_u64(r.offset, Ordering::Acquire).map_err(|_| outside(va, 8))?;
             if v < value {
+                park_on_fence(q, &r, env);
                 return Ok(Flow::Blocked);
             }
         }

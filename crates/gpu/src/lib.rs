@@ -417,6 +417,13 @@ impl Gpu {
         self.fw.unregister_fence(current)
     }
 
+    /// Native fences changed without the engines executing a signal (a CPU update, another
+    /// adapter's signal): queues parked in a fence `WAIT` re-check. The firmware re-checks
+    /// them only when a fence may have changed.
+    pub fn notify_fences(&mut self) {
+        self.fw.notify_fences()
+    }
+
     /// Compute work executed so far.
     pub fn compute_stats(&self) -> compute::ComputeStats {
         self.fw.compute_stats()

@@ -167,6 +167,31 @@ fn a_wait_blocks_its_queue_until_the_value_arrives() {
     assert_eq!(r.data_u64(0), 1);
 }
 
+/// A `WAIT` on a native fence parks until a fence may have changed (spec 002: "the firmware
+/// re-checks blocked queues when fences change"): a value stored behind the firmware's back
+/// (as another adapter does with a cross-adapter fence) is seen only after `notify_fences`
+/// (the KMD's `NotificationOnly`). A plain memory `WAIT` is polled
+/// (`a_wait_blocks_its_queue_until_the_value_arrives`); a signal the engines execute counts
+/// as a change (the kernel's cross-engine fence tests).
+#[test]
+fn a_wait_on_a_native_fence_parks_until_a_fence_changes() {
+    let mut r = rig();
+    let monitored = Shm::new("monitored", 4096).unwrap();
+    monitored.atomic_u64(0).unwrap().store(u64::MAX, Ordering::Release);
+    r.gpu.register_native_fence((&r.data, 128), (monitored, 0), 7);
+    r.publish(&[Packet::Wait { va: DATA + 128, value: 2 }, Packet::Signal { va: DATA, value: 1 }]);
+    r.ring_doorbell();
+    assert_eq!(r.run(1).packets, 0);
+    // Stored from elsewhere: not seen, however long the engine runs.
+    r.data.atomic_u64(128).unwrap().store(2, Ordering::Release);
+    for t in 2..10 {
+        assert_eq!(r.run(t).packets, 0, "parked: no re-check without a fence change");
+    }
+    r.gpu.notify_fences();
+    assert_eq!(r.run(10).packets, 2, "the notification made it re-check");
+    assert_eq!(r.data_u64(0), 1);
+}
+
 #[test]
 fn faults_hang_only_the_queue_with_a_record() {
     type Case = (Vec<u32>, fn(&FaultKind) -> bool);

@@ -13,6 +13,7 @@
 //! The OS records every call in its trace before making it, so tests can assert the order.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use abi::EngineId;
 use abi::doorbell::{DoorbellModel, RingMethod};
@@ -104,6 +105,9 @@ pub trait Kmd: Send {
     fn create_native_fence(&mut self, current: (Arc<Shm>, u64), monitored: (Arc<Shm>, u64), id: u64);
     /// `DxgkDdiDestroyNativeFence`.
     fn destroy_native_fence(&mut self, current: (Arc<Shm>, u64));
+    /// `DxgkDdiUpdateCurrentValuesFromCpu`: store a fence's CurrentValue (`current`: its
+    /// memory) and have the queues waiting on it re-check.
+    fn update_current_value(&mut self, current: (&Shm, u64), value: u64);
     /// `DxgkDdiUpdateCurrentValuesFromCpu` with `NotificationOnly`: a cross-adapter fence's
     /// shared CurrentValue moved on another adapter; rescan the run list so queues waiting on
     /// it re-check.
@@ -422,9 +426,18 @@ impl Kmd for VirtualKmd {
         self.gpu.lock().register_native_fence((&current.0, current.1), monitored, id);
     }
 
+    fn update_current_value(&mut self, current: (&Shm, u64), value: u64) {
+        if let Ok(w) = current.0.atomic_u64(current.1) {
+            // Release: what the CPU did before the signal is visible to whoever acquires the
+            // value (GPU waits included).
+            w.store(value, Ordering::Release);
+        }
+        self.notify_current_values();
+    }
+
     fn notify_current_values(&mut self) {
-        // The firmware re-checks every queue blocked in a WAIT on each pass over its run list,
-        // so the rescan is a wake-up of the device's driver thread.
+        // The firmware re-checks the queues parked on fence WAITs; wake its thread to do it.
+        self.gpu.lock().notify_fences();
         self.waker.wake();
     }
 

@@ -86,7 +86,9 @@ pub struct SystemConfig {
     /// only on request, [`System::enter_d3`]).
     pub d3_idle: Option<Duration>,
     /// The adapter has no native fences (spec 002's iGPU in scenarios 2a and 2b): only
-    /// monitored fences (`LegacyMonitored`), and a cross-adapter fence opens as one.
+    /// monitored fences (`LegacyMonitored`), and a cross-adapter fence opens as one. It then
+    /// takes kernel-mode queues only (`user_queue_mode` must be `KernelOnly`): user-mode
+    /// queues cannot wait on monitored fences.
     pub without_native_fences: bool,
 }
 
@@ -287,6 +289,14 @@ impl System {
         waker: Arc<dyn DeviceWaker>,
         driver: Driver,
     ) -> Result<System, KernelError> {
+        if cfg.without_native_fences && cfg.user_queue_mode != abi::port::UserQueueMode::KernelOnly {
+            // Spec 002: "user-mode queues can't support monitored fences".
+            return Err(KernelError::InvalidArgument {
+                field: "user_queue_mode",
+                value: format!("{:?}", cfg.user_queue_mode),
+                reason: "an adapter without native fences takes kernel-mode queues only (KernelOnly)".into(),
+            });
+        }
         let gpu = Gpu::new(cfg.gpu).map_err(|e| KernelError::InvalidArgument {
             field: "gpu",
             value: String::new(),

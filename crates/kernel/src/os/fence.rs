@@ -433,13 +433,17 @@ impl OsState {
         let (current, coff) = (f.current.clone(), f.coff);
         let word = current.atomic_u64(coff)?;
         let id = self.proc(pid)?.fences.get(h)?.id;
-        // `DxgkDdiUpdateCurrentValuesFromCpu`; without native fences the scheduler writes the
-        // monitored fence itself. Release: what the CPU did before is visible to whoever
-        // acquires the value (GPU waits included).
         if self.native_fences {
+            // `DxgkDdiUpdateCurrentValuesFromCpu`: the KMD stores it and the firmware's
+            // parked waiters re-check.
             self.trace.push(now, Event::Ddi(Ddi::UpdateCurrentValueFromCpu(h, value)));
+            self.kmd.update_current_value((&current, coff), value);
+        } else {
+            // Without native fences the scheduler writes the monitored fence itself; its GPU
+            // waits are its own (kernel-mode queues only). Release: what the CPU did before
+            // is visible to whoever acquires the value.
+            word.store(value, Ordering::Release);
         }
-        word.store(value, Ordering::Release);
         // Every process that has the fence open sees the signal; so does every adapter.
         for (p, x) in self.instances(id) {
             self.settle_fence(p, x, now);
@@ -497,11 +501,10 @@ impl OsState {
         let mut waits = Vec::new();
         for &h in &mine {
             let f = self.proc(pid)?.fences.get(h)?;
-            // Release: pairs with the acquire loads of waiters (CPU and GPU).
-            f.current.atomic_u64(f.coff)?.store(abi::port::FENCE_ALWAYS_SIGNALED, Ordering::Release);
             waits.extend(f.waiters.iter().map(|(_, w)| w.clone()));
-            let id = f.id;
+            let (id, current, coff) = (f.id, f.current.clone(), f.coff);
             self.trace.push(now, Event::Ddi(Ddi::UpdateCurrentValueFromCpu(h, abi::port::FENCE_ALWAYS_SIGNALED)));
+            self.kmd.update_current_value((&current, coff), abi::port::FENCE_ALWAYS_SIGNALED);
             // The other adapters' waiters see the shared value pass too.
             self.note_signaled(id, now);
         }
