@@ -455,9 +455,9 @@ pub(crate) struct Firmware {
     aggregated: Vec<u32>,
     /// Engines drop rings of queues without a hardware slot.
     misses_unmapped: bool,
-    /// Bumped whenever a native fence may have changed: a signal executed here, a CPU update
-    /// or another adapter's signal (`notify_fences`), a fence registered or destroyed. A queue
-    /// parked on a fence `WAIT` re-checks only when it moved.
+    /// Bumped whenever a native fence may have changed: a packet that writes memory executed
+    /// here, a CPU update or another adapter's signal (`notify_fences`), a fence registered or
+    /// destroyed. A queue parked on a fence `WAIT` re-checks only when it moved.
     fence_epoch: u64,
 }
 
@@ -493,7 +493,7 @@ struct Env<'a> {
     dispatch_budget: u64,
     stats: &'a mut ComputeStats,
     irqs: &'a mut std::collections::VecDeque<Interrupt>,
-    /// The fence epoch: bumped by every signal this device executes.
+    /// The fence epoch: bumped by every packet this device executes that writes memory.
     fence_epoch: &'a mut u64,
 }
 
@@ -1409,6 +1409,14 @@ fn exec(
     in_indirect: bool,
 ) -> Result<Flow, FaultKind> {
     let wfault = |va: u64, bytes: u64| FaultKind::OutsideMappings { va, bytes, access: Access::Write };
+    // Whatever memory a packet writes may be a fence some queue is parked on — a signal, or a
+    // misdirected WRITE_DATA — so every writing packet counts as a fence change. That costs an
+    // increment, and parking can never lose a wake-up to this device's own writes: only writes
+    // from outside (the CPU, another adapter) need the KMD's notification.
+    if !matches!(p, Packet::Nop { .. } | Packet::Wait { .. } | Packet::Interrupt { .. } | Packet::IndirectBuffer { .. })
+    {
+        *env.fence_epoch += 1;
+    }
     match p {
         Packet::Nop { .. } => {}
         Packet::WriteData { width, va, value } => {
@@ -1447,7 +1455,6 @@ fn exec(
             q.ib = Some(IbCursor { va, dwords, pos: 0, vmid });
         }
         Packet::Signal { va, value } => {
-            *env.fence_epoch += 1;
             let r = vm.translate_aligned(va, 8, Access::Write)?;
             let word = r.shm.atomic_u64(r.offset).map_err(|_| wfault(va, 8))?;
             match env.fences.get(&(r.shm.id(), r.offset)) {
@@ -1465,7 +1472,6 @@ fn exec(
             }
         }
         Packet::SignalFence { va, value } => {
-            *env.fence_epoch += 1;
             let r = vm.translate_aligned(va, 8, Access::Write)?;
             let f = env.fences.get(&(r.shm.id(), r.offset)).ok_or(FaultKind::NotAFence { va })?;
             let current = r.shm.atomic_u64(r.offset).map_err(|_| wfault(va, 8))?;
@@ -1511,7 +1517,6 @@ fn exec(
                     std::sync::atomic::fence(Ordering::SeqCst);
                 }
                 LoggedOp::Signal | LoggedOp::SignalFence => {
-                    *env.fence_epoch += 1;
                     let r = vm.translate_aligned(va, 8, Access::Write)?;
                     let current = r.shm.atomic_u64(r.offset).map_err(|_| wfault(va, 8))?;
                     let now = (env.clock)();
