@@ -185,8 +185,9 @@ pub struct DoorbellInfo {
 /// Where a client rings the aggregated doorbell.
 #[derive(Clone)]
 pub struct AggregatedDoorbell {
-    /// The aggregated doorbell page, mapped into the process.
-    pub page: Arc<shm::Mapping>,
+    /// The process's aggregated doorbell page (the kernel rotates it to a dummy page when the
+    /// process ends, so a late write cannot reach the page's next owner).
+    pub page: Arc<shm::RotatingPage>,
     /// Offset of the word.
     pub offset: u64,
     /// The engine's bit.

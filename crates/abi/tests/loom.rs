@@ -42,6 +42,25 @@ fn loom_ring_vs_disconnect_never_loses_a_submission() {
     });
 }
 
+/// The same race on the global doorbell, where the ring is an OR of the queue's bit.
+#[test]
+fn loom_global_ring_vs_disconnect_never_loses_a_submission() {
+    model(|w, d, s, v| {
+        ring_and_read_status(w, &Bell { word: d, method: RingMethod::SetBit { mask: 1 }, aggregated: None }, s, v)
+    });
+}
+
+/// Its twin: the bit OR-ed in, but no fence before the status read. Loom must find the loss.
+#[test]
+#[should_panic(expected = "submission lost")]
+fn loom_global_ring_vs_disconnect_without_the_fence_loses_a_submission() {
+    model(|w, d, s, v| {
+        w.store(v, Ordering::Release);
+        abi::sync::Bits::fetch_or(d, 1, Ordering::Release);
+        s.load(Ordering::Relaxed)
+    });
+}
+
 /// The same client with its SeqCst fence removed: loom must find the lost submission.
 #[test]
 #[should_panic(expected = "submission lost")]

@@ -475,6 +475,18 @@ enum Flow {
 struct FenceEntry {
     id: u64,
     monitored: Place,
+    waits: FenceWaits,
+}
+
+/// How a `WAIT` on a native fence waits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FenceWaits {
+    /// It parks until a fence may have changed: the device is told of every change it does
+    /// not make itself (a native-fence KMD announces CPU updates and other adapters' signals).
+    Park,
+    /// It polls, as for plain memory: nobody announces changes (a monitored fence on an
+    /// adapter without native fences, which its scheduler writes from the CPU).
+    Poll,
 }
 
 /// Native fences by where their CurrentValue lives: (backing region id, offset). Keyed by
@@ -1042,11 +1054,17 @@ impl Firmware {
         self.compute
     }
 
-    pub(crate) fn register_fence(&mut self, current: (&Shm, u64), monitored: (Arc<Shm>, u64), id: u64) {
+    pub(crate) fn register_fence(
+        &mut self,
+        current: (&Shm, u64),
+        monitored: (Arc<Shm>, u64),
+        id: u64,
+        waits: FenceWaits,
+    ) {
         self.fence_epoch += 1;
         self.fences.insert(
             (current.0.id(), current.1),
-            FenceEntry { id, monitored: Place { shm: monitored.0, offset: monitored.1 } },
+            FenceEntry { id, monitored: Place { shm: monitored.0, offset: monitored.1 }, waits },
         );
     }
 
@@ -1254,7 +1272,7 @@ fn schedule(e: &mut Engine, slots: &mut [Slot], now: Time, quanta: Quanta) {
 /// until a fence changes (spec 002: "the firmware re-checks blocked queues when fences
 /// change"); a plain memory word, which anyone may write without telling, is polled.
 fn park_on_fence(q: &mut FwQueue, r: &crate::memory::Resolved<'_>, env: &Env<'_>) {
-    if env.fences.contains_key(&(r.shm.id(), r.offset)) {
+    if env.fences.get(&(r.shm.id(), r.offset)).is_some_and(|f| f.waits == FenceWaits::Park) {
         q.parked = Some(*env.fence_epoch);
     }
 }

@@ -38,7 +38,7 @@ use abi::doorbell::DoorbellModel;
 use abi::queue::EngineKind;
 use shm::Shm;
 
-pub use firmware::{EngineState, FenceSignaled, FwQueueId, Interrupt, PowerState, QueueConfig, StepReport};
+pub use firmware::{EngineState, FenceSignaled, FenceWaits, FwQueueId, Interrupt, PowerState, QueueConfig, StepReport};
 pub use memory::{AddressSpace, GpuMapping, Vmid};
 
 /// Device time in nanoseconds since the device was created. The GPU clock that `TIMESTAMP`
@@ -94,7 +94,8 @@ pub struct GpuConfig {
     pub doorbell_model: DoorbellModel,
     /// Engines miss doorbells of user queues that hold no hardware slot (amdgpu: "the engine
     /// firmware may miss the request"). The kernel then gives each process an aggregated
-    /// doorbell page, which its clients ring too.
+    /// doorbell page, which its clients ring too: two BAR pages per process, so the default
+    /// 64 pages host 31 processes instead of 63.
     pub misses_unmapped_doorbells: bool,
 }
 
@@ -408,8 +409,14 @@ impl Gpu {
     /// `DxgkDdiCreateNativeFence`: a `SIGNAL` with the fence flag that lands on `current`
     /// (a region and offset) compares against the MonitoredValue at `monitored` and raises
     /// [`Interrupt::NativeFenceSignaled`] with `id`.
-    pub fn register_native_fence(&mut self, current: (&Shm, u64), monitored: (Arc<Shm>, u64), id: u64) {
-        self.fw.register_fence(current, monitored, id)
+    pub fn register_native_fence(
+        &mut self,
+        current: (&Shm, u64),
+        monitored: (Arc<Shm>, u64),
+        id: u64,
+        waits: FenceWaits,
+    ) {
+        self.fw.register_fence(current, monitored, id, waits)
     }
 
     /// `DxgkDdiDestroyNativeFence`.

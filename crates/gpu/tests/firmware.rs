@@ -178,7 +178,7 @@ fn a_wait_on_a_native_fence_parks_until_a_fence_changes() {
     let mut r = rig();
     let monitored = Shm::new("monitored", 4096).unwrap();
     monitored.atomic_u64(0).unwrap().store(u64::MAX, Ordering::Release);
-    r.gpu.register_native_fence((&r.data, 128), (monitored, 0), 7);
+    r.gpu.register_native_fence((&r.data, 128), (monitored, 0), 7, gpu::FenceWaits::Park);
     r.publish(&[Packet::Wait { va: DATA + 128, value: 2 }, Packet::Signal { va: DATA, value: 1 }]);
     r.ring_doorbell();
     assert_eq!(r.run(1).packets, 0);

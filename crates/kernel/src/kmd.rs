@@ -423,7 +423,10 @@ impl Kmd for VirtualKmd {
     }
 
     fn create_native_fence(&mut self, current: (Arc<Shm>, u64), monitored: (Arc<Shm>, u64), id: u64) {
-        self.gpu.lock().register_native_fence((&current.0, current.1), monitored, id);
+        // Without native fences nobody announces a change this device does not make itself
+        // (the scheduler writes monitored fences from the CPU): its waits must poll.
+        let waits = if self.native_fences { gpu::FenceWaits::Park } else { gpu::FenceWaits::Poll };
+        self.gpu.lock().register_native_fence((&current.0, current.1), monitored, id, waits);
     }
 
     fn update_current_value(&mut self, current: (&Shm, u64), value: u64) {

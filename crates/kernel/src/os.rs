@@ -227,7 +227,7 @@ struct Process {
     vmid: Vmid,
     doorbell_page: u32,
     /// The process's aggregated doorbell page, mapped once (when the device needs one).
-    aggregated: Option<(u32, Arc<shm::Mapping>)>,
+    aggregated: Option<(u32, Arc<RotatingPage>)>,
     next_va: u64,
     devices: Table<DeviceKind, DeviceObj>,
     contexts: Table<ContextKind, ContextObj>,
@@ -438,16 +438,24 @@ impl Os {
         // Spec 001: "the kernel driver will map a page of aggregated doorbell space into each
         // GPUVM space" — a page of its own, so no process can clear another's rings.
         let aggregated = if s.kmd.adapter_info().aggregated_doorbell {
-            let a = match s.take_doorbell_page() {
-                Ok(a) => a,
+            let mapped =
+                s.take_doorbell_page().and_then(|a| match RotatingPage::new(&s.bar, a as u64 * DOORBELL_PAGE_BYTES) {
+                    Ok(map) => Ok((a, Arc::new(map))),
+                    Err(e) => {
+                        s.release_doorbell_page(a);
+                        Err(e.into())
+                    }
+                });
+            match mapped {
+                Ok((a, map)) => {
+                    s.kmd.watch_aggregated_page(a);
+                    Some((a, map))
+                }
                 Err(e) => {
                     s.release_doorbell_page(page);
                     return Err(e);
                 }
-            };
-            let map = s.bar.map_range(a as u64 * DOORBELL_PAGE_BYTES, DOORBELL_PAGE_BYTES as usize, Prot::ReadWrite)?;
-            s.kmd.watch_aggregated_page(a);
-            Some((a, Arc::new(map)))
+            }
         } else {
             None
         };
@@ -575,7 +583,10 @@ impl Os {
         if let Some(p) = s.processes.remove(&pid) {
             s.kmd.destroy_vm(p.vmid);
             s.release_doorbell_page(p.doorbell_page);
-            if let Some((a, _)) = p.aggregated {
+            if let Some((a, map)) = p.aggregated {
+                // Like its doorbells: a late write from the ended process lands on the dummy
+                // page, never on the page's next owner.
+                let _ = map.rotate_to(&s.dummy, 0);
                 s.kmd.unwatch_aggregated_page(a);
                 s.release_doorbell_page(a);
             }

@@ -369,3 +369,20 @@ fn the_umd_rings_the_aggregated_doorbell_so_oversubscribed_queues_lose_nothing()
         }
     }
 }
+
+/// An ended process's aggregated doorbell is rotated to the dummy page, like its doorbells:
+/// a late write cannot reach the page, which goes to the next process.
+#[test]
+fn an_ended_processs_aggregated_doorbell_writes_reach_nothing() {
+    let sys = common::sim_with(config(DoorbellModel::Dedicated, true, 2));
+    let p = common::RawProc::open(&sys);
+    let q = p.create(p.desc(abi::queue::DOORBELL_INDEX_ANY)).unwrap();
+    let db = p.doorbell(q.handle).unwrap();
+    let agg = db.aggregated.clone().expect("an aggregated doorbell");
+    p.port.terminate(kernel::Termination::Normal);
+    let bar = sys.with_gpu(|g| g.bar().clone());
+    let before: Vec<u64> = (0..bar.len() as u64 / 8).map(|i| bar.read_u64(i * 8).unwrap()).collect();
+    agg.page.atomic_u64(agg.offset).unwrap().store(u64::MAX, Ordering::Release);
+    let after: Vec<u64> = (0..bar.len() as u64 / 8).map(|i| bar.read_u64(i * 8).unwrap()).collect();
+    assert_eq!(before, after, "the write went to the dummy page");
+}
