@@ -644,10 +644,7 @@ impl Firmware {
         let id = FwQueueId { index: index as u32, generation: slot.generation };
         let (e, q) = self.engine_and_queue(id)?;
         debug_assert_eq!(e.id, engine);
-        e.run_list.push(id);
-        q.on_run_list = true;
-        q.seq = e.next_seq;
-        e.next_seq += 1;
+        join_run_list(e, q, id);
         e.resched = true;
         // A free hardware slot maps it at once; otherwise the scheduler will. (It starts idle,
         // so it does not wait either way.)
@@ -684,16 +681,11 @@ impl Firmware {
             return Ok(());
         }
         if !q.on_run_list {
-            e.run_list.push(id);
-            q.on_run_list = true;
-            q.seq = e.next_seq;
-            e.next_seq += 1;
+            join_run_list(e, q, id);
         }
         e.resched = true;
         // Back on the run list: it waits if it has work, found now or remembered from before.
-        if q.has_work() {
-            mark_pending(e, q, id);
-        }
+        find_published_work(e, q, id);
         sync_waiting(e, q, id);
         Ok(())
     }
@@ -724,9 +716,7 @@ impl Firmware {
         e.resched = true;
         q.doorbell = Some(Binding::Word(slot));
         // Work published while disconnected rang the dummy page: find it through wptr.
-        if q.state != QueueState::Hung && q.has_work() {
-            mark_pending(e, q, id);
-        }
+        find_published_work(e, q, id);
         Ok(())
     }
 
@@ -758,9 +748,7 @@ impl Firmware {
         e.resched = true;
         q.doorbell = Some(Binding::Bit { page, bit });
         // Work published while disconnected rang the dummy page: find it through wptr.
-        if q.state != QueueState::Hung && q.has_work() {
-            mark_pending(e, q, id);
-        }
+        find_published_work(e, q, id);
         Ok(())
     }
 
@@ -805,9 +793,7 @@ impl Firmware {
         e.resched = true;
         q.doorbell = None;
         // A ring that raced the disconnect may never be seen on the BAR: re-read wptr.
-        if q.state != QueueState::Hung && q.has_work() {
-            mark_pending(e, q, id);
-        }
+        find_published_work(e, q, id);
         Ok(())
     }
 
@@ -1095,6 +1081,23 @@ fn live_queue(slots: &mut [Slot], id: FwQueueId) -> Option<&mut FwQueue> {
     match slots.get_mut(id.index as usize) {
         Some(Slot { generation, queue: Some(q) }) if *generation == id.generation => Some(q),
         _ => None,
+    }
+}
+
+/// Puts queue `id` at the end of `e`'s run list, stamped with its turn among equals.
+fn join_run_list(e: &mut Engine, q: &mut FwQueue, id: FwQueueId) {
+    e.run_list.push(id);
+    q.on_run_list = true;
+    q.seq = e.next_seq;
+    e.next_seq += 1;
+}
+
+/// Re-reads `q`'s wptr (the fenced re-check of `abi::protocol`) and marks it pending if the
+/// client published work no ring announced: what a doorbell bind or unbind and a resume do,
+/// so that nothing published while disconnected or suspended is lost.
+fn find_published_work(e: &mut Engine, q: &mut FwQueue, id: FwQueueId) {
+    if q.state != QueueState::Hung && q.has_work() {
+        mark_pending(e, q, id);
     }
 }
 
