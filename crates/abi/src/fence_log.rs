@@ -268,6 +268,29 @@ pub fn header_total(log: &shm::Mapping) -> Result<u64, LogError> {
     Ok(total_written(log.load_u64(0, core::sync::atomic::Ordering::Acquire)?))
 }
 
+/// The engine's write (spec 002 "Order of operations", steps 2 and 3): entry `entry`, then
+/// the header's FirstFreeEntryIndex moved past it (wrapping to 0 with WraparoundCount + 1).
+/// The caller issues the barrier. A log too small for the entry is left alone (the kernel
+/// made it; it never is).
+pub fn append(log: &shm::Mapping, entry: u32, e: FenceLogEntry) {
+    let base = entry_offset(entry);
+    for (k, w) in e.to_words().iter().enumerate() {
+        let _ = log.write_u64(base + k as u64 * 8, *w);
+    }
+    if let Ok(h) = log.atomic_u64(0) {
+        // Relaxed load: the engine is the header's only writer.
+        let (_, wraps) = unpack_first_free(h.load(core::sync::atomic::Ordering::Relaxed));
+        let next = entry + 1;
+        let packed = if next >= FENCE_LOG_ENTRIES {
+            pack_first_free(0, wraps.wrapping_add(1))
+        } else {
+            pack_first_free(next, wraps)
+        };
+        // Release: the entry's words are visible to a reader that acquires the new index.
+        h.store(packed, core::sync::atomic::Ordering::Release);
+    }
+}
+
 /// Writes a fresh header (index 0, no wraps) for a log of `kind`.
 pub fn init(log: &shm::Mapping, kind: FenceLogType) -> Result<(), shm::ShmError> {
     log.write_u64(0, 0)?;

@@ -695,6 +695,36 @@ fn check_fields(i: &Inst, pc: u32) -> Result<(), KernelError> {
     Ok(())
 }
 
+/// Most threads in one workgroup.
+pub const MAX_GROUP_THREADS: u64 = 1024;
+/// Most workgroups in one grid.
+pub const MAX_GRID_GROUPS: u64 = 1 << 40;
+
+/// Checks a `DISPATCH`'s grid and workgroup dimensions against the limits every device of
+/// this ISA honours: each at least 1, at most [`MAX_GROUP_THREADS`] threads per workgroup and
+/// [`MAX_GRID_GROUPS`] workgroups. The kernel checks it on the kernel-mode path, the device
+/// at dispatch.
+pub fn check_dims(grid: [u32; 3], group: [u32; 3]) -> Result<(), &'static str> {
+    if grid.contains(&0) {
+        return Err("every grid dimension must be at least 1");
+    }
+    if group.contains(&0) {
+        return Err("every workgroup dimension must be at least 1");
+    }
+    // Checked: three u32 dimensions can multiply past u64 (client input, never a panic).
+    let threads = group.iter().try_fold(1u64, |acc, &x| acc.checked_mul(x as u64));
+    if threads.is_none_or(|t| t > MAX_GROUP_THREADS) {
+        return Err("a workgroup holds at most 1024 threads");
+    }
+    // Three u32 dimensions can multiply past u64; a grid of 2^40 workgroups is already far
+    // beyond anything a dispatch can run.
+    let groups = grid.iter().try_fold(1u64, |acc, &x| acc.checked_mul(x as u64));
+    if groups.is_none_or(|g| g > MAX_GRID_GROUPS) {
+        return Err("a grid holds at most 2^40 workgroups");
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -20,11 +20,17 @@
 //! - [`handle`]: generation-checked typed handles, owned by one process.
 //! - [`protocol`] and [`sync`]: the doorbell-versus-disconnect protocol that every actor
 //!   runs, written once against a `sync` shim so loom can check it (`--cfg loom`).
+//! - [`time`] and [`power`]: device time and engine power states, the vocabulary every state
+//!   machine takes as input.
+//! - [`slab`]: the generation-checked table behind every handle (kernel objects, firmware
+//!   queues).
 //! - [`port`]: the [`port::KernelPort`] trait — the system-call surface the UMD uses — with its
 //!   argument types and its error enum.
 //!
 //! Invariants: every shared-memory layout is `#[repr(C)]` with `const` size and offset
-//! assertions, so a layout change is a compile error rather than a silent ABI break. Values
+//! assertions, so a layout change is a compile error rather than a silent ABI break, and is
+//! reached through a typed view ([`ring::RingControlView`], [`queue::KernelPageView`],
+//! [`doorbell::DoorbellBar`]) whose words are checked once, so no caller handles an offset. Values
 //! read from another actor's memory are decoded through checked constructors
 //! ([`packet::Packet::decode`], [`doorbell::DoorbellStatus::from_word`],
 //! [`queue::QueueState::from_word`]) that never panic.
@@ -35,14 +41,19 @@ pub mod handle;
 pub mod isa;
 pub mod packet;
 pub mod port;
+pub mod power;
 pub mod protocol;
 pub mod queue;
 pub mod ring;
+pub mod slab;
 pub mod sync;
+pub mod time;
 
 pub use doorbell::DoorbellStatus;
 pub use handle::{
     AllocationHandle, ContextHandle, DeviceHandle, DoorbellHandle, Handle, HwQueueHandle, NativeFenceHandle, ProcessId,
 };
 pub use packet::{Opcode, Packet};
+pub use power::{EngineState, PowerState};
 pub use queue::{EngineId, EngineKind, Priority, QueueDescriptor, QueueState};
+pub use time::Time;

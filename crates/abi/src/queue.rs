@@ -171,6 +171,63 @@ const _: () = {
     assert!(size_of::<QueueKernelPage>() as u64 <= QUEUE_KERNEL_PAGE_BYTES);
 };
 
+/// A queue's kernel page ([`QueueKernelPage`]) reached through typed words, checked once.
+/// `W` is [`shm::Word`] for the device and the kernel, which write it, and [`shm::ReadWord`]
+/// for the client, which maps it read-only.
+#[derive(Clone, Debug)]
+pub struct KernelPageView<W> {
+    progress_completed: W,
+    doorbell_status: W,
+    queue_state: W,
+}
+
+impl KernelPageView<shm::Word> {
+    /// The page at offset 0 of `region` (read-write).
+    pub fn new(region: impl Into<shm::Region>) -> Result<Self, shm::ShmError> {
+        let region = region.into();
+        Ok(KernelPageView {
+            progress_completed: shm::Word::new(region.clone(), PROGRESS_COMPLETED_OFFSET)?,
+            doorbell_status: shm::Word::new(region.clone(), DOORBELL_STATUS_OFFSET)?,
+            queue_state: shm::Word::new(region, QUEUE_STATE_OFFSET)?,
+        })
+    }
+    /// A read-only view of the same page.
+    pub fn read_only(&self) -> KernelPageView<shm::ReadWord> {
+        KernelPageView {
+            progress_completed: self.progress_completed.read_only(),
+            doorbell_status: self.doorbell_status.read_only(),
+            queue_state: self.queue_state.read_only(),
+        }
+    }
+}
+
+impl KernelPageView<shm::ReadWord> {
+    /// The page at offset 0 of `region` (read-only or read-write).
+    pub fn read_only_in(region: impl Into<shm::Region>) -> Result<Self, shm::ShmError> {
+        let region = region.into();
+        Ok(KernelPageView {
+            progress_completed: shm::ReadWord::new(region.clone(), PROGRESS_COMPLETED_OFFSET)?,
+            doorbell_status: shm::ReadWord::new(region.clone(), DOORBELL_STATUS_OFFSET)?,
+            queue_state: shm::ReadWord::new(region, QUEUE_STATE_OFFSET)?,
+        })
+    }
+}
+
+impl<W> KernelPageView<W> {
+    /// The highest completed progress value (the engine writes it, by `PROGRESS_FENCE` only).
+    pub fn progress_completed(&self) -> &W {
+        &self.progress_completed
+    }
+    /// The doorbell status word (the kernel writes it: [`crate::DoorbellStatus`]).
+    pub fn doorbell_status(&self) -> &W {
+        &self.doorbell_status
+    }
+    /// The queue state word (the kernel writes it: [`QueueState`]).
+    pub fn queue_state(&self) -> &W {
+        &self.queue_state
+    }
+}
+
 /// How a GPU memory access was meant.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Access {

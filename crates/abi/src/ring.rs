@@ -63,6 +63,40 @@ const _: () = {
     assert!(RING_CONTROL_BYTES == 192);
 };
 
+/// A [`RingControl`] block in shared memory, reached through typed words (checked once, when
+/// the view is made: no caller handles an offset). Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct RingControlView {
+    rptr: shm::Word,
+    wptr: shm::Word,
+    last_queued: shm::Word,
+}
+
+impl RingControlView {
+    /// The block at byte `base` of `region` (read-write).
+    pub fn new(region: impl Into<shm::Region>, base: u64) -> Result<RingControlView, shm::ShmError> {
+        let region = region.into();
+        let at = |off: u64| shm::Word::new(region.clone(), base.saturating_add(off));
+        Ok(RingControlView { rptr: at(RPTR_OFFSET)?, wptr: at(WPTR_OFFSET)?, last_queued: at(LAST_QUEUED_OFFSET)? })
+    }
+    /// The read pointer (the engine writes it).
+    pub fn rptr(&self) -> &AtomicU64 {
+        self.rptr.get()
+    }
+    /// The write pointer (the client writes it).
+    pub fn wptr(&self) -> &AtomicU64 {
+        self.wptr.get()
+    }
+    /// The last-queued progress value (the client writes it, the kernel reads it).
+    pub fn last_queued(&self) -> &AtomicU64 {
+        self.last_queued.get()
+    }
+    /// The wptr word itself (for the protocols of [`crate::protocol`]).
+    pub fn wptr_word(&self) -> &shm::Word {
+        &self.wptr
+    }
+}
+
 /// Why a ring size is refused.
 pub fn check_ring_size(bytes: u64) -> Result<(), &'static str> {
     if !bytes.is_power_of_two() {

@@ -57,20 +57,35 @@ impl Store for std::sync::atomic::AtomicU64 {
     }
 }
 
-/// A word in a (possibly read-only) mapping, read atomically. A read outside the mapping
-/// yields `u64::MAX`, which no protocol word ever holds, so callers see a corrupt value rather
-/// than a panic.
-pub struct MappedWord<'a> {
-    /// The mapping.
-    pub map: &'a shm::Mapping,
-    /// Offset of the word (8-aligned).
-    pub offset: u64,
-}
-
-impl Load for MappedWord<'_> {
+impl Load for shm::ReadWord {
     #[inline]
     fn load(&self, order: Ordering) -> u64 {
-        self.map.load_u64(self.offset, order).unwrap_or(u64::MAX)
+        shm::ReadWord::load(self, order)
+    }
+}
+
+impl Load for shm::Word {
+    #[inline]
+    fn load(&self, order: Ordering) -> u64 {
+        self.get().load(order)
+    }
+}
+
+impl Store for shm::Word {
+    #[inline]
+    fn store(&self, value: u64, order: Ordering) {
+        self.get().store(value, order)
+    }
+}
+
+impl Bits for shm::Word {
+    #[inline]
+    fn fetch_or(&self, bits: u64, order: Ordering) -> u64 {
+        self.get().fetch_or(bits, order)
+    }
+    #[inline]
+    fn swap(&self, value: u64, order: Ordering) -> u64 {
+        self.get().swap(value, order)
     }
 }
 

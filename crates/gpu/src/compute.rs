@@ -27,10 +27,7 @@ use crate::memory::AddressSpace;
 
 /// Widest wave the device supports (masks are `u64`).
 pub const MAX_WAVE: usize = 64;
-/// Most threads in one workgroup.
-pub const MAX_GROUP_THREADS: u64 = 1024;
-/// Most workgroups in one grid.
-pub const MAX_GRID_GROUPS: u64 = 1 << 40;
+pub use abi::isa::{MAX_GRID_GROUPS, MAX_GROUP_THREADS, check_dims};
 
 type Lanes = [u32; MAX_WAVE];
 
@@ -132,10 +129,6 @@ pub struct Dispatch {
     program: Arc<Program>,
     next_group: u64,
     wave: Option<Wave>,
-}
-
-fn dims_ok(d: [u32; 3]) -> bool {
-    d.iter().all(|&x| x >= 1)
 }
 
 /// One cached translation, so a run of accesses to the same buffer skips the lookup.
@@ -495,28 +488,6 @@ impl Dispatch {
 /// one; only a restored (corrupt) save area can.
 fn mismatch() -> FaultKind {
     FaultKind::BadSaveArea { why: "control-flow stack does not match the program" }
-}
-
-/// Checks `DISPATCH` dimensions: every one at least 1, at most 1024 threads per group.
-pub fn check_dims(grid: [u32; 3], group: [u32; 3]) -> Result<(), &'static str> {
-    if !dims_ok(grid) {
-        return Err("every grid dimension must be at least 1");
-    }
-    if !dims_ok(group) {
-        return Err("every workgroup dimension must be at least 1");
-    }
-    // Checked: three u32 dimensions can multiply past u64 (client input, never a panic).
-    let threads = group.iter().try_fold(1u64, |acc, &x| acc.checked_mul(x as u64));
-    if threads.is_none_or(|t| t > MAX_GROUP_THREADS) {
-        return Err("a workgroup holds at most 1024 threads");
-    }
-    // Three u32 dimensions can multiply past u64; a grid of 2^40 workgroups is already far
-    // beyond anything a dispatch can run.
-    let groups = grid.iter().try_fold(1u64, |acc, &x| acc.checked_mul(x as u64));
-    if groups.is_none_or(|g| g > MAX_GRID_GROUPS) {
-        return Err("a grid holds at most 2^40 workgroups");
-    }
-    Ok(())
 }
 
 #[inline(always)]

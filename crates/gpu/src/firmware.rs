@@ -36,13 +36,13 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use abi::doorbell::{DOORBELL_PAGE_BYTES, DoorbellModel};
+use abi::doorbell::DoorbellModel;
 use abi::fence_log::{self, FenceLogEntry, FenceLogOp};
 use abi::packet::{DataWidth, Header, LoggedOp, MAX_FIXED_PACKET_DWORDS, Opcode, Packet};
 use abi::protocol;
 use abi::queue::{Access, FaultKind, FaultRecord};
-use abi::{EngineId, EngineKind, Priority, QueueState};
-use shm::{Mapping, Shm};
+use abi::{EngineId, EngineKind, EngineState, PowerState, Priority, QueueState};
+use shm::{Mapping, Shm, Word};
 
 use crate::compute::{ComputeStats, Dispatch, Progress};
 use crate::memory::{AddressSpace, Vmid};
@@ -77,8 +77,8 @@ pub struct QueueConfig {
     pub rptr_va: u64,
     /// wptr word GPU VA.
     pub wptr_va: u64,
-    /// The queue's kernel page; `PROGRESS_FENCE` writes its first word.
-    pub kernel_page: Arc<Shm>,
+    /// The queue's kernel page; `PROGRESS_FENCE` writes its completed value.
+    pub kernel_page: abi::queue::KernelPageView<Word>,
     /// The queue's two fence logs, `[waits, signals]` (`DxgkDdiSetNativeFenceLogBuffer`);
     /// `None` for kernel-mode queues, which log nothing.
     pub fence_logs: Option<[Arc<Shm>; 2]>,
@@ -89,22 +89,6 @@ pub struct QueueConfig {
     pub privileged: bool,
     /// Priority.
     pub priority: Priority,
-}
-
-/// Engine power states (spec 000 "Engine F-state transitions").
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PowerState {
-    /// Active: doorbells are watched.
-    F0,
-    /// Idle, powered down: doorbells are not watched.
-    F1,
-}
-
-/// `DXGK_ENGINE_STATE` transitions the firmware reports.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum EngineState {
-    /// The engine has been idle for the idle period and asks to go to F1.
-    TransitionToF1,
 }
 
 /// What the firmware raises on the interrupt line.
@@ -176,8 +160,13 @@ struct Place {
 impl Place {
     fn resolve(vm: &AddressSpace, va: u64, bytes: u64, access: Access) -> Result<Place, FaultKind> {
         vm.translate(va, bytes, access)?;
-        let m = vm.find(va).expect("translate succeeded");
+        let m = vm.find(va).ok_or(FaultKind::OutsideMappings { va, bytes, access })?;
         Ok(Place { shm: m.shm.clone(), offset: m.offset + (va - m.va) })
+    }
+
+    /// The protocol word at this place (8-aligned, inside the mapping: checked here, once).
+    fn word(&self, va: u64, access: Access) -> Result<Word, FaultKind> {
+        Word::new(&self.shm, self.offset).map_err(|_| FaultKind::Misaligned { va, align: 8, access })
     }
 }
 
@@ -193,8 +182,8 @@ struct IbCursor {
 struct FwQueue {
     cfg: QueueConfig,
     ring: Place,
-    rptr_word: Place,
-    wptr_word: Place,
+    rptr_word: Word,
+    wptr_word: Word,
     state: QueueState,
     rptr: u64,
     wptr: u64,
@@ -231,7 +220,7 @@ impl FwQueue {
     fn refresh_wptr(&mut self) -> Result<(), FaultKind> {
         // Acquire: pairs with the client's release store of wptr, so the packets it covers are
         // visible before we fetch them.
-        let new = self.wptr_word.shm.load_u64(self.wptr_word.offset, Ordering::Acquire).unwrap_or(self.wptr);
+        let new = self.wptr_word.get().load(Ordering::Acquire);
         if new == self.wptr {
             return Ok(());
         }
@@ -253,7 +242,7 @@ impl FwQueue {
     fn wptr_moved(&self) -> bool {
         // Acquire: pairs with the client's release store of wptr (and the aggregated ring
         // after it), so the packets are visible once we run them.
-        self.wptr_word.shm.load_u64(self.wptr_word.offset, Ordering::Acquire).is_ok_and(|w| w != self.wptr)
+        self.wptr_word.get().load(Ordering::Acquire) != self.wptr
     }
 
     /// Raw check for unconsumed work, without validation (used for the no-loss checks).
@@ -261,11 +250,7 @@ impl FwQueue {
         // The firmware half of the Dekker pair (`abi::protocol`): the kernel published the new
         // doorbell status before asking for this check, so either the client saw that status
         // or this re-read sees its wptr.
-        let w = abi::protocol::recheck_wptr(&abi::sync::MappedWord {
-            map: &self.wptr_word.shm,
-            offset: self.wptr_word.offset,
-        });
-        let w = if w == u64::MAX { self.wptr } else { w };
+        let w = abi::protocol::recheck_wptr(&self.wptr_word);
         self.ib.is_some() || w != self.rptr
     }
 
@@ -290,9 +275,7 @@ impl FwQueue {
     fn publish_rptr(&self) {
         // Release: the client may reuse ring bytes below rptr once it sees it; our reads of
         // them happen before.
-        if let Ok(a) = self.rptr_word.shm.atomic_u64(self.rptr_word.offset) {
-            a.store(self.rptr, Ordering::Release);
-        }
+        self.rptr_word.get().store(self.rptr, Ordering::Release);
     }
 }
 
@@ -321,6 +304,8 @@ enum Binding {
 /// A BAR page of global-doorbell bits (one per process: the page is the unit of protection,
 /// so a client can only ever clear bits of its own queues), and which queue each bit names.
 struct BitPage {
+    /// Its words in the BAR.
+    words: Vec<Word>,
     queues: Vec<Option<FwQueueId>>,
     /// Per word, the bits that name a queue.
     bound: [u64; BITS_PER_PAGE as usize / 64],
@@ -330,7 +315,7 @@ struct BitPage {
 const BITS_PER_PAGE: u32 = abi::doorbell::DOORBELLS_PER_PAGE;
 
 struct Watch {
-    slot: u32,
+    word: Word,
     queue: FwQueueId,
     last: u64,
 }
@@ -452,7 +437,9 @@ pub(crate) struct Firmware {
     /// The global model's bit pages, by BAR page.
     bit_pages: std::collections::BTreeMap<u32, BitPage>,
     /// Aggregated doorbell pages being watched (when engines miss unmapped queues' doorbells).
-    aggregated: Vec<u32>,
+    aggregated: Vec<(u32, Word)>,
+    /// The doorbell BAR the engines watch.
+    bar: abi::doorbell::DoorbellBar,
     /// Engines drop rings of queues without a hardware slot.
     misses_unmapped: bool,
     /// Bumped whenever a native fence may have changed: a packet that writes memory executed
@@ -474,7 +461,7 @@ enum Flow {
 /// A native fence the firmware knows (`DxgkDdiCreateNativeFence`).
 struct FenceEntry {
     id: u64,
-    monitored: Place,
+    monitored: Word,
     waits: FenceWaits,
 }
 
@@ -511,7 +498,7 @@ struct Env<'a> {
 
 impl Firmware {
     /// A firmware for `cfg`.
-    pub(crate) fn new(cfg: &GpuConfig) -> Firmware {
+    pub(crate) fn new(cfg: &GpuConfig, bar: abi::doorbell::DoorbellBar) -> Firmware {
         let engines = cfg
             .engines
             .iter()
@@ -548,6 +535,7 @@ impl Firmware {
             model: cfg.doorbell_model,
             bit_pages: Default::default(),
             aggregated: Vec::new(),
+            bar,
             misses_unmapped: cfg.misses_unmapped_doorbells,
             fence_epoch: 0,
         }
@@ -593,16 +581,20 @@ impl Firmware {
         // write: otherwise rptr could be aimed at a protected word (another queue's progress
         // fence) and forge it. A kernel queue's control page is GPU read-only by design.
         let rptr_access = if cfg.privileged { Access::Read } else { Access::Write };
-        let rptr_word = Place::resolve(vm, cfg.rptr_va, 8, rptr_access).map_err(GpuError::QueueMemory)?;
-        let wptr_word = Place::resolve(vm, cfg.wptr_va, 8, Access::Read).map_err(GpuError::QueueMemory)?;
         for (va, what) in [(cfg.rptr_va, Access::Write), (cfg.wptr_va, Access::Read)] {
             if va % 8 != 0 {
                 return Err(GpuError::QueueMemory(FaultKind::Misaligned { va, align: 8, access: what }));
             }
         }
+        let rptr_word = Place::resolve(vm, cfg.rptr_va, 8, rptr_access)
+            .and_then(|p| p.word(cfg.rptr_va, rptr_access))
+            .map_err(GpuError::QueueMemory)?;
+        let wptr_word = Place::resolve(vm, cfg.wptr_va, 8, Access::Read)
+            .and_then(|p| p.word(cfg.wptr_va, Access::Read))
+            .map_err(GpuError::QueueMemory)?;
         // The firmware resumes from the client's current pointers: a queue starts idle. The
         // value is client memory: it must be a dword count far from overflow.
-        let start = wptr_word.shm.load_u64(wptr_word.offset, Ordering::Acquire).unwrap_or(0);
+        let start = wptr_word.get().load(Ordering::Acquire);
         if !start.is_multiple_of(4) || start > MAX_POINTER {
             return Err(GpuError::BadStartPointer { wptr: start });
         }
@@ -704,15 +696,17 @@ impl Firmware {
         Ok(q.rptr)
     }
 
-    pub(crate) fn bind_doorbell(&mut self, id: FwQueueId, slot: u32, bar: &Shm) -> Result<(), GpuError> {
+    pub(crate) fn bind_doorbell(&mut self, id: FwQueueId, slot: u32) -> Result<(), GpuError> {
         self.queue(id)?;
+        let word = self.bar.doorbell(slot)?;
         // Reset the word: a recycled slot must not carry its previous owner's value, which
-        // could equal this queue's next wptr and hide a ring.
-        bar.atomic_u64(slot as u64 * 8)?.store(DOORBELL_UNRUNG, Ordering::Relaxed);
+        // could equal this queue's next wptr and hide a ring. Relaxed: the binding is
+        // published to the client by the kernel's status store, which comes after.
+        word.get().store(DOORBELL_UNRUNG, Ordering::Relaxed);
         let last = DOORBELL_UNRUNG;
         let (e, q) = self.engine_and_queue(id)?;
         e.watches.retain(|w| w.queue != id);
-        e.watches.push(Watch { slot, queue: id, last });
+        e.watches.push(Watch { word, queue: id, last });
         e.resched = true;
         q.doorbell = Some(Binding::Word(slot));
         // Work published while disconnected rang the dummy page: find it through wptr.
@@ -730,10 +724,11 @@ impl Firmware {
         }
         let old = self.queue(id)?.doorbell;
         self.forget_bit(id, old);
-        let bp = self
-            .bit_pages
-            .entry(page)
-            .or_insert_with(|| BitPage { queues: vec![None; BITS_PER_PAGE as usize], bound: [0; 8] });
+        if !self.bit_pages.contains_key(&page) {
+            let words = (0..BITS_PER_PAGE / 64).map(|w| self.bar.page_word(page, w)).collect::<Result<_, _>>()?;
+            self.bit_pages.insert(page, BitPage { words, queues: vec![None; BITS_PER_PAGE as usize], bound: [0; 8] });
+        }
+        let bp = self.bit_pages.get_mut(&page).expect("inserted above");
         // A queue that held the bit before loses it (the OS hands each index out once).
         if let Some(prev) = bp.queues[bit as usize].replace(id)
             && let Ok(q) = self.queue_mut(prev)
@@ -766,15 +761,17 @@ impl Firmware {
     }
 
     /// Starts watching BAR page `page` as an aggregated doorbell (one per process).
-    pub(crate) fn watch_aggregated(&mut self, page: u32) {
-        if !self.aggregated.contains(&page) {
-            self.aggregated.push(page);
+    pub(crate) fn watch_aggregated(&mut self, page: u32) -> Result<(), GpuError> {
+        if !self.aggregated.iter().any(|&(p, _)| p == page) {
+            let word = self.bar.page_word(page, 0)?;
+            self.aggregated.push((page, word));
         }
+        Ok(())
     }
 
     /// Stops watching it.
     pub(crate) fn unwatch_aggregated(&mut self, page: u32) {
-        self.aggregated.retain(|&p| p != page);
+        self.aggregated.retain(|(p, _)| *p != page);
     }
 
     pub(crate) fn model(&self) -> DoorbellModel {
@@ -854,7 +851,7 @@ impl Firmware {
         self.engines.iter().all(|e| e.power == PowerState::F1)
     }
 
-    pub(crate) fn poll_doorbells(&mut self, bar: &Shm) -> bool {
+    pub(crate) fn poll_doorbells(&mut self) -> bool {
         let misses = self.misses_unmapped;
         let mut rang = false;
         // Dedicated doorbells: a watched word that changed.
@@ -865,7 +862,7 @@ impl Firmware {
                 // stored before ringing is visible to the wptr load that follows. (With a
                 // relaxed load the firmware could see the ring yet read the old wptr, and
                 // conclude the queue is idle.)
-                let v = bar.load_u64(w.slot as u64 * 8, Ordering::Acquire).unwrap_or(w.last);
+                let v = w.word.get().load(Ordering::Acquire);
                 if v != w.last {
                     w.last = v;
                     let id = w.queue;
@@ -880,12 +877,12 @@ impl Firmware {
         // names no queue is dropped. Either way a bit only ever makes the firmware re-read one
         // queue's wptr.
         let Firmware { bit_pages, slots, engines, .. } = self;
-        for (&page, bp) in bit_pages.iter() {
+        for bp in bit_pages.values() {
             for (w, &bound) in bp.bound.iter().enumerate() {
                 if bound == 0 {
                     continue;
                 }
-                let Ok(word) = bar.atomic_u64(page as u64 * DOORBELL_PAGE_BYTES + w as u64 * 8) else { break };
+                let word = &bp.words[w];
                 let mut bits = protocol::take_rings(word);
                 let mut back = 0;
                 while bits != 0 {
@@ -902,7 +899,7 @@ impl Firmware {
                 }
                 if back != 0 {
                     // Release, as a client's ring: the wptr stays visible to whoever takes it.
-                    word.fetch_or(back, Ordering::Release);
+                    word.get().fetch_or(back, Ordering::Release);
                 }
             }
         }
@@ -910,8 +907,7 @@ impl Firmware {
         // rang, perhaps one without a slot whose own ring was missed. Poll the wptrs of that
         // engine's queues; bits of engines in F1 go back.
         let Firmware { aggregated, engines, slots, .. } = self;
-        for &page in aggregated.iter() {
-            let Ok(word) = bar.atomic_u64(page as u64 * DOORBELL_PAGE_BYTES) else { continue };
+        for (_, word) in aggregated.iter() {
             let bits = protocol::take_rings(word);
             if bits == 0 {
                 continue;
@@ -932,7 +928,7 @@ impl Firmware {
                 }
             }
             if back != 0 {
-                word.fetch_or(back, Ordering::Release);
+                word.get().fetch_or(back, Ordering::Release);
             }
         }
         rang
@@ -1040,18 +1036,9 @@ impl Firmware {
         self.compute
     }
 
-    pub(crate) fn register_fence(
-        &mut self,
-        current: (&Shm, u64),
-        monitored: (Arc<Shm>, u64),
-        id: u64,
-        waits: FenceWaits,
-    ) {
+    pub(crate) fn register_fence(&mut self, current: (&Shm, u64), monitored: Word, id: u64, waits: FenceWaits) {
         self.fence_epoch += 1;
-        self.fences.insert(
-            (current.0.id(), current.1),
-            FenceEntry { id, monitored: Place { shm: monitored.0, offset: monitored.1 }, waits },
-        );
+        self.fences.insert((current.0.id(), current.1), FenceEntry { id, monitored, waits });
     }
 
     pub(crate) fn unregister_fence(&mut self, current: (&Shm, u64)) {
@@ -1395,27 +1382,6 @@ fn decode_at(m: &Mapping, offset: u64, header: Header, op: Opcode) -> Result<(Pa
     Packet::decode(words).map_err(FaultKind::BadPacket)
 }
 
-/// Writes one fence log entry and advances the header (FirstFreeEntryIndex = entry + 1,
-/// wrapping to 0 with WraparoundCount + 1). The caller issues the barrier.
-fn write_log(log: &Shm, entry: u32, e: FenceLogEntry) {
-    let base = fence_log::entry_offset(entry);
-    for (k, w) in e.to_words().iter().enumerate() {
-        let _ = log.write_u64(base + k as u64 * 8, *w);
-    }
-    if let Ok(h) = log.atomic_u64(0) {
-        // Relaxed load: the engine is the header's only writer.
-        let (_, wraps) = fence_log::unpack_first_free(h.load(Ordering::Relaxed));
-        let next = entry + 1;
-        let packed = if next >= fence_log::FENCE_LOG_ENTRIES {
-            fence_log::pack_first_free(0, wraps.wrapping_add(1))
-        } else {
-            fence_log::pack_first_free(next, wraps)
-        };
-        // Release: the entry's words are visible to a reader that acquires the new index.
-        h.store(packed, Ordering::Release);
-    }
-}
-
 fn outside(va: u64, bytes: u64) -> FaultKind {
     FaultKind::OutsideMappings { va, bytes, access: Access::Read }
 }
@@ -1482,8 +1448,8 @@ fn exec(
                 // A plain SIGNAL that lands on a native fence still owes its CPU waiters the
                 // interrupt check: a fence is a fence whatever the packet's flags say.
                 Some(f) => {
-                    let monitored = abi::sync::MappedWord { map: &f.monitored.shm, offset: f.monitored.offset };
-                    if abi::protocol::signal_fence(word, &monitored, value, || {}) {
+                    let monitored = &f.monitored;
+                    if abi::protocol::signal_fence(word, monitored, value, || {}) {
                         env.irqs.push_back(Interrupt::NativeFenceSignaled(FenceSignaled::Fences(vec![f.id])));
                     }
                 }
@@ -1496,9 +1462,9 @@ fn exec(
             let r = vm.translate_aligned(va, 8, Access::Write)?;
             let f = env.fences.get(&(r.shm.id(), r.offset)).ok_or(FaultKind::NotAFence { va })?;
             let current = r.shm.atomic_u64(r.offset).map_err(|_| wfault(va, 8))?;
-            let monitored = abi::sync::MappedWord { map: &f.monitored.shm, offset: f.monitored.offset };
+            let monitored = &f.monitored;
             // Store CurrentValue, barrier, read MonitoredValue (spec 002, `abi::protocol`).
-            if abi::protocol::signal_fence(current, &monitored, value, || {}) {
+            if abi::protocol::signal_fence(current, monitored, value, || {}) {
                 env.irqs.push_back(Interrupt::NativeFenceSignaled(FenceSignaled::Fences(vec![f.id])));
             }
         }
@@ -1523,7 +1489,7 @@ fn exec(
                     }
                     q.wait_observed = None;
                     // 1. the wait released; 2. the entry; 3. the index; 4. the barrier.
-                    write_log(
+                    fence_log::append(
                         &logs[0],
                         entry,
                         FenceLogEntry {
@@ -1551,16 +1517,16 @@ fn exec(
                     };
                     if op == LoggedOp::Signal && fence.is_none() {
                         current.store(value, Ordering::Release);
-                        write_log(&logs[1], entry, entry_of(handle));
+                        fence_log::append(&logs[1], entry, entry_of(handle));
                         std::sync::atomic::fence(Ordering::SeqCst);
                     } else {
                         // A fence signal (flagged, or a plain one landing on a fence).
                         let f = fence.ok_or(FaultKind::NotAFence { va })?;
-                        let monitored = abi::sync::MappedWord { map: &f.monitored.shm, offset: f.monitored.offset };
+                        let monitored = &f.monitored;
                         // 1. value; 2. entry; 3. index — inside the protocol, before its barrier
                         // (4) and the interrupt check (5): spec 002 "Order of operations".
-                        let interrupt = abi::protocol::signal_fence(current, &monitored, value, || {
-                            write_log(&logs[1], entry, entry_of(f.id))
+                        let interrupt = abi::protocol::signal_fence(current, monitored, value, || {
+                            fence_log::append(&logs[1], entry, entry_of(f.id))
                         });
                         if interrupt {
                             // Optimized: name the queue; the kernel reads its signal log.
@@ -1588,7 +1554,7 @@ fn exec(
             if value < q.completed {
                 return Err(FaultKind::ProgressBackwards { completed: q.completed, value });
             }
-            let word = q.cfg.kernel_page.atomic_u64(abi::queue::PROGRESS_COMPLETED_OFFSET).map_err(|_| wfault(0, 8))?;
+            let word = q.cfg.kernel_page.progress_completed().get();
             // Release: the command buffer's writes happen-before a waiter's acquire of the value.
             word.store(value, Ordering::Release);
             q.completed = value;

@@ -38,30 +38,10 @@ use abi::doorbell::DoorbellModel;
 use abi::queue::EngineKind;
 use shm::Shm;
 
-pub use firmware::{EngineState, FenceSignaled, FenceWaits, FwQueueId, Interrupt, PowerState, QueueConfig, StepReport};
+pub use abi::power::{EngineState, PowerState};
+pub use abi::time::Time;
+pub use firmware::{FenceSignaled, FenceWaits, FwQueueId, Interrupt, QueueConfig, StepReport};
 pub use memory::{AddressSpace, GpuMapping, Vmid};
-
-/// Device time in nanoseconds since the device was created. The GPU clock that `TIMESTAMP`
-/// writes, and the time every state machine takes as input.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Time(pub u64);
-
-impl Time {
-    /// Zero.
-    pub const ZERO: Time = Time(0);
-    /// Nanoseconds.
-    pub const fn as_nanos(self) -> u64 {
-        self.0
-    }
-    /// `self + d`, saturating.
-    pub fn plus(self, d: Duration) -> Time {
-        Time(self.0.saturating_add(d.as_nanos().min(u64::MAX as u128) as u64))
-    }
-    /// `self - earlier`, saturating at zero.
-    pub fn since(self, earlier: Time) -> Duration {
-        Duration::from_nanos(self.0.saturating_sub(earlier.0))
-    }
-}
 
 /// Device configuration.
 #[derive(Clone, Debug)]
@@ -194,7 +174,7 @@ pub enum GpuError {
 
 /// The virtual GPU: BAR, address spaces and firmware.
 pub struct Gpu {
-    bar: Arc<Shm>,
+    bar: abi::doorbell::DoorbellBar,
     vms: Vec<Option<AddressSpace>>,
     fw: firmware::Firmware,
 }
@@ -208,7 +188,8 @@ impl Gpu {
         // The kernel's page and at least one process page.
         let pages = cfg.doorbell_pages.max(2);
         let bar = Shm::new("doorbell-bar", pages as usize * abi::doorbell::DOORBELL_PAGE_BYTES as usize)?;
-        let fw = firmware::Firmware::new(&cfg);
+        let bar = abi::doorbell::DoorbellBar::new(bar);
+        let fw = firmware::Firmware::new(&cfg, bar.clone());
         Ok(Gpu { bar, vms: vec![Some(AddressSpace::default())], fw })
     }
 
@@ -225,12 +206,12 @@ impl Gpu {
 
     /// The doorbell BAR.
     pub fn bar(&self) -> &Arc<Shm> {
-        &self.bar
+        self.bar.shm()
     }
 
     /// Doorbells in the BAR.
     pub fn doorbell_slots(&self) -> u32 {
-        (self.bar.len() as u64 / abi::doorbell::DOORBELL_BYTES) as u32
+        self.bar.slots()
     }
 
     /// Engines, in id order.
@@ -301,14 +282,14 @@ impl Gpu {
         if slot >= slots {
             return Err(GpuError::BadDoorbell { slot, slots });
         }
-        self.fw.bind_doorbell(id, slot, &self.bar)
+        self.fw.bind_doorbell(id, slot)
     }
 
     /// Connects a queue to the global doorbell, as bit `bit` of BAR page `page` (its
     /// process's doorbell page): from now on a ring of that bit makes the firmware re-read its
     /// wptr. Work published while it was disconnected is found at once.
     pub fn bind_global_doorbell(&mut self, id: FwQueueId, page: u32, bit: u32) -> Result<(), GpuError> {
-        let pages = (self.bar.len() as u64 / abi::doorbell::DOORBELL_PAGE_BYTES) as u32;
+        let pages = self.bar.pages();
         if page >= pages {
             return Err(GpuError::BadDoorbell {
                 slot: page.saturating_mul(abi::doorbell::DOORBELLS_PER_PAGE),
@@ -320,7 +301,7 @@ impl Gpu {
 
     /// Watches BAR page `page` as a process's aggregated doorbell: engine `e` rings bit `e` of
     /// its first word, and the firmware then polls the wptrs of that engine's queues.
-    pub fn watch_aggregated_doorbell(&mut self, page: u32) {
+    pub fn watch_aggregated_doorbell(&mut self, page: u32) -> Result<(), GpuError> {
         self.fw.watch_aggregated(page)
     }
 
@@ -381,7 +362,7 @@ impl Gpu {
 
     /// Latches doorbell writes of F0 engines. Returns whether any doorbell changed.
     pub fn poll_doorbells(&mut self) -> bool {
-        self.fw.poll_doorbells(&self.bar)
+        self.fw.poll_doorbells()
     }
 
     /// Lets every F0 engine run its pending queues for one round, at time `now` (timestamps
@@ -409,13 +390,7 @@ impl Gpu {
     /// `DxgkDdiCreateNativeFence`: a `SIGNAL` with the fence flag that lands on `current`
     /// (a region and offset) compares against the MonitoredValue at `monitored` and raises
     /// [`Interrupt::NativeFenceSignaled`] with `id`.
-    pub fn register_native_fence(
-        &mut self,
-        current: (&Shm, u64),
-        monitored: (Arc<Shm>, u64),
-        id: u64,
-        waits: FenceWaits,
-    ) {
+    pub fn register_native_fence(&mut self, current: (&Shm, u64), monitored: shm::Word, id: u64, waits: FenceWaits) {
         self.fw.register_fence(current, monitored, id, waits)
     }
 

@@ -57,7 +57,7 @@ fn rig() -> Rig {
             ring_bytes: RING_BYTES,
             rptr_va: CONTROL + RPTR_OFFSET,
             wptr_va: CONTROL + WPTR_OFFSET,
-            kernel_page: page.clone(),
+            kernel_page: abi::queue::KernelPageView::new(&page).unwrap(),
             context_save: Shm::new("context-save", gpu::compute::CONTEXT_SAVE_BYTES as usize).unwrap(),
             fence_logs: None,
             privileged: false,
@@ -178,7 +178,7 @@ fn a_wait_on_a_native_fence_parks_until_a_fence_changes() {
     let mut r = rig();
     let monitored = Shm::new("monitored", 4096).unwrap();
     monitored.atomic_u64(0).unwrap().store(u64::MAX, Ordering::Release);
-    r.gpu.register_native_fence((&r.data, 128), (monitored, 0), 7, gpu::FenceWaits::Park);
+    r.gpu.register_native_fence((&r.data, 128), shm::Word::new(&monitored, 0).unwrap(), 7, gpu::FenceWaits::Park);
     r.publish(&[Packet::Wait { va: DATA + 128, value: 2 }, Packet::Signal { va: DATA, value: 1 }]);
     r.ring_doorbell();
     assert_eq!(r.run(1).packets, 0);
@@ -314,7 +314,7 @@ impl Many {
                 ring_bytes: RING_BYTES,
                 rptr_va: ctl + RPTR_OFFSET,
                 wptr_va: ctl + WPTR_OFFSET,
-                kernel_page: Shm::new("kernel-page", 4096).unwrap(),
+                kernel_page: abi::queue::KernelPageView::new(Shm::new("kernel-page", 4096).unwrap()).unwrap(),
                 context_save: Shm::new("context-save", gpu::compute::CONTEXT_SAVE_BYTES as usize).unwrap(),
                 fence_logs: None,
                 privileged: false,

@@ -378,7 +378,7 @@ impl Kmd for VirtualKmd {
     }
 
     fn watch_aggregated_page(&mut self, page: u32) {
-        self.gpu.lock().watch_aggregated_doorbell(page);
+        let _ = self.gpu.lock().watch_aggregated_doorbell(page);
     }
 
     fn unwatch_aggregated_page(&mut self, page: u32) {
@@ -426,7 +426,9 @@ impl Kmd for VirtualKmd {
         // Without native fences nobody announces a change this device does not make itself
         // (the scheduler writes monitored fences from the CPU): its waits must poll.
         let waits = if self.native_fences { gpu::FenceWaits::Park } else { gpu::FenceWaits::Poll };
-        self.gpu.lock().register_native_fence((&current.0, current.1), monitored, id, waits);
+        if let Ok(monitored) = shm::Word::new(&monitored.0, monitored.1) {
+            self.gpu.lock().register_native_fence((&current.0, current.1), monitored, id, waits);
+        }
     }
 
     fn update_current_value(&mut self, current: (&Shm, u64), value: u64) {

@@ -57,6 +57,10 @@ use std::sync::{Arc, Mutex, PoisonError};
 use rustix::fs::{MemfdFlags, SealFlags};
 use rustix::mm::{MapFlags, ProtFlags};
 
+mod word;
+
+pub use word::{ReadWord, Region, Word};
+
 /// The page size the whole stack assumes (doorbell pages, mapping granularity).
 pub const PAGE_SIZE: usize = 4096;
 

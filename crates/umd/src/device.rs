@@ -75,7 +75,7 @@ impl Device {
                 return Err(e.into());
             }
         };
-        Ok(Buffer { device: self.inner.clone(), info, map, domain: desc.domain })
+        Ok(Buffer { device: self.inner.clone(), info, map: Arc::new(map), domain: desc.domain })
     }
 
     /// Allocates a buffer holding `bytes` (a kernel binary, an argument buffer, input data).
@@ -129,7 +129,7 @@ impl Device {
 pub struct Buffer {
     device: Arc<DeviceInner>,
     info: AllocationInfo,
-    map: shm::Mapping,
+    map: Arc<shm::Mapping>,
     domain: MemoryDomain,
 }
 
@@ -156,6 +156,10 @@ impl Buffer {
     }
     /// The CPU mapping.
     pub fn map(&self) -> &shm::Mapping {
+        &self.map
+    }
+    /// The CPU mapping, shared (to build typed views of words in it).
+    pub fn mapping(&self) -> &Arc<shm::Mapping> {
         &self.map
     }
     /// Reads a u32 at a byte offset.

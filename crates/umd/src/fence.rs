@@ -20,6 +20,8 @@ use crate::device::DeviceInner;
 pub struct NativeFence {
     device: Arc<DeviceInner>,
     info: NativeFenceInfo,
+    /// CurrentValue, through the read-only mapping (`None` for `IntraGpu`).
+    current: Option<shm::ReadWord>,
     kind: NativeFenceType,
     spin: u32,
 }
@@ -27,22 +29,26 @@ pub struct NativeFence {
 impl NativeFence {
     pub(crate) fn create(device: Arc<DeviceInner>, desc: &NativeFenceDesc) -> Result<NativeFence, UmdError> {
         let info = device.port.create_native_fence(device.handle, desc)?;
-        Ok(NativeFence { device, info, kind: desc.kind, spin: 2_000 })
+        Self::opened(device, info)
     }
 
     pub(crate) fn open(device: Arc<DeviceInner>, global: u64) -> Result<NativeFence, UmdError> {
         let info = device.port.open_native_fence(device.handle, global)?;
-        Ok(Self::opened(device, info))
+        Self::opened(device, info)
     }
 
     pub(crate) fn open_cross_adapter(device: Arc<DeviceInner>, handle: u64) -> Result<NativeFence, UmdError> {
         let info = device.port.open_cross_adapter_fence(device.handle, handle)?;
-        Ok(Self::opened(device, info))
+        Self::opened(device, info)
     }
 
-    fn opened(device: Arc<DeviceInner>, info: NativeFenceInfo) -> NativeFence {
+    fn opened(device: Arc<DeviceInner>, mut info: NativeFenceInfo) -> Result<NativeFence, UmdError> {
         let kind = info.kind;
-        NativeFence { device, info, kind, spin: 2_000 }
+        let current = match info.cpu.take() {
+            Some(map) => Some(shm::ReadWord::new(Arc::new(map), info.offset)?),
+            None => None,
+        };
+        Ok(NativeFence { device, info, current, kind, spin: 2_000 })
     }
 
     /// For a shareable fence, the global handle to pass to another process
@@ -76,9 +82,9 @@ impl NativeFence {
 
     /// CurrentValue, read from memory. An `IntraGpu` fence has no CPU access.
     pub fn value(&self) -> Result<u64, UmdError> {
-        let map = self.info.cpu.as_ref().ok_or_else(|| UmdError::NoCpuAccess { fence: self.handle().to_string() })?;
+        let word = self.current.as_ref().ok_or_else(|| UmdError::NoCpuAccess { fence: self.handle().to_string() })?;
         // Acquire: pairs with the signaller's release, so what it wrote before is visible.
-        Ok(map.load_u64(self.info.offset, Ordering::Acquire)?)
+        Ok(word.load(Ordering::Acquire))
     }
 
     /// Signals from the CPU (through the kernel). A value below the current one is refused.

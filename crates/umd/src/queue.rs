@@ -32,14 +32,12 @@ use std::time::Duration;
 
 use abi::doorbell::RingMethod;
 use abi::packet::progress_fence_words;
-use abi::port::{
-    AggregatedDoorbell, CreateDoorbell, HwQueueDesc, KernelError, QueueStatus, SubmissionMode, WaitOutcome,
-};
+use abi::port::{CreateDoorbell, HwQueueDesc, KernelError, QueueStatus, SubmissionMode, WaitOutcome};
 use abi::protocol;
-use abi::queue::{DOORBELL_STATUS_OFFSET, PROGRESS_COMPLETED_OFFSET};
-use abi::ring::{self, LAST_QUEUED_OFFSET, RING_CONTROL_BYTES, RPTR_OFFSET, WPTR_OFFSET};
-use abi::sync::MappedWord;
+use abi::queue::{KernelPageView, PROGRESS_COMPLETED_OFFSET};
+use abi::ring::{self, LAST_QUEUED_OFFSET, RING_CONTROL_BYTES, RPTR_OFFSET, RingControlView, WPTR_OFFSET};
 use abi::{DoorbellHandle, DoorbellStatus, EngineId, HwQueueHandle, Priority, QueueDescriptor};
+use shm::{ReadWord, Word};
 
 use crate::device::{Buffer, Context, DeviceInner};
 use crate::{CommandBuffer, UmdError};
@@ -83,15 +81,18 @@ impl QueueOptions {
 
 struct UserRing {
     ring: Buffer,
-    control: Buffer,
+    /// Keeps the ring-control allocation alive (and freed after the queue).
+    _control: Buffer,
+    /// rptr, wptr and last-queued, in the ring-control allocation.
+    words: RingControlView,
     ring_bytes: u64,
     doorbell: DoorbellHandle,
-    doorbell_page: Arc<shm::RotatingPage>,
-    doorbell_offset: u64,
+    /// Our doorbell word, in the doorbell CPU page the kernel rotates.
+    doorbell_word: Word,
     /// How to ring it (a dedicated word takes wptr; the global page takes our bit).
     ring_method: RingMethod,
-    /// The aggregated doorbell, rung after ours when the device needs it.
-    aggregated: Option<AggregatedDoorbell>,
+    /// The aggregated doorbell and our engine's bit, rung after ours when the device needs it.
+    aggregated: Option<(Word, u64)>,
     /// Our wptr (we are its only writer).
     wptr: u64,
     /// The last rptr we read: re-read only when the ring looks full, so the submission hot
@@ -106,7 +107,8 @@ pub struct Queue {
     device: Arc<DeviceInner>,
     handle: HwQueueHandle,
     engine: EngineId,
-    kernel_page: shm::Mapping,
+    /// The queue's kernel page, mapped read-only: completed progress value, doorbell status.
+    kernel_page: KernelPageView<ReadWord>,
     kernel_page_va: u64,
     next_progress: u64,
     user: Option<UserRing>,
@@ -129,7 +131,7 @@ impl Queue {
                     ctx.handle,
                     &HwQueueDesc { mode: SubmissionMode::KernelMode, priority: opts.priority },
                 )?;
-                Ok(Queue::from_info(dev, info, None))
+                Queue::from_info(dev, info, None)
             }
             SubmissionKind::UserMode => {
                 let device = crate::Device { inner: dev.clone() };
@@ -162,32 +164,58 @@ impl Queue {
                         return Err(e.into());
                     }
                 };
+                let words = RingControlView::new(control.mapping(), 0);
+                let doorbell_word = Word::new(&db.cpu_page, db.offset);
+                let aggregated = db.aggregated.map(|a| Word::new(&a.page, a.offset).map(|w| (w, a.mask))).transpose();
+                let (words, doorbell_word, aggregated) = match (words, doorbell_word, aggregated) {
+                    (Ok(w), Ok(d), Ok(a)) => (w, d, a),
+                    (Err(e), ..) | (_, Err(e), _) | (.., Err(e)) => {
+                        let _ = port.destroy_doorbell(db.handle);
+                        let _ = port.destroy_hw_queue(handle);
+                        return Err(e.into());
+                    }
+                };
                 let user = UserRing {
                     ring,
-                    control,
+                    _control: control,
+                    words,
                     ring_bytes: opts.ring_bytes,
                     doorbell: db.handle,
-                    doorbell_page: db.cpu_page,
-                    doorbell_offset: db.offset,
+                    doorbell_word,
                     ring_method: db.ring,
-                    aggregated: db.aggregated,
+                    aggregated,
                     wptr: 0,
                     rptr_seen: 0,
                     outstanding: VecDeque::new(),
                 };
-                let q = Queue::from_info(dev, info, Some(user));
+                let q = Queue::from_info(dev, info, Some(user))?;
                 port.connect_doorbell(handle)?;
                 Ok(q)
             }
         }
     }
 
-    fn from_info(device: Arc<DeviceInner>, info: abi::port::HwQueueInfo, user: Option<UserRing>) -> Queue {
-        Queue {
+    fn from_info(
+        device: Arc<DeviceInner>,
+        info: abi::port::HwQueueInfo,
+        user: Option<UserRing>,
+    ) -> Result<Queue, UmdError> {
+        let handle = info.handle;
+        let kernel_page = match KernelPageView::read_only_in(Arc::new(info.kernel_page)) {
+            Ok(k) => k,
+            Err(e) => {
+                if let Some(u) = &user {
+                    let _ = device.port.destroy_doorbell(u.doorbell);
+                }
+                let _ = device.port.destroy_hw_queue(handle);
+                return Err(e.into());
+            }
+        };
+        Ok(Queue {
             device,
-            handle: info.handle,
+            handle,
             engine: info.engine,
-            kernel_page: info.kernel_page,
+            kernel_page,
             kernel_page_va: info.kernel_page_va,
             next_progress: 0,
             user,
@@ -195,7 +223,7 @@ impl Queue {
             spin: 2_000,
             log_next: [0; 2],
             reconnects: 0,
-        }
+        })
     }
 
     /// The kernel handle.
@@ -232,12 +260,13 @@ impl Queue {
     pub fn completed(&self) -> u64 {
         // Acquire: pairs with the engine's release store, so results written before the
         // PROGRESS_FENCE are visible once the value is.
-        self.kernel_page.load_u64(PROGRESS_COMPLETED_OFFSET, Ordering::Acquire).unwrap_or(0)
+        self.kernel_page.progress_completed().load(Ordering::Acquire)
     }
 
     /// The doorbell status word.
     pub fn doorbell_status(&self) -> Result<DoorbellStatus, UmdError> {
-        let w = self.kernel_page.load_u64(DOORBELL_STATUS_OFFSET, Ordering::SeqCst)?;
+        // SeqCst: the status word is half of the doorbell-versus-disconnect Dekker pair.
+        let w = self.kernel_page.doorbell_status().load(Ordering::SeqCst);
         DoorbellStatus::from_word(w).ok_or(UmdError::Corrupt { field: "doorbell status", value: w })
     }
 
@@ -291,7 +320,7 @@ impl Queue {
         self.wait_for_ring_space(plan.new_wptr.saturating_sub(ring_bytes))?;
         let u = self.user.as_mut().expect("user-mode");
         // 2. Tell the OS the new last-queued value before the work becomes visible.
-        u.control.map().atomic_u64(LAST_QUEUED_OFFSET)?.store(value, Ordering::Release);
+        u.words.last_queued().store(value, Ordering::Release);
         // 3. Packets, then wptr (release: the packets are visible before the new wptr).
         ring::write_stream(u.ring.map(), ring_bytes, wptr, &plan, &[words, &fence])?;
         u.wptr = plan.new_wptr;
@@ -309,21 +338,13 @@ impl Queue {
             let u = self.user.as_ref().expect("user-mode");
             // Publish wptr, ring the doorbell with it, fence, read the status: the client half
             // of the Dekker pair (module docs), shared with the loom model.
-            let aggregated = match &u.aggregated {
-                Some(a) => Some((a.page.atomic_u64(a.offset)?, a.mask)),
-                None => None,
-            };
             let bell = protocol::Bell {
-                word: u.doorbell_page.atomic_u64(u.doorbell_offset)?,
+                word: &u.doorbell_word,
                 method: u.ring_method,
-                aggregated,
+                aggregated: u.aggregated.as_ref().map(|(w, mask)| (w, *mask)),
             };
-            let word = protocol::ring_and_read_status(
-                u.control.map().atomic_u64(WPTR_OFFSET)?,
-                &bell,
-                &MappedWord { map: &self.kernel_page, offset: DOORBELL_STATUS_OFFSET },
-                u.wptr,
-            );
+            let word =
+                protocol::ring_and_read_status(u.words.wptr_word(), &bell, self.kernel_page.doorbell_status(), u.wptr);
             let status =
                 DoorbellStatus::from_word(word).ok_or(UmdError::Corrupt { field: "doorbell status", value: word })?;
             match status {
@@ -363,7 +384,7 @@ impl Queue {
                 return Ok(());
             }
             // Acquire: the engine is done reading bytes below rptr.
-            let rptr = u.control.map().load_u64(RPTR_OFFSET, Ordering::Acquire)?;
+            let rptr = u.words.rptr().load(Ordering::Acquire);
             u.rptr_seen = rptr;
             if rptr >= need_rptr {
                 return Ok(());
@@ -381,7 +402,7 @@ impl Queue {
             // The engine publishes rptr at the end of the step that wrote the fence.
             for _ in 0..100_000 {
                 let u = self.user.as_ref().expect("user-mode");
-                if u.control.map().load_u64(RPTR_OFFSET, Ordering::Acquire)? >= need_rptr {
+                if u.words.rptr().load(Ordering::Acquire) >= need_rptr {
                     break;
                 }
                 std::hint::spin_loop();
