@@ -9,8 +9,11 @@
 //!   word, CPU waits on progress fences, engine power policy (F0/F1), the interrupt service
 //!   routine, and the traditional kernel-mode submission path (software queues and a scheduler
 //!   that feeds kernel-owned rings).
-//! - [`kmd`]: the DDI boundary to the device-specific driver, the [`kmd::Kmd`] trait, and
-//!   [`kmd::VirtualKmd`], its implementation for the virtual GPU.
+//! - [`ddi`]: the DDI boundary to the device-specific driver, typed in the kernel's own terms:
+//!   the [`ddi::Kmd`] trait, its notifications, RAII GPU mappings, and [`ddi::Traced`], the
+//!   decorator that logs every DDI call and can fail chosen ones for error-path tests.
+//! - [`virtual_kmd`]: [`virtual_kmd::VirtualKmd`], the KMD of the virtual GPU — the only
+//!   module that names `gpu` types.
 //! - [`trace`]: the ordered log of DDI calls and OS actions that tests assert the spec's
 //!   sequences against.
 //! - [`system`]: an embedded system (kernel and GPU in one process) with its two drivers, live
@@ -21,10 +24,12 @@
 //! process's bad input changes nothing for any other process.
 
 pub mod cross;
-pub mod kmd;
+pub mod ddi;
 pub mod os;
+mod pool;
 pub mod system;
 mod table;
 pub mod trace;
+pub mod virtual_kmd;
 
-pub use system::{Machine, ProcessPort, System, SystemConfig, Termination};
+pub use system::{FenceWaitHandle, Machine, ProcessPort, System, SystemConfig, Termination};

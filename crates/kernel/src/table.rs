@@ -1,89 +1,87 @@
 //! Per-process object tables with generation-checked handles.
 //!
-//! A [`Table`] is a slab: each slot has a generation that increments when its object is
-//! removed, so a handle to a destroyed object is *stale* even after the slot is reused, and a
-//! handle minted for another process is *foreign*. Both are refused with a typed error that
-//! names the handle.
+//! A [`Table`] is the workspace's generation-checked slab ([`abi::slab::Slab`], which the
+//! firmware's queue table uses too) owned by one process: a handle to a destroyed object is
+//! *stale* even after its entry is reused, and a handle minted for another process is
+//! *foreign*. Both are refused with a typed error that names the handle.
 
 use abi::handle::{Handle, HandleKind, ProcessId};
 use abi::port::{HandleProblem, KernelError};
-
-struct Slot<T> {
-    generation: u32,
-    value: Option<T>,
-}
+use abi::slab::{Key, Miss, Slab};
 
 /// A slab of `T` addressed by `Handle<K>`.
 pub(crate) struct Table<K: HandleKind, T> {
     owner: ProcessId,
-    slots: Vec<Slot<T>>,
-    free: Vec<u32>,
+    slab: Slab<T>,
     _k: core::marker::PhantomData<fn() -> K>,
 }
 
 impl<K: HandleKind, T> Table<K, T> {
     pub(crate) fn new(owner: ProcessId) -> Self {
-        Table { owner, slots: Vec::new(), free: Vec::new(), _k: core::marker::PhantomData }
+        Table { owner, slab: Slab::new(), _k: core::marker::PhantomData }
+    }
+
+    fn handle(&self, key: Key) -> Handle<K> {
+        Handle::new(self.owner, key.index(), key.generation())
     }
 
     /// Inserts a value and mints its handle.
     pub(crate) fn insert(&mut self, value: T) -> Handle<K> {
-        let index = match self.free.pop() {
-            Some(i) => i,
-            None => {
-                self.slots.push(Slot { generation: 0, value: None });
-                self.slots.len() as u32 - 1
-            }
-        };
-        let slot = &mut self.slots[index as usize];
-        slot.generation = slot.generation.wrapping_add(1);
-        slot.value = Some(value);
-        Handle::new(self.owner, index, slot.generation)
+        let key = self.slab.insert(value);
+        self.handle(key)
     }
 
-    fn check(&self, h: Handle<K>) -> Result<usize, KernelError> {
-        let bad = |problem| KernelError::BadHandle { handle: h.to_string(), problem };
+    /// The slab key of a handle of this process, or why it names nothing here.
+    fn key(&self, h: Handle<K>) -> Result<Key, KernelError> {
         if h.owner() != self.owner {
-            return Err(bad(HandleProblem::Foreign { owner: h.owner() }));
+            return Err(KernelError::BadHandle {
+                handle: h.to_string(),
+                problem: HandleProblem::Foreign { owner: h.owner() },
+            });
         }
-        match self.slots.get(h.index() as usize) {
-            Some(s) if s.generation == h.generation() && s.value.is_some() => Ok(h.index() as usize),
-            Some(s) if s.generation >= h.generation() && h.generation() != 0 => Err(bad(HandleProblem::Stale)),
-            _ => Err(bad(HandleProblem::Unknown)),
+        Ok(Key::from_parts(h.index(), h.generation()))
+    }
+
+    fn miss(h: Handle<K>) -> impl FnOnce(Miss) -> KernelError {
+        move |m| KernelError::BadHandle {
+            handle: h.to_string(),
+            problem: match m {
+                Miss::Stale => HandleProblem::Stale,
+                Miss::Unknown => HandleProblem::Unknown,
+            },
         }
     }
 
     /// The object a handle names.
     pub(crate) fn get(&self, h: Handle<K>) -> Result<&T, KernelError> {
-        let i = self.check(h)?;
-        Ok(self.slots[i].value.as_ref().expect("checked"))
+        self.slab.get(self.key(h)?).map_err(Self::miss(h))
     }
 
     /// The object a handle names, mutably.
     pub(crate) fn get_mut(&mut self, h: Handle<K>) -> Result<&mut T, KernelError> {
-        let i = self.check(h)?;
-        Ok(self.slots[i].value.as_mut().expect("checked"))
+        let key = self.key(h)?;
+        self.slab.get_mut(key).map_err(Self::miss(h))
     }
 
     /// Removes the object; its handle becomes stale.
     pub(crate) fn remove(&mut self, h: Handle<K>) -> Result<T, KernelError> {
-        let i = self.check(h)?;
-        self.free.push(i as u32);
-        Ok(self.slots[i].value.take().expect("checked"))
+        let key = self.key(h)?;
+        self.slab.remove(key).map_err(Self::miss(h))
     }
 
     /// Live handles and objects.
     pub(crate) fn iter(&self) -> impl Iterator<Item = (Handle<K>, &T)> {
-        let owner = self.owner;
-        self.slots
-            .iter()
-            .enumerate()
-            .filter_map(move |(i, s)| s.value.as_ref().map(|v| (Handle::new(owner, i as u32, s.generation), v)))
+        self.slab.iter().map(|(k, v)| (self.handle(k), v))
     }
 
     /// Live handles.
     pub(crate) fn handles(&self) -> Vec<Handle<K>> {
         self.iter().map(|(h, _)| h).collect()
+    }
+
+    /// Live objects.
+    pub(crate) fn len(&self) -> usize {
+        self.slab.len()
     }
 }
 

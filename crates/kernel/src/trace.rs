@@ -10,7 +10,10 @@ use std::collections::VecDeque;
 
 use abi::queue::FaultRecord;
 use abi::{ContextHandle, DoorbellStatus, EngineId, HwQueueHandle, NativeFenceHandle};
-use gpu::{PowerState, Time};
+use std::sync::Arc;
+
+use abi::{PowerState, Time};
+use parking_lot::Mutex;
 
 /// Entries kept.
 pub const TRACE_CAPACITY: usize = 1 << 16;
@@ -115,7 +118,7 @@ pub enum Event {
         /// Engine.
         engine: EngineId,
         /// Requested transition.
-        state: gpu::EngineState,
+        state: abi::EngineState,
     },
     /// An engine's power state changed.
     Power {
@@ -206,15 +209,29 @@ pub struct TraceEntry {
     pub event: Event,
 }
 
-/// The bounded log.
+/// The bounded log, shared by the OS and the DDI decorator ([`crate::ddi::Traced`]), which
+/// both append to it in call order (the OS lock serializes them).
+#[derive(Clone, Default)]
+pub struct SharedTrace(Arc<Mutex<Trace>>);
+
+impl SharedTrace {
+    pub(crate) fn push(&self, time: Time, event: Event) {
+        self.0.lock().push(time, event);
+    }
+    /// The entries so far and how many were dropped.
+    pub fn snapshot(&self) -> (Vec<TraceEntry>, u64) {
+        self.0.lock().snapshot()
+    }
+}
+
 #[derive(Default)]
-pub(crate) struct Trace {
+struct Trace {
     entries: VecDeque<TraceEntry>,
     dropped: u64,
 }
 
 impl Trace {
-    pub(crate) fn push(&mut self, time: Time, event: Event) {
+    fn push(&mut self, time: Time, event: Event) {
         if self.entries.len() == TRACE_CAPACITY {
             self.entries.pop_front();
             self.dropped += 1;
@@ -222,7 +239,7 @@ impl Trace {
         self.entries.push_back(TraceEntry { time, event });
     }
 
-    pub(crate) fn snapshot(&self) -> (Vec<TraceEntry>, u64) {
+    fn snapshot(&self) -> (Vec<TraceEntry>, u64) {
         (self.entries.iter().cloned().collect(), self.dropped)
     }
 }

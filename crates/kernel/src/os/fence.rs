@@ -19,20 +19,22 @@
 //! Cross-adapter fences ([`crate::cross`]) have their own system-memory page, shared with
 //! every adapter that opens them, and a MonitoredValue pinned at 0. Whenever this adapter sees
 //! one signalled — its interrupt, a CPU signal, a device error — the fence goes to the outbox,
-//! which [`super::Os`] hands to the cross-adapter layer once its lock is released. A signal
-//! another adapter propagates arrives through [`OsState::notify_current_value`]. On an adapter
+//! which leaves the OS as [`Output::Propagate`] for its driver to hand to the cross-adapter
+//! layer. A signal
+//! another adapter propagates arrives through [`Os::notify_current_value`]. On an adapter
 //! without native fences, fences are monitored fences (`LegacyMonitored`): creating another
 //! type is refused, and a cross-adapter fence opens as one.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
+use abi::Time;
 use abi::port::{KernelError, NativeFenceDesc, NativeFenceInfo, NativeFenceType, WaitMode, WaitOutcome};
 use abi::{DeviceHandle, NativeFenceHandle, ProcessId};
-use gpu::{FenceSignaled, Time};
-use shm::{Prot, Shm};
+use shm::{Prot, Shm, Word};
 
-use super::{OsState, WaitStart, Waiter, invalid};
+use super::{Os, Output, WaitId, WaitStart, Waits, invalid};
+use crate::ddi::{GpuMapping, Kmd, SignaledFences};
 use crate::trace::{Ddi, Event};
 
 /// Bytes between two fences' CurrentValues in a shared page (one cache line each).
@@ -44,15 +46,16 @@ const FENCES_PER_PAGE: usize = (4096 / FENCE_STRIDE) as usize;
 pub(crate) struct FenceWait {
     conds: Vec<(NativeFenceHandle, u64)>,
     mode: WaitMode,
-    pub(crate) waiter: Arc<Waiter>,
-    /// Registered by the kernel-mode scheduler for a submission's `WAIT`, not by a thread.
+    pub(crate) wait: WaitId,
+    /// Registered by the kernel-mode scheduler for a submission's `WAIT`, not by a thread:
+    /// nobody ends it, so its result is not kept.
     pub(crate) scheduler: bool,
 }
 
 impl FenceWait {
     /// The kernel-mode scheduler's wait for a held-back submission's fences.
-    pub(crate) fn for_scheduler(conds: Vec<(NativeFenceHandle, u64)>) -> Arc<FenceWait> {
-        Arc::new(FenceWait { conds, mode: WaitMode::All, waiter: Waiter::new(), scheduler: true })
+    pub(crate) fn for_scheduler(waits: &mut Waits, conds: Vec<(NativeFenceHandle, u64)>) -> Arc<FenceWait> {
+        Arc::new(FenceWait { conds, mode: WaitMode::All, wait: waits.open(), scheduler: true })
     }
 }
 
@@ -63,6 +66,7 @@ pub(crate) struct FencePage {
     monitored: Arc<Shm>,
     va: u64,
     used: Vec<bool>,
+    _mapping: GpuMapping,
 }
 
 /// A native fence object.
@@ -82,6 +86,8 @@ pub(crate) struct FenceObj {
     /// Its cross-adapter handle, for a cross-adapter fence.
     cross: Option<u64>,
     waiters: Vec<(u64, Arc<FenceWait>)>,
+    /// The GPU mapping of a fence with a page of its own (packed fences share their page's).
+    _mapping: Option<GpuMapping>,
 }
 
 impl FenceObj {
@@ -92,16 +98,18 @@ impl FenceObj {
     }
 }
 
-impl OsState {
-    pub(crate) fn create_native_fence(
+impl Os {
+    /// `D3DKMTCreateNativeFence`: storage (a packed slot, or a page of its own for a
+    /// shareable or cross-adapter fence), then `DxgkDdiCreateNativeFence`.
+    pub fn create_native_fence(
         &mut self,
         pid: ProcessId,
         device: DeviceHandle,
         desc: &NativeFenceDesc,
         now: Time,
     ) -> Result<NativeFenceInfo, KernelError> {
+        self.at(now);
         self.proc(pid)?.devices.get(device)?;
-        let vmid = self.proc(pid)?.vmid;
         if !self.native_fences && desc.kind != NativeFenceType::LegacyMonitored {
             return Err(invalid(
                 "kind",
@@ -125,12 +133,12 @@ impl OsState {
             }
         }
         // Find or make storage.
-        let (current, monitored, va, coff, slot) = if desc.shareable || desc.cross_adapter {
+        let (current, monitored, va, coff, slot, mapping) = if desc.shareable || desc.cross_adapter {
             let name = if desc.cross_adapter { "fence-cross-adapter" } else { "fence-shared" };
             let (c, m) = (Shm::new(name, 4096)?, Shm::new("fence-monitored", 4096)?);
             let va = self.proc(pid)?.take_va(4096);
-            self.kmd.map_gpu(vmid, va, 4096, c.clone(), true)?;
-            (c, m, va, 0, None)
+            let mapping = self.ddi.map_gpu(pid, va, 4096, c.clone(), true)?;
+            (c, m, va, 0, None, Some(mapping))
         } else {
             let p = self.proc(pid)?;
             let found = p.fence_pages.iter().enumerate().find_map(|(i, pg)| {
@@ -142,7 +150,7 @@ impl OsState {
                     let name = if desc.kind == NativeFenceType::IntraGpu { "fence-page-local" } else { "fence-page" };
                     let (c, m) = (Shm::new(name, 4096)?, Shm::new("fence-monitored", 4096)?);
                     let va = p.take_va(4096);
-                    self.kmd.map_gpu(vmid, va, 4096, c.clone(), true)?;
+                    let mapping = self.ddi.map_gpu(pid, va, 4096, c.clone(), true)?;
                     let p = self.proc(pid)?;
                     p.fence_pages.push(FencePage {
                         kind: desc.kind,
@@ -150,6 +158,7 @@ impl OsState {
                         monitored: m,
                         va,
                         used: vec![false; FENCES_PER_PAGE],
+                        _mapping: mapping,
                     });
                     (p.fence_pages.len() - 1, 0)
                 }
@@ -157,7 +166,7 @@ impl OsState {
             let pg = &mut self.proc(pid)?.fence_pages[i];
             pg.used[s] = true;
             let off = s as u64 * FENCE_STRIDE;
-            (pg.current.clone(), pg.monitored.clone(), pg.va + off, off, Some((i, s)))
+            (pg.current.clone(), pg.monitored.clone(), pg.va + off, off, Some((i, s)), None)
         };
         // A legacy monitored fence and a cross-adapter fence always interrupt.
         let always = desc.kind == NativeFenceType::LegacyMonitored || desc.cross_adapter;
@@ -165,6 +174,15 @@ impl OsState {
         monitored.atomic_u64(coff)?.store(if always { 0 } else { u64::MAX }, Ordering::Release);
         let id = self.next_fence_id;
         self.next_fence_id += 1;
+        // A shared fence: DxgkDdiCreateNativeFence (global), then DxgkDdiOpenNativeFence for
+        // the creating process's local handle (spec 002 "Global and local handles").
+        if let Err(e) = self.ddi.create_native_fence(id, (current.clone(), coff), Word::new(&monitored, coff)?) {
+            // Its packed slot goes back; a page of its own goes with `mapping`.
+            if let Some((i, s)) = slot {
+                self.proc(pid)?.fence_pages[i].used[s] = false;
+            }
+            return Err(e.into());
+        }
         let cross = match (&self.cross, desc.cross_adapter) {
             (Some((x, me)), true) => Some(x.create(*me, id, current.clone(), coff)),
             _ => None,
@@ -182,11 +200,8 @@ impl OsState {
             shared: desc.shareable,
             cross,
             waiters: Vec::new(),
+            _mapping: mapping,
         });
-        // A shared fence: DxgkDdiCreateNativeFence (global), then DxgkDdiOpenNativeFence for
-        // the creating process's local handle (spec 002 "Global and local handles").
-        self.trace.push(now, Event::Ddi(Ddi::CreateNativeFence(id)));
-        self.kmd.create_native_fence((current.clone(), coff), (monitored, coff), id);
         if desc.shareable {
             self.trace.push(now, Event::Ddi(Ddi::OpenNativeFence(handle)));
         }
@@ -210,7 +225,7 @@ impl OsState {
     /// this process's GPU address space, a MonitoredValue of this adapter's own pinned at 0,
     /// the KMD told (`DxgkDdiCreateNativeFence`). Without native fences here, it is a
     /// monitored fence (spec 002: "opened as a regular MonitoredFence on GPU2").
-    pub(crate) fn open_cross_adapter_fence(
+    pub fn open_cross_adapter_fence(
         &mut self,
         pid: ProcessId,
         device: DeviceHandle,
@@ -232,14 +247,14 @@ impl OsState {
         if let Some(instance) = existing {
             return self.open_instance(pid, device, instance, now);
         }
-        let p = self.proc(pid)?;
-        let (vmid, va) = (p.vmid, p.take_va(4096));
-        self.kmd.map_gpu(vmid, va, 4096, current.clone(), true)?;
+        let va = self.proc(pid)?.take_va(4096);
+        let mapping = self.ddi.map_gpu(pid, va, 4096, current.clone(), true)?;
         let kind = if self.native_fences { NativeFenceType::Default } else { NativeFenceType::LegacyMonitored };
         let monitored = Shm::new("fence-monitored", 4096)?;
         monitored.atomic_u64(coff)?.store(0, Ordering::Release);
         let id = self.next_fence_id;
         self.next_fence_id += 1;
+        self.ddi.create_native_fence(id, (current.clone(), coff), Word::new(&monitored, coff)?)?;
         let h = self.proc(pid)?.fences.insert(FenceObj {
             device,
             id,
@@ -253,9 +268,8 @@ impl OsState {
             shared: false,
             cross: Some(handle),
             waiters: Vec::new(),
+            _mapping: Some(mapping),
         });
-        self.trace.push(now, Event::Ddi(Ddi::CreateNativeFence(id)));
-        self.kmd.create_native_fence((current.clone(), coff), (monitored, coff), id);
         self.fence_index.insert(id, vec![(pid, h)]);
         x.opened(handle, me, id);
         let cpu = Some(current.map_range(0, 4096, Prot::ReadOnly)?);
@@ -281,7 +295,7 @@ impl OsState {
         self.trace.push(now, Event::CrossAdapterNotified { fence: first });
         if self.native_fences {
             self.trace.push(now, Event::Ddi(Ddi::UpdateCurrentValueNotificationOnly(first)));
-            self.kmd.notify_current_values();
+            self.ddi.notify_current_values();
         }
         for (pid, h) in instances {
             self.settle_fence(pid, h, now);
@@ -295,15 +309,15 @@ impl OsState {
         let Some(x) = self.processes.get(&pid).and_then(|p| p.fences.get(h).ok()).and_then(|f| f.cross) else {
             return;
         };
-        if !self.cross_outbox.contains(&x) {
+        if !self.outputs.contains(&Output::Propagate(x)) {
             self.trace.push(now, Event::CrossAdapterSignal { fence: h });
-            self.cross_outbox.push(x);
+            self.outputs.push_back(Output::Propagate(x));
         }
     }
 
     /// Opens a shared fence in another process: the same storage, mapped at a VA of this
     /// process, under a local handle of its own (`DxgkDdiOpenNativeFence`).
-    pub(crate) fn open_native_fence(
+    pub fn open_native_fence(
         &mut self,
         pid: ProcessId,
         device: DeviceHandle,
@@ -336,9 +350,8 @@ impl OsState {
         let o = self.proc(opid)?.fences.get(oh)?;
         let (id, kind, current, coff, monitored, moff, cross) =
             (o.id, o.kind, o.current.clone(), o.coff, o.monitored.clone(), o.moff, o.cross);
-        let p = self.proc(pid)?;
-        let (vmid, va) = (p.vmid, p.take_va(4096));
-        self.kmd.map_gpu(vmid, va, 4096, current.clone(), true)?;
+        let va = self.proc(pid)?.take_va(4096);
+        let mapping = self.ddi.map_gpu(pid, va, 4096, current.clone(), true)?;
         let handle = self.proc(pid)?.fences.insert(FenceObj {
             device,
             id,
@@ -352,6 +365,7 @@ impl OsState {
             shared: true,
             cross,
             waiters: Vec::new(),
+            _mapping: Some(mapping),
         });
         self.trace.push(now, Event::Ddi(Ddi::OpenNativeFence(handle)));
         self.fence_index.entry(id).or_default().push((pid, handle));
@@ -362,12 +376,9 @@ impl OsState {
         Ok(NativeFenceInfo { handle, va: va + coff, cpu, offset: coff, global: Some(id), kind, cross_adapter: cross })
     }
 
-    pub(crate) fn destroy_native_fence(
-        &mut self,
-        pid: ProcessId,
-        h: NativeFenceHandle,
-        now: Time,
-    ) -> Result<(), KernelError> {
+    /// Closes a process's local handle; the global fence goes with its last one.
+    pub fn destroy_native_fence(&mut self, pid: ProcessId, h: NativeFenceHandle, now: Time) -> Result<(), KernelError> {
+        self.at(now);
         let f = self.proc(pid)?.fences.remove(h)?;
         // Close this process's local handle; destroy the global fence with its last one.
         let left = match self.fence_index.get_mut(&f.id) {
@@ -381,8 +392,7 @@ impl OsState {
             self.trace.push(now, Event::Ddi(Ddi::CloseNativeFence(h)));
         }
         if left == 0 {
-            self.trace.push(now, Event::Ddi(Ddi::DestroyNativeFence(f.id)));
-            self.kmd.destroy_native_fence((f.current.clone(), f.coff));
+            self.ddi.destroy_native_fence(f.id);
             self.fence_index.remove(&f.id);
             if let (Some(handle), Some((x, me))) = (f.cross, &self.cross) {
                 x.closed(handle, *me, f.id);
@@ -394,19 +404,12 @@ impl OsState {
             reason: "was destroyed while waited on".into(),
         };
         for (_, w) in &f.waiters {
-            w.waiter.complete(Err(lost.clone()));
-            if w.scheduler {
-                self.km_kick = true;
-            }
+            self.complete_fence_wait(w, Err(lost.clone()));
             self.forget_wait(pid, w);
         }
-        let p = self.proc(pid)?;
-        match f.slot {
-            Some((i, s)) => p.fence_pages[i].used[s] = false,
-            None => {
-                let vmid = p.vmid;
-                self.kmd.unmap_gpu(vmid, f.va - f.coff);
-            }
+        // A page of its own is unmapped as `f` drops; a packed slot goes back to its page.
+        if let Some((i, s)) = f.slot {
+            self.proc(pid)?.fence_pages[i].used[s] = false;
         }
         // The closed instance's waiters are gone: the shared MonitoredValue may rise.
         if left > 0 {
@@ -415,7 +418,8 @@ impl OsState {
         Ok(())
     }
 
-    pub(crate) fn signal_native_fence(
+    /// Signals a native fence from the CPU (`DxgkDdiUpdateCurrentValuesFromCpu`).
+    pub fn signal_native_fence(
         &mut self,
         pid: ProcessId,
         h: NativeFenceHandle,
@@ -430,14 +434,13 @@ impl OsState {
         if value < cur {
             return Err(KernelError::NotIncreasing { field: "value", value, last: cur });
         }
-        let (current, coff) = (f.current.clone(), f.coff);
+        let (current, coff, id) = (f.current.clone(), f.coff, f.id);
         let word = current.atomic_u64(coff)?;
-        let id = self.proc(pid)?.fences.get(h)?.id;
         if self.native_fences {
             // `DxgkDdiUpdateCurrentValuesFromCpu`: the KMD stores it and the firmware's
             // parked waiters re-check.
             self.trace.push(now, Event::Ddi(Ddi::UpdateCurrentValueFromCpu(h, value)));
-            self.kmd.update_current_value((&current, coff), value);
+            self.ddi.update_current_value(id, value)?;
         } else {
             // Without native fences the scheduler writes the monitored fence itself; its GPU
             // waits are its own (kernel-mode queues only). Release: what the CPU did before
@@ -453,7 +456,7 @@ impl OsState {
     }
 
     /// Starts a CPU wait. Returns at once if it is already satisfied.
-    pub(crate) fn begin_fence_wait(
+    pub fn begin_fence_wait(
         &mut self,
         pid: ProcessId,
         conds: &[(NativeFenceHandle, u64)],
@@ -480,19 +483,15 @@ impl OsState {
         if let Some(i) = evaluate(p, conds, mode) {
             return Ok(WaitStart::Done(Ok(WaitOutcome::Reached(i))));
         }
-        let wait = Arc::new(FenceWait { conds: conds.to_vec(), mode, waiter: Waiter::new(), scheduler: false });
+        let wait = Arc::new(FenceWait { conds: conds.to_vec(), mode, wait: self.waits.open(), scheduler: false });
         self.register_wait(pid, &wait, now)?;
-        Ok(WaitStart::Blocked(wait.waiter.clone()))
+        Ok(WaitStart::Blocked(wait.wait))
     }
 
     /// A device in error: every fence it owns becomes AlwaysSignaled (CurrentValue =
     /// `u64::MAX`, so GPU waits pass), and its blocked CPU waiters end with `DeviceLost`.
-    pub(crate) fn mark_device_error(
-        &mut self,
-        pid: ProcessId,
-        device: DeviceHandle,
-        now: Time,
-    ) -> Result<(), KernelError> {
+    pub fn mark_device_error(&mut self, pid: ProcessId, device: DeviceHandle, now: Time) -> Result<(), KernelError> {
+        self.at(now);
         self.proc(pid)?.devices.get_mut(device)?.error = true;
         let lost = KernelError::DeviceLost { device: device.to_string() };
         let p = self.proc(pid)?;
@@ -502,17 +501,14 @@ impl OsState {
         for &h in &mine {
             let f = self.proc(pid)?.fences.get(h)?;
             waits.extend(f.waiters.iter().map(|(_, w)| w.clone()));
-            let (id, current, coff) = (f.id, f.current.clone(), f.coff);
+            let id = f.id;
             self.trace.push(now, Event::Ddi(Ddi::UpdateCurrentValueFromCpu(h, abi::port::FENCE_ALWAYS_SIGNALED)));
-            self.kmd.update_current_value((&current, coff), abi::port::FENCE_ALWAYS_SIGNALED);
+            self.ddi.update_current_value(id, abi::port::FENCE_ALWAYS_SIGNALED)?;
             // The other adapters' waiters see the shared value pass too.
             self.note_signaled(id, now);
         }
         for w in waits {
-            w.waiter.complete(Err(lost.clone()));
-            if w.scheduler {
-                self.km_kick = true;
-            }
+            self.complete_fence_wait(&w, Err(lost.clone()));
             self.forget_wait(pid, &w);
         }
         Ok(())
@@ -541,7 +537,7 @@ impl OsState {
         let Ok(p) = self.proc(pid) else { return };
         for &(h, _) in &wait.conds {
             if let Ok(f) = p.fences.get_mut(h) {
-                f.waiters.retain(|(_, w)| !Arc::ptr_eq(w, wait));
+                f.waiters.retain(|(_, w)| w.wait != wait.wait);
             }
         }
         // Raising a MonitoredValue cannot lose a wake-up, so no resample is needed here.
@@ -552,16 +548,15 @@ impl OsState {
     }
 
     /// Ends a CPU wait: deregisters it and reports.
-    pub(crate) fn end_fence_wait(&mut self, pid: ProcessId, waiter: &Arc<Waiter>) -> Result<WaitOutcome, KernelError> {
+    pub fn end_fence_wait(&mut self, pid: ProcessId, id: WaitId) -> Result<WaitOutcome, KernelError> {
         if let Ok(p) = self.proc(pid) {
-            let found = p.fences.iter().find_map(|(_, f)| {
-                f.waiters.iter().find(|(_, w)| Arc::ptr_eq(&w.waiter, waiter)).map(|(_, w)| w.clone())
-            });
+            let found =
+                p.fences.iter().find_map(|(_, f)| f.waiters.iter().find(|(_, w)| w.wait == id).map(|(_, w)| w.clone()));
             if let Some(w) = found {
                 self.forget_wait(pid, &w);
             }
         }
-        match waiter.take() {
+        match self.waits.results.remove(&id).flatten() {
             Some(Ok(i)) => Ok(WaitOutcome::Reached(i)),
             Some(Err(e)) => Err(e),
             None => Ok(WaitOutcome::TimedOut),
@@ -575,16 +570,10 @@ impl OsState {
         loop {
             let Ok(p) = self.proc(pid) else { return };
             let Ok(f) = p.fences.get(h) else { return };
-            let done: Vec<Arc<FenceWait>> =
-                f.waiters.iter().map(|(_, w)| w.clone()).filter(|w| evaluate(p, &w.conds, w.mode).is_some()).collect();
-            for w in &done {
-                let r = evaluate(p, &w.conds, w.mode).unwrap_or(0);
-                w.waiter.complete(Ok(r));
-            }
-            if done.iter().any(|w| w.scheduler) {
-                self.km_kick = true;
-            }
-            for w in &done {
+            let done: Vec<(Arc<FenceWait>, u64)> =
+                f.waiters.iter().filter_map(|(_, w)| evaluate(p, &w.conds, w.mode).map(|r| (w.clone(), r))).collect();
+            for (w, r) in &done {
+                self.complete_fence_wait(w, Ok(*r));
                 self.forget_wait(pid, w);
             }
             let Ok(id) = self.proc(pid).and_then(|p| p.fences.get(h).map(|f| f.id)) else { return };
@@ -609,22 +598,19 @@ impl OsState {
     /// `NativeFenceSignaled`: settle the named fences; for named queues (the optimized mode),
     /// flush and read their signal logs to learn which fences; with no list, or when a log was
     /// overrun or is corrupt, settle every fence with a waiter (the fallback scan).
-    pub(crate) fn service_fences(&mut self, what: FenceSignaled, now: Time) {
+    pub(crate) fn service_fences(&mut self, what: SignaledFences, now: Time) {
         self.stats.fence_interrupts += 1;
         let targets: Vec<(ProcessId, NativeFenceHandle)> = match what {
-            FenceSignaled::Fences(ids) => ids.iter().flat_map(|&id| self.instances(id)).collect(),
-            FenceSignaled::Queues(queues) => {
+            SignaledFences::Fences(ids) => ids.iter().flat_map(|&id| self.instances(id)).collect(),
+            SignaledFences::Queues(queues) => {
                 let mut ids = Vec::new();
                 let mut scan_all = false;
                 // The log is written where the client says (it chooses the entries), so the
                 // kernel trusts it only to narrow the search: anything it cannot account for —
                 // a queue gone, no log, a corrupt or overrun log, or an interrupt whose log shows
                 // no new signal — falls back to scanning every fence.
-                for fw in queues {
-                    let Some(&(pid, q)) = self.fw_index.get(&fw) else {
-                        scan_all = true;
-                        continue;
-                    };
+                for q in queues {
+                    let pid = q.owner();
                     let Ok(qo) = self.queue(pid, q) else {
                         scan_all = true;
                         continue;
@@ -634,8 +620,7 @@ impl OsState {
                         scan_all = true;
                         continue;
                     };
-                    self.trace.push(now, Event::Ddi(Ddi::UpdateNativeFenceLogs(q)));
-                    self.kmd.flush_fence_logs(fw);
+                    self.ddi.flush_fence_logs(q);
                     let log = &logs[abi::fence_log::FenceLogType::Signal as usize];
                     match abi::fence_log::read_since(log, seen) {
                         Ok(r) => {
@@ -668,13 +653,24 @@ impl OsState {
                     ids.iter().flat_map(|&id| self.instances(id)).collect()
                 }
             }
-            FenceSignaled::All => self.fences_with_waiters(),
+            SignaledFences::All => self.fences_with_waiters(),
         };
         for (pid, h) in targets {
             self.settle_fence(pid, h, now);
             if let Ok(id) = self.proc(pid).and_then(|p| p.fences.get(h).map(|f| f.id)) {
                 self.note_signaled(id, now);
             }
+        }
+    }
+
+    /// Decides a fence wait: a thread's result is kept until it ends the wait; the
+    /// scheduler's is not (nobody ends it), and the scheduler is told to look again.
+    fn complete_fence_wait(&mut self, w: &FenceWait, r: Result<u64, KernelError>) {
+        if w.scheduler {
+            self.waits.results.remove(&w.wait);
+            self.kick_scheduler();
+        } else {
+            self.complete_wait(w.wait, r);
         }
     }
 

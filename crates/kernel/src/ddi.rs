@@ -1,0 +1,492 @@
+//! The kernel-mode driver boundary, typed in the kernel's own terms.
+//!
+//! Spec 000 ("DDIs for user-mode work submission") splits the OS graphics kernel (Dxgkrnl)
+//! from the IHV's kernel-mode driver. [`Kmd`] is that split: the OS ([`crate::os`]) owns
+//! processes, handles, validation, doorbell objects and policy; it calls these DDIs for
+//! everything device-specific. Every argument is an OS type — a queue is the OS's
+//! [`HwQueueHandle`] (which names its process), an address space is the [`ProcessId`] that
+//! owns it, a fence is its global id, and what the device reports comes back as a
+//! [`Notification`] — so a second device is a second implementation of this trait, and the
+//! OS never names a type of [`gpu`](../gpu/index.html).
+//!
+//! Invariants:
+//! - A DDI that can fail returns `Result<_, DdiError>`, and the OS acts on the failure (rolls
+//!   back what it did, or faults the queue): nothing is discarded on either side.
+//! - A GPU mapping is an RAII [`GpuMapping`]: dropping it unmaps, so no error path can leak
+//!   one.
+//! - [`Traced`] wraps any `Kmd`, records every DDI call in the kernel's [`Trace`] before making
+//!   it, and can fail chosen calls on purpose ([`DdiFault`]) so the OS's error paths are
+//!   tested.
+
+use std::sync::Arc;
+
+use abi::doorbell::RingMethod;
+use abi::port::{AdapterInfo, KernelError};
+use abi::queue::{Access, FaultKind, FaultRecord};
+use abi::{ContextHandle, EngineId, EngineState, HwQueueHandle, PowerState, Priority, ProcessId, QueueState, Time};
+use shm::{Shm, Word};
+
+use crate::trace::{Ddi, Event, SharedTrace};
+
+/// Why a DDI failed.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum DdiError {
+    /// The device refused an argument.
+    #[error("`{field}` = {value}: {reason}")]
+    Refused {
+        /// The argument.
+        field: &'static str,
+        /// Its value, as text.
+        value: String,
+        /// The device's reason.
+        reason: String,
+    },
+    /// The DDI named a queue the KMD does not know.
+    #[error("{0} is not a queue of this device")]
+    UnknownQueue(HwQueueHandle),
+    /// The DDI named an address space the KMD does not know.
+    #[error("{0} has no address space on this device")]
+    UnknownAddressSpace(ProcessId),
+    /// A fault injected by [`Traced`] for a test.
+    #[error("{ddi:?} failed (injected fault, call {call})")]
+    Injected {
+        /// The DDI.
+        ddi: DdiKind,
+        /// Which call of it (1-based).
+        call: u32,
+    },
+    /// Shared memory failed.
+    #[error("shared memory: {0}")]
+    Shm(#[from] shm::ShmError),
+}
+
+impl From<DdiError> for KernelError {
+    fn from(e: DdiError) -> Self {
+        match e {
+            DdiError::Refused { field, value, reason } => KernelError::InvalidArgument { field, value, reason },
+            DdiError::Shm(e) => KernelError::Shm(e),
+            other => KernelError::InvalidArgument { field: "device", value: String::new(), reason: other.to_string() },
+        }
+    }
+}
+
+/// The DDIs that can fail, for fault injection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DdiKind {
+    /// [`Kmd::create_address_space`].
+    CreateAddressSpace,
+    /// [`Kmd::map_gpu`].
+    MapGpu,
+    /// [`Kmd::create_hw_queue`].
+    CreateHwQueue,
+    /// [`Kmd::connect_doorbell`].
+    ConnectDoorbell,
+    /// [`Kmd::connect_kernel_doorbell`].
+    ConnectKernelDoorbell,
+    /// [`Kmd::submit_command`].
+    SubmitCommand,
+    /// [`Kmd::create_native_fence`].
+    CreateNativeFence,
+}
+
+/// A queue the OS asks the KMD to create (`DxgkDdiCreateHwQueue`; amdgpu's MQD inputs).
+#[derive(Clone)]
+pub struct QueueCreate {
+    /// The owning process (its address space runs the queue).
+    pub process: ProcessId,
+    /// The context it belongs to.
+    pub context: ContextHandle,
+    /// Engine.
+    pub engine: EngineId,
+    /// Ring GPU VA and size (validated by the OS).
+    pub ring_va: u64,
+    /// Ring size.
+    pub ring_bytes: u64,
+    /// rptr word GPU VA.
+    pub rptr_va: u64,
+    /// wptr word GPU VA.
+    pub wptr_va: u64,
+    /// The queue's kernel page (progress fence, doorbell status, queue state).
+    pub kernel_page: Arc<Shm>,
+    /// The fence logs `[waits, signals]` of a user-mode queue
+    /// (`DxgkDdiSetNativeFenceLogBuffer`, passed with the queue on this device).
+    pub fence_logs: Option<[Arc<Shm>; 2]>,
+    /// A kernel-mode queue (may select an address space in `INDIRECT_BUFFER`).
+    pub privileged: bool,
+    /// Priority.
+    pub priority: Priority,
+}
+
+/// What `DxgkDdiConnectDoorbell` answered: the doorbell is connected, shown by BAR page
+/// `page_offset` at the doorbell's offset.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConnectStep {
+    /// Byte offset of the BAR page to map at the doorbell's CPU VA.
+    pub page_offset: u64,
+    /// The KMD wants `NotifyWorkSubmission` after each ring.
+    pub notify: bool,
+}
+
+/// `DxgkCbDisconnectDoorbell`: the OS's side of a victimization, which the KMD calls from
+/// inside [`Kmd::connect_doorbell`] when no physical doorbell is free (spec 000 "Victimizing
+/// doorbell pseudocode in KMD"). The OS rotates the victim's doorbell CPU VA to the dummy
+/// page and publishes `DisconnectedRetry`; when it returns, the KMD disconnects the victim's
+/// physical doorbell and hands it to the new queue.
+pub trait DisconnectCallback {
+    /// Disconnects `victim`'s doorbell on the OS's side.
+    fn disconnect_doorbell(&mut self, victim: HwQueueHandle) -> Result<(), DdiError>;
+}
+
+/// What a `NativeFenceSignaled` notification names.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SignaledFences {
+    /// These fences (global ids) were signalled.
+    Fences(Vec<u64>),
+    /// These queues signalled fences and logged them: read their signal logs.
+    Queues(Vec<HwQueueHandle>),
+    /// No list: scan every fence with a waiter (the spec's NULL array).
+    All,
+}
+
+/// An interrupt, as the KMD reports it to the OS (`DxgkCbNotifyInterrupt`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Notification {
+    /// A queue faulted and is hung.
+    QueueFault {
+        /// The queue.
+        queue: HwQueueHandle,
+        /// What happened.
+        fault: FaultRecord,
+    },
+    /// `DXGK_INTERRUPT_GPU_ENGINE_STATE_CHANGE`.
+    EngineStateChange {
+        /// The engine.
+        engine: EngineId,
+        /// The transition.
+        state: EngineState,
+    },
+    /// An `INTERRUPT` packet.
+    User {
+        /// The queue.
+        queue: HwQueueHandle,
+        /// The packet's id.
+        id: u32,
+    },
+    /// `DXGK_INTERRUPT_NATIVE_FENCE_SIGNALED`.
+    NativeFenceSignaled(SignaledFences),
+    /// A progress fence passed the queue's monitored value.
+    ProgressFence {
+        /// The queue.
+        queue: HwQueueHandle,
+    },
+}
+
+/// A GPU mapping; dropping it unmaps (the release the KMD supplied runs once).
+pub struct GpuMapping {
+    va: u64,
+    release: Option<Box<dyn FnOnce() + Send>>,
+}
+
+impl GpuMapping {
+    /// A mapping at `va` that `release` unmaps.
+    pub fn new(va: u64, release: impl FnOnce() + Send + 'static) -> Self {
+        GpuMapping { va, release: Some(Box::new(release)) }
+    }
+    /// Its GPU VA.
+    pub fn va(&self) -> u64 {
+        self.va
+    }
+}
+
+impl Drop for GpuMapping {
+    fn drop(&mut self) {
+        if let Some(r) = self.release.take() {
+            r();
+        }
+    }
+}
+
+impl core::fmt::Debug for GpuMapping {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(f, "GpuMapping({:#x})", self.va)
+    }
+}
+
+/// The DDIs the OS calls.
+pub trait Kmd: Send {
+    /// `DxgkDdiQueryAdapterInfo`: engines and doorbell caps.
+    fn adapter_info(&self) -> AdapterInfo;
+    /// The doorbell BAR (the OS maps pages of it into processes).
+    fn doorbell_bar(&self) -> Arc<Shm>;
+    /// Creates the GPU address space of a process.
+    fn create_address_space(&mut self, process: ProcessId) -> Result<(), DdiError>;
+    /// Destroys it (with whatever is still mapped).
+    fn destroy_address_space(&mut self, process: ProcessId) -> Result<(), DdiError>;
+    /// Maps `shm` at `va` in a process's address space, until the mapping is dropped.
+    fn map_gpu(
+        &mut self,
+        process: ProcessId,
+        va: u64,
+        bytes: u64,
+        shm: Arc<Shm>,
+        writable: bool,
+    ) -> Result<GpuMapping, DdiError>;
+    /// Whether the GPU could make `access` to `[va, va+bytes)`: inside one mapping, and
+    /// writable for a write.
+    fn vm_access(&self, process: ProcessId, va: u64, bytes: u64, access: Access) -> Result<(), FaultKind>;
+    /// `DxgkDdiCreateHwQueue`: the device adds the queue to its run list. The KMD allocates
+    /// what is its own business (the context save area).
+    fn create_hw_queue(&mut self, queue: HwQueueHandle, desc: QueueCreate) -> Result<(), DdiError>;
+    /// `DxgkDdiDestroyHwQueue`.
+    fn destroy_hw_queue(&mut self, queue: HwQueueHandle) -> Result<(), DdiError>;
+    /// `DxgkDdiConnectDoorbell` for a user-mode queue whose doorbell index in the process's
+    /// page `process_page` is `index`. With a limited pool and no free physical doorbell, the
+    /// KMD first victimizes one through `callback`.
+    fn connect_doorbell(
+        &mut self,
+        queue: HwQueueHandle,
+        process_page: u32,
+        index: u32,
+        callback: &mut dyn DisconnectCallback,
+    ) -> Result<ConnectStep, DdiError>;
+    /// Connects a kernel-mode queue's doorbell (kernel doorbell `index` of BAR page 0).
+    fn connect_kernel_doorbell(&mut self, queue: HwQueueHandle, index: u32) -> Result<(), DdiError>;
+    /// `DxgkDdiSubmitCommand`: the kernel-mode queue's wptr was published as `wptr`; ring its
+    /// doorbell.
+    fn submit_command(&mut self, queue: HwQueueHandle, wptr: u64) -> Result<(), DdiError>;
+    /// Where a user-mode queue with doorbell index `index` rings inside its doorbell CPU page,
+    /// and how.
+    fn doorbell_ring(&self, index: u32) -> (u64, RingMethod);
+    /// Where queues of `engine` ring their process's aggregated doorbell page, when the
+    /// device needs one: the word's offset and the engine's bit.
+    fn aggregated_doorbell(&self, engine: EngineId) -> Option<(u64, u64)>;
+    /// The device starts watching BAR page `page` as a process's aggregated doorbell.
+    fn watch_aggregated_page(&mut self, page: u32) -> Result<(), DdiError>;
+    /// It stops.
+    fn unwatch_aggregated_page(&mut self, page: u32);
+    /// BAR pages not for processes (the KMD's physical doorbell pool).
+    fn reserved_doorbell_pages(&self) -> std::ops::Range<u32>;
+    /// `DxgkDdiDisconnectDoorbell`.
+    fn disconnect_doorbell(&mut self, queue: HwQueueHandle) -> Result<(), DdiError>;
+    /// `DxgkDdiNotifyWorkSubmission`.
+    fn notify_work_submission(&mut self, queue: HwQueueHandle) -> Result<(), DdiError>;
+    /// `DxgkDdiUpdateMonitoredValues` for a queue's progress fence.
+    fn update_monitored(&mut self, queue: HwQueueHandle, value: u64) -> Result<(), DdiError>;
+    /// `DxgkDdiSetPowerComponentFState`. Returns the state the engine is in afterwards (the
+    /// device refuses F1 while work is pending).
+    fn set_power(&mut self, engine: EngineId, state: PowerState, now: Time) -> Result<PowerState, DdiError>;
+    /// `DxgkDdiCreateNativeFence`: where the fence's CurrentValue and MonitoredValue live,
+    /// and the id its notifications name.
+    fn create_native_fence(&mut self, id: u64, current: (Arc<Shm>, u64), monitored: Word) -> Result<(), DdiError>;
+    /// `DxgkDdiDestroyNativeFence`.
+    fn destroy_native_fence(&mut self, id: u64);
+    /// `DxgkDdiUpdateCurrentValuesFromCpu`: store a fence's CurrentValue and have the queues
+    /// waiting on it re-check.
+    fn update_current_value(&mut self, id: u64, value: u64) -> Result<(), DdiError>;
+    /// `DxgkDdiUpdateCurrentValuesFromCpu` with `NotificationOnly`: a shared CurrentValue
+    /// moved on another adapter; queues waiting on fences re-check.
+    fn notify_current_values(&mut self);
+    /// `DxgkddiSuspendContext`: take the context's queues off the scheduler's list.
+    fn suspend_context(&mut self, context: ContextHandle, queues: &[HwQueueHandle]) -> Result<(), DdiError>;
+    /// `DxgkddiResumeContext`: put them back.
+    fn resume_context(&mut self, context: ContextHandle, queues: &[HwQueueHandle]) -> Result<(), DdiError>;
+    /// `DxgkDdiUpdateNativeFenceLogs`: make the queue's pending log writes visible.
+    fn flush_fence_logs(&mut self, queue: HwQueueHandle);
+    /// The next interrupt the device raised, translated (the ISR drains these).
+    fn poll_notification(&mut self) -> Option<Notification>;
+    /// Current engine power state.
+    fn power(&self, engine: EngineId) -> PowerState;
+    /// Whether the queue has work the engine has not finished.
+    fn queue_has_work(&self, queue: HwQueueHandle) -> bool;
+    /// The device's view of a queue.
+    fn queue_state(&self, queue: HwQueueHandle) -> Option<QueueState>;
+    /// GPU mappings alive on the device (for leak checks).
+    fn live_mappings(&self) -> usize;
+}
+
+/// A fault to inject: fail call number `call` (1-based, counted from when it was armed) of
+/// DDI `ddi`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DdiFault {
+    /// The DDI.
+    pub ddi: DdiKind,
+    /// Which call fails.
+    pub call: u32,
+}
+
+/// The tracing decorator: every DDI is logged in the kernel's trace (at the time of the OS
+/// entry that makes it) before it is forwarded, and armed faults fail chosen calls.
+pub struct Traced {
+    inner: Box<dyn Kmd>,
+    trace: SharedTrace,
+    now: Time,
+    faults: Vec<(DdiFault, u32)>,
+}
+
+impl Traced {
+    /// Wraps `inner`, logging into `trace` (which the OS shares).
+    pub fn new(inner: Box<dyn Kmd>, trace: SharedTrace) -> Self {
+        Traced { inner, trace, now: Time::ZERO, faults: Vec::new() }
+    }
+    /// The time DDI entries are logged at (the current OS entry's `now`).
+    pub(crate) fn at(&mut self, now: Time) {
+        self.now = now;
+    }
+    /// Arms a fault.
+    pub fn inject(&mut self, fault: DdiFault) {
+        self.faults.push((fault, 0));
+    }
+    fn log(&mut self, ddi: Ddi) {
+        self.trace.push(self.now, Event::Ddi(ddi));
+    }
+    /// Counts a call of `ddi`; fails it if a fault is armed for this call.
+    fn gate(&mut self, ddi: DdiKind) -> Result<(), DdiError> {
+        let mut hit = None;
+        for (f, seen) in &mut self.faults {
+            if f.ddi == ddi {
+                *seen += 1;
+                if *seen == f.call {
+                    hit = Some(f.call);
+                }
+            }
+        }
+        match hit {
+            Some(call) => Err(DdiError::Injected { ddi, call }),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Kmd for Traced {
+    fn adapter_info(&self) -> AdapterInfo {
+        self.inner.adapter_info()
+    }
+    fn doorbell_bar(&self) -> Arc<Shm> {
+        self.inner.doorbell_bar()
+    }
+    fn create_address_space(&mut self, process: ProcessId) -> Result<(), DdiError> {
+        self.gate(DdiKind::CreateAddressSpace)?;
+        self.inner.create_address_space(process)
+    }
+    fn destroy_address_space(&mut self, process: ProcessId) -> Result<(), DdiError> {
+        self.inner.destroy_address_space(process)
+    }
+    fn map_gpu(
+        &mut self,
+        process: ProcessId,
+        va: u64,
+        bytes: u64,
+        shm: Arc<Shm>,
+        writable: bool,
+    ) -> Result<GpuMapping, DdiError> {
+        self.gate(DdiKind::MapGpu)?;
+        self.inner.map_gpu(process, va, bytes, shm, writable)
+    }
+    fn vm_access(&self, process: ProcessId, va: u64, bytes: u64, access: Access) -> Result<(), FaultKind> {
+        self.inner.vm_access(process, va, bytes, access)
+    }
+    fn create_hw_queue(&mut self, queue: HwQueueHandle, desc: QueueCreate) -> Result<(), DdiError> {
+        self.log(Ddi::CreateHwQueue(desc.context));
+        self.gate(DdiKind::CreateHwQueue)?;
+        self.inner.create_hw_queue(queue, desc)
+    }
+    fn destroy_hw_queue(&mut self, queue: HwQueueHandle) -> Result<(), DdiError> {
+        self.log(Ddi::DestroyHwQueue(queue));
+        self.inner.destroy_hw_queue(queue)
+    }
+    fn connect_doorbell(
+        &mut self,
+        queue: HwQueueHandle,
+        process_page: u32,
+        index: u32,
+        callback: &mut dyn DisconnectCallback,
+    ) -> Result<ConnectStep, DdiError> {
+        self.log(Ddi::ConnectDoorbell(queue));
+        self.gate(DdiKind::ConnectDoorbell)?;
+        self.inner.connect_doorbell(queue, process_page, index, callback)
+    }
+    fn connect_kernel_doorbell(&mut self, queue: HwQueueHandle, index: u32) -> Result<(), DdiError> {
+        self.log(Ddi::ConnectDoorbell(queue));
+        self.gate(DdiKind::ConnectKernelDoorbell)?;
+        self.inner.connect_kernel_doorbell(queue, index)
+    }
+    fn submit_command(&mut self, queue: HwQueueHandle, wptr: u64) -> Result<(), DdiError> {
+        self.log(Ddi::SubmitCommand(queue));
+        self.gate(DdiKind::SubmitCommand)?;
+        self.inner.submit_command(queue, wptr)
+    }
+    fn doorbell_ring(&self, index: u32) -> (u64, RingMethod) {
+        self.inner.doorbell_ring(index)
+    }
+    fn aggregated_doorbell(&self, engine: EngineId) -> Option<(u64, u64)> {
+        self.inner.aggregated_doorbell(engine)
+    }
+    fn watch_aggregated_page(&mut self, page: u32) -> Result<(), DdiError> {
+        self.inner.watch_aggregated_page(page)
+    }
+    fn unwatch_aggregated_page(&mut self, page: u32) {
+        self.inner.unwatch_aggregated_page(page)
+    }
+    fn reserved_doorbell_pages(&self) -> std::ops::Range<u32> {
+        self.inner.reserved_doorbell_pages()
+    }
+    fn disconnect_doorbell(&mut self, queue: HwQueueHandle) -> Result<(), DdiError> {
+        self.log(Ddi::DisconnectDoorbell(queue));
+        self.inner.disconnect_doorbell(queue)
+    }
+    fn notify_work_submission(&mut self, queue: HwQueueHandle) -> Result<(), DdiError> {
+        self.log(Ddi::NotifyWorkSubmission(queue));
+        self.inner.notify_work_submission(queue)
+    }
+    fn update_monitored(&mut self, queue: HwQueueHandle, value: u64) -> Result<(), DdiError> {
+        self.log(Ddi::UpdateMonitoredValue(queue, value));
+        self.inner.update_monitored(queue, value)
+    }
+    fn set_power(&mut self, engine: EngineId, state: PowerState, now: Time) -> Result<PowerState, DdiError> {
+        self.log(Ddi::SetPowerState(engine, state));
+        self.inner.set_power(engine, state, now)
+    }
+    fn create_native_fence(&mut self, id: u64, current: (Arc<Shm>, u64), monitored: Word) -> Result<(), DdiError> {
+        self.log(Ddi::CreateNativeFence(id));
+        self.gate(DdiKind::CreateNativeFence)?;
+        self.inner.create_native_fence(id, current, monitored)
+    }
+    fn destroy_native_fence(&mut self, id: u64) {
+        self.log(Ddi::DestroyNativeFence(id));
+        self.inner.destroy_native_fence(id)
+    }
+    fn update_current_value(&mut self, id: u64, value: u64) -> Result<(), DdiError> {
+        // Logged by the OS, which knows the fence's local handle.
+        self.inner.update_current_value(id, value)
+    }
+    fn notify_current_values(&mut self) {
+        self.inner.notify_current_values()
+    }
+    fn suspend_context(&mut self, context: ContextHandle, queues: &[HwQueueHandle]) -> Result<(), DdiError> {
+        self.log(Ddi::SuspendContext(context));
+        self.inner.suspend_context(context, queues)
+    }
+    fn resume_context(&mut self, context: ContextHandle, queues: &[HwQueueHandle]) -> Result<(), DdiError> {
+        self.log(Ddi::ResumeContext(context));
+        self.inner.resume_context(context, queues)
+    }
+    fn flush_fence_logs(&mut self, queue: HwQueueHandle) {
+        self.log(Ddi::UpdateNativeFenceLogs(queue));
+        self.inner.flush_fence_logs(queue)
+    }
+    fn poll_notification(&mut self) -> Option<Notification> {
+        self.inner.poll_notification()
+    }
+    fn power(&self, engine: EngineId) -> PowerState {
+        self.inner.power(engine)
+    }
+    fn queue_has_work(&self, queue: HwQueueHandle) -> bool {
+        self.inner.queue_has_work(queue)
+    }
+    fn queue_state(&self, queue: HwQueueHandle) -> Option<QueueState> {
+        self.inner.queue_state(queue)
+    }
+    fn live_mappings(&self) -> usize {
+        self.inner.live_mappings()
+    }
+}

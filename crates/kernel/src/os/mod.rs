@@ -1,0 +1,508 @@
+//! The OS graphics kernel ("dxg") as a sans-IO state machine: processes, objects,
+//! validation, doorbells, waits, power policy, the interrupt service routine and the
+//! kernel-mode scheduler.
+//!
+//! This is the Dxgkrnl half of spec 000 and the amdgpu USERQ ioctl half of spec 001. It owns
+//! every policy decision and reaches the device only through the DDIs of [`crate::ddi::Kmd`],
+//! wrapped in the [`Traced`] decorator that logs each call. Like quinn-proto's `Connection`,
+//! [`Os`] has no lock, no thread, no clock and never blocks: every input is a method taking
+//! `&mut self` and `now`; what must happen outside it comes out of [`Os::poll_output`] (a CPU
+//! wait completed, a cross-adapter fence to propagate, the kernel-mode scheduler has work),
+//! and its one timer (the D3 idle timer) comes out of [`Os::poll_timeout`]. The drivers in
+//! [`crate::system`] own the lock, the condition variables, the clock and the blocking.
+//!
+//! The state machine is split along the spec's seams:
+//! - [`objects`]: processes, devices, allocations, contexts (spec 000 "Residency model");
+//! - [`queues`]: queue validation, creation and destruction (spec 000 "HwQueue creation";
+//!   spec 001 USERQ CREATE/FREE/QUERY_STATUS);
+//! - [`doorbells`]: doorbell pages and objects, connect, disconnect and victimization
+//!   (spec 000 "Doorbells", "Victimizing doorbell pseudocode");
+//! - [`power`]: F-states, D-states, context suspension and process termination (spec 000
+//!   "Engine F-state transitions", "Engine D-state transitions", "Hardware context
+//!   suspension", "Normal and abnormal process termination");
+//! - [`submit`]: the kernel-mode path (validation, software queues, the scheduler);
+//! - [`waits`]: CPU waits on progress fences and the interrupt service routine;
+//! - [`fence`]: native fences (spec 002).
+//!
+//! Lock order, for the drivers: the OS lock, then the device lock (inside the KMD). The
+//! device's driver thread never holds the device lock while it calls into the OS.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use abi::handle::{AllocationKind, ContextKind, DeviceKind, DoorbellKind, HwQueueKind, NativeFenceKind};
+use abi::port::{AdapterInfo, KernelError, MemoryDomain};
+use abi::queue::{FaultRecord, QueueDescriptor};
+use abi::{
+    AllocationHandle, ContextHandle, DeviceHandle, DoorbellHandle, EngineId, HwQueueHandle, PowerState, ProcessId,
+};
+use abi::{QueueState, Time};
+use shm::{RotatingPage, Shm};
+
+use crate::ddi::{GpuMapping, Kmd, Traced};
+use crate::pool::{Lease, Pool};
+use crate::table::Table;
+use crate::trace::{SharedTrace, TraceEntry};
+
+mod doorbells;
+mod fence;
+mod objects;
+mod power;
+mod queues;
+mod submit;
+mod waits;
+
+pub use fence::FENCE_STRIDE;
+pub use submit::KERNEL_RING_BYTES;
+
+/// A CPU wait the OS keeps: its result stays here until [`Os::end_wait`] or
+/// [`Os::end_fence_wait`] collects it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct WaitId(u64);
+
+/// How a wait started.
+#[derive(Debug)]
+pub enum WaitStart {
+    /// Already decided.
+    Done(Result<abi::port::WaitOutcome, KernelError>),
+    /// The caller blocks until [`Output::WaitCompleted`] names it (or it times out), then ends
+    /// it.
+    Blocked(WaitId),
+}
+
+/// What the OS asks its driver to do, outside the state machine.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Output {
+    /// A CPU wait completed: wake its thread.
+    WaitCompleted(WaitId),
+    /// A cross-adapter fence was signalled here: propagate it to the other adapters.
+    Propagate(u64),
+    /// The kernel-mode scheduler may have new work (a submission, a fence it waits on).
+    SchedulerWork,
+}
+
+/// One pass of the kernel-mode scheduler.
+#[derive(Clone, Copy, Debug)]
+pub struct SchedulerPass {
+    /// Submissions were moved onto kernel rings.
+    pub moved: bool,
+    /// Some waited for ring space (the engine frees it without telling anyone: poll soon).
+    pub ring_full: bool,
+    /// The work generation seen.
+    pub generation: u64,
+}
+
+/// Counters the benchmark and demo read.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OsStats {
+    /// Interrupts serviced.
+    pub interrupts: u64,
+    /// User interrupts.
+    pub user_interrupts: u64,
+    /// Queue faults.
+    pub faults: u64,
+    /// Kernel-mode submissions accepted.
+    pub km_submissions: u64,
+    /// Doorbell connects.
+    pub connects: u64,
+    /// F1 entries.
+    pub f1_entries: u64,
+    /// Doorbells victimized to connect another (limited pool).
+    pub victimizations: u64,
+    /// `NativeFenceSignaled` interrupts.
+    pub fence_interrupts: u64,
+    /// Optimized fence interrupts that fell back to scanning every fence (log overrun).
+    pub fence_log_fallbacks: u64,
+}
+
+/// What the kernel holds, for leak checks: every count returns to its start once the objects
+/// that took from it are gone.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Census {
+    /// Live processes.
+    pub processes: usize,
+    /// Queues of every process.
+    pub queues: usize,
+    /// Doorbell objects.
+    pub doorbells: usize,
+    /// Allocations.
+    pub allocations: usize,
+    /// Native fence instances.
+    pub fences: usize,
+    /// Doorbell BAR pages handed to processes.
+    pub doorbell_pages: usize,
+    /// Kernel doorbells held by kernel-mode queues.
+    pub kernel_doorbells: usize,
+    /// GPU mappings alive on the device.
+    pub gpu_mappings: usize,
+    /// CPU waits registered and not yet ended.
+    pub waits: usize,
+}
+
+/// A device; `error` once it is lost (its fences then read as always signalled).
+#[derive(Default)]
+struct DeviceObj {
+    error: bool,
+}
+
+struct ContextObj {
+    device: DeviceHandle,
+    engine: EngineId,
+    software_queue: VecDeque<submit::KmSubmission>,
+    /// Suspended (`DxgkddiSuspendContext`): its queues are off the run list.
+    suspended: bool,
+}
+
+/// Why an allocation cannot be freed: the kernel's references to a queue's memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Pin {
+    /// A queue runs from it (ring, rptr, wptr or last-queued), from creation to destruction.
+    Queue(HwQueueHandle),
+    /// A doorbell references it (spec 000 "Residency model").
+    Doorbell(DoorbellHandle),
+}
+
+struct AllocObj {
+    device: DeviceHandle,
+    shm: Arc<Shm>,
+    va: u64,
+    bytes: u64,
+    pins: Vec<Pin>,
+    /// Where it lives.
+    domain: MemoryDomain,
+    /// A local allocation evicted to system memory for D3 (contents preserved).
+    evicted: bool,
+    /// Its GPU mapping (unmapped when the allocation goes).
+    _mapping: GpuMapping,
+}
+
+impl AllocObj {
+    fn holds(&self, va: u64, bytes: u64) -> bool {
+        va >= self.va && va.checked_add(bytes).is_some_and(|e| e <= self.va + self.bytes)
+    }
+}
+
+struct QueueObj {
+    context: ContextHandle,
+    engine: EngineId,
+    kernel_page: abi::queue::KernelPageView<shm::Word>,
+    /// The kernel page's GPU mapping.
+    _kernel_page_mapping: GpuMapping,
+    mode: queues::QueueMode,
+    doorbell: Option<DoorbellHandle>,
+    /// CPU waiters on the progress fence: (value, wait).
+    waiters: Vec<(u64, WaitId)>,
+    fault: Option<FaultRecord>,
+    /// The fence logs `[waits, signals]` (user-mode queues).
+    logs: Option<[Arc<Shm>; 2]>,
+    /// Entries of the signal log the interrupt service has read.
+    signal_log_seen: u64,
+}
+
+impl QueueObj {
+    fn completed(&self) -> u64 {
+        // Acquire: pairs with the engine's release store in PROGRESS_FENCE.
+        self.kernel_page.progress_completed().get().load(Ordering::Acquire)
+    }
+    fn lost(&self, h: HwQueueHandle) -> KernelError {
+        KernelError::QueueLost {
+            queue: h.to_string(),
+            reason: self.fault.as_ref().map_or_else(|| "hung".into(), |f| f.to_string()),
+        }
+    }
+    fn user_desc(&self) -> Option<&QueueDescriptor> {
+        match &self.mode {
+            queues::QueueMode::User { desc } => Some(desc),
+            queues::QueueMode::Kernel(_) => None,
+        }
+    }
+}
+
+struct DoorbellObj {
+    queue: HwQueueHandle,
+    ring_buffer: AllocationHandle,
+    ring_control: AllocationHandle,
+    page: Arc<RotatingPage>,
+    connected: bool,
+}
+
+struct Process {
+    /// Its doorbell BAR page.
+    doorbell_page: Lease,
+    /// The process's aggregated doorbell page, mapped once (when the device needs one).
+    aggregated: Option<(Lease, Arc<RotatingPage>)>,
+    next_va: u64,
+    devices: Table<DeviceKind, DeviceObj>,
+    contexts: Table<ContextKind, ContextObj>,
+    queues: Table<HwQueueKind, QueueObj>,
+    allocations: Table<AllocationKind, AllocObj>,
+    doorbells: Table<DoorbellKind, DoorbellObj>,
+    fences: Table<NativeFenceKind, fence::FenceObj>,
+    fence_pages: Vec<fence::FencePage>,
+}
+
+impl Process {
+    fn take_va(&mut self, bytes: u64) -> u64 {
+        let va = self.next_va;
+        // One unmapped guard page between allocations catches small overruns as faults.
+        self.next_va += bytes + 4096;
+        va
+    }
+}
+
+/// The CPU waits the OS keeps, with their results until collected.
+#[derive(Default)]
+pub(crate) struct Waits {
+    next: u64,
+    /// Registered waits; `Some` once decided.
+    results: HashMap<WaitId, Option<Result<u64, KernelError>>>,
+}
+
+impl Waits {
+    fn open(&mut self) -> WaitId {
+        self.next += 1;
+        let id = WaitId(self.next);
+        self.results.insert(id, None);
+        id
+    }
+    fn is_done(&self, id: WaitId) -> bool {
+        !matches!(self.results.get(&id), Some(None))
+    }
+}
+
+/// The OS kernel: a sans-IO state machine over one adapter's KMD.
+pub struct Os {
+    ddi: Traced,
+    trace: SharedTrace,
+    bar: Arc<Shm>,
+    dummy: Arc<Shm>,
+    processes: HashMap<ProcessId, Process>,
+    next_pid: u32,
+    /// BAR pages for processes (page 0 and the KMD's reserved pages are never handed out).
+    doorbell_pages: Pool,
+    /// Kernel doorbells (BAR page 0) for kernel-mode queues.
+    kernel_doorbells: Pool,
+    stats: OsStats,
+    km_queued: usize,
+    next_fence_id: u64,
+    /// Every local instance of each fence, by global id (one for a private fence; one per
+    /// opening process for a shared one).
+    fence_index: HashMap<u64, Vec<(ProcessId, abi::NativeFenceHandle)>>,
+    /// The device is in D3 (powered down).
+    d3: bool,
+    /// Contexts the D3 entry suspended (resumed on the way back to D0).
+    power_suspended: Vec<(ProcessId, ContextHandle)>,
+    /// The adapter has native fences (otherwise only monitored fences).
+    native_fences: bool,
+    /// The machine's cross-adapter layer and this adapter's id in it, if it has several.
+    cross: Option<(Arc<crate::cross::CrossAdapter>, crate::cross::AdapterId)>,
+    /// Bumped whenever the scheduler may have new work (a submission, a fence it waits on):
+    /// its driver sleeps only if this has not changed since it last looked.
+    km_gen: u64,
+    waits: Waits,
+    outputs: VecDeque<Output>,
+    /// The D3 idle timer: how long every engine must stay in F1 before the device enters D3
+    /// (`None`: only on request), and since when they have been.
+    d3_idle: Option<std::time::Duration>,
+    all_f1_since: Option<Time>,
+}
+
+fn invalid(field: &'static str, value: impl ToString, reason: impl Into<String>) -> KernelError {
+    KernelError::InvalidArgument { field, value: value.to_string(), reason: reason.into() }
+}
+
+impl Os {
+    /// An OS over `kmd`, logging into `trace`. The KMD is wrapped in the tracing decorator.
+    pub fn new(kmd: Box<dyn Kmd>, trace: SharedTrace) -> Result<Os, KernelError> {
+        let bar = kmd.doorbell_bar();
+        let native_fences = kmd.adapter_info().native_fences;
+        let reserved = kmd.reserved_doorbell_pages();
+        let pages = (bar.len() as u64 / abi::doorbell::DOORBELL_PAGE_BYTES) as u32;
+        // Page 0 holds the kernel queues' doorbells; the KMD may keep pages for its pool.
+        let free = (1..pages).filter(|p| !reserved.contains(p));
+        // A page goes back cleared: its next owner starts with no stale value or bit (which
+        // would at worst make the firmware re-read a wptr).
+        let doorbell_pages = Pool::new("doorbell pages", free, Some(doorbells::clear_page(bar.clone())));
+        let kernel_doorbells = Pool::new("kernel doorbells", 0..abi::doorbell::DOORBELLS_PER_PAGE, None);
+        Ok(Os {
+            ddi: Traced::new(kmd, trace.clone()),
+            trace,
+            bar,
+            dummy: Shm::new("doorbell-dummy-page", 4096)?,
+            processes: HashMap::new(),
+            next_pid: 1,
+            doorbell_pages,
+            kernel_doorbells,
+            stats: OsStats::default(),
+            km_queued: 0,
+            next_fence_id: 1,
+            fence_index: HashMap::new(),
+            km_gen: 0,
+            d3: false,
+            power_suspended: Vec::new(),
+            native_fences,
+            cross: None,
+            waits: Waits::default(),
+            outputs: VecDeque::new(),
+            d3_idle: None,
+            all_f1_since: None,
+        })
+    }
+
+    /// Enters D3 by itself once every engine has stayed in F1 for `period` (spec 000: D0 to
+    /// D3 "after a longer idle period"); `None` leaves D3 to [`Os::enter_d3`] alone.
+    pub fn set_d3_idle(&mut self, period: Option<std::time::Duration>) {
+        self.d3_idle = period;
+    }
+
+    /// Arms a DDI fault (see [`crate::ddi::Traced`]).
+    pub fn inject_ddi_fault(&mut self, fault: crate::ddi::DdiFault) {
+        self.ddi.inject(fault);
+    }
+
+    /// Marks the start of an input at `now`: DDI calls it makes are logged at this time.
+    pub fn at(&mut self, now: Time) -> &mut Self {
+        self.ddi.at(now);
+        self
+    }
+
+    /// The next thing for the driver to do, if any.
+    pub fn poll_output(&mut self) -> Option<Output> {
+        self.outputs.pop_front()
+    }
+
+    /// When [`Os::handle_timeout`] next has something to do.
+    pub fn poll_timeout(&self) -> Option<Time> {
+        let period = self.d3_idle?;
+        self.all_f1_since.map(|t| t.plus(period))
+    }
+
+    /// The device reports whether every engine is in F1 at `now` (its pump calls this): the
+    /// D3 idle timer runs while they all are.
+    pub fn handle_device_idle(&mut self, all_f1: bool, now: Time) {
+        if !all_f1 {
+            self.all_f1_since = None;
+        } else if self.d3_idle.is_some() && self.all_f1_since.is_none() {
+            self.all_f1_since = Some(now);
+        }
+    }
+
+    /// Fires what is due: once every engine has been in F1 for the idle period, the device
+    /// enters D3; if work is queued meanwhile D3 is refused (see [`Os::enter_d3`]) and the
+    /// timer starts over.
+    pub fn handle_timeout(&mut self, now: Time) {
+        if self.poll_timeout().is_none_or(|t| now < t) {
+            return;
+        }
+        self.all_f1_since = None;
+        self.at(now);
+        if !self.d3 {
+            // Refused while work is in flight: the timer simply starts over.
+            let _ = self.enter_d3(now);
+        }
+    }
+
+    /// The trace so far and how many entries were dropped.
+    pub fn trace(&self) -> (Vec<TraceEntry>, u64) {
+        self.trace.snapshot()
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> OsStats {
+        self.stats
+    }
+
+    /// What the kernel holds (for leak checks).
+    pub fn census(&self) -> Census {
+        let mut c = Census {
+            processes: self.processes.len(),
+            doorbell_pages: self.doorbell_pages.in_use(),
+            kernel_doorbells: self.kernel_doorbells.in_use(),
+            gpu_mappings: self.ddi.live_mappings(),
+            waits: self.waits.results.len(),
+            ..Census::default()
+        };
+        for p in self.processes.values() {
+            c.queues += p.queues.len();
+            c.doorbells += p.doorbells.len();
+            c.allocations += p.allocations.len();
+            c.fences += p.fences.len();
+        }
+        c
+    }
+
+    /// Adapter capabilities.
+    pub fn adapter_info(&self) -> AdapterInfo {
+        self.ddi.adapter_info()
+    }
+
+    /// Engine power states.
+    pub fn power(&self, engine: EngineId) -> PowerState {
+        self.ddi.power(engine)
+    }
+
+    /// Whether the device is in D3.
+    pub fn in_d3(&self) -> bool {
+        self.d3
+    }
+
+    /// Whether `pid` is a live process.
+    pub fn has_process(&self, pid: ProcessId) -> bool {
+        self.processes.contains_key(&pid)
+    }
+
+    /// Whether a wait has been decided.
+    pub fn wait_done(&self, id: WaitId) -> bool {
+        self.waits.is_done(id)
+    }
+
+    /// Whether submissions wait on software queues.
+    pub fn has_km_work(&self) -> bool {
+        self.km_queued > 0
+    }
+
+    /// The kernel-mode scheduler's work generation (see [`SchedulerPass::generation`]).
+    pub fn km_generation(&self) -> u64 {
+        self.km_gen
+    }
+
+    /// Joins this adapter to a machine's cross-adapter layer as `me`.
+    pub(crate) fn attach_cross(&mut self, x: Arc<crate::cross::CrossAdapter>, me: crate::cross::AdapterId) {
+        self.cross = Some((x, me));
+    }
+
+    fn proc(&mut self, pid: ProcessId) -> Result<&mut Process, KernelError> {
+        self.processes.get_mut(&pid).ok_or(KernelError::ProcessTerminated(pid))
+    }
+
+    fn queue(&mut self, pid: ProcessId, q: HwQueueHandle) -> Result<&mut QueueObj, KernelError> {
+        self.proc(pid)?.queues.get_mut(q)
+    }
+
+    /// Decides wait `id` (once; later decisions are ignored) and tells the driver.
+    fn complete_wait(&mut self, id: WaitId, r: Result<u64, KernelError>) {
+        if let Some(slot @ None) = self.waits.results.get_mut(&id) {
+            *slot = Some(r);
+            self.outputs.push_back(Output::WaitCompleted(id));
+        }
+    }
+
+    /// Tells the driver the scheduler may have new work.
+    fn kick_scheduler(&mut self) {
+        self.km_gen += 1;
+        if !self.outputs.contains(&Output::SchedulerWork) {
+            self.outputs.push_back(Output::SchedulerWork);
+        }
+    }
+
+    /// Sets a queue's state word (what the client reads) — the one place a queue's state
+    /// changes on the kernel's side.
+    fn set_state(&mut self, pid: ProcessId, q: HwQueueHandle, state: QueueState) {
+        if let Ok(qo) = self.queue(pid, q) {
+            // Release: the fault record (or the mapping) is in place before the client sees
+            // the state.
+            qo.kernel_page.queue_state().get().store(state as u64, Ordering::Release);
+        }
+    }
+}

@@ -1,0 +1,212 @@
+//! Processes and the objects they own: devices, allocations, contexts.
+//!
+//! Spec 000's object model (`D3DKMTCreateDevice`, allocations, hardware contexts) and its
+//! "Residency model": an allocation that a queue runs from or a doorbell references is pinned
+//! and cannot be freed. A process gets a GPU address space and a doorbell BAR page (and an
+//! aggregated doorbell page where the device needs one, spec 001) when it is created; every
+//! one of them is a lease or RAII mapping, so they return when the process ends, whatever
+//! the order.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use abi::port::{AllocationDesc, AllocationInfo, KernelError, MemoryDomain};
+use abi::{AllocationHandle, ContextHandle, DeviceHandle, EngineId, ProcessId, Time};
+use shm::{Prot, RotatingPage, Shm};
+
+use super::{AllocObj, ContextObj, DeviceObj, Os, Pin, Process, invalid};
+use crate::ddi::Kmd;
+use crate::table::Table;
+
+/// First GPU VA handed to a process.
+const VA_BASE: u64 = 0x1_0000_0000;
+/// Largest single allocation.
+const MAX_ALLOCATION: u64 = 1 << 30;
+
+impl Os {
+    /// Creates a process: a GPU address space and a doorbell page.
+    pub fn create_process(&mut self, now: Time) -> Result<ProcessId, KernelError> {
+        self.at(now);
+        let page = self.doorbell_pages.take()?;
+        // Spec 001: "the kernel driver will map a page of aggregated doorbell space into each
+        // GPUVM space" — a page of its own, so no process can clear another's rings.
+        let aggregated = if self.ddi.adapter_info().aggregated_doorbell {
+            let lease = self.doorbell_pages.take()?;
+            let map =
+                Arc::new(RotatingPage::new(&self.bar, lease.index() as u64 * abi::doorbell::DOORBELL_PAGE_BYTES)?);
+            self.ddi.watch_aggregated_page(lease.index())?;
+            Some((lease, map))
+        } else {
+            None
+        };
+        let pid = ProcessId(self.next_pid);
+        if let Err(e) = self.ddi.create_address_space(pid) {
+            if let Some((lease, _)) = &aggregated {
+                self.ddi.unwatch_aggregated_page(lease.index());
+            }
+            return Err(e.into());
+        }
+        self.next_pid += 1;
+        self.processes.insert(
+            pid,
+            Process {
+                doorbell_page: page,
+                aggregated,
+                next_va: VA_BASE,
+                devices: Table::new(pid),
+                contexts: Table::new(pid),
+                queues: Table::new(pid),
+                allocations: Table::new(pid),
+                doorbells: Table::new(pid),
+                fences: Table::new(pid),
+                fence_pages: Vec::new(),
+            },
+        );
+        Ok(pid)
+    }
+
+    /// `D3DKMTCreateDevice`.
+    pub fn create_device(&mut self, pid: ProcessId) -> Result<DeviceHandle, KernelError> {
+        Ok(self.proc(pid)?.devices.insert(DeviceObj::default()))
+    }
+
+    /// `D3DKMTDestroyDevice`: its contexts (and their queues), then its fences, then its
+    /// allocations.
+    pub fn destroy_device(&mut self, pid: ProcessId, device: DeviceHandle, now: Time) -> Result<(), KernelError> {
+        self.at(now);
+        let p = self.proc(pid)?;
+        p.devices.get(device)?;
+        let contexts: Vec<_> = p.contexts.iter().filter(|(_, c)| c.device == device).map(|(h, _)| h).collect();
+        for c in contexts {
+            self.destroy_context(pid, c, now)?;
+        }
+        let p = self.proc(pid)?;
+        let fences: Vec<_> = p.fences.iter().filter(|(_, f)| f.device == device).map(|(h, _)| h).collect();
+        for f in fences {
+            self.destroy_native_fence(pid, f, now)?;
+        }
+        let p = self.proc(pid)?;
+        let allocs: Vec<_> = p.allocations.iter().filter(|(_, a)| a.device == device).map(|(h, _)| h).collect();
+        for a in allocs {
+            self.free(pid, a)?;
+        }
+        self.proc(pid)?.devices.remove(device)?;
+        Ok(())
+    }
+
+    /// Allocates memory and maps it into the process's GPU address space.
+    pub fn allocate(
+        &mut self,
+        pid: ProcessId,
+        device: DeviceHandle,
+        desc: &AllocationDesc,
+        now: Time,
+    ) -> Result<AllocationInfo, KernelError> {
+        self.at(now);
+        if desc.bytes == 0 || desc.bytes > MAX_ALLOCATION {
+            return Err(invalid("bytes", desc.bytes, "must be between 1 and 1 GiB"));
+        }
+        let bytes = desc.bytes.div_ceil(4096) * 4096;
+        let p = self.proc(pid)?;
+        p.devices.get(device)?;
+        let name = match desc.domain {
+            MemoryDomain::System => "alloc-system",
+            MemoryDomain::Local => "alloc-local",
+        };
+        let shm = Shm::new(name, bytes as usize)?;
+        let va = p.take_va(bytes);
+        let mapping = self.ddi.map_gpu(pid, va, bytes, shm.clone(), !desc.gpu_read_only)?;
+        let handle = self.proc(pid)?.allocations.insert(AllocObj {
+            device,
+            shm,
+            va,
+            bytes,
+            pins: Vec::new(),
+            domain: desc.domain,
+            evicted: false,
+            _mapping: mapping,
+        });
+        Ok(AllocationInfo { handle, va, bytes })
+    }
+
+    /// Maps an allocation for the CPU.
+    pub fn map_allocation(&mut self, pid: ProcessId, a: AllocationHandle) -> Result<shm::Mapping, KernelError> {
+        let a = self.proc(pid)?.allocations.get(a)?;
+        Ok(a.shm.map_range(0, a.bytes as usize, Prot::ReadWrite)?)
+    }
+
+    /// Frees an allocation; refused while a queue or a doorbell holds a reference.
+    pub fn free(&mut self, pid: ProcessId, a: AllocationHandle) -> Result<(), KernelError> {
+        let p = self.proc(pid)?;
+        let obj = p.allocations.get(a)?;
+        if let Some(pin) = obj.pins.first() {
+            let by = match *pin {
+                Pin::Queue(q) => format!("{q}, which runs from it"),
+                Pin::Doorbell(d) => {
+                    p.doorbells.get(d).map(|d| format!("the doorbell of {}", d.queue)).unwrap_or_else(|_| d.to_string())
+                }
+            };
+            return Err(KernelError::InUse { handle: a.to_string(), by });
+        }
+        // Dropping it unmaps it.
+        p.allocations.remove(a)?;
+        Ok(())
+    }
+
+    /// Creates a context on an engine.
+    pub fn create_context(
+        &mut self,
+        pid: ProcessId,
+        device: DeviceHandle,
+        engine: EngineId,
+    ) -> Result<ContextHandle, KernelError> {
+        let engines = self.ddi.adapter_info().engines;
+        if !engines.iter().any(|e| e.id == engine) {
+            return Err(invalid("engine", engine, format!("the device has {} engines", engines.len())));
+        }
+        let p = self.proc(pid)?;
+        p.devices.get(device)?;
+        Ok(p.contexts.insert(ContextObj { device, engine, software_queue: VecDeque::new(), suspended: false }))
+    }
+
+    /// Destroys a context and its queues.
+    pub fn destroy_context(&mut self, pid: ProcessId, c: ContextHandle, now: Time) -> Result<(), KernelError> {
+        self.at(now);
+        let p = self.proc(pid)?;
+        p.contexts.get(c)?;
+        let queues: Vec<_> = p.queues.iter().filter(|(_, q)| q.context == c).map(|(h, _)| h).collect();
+        for q in queues {
+            self.destroy_hw_queue(pid, q, now)?;
+        }
+        let ctx = self.proc(pid)?.contexts.remove(c)?;
+        self.km_queued -= ctx.software_queue.len();
+        Ok(())
+    }
+
+    /// Ends a process: every queue is destroyed (doorbell disconnected first), then its
+    /// fences; then its memory, address space and doorbell pages are returned. Ending it
+    /// twice is a no-op.
+    pub fn finish_termination(&mut self, pid: ProcessId, now: Time) {
+        self.at(now);
+        let Some(p) = self.processes.get(&pid) else { return };
+        let (queues, fences) = (p.queues.handles(), p.fences.handles());
+        for q in queues {
+            // Teardown goes on past a failure: whatever is left goes with the process.
+            let _ = self.destroy_hw_queue(pid, q, now);
+        }
+        for f in fences {
+            let _ = self.destroy_native_fence(pid, f, now);
+        }
+        let Some(p) = self.processes.remove(&pid) else { return };
+        if let Some((lease, map)) = &p.aggregated {
+            // Like its doorbells: a late write from the ended process lands on the dummy page,
+            // never on the page's next owner.
+            let _ = map.rotate_to(&self.dummy, 0);
+            self.ddi.unwatch_aggregated_page(lease.index());
+        }
+        // The allocations' and fence pages' mappings go first (dropped with the process),
+        // then the address space; the page leases return cleared.
+        drop(p);
+        let _ = self.ddi.destroy_address_space(pid);
+    }
+}

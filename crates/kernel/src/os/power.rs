@@ -1,0 +1,272 @@
+//! Power and lifecycle: engine F-states, device D-states, context suspension, process
+//! termination.
+//!
+//! Spec 000, in its order:
+//! - "Engine F-state transitions": an engine asks for F1 when idle
+//!   (`DXGK_INTERRUPT_GPU_ENGINE_STATE_CHANGE`); the OS disconnects every doorbell of its
+//!   queues, then `DxgkDdiSetPowerComponentFState(F1)`, which the device refuses if work
+//!   arrived meanwhile (the doorbells are then reconnected). A connect or a kernel-mode
+//!   submission wakes an engine in F1 first.
+//! - "Engine D-state transitions": D0 → D3 for an idle device is 1. `DxgkddiSuspendContext`
+//!   for every context, 2. every doorbell disconnected, 3. ring allocations evicted from local
+//!   memory; then every engine to F1. D3 → D0: residency restored, the connection, then the
+//!   contexts resumed.
+//! - "Hardware context suspension": suspend and resume on request; doorbells stay connected.
+//! - "Normal and abnormal process termination": normal disconnects every doorbell and
+//!   reports what to wait for; abnormal marks the device in error, suspends every context,
+//!   then disconnects; both end in [`Os::finish_termination`].
+//!
+//! Invariant: `d3` is true exactly between a completed D3 entry and the next power-up, and
+//! `power_suspended` holds the contexts the D3 entry suspended (and only those).
+
+use abi::port::{KernelError, MemoryDomain};
+use abi::{AllocationHandle, ContextHandle, DoorbellStatus, EngineId, EngineState, HwQueueHandle, PowerState};
+use abi::{ProcessId, Time};
+
+use super::{Os, invalid};
+use crate::ddi::Kmd;
+use crate::trace::Event;
+
+impl Os {
+    /// D0 → D3 for an idle device (refused while any queue has work in flight), in the
+    /// spec's order (see the module docs). Entering D3 twice is a no-op. A connect (or a
+    /// kernel-mode submission) brings the device back to D0.
+    pub fn enter_d3(&mut self, now: Time) -> Result<(), KernelError> {
+        self.at(now);
+        if self.d3 {
+            return Ok(());
+        }
+        // D3 is for an idle device: work in flight would wait for a connect that may never
+        // come. Refuse, naming a busy queue.
+        for (&pid, p) in &self.processes {
+            for (h, q) in p.queues.iter() {
+                let sw_queued = p.contexts.get(q.context).is_ok_and(|c| c.software_queue.iter().any(|s| s.queue == h));
+                if sw_queued || self.ddi.queue_has_work(h) {
+                    return Err(KernelError::InUse {
+                        handle: "the device".into(),
+                        by: format!("{h} of {pid}, which has work in flight (D3 needs an idle device)"),
+                    });
+                }
+            }
+        }
+        self.trace.push(now, Event::DevicePower { d3: true });
+        let pids: Vec<ProcessId> = self.processes.keys().copied().collect();
+        // 1. Suspend every context (the ones not already suspended on request; D3's
+        // suspension is its own, undone on the way back to D0).
+        for &pid in &pids {
+            for c in self.proc(pid)?.contexts.handles() {
+                if !self.proc(pid)?.contexts.get(c)?.suspended {
+                    let queues = self.context_queues(pid, c)?;
+                    self.ddi.suspend_context(c, &queues)?;
+                    self.power_suspended.push((pid, c));
+                }
+            }
+        }
+        // 2. Disconnect every doorbell.
+        for &pid in &pids {
+            for q in self.proc(pid)?.queues.handles() {
+                self.disconnect(pid, q, DoorbellStatus::DisconnectedRetry, now)?;
+            }
+        }
+        // 3. Evict ring allocations from local memory, now that no queue is scheduled.
+        for &pid in &pids {
+            let p = self.proc(pid)?;
+            let rings: Vec<AllocationHandle> = p
+                .allocations
+                .iter()
+                .filter(|(_, a)| a.domain == MemoryDomain::Local && !a.pins.is_empty())
+                .map(|(h, _)| h)
+                .collect();
+            for a in rings {
+                let obj = self.proc(pid)?.allocations.get_mut(a)?;
+                obj.evicted = true;
+                obj.domain = MemoryDomain::System;
+                self.trace.push(now, Event::Residency { allocation: a, resident: false });
+            }
+        }
+        // The device powers down: every engine to F1 (nothing is scheduled).
+        for e in self.ddi.adapter_info().engines {
+            let st = self.ddi.set_power(e.id, PowerState::F1, now)?;
+            self.trace.push(now, Event::Power { engine: e.id, state: st });
+        }
+        self.d3 = true;
+        Ok(())
+    }
+
+    /// The first half of D3 → D0: the D0 transition, then residency restored. The contexts
+    /// are resumed by [`Os::resume_after_d3`], after the doorbell connection (the spec's
+    /// order). Returns whether the device was in D3.
+    pub(super) fn power_up(&mut self, now: Time) -> Result<bool, KernelError> {
+        if !self.d3 {
+            return Ok(false);
+        }
+        self.d3 = false;
+        self.trace.push(now, Event::DevicePower { d3: false });
+        let pids: Vec<ProcessId> = self.processes.keys().copied().collect();
+        for pid in pids {
+            let evicted: Vec<AllocationHandle> =
+                self.proc(pid)?.allocations.iter().filter(|(_, a)| a.evicted).map(|(h, _)| h).collect();
+            for a in evicted {
+                let obj = self.proc(pid)?.allocations.get_mut(a)?;
+                obj.evicted = false;
+                obj.domain = MemoryDomain::Local;
+                self.trace.push(now, Event::Residency { allocation: a, resident: true });
+            }
+        }
+        Ok(true)
+    }
+
+    /// The last step of D3 → D0: `DxgkddiResumeContext` for the contexts D3 suspended.
+    pub(super) fn resume_after_d3(&mut self, now: Time) -> Result<(), KernelError> {
+        for (pid, c) in std::mem::take(&mut self.power_suspended) {
+            let Ok(ctx) = self.proc(pid).and_then(|p| p.contexts.get_mut(c)) else { continue };
+            if ctx.suspended {
+                continue; // suspended on request meanwhile: it stays suspended
+            }
+            let engine = ctx.engine;
+            self.resume_context_queues(pid, c, engine, now)?;
+        }
+        Ok(())
+    }
+
+    /// The queues of a context.
+    fn context_queues(&mut self, pid: ProcessId, c: ContextHandle) -> Result<Vec<HwQueueHandle>, KernelError> {
+        Ok(self.proc(pid)?.queues.iter().filter(|(_, q)| q.context == c).map(|(h, _)| h).collect())
+    }
+
+    /// An engine in F1 goes back to F0 (spec 000 "Engine F-state transitions"), logged as the
+    /// DDI call and the state the engine reached.
+    pub(super) fn wake_engine(&mut self, engine: EngineId, now: Time) -> Result<(), KernelError> {
+        if self.ddi.power(engine) == PowerState::F1 {
+            let st = self.ddi.set_power(engine, PowerState::F0, now)?;
+            self.trace.push(now, Event::Power { engine, state: st });
+        }
+        Ok(())
+    }
+
+    /// `DxgkDdiResumeContext`: the context's engine wakes, then its queues return to the run
+    /// list.
+    fn resume_context_queues(
+        &mut self,
+        pid: ProcessId,
+        c: ContextHandle,
+        engine: EngineId,
+        now: Time,
+    ) -> Result<(), KernelError> {
+        let queues = self.context_queues(pid, c)?;
+        self.wake_engine(engine, now)?;
+        self.ddi.resume_context(c, &queues)?;
+        Ok(())
+    }
+
+    /// Suspends a context (spec 000 "Hardware context suspension"): `DxgkddiSuspendContext`,
+    /// and the KMD takes its queues off the scheduler's list. Doorbells stay connected and
+    /// the client keeps queuing; the work runs after [`Os::resume_context`]. Suspending a
+    /// suspended context is refused.
+    pub fn suspend_context(&mut self, pid: ProcessId, c: ContextHandle, now: Time) -> Result<(), KernelError> {
+        self.at(now);
+        let ctx = self.proc(pid)?.contexts.get_mut(c)?;
+        if ctx.suspended {
+            return Err(invalid("context", c, "is already suspended"));
+        }
+        ctx.suspended = true;
+        let queues = self.context_queues(pid, c)?;
+        self.ddi.suspend_context(c, &queues)?;
+        Ok(())
+    }
+
+    /// Resumes a context: `DxgkddiResumeContext`, and the KMD puts its queues back on the
+    /// scheduler's list (waking the engine first if it is in F1). Resuming a context that is
+    /// not suspended is refused.
+    pub fn resume_context(&mut self, pid: ProcessId, c: ContextHandle, now: Time) -> Result<(), KernelError> {
+        self.at(now);
+        let ctx = self.proc(pid)?.contexts.get_mut(c)?;
+        if !ctx.suspended {
+            return Err(invalid("context", c, "is not suspended"));
+        }
+        ctx.suspended = false;
+        let engine = ctx.engine;
+        // In D3 its queues stay off the run list: the return to D0 resumes it.
+        if self.d3 {
+            if !self.power_suspended.contains(&(pid, c)) {
+                self.power_suspended.push((pid, c));
+            }
+            return Ok(());
+        }
+        self.resume_context_queues(pid, c, engine, now)
+    }
+
+    /// Normal termination, first part: for each queue, `DxgkDdiDisconnectDoorbell`. Returns
+    /// each queue and the last-queued progress value to wait for before
+    /// [`Os::finish_termination`]. Ring memory stays resident meanwhile.
+    pub fn begin_normal_termination(
+        &mut self,
+        pid: ProcessId,
+        now: Time,
+    ) -> Result<Vec<(HwQueueHandle, u64)>, KernelError> {
+        self.at(now);
+        // The exiting process's queued work must be able to finish: wake a device in D3.
+        if self.power_up(now)? {
+            self.resume_after_d3(now)?;
+        }
+        let mut out = Vec::new();
+        for q in self.proc(pid)?.queues.handles() {
+            self.disconnect(pid, q, DoorbellStatus::DisconnectedAbort, now)?;
+            out.push((q, self.last_queued(pid, q)));
+        }
+        Ok(out)
+    }
+
+    /// Abnormal termination, first part: the device is marked in error, then for each
+    /// context `DxgkddiSuspendContext` (the KMD preempts it off the run list), then for each
+    /// queue `DxgkDdiDisconnectDoorbell`. [`Os::finish_termination`] destroys, without waiting.
+    pub fn begin_abnormal_termination(&mut self, pid: ProcessId, now: Time) -> Result<(), KernelError> {
+        self.at(now);
+        for d in self.proc(pid)?.devices.handles() {
+            self.mark_device_error(pid, d, now)?;
+        }
+        for c in self.proc(pid)?.contexts.handles() {
+            if !self.proc(pid)?.contexts.get(c)?.suspended {
+                self.suspend_context(pid, c, now)?;
+            }
+        }
+        for q in self.proc(pid)?.queues.handles() {
+            self.disconnect(pid, q, DoorbellStatus::DisconnectedAbort, now)?;
+        }
+        Ok(())
+    }
+
+    /// `DXGK_INTERRUPT_GPU_ENGINE_STATE_CHANGE`: an idle engine asks for F1. Every doorbell
+    /// of its queues is disconnected, then the F1 transition; if the device refuses (work
+    /// arrived), the doorbells are reconnected rather than make each queue pay a reconnect.
+    pub(super) fn handle_engine_state_change(&mut self, engine: EngineId, state: EngineState, now: Time) {
+        self.trace.push(now, Event::EngineRequest { engine, state });
+        let mut targets = Vec::new();
+        for (&pid, p) in &self.processes {
+            for (h, q) in p.queues.iter() {
+                if q.engine == engine && q.doorbell.is_some_and(|d| p.doorbells.get(d).is_ok_and(|d| d.connected)) {
+                    targets.push((pid, h));
+                }
+            }
+        }
+        for &(pid, q) in &targets {
+            // A queue that cannot be disconnected keeps its doorbell; the device then
+            // refuses F1 if it has work, which is safe.
+            let _ = self.disconnect(pid, q, DoorbellStatus::DisconnectedRetry, now);
+        }
+        match self.ddi.set_power(engine, PowerState::F1, now) {
+            Ok(PowerState::F1) => {
+                self.stats.f1_entries += 1;
+                self.trace.push(now, Event::Power { engine, state: PowerState::F1 })
+            }
+            Ok(PowerState::F0) | Err(_) => {
+                // Work arrived (or the device would not power down): the engine stays awake,
+                // so give its queues their doorbells back.
+                self.trace.push(now, Event::F1Refused { engine });
+                for (pid, q) in targets {
+                    let _ = self.connect_doorbell(pid, q, now);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,335 @@
+//! Hardware queues: validation, creation, destruction and status.
+//!
+//! Spec 000 "HwQueue creation" (`D3DKMTCreateHwQueue`, then `DxgkDdiCreateHwQueue`) and
+//! spec 001's USERQ CREATE, FREE and QUERY_STATUS. Everything a queue descriptor names is
+//! validated before the device hears of it: the ring's size and placement, rptr in
+//! client-writable memory (or a queue could aim the engine's rptr writes at a protected
+//! word), wptr and the last-queued value readable, the doorbell index inside the engine's
+//! range and unused. A kernel-mode queue gets a kernel-owned ring, mapped GPU read-only and
+//! never CPU-mapped for the client, and a kernel doorbell.
+//!
+//! Invariants: a queue is in the table exactly when the device has it; every resource a
+//! failed creation took (mappings, the kernel doorbell, the table entry, the device's queue)
+//! is returned before the error reaches the caller — the mappings and leases by drop, the
+//! rest by [`Os::destroy_hw_queue`]. A queue pins every allocation it runs from until it is
+//! destroyed.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use abi::doorbell::DOORBELLS_PER_PAGE;
+use abi::port::{HwQueueDesc, HwQueueInfo, KernelError, QueueStatus, SubmissionMode};
+use abi::queue::{Access, FaultKind, QueueDescriptor};
+use abi::ring::{self, RPTR_OFFSET, RingControlView, WPTR_OFFSET};
+use abi::{ContextHandle, DoorbellStatus, HwQueueHandle, Priority, ProcessId, QueueState, Time};
+use shm::{Prot, Shm};
+
+use super::submit::KERNEL_RING_BYTES;
+use super::{Os, Pin, Process, QueueObj, invalid};
+use crate::ddi::{GpuMapping, Kmd, QueueCreate};
+use crate::pool::Lease;
+use crate::trace::{Ddi, Event};
+
+/// How a queue is fed.
+pub(super) enum QueueMode {
+    /// By its client, through its ring and doorbell.
+    User {
+        /// The validated descriptor (doorbell index resolved).
+        desc: QueueDescriptor,
+    },
+    /// By the kernel-mode scheduler.
+    Kernel(KernelRing),
+}
+
+/// A kernel-mode queue's kernel-owned ring.
+pub(super) struct KernelRing {
+    pub(super) ring: Arc<Shm>,
+    pub(super) control: RingControlView,
+    /// Its kernel doorbell.
+    pub(super) doorbell: Lease,
+    /// The kernel's own wptr and last-queued progress value.
+    pub(super) wptr: u64,
+    pub(super) last_queued: u64,
+    _mappings: [GpuMapping; 2],
+}
+
+impl Os {
+    /// Checks that the GPU could make `access` to `[va, va+bytes)`: aligned to `align`, inside
+    /// one mapping of the process, writable for a write. Errors name `field` and the value.
+    pub(super) fn check_access(
+        &self,
+        pid: ProcessId,
+        field: &'static str,
+        va: u64,
+        bytes: u64,
+        access: Access,
+        align: u64,
+    ) -> Result<(), KernelError> {
+        if !va.is_multiple_of(align) {
+            return Err(invalid(field, format!("{va:#x}"), format!("must be {align}-byte aligned")));
+        }
+        match self.ddi.vm_access(pid, va, bytes, access) {
+            Ok(()) => Ok(()),
+            Err(FaultKind::ReadOnly { .. }) => {
+                Err(invalid(field, format!("{va:#x}"), "lies in a mapping the GPU may not write"))
+            }
+            Err(_) => Err(KernelError::OutsideMappings { field, va, bytes }),
+        }
+    }
+
+    fn validate_descriptor(
+        &self,
+        pid: ProcessId,
+        d: &QueueDescriptor,
+        engine: &abi::port::EngineInfo,
+    ) -> Result<Priority, KernelError> {
+        ring::check_ring_size(d.ring_bytes).map_err(|r| invalid("ring_bytes", d.ring_bytes, r))?;
+        self.check_access(pid, "ring_va", d.ring_va, d.ring_bytes, Access::Read, 4)?;
+        // The engine writes rptr: it must be client-writable memory, or a queue could aim it
+        // at a protected word (another queue's progress fence) and forge it.
+        self.check_access(pid, "rptr_va", d.rptr_va, 8, Access::Write, 8)?;
+        self.check_access(pid, "wptr_va", d.wptr_va, 8, Access::Read, 8)?;
+        self.check_access(pid, "last_queued_va", d.last_queued_va, 8, Access::Read, 8)?;
+        let range = engine.doorbell_first..engine.doorbell_first + engine.doorbell_count;
+        if d.doorbell_index != abi::queue::DOORBELL_INDEX_ANY
+            && d.doorbell_index < DOORBELLS_PER_PAGE
+            && !range.contains(&d.doorbell_index)
+        {
+            return Err(invalid(
+                "doorbell_index",
+                d.doorbell_index,
+                format!(
+                    "lies outside the {} engine's doorbell range {}..{} of the page",
+                    engine.kind, range.start, range.end
+                ),
+            ));
+        }
+        if d.doorbell_index >= DOORBELLS_PER_PAGE && d.doorbell_index != abi::queue::DOORBELL_INDEX_ANY {
+            return Err(invalid(
+                "doorbell_index",
+                d.doorbell_index,
+                format!("lies outside the process's doorbell page (0..{DOORBELLS_PER_PAGE})"),
+            ));
+        }
+        Priority::from_u32(d.priority).ok_or_else(|| invalid("priority", d.priority, "must be 0 (low) to 4 (realtime)"))
+    }
+
+    /// `D3DKMTCreateHwQueue` / USERQ CREATE.
+    pub fn create_hw_queue(
+        &mut self,
+        pid: ProcessId,
+        ctx: ContextHandle,
+        desc: &HwQueueDesc,
+        now: Time,
+    ) -> Result<HwQueueInfo, KernelError> {
+        self.at(now);
+        let engine = self.proc(pid)?.contexts.get(ctx)?.engine;
+        let info = self.ddi.adapter_info();
+        let einfo =
+            info.engines.iter().find(|e| e.id == engine).ok_or_else(|| invalid("engine", engine, "does not exist"))?;
+        let kernel_page_shm = Shm::new("queue-kernel-page", abi::queue::QUEUE_KERNEL_PAGE_BYTES as usize)?;
+        let kernel_page = abi::queue::KernelPageView::new(&kernel_page_shm)?;
+        kernel_page.doorbell_status().get().store(DoorbellStatus::DisconnectedRetry as u64, Ordering::SeqCst);
+        // Two fence logs for a user-mode queue (spec 002): the engine writes them, the client
+        // cannot see them, the kernel reads them. Kernel-mode queues log nothing.
+        let logs = match desc.mode {
+            SubmissionMode::UserMode(_) => {
+                let (w, sg) = (Shm::new("fence-log-waits", 4096)?, Shm::new("fence-log-signals", 4096)?);
+                abi::fence_log::init(&w, abi::fence_log::FenceLogType::Wait)?;
+                abi::fence_log::init(&sg, abi::fence_log::FenceLogType::Signal)?;
+                Some([w, sg])
+            }
+            SubmissionMode::KernelMode => None,
+        };
+        let (mode, create) = match desc.mode {
+            SubmissionMode::UserMode(d) => {
+                if !einfo.user_queues {
+                    return Err(invalid("engine", engine, "does not support user-mode queues"));
+                }
+                self.validate_descriptor(pid, &d, einfo)?;
+                let mut d = d;
+                let owner_of = |p: &Process, index: u32| {
+                    p.queues.iter().find_map(|(h, q)| q.user_desc().filter(|o| o.doorbell_index == index).map(|_| h))
+                };
+                let p = self.proc(pid)?;
+                if d.doorbell_index == abi::queue::DOORBELL_INDEX_ANY {
+                    let range = einfo.doorbell_first..einfo.doorbell_first + einfo.doorbell_count;
+                    d.doorbell_index =
+                        range.clone().find(|&i| owner_of(p, i).is_none()).ok_or_else(|| KernelError::Exhausted {
+                            what: "doorbells",
+                            detail: format!(
+                                "all doorbells {}..{} of the {} engine's range are in use",
+                                range.start, range.end, einfo.kind
+                            ),
+                        })?;
+                } else if let Some(other) = owner_of(p, d.doorbell_index) {
+                    return Err(invalid("doorbell_index", d.doorbell_index, format!("already used by {other}")));
+                }
+                let create = QueueCreate {
+                    process: pid,
+                    context: ctx,
+                    engine,
+                    ring_va: d.ring_va,
+                    ring_bytes: d.ring_bytes,
+                    rptr_va: d.rptr_va,
+                    wptr_va: d.wptr_va,
+                    kernel_page: kernel_page_shm.clone(),
+                    fence_logs: logs.clone(),
+                    privileged: false,
+                    priority: desc.priority,
+                };
+                (QueueMode::User { desc: d }, create)
+            }
+            SubmissionMode::KernelMode => {
+                if !einfo.kernel_queues {
+                    return Err(invalid("engine", engine, "does not support kernel-mode queues"));
+                }
+                let doorbell = self.kernel_doorbells.take()?;
+                let ring = Shm::new("kernel-ring", KERNEL_RING_BYTES as usize)?;
+                let control_shm = Shm::new("kernel-ring-control", 4096)?;
+                let p = self.proc(pid)?;
+                let ring_va = p.take_va(KERNEL_RING_BYTES);
+                let control_va = p.take_va(4096);
+                // Kernel-owned: mapped GPU read-only, never CPU-mapped for the client. A failed
+                // mapping drops the ones before it (and the doorbell lease).
+                let ring_map = self.ddi.map_gpu(pid, ring_va, KERNEL_RING_BYTES, ring.clone(), false)?;
+                let control_map = self.ddi.map_gpu(pid, control_va, 4096, control_shm.clone(), false)?;
+                let create = QueueCreate {
+                    process: pid,
+                    context: ctx,
+                    engine,
+                    ring_va,
+                    ring_bytes: KERNEL_RING_BYTES,
+                    rptr_va: control_va + RPTR_OFFSET,
+                    wptr_va: control_va + WPTR_OFFSET,
+                    kernel_page: kernel_page_shm.clone(),
+                    fence_logs: None,
+                    privileged: true,
+                    priority: desc.priority,
+                };
+                let kr = KernelRing {
+                    ring,
+                    control: RingControlView::new(&control_shm, 0)?,
+                    doorbell,
+                    wptr: 0,
+                    last_queued: 0,
+                    _mappings: [ring_map, control_map],
+                };
+                (QueueMode::Kernel(kr), create)
+            }
+        };
+        let kernel_page_va = self.proc(pid)?.take_va(4096);
+        let kernel_page_mapping = self.ddi.map_gpu(pid, kernel_page_va, 4096, kernel_page_shm.clone(), false)?;
+        let user_mode = matches!(mode, QueueMode::User { .. });
+        let kernel_doorbell = match &mode {
+            QueueMode::Kernel(k) => Some(k.doorbell.index()),
+            QueueMode::User { .. } => None,
+        };
+        // The table entry first: the device knows the queue by its handle. If the device
+        // refuses, the entry (and everything it holds) goes again.
+        let handle = self.proc(pid)?.queues.insert(QueueObj {
+            context: ctx,
+            engine,
+            kernel_page,
+            _kernel_page_mapping: kernel_page_mapping,
+            mode,
+            doorbell: None,
+            waiters: Vec::new(),
+            fault: None,
+            logs: logs.clone(),
+            signal_log_seen: 0,
+        });
+        if let Err(e) = self.ddi.create_hw_queue(handle, create) {
+            self.proc(pid)?.queues.remove(handle)?;
+            return Err(e.into());
+        }
+        self.set_state(pid, handle, QueueState::Mapped);
+        // The kernel's reference on every allocation the queue runs from, until it is
+        // destroyed: the engine reads and writes them.
+        let p = self.proc(pid)?;
+        if let Some(desc) = p.queues.get(handle)?.user_desc().copied() {
+            let words =
+                [(desc.ring_va, desc.ring_bytes), (desc.rptr_va, 8), (desc.wptr_va, 8), (desc.last_queued_va, 8)];
+            for h in p.allocations.handles() {
+                let a = p.allocations.get_mut(h)?;
+                if words.iter().any(|&(va, n)| a.holds(va, n)) {
+                    a.pins.push(Pin::Queue(handle));
+                }
+            }
+        }
+        self.trace.push(now, Event::QueueCreated { queue: handle, engine, user_mode });
+        if logs.is_some() {
+            // Passed to the device with the queue (`DxgkDdiSetNativeFenceLogBuffer`, once for
+            // waits and once for signals).
+            self.trace.push(now, Event::Ddi(Ddi::SetNativeFenceLogBuffer(handle)));
+        }
+        if let Some(index) = kernel_doorbell
+            && let Err(e) = self.ddi.connect_kernel_doorbell(handle, index)
+        {
+            // Not an orphan: the queue goes, with everything it took.
+            self.destroy_hw_queue(pid, handle, now)?;
+            return Err(e.into());
+        }
+        Ok(HwQueueInfo {
+            handle,
+            engine,
+            kernel_page: kernel_page_shm.map_range(0, 4096, Prot::ReadOnly)?,
+            kernel_page_va,
+        })
+    }
+
+    /// Destroys a queue: doorbell disconnected and destroyed, then the device's queue, then
+    /// the kernel's references; its CPU waiters end with `QueueLost`.
+    pub fn destroy_hw_queue(&mut self, pid: ProcessId, q: HwQueueHandle, now: Time) -> Result<(), KernelError> {
+        self.at(now);
+        if self.queue(pid, q)?.doorbell.is_some() {
+            self.destroy_doorbell_of(pid, q, now)?;
+        }
+        self.ddi.destroy_hw_queue(q)?;
+        let p = self.proc(pid)?;
+        // Dropping it unmaps its kernel page (and a kernel ring) and returns its kernel
+        // doorbell.
+        let obj = p.queues.remove(q)?;
+        for h in p.allocations.handles() {
+            if let Ok(a) = p.allocations.get_mut(h) {
+                a.pins.retain(|&pin| pin != Pin::Queue(q));
+            }
+        }
+        if let Ok(ctx) = p.contexts.get_mut(obj.context) {
+            let before = ctx.software_queue.len();
+            ctx.software_queue.retain(|s| s.queue != q);
+            self.km_queued -= before - ctx.software_queue.len();
+        }
+        for &(_, w) in &obj.waiters {
+            self.complete_wait(w, Err(KernelError::QueueLost { queue: q.to_string(), reason: "destroyed".into() }));
+        }
+        Ok(())
+    }
+
+    /// `USERQ QUERY_STATUS`.
+    pub fn query_queue(&mut self, pid: ProcessId, q: HwQueueHandle) -> Result<QueueStatus, KernelError> {
+        self.queue(pid, q)?;
+        let device_state = self.ddi.queue_state(q);
+        let last_queued = self.last_queued(pid, q);
+        let qo = self.queue(pid, q)?;
+        let state = if qo.fault.is_some() { QueueState::Hung } else { device_state.unwrap_or(QueueState::Unmapped) };
+        Ok(QueueStatus { state, fault: qo.fault.clone(), completed: qo.completed(), last_queued })
+    }
+
+    /// A queue's last-queued progress value: the kernel's own for a kernel-mode queue, the
+    /// client's word for a user-mode one (reported, never trusted).
+    pub(super) fn last_queued(&mut self, pid: ProcessId, q: HwQueueHandle) -> u64 {
+        let Ok(p) = self.proc(pid) else { return 0 };
+        let Ok(qo) = p.queues.get(q) else { return 0 };
+        match &qo.mode {
+            QueueMode::Kernel(k) => k.last_queued,
+            QueueMode::User { desc } => p
+                .allocations
+                .iter()
+                .find(|(_, a)| a.holds(desc.last_queued_va, 8))
+                // Acquire: pairs with the UMD's release store of the value.
+                .and_then(|(_, a)| a.shm.load_u64(desc.last_queued_va - a.va, Ordering::Acquire).ok())
+                .unwrap_or(0),
+        }
+    }
+}

@@ -1,0 +1,385 @@
+//! The drivers: what owns the lock, the clock, the threads and the blocking around the sans-IO
+//! kernel ([`Os`]) and device ([`Gpu`]).
+//!
+//! [`Inner::call`] is the one layer between a port and the state machine: it takes the OS
+//! lock, reads the clock, runs one input, drains the OS's outputs, releases the lock, and then
+//! acts on them — wakes the CPU waiters whose waits completed, propagates cross-adapter
+//! signals, wakes the kernel-mode scheduler. [`Inner::pump`] is one turn of the device: latch
+//! doorbells, step the engines, fire the device's timers, move its interrupts onto the
+//! interrupt line, and enter the OS only when there is something for it (an interrupt, an
+//! idle-state change, a timer).
+//!
+//! Lock order: the OS lock, then the device lock. The pump never holds the device lock while
+//! it enters the OS.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use abi::port::KernelError;
+use abi::{ProcessId, Time};
+use gpu::Gpu;
+use parking_lot::{Condvar, Mutex};
+
+use crate::os::{Os, Output, WaitId};
+use crate::trace::SharedTrace;
+use crate::virtual_kmd::{DeviceWaker, InterruptLine};
+
+/// A source of device time.
+pub(crate) trait Clock: Send + Sync {
+    /// Now.
+    fn now(&self) -> Time;
+}
+
+/// Real time since the system started.
+pub(crate) struct RealClock {
+    pub(crate) epoch: Instant,
+}
+
+impl Clock for RealClock {
+    fn now(&self) -> Time {
+        Time(self.epoch.elapsed().as_nanos() as u64)
+    }
+}
+
+/// A virtual clock that only moves when told.
+#[derive(Default)]
+pub(crate) struct SimClock {
+    now: AtomicU64,
+}
+
+impl Clock for SimClock {
+    fn now(&self) -> Time {
+        // Relaxed: the clock is only read and written by the thread driving the simulation.
+        Time(self.now.load(Ordering::Relaxed))
+    }
+}
+
+impl SimClock {
+    pub(crate) fn set(&self, t: Time) {
+        self.now.fetch_max(t.0, Ordering::Relaxed);
+    }
+}
+
+pub(crate) enum Driver {
+    Live { stop: Arc<AtomicBool>, threads: Mutex<Vec<JoinHandle<()>>>, fw_thread: Arc<ThreadWaker> },
+    Sim { world: Arc<SimWorld> },
+}
+
+/// The deterministic driver's world: one virtual clock and every adapter that shares it (one
+/// for a [`super::System`], several for a [`super::Machine`]). A step of the world steps every
+/// adapter, so a wait on one adapter sees the signals of the others.
+#[derive(Default)]
+pub(crate) struct SimWorld {
+    pub(crate) clock: Arc<SimClock>,
+    pub(crate) members: Mutex<Vec<std::sync::Weak<Inner>>>,
+}
+
+impl SimWorld {
+    fn members(&self) -> Vec<Arc<Inner>> {
+        self.members.lock().iter().filter_map(std::sync::Weak::upgrade).collect()
+    }
+
+    /// One step of every adapter (each one's device pump, then its kernel scheduler).
+    /// Returns whether anything happened anywhere.
+    pub(crate) fn step(&self) -> bool {
+        let mut any = false;
+        for m in self.members() {
+            let p = m.pump();
+            any |= p.work || m.run_scheduler().moved;
+        }
+        any
+    }
+
+    /// Steps until nothing happens without time passing. Bounded, in case a queue spins (a
+    /// `WAIT` that is never satisfied keeps it runnable).
+    pub(crate) fn settle(&self) {
+        for _ in 0..100_000 {
+            if !self.step() {
+                return;
+            }
+        }
+    }
+
+    /// The earliest timer of any adapter (the device's, the OS's).
+    fn next_timer(&self) -> Option<Time> {
+        self.members().iter().flat_map(|m| [m.gpu.lock().poll_timeout(), m.os.lock().poll_timeout()]).flatten().min()
+    }
+}
+
+/// Unparks the firmware thread.
+#[derive(Default)]
+pub(crate) struct ThreadWaker {
+    pub(crate) thread: Mutex<Option<std::thread::Thread>>,
+}
+
+impl DeviceWaker for ThreadWaker {
+    fn wake(&self) {
+        if let Some(t) = self.thread.lock().as_ref() {
+            t.unpark();
+        }
+    }
+}
+
+/// One adapter: its kernel, its device, and the driver around them.
+pub(crate) struct Inner {
+    pub(crate) os: Mutex<Os>,
+    pub(crate) trace: SharedTrace,
+    pub(crate) gpu: Arc<Mutex<Gpu>>,
+    pub(crate) line: InterruptLine,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) driver: Driver,
+    /// Signalled when CPU waits complete (the waiting threads re-check under the OS lock).
+    waits_cv: Condvar,
+    /// Signalled when the kernel-mode scheduler may have work.
+    km_cv: Condvar,
+    /// Whether the device last reported every engine in F1 (the OS hears only changes).
+    was_asleep: AtomicBool,
+    /// The machine's cross-adapter layer, for the OS's `Propagate` outputs.
+    pub(crate) cross: Mutex<Option<(Arc<crate::cross::CrossAdapter>, crate::cross::AdapterId)>>,
+}
+
+/// What one pump did.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Pump {
+    pub(crate) work: bool,
+    pub(crate) asleep: bool,
+}
+
+impl Inner {
+    pub(crate) fn new(
+        os: Os,
+        trace: SharedTrace,
+        gpu: Arc<Mutex<Gpu>>,
+        line: InterruptLine,
+        clock: Arc<dyn Clock>,
+        driver: Driver,
+    ) -> Inner {
+        Inner {
+            os: Mutex::new(os),
+            trace,
+            gpu,
+            line,
+            clock,
+            driver,
+            waits_cv: Condvar::new(),
+            km_cv: Condvar::new(),
+            was_asleep: AtomicBool::new(false),
+            cross: Mutex::new(None),
+        }
+    }
+
+    /// Runs one input of the OS at the current time, then acts on what it asked for.
+    pub(crate) fn call<T>(&self, f: impl FnOnce(&mut Os, Time) -> T) -> T {
+        let mut outputs = Vec::new();
+        let r = {
+            let mut os = self.os.lock();
+            let now = self.clock.now();
+            os.at(now);
+            let r = f(&mut os, now);
+            while let Some(o) = os.poll_output() {
+                outputs.push(o);
+            }
+            r
+        };
+        self.act(outputs);
+        r
+    }
+
+    /// [`Inner::call`] for a process's call: refused once the process has ended.
+    pub(crate) fn call_as<T>(
+        &self,
+        pid: ProcessId,
+        f: impl FnOnce(&mut Os, Time) -> Result<T, KernelError>,
+    ) -> Result<T, KernelError> {
+        self.call(|os, now| if os.has_process(pid) { f(os, now) } else { Err(KernelError::ProcessTerminated(pid)) })
+    }
+
+    /// Acts on the OS's outputs, with its lock released.
+    fn act(&self, outputs: Vec<Output>) {
+        let mut woke = false;
+        for o in outputs {
+            match o {
+                Output::WaitCompleted(_) if !woke => {
+                    woke = true;
+                    self.waits_cv.notify_all();
+                }
+                Output::WaitCompleted(_) => {}
+                Output::SchedulerWork => {
+                    self.km_cv.notify_all();
+                }
+                Output::Propagate(fence) => {
+                    let cross = self.cross.lock().clone();
+                    if let Some((x, me)) = cross {
+                        x.propagate(fence, me);
+                    }
+                }
+            }
+        }
+    }
+
+    /// One turn of the device: latch doorbells, step engines, timers, interrupts.
+    pub(crate) fn pump(&self) -> Pump {
+        let (report, asleep, raised) = {
+            let mut g = self.gpu.lock();
+            g.poll_doorbells();
+            // Timestamps read the clock as they execute (after the doorbell was latched).
+            let clock = || self.clock.now();
+            let report = g.step_with_clock(&clock);
+            let now = self.clock.now();
+            if g.poll_timeout().is_some_and(|t| now >= t) {
+                g.handle_timeout(now);
+            }
+            let raised = self.line.raise_from(&mut g);
+            (report, g.all_asleep(), raised)
+        };
+        // The OS hears of an idle-state change, and while the device sleeps its D3 timer
+        // runs; otherwise only interrupts bring the pump into the OS (a busy engine's pump
+        // stays off the OS lock).
+        let changed = self.was_asleep.swap(asleep, Ordering::Relaxed) != asleep;
+        if raised > 0 || changed || asleep || self.line.pending() {
+            self.call(|os, now| {
+                os.handle_interrupts(now);
+                os.handle_device_idle(asleep, now);
+                os.handle_timeout(now);
+            });
+        }
+        // Progress only: a queue blocked in a WAIT re-checks every pump but moves nothing.
+        let work = report.packets > 0 || report.instructions > 0 || raised > 0;
+        Pump { work, asleep }
+    }
+
+    /// One pass of the kernel-mode scheduler.
+    pub(crate) fn run_scheduler(&self) -> crate::os::SchedulerPass {
+        self.call(|os, now| os.run_scheduler(now))
+    }
+
+    /// Blocks the scheduler worker until there may be new work or `timeout` passes; returns at
+    /// once if the work generation moved since `seen` (so no wake-up is lost).
+    pub(crate) fn wait_for_km_work(&self, seen: u64, timeout: Duration) {
+        let mut os = self.os.lock();
+        if os.km_generation() == seen {
+            self.km_cv.wait_for(&mut os, timeout);
+        }
+    }
+
+    /// Blocks until wait `id` is decided or `timeout` passes.
+    pub(crate) fn block(&self, id: WaitId, timeout: Option<Duration>) {
+        match &self.driver {
+            Driver::Live { .. } => {
+                let deadline = timeout.map(|t| Instant::now() + t);
+                let mut os = self.os.lock();
+                while !os.wait_done(id) {
+                    match deadline {
+                        Some(d) => {
+                            if self.waits_cv.wait_until(&mut os, d).timed_out() {
+                                return;
+                            }
+                        }
+                        None => self.waits_cv.wait(&mut os),
+                    }
+                }
+            }
+            Driver::Sim { world } => {
+                let clock = &world.clock;
+                // With no timeout, give up once virtual time has moved this far without any
+                // progress: nothing in the system can satisfy the wait (a deadlock).
+                const DEADLOCK_HORIZON: Duration = Duration::from_secs(60);
+                let deadline = timeout.map(|t| clock.now().plus(t));
+                let mut stalled_since = clock.now();
+                loop {
+                    if self.os.lock().wait_done(id) {
+                        return;
+                    }
+                    if world.step() {
+                        stalled_since = clock.now();
+                        continue;
+                    }
+                    if deadline.is_none() && clock.now().since(stalled_since) >= DEADLOCK_HORIZON {
+                        return;
+                    }
+                    // Nothing moves without time: jump to the next timer or the deadline.
+                    let horizon = stalled_since.plus(DEADLOCK_HORIZON);
+                    let next =
+                        [world.next_timer(), deadline, Some(horizon)].into_iter().flatten().min().unwrap_or(horizon);
+                    if deadline.is_some_and(|d| clock.now() >= d) {
+                        return;
+                    }
+                    clock.set(next.max(Time(clock.now().0 + 1)));
+                }
+            }
+        }
+    }
+
+    pub(crate) fn is_sim(&self) -> bool {
+        matches!(self.driver, Driver::Sim { .. })
+    }
+
+    /// Stops and joins the live threads.
+    pub(crate) fn stop(&self) {
+        if let Driver::Live { stop, threads, fw_thread } = &self.driver {
+            // Release: pairs with the threads' acquire loads.
+            stop.store(true, Ordering::Release);
+            fw_thread.wake();
+            self.km_cv.notify_all();
+            let me = std::thread::current().id();
+            for t in threads.lock().drain(..) {
+                if t.thread().id() != me {
+                    let _ = t.join();
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+impl crate::cross::Peer for Inner {
+    fn notify_current_value(&self, local: u64) {
+        self.call(|os, now| os.notify_current_value(local, now));
+    }
+}
+
+pub(crate) fn firmware_thread(inner: std::sync::Weak<Inner>, stop: Arc<AtomicBool>) {
+    let mut idle_spins = 0u32;
+    // Acquire: pairs with the release store in `Inner::stop`.
+    while !stop.load(Ordering::Acquire) {
+        let Some(sys) = inner.upgrade() else { return };
+        let p = sys.pump();
+        drop(sys);
+        if p.asleep {
+            // Every engine is in F1: sleep until a connect wakes us (an unpark that comes
+            // first makes this return at once, so the wake-up cannot be lost).
+            std::thread::park_timeout(Duration::from_millis(100));
+            idle_spins = 0;
+        } else if p.work {
+            idle_spins = 0;
+        } else {
+            idle_spins = idle_spins.saturating_add(1);
+            if idle_spins.is_multiple_of(64) {
+                // Let the other threads of a 2-core machine in now and then.
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+    }
+}
+
+pub(crate) fn scheduler_thread(inner: std::sync::Weak<Inner>, stop: Arc<AtomicBool>) {
+    while !stop.load(Ordering::Acquire) {
+        let Some(sys) = inner.upgrade() else { return };
+        let pass = sys.run_scheduler();
+        if !pass.moved {
+            // Ring space frees without a notification: poll soon. Otherwise sleep until new
+            // work (a submission, or a fence a held-back submission waits on).
+            let timeout = if pass.ring_full { Duration::from_micros(50) } else { Duration::from_millis(50) };
+            sys.wait_for_km_work(pass.generation, timeout);
+        }
+    }
+}

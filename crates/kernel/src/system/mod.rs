@@ -1,0 +1,349 @@
+//! An embedded system: the kernel and the virtual GPU in this process, and the two drivers
+//! that run them.
+//!
+//! One core, two drivers (BRIEF 4.1). Both call the same [`Inner::pump`] — latch doorbells,
+//! step the engines, run the idle timer, service interrupts — and the same kernel-mode
+//! scheduler; they differ only in who owns time and threads:
+//!
+//! - **Live** ([`System::live`]): real time from a monotonic clock; a firmware thread pumps in a
+//!   busy loop while any engine is in F0 (a real engine's doorbell watcher never sleeps) and
+//!   parks while every engine is in F1, until a connect wakes it; a kernel scheduler worker
+//!   thread sleeps on a condition variable until a kernel-mode submission arrives. Dropping
+//!   the [`System`] stops and joins both.
+//! - **Sim** ([`System::sim`]): a virtual clock that moves only when the test says so
+//!   ([`System::advance`]) or when a blocked wait has nothing left to do but let time pass.
+//!   A wait with no timeout that sees no progress for 60 s of virtual time is a deadlock: it
+//!   returns timed out instead of spinning forever.
+//!   Nothing runs unless [`System::step`] (or a blocking wait) runs it, so every interleaving
+//!   is reproducible.
+//!
+//! A client opens a process with [`System::open_process`] and gets a [`ProcessPort`], the
+//! [`abi::port::KernelPort`] implementation a `umd::Device` runs on.
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::{Duration, Instant};
+
+use abi::NativeFenceHandle;
+use abi::port::{KernelError, WaitMode, WaitOutcome};
+use abi::{ContextHandle, DeviceHandle, EngineId, HwQueueHandle, PowerState, ProcessId, Time};
+use gpu::{Gpu, GpuConfig};
+use parking_lot::Mutex;
+
+use crate::ddi::DdiFault;
+use crate::os::{Census, Os, OsStats, WaitId, WaitStart};
+use crate::trace::{SharedTrace, TraceEntry};
+use crate::virtual_kmd::{InterruptLine, VirtualKmd};
+
+mod driver;
+mod machine;
+mod port;
+
+use driver::{Clock, Driver, Inner, RealClock, SimWorld, ThreadWaker};
+pub use machine::Machine;
+pub use port::ProcessPort;
+
+/// Configuration of an embedded system.
+#[derive(Clone, Debug, Default)]
+pub struct SystemConfig {
+    /// The device.
+    pub gpu: GpuConfig,
+    /// Doorbells report `ConnectedNotify` (the UMD then calls `NotifyWorkSubmission`).
+    pub notify_on_submit: bool,
+    /// Which submission models the device offers (amdgpu's `user_queue`: 0, 1 or 2).
+    pub user_queue_mode: abi::port::UserQueueMode,
+    /// Dedicated doorbells virtualized over a pool of this many physical doorbells (`None`:
+    /// one per queue index in each process's page). Refused with the global doorbell model
+    /// (`gpu.doorbell_model`), which has nothing to virtualize.
+    pub doorbell_pool: Option<u32>,
+    /// The device enters D3 by itself once every engine has been in F1 this long (`None`:
+    /// only on request, [`System::enter_d3`]).
+    pub d3_idle: Option<Duration>,
+    /// The adapter has no native fences (spec 002's iGPU in scenarios 2a and 2b): only
+    /// monitored fences (`LegacyMonitored`), and a cross-adapter fence opens as one. It then
+    /// takes kernel-mode queues only (`user_queue_mode` must be `KernelOnly`): user-mode
+    /// queues cannot wait on monitored fences.
+    pub without_native_fences: bool,
+}
+
+/// How a process ends (spec 000 "Normal and abnormal process termination").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Termination {
+    /// Disconnect each doorbell, wait for each queue's last-queued progress value, then
+    /// destroy. A wait that does not finish within 5 s (the spec's DDI budget) turns the rest
+    /// into an abnormal termination.
+    Normal,
+    /// Mark the device in error, suspend every context, disconnect, destroy without waiting.
+    Abnormal,
+}
+
+/// How long a normal termination waits for a process's queued work.
+const TERMINATION_BUDGET: Duration = Duration::from_secs(5);
+
+impl Inner {
+    fn terminate(&self, pid: ProcessId, how: Termination) {
+        if how == Termination::Normal {
+            let Ok(queues) = self.call_as(pid, |os, now| os.begin_normal_termination(pid, now)) else { return };
+            let deadline = Instant::now() + TERMINATION_BUDGET;
+            for (q, value) in queues {
+                let left = deadline.saturating_duration_since(Instant::now());
+                let reached = match self.call_as(pid, |os, now| os.begin_wait(pid, q, value, now)) {
+                    Ok(WaitStart::Done(r)) => matches!(r, Ok(WaitOutcome::Reached(_))),
+                    Ok(WaitStart::Blocked(w)) => {
+                        self.block(w, Some(if self.is_sim() { TERMINATION_BUDGET } else { left }));
+                        matches!(self.call(|os, now| os.end_wait(pid, q, w, now)), Ok(WaitOutcome::Reached(_)))
+                    }
+                    Err(_) => false,
+                };
+                if !reached {
+                    // Hung, lost, or out of time: end it abnormally.
+                    let _ = self.call_as(pid, |os, now| os.begin_abnormal_termination(pid, now));
+                    break;
+                }
+            }
+        } else {
+            let _ = self.call_as(pid, |os, now| os.begin_abnormal_termination(pid, now));
+        }
+        self.call(|os, now| os.finish_termination(pid, now));
+    }
+}
+
+/// A CPU wait on native fences started without blocking ([`System::begin_fence_wait`]).
+pub struct FenceWaitHandle {
+    id: WaitId,
+    inner: Arc<Inner>,
+}
+
+impl FenceWaitHandle {
+    /// Whether the wait has been decided.
+    pub fn is_done(&self) -> bool {
+        self.inner.os.lock().wait_done(self.id)
+    }
+}
+
+/// An embedded system. Cheap to clone.
+#[derive(Clone)]
+pub struct System {
+    inner: Arc<Inner>,
+}
+
+impl System {
+    fn build(
+        cfg: SystemConfig,
+        clock: Arc<dyn Clock>,
+        waker: Arc<ThreadWaker>,
+        driver: Driver,
+    ) -> Result<System, KernelError> {
+        if cfg.without_native_fences && cfg.user_queue_mode != abi::port::UserQueueMode::KernelOnly {
+            // Spec 002: "user-mode queues can't support monitored fences".
+            return Err(KernelError::InvalidArgument {
+                field: "user_queue_mode",
+                value: format!("{:?}", cfg.user_queue_mode),
+                reason: "an adapter without native fences takes kernel-mode queues only (KernelOnly)".into(),
+            });
+        }
+        let gpu = Gpu::new(cfg.gpu).map_err(|e| KernelError::InvalidArgument {
+            field: "gpu",
+            value: String::new(),
+            reason: e.to_string(),
+        })?;
+        let gpu = Arc::new(Mutex::new(gpu));
+        let line = InterruptLine::default();
+        let mut kmd = VirtualKmd::new(gpu.clone(), waker, line.clone());
+        kmd.set_notify_on_submit(cfg.notify_on_submit);
+        kmd.set_user_queue_mode(cfg.user_queue_mode);
+        kmd.set_native_fences(!cfg.without_native_fences);
+        if let Some(n) = cfg.doorbell_pool
+            && !kmd.set_doorbell_pool(n)
+        {
+            return Err(KernelError::InvalidArgument {
+                field: "doorbell_pool",
+                value: n.to_string(),
+                reason: "the device's doorbell model is global: there are no dedicated doorbells to pool".into(),
+            });
+        }
+        let trace = SharedTrace::default();
+        let mut os = Os::new(Box::new(kmd), trace.clone())?;
+        os.set_d3_idle(cfg.d3_idle);
+        Ok(System { inner: Arc::new(Inner::new(os, trace, gpu, line, clock, driver)) })
+    }
+
+    /// A deterministic system on a virtual clock starting at 0.
+    pub fn sim(cfg: SystemConfig) -> Result<System, KernelError> {
+        Self::sim_in(cfg, Arc::new(SimWorld::default()))
+    }
+
+    /// A deterministic system joining `world` (its clock, and its steps).
+    fn sim_in(cfg: SystemConfig, world: Arc<SimWorld>) -> Result<System, KernelError> {
+        let sys = Self::build(
+            cfg,
+            world.clock.clone(),
+            Arc::new(ThreadWaker::default()),
+            Driver::Sim { world: world.clone() },
+        )?;
+        world.members.lock().push(Arc::downgrade(&sys.inner));
+        Ok(sys)
+    }
+
+    /// A live system: starts the firmware thread and the kernel scheduler worker.
+    pub fn live(cfg: SystemConfig) -> Result<System, KernelError> {
+        let clock: Arc<dyn Clock> = Arc::new(RealClock { epoch: Instant::now() });
+        let waker = Arc::new(ThreadWaker::default());
+        let stop = Arc::new(AtomicBool::new(false));
+        let sys = Self::build(
+            cfg,
+            clock,
+            waker.clone(),
+            Driver::Live { stop: stop.clone(), threads: Mutex::new(Vec::new()), fw_thread: waker.clone() },
+        )?;
+        let spawn = |name: &str, body: fn(std::sync::Weak<Inner>, Arc<AtomicBool>)| {
+            let (inner, stop) = (Arc::downgrade(&sys.inner), stop.clone());
+            std::thread::Builder::new()
+                .name(name.into())
+                .spawn(move || body(inner, stop))
+                .map_err(|e| KernelError::Exhausted { what: "threads", detail: e.to_string() })
+        };
+        let fw = spawn("doorbell-firmware", driver::firmware_thread)?;
+        *waker.thread.lock() = Some(fw.thread().clone());
+        let worker = spawn("doorbell-km-scheduler", driver::scheduler_thread)?;
+        if let Driver::Live { threads, .. } = &sys.inner.driver {
+            threads.lock().extend([fw, worker]);
+        }
+        Ok(sys)
+    }
+
+    /// Opens a client process and returns its kernel port.
+    pub fn open_process(&self) -> Result<Arc<ProcessPort>, KernelError> {
+        let pid = self.inner.call(|os, now| os.create_process(now))?;
+        Ok(Arc::new(ProcessPort { inner: self.inner.clone(), pid }))
+    }
+
+    /// Device time now.
+    pub fn now(&self) -> Time {
+        self.inner.clock.now()
+    }
+
+    /// The kernel's trace and how many entries were dropped.
+    pub fn trace(&self) -> (Vec<TraceEntry>, u64) {
+        self.inner.trace.snapshot()
+    }
+
+    /// Kernel counters.
+    pub fn stats(&self) -> OsStats {
+        self.inner.os.lock().stats()
+    }
+
+    /// What the kernel holds: processes, objects, pool entries, GPU mappings, waits (for leak
+    /// checks).
+    pub fn census(&self) -> Census {
+        self.inner.os.lock().census()
+    }
+
+    /// Fails a chosen DDI call on purpose (see [`crate::ddi::Traced`]), to test the kernel's
+    /// error paths.
+    pub fn inject_ddi_fault(&self, fault: DdiFault) {
+        self.inner.os.lock().inject_ddi_fault(fault);
+    }
+
+    /// An engine's power state.
+    pub fn power(&self, engine: EngineId) -> PowerState {
+        self.inner.os.lock().power(engine)
+    }
+
+    /// Whether this is the deterministic driver.
+    pub fn is_sim(&self) -> bool {
+        self.inner.is_sim()
+    }
+
+    /// Sim: one step of the world (device pump, then the kernel scheduler). Returns whether
+    /// anything happened. On a live system it does nothing and returns `false`.
+    pub fn step(&self) -> bool {
+        match &self.inner.driver {
+            Driver::Sim { world } => world.step(),
+            Driver::Live { .. } => false,
+        }
+    }
+
+    /// Sim: steps until nothing more happens at the current time.
+    pub fn settle(&self) {
+        if let Driver::Sim { world } = &self.inner.driver {
+            world.settle();
+        }
+    }
+
+    /// Sim: moves the virtual clock forward by `d`, then settles.
+    pub fn advance(&self, d: Duration) {
+        if let Driver::Sim { world } = &self.inner.driver {
+            world.clock.set(world.clock.now().plus(d));
+            world.settle();
+        }
+    }
+
+    /// Starts a CPU wait on native fences without blocking (for tools and tests that drive
+    /// several actors from one thread): `None` if it is already satisfied, otherwise a handle
+    /// to poll ([`FenceWaitHandle::is_done`]) and to hand to [`System::end_fence_wait`].
+    pub fn begin_fence_wait(
+        &self,
+        pid: ProcessId,
+        fences: &[(NativeFenceHandle, u64)],
+        mode: WaitMode,
+    ) -> Result<Option<FenceWaitHandle>, KernelError> {
+        match self.inner.call_as(pid, |os, now| os.begin_fence_wait(pid, fences, mode, now))? {
+            WaitStart::Done(r) => r.map(|_| None),
+            WaitStart::Blocked(id) => Ok(Some(FenceWaitHandle { id, inner: self.inner.clone() })),
+        }
+    }
+
+    /// Ends a wait [`System::begin_fence_wait`] started: deregisters it and reports.
+    pub fn end_fence_wait(&self, pid: ProcessId, w: &FenceWaitHandle) -> Result<WaitOutcome, KernelError> {
+        self.inner.call(|os, _| os.end_fence_wait(pid, w.id))
+    }
+
+    /// Reads a user-mode queue's fence log (entries written after `since`); see
+    /// [`crate::os::Os::read_fence_log`]. For tools and tests: clients cannot read their logs.
+    pub fn read_fence_log(
+        &self,
+        pid: ProcessId,
+        queue: HwQueueHandle,
+        kind: abi::fence_log::FenceLogType,
+        since: u64,
+    ) -> Result<abi::fence_log::LogRead, KernelError> {
+        self.inner.call_as(pid, |os, now| os.read_fence_log(pid, queue, kind, since, now))
+    }
+
+    /// Puts the device in D3 (see [`crate::os::Os::enter_d3`]).
+    pub fn enter_d3(&self) -> Result<(), KernelError> {
+        self.inner.call(|os, now| os.enter_d3(now))
+    }
+
+    /// Whether the device is in D3.
+    pub fn in_d3(&self) -> bool {
+        self.inner.os.lock().in_d3()
+    }
+
+    /// Suspends a context (see [`crate::os::Os::suspend_context`]).
+    pub fn suspend_context(&self, pid: ProcessId, context: ContextHandle) -> Result<(), KernelError> {
+        self.inner.call_as(pid, |os, now| os.suspend_context(pid, context, now))
+    }
+
+    /// Resumes a context (see [`crate::os::Os::resume_context`]).
+    pub fn resume_context(&self, pid: ProcessId, context: ContextHandle) -> Result<(), KernelError> {
+        self.inner.call_as(pid, |os, now| os.resume_context(pid, context, now))
+    }
+
+    /// Ends a process, normally or abnormally. Ending one twice is a no-op.
+    pub fn terminate(&self, pid: ProcessId, how: Termination) {
+        self.inner.terminate(pid, how)
+    }
+
+    /// Marks a process's device in error (see [`crate::os::Os::mark_device_error`]); the
+    /// lifecycle and recovery work (abnormal termination, TDR) will call it.
+    pub fn mark_device_error(&self, pid: ProcessId, device: DeviceHandle) -> Result<(), KernelError> {
+        self.inner.call_as(pid, |os, now| os.mark_device_error(pid, device, now))
+    }
+
+    /// Direct access to the device, for tests and tools that inspect it.
+    pub fn with_gpu<T>(&self, f: impl FnOnce(&mut Gpu) -> T) -> T {
+        f(&mut self.inner.gpu.lock())
+    }
+}

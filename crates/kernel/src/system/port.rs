@@ -1,0 +1,145 @@
+//! A client process's kernel port: the [`abi::port::KernelPort`] a `umd::Device` runs on in
+//! the embedded mode. Each call is one input of the OS through [`Inner::call_as`].
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use abi::port::{
+    AdapterInfo, AllocationDesc, AllocationInfo, CreateDoorbell, DoorbellInfo, HwQueueDesc, HwQueueInfo, KernelError,
+    KernelPort, NativeFenceDesc, NativeFenceInfo, QueueStatus, WaitMode, WaitOutcome,
+};
+use abi::{
+    AllocationHandle, ContextHandle, DeviceHandle, DoorbellHandle, EngineId, HwQueueHandle, NativeFenceHandle,
+    ProcessId, Time,
+};
+
+use super::Termination;
+use super::driver::Inner;
+use crate::os::{Os, WaitStart};
+
+/// One client process's kernel port.
+pub struct ProcessPort {
+    pub(super) inner: Arc<Inner>,
+    pub(super) pid: ProcessId,
+}
+
+impl ProcessPort {
+    /// One call of this process into the OS.
+    fn call<T>(&self, f: impl FnOnce(&mut Os, ProcessId, Time) -> Result<T, KernelError>) -> Result<T, KernelError> {
+        self.inner.call_as(self.pid, |os, now| f(os, self.pid, now))
+    }
+
+    /// Ends the process now, normally or abnormally. Its queues, doorbells, fences and
+    /// memory are destroyed and every pool gets its resources back.
+    pub fn terminate(&self, how: Termination) {
+        self.inner.terminate(self.pid, how);
+    }
+}
+
+impl Drop for ProcessPort {
+    /// The process exits: a normal termination (it waits for the work already queued).
+    fn drop(&mut self) {
+        self.inner.terminate(self.pid, Termination::Normal);
+    }
+}
+
+impl KernelPort for ProcessPort {
+    fn process(&self) -> ProcessId {
+        self.pid
+    }
+    fn adapter_info(&self) -> AdapterInfo {
+        self.inner.os.lock().adapter_info()
+    }
+    fn create_device(&self) -> Result<DeviceHandle, KernelError> {
+        self.inner.call_as(self.pid, |os, _| os.create_device(self.pid))
+    }
+    fn destroy_device(&self, device: DeviceHandle) -> Result<(), KernelError> {
+        self.call(|os, pid, now| os.destroy_device(pid, device, now))
+    }
+    fn allocate(&self, device: DeviceHandle, desc: &AllocationDesc) -> Result<AllocationInfo, KernelError> {
+        self.call(|os, pid, now| os.allocate(pid, device, desc, now))
+    }
+    fn map_allocation(&self, allocation: AllocationHandle) -> Result<shm::Mapping, KernelError> {
+        self.call(|os, pid, _| os.map_allocation(pid, allocation))
+    }
+    fn free(&self, allocation: AllocationHandle) -> Result<(), KernelError> {
+        self.call(|os, pid, _| os.free(pid, allocation))
+    }
+    fn create_context(&self, device: DeviceHandle, engine: EngineId) -> Result<ContextHandle, KernelError> {
+        self.call(|os, pid, _| os.create_context(pid, device, engine))
+    }
+    fn destroy_context(&self, context: ContextHandle) -> Result<(), KernelError> {
+        self.call(|os, pid, now| os.destroy_context(pid, context, now))
+    }
+    fn create_hw_queue(&self, context: ContextHandle, desc: &HwQueueDesc) -> Result<HwQueueInfo, KernelError> {
+        self.call(|os, pid, now| os.create_hw_queue(pid, context, desc, now))
+    }
+    fn destroy_hw_queue(&self, queue: HwQueueHandle) -> Result<(), KernelError> {
+        self.call(|os, pid, now| os.destroy_hw_queue(pid, queue, now))
+    }
+    fn create_doorbell(&self, args: &CreateDoorbell) -> Result<DoorbellInfo, KernelError> {
+        self.call(|os, pid, now| os.create_doorbell(pid, args, now))
+    }
+    fn connect_doorbell(&self, queue: HwQueueHandle) -> Result<(), KernelError> {
+        self.call(|os, pid, now| os.connect_doorbell(pid, queue, now))
+    }
+    fn destroy_doorbell(&self, doorbell: DoorbellHandle) -> Result<(), KernelError> {
+        self.call(|os, pid, now| os.destroy_doorbell(pid, doorbell, now))
+    }
+    fn notify_work_submission(&self, doorbell: DoorbellHandle) -> Result<(), KernelError> {
+        self.call(|os, pid, now| os.notify_work_submission(pid, doorbell, now))
+    }
+    fn submit_command(&self, queue: HwQueueHandle, words: &[u32]) -> Result<(), KernelError> {
+        self.call(|os, pid, _| os.submit_command(pid, queue, words))
+    }
+    fn wait_progress(
+        &self,
+        queue: HwQueueHandle,
+        value: u64,
+        timeout: Option<Duration>,
+    ) -> Result<WaitOutcome, KernelError> {
+        match self.call(|os, pid, now| os.begin_wait(pid, queue, value, now))? {
+            WaitStart::Done(r) => r,
+            WaitStart::Blocked(w) => {
+                self.inner.block(w, timeout);
+                self.inner.call(|os, now| os.end_wait(self.pid, queue, w, now))
+            }
+        }
+    }
+    fn query_queue(&self, queue: HwQueueHandle) -> Result<QueueStatus, KernelError> {
+        self.call(|os, pid, _| os.query_queue(pid, queue))
+    }
+    fn create_native_fence(
+        &self,
+        device: DeviceHandle,
+        desc: &NativeFenceDesc,
+    ) -> Result<NativeFenceInfo, KernelError> {
+        self.call(|os, pid, now| os.create_native_fence(pid, device, desc, now))
+    }
+    fn open_native_fence(&self, device: DeviceHandle, global: u64) -> Result<NativeFenceInfo, KernelError> {
+        self.call(|os, pid, now| os.open_native_fence(pid, device, global, now))
+    }
+    fn open_cross_adapter_fence(&self, device: DeviceHandle, handle: u64) -> Result<NativeFenceInfo, KernelError> {
+        self.call(|os, pid, now| os.open_cross_adapter_fence(pid, device, handle, now))
+    }
+    fn destroy_native_fence(&self, fence: NativeFenceHandle) -> Result<(), KernelError> {
+        self.call(|os, pid, now| os.destroy_native_fence(pid, fence, now))
+    }
+    fn signal_native_fence(&self, fence: NativeFenceHandle, value: u64) -> Result<(), KernelError> {
+        self.call(|os, pid, now| os.signal_native_fence(pid, fence, value, now))
+    }
+    fn wait_native_fences(
+        &self,
+        fences: &[(NativeFenceHandle, u64)],
+        mode: WaitMode,
+        timeout: Option<Duration>,
+    ) -> Result<WaitOutcome, KernelError> {
+        match self.call(|os, pid, now| os.begin_fence_wait(pid, fences, mode, now))? {
+            WaitStart::Done(r) => r,
+            WaitStart::Blocked(w) => {
+                self.inner.block(w, timeout);
+                self.inner.call(|os, _| os.end_fence_wait(self.pid, w))
+            }
+        }
+    }
+}
