@@ -357,7 +357,10 @@ mod tests {
     /// A short live run over a pool of 3 doorbells and 2 slots: victimization happens, nothing
     /// is lost (every queue's last WRITE_DATA is checked in memory inside `measure`), and the
     /// high-priority queue is served. No figure is asserted: timing belongs to the benchmark.
+    /// Live threads that busy-poll: behind `--ignored`, which `.ci/run` runs on its own so the
+    /// default suite never races them for a core.
     #[test]
+    #[ignore = "live run with busy-polling threads: `cargo test -- --ignored` (CI runs it separately)"]
     fn a_short_oversubscribed_run_loses_nothing() {
         let f = measure(&short(Model::Dedicated, false)).unwrap();
         assert_eq!(f.submitted, f.completed, "{f:?}");
@@ -369,6 +372,7 @@ mod tests {
     /// The same over the global doorbell, with engines that miss unmapped queues' doorbells:
     /// no victimization, no reconnect, and the aggregated doorbell loses nothing.
     #[test]
+    #[ignore = "live run with busy-polling threads: `cargo test -- --ignored` (CI runs it separately)"]
     fn a_short_global_run_with_the_aggregated_doorbell_loses_nothing() {
         let f = measure(&short(Model::Global, true)).unwrap();
         assert_eq!(f.submitted, f.completed, "{f:?}");
