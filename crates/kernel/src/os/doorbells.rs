@@ -103,7 +103,7 @@ impl Os {
         let q = args.queue;
         let p = self.proc(pid)?;
         let qo = p.queues.get(q)?;
-        let QueueMode::User { desc } = qo.mode else {
+        let QueueMode::User { desc, .. } = qo.mode else {
             return Err(KernelError::WrongQueueMode {
                 queue: q.to_string(),
                 actual: "kernel-mode",
@@ -198,7 +198,7 @@ impl Os {
         if qo.fault.is_some() {
             return Err(qo.lost(q));
         }
-        let QueueMode::User { desc } = qo.mode else {
+        let QueueMode::User { desc, .. } = qo.mode else {
             return Err(KernelError::WrongQueueMode {
                 queue: q.to_string(),
                 actual: "kernel-mode",

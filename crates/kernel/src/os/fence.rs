@@ -74,11 +74,13 @@ pub(crate) struct FenceObj {
     pub(crate) device: DeviceHandle,
     id: u64,
     kind: NativeFenceType,
-    current: Arc<Shm>,
+    /// The CurrentValue's page and its offset there.
+    storage: Arc<Shm>,
     coff: u64,
     pub(crate) va: u64,
-    monitored: Arc<Shm>,
-    moff: u64,
+    /// CurrentValue and MonitoredValue, checked once at creation.
+    value: Word,
+    monitored: Word,
     /// (page index, slot) for packed fences; `None` for a shareable fence's own page.
     slot: Option<(usize, usize)>,
     /// Created shareable (opened with global and local handles).
@@ -94,7 +96,7 @@ impl FenceObj {
     pub(crate) fn current(&self) -> u64 {
         // Acquire: pairs with the signaller's release (engine or kernel), so the signalled
         // work is visible once the value is.
-        self.current.load_u64(self.coff, Ordering::Acquire).unwrap_or(0)
+        self.value.get().load(Ordering::Acquire)
     }
 }
 
@@ -170,13 +172,14 @@ impl Os {
         };
         // A legacy monitored fence and a cross-adapter fence always interrupt.
         let always = desc.kind == NativeFenceType::LegacyMonitored || desc.cross_adapter;
-        current.atomic_u64(coff)?.store(desc.initial, Ordering::Release);
-        monitored.atomic_u64(coff)?.store(if always { 0 } else { u64::MAX }, Ordering::Release);
+        let (value, monitored) = (Word::new(&current, coff)?, Word::new(&monitored, coff)?);
+        value.get().store(desc.initial, Ordering::Release);
+        monitored.get().store(if always { 0 } else { u64::MAX }, Ordering::Release);
         let id = self.next_fence_id;
         self.next_fence_id += 1;
         // A shared fence: DxgkDdiCreateNativeFence (global), then DxgkDdiOpenNativeFence for
         // the creating process's local handle (spec 002 "Global and local handles").
-        if let Err(e) = self.ddi.create_native_fence(id, (current.clone(), coff), Word::new(&monitored, coff)?) {
+        if let Err(e) = self.ddi.create_native_fence(id, (current.clone(), coff), monitored.clone()) {
             // Its packed slot goes back; a page of its own goes with `mapping`.
             if let Some((i, s)) = slot {
                 self.proc(pid)?.fence_pages[i].used[s] = false;
@@ -191,11 +194,11 @@ impl Os {
             device,
             id,
             kind: desc.kind,
-            current: current.clone(),
+            storage: current.clone(),
             coff,
             va,
-            monitored: monitored.clone(),
-            moff: coff,
+            value,
+            monitored,
             slot,
             shared: desc.shareable,
             cross,
@@ -250,20 +253,20 @@ impl Os {
         let va = self.proc(pid)?.take_va(4096);
         let mapping = self.ddi.map_gpu(pid, va, 4096, current.clone(), true)?;
         let kind = if self.native_fences { NativeFenceType::Default } else { NativeFenceType::LegacyMonitored };
-        let monitored = Shm::new("fence-monitored", 4096)?;
-        monitored.atomic_u64(coff)?.store(0, Ordering::Release);
+        let monitored = Word::new(&Shm::new("fence-monitored", 4096)?, coff)?;
+        monitored.get().store(0, Ordering::Release);
         let id = self.next_fence_id;
         self.next_fence_id += 1;
-        self.ddi.create_native_fence(id, (current.clone(), coff), Word::new(&monitored, coff)?)?;
+        self.ddi.create_native_fence(id, (current.clone(), coff), monitored.clone())?;
         let h = self.proc(pid)?.fences.insert(FenceObj {
             device,
             id,
             kind,
-            current: current.clone(),
+            storage: current.clone(),
             coff,
             va: va + coff,
-            monitored: monitored.clone(),
-            moff: coff,
+            value: Word::new(&current, coff)?,
+            monitored,
             slot: None,
             shared: false,
             cross: Some(handle),
@@ -348,19 +351,19 @@ impl Os {
         now: Time,
     ) -> Result<NativeFenceInfo, KernelError> {
         let o = self.proc(opid)?.fences.get(oh)?;
-        let (id, kind, current, coff, monitored, moff, cross) =
-            (o.id, o.kind, o.current.clone(), o.coff, o.monitored.clone(), o.moff, o.cross);
+        let (id, kind, current, coff, value, monitored, cross) =
+            (o.id, o.kind, o.storage.clone(), o.coff, o.value.clone(), o.monitored.clone(), o.cross);
         let va = self.proc(pid)?.take_va(4096);
         let mapping = self.ddi.map_gpu(pid, va, 4096, current.clone(), true)?;
         let handle = self.proc(pid)?.fences.insert(FenceObj {
             device,
             id,
             kind,
-            current: current.clone(),
+            storage: current.clone(),
             coff,
             va: va + coff,
+            value,
             monitored,
-            moff,
             slot: None,
             shared: true,
             cross,
@@ -434,8 +437,7 @@ impl Os {
         if value < cur {
             return Err(KernelError::NotIncreasing { field: "value", value, last: cur });
         }
-        let (current, coff, id) = (f.current.clone(), f.coff, f.id);
-        let word = current.atomic_u64(coff)?;
+        let (word, id) = (f.value.clone(), f.id);
         if self.native_fences {
             // `DxgkDdiUpdateCurrentValuesFromCpu`: the KMD stores it and the firmware's
             // parked waiters re-check.
@@ -445,7 +447,7 @@ impl Os {
             // Without native fences the scheduler writes the monitored fence itself; its GPU
             // waits are its own (kernel-mode queues only). Release: what the CPU did before
             // is visible to whoever acquires the value.
-            word.store(value, Ordering::Release);
+            word.get().store(value, Ordering::Release);
         }
         // Every process that has the fence open sees the signal; so does every adapter.
         for (p, x) in self.instances(id) {
@@ -580,8 +582,7 @@ impl Os {
             let m = self.monitored_for(id);
             let Ok(p) = self.proc(pid) else { return };
             let Ok(f) = p.fences.get(h) else { return };
-            let Ok(mword) = f.monitored.atomic_u64(f.moff) else { return };
-            let Ok(cword) = f.current.atomic_u64(f.coff) else { return };
+            let (mword, cword) = (f.monitored.get(), f.value.get());
             let resampled = abi::protocol::set_monitored_and_resample(mword, cword, m);
             // Any signal after the barrier sees the new MonitoredValue and interrupts; a signal
             // before it is in `resampled`. So a waiter this fence's `resampled` value passes
@@ -700,7 +701,8 @@ impl Os {
         if let Some(&(pid, h)) = self.instances(id).first()
             && let Some(f) = self.processes.get(&pid).and_then(|p| p.fences.get(h).ok())
         {
-            let _ = f.monitored.atomic_u64(f.moff).map(|w| w.store(m, Ordering::Relaxed));
+            // Relaxed: a raise; the firmware's compare needs no ordering with it.
+            f.monitored.get().store(m, Ordering::Relaxed);
         }
     }
 

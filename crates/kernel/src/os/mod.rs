@@ -213,7 +213,7 @@ impl QueueObj {
     }
     fn user_desc(&self) -> Option<&QueueDescriptor> {
         match &self.mode {
-            queues::QueueMode::User { desc } => Some(desc),
+            queues::QueueMode::User { desc, .. } => Some(desc),
             queues::QueueMode::Kernel(_) => None,
         }
     }

@@ -36,6 +36,9 @@ pub(super) enum QueueMode {
     User {
         /// The validated descriptor (doorbell index resolved).
         desc: QueueDescriptor,
+        /// The client's last-queued word, when it lies in one of the process's allocations
+        /// (the queue pins it); reported, never trusted.
+        last_queued: Option<shm::ReadWord>,
     },
     /// By the kernel-mode scheduler.
     Kernel(KernelRing),
@@ -178,7 +181,12 @@ impl Os {
                     privileged: false,
                     priority: desc.priority,
                 };
-                (QueueMode::User { desc: d }, create)
+                let last_queued = self.proc(pid)?.allocations.iter().find_map(|(_, a)| {
+                    a.holds(d.last_queued_va, 8)
+                        .then(|| shm::ReadWord::new(&a.shm, d.last_queued_va - a.va).ok())
+                        .flatten()
+                });
+                (QueueMode::User { desc: d, last_queued }, create)
             }
             SubmissionMode::KernelMode => {
                 if !einfo.kernel_queues {
@@ -323,13 +331,8 @@ impl Os {
         let Ok(qo) = p.queues.get(q) else { return 0 };
         match &qo.mode {
             QueueMode::Kernel(k) => k.last_queued,
-            QueueMode::User { desc } => p
-                .allocations
-                .iter()
-                .find(|(_, a)| a.holds(desc.last_queued_va, 8))
-                // Acquire: pairs with the UMD's release store of the value.
-                .and_then(|(_, a)| a.shm.load_u64(desc.last_queued_va - a.va, Ordering::Acquire).ok())
-                .unwrap_or(0),
+            // Acquire: pairs with the UMD's release store of the value.
+            QueueMode::User { last_queued, .. } => last_queued.as_ref().map_or(0, |w| w.load(Ordering::Acquire)),
         }
     }
 }
