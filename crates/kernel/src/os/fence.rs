@@ -35,6 +35,7 @@ use shm::{Prot, Shm, Word};
 
 use super::{Os, Output, WaitId, WaitStart, Waits, invalid};
 use crate::ddi::{GpuMapping, Kmd, SignaledFences};
+use crate::pool::{Lease, Pool};
 use crate::trace::{Ddi, Event};
 
 /// Bytes between two fences' CurrentValues in a shared page (one cache line each).
@@ -65,7 +66,8 @@ pub(crate) struct FencePage {
     current: Arc<Shm>,
     monitored: Arc<Shm>,
     va: u64,
-    used: Vec<bool>,
+    /// Its fence slots; a fence holds its slot's lease, so the slot returns when it goes.
+    slots: Pool,
     _mapping: GpuMapping,
 }
 
@@ -81,8 +83,8 @@ pub(crate) struct FenceObj {
     /// CurrentValue and MonitoredValue, checked once at creation.
     value: Word,
     monitored: Word,
-    /// (page index, slot) for packed fences; `None` for a shareable fence's own page.
-    slot: Option<(usize, usize)>,
+    /// Its slot in a packed page; `None` for a fence with a page of its own.
+    _slot: Option<Lease>,
     /// Created shareable (opened with global and local handles).
     shared: bool,
     /// Its cross-adapter handle, for a cross-adapter fence.
@@ -143,10 +145,12 @@ impl Os {
             (c, m, va, 0, None, Some(mapping))
         } else {
             let p = self.proc(pid)?;
-            let found = p.fence_pages.iter().enumerate().find_map(|(i, pg)| {
-                (pg.kind == desc.kind).then(|| pg.used.iter().position(|u| !u).map(|s| (i, s))).flatten()
-            });
-            let (i, s) = match found {
+            let found = p
+                .fence_pages
+                .iter()
+                .enumerate()
+                .find_map(|(i, pg)| (pg.kind == desc.kind).then(|| pg.slots.take().ok().map(|s| (i, s))).flatten());
+            let (i, lease) = match found {
                 Some(x) => x,
                 None => {
                     let name = if desc.kind == NativeFenceType::IntraGpu { "fence-page-local" } else { "fence-page" };
@@ -159,16 +163,16 @@ impl Os {
                         current: c,
                         monitored: m,
                         va,
-                        used: vec![false; FENCES_PER_PAGE],
+                        slots: Pool::new("fence slots", 0..FENCES_PER_PAGE as u32, None),
                         _mapping: mapping,
                     });
-                    (p.fence_pages.len() - 1, 0)
+                    let pg = p.fence_pages.last().expect("just pushed");
+                    (p.fence_pages.len() - 1, pg.slots.take()?)
                 }
             };
-            let pg = &mut self.proc(pid)?.fence_pages[i];
-            pg.used[s] = true;
-            let off = s as u64 * FENCE_STRIDE;
-            (pg.current.clone(), pg.monitored.clone(), pg.va + off, off, Some((i, s)), None)
+            let pg = &self.proc(pid)?.fence_pages[i];
+            let off = lease.index() as u64 * FENCE_STRIDE;
+            (pg.current.clone(), pg.monitored.clone(), pg.va + off, off, Some(lease), None)
         };
         // A legacy monitored fence and a cross-adapter fence always interrupt.
         let always = desc.kind == NativeFenceType::LegacyMonitored || desc.cross_adapter;
@@ -179,13 +183,8 @@ impl Os {
         self.next_fence_id += 1;
         // A shared fence: DxgkDdiCreateNativeFence (global), then DxgkDdiOpenNativeFence for
         // the creating process's local handle (spec 002 "Global and local handles").
-        if let Err(e) = self.ddi.create_native_fence(id, (current.clone(), coff), monitored.clone()) {
-            // Its packed slot goes back; a page of its own goes with `mapping`.
-            if let Some((i, s)) = slot {
-                self.proc(pid)?.fence_pages[i].used[s] = false;
-            }
-            return Err(e.into());
-        }
+        // On failure its slot lease (or its own page's mapping) drops, and returns.
+        self.ddi.create_native_fence(id, (current.clone(), coff), monitored.clone())?;
         let cross = match (&self.cross, desc.cross_adapter) {
             (Some((x, me)), true) => Some(x.create(*me, id, current.clone(), coff)),
             _ => None,
@@ -199,7 +198,7 @@ impl Os {
             va,
             value,
             monitored,
-            slot,
+            _slot: slot,
             shared: desc.shareable,
             cross,
             waiters: Vec::new(),
@@ -267,7 +266,7 @@ impl Os {
             va: va + coff,
             value: Word::new(&current, coff)?,
             monitored,
-            slot: None,
+            _slot: None,
             shared: false,
             cross: Some(handle),
             waiters: Vec::new(),
@@ -364,7 +363,7 @@ impl Os {
             va: va + coff,
             value,
             monitored,
-            slot: None,
+            _slot: None,
             shared: true,
             cross,
             waiters: Vec::new(),
@@ -410,13 +409,12 @@ impl Os {
             self.complete_fence_wait(w, Err(lost.clone()));
             self.forget_wait(pid, w);
         }
-        // A page of its own is unmapped as `f` drops; a packed slot goes back to its page.
-        if let Some((i, s)) = f.slot {
-            self.proc(pid)?.fence_pages[i].used[s] = false;
-        }
+        // Its slot goes back to its page (or its own page is unmapped) as `f` drops.
+        let id = f.id;
+        drop(f);
         // The closed instance's waiters are gone: the shared MonitoredValue may rise.
         if left > 0 {
-            self.program_monitored(f.id);
+            self.program_monitored(id);
         }
         Ok(())
     }
