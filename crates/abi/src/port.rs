@@ -322,6 +322,28 @@ impl core::fmt::Display for HandleProblem {
     }
 }
 
+/// Why a queue can run no more work, as data: the fault record, or what else ended it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LostReason {
+    /// The device faulted it (the record the status query returns).
+    Fault(FaultRecord),
+    /// It was destroyed (its blocked waiters learn this).
+    Destroyed,
+    /// Its doorbell was aborted (`DisconnectedAbort`: process termination, device loss)
+    /// while the queue was in this state.
+    DoorbellAborted(QueueState),
+}
+
+impl core::fmt::Display for LostReason {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            LostReason::Fault(r) => write!(f, "{r}"),
+            LostReason::Destroyed => f.write_str("destroyed"),
+            LostReason::DoorbellAborted(s) => write!(f, "doorbell aborted (queue {s:?})"),
+        }
+    }
+}
+
 /// Everything a kernel call can refuse. Each message names the field or handle and its value.
 #[derive(Clone, Debug, PartialEq, Eq, Error)]
 pub enum KernelError {
@@ -365,15 +387,15 @@ pub enum KernelError {
     #[error("{queue} is lost: {reason}")]
     QueueLost {
         /// The queue.
-        queue: String,
+        queue: HwQueueHandle,
         /// Why.
-        reason: String,
+        reason: LostReason,
     },
     /// A call for the other submission model.
     #[error("{queue} is a {actual} queue; this call needs a {expected} queue")]
     WrongQueueMode {
         /// The queue.
-        queue: String,
+        queue: HwQueueHandle,
         /// What it is.
         actual: &'static str,
         /// What the call needs.
@@ -410,16 +432,16 @@ pub enum KernelError {
     #[error("{queue}: fence log: {reason}")]
     CorruptLog {
         /// The queue.
-        queue: String,
+        queue: HwQueueHandle,
         /// Why.
-        reason: String,
+        reason: crate::fence_log::LogError,
     },
     /// The device is in error (lost): its fences are always signalled and waits on them end
     /// with this error.
     #[error("{device} is lost (in error): its fences read as always signalled")]
     DeviceLost {
         /// The device.
-        device: String,
+        device: DeviceHandle,
     },
     /// The process was terminated.
     #[error("process {0} has been terminated")]

@@ -192,7 +192,7 @@ fn create_doorbell_checks_its_allocations_and_queue() {
     let km = p.create_kernel().unwrap().handle;
     let e = p.doorbell(km).unwrap_err();
     assert!(
-        matches!(&e, KernelError::WrongQueueMode { actual: "kernel-mode", expected: "user-mode", queue } if *queue == km.to_string()),
+        matches!(&e, KernelError::WrongQueueMode { actual: "kernel-mode", expected: "user-mode", queue } if *queue == km),
         "{e}"
     );
     names(&e, &km.to_string(), "kernel-mode");
@@ -388,11 +388,11 @@ fn calls_for_the_other_submission_model_are_refused() {
     let p = RawProc::open(&sys);
     let km = p.create_kernel().unwrap().handle;
     let e = p.port.connect_doorbell(km).unwrap_err();
-    assert_eq!(e, KernelError::WrongQueueMode { queue: km.to_string(), actual: "kernel-mode", expected: "user-mode" });
+    assert_eq!(e, KernelError::WrongQueueMode { queue: km, actual: "kernel-mode", expected: "user-mode" });
     names(&e, &km.to_string(), "kernel-mode queue");
     let um = p.create(p.desc(0)).unwrap().handle;
     let e = p.port.submit_command(um, &progress_fence_words(1)).unwrap_err();
-    assert_eq!(e, KernelError::WrongQueueMode { queue: um.to_string(), actual: "user-mode", expected: "kernel-mode" });
+    assert_eq!(e, KernelError::WrongQueueMode { queue: um, actual: "user-mode", expected: "kernel-mode" });
     names(&e, &um.to_string(), "needs a kernel-mode queue");
     // A user-mode queue without a doorbell cannot connect.
     let r = invalid(p.port.connect_doorbell(um).unwrap_err(), "queue", &um.to_string());

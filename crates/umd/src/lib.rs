@@ -45,9 +45,9 @@ pub enum UmdError {
     #[error("{queue} is lost: {reason}; destroy it and create a new one (or fall back to kernel-mode submission)")]
     QueueLost {
         /// The queue.
-        queue: String,
-        /// Why.
-        reason: String,
+        queue: abi::HwQueueHandle,
+        /// Why, as data (a fault record, destruction, an aborted doorbell).
+        reason: abi::port::LostReason,
     },
     /// A command buffer longer than half the ring.
     #[error("command buffer of {dwords} dwords does not fit a ring of {ring_bytes} bytes (at most {max} dwords)")]

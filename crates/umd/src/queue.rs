@@ -32,7 +32,7 @@ use std::time::Duration;
 
 use abi::doorbell::RingMethod;
 use abi::packet::progress_fence_words;
-use abi::port::{CreateDoorbell, HwQueueDesc, KernelError, QueueStatus, SubmissionMode, WaitOutcome};
+use abi::port::{CreateDoorbell, HwQueueDesc, KernelError, LostReason, QueueStatus, SubmissionMode, WaitOutcome};
 use abi::protocol;
 use abi::queue::{KernelPageView, PROGRESS_COMPLETED_OFFSET};
 use abi::ring::{self, LAST_QUEUED_OFFSET, RING_CONTROL_BYTES, RPTR_OFFSET, RingControlView, WPTR_OFFSET};
@@ -370,11 +370,11 @@ impl Queue {
 
     fn lost(&self) -> UmdError {
         let reason = match self.status() {
-            Ok(QueueStatus { fault: Some(f), .. }) => f.to_string(),
-            Ok(s) => format!("doorbell aborted (queue {:?})", s.state),
-            Err(e) => e.to_string(),
+            Ok(QueueStatus { fault: Some(f), .. }) => LostReason::Fault(f),
+            Ok(s) => LostReason::DoorbellAborted(s.state),
+            Err(e) => return e,
         };
-        UmdError::QueueLost { queue: self.handle.to_string(), reason }
+        UmdError::QueueLost { queue: self.handle, reason }
     }
 
     fn wait_for_ring_space(&mut self, need_rptr: u64) -> Result<(), UmdError> {

@@ -104,11 +104,7 @@ impl Os {
         let p = self.proc(pid)?;
         let qo = p.queues.get(q)?;
         let QueueMode::User { desc, .. } = qo.mode else {
-            return Err(KernelError::WrongQueueMode {
-                queue: q.to_string(),
-                actual: "kernel-mode",
-                expected: "user-mode",
-            });
+            return Err(KernelError::WrongQueueMode { queue: q, actual: "kernel-mode", expected: "user-mode" });
         };
         if qo.doorbell.is_some() {
             return Err(invalid("queue", q, "already has a doorbell"));
@@ -199,11 +195,7 @@ impl Os {
             return Err(qo.lost(q));
         }
         let QueueMode::User { desc, .. } = qo.mode else {
-            return Err(KernelError::WrongQueueMode {
-                queue: q.to_string(),
-                actual: "kernel-mode",
-                expected: "user-mode",
-            });
+            return Err(KernelError::WrongQueueMode { queue: q, actual: "kernel-mode", expected: "user-mode" });
         };
         let engine = qo.engine;
         let d = qo.doorbell.ok_or_else(|| invalid("queue", q, "has no doorbell: create one first"))?;

@@ -470,7 +470,7 @@ impl Os {
         for (h, _) in conds {
             let f = p.fences.get(*h)?;
             if p.devices.get(f.device).is_ok_and(|d| d.error) {
-                return Err(KernelError::DeviceLost { device: f.device.to_string() });
+                return Err(KernelError::DeviceLost { device: f.device });
             }
             if f.kind == NativeFenceType::IntraGpu {
                 return Err(invalid(
@@ -493,7 +493,7 @@ impl Os {
     pub fn mark_device_error(&mut self, pid: ProcessId, device: DeviceHandle, now: Time) -> Result<(), KernelError> {
         self.at(now);
         self.proc(pid)?.devices.get_mut(device)?.error = true;
-        let lost = KernelError::DeviceLost { device: device.to_string() };
+        let lost = KernelError::DeviceLost { device };
         let p = self.proc(pid)?;
         let mine: Vec<NativeFenceHandle> =
             p.fences.iter().filter(|(_, f)| f.device == device).map(|(h, _)| h).collect();

@@ -207,8 +207,11 @@ impl QueueObj {
     }
     fn lost(&self, h: HwQueueHandle) -> KernelError {
         KernelError::QueueLost {
-            queue: h.to_string(),
-            reason: self.fault.as_ref().map_or_else(|| "hung".into(), |f| f.to_string()),
+            queue: h,
+            reason: self
+                .fault
+                .clone()
+                .map_or(abi::port::LostReason::DoorbellAborted(QueueState::Hung), abi::port::LostReason::Fault),
         }
     }
     fn user_desc(&self) -> Option<&QueueDescriptor> {

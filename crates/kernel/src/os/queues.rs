@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use abi::doorbell::DOORBELLS_PER_PAGE;
-use abi::port::{HwQueueDesc, HwQueueInfo, KernelError, QueueStatus, SubmissionMode};
+use abi::port::{HwQueueDesc, HwQueueInfo, KernelError, LostReason, QueueStatus, SubmissionMode};
 use abi::queue::{Access, FaultKind, QueueDescriptor};
 use abi::ring::{self, RPTR_OFFSET, RingControlView, WPTR_OFFSET};
 use abi::{ContextHandle, DoorbellStatus, HwQueueHandle, Priority, ProcessId, QueueState, Time};
@@ -309,7 +309,7 @@ impl Os {
             self.km_queued -= before - ctx.software_queue.len();
         }
         for &(_, w) in &obj.waiters {
-            self.complete_wait(w, Err(KernelError::QueueLost { queue: q.to_string(), reason: "destroyed".into() }));
+            self.complete_wait(w, Err(KernelError::QueueLost { queue: q, reason: LostReason::Destroyed }));
         }
         Ok(())
     }

@@ -147,11 +147,7 @@ impl Os {
         let (ctx, last) = match &qo.mode {
             QueueMode::Kernel(k) => (qo.context, k.last_queued),
             QueueMode::User { .. } => {
-                return Err(KernelError::WrongQueueMode {
-                    queue: q.to_string(),
-                    actual: "user-mode",
-                    expected: "kernel-mode",
-                });
+                return Err(KernelError::WrongQueueMode { queue: q, actual: "user-mode", expected: "kernel-mode" });
             }
         };
         if words.is_empty() || words.len() as u64 * 4 > KERNEL_RING_BYTES / 2 {

@@ -167,6 +167,6 @@ impl Os {
         let logs = logs.ok_or_else(|| invalid("queue", q, "is a kernel-mode queue: it has no fence log"))?;
         self.ddi.flush_fence_logs(q);
         abi::fence_log::read_since(&logs[kind as usize], since)
-            .map_err(|e| KernelError::CorruptLog { queue: q.to_string(), reason: e.to_string() })
+            .map_err(|reason| KernelError::CorruptLog { queue: q, reason })
     }
 }
