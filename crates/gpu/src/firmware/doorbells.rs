@@ -1,0 +1,261 @@
+//! Doorbells as the firmware sees them (spec 000 "Doorbells", spec 001's doorbell BAR and
+//! aggregated doorbell): which BAR word each queue's doorbell is, the global model's bit
+//! pages, the aggregated pages, bind and unbind, and latching rings.
+//!
+//! Invariants: a queue is bound to at most one doorbell (a BAR word, or a bit of a bit page);
+//! bind and unbind both re-read the queue's wptr ([`find_published_work`]), so a submission
+//! published while the doorbell was disconnected, or whose ring raced the disconnect, is
+//! found; a ring of a queue the engine would not hear (no hardware slot, on a device that
+//! misses unmapped doorbells) is not latched — the aggregated doorbell tells instead.
+
+use super::*;
+
+/// Largest rptr/wptr the firmware accepts: far enough from `u64::MAX` that pointer
+/// arithmetic (a ring's worth of bytes on top) cannot overflow.
+pub(super) const MAX_POINTER: u64 = 1 << 62;
+
+/// What a doorbell word holds after a bind: never a wptr (not dword aligned), so whatever a
+/// client rings next — even the value a previous owner of the slot left — is seen as new.
+pub(super) const DOORBELL_UNRUNG: u64 = u64::MAX;
+
+/// Which doorbell a queue answers to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Binding {
+    /// A dedicated BAR word.
+    Word(u32),
+    /// Its bit of a global-doorbell bit page.
+    Bit {
+        /// The BAR page.
+        page: u32,
+        /// The bit (0..512).
+        bit: u32,
+    },
+}
+
+/// A BAR page of global-doorbell bits (one per process: the page is the unit of protection,
+/// so a client can only ever clear bits of its own queues), and which queue each bit names.
+pub(super) struct BitPage {
+    /// Its words in the BAR.
+    pub(super) words: Vec<Word>,
+    pub(super) queues: Vec<Option<FwQueueId>>,
+    /// Per word, the bits that name a queue.
+    pub(super) bound: [u64; BITS_PER_PAGE as usize / 64],
+}
+
+/// Bits in a doorbell page.
+pub(super) const BITS_PER_PAGE: u32 = abi::doorbell::DOORBELLS_PER_PAGE;
+
+pub(super) struct Watch {
+    pub(super) word: Word,
+    pub(super) queue: FwQueueId,
+    pub(super) last: u64,
+}
+
+impl Firmware {
+    pub(crate) fn bind_doorbell(&mut self, id: FwQueueId, slot: u32) -> Result<(), GpuError> {
+        self.queue(id)?;
+        let word = self.bar.doorbell(slot)?;
+        // Reset the word: a recycled slot must not carry its previous owner's value, which
+        // could equal this queue's next wptr and hide a ring. Relaxed: the binding is
+        // published to the client by the kernel's status store, which comes after.
+        word.get().store(DOORBELL_UNRUNG, Ordering::Relaxed);
+        let last = DOORBELL_UNRUNG;
+        let (e, q) = self.engine_and_queue(id)?;
+        e.watches.retain(|w| w.queue != id);
+        e.watches.push(Watch { word, queue: id, last });
+        e.resched = true;
+        q.doorbell = Some(Binding::Word(slot));
+        // Work published while disconnected rang the dummy page: find it through wptr.
+        find_published_work(e, q, id);
+        Ok(())
+    }
+
+    /// Binds queue `id` to bit `bit` of the global-doorbell bit page `page` (its process's).
+    pub(crate) fn bind_global_doorbell(&mut self, id: FwQueueId, page: u32, bit: u32) -> Result<(), GpuError> {
+        if self.model != DoorbellModel::Global {
+            return Err(GpuError::NoGlobalDoorbell { model: self.model });
+        }
+        if bit >= BITS_PER_PAGE {
+            return Err(GpuError::NoGlobalDoorbellBit { bit, bits: BITS_PER_PAGE });
+        }
+        let old = self.queue(id)?.doorbell;
+        self.forget_bit(id, old);
+        if !self.bit_pages.contains_key(&page) {
+            let words = (0..BITS_PER_PAGE / 64).map(|w| self.bar.page_word(page, w)).collect::<Result<_, _>>()?;
+            self.bit_pages.insert(page, BitPage { words, queues: vec![None; BITS_PER_PAGE as usize], bound: [0; 8] });
+        }
+        let bp = self.bit_pages.get_mut(&page).expect("inserted above");
+        // A queue that held the bit before loses it (the OS hands each index out once).
+        if let Some(prev) = bp.queues[bit as usize].replace(id)
+            && let Ok(q) = self.queue_mut(prev)
+        {
+            q.doorbell = None;
+        }
+        let bp = self.bit_pages.get_mut(&page).expect("inserted above");
+        bp.bound[bit as usize / 64] |= 1 << (bit % 64);
+        // Nothing to reset: a bit a previous owner of this index left set only makes us
+        // re-read this queue's wptr once.
+        let (e, q) = self.engine_and_queue(id)?;
+        e.resched = true;
+        q.doorbell = Some(Binding::Bit { page, bit });
+        // Work published while disconnected rang the dummy page: find it through wptr.
+        find_published_work(e, q, id);
+        Ok(())
+    }
+
+    /// Drops queue `id`'s bit, if `binding` is one.
+    pub(super) fn forget_bit(&mut self, id: FwQueueId, binding: Option<Binding>) {
+        let Some(Binding::Bit { page, bit }) = binding else { return };
+        let Some(bp) = self.bit_pages.get_mut(&page) else { return };
+        if bp.queues[bit as usize] == Some(id) {
+            bp.queues[bit as usize] = None;
+            bp.bound[bit as usize / 64] &= !(1 << (bit % 64));
+        }
+        if bp.bound.iter().all(|&w| w == 0) {
+            self.bit_pages.remove(&page);
+        }
+    }
+
+    /// Starts watching BAR page `page` as an aggregated doorbell (one per process).
+    pub(crate) fn watch_aggregated(&mut self, page: u32) -> Result<(), GpuError> {
+        if !self.aggregated.iter().any(|&(p, _)| p == page) {
+            let word = self.bar.page_word(page, 0)?;
+            self.aggregated.push((page, word));
+        }
+        Ok(())
+    }
+
+    /// Stops watching it.
+    pub(crate) fn unwatch_aggregated(&mut self, page: u32) {
+        self.aggregated.retain(|(p, _)| *p != page);
+    }
+
+    pub(crate) fn model(&self) -> DoorbellModel {
+        self.model
+    }
+
+    pub(crate) fn misses_unmapped(&self) -> bool {
+        self.misses_unmapped
+    }
+
+    pub(crate) fn unbind_doorbell(&mut self, id: FwQueueId) -> Result<(), GpuError> {
+        let binding = self.queue(id)?.doorbell;
+        self.forget_bit(id, binding);
+        let (e, q) = self.engine_and_queue(id)?;
+        e.watches.retain(|w| w.queue != id);
+        e.resched = true;
+        q.doorbell = None;
+        // A ring that raced the disconnect may never be seen on the BAR: re-read wptr.
+        find_published_work(e, q, id);
+        Ok(())
+    }
+
+    pub(crate) fn poll_doorbells(&mut self) -> bool {
+        let misses = self.misses_unmapped;
+        let mut rang = false;
+        // Dedicated doorbells: a watched word that changed.
+        for e in self.engines.iter_mut().filter(|e| e.power == PowerState::F0) {
+            for k in 0..e.watches.len() {
+                let w = &mut e.watches[k];
+                // Acquire: pairs with the client's release store of the doorbell, so the wptr it
+                // stored before ringing is visible to the wptr load that follows. (With a
+                // relaxed load the firmware could see the ring yet read the old wptr, and
+                // conclude the queue is idle.)
+                let v = w.word.get().load(Ordering::Acquire);
+                if v != w.last {
+                    w.last = v;
+                    let id = w.queue;
+                    if let Ok(q) = self.queues.get_mut(id.0) {
+                        rang |= latch_ring(e, q, id, misses);
+                    }
+                }
+            }
+        }
+        // Global-doorbell bit pages: each set bit names a queue of that page's process. A bit
+        // of a queue whose engine is in F1 goes back (the engine is not watching); a bit that
+        // names no queue is dropped. Either way a bit only ever makes the firmware re-read one
+        // queue's wptr.
+        let Firmware { bit_pages, queues, engines, .. } = self;
+        for bp in bit_pages.values() {
+            for (w, &bound) in bp.bound.iter().enumerate() {
+                if bound == 0 {
+                    continue;
+                }
+                let word = &bp.words[w];
+                let mut bits = protocol::take_rings(word);
+                let mut back = 0;
+                while bits != 0 {
+                    let b = bits.trailing_zeros();
+                    bits &= bits - 1;
+                    let Some(id) = bp.queues[w * 64 + b as usize] else { continue };
+                    let Ok(q) = queues.get_mut(id.0) else { continue };
+                    let e = &mut engines[q.cfg.engine.0 as usize];
+                    if e.power == PowerState::F0 {
+                        rang |= latch_ring(e, q, id, misses);
+                    } else {
+                        back |= 1 << b;
+                    }
+                }
+                if back != 0 {
+                    // Release, as a client's ring: the wptr stays visible to whoever takes it.
+                    word.get().fetch_or(back, Ordering::Release);
+                }
+            }
+        }
+        // Aggregated doorbells (one page per process): bit `e` says some queue of engine `e`
+        // rang, perhaps one without a slot whose own ring was missed. Poll the wptrs of that
+        // engine's queues; bits of engines in F1 go back.
+        let Firmware { aggregated, engines, queues, .. } = self;
+        for (_, word) in aggregated.iter() {
+            let bits = protocol::take_rings(word);
+            if bits == 0 {
+                continue;
+            }
+            let mut back = 0;
+            for e in engines.iter_mut().filter(|e| bits & (1 << e.id.0) != 0) {
+                if e.power != PowerState::F0 {
+                    back |= 1 << e.id.0;
+                    continue;
+                }
+                for k in 0..e.run_list.len() {
+                    let id = e.run_list[k];
+                    let Ok(q) = queues.get_mut(id.0) else { continue };
+                    if !q.pending && q.state != QueueState::Hung && q.wptr_moved() {
+                        mark_pending(e, q, id);
+                        rang = true;
+                    }
+                }
+            }
+            if back != 0 {
+                word.get().fetch_or(back, Ordering::Release);
+            }
+        }
+        rang
+    }
+}
+
+/// Re-reads `q`'s wptr (the fenced re-check of `abi::protocol`) and marks it pending if the
+/// client published work no ring announced: what a doorbell bind or unbind and a resume do,
+/// so that nothing published while disconnected or suspended is lost.
+pub(super) fn find_published_work(e: &mut Engine, q: &mut FwQueue, id: FwQueueId) {
+    if q.state != QueueState::Hung && q.has_work() {
+        mark_pending(e, q, id);
+    }
+}
+
+/// A doorbell ring for `q` reached the engine: [`mark_pending`], unless the engine misses
+/// doorbells of user queues without a hardware slot and `q` is one (the aggregated doorbell
+/// will tell). Returns whether the ring was latched.
+pub(super) fn latch_ring(e: &mut Engine, q: &mut FwQueue, id: FwQueueId, misses_unmapped: bool) -> bool {
+    // Kernel queues are the KMD's own and always heard (it rings no aggregated doorbell).
+    if misses_unmapped && q.state != QueueState::Mapped && !q.cfg.privileged {
+        return false;
+    }
+    // A ring of an idle queue without a slot that published nothing new (a spurious or
+    // foreign ring) must not win it a slot: it would only evict a holder to run nothing.
+    if q.state != QueueState::Mapped && !q.pending && !q.wptr_moved() {
+        return false;
+    }
+    mark_pending(e, q, id);
+    true
+}

@@ -1,0 +1,465 @@
+//! Execution: fetch, decode and execute packets, write fence logs (spec 001's packet
+//! processing; spec 002's fence log buffers and conditional interrupts).
+//!
+//! [`Firmware::step`] runs every engine in F0: the scheduling pass, then each pending slot
+//! holder in round-robin order, for up to `packet_budget` packets each. A queue reads its wptr
+//! (acquire), validates it, then fetches, decodes and executes, publishing rptr (release) as
+//! it goes. A queue blocked in a `WAIT` stays pending and is re-checked next round (or parks
+//! until a fence may have changed).
+//!
+//! Invariants: the firmware keeps its own copies of rptr and of the last wptr it validated,
+//! so a client that scribbles over its rptr word cannot make the engine re-run or skip work;
+//! nothing a client writes makes the device panic — every bad packet, address or pointer
+//! becomes a typed [`FaultKind`] that hangs only its queue.
+
+use super::*;
+
+/// A region and an offset in it, resolved once when the queue is added.
+#[derive(Clone)]
+pub(super) struct Place {
+    pub(super) shm: Arc<Shm>,
+    pub(super) offset: u64,
+}
+
+impl Place {
+    pub(super) fn resolve(vm: &AddressSpace, va: u64, bytes: u64, access: Access) -> Result<Place, FaultKind> {
+        vm.translate(va, bytes, access)?;
+        let m = vm.find(va).ok_or(FaultKind::OutsideMappings { va, bytes, access })?;
+        Ok(Place { shm: m.shm.clone(), offset: m.offset + (va - m.va) })
+    }
+
+    /// The protocol word at this place (8-aligned, inside the mapping: checked here, once).
+    pub(super) fn word(&self, va: u64, access: Access) -> Result<Word, FaultKind> {
+        Word::new(&self.shm, self.offset).map_err(|_| FaultKind::Misaligned { va, align: 8, access })
+    }
+}
+
+/// Outcome of executing one packet.
+pub(super) enum Flow {
+    /// Done; move past it.
+    Next,
+    /// Cannot proceed (a `WAIT`); retry next round.
+    Blocked,
+    /// Made progress but is not done (a sliced `DISPATCH`); continue next round.
+    Yield,
+}
+
+pub(super) struct Env<'a> {
+    pub(super) fences: &'a FenceTable,
+    pub(super) optimized_interrupts: bool,
+    /// Reads the device clock. Timestamps (`TIMESTAMP`, fence-log entries) read it when they
+    /// execute, so they never predate work that was published after the step began.
+    pub(super) clock: &'a dyn Fn() -> Time,
+    pub(super) kind: EngineKind,
+    pub(super) wave_width: u32,
+    pub(super) dispatch_budget: u64,
+    pub(super) stats: &'a mut ComputeStats,
+    pub(super) irqs: &'a mut std::collections::VecDeque<Interrupt>,
+    /// The fence epoch: bumped by every packet this device executes that writes memory.
+    pub(super) fence_epoch: &'a mut u64,
+}
+
+impl Firmware {
+    pub(crate) fn step(&mut self, clock: &dyn Fn() -> Time, vms: &[Option<AddressSpace>]) -> StepReport {
+        let now = clock();
+        let mut report = StepReport::default();
+        let Firmware {
+            engines,
+            queues,
+            irqs,
+            budget,
+            wave_width,
+            dispatch_budget,
+            compute,
+            fences,
+            optimized_interrupts,
+            quanta,
+            fence_epoch,
+            ..
+        } = self;
+        for e in engines.iter_mut().filter(|e| e.power == PowerState::F0) {
+            schedule::schedule(e, queues, now, *quanta);
+            let n = e.hqd.len();
+            let mut busy = false;
+            for k in 0..n {
+                let id = e.hqd[(e.cursor + k) % n];
+                let Ok(q) = queues.get_mut(id.0) else { continue };
+                if !q.pending || q.state != QueueState::Mapped {
+                    continue;
+                }
+                busy = true;
+                // Parked on a fence that has not changed: nothing to re-check. (It still has
+                // work, so the engine stays awake, as for any queue blocked in a WAIT.)
+                if q.parked == Some(*fence_epoch) {
+                    continue;
+                }
+                q.parked = None;
+                q.last_run = now;
+                let before = compute.instructions;
+                let mut env = Env {
+                    fences,
+                    optimized_interrupts: *optimized_interrupts,
+                    clock,
+                    kind: e.kind,
+                    wave_width: *wave_width,
+                    dispatch_budget: *dispatch_budget,
+                    stats: compute,
+                    irqs,
+                    fence_epoch,
+                };
+                report.packets += run_queue(q, id, vms, *budget, &mut env);
+                report.instructions += compute.instructions - before;
+                if q.pending && q.state == QueueState::Mapped {
+                    report.runnable += 1;
+                } else {
+                    // Idle or hung: its slot may go to a waiting queue.
+                    e.resched = true;
+                }
+            }
+            if n > 0 {
+                e.cursor = (e.cursor + 1) % n;
+            }
+            if busy {
+                e.last_busy = now;
+            }
+        }
+        report
+    }
+}
+
+/// Runs one queue for up to `budget` packets. Returns packets executed.
+/// A `WAIT` blocked on the word `r` resolves to: if it is a native fence, the queue parks
+/// until a fence changes (spec 002: "the firmware re-checks blocked queues when fences
+/// change"); a plain memory word, which anyone may write without telling, is polled.
+pub(super) fn park_on_fence(q: &mut FwQueue, r: &crate::memory::Resolved<'_>, env: &Env<'_>) {
+    if env.fences.get(&(r.shm.id(), r.offset)).is_some_and(|f| f.waits == FenceWaits::Park) {
+        q.parked = Some(*env.fence_epoch);
+    }
+}
+
+pub(super) fn run_queue(
+    q: &mut FwQueue,
+    id: FwQueueId,
+    vms: &[Option<AddressSpace>],
+    budget: u32,
+    env: &mut Env<'_>,
+) -> u64 {
+    let start_rptr = q.rptr;
+    let mut done = 0u64;
+    let result = (|| -> Result<(), (FaultKind, Option<Opcode>, bool)> {
+        let vm = vms.get(q.cfg.vmid.0 as usize).and_then(Option::as_ref).ok_or((
+            FaultKind::OutsideMappings { va: q.cfg.ring_va, bytes: 0, access: Access::Read },
+            None,
+            false,
+        ))?;
+        while done < budget as u64 {
+            if let Some(mut ib) = q.ib {
+                let ib_vm = match ib.vmid {
+                    Some(v) => vms.get(v.0 as usize).and_then(Option::as_ref).ok_or((
+                        FaultKind::BadIndirect { why: "vmid does not exist" },
+                        Some(Opcode::IndirectBuffer),
+                        false,
+                    ))?,
+                    None => vm,
+                };
+                if ib.pos >= ib.dwords {
+                    q.ib = None;
+                    q.rptr += Opcode::IndirectBuffer.fixed_dwords().unwrap_or(5) as u64 * 4;
+                    continue;
+                }
+                let (packet, n) = fetch_indirect(ib_vm, &ib).map_err(|k| (k, None, true))?;
+                match exec(packet, q, id, ib_vm, env, true).map_err(|k| (k, Some(packet.opcode()), true))? {
+                    Flow::Blocked | Flow::Yield => return Ok(()),
+                    Flow::Next => {
+                        ib.pos += n as u32;
+                        q.ib = Some(ib);
+                        done += 1;
+                    }
+                }
+                continue;
+            }
+            if q.rptr == q.wptr {
+                q.refresh_wptr().map_err(|k| (k, None, false))?;
+                if q.rptr == q.wptr {
+                    q.pending = false;
+                    return Ok(());
+                }
+            }
+            let (packet, n) = fetch_ring(q).map_err(|(k, op)| (k, op, false))?;
+            match exec(packet, q, id, vm, env, false).map_err(|k| (k, Some(packet.opcode()), false))? {
+                Flow::Blocked | Flow::Yield => return Ok(()),
+                Flow::Next => {
+                    if q.ib.is_none() {
+                        q.rptr += n as u64 * 4;
+                    }
+                    done += 1;
+                }
+            }
+        }
+        Ok(())
+    })();
+    if let Err((kind, opcode, in_indirect)) = result {
+        let fault = FaultRecord { kind, rptr: q.rptr, opcode, in_indirect };
+        q.state = QueueState::Hung;
+        q.pending = false;
+        q.dispatch_active = false;
+        q.fault = Some(fault.clone());
+        env.irqs.push_back(Interrupt::QueueFault { queue: id, fault });
+    }
+    if q.rptr != start_rptr {
+        q.publish_rptr();
+    }
+    done
+}
+
+/// Fetches and decodes the packet at rptr.
+pub(super) fn fetch_ring(q: &FwQueue) -> Result<(Packet, usize), (FaultKind, Option<Opcode>)> {
+    let ring_bytes = q.cfg.ring_bytes;
+    let off = q.rptr & (ring_bytes - 1);
+    let ring: &Mapping = &q.ring.shm;
+    let base = q.ring.offset;
+    let header = Header(ring.read_u32(base + off).map_err(|_| (outside(q.cfg.ring_va + off, 4), None))?);
+    let op = header.check().map_err(|e| (FaultKind::BadPacket(e), None))?;
+    let n = header.dwords() as u64;
+    if off + n * 4 > ring_bytes {
+        return Err((FaultKind::PastRingEnd { offset: off, dwords: n, ring_bytes }, Some(op)));
+    }
+    if q.rptr.checked_add(n * 4).is_none_or(|end| end > q.wptr) {
+        return Err((FaultKind::PastWptr { rptr: q.rptr, dwords: n, wptr: q.wptr }, Some(op)));
+    }
+    decode_at(ring, base + off, header, op).map_err(|k| (k, Some(op)))
+}
+
+/// Fetches and decodes the next packet of an indirect buffer.
+pub(super) fn fetch_indirect(vm: &AddressSpace, ib: &IbCursor) -> Result<(Packet, usize), FaultKind> {
+    let va = ib.va + ib.pos as u64 * 4;
+    let r = vm.translate(va, 4, Access::Read)?;
+    let header = Header(r.shm.read_u32(r.offset).map_err(|_| outside(va, 4))?);
+    let op = header.check().map_err(FaultKind::BadPacket)?;
+    let n = header.dwords();
+    let have = (ib.dwords - ib.pos) as usize;
+    if n > have {
+        return Err(FaultKind::BadPacket(abi::packet::DecodeError::Truncated { need: n, have }));
+    }
+    let r = vm.translate(va, n as u64 * 4, Access::Read)?;
+    decode_at(r.shm, r.offset, header, op)
+}
+
+/// Decodes a packet whose checked header is at `offset` of `m`.
+pub(super) fn decode_at(m: &Mapping, offset: u64, header: Header, op: Opcode) -> Result<(Packet, usize), FaultKind> {
+    let n = header.dwords();
+    if op == Opcode::Nop {
+        return Ok((Packet::Nop { dwords: n as u16 }, n));
+    }
+    // Fixed-size packets are at most MAX_FIXED_PACKET_DWORDS long (checked by `Header::check`).
+    let mut buf = [0u32; MAX_FIXED_PACKET_DWORDS];
+    let words = &mut buf[..n.min(MAX_FIXED_PACKET_DWORDS)];
+    m.read_u32s(offset, words).map_err(|_| outside(offset, n as u64 * 4))?;
+    Packet::decode(words).map_err(FaultKind::BadPacket)
+}
+
+pub(super) fn outside(va: u64, bytes: u64) -> FaultKind {
+    FaultKind::OutsideMappings { va, bytes, access: Access::Read }
+}
+
+/// Executes one packet.
+pub(super) fn exec(
+    p: Packet,
+    q: &mut FwQueue,
+    id: FwQueueId,
+    vm: &AddressSpace,
+    env: &mut Env<'_>,
+    in_indirect: bool,
+) -> Result<Flow, FaultKind> {
+    let wfault = |va: u64, bytes: u64| FaultKind::OutsideMappings { va, bytes, access: Access::Write };
+    // Whatever memory a packet writes may be a fence some queue is parked on — a signal, or a
+    // misdirected WRITE_DATA — so every writing packet counts as a fence change. That costs an
+    // increment, and parking can never lose a wake-up to this device's own writes: only writes
+    // from outside (the CPU, another adapter) need the KMD's notification.
+    if !matches!(p, Packet::Nop { .. } | Packet::Wait { .. } | Packet::Interrupt { .. } | Packet::IndirectBuffer { .. })
+    {
+        *env.fence_epoch += 1;
+    }
+    match p {
+        Packet::Nop { .. } => {}
+        Packet::WriteData { width, va, value } => {
+            let r = vm.translate_aligned(va, width.bytes(), Access::Write)?;
+            let res = match width {
+                DataWidth::U32 => r.shm.write_u32(r.offset, value as u32),
+                DataWidth::U64 => r.shm.write_u64(r.offset, value),
+            };
+            res.map_err(|_| wfault(va, width.bytes()))?;
+        }
+        Packet::Copy { src, dst, bytes } => {
+            let s = vm.translate(src, bytes, Access::Read)?;
+            let d = vm.translate(dst, bytes, Access::Write)?;
+            Mapping::copy(s.shm, s.offset, d.shm, d.offset, bytes).map_err(|_| wfault(dst, bytes))?;
+        }
+        Packet::Fill { dst, bytes, pattern } => {
+            let d = vm.translate(dst, bytes, Access::Write)?;
+            d.shm.fill_u32(d.offset, bytes, pattern).map_err(|_| wfault(dst, bytes))?;
+        }
+        Packet::Timestamp { va } => {
+            let r = vm.translate_aligned(va, 8, Access::Write)?;
+            r.shm.write_u64(r.offset, (env.clock)().as_nanos()).map_err(|_| wfault(va, 8))?;
+        }
+        Packet::IndirectBuffer { va, dwords, vmid } => {
+            if in_indirect {
+                return Err(FaultKind::BadIndirect { why: "an indirect buffer may not contain another" });
+            }
+            let vmid = match (vmid, q.cfg.privileged) {
+                (0, _) => None,
+                (v, true) => Some(Vmid(v)),
+                (_, false) => return Err(FaultKind::BadIndirect { why: "vmid must be 0 on a user queue" }),
+            };
+            if vmid.is_none() {
+                vm.translate(va, dwords as u64 * 4, Access::Read)?;
+            }
+            q.ib = Some(IbCursor { va, dwords, pos: 0, vmid });
+        }
+        Packet::Signal { va, value } => {
+            let r = vm.translate_aligned(va, 8, Access::Write)?;
+            let word = r.shm.atomic_u64(r.offset).map_err(|_| wfault(va, 8))?;
+            match env.fences.get(&(r.shm.id(), r.offset)) {
+                // A plain SIGNAL that lands on a native fence still owes its CPU waiters the
+                // interrupt check: a fence is a fence whatever the packet's flags say.
+                Some(f) => {
+                    let monitored = &f.monitored;
+                    if abi::protocol::signal_fence(word, monitored, value, || {}) {
+                        env.irqs.push_back(Interrupt::NativeFenceSignaled(FenceSignaled::Fences(vec![f.id])));
+                    }
+                }
+                // Release: everything the queue wrote before the signal is visible to whoever
+                // acquires the new value.
+                None => word.store(value, Ordering::Release),
+            }
+        }
+        Packet::SignalFence { va, value } => {
+            let r = vm.translate_aligned(va, 8, Access::Write)?;
+            let f = env.fences.get(&(r.shm.id(), r.offset)).ok_or(FaultKind::NotAFence { va })?;
+            let current = r.shm.atomic_u64(r.offset).map_err(|_| wfault(va, 8))?;
+            let monitored = &f.monitored;
+            // Store CurrentValue, barrier, read MonitoredValue (spec 002, `abi::protocol`).
+            if abi::protocol::signal_fence(current, monitored, value, || {}) {
+                env.irqs.push_back(Interrupt::NativeFenceSignaled(FenceSignaled::Fences(vec![f.id])));
+            }
+        }
+        Packet::Logged { op, va, value, entry } => {
+            let logs = q
+                .cfg
+                .fence_logs
+                .clone()
+                .ok_or(FaultKind::BadField { field: "log entry", why: "this queue has no fence log" })?;
+            let fence =
+                vm.translate_aligned(va, 8, Access::Read).ok().and_then(|r| env.fences.get(&(r.shm.id(), r.offset)));
+            let handle = fence.map_or(0, |f| f.id);
+            match op {
+                LoggedOp::Wait => {
+                    let r = vm.translate_aligned(va, 8, Access::Read)?;
+                    let now = (env.clock)();
+                    let observed = *q.wait_observed.get_or_insert(now);
+                    // Acquire: pairs with the signaller's release store.
+                    if r.shm.load_u64(r.offset, Ordering::Acquire).map_err(|_| outside(va, 8))? < value {
+                        park_on_fence(q, &r, env);
+                        return Ok(Flow::Blocked);
+                    }
+                    q.wait_observed = None;
+                    // 1. the wait released; 2. the entry; 3. the index; 4. the barrier.
+                    fence_log::append(
+                        &logs[0],
+                        entry,
+                        FenceLogEntry {
+                            fence_value: value,
+                            fence_handle: handle,
+                            operation: FenceLogOp::WaitUnblocked as u32,
+                            observed_timestamp: observed.as_nanos(),
+                            end_timestamp: now.as_nanos(),
+                            ..Default::default()
+                        },
+                    );
+                    std::sync::atomic::fence(Ordering::SeqCst);
+                }
+                LoggedOp::Signal | LoggedOp::SignalFence => {
+                    let r = vm.translate_aligned(va, 8, Access::Write)?;
+                    let current = r.shm.atomic_u64(r.offset).map_err(|_| wfault(va, 8))?;
+                    let now = (env.clock)();
+                    let entry_of = |h| FenceLogEntry {
+                        fence_value: value,
+                        fence_handle: h,
+                        operation: FenceLogOp::SignalExecuted as u32,
+                        observed_timestamp: now.as_nanos(),
+                        end_timestamp: now.as_nanos(),
+                        ..Default::default()
+                    };
+                    if op == LoggedOp::Signal && fence.is_none() {
+                        current.store(value, Ordering::Release);
+                        fence_log::append(&logs[1], entry, entry_of(handle));
+                        std::sync::atomic::fence(Ordering::SeqCst);
+                    } else {
+                        // A fence signal (flagged, or a plain one landing on a fence).
+                        let f = fence.ok_or(FaultKind::NotAFence { va })?;
+                        let monitored = &f.monitored;
+                        // 1. value; 2. entry; 3. index — inside the protocol, before its barrier
+                        // (4) and the interrupt check (5): spec 002 "Order of operations".
+                        let interrupt = abi::protocol::signal_fence(current, monitored, value, || {
+                            fence_log::append(&logs[1], entry, entry_of(f.id))
+                        });
+                        if interrupt {
+                            // Optimized: name the queue; the kernel reads its signal log.
+                            let what = if env.optimized_interrupts {
+                                FenceSignaled::Queues(vec![id])
+                            } else {
+                                FenceSignaled::Fences(vec![f.id])
+                            };
+                            env.irqs.push_back(Interrupt::NativeFenceSignaled(what));
+                        }
+                    }
+                }
+            }
+        }
+        Packet::Wait { va, value } => {
+            let r = vm.translate_aligned(va, 8, Access::Read)?;
+            // Acquire: pairs with the signaller's release store.
+            let v = r.shm.load_u64(r.offset, Ordering::Acquire).map_err(|_| outside(va, 8))?;
+            if v < value {
+                park_on_fence(q, &r, env);
+                return Ok(Flow::Blocked);
+            }
+        }
+        Packet::ProgressFence { value } => {
+            if value < q.completed {
+                return Err(FaultKind::ProgressBackwards { completed: q.completed, value });
+            }
+            let word = q.cfg.kernel_page.progress_completed().get();
+            // Release: the command buffer's writes happen-before a waiter's acquire of the value.
+            word.store(value, Ordering::Release);
+            q.completed = value;
+            if value > q.monitored {
+                env.irqs.push_back(Interrupt::ProgressFence { queue: id, value });
+            }
+        }
+        Packet::Interrupt { id: user } => env.irqs.push_back(Interrupt::User { queue: id, id: user }),
+        Packet::Dispatch { kernel, grid, group, args } => {
+            if env.kind != EngineKind::Compute {
+                return Err(FaultKind::BadDispatch { why: "only compute engines run kernels" });
+            }
+            let save = &q.cfg.context_save;
+            // A dispatch part-way done resumes from its saved state; the packet in the ring
+            // (client memory) is not read again.
+            let mut d = if q.dispatch_active {
+                Dispatch::restore(vm, save, 0, env.wave_width)?
+            } else {
+                Dispatch::start(vm, kernel, grid, group, args, env.wave_width)?
+            };
+            match d.run(vm, env.dispatch_budget, env.stats)? {
+                Progress::Done => q.dispatch_active = false,
+                Progress::Yield => {
+                    d.save(save, 0)?;
+                    q.dispatch_active = true;
+                    return Ok(Flow::Yield);
+                }
+            }
+        }
+    }
+    Ok(Flow::Next)
+}

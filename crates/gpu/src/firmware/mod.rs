@@ -1,0 +1,644 @@
+//! The scheduling firmware and its engines.
+//!
+//! The firmware keeps a table of queues (amdgpu: the MQDs it was given), a run list per engine,
+//! and the doorbells it watches. Its work cycle is the one spec 001 describes: "Writing to the
+//! doorbell wakes the firmware and causes it to fetch the wptr and start processing the packets
+//! in the queue". Concretely, for each engine in F0:
+//!
+//! 1. [`Firmware::poll_doorbells`]: a watched BAR word that changed marks its queue *pending*
+//!    ([`mark_pending`]).
+//! 2. [`Firmware::step`]: each pending queue in a hardware slot, in round-robin order, reads its
+//!    wptr (acquire), validates it, then fetches, decodes and executes up to `packet_budget`
+//!    packets, publishing rptr (release) as it goes. A queue with nothing left stops being
+//!    pending; a queue blocked in a `WAIT` stays pending and is re-checked next round.
+//! 3. Interrupts (fault, engine state change, user, progress fence above the monitored value)
+//!    queue on the line for [`Firmware::poll_interrupt`].
+//!
+//! The firmware keeps its own copies of rptr and of the last wptr it validated: a client that
+//! scribbles over its rptr word cannot make the engine re-run or skip work, and a wptr that
+//! moves backwards, is not dword aligned or runs more than a ring ahead hangs the queue.
+//!
+//! Doorbell bind and unbind both re-read the queue's wptr: a submission published while the
+//! doorbell was disconnected, or whose ring raced the disconnect, is found there. Entering F1
+//! is refused while any queue has work. Those two rules are why no submission is lost across a
+//! doorbell disconnect or an engine power transition.
+//!
+//! With more queues than hardware slots, only the slot holders (`hqd`) execute; [`schedule`]
+//! decides who holds the slots. It never scans the run list, which may hold thousands of
+//! queues: each engine keeps a **waiting set** ([`Engine::waiting`]), ordered like the
+//! scheduler's waiting order (kernel queues, then priority, then whoever ran longest ago, then
+//! run-list order) and grouped by [`Class`] so a pass looks at one head per class. Its
+//! invariant: a queue is in the waiting set exactly when it is on the run list, pending, not
+//! hung and not in a slot ([`FwQueue::should_wait`]). Every `pending = true` goes through
+//! [`mark_pending`], and every other change of those facts (suspend, resume, remove, map,
+//! evict) through [`sync_waiting`], which keep it.
+
+//!
+//! The firmware is split along the spec's seams: [`doorbells`] (bindings, the global model's
+//! bit pages, aggregated pages, latching rings), [`schedule`] (classes, the waiting set,
+//! quanta, the slot assignment), [`exec`] (fetch, decode, execute, fence logs, the step).
+//! This module holds the queue table, the engines, power, and the per-engine timer table
+//! ([`Timers`]) that feeds [`Firmware::poll_timeout`].
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use abi::doorbell::DoorbellModel;
+use abi::fence_log::{self, FenceLogEntry, FenceLogOp};
+use abi::packet::{DataWidth, Header, LoggedOp, MAX_FIXED_PACKET_DWORDS, Opcode, Packet};
+use abi::protocol;
+use abi::queue::{Access, FaultKind, FaultRecord};
+use abi::slab::{Key, Slab};
+use abi::{EngineId, EngineKind, EngineState, PowerState, Priority, QueueState};
+use shm::{Mapping, Shm, Word};
+
+use crate::compute::{ComputeStats, Dispatch, Progress};
+use crate::memory::{AddressSpace, Vmid};
+use crate::{GpuConfig, GpuError, Time};
+
+mod doorbells;
+mod exec;
+mod schedule;
+
+use doorbells::{Binding, BitPage, MAX_POINTER, Watch, find_published_work};
+use exec::Place;
+use schedule::{Class, Quanta, Turn, Waiting, join_run_list, mark_pending, sync_waiting};
+
+/// A queue in the firmware's table: its entry and the entry's generation (a key of the
+/// workspace's generation-checked slab), so a removed queue's id never names its successor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct FwQueueId(Key);
+
+impl core::fmt::Display for FwQueueId {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(f, "fwq{}.g{}", self.0.index(), self.0.generation())
+    }
+}
+
+/// What the kernel gives the firmware to add a queue (the engine-specific MQD).
+#[derive(Clone)]
+pub struct QueueConfig {
+    /// Address space the queue runs in.
+    pub vmid: Vmid,
+    /// Engine.
+    pub engine: EngineId,
+    /// Ring GPU VA.
+    pub ring_va: u64,
+    /// Ring size (validated by the kernel: power of two ≥ 4 KiB).
+    pub ring_bytes: u64,
+    /// rptr word GPU VA.
+    pub rptr_va: u64,
+    /// wptr word GPU VA.
+    pub wptr_va: u64,
+    /// The queue's kernel page; `PROGRESS_FENCE` writes its completed value.
+    pub kernel_page: abi::queue::KernelPageView<Word>,
+    /// The queue's two fence logs, `[waits, signals]` (`DxgkDdiSetNativeFenceLogBuffer`);
+    /// `None` for kernel-mode queues, which log nothing.
+    pub fence_logs: Option<[Arc<Shm>; 2]>,
+    /// The queue's context save area (kernel-owned, [`crate::compute::CONTEXT_SAVE_BYTES`]):
+    /// where an interrupted `DISPATCH` keeps its state between slices.
+    pub context_save: Arc<Shm>,
+    /// A kernel queue: may select a vmid in `INDIRECT_BUFFER`.
+    pub privileged: bool,
+    /// Priority.
+    pub priority: Priority,
+}
+
+/// What the firmware raises on the interrupt line.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Interrupt {
+    /// A queue faulted and is now hung.
+    QueueFault {
+        /// The queue.
+        queue: FwQueueId,
+        /// What happened.
+        fault: FaultRecord,
+    },
+    /// `DXGK_INTERRUPT_GPU_ENGINE_STATE_CHANGE`.
+    EngineStateChange {
+        /// The engine.
+        engine: EngineId,
+        /// The transition.
+        state: EngineState,
+    },
+    /// An `INTERRUPT` packet.
+    User {
+        /// The queue.
+        queue: FwQueueId,
+        /// The packet's id.
+        id: u32,
+    },
+    /// `DXGK_INTERRUPT_NATIVE_FENCE_SIGNALED`: native fences were signalled above their
+    /// MonitoredValue.
+    NativeFenceSignaled(FenceSignaled),
+    /// A `PROGRESS_FENCE` wrote a value above the queue's monitored value.
+    ProgressFence {
+        /// The queue.
+        queue: FwQueueId,
+        /// The value written.
+        value: u64,
+    },
+}
+
+/// What a `NativeFenceSignaled` interrupt tells the kernel.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FenceSignaled {
+    /// These fences (their registered ids) were signalled: the default mode.
+    Fences(Vec<u64>),
+    /// These queues signalled a fence and logged it: read their signal logs to learn which
+    /// (the optimized mode, spec 002 "Optimized native fence signaled interrupt").
+    Queues(Vec<FwQueueId>),
+    /// No list: scan every fence with a waiter (the spec's NULL array).
+    All,
+}
+
+/// What one [`Firmware::step`] did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StepReport {
+    /// Packets executed (indirect-buffer contents included).
+    pub packets: u64,
+    /// Queues that still want to run (pending or blocked).
+    pub runnable: u32,
+    /// Kernel wave-instructions executed.
+    pub instructions: u64,
+}
+
+/// An indirect buffer being executed.
+#[derive(Clone, Copy, Debug)]
+struct IbCursor {
+    va: u64,
+    dwords: u32,
+    pos: u32,
+    vmid: Option<Vmid>,
+}
+
+struct FwQueue {
+    cfg: QueueConfig,
+    ring: Place,
+    rptr_word: Word,
+    wptr_word: Word,
+    state: QueueState,
+    rptr: u64,
+    wptr: u64,
+    pending: bool,
+    ib: Option<IbCursor>,
+    monitored: u64,
+    completed: u64,
+    doorbell: Option<Binding>,
+    fault: Option<FaultRecord>,
+    /// When it last got a hardware slot (its quantum runs from here).
+    slice_start: Time,
+    /// When it last executed.
+    last_run: Time,
+    /// A `DISPATCH` at rptr is part-way done; its state is in the context save area.
+    dispatch_active: bool,
+    /// When the engine first saw the logged `WAIT` it is blocked on (the log's observed time).
+    wait_observed: Option<Time>,
+    /// Blocked in a `WAIT` on a native fence, as of this fence epoch: not re-checked until a
+    /// fence changes.
+    parked: Option<u64>,
+    /// On its engine's run list (not suspended).
+    on_run_list: bool,
+    /// Its place in run-list order: stamped from [`Engine::next_seq`] each time it joins the
+    /// run list, so among waiting queues that ran at the same time the earlier joiner goes
+    /// first, as in a stable sort of the run list.
+    seq: u64,
+    /// In its engine's waiting set ([`Engine::waiting`]), under [`FwQueue::class`] and
+    /// [`FwQueue::turn`]. Kept equal to [`FwQueue::should_wait`] by [`sync_waiting`].
+    waiting: bool,
+}
+
+impl FwQueue {
+    /// Reads and validates the client's wptr.
+    fn refresh_wptr(&mut self) -> Result<(), FaultKind> {
+        // Acquire: pairs with the client's release store of wptr, so the packets it covers are
+        // visible before we fetch them.
+        let new = self.wptr_word.get().load(Ordering::Acquire);
+        if new == self.wptr {
+            return Ok(());
+        }
+        if !new.is_multiple_of(4) {
+            return Err(FaultKind::WptrMisaligned { wptr: new });
+        }
+        if new < self.wptr {
+            return Err(FaultKind::WptrBackwards { old: self.wptr, new });
+        }
+        if new - self.rptr > self.cfg.ring_bytes {
+            return Err(FaultKind::WptrPastRing { rptr: self.rptr, wptr: new, ring_bytes: self.cfg.ring_bytes });
+        }
+        self.wptr = new;
+        Ok(())
+    }
+
+    /// Whether the client published work the engine has not fetched (a cheap acquire read,
+    /// for rings of queues without a slot and the aggregated doorbell's poll).
+    fn wptr_moved(&self) -> bool {
+        // Acquire: pairs with the client's release store of wptr (and the aggregated ring
+        // after it), so the packets are visible once we run them.
+        self.wptr_word.get().load(Ordering::Acquire) != self.wptr
+    }
+
+    /// Raw check for unconsumed work, without validation (used for the no-loss checks).
+    fn has_work(&self) -> bool {
+        // The firmware half of the Dekker pair (`abi::protocol`): the kernel published the new
+        // doorbell status before asking for this check, so either the client saw that status
+        // or this re-read sees its wptr.
+        let w = abi::protocol::recheck_wptr(&self.wptr_word);
+        self.ib.is_some() || w != self.rptr
+    }
+
+    /// Whether the queue belongs in its engine's waiting set: on the run list, with work
+    /// (pending), not hung, and not in a hardware slot (`Mapped` is exactly "in `hqd`" for a
+    /// queue that is not hung).
+    fn should_wait(&self) -> bool {
+        self.on_run_list && self.pending && !matches!(self.state, QueueState::Mapped | QueueState::Hung)
+    }
+
+    /// The scheduling class it waits in.
+    fn class(&self) -> Class {
+        Class { user: !self.cfg.privileged, priority: std::cmp::Reverse(self.cfg.priority), vmid: self.cfg.vmid }
+    }
+
+    /// Its turn within its class. Stable while it waits: `last_run` only changes while it
+    /// holds a slot.
+    fn turn(&self) -> Turn {
+        (self.last_run, self.seq)
+    }
+
+    fn publish_rptr(&self) {
+        // Release: the client may reuse ring bytes below rptr once it sees it; our reads of
+        // them happen before.
+        self.rptr_word.get().store(self.rptr, Ordering::Release);
+    }
+}
+
+struct Engine {
+    id: EngineId,
+    kind: EngineKind,
+    power: PowerState,
+    f1_requested: bool,
+    last_busy: Time,
+    /// Every queue the firmware may schedule on this engine (amdgpu's run list).
+    run_list: Vec<FwQueueId>,
+    /// The queues in hardware slots (HQDs): at most `hw_slots`; only these execute.
+    hqd: Vec<FwQueueId>,
+    hw_slots: usize,
+    watches: Vec<Watch>,
+    cursor: usize,
+    /// Whether the slot assignment must be recomputed: set by everything that can change who
+    /// deserves a slot (a queue added, removed, suspended, resumed, (dis)connected; an
+    /// unmapped queue gaining work; a mapped one going idle or hanging; a power change).
+    /// Otherwise [`schedule`] only looks again at `resched_at`, when a quantum expires.
+    resched: bool,
+    /// When the earliest slot holder's quantum runs out, if a queue is waiting.
+    resched_at: Option<Time>,
+    /// The waiting set: exactly the queues for which [`FwQueue::should_wait`] holds (on the
+    /// run list, pending, not hung, not in `hqd`). Maintained by [`sync_waiting`], which every
+    /// change of those four facts goes through, so a scheduling pass never scans the run list.
+    waiting: Waiting,
+    /// The next [`FwQueue::seq`].
+    next_seq: u64,
+}
+
+/// The firmware state machine. See the module docs.
+pub(crate) struct Firmware {
+    idle_period: std::time::Duration,
+    budget: u32,
+    wave_width: u32,
+    dispatch_budget: u64,
+    compute: ComputeStats,
+    fences: FenceTable,
+    optimized_interrupts: bool,
+    quanta: Quanta,
+    engines: Vec<Engine>,
+    /// The queue table (amdgpu: the MQDs the firmware was given).
+    queues: Slab<FwQueue>,
+    irqs: std::collections::VecDeque<Interrupt>,
+    /// Spec 000's doorbell model.
+    model: DoorbellModel,
+    /// The global model's bit pages, by BAR page.
+    bit_pages: std::collections::BTreeMap<u32, BitPage>,
+    /// Aggregated doorbell pages being watched (when engines miss unmapped queues' doorbells).
+    aggregated: Vec<(u32, Word)>,
+    /// The doorbell BAR the engines watch.
+    bar: abi::doorbell::DoorbellBar,
+    /// Engines drop rings of queues without a hardware slot.
+    misses_unmapped: bool,
+    /// Bumped whenever a native fence may have changed: a packet that writes memory executed
+    /// here, a CPU update or another adapter's signal (`notify_fences`), a fence registered or
+    /// destroyed. A queue parked on a fence `WAIT` re-checks only when it moved.
+    fence_epoch: u64,
+}
+
+/// A native fence the firmware knows (`DxgkDdiCreateNativeFence`).
+struct FenceEntry {
+    id: u64,
+    monitored: Word,
+    waits: FenceWaits,
+}
+
+/// How a `WAIT` on a native fence waits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FenceWaits {
+    /// It parks until a fence may have changed: the device is told of every change it does
+    /// not make itself (a native-fence KMD announces CPU updates and other adapters' signals).
+    Park,
+    /// It polls, as for plain memory: nobody announces changes (a monitored fence on an
+    /// adapter without native fences, which its scheduler writes from the CPU).
+    Poll,
+}
+
+/// Native fences by where their CurrentValue lives: (backing region id, offset). Keyed by
+/// the memory rather than a VA, so every mapping of a shared fence finds the same entry.
+type FenceTable = std::collections::HashMap<(u64, u64), FenceEntry>;
+
+impl Firmware {
+    /// A firmware for `cfg`.
+    pub(crate) fn new(cfg: &GpuConfig, bar: abi::doorbell::DoorbellBar) -> Firmware {
+        let engines = cfg
+            .engines
+            .iter()
+            .enumerate()
+            .map(|(i, &kind)| Engine {
+                id: EngineId(i as u32),
+                kind,
+                power: PowerState::F0,
+                f1_requested: false,
+                last_busy: Time::ZERO,
+                run_list: Vec::new(),
+                hqd: Vec::new(),
+                hw_slots: cfg.hw_slots.max(1) as usize,
+                watches: Vec::new(),
+                cursor: 0,
+                resched: true,
+                resched_at: None,
+                waiting: Waiting::default(),
+                next_seq: 0,
+            })
+            .collect();
+        Firmware {
+            idle_period: cfg.idle_period,
+            budget: cfg.packet_budget.max(1),
+            wave_width: cfg.wave_width.clamp(1, crate::compute::MAX_WAVE as u32),
+            dispatch_budget: cfg.dispatch_budget.max(1),
+            compute: ComputeStats::default(),
+            fences: FenceTable::new(),
+            optimized_interrupts: cfg.optimized_fence_interrupts,
+            quanta: Quanta { process: cfg.process_quantum, gang: cfg.gang_quantum },
+            engines,
+            queues: Slab::new(),
+            irqs: Default::default(),
+            model: cfg.doorbell_model,
+            bit_pages: Default::default(),
+            aggregated: Vec::new(),
+            bar,
+            misses_unmapped: cfg.misses_unmapped_doorbells,
+            fence_epoch: 0,
+        }
+    }
+
+    pub(crate) fn engine_kinds(&self) -> Vec<EngineKind> {
+        self.engines.iter().map(|e| e.kind).collect()
+    }
+
+    fn engine_mut(&mut self, id: EngineId) -> Result<&mut Engine, GpuError> {
+        self.engines.get_mut(id.0 as usize).ok_or(GpuError::BadEngine(id.0))
+    }
+
+    fn queue(&self, id: FwQueueId) -> Result<&FwQueue, GpuError> {
+        self.queues.get(id.0).map_err(|_| GpuError::StaleQueue(id))
+    }
+
+    fn queue_mut(&mut self, id: FwQueueId) -> Result<&mut FwQueue, GpuError> {
+        self.queues.get_mut(id.0).map_err(|_| GpuError::StaleQueue(id))
+    }
+
+    /// A queue and its engine, both mutable (for [`mark_pending`] and [`sync_waiting`]).
+    fn engine_and_queue(&mut self, id: FwQueueId) -> Result<(&mut Engine, &mut FwQueue), GpuError> {
+        let q = self.queues.get_mut(id.0).map_err(|_| GpuError::StaleQueue(id))?;
+        let engine = q.cfg.engine.0;
+        let e = self.engines.get_mut(engine as usize).ok_or(GpuError::BadEngine(engine))?;
+        Ok((e, q))
+    }
+
+    pub(crate) fn add_queue(&mut self, cfg: QueueConfig, vm: &AddressSpace) -> Result<FwQueueId, GpuError> {
+        self.engine_mut(cfg.engine)?;
+        let ring = Place::resolve(vm, cfg.ring_va, cfg.ring_bytes, Access::Read).map_err(GpuError::QueueMemory)?;
+        // The firmware writes rptr, so a user queue's rptr must lie in memory the client may
+        // write: otherwise rptr could be aimed at a protected word (another queue's progress
+        // fence) and forge it. A kernel queue's control page is GPU read-only by design.
+        let rptr_access = if cfg.privileged { Access::Read } else { Access::Write };
+        for (va, what) in [(cfg.rptr_va, Access::Write), (cfg.wptr_va, Access::Read)] {
+            if va % 8 != 0 {
+                return Err(GpuError::QueueMemory(FaultKind::Misaligned { va, align: 8, access: what }));
+            }
+        }
+        let rptr_word = Place::resolve(vm, cfg.rptr_va, 8, rptr_access)
+            .and_then(|p| p.word(cfg.rptr_va, rptr_access))
+            .map_err(GpuError::QueueMemory)?;
+        let wptr_word = Place::resolve(vm, cfg.wptr_va, 8, Access::Read)
+            .and_then(|p| p.word(cfg.wptr_va, Access::Read))
+            .map_err(GpuError::QueueMemory)?;
+        // The firmware resumes from the client's current pointers: a queue starts idle. The
+        // value is client memory: it must be a dword count far from overflow.
+        let start = wptr_word.get().load(Ordering::Acquire);
+        if !start.is_multiple_of(4) || start > MAX_POINTER {
+            return Err(GpuError::BadStartPointer { wptr: start });
+        }
+        let engine = cfg.engine;
+        let q = FwQueue {
+            cfg,
+            ring,
+            rptr_word,
+            wptr_word,
+            state: QueueState::Unmapped,
+            rptr: start,
+            wptr: start,
+            pending: false,
+            ib: None,
+            monitored: u64::MAX,
+            completed: 0,
+            doorbell: None,
+            fault: None,
+            slice_start: Time::ZERO,
+            last_run: Time::ZERO,
+            dispatch_active: false,
+            wait_observed: None,
+            parked: None,
+            on_run_list: false,
+            seq: 0,
+            waiting: false,
+        };
+        q.publish_rptr();
+        let id = FwQueueId(self.queues.insert(q));
+        let (e, q) = self.engine_and_queue(id)?;
+        debug_assert_eq!(e.id, engine);
+        join_run_list(e, q, id);
+        e.resched = true;
+        // A free hardware slot maps it at once; otherwise the scheduler will. (It starts idle,
+        // so it does not wait either way.)
+        if e.hqd.len() < e.hw_slots {
+            e.hqd.push(id);
+            q.state = QueueState::Mapped;
+        }
+        sync_waiting(e, q, id);
+        Ok(id)
+    }
+
+    /// Takes a queue off its engine's run list (`DxgkDdiSuspendContext`): it stops at a packet
+    /// boundary (or a dispatch slice, whose state is already in the save area) and is not
+    /// scheduled until resumed. Its doorbell stays connected; rings are remembered.
+    pub(crate) fn suspend_queue(&mut self, id: FwQueueId) -> Result<(), GpuError> {
+        let (e, q) = self.engine_and_queue(id)?;
+        e.run_list.retain(|&q| q != id);
+        e.hqd.retain(|&q| q != id);
+        e.resched = true;
+        q.on_run_list = false;
+        if q.state != QueueState::Hung {
+            q.state = QueueState::Unmapped;
+        }
+        // Off the run list: it leaves the waiting set (and stays pending: rings are remembered).
+        sync_waiting(e, q, id);
+        Ok(())
+    }
+
+    /// Puts a suspended queue back on the run list (`DxgkDdiResumeContext`) and looks for the
+    /// work queued meanwhile.
+    pub(crate) fn resume_queue(&mut self, id: FwQueueId) -> Result<(), GpuError> {
+        let (e, q) = self.engine_and_queue(id)?;
+        if q.state == QueueState::Hung {
+            return Ok(());
+        }
+        if !q.on_run_list {
+            join_run_list(e, q, id);
+        }
+        e.resched = true;
+        // Back on the run list: it waits if it has work, found now or remembered from before.
+        find_published_work(e, q, id);
+        sync_waiting(e, q, id);
+        Ok(())
+    }
+
+    pub(crate) fn remove_queue(&mut self, id: FwQueueId) -> Result<u64, GpuError> {
+        let (e, q) = self.engine_and_queue(id)?;
+        e.run_list.retain(|&q| q != id);
+        e.hqd.retain(|&q| q != id);
+        e.resched = true;
+        e.watches.retain(|w| w.queue != id);
+        q.on_run_list = false;
+        sync_waiting(e, q, id);
+        let binding = q.doorbell.take();
+        self.forget_bit(id, binding);
+        let q = self.queues.remove(id.0).map_err(|_| GpuError::StaleQueue(id))?;
+        Ok(q.rptr)
+    }
+
+    pub(crate) fn set_monitored(&mut self, id: FwQueueId, value: u64) -> Result<(), GpuError> {
+        self.queue_mut(id)?.monitored = value;
+        Ok(())
+    }
+
+    pub(crate) fn queue_state(&self, id: FwQueueId) -> Result<QueueState, GpuError> {
+        Ok(self.queue(id)?.state)
+    }
+
+    pub(crate) fn queue_fault(&self, id: FwQueueId) -> Result<Option<FaultRecord>, GpuError> {
+        Ok(self.queue(id)?.fault.clone())
+    }
+
+    pub(crate) fn queue_has_work(&self, id: FwQueueId) -> Result<bool, GpuError> {
+        Ok(self.queue(id)?.has_work())
+    }
+
+    pub(crate) fn power(&self, engine: EngineId) -> Result<PowerState, GpuError> {
+        self.engines.get(engine.0 as usize).map(|e| e.power).ok_or(GpuError::BadEngine(engine.0))
+    }
+
+    pub(crate) fn request_f0(&mut self, engine: EngineId, now: Time) -> Result<(), GpuError> {
+        let e = self.engine_mut(engine)?;
+        e.power = PowerState::F0;
+        e.f1_requested = false;
+        e.last_busy = now;
+        e.resched = true;
+        Ok(())
+    }
+
+    pub(crate) fn enter_f1(&mut self, engine: EngineId, now: Time) -> Result<bool, GpuError> {
+        let Firmware { engines, queues, .. } = self;
+        let e = engines.get_mut(engine.0 as usize).ok_or(GpuError::BadEngine(engine.0))?;
+        let mut busy = false;
+        // A scan of the whole run list, but a rare one (the kernel's answer to an idle request).
+        for k in 0..e.run_list.len() {
+            let id = e.run_list[k];
+            let q = queues.get_mut(id.0).map_err(|_| GpuError::StaleQueue(id))?;
+            if q.state != QueueState::Hung && (q.pending || q.has_work()) {
+                mark_pending(e, q, id);
+                busy = true;
+            }
+        }
+        e.f1_requested = false;
+        e.resched = true;
+        if busy {
+            e.last_busy = now;
+        } else {
+            e.power = PowerState::F1;
+        }
+        Ok(!busy)
+    }
+
+    pub(crate) fn all_asleep(&self) -> bool {
+        self.engines.iter().all(|e| e.power == PowerState::F1)
+    }
+
+    pub(crate) fn handle_timeout(&mut self, now: Time) {
+        for e in self.engines.iter_mut() {
+            if e.power != PowerState::F0 || e.f1_requested {
+                continue;
+            }
+            let busy_queue =
+                |id: &FwQueueId| self.queues.get(id.0).is_ok_and(|q| q.pending && q.state != QueueState::Hung);
+            // A busy queue on the run list is either in a slot or in the waiting set (pending,
+            // not hung, not in a slot): no scan of the run list.
+            let busy = e.hqd.iter().any(busy_queue) || !e.waiting.is_empty();
+            if busy {
+                e.last_busy = now;
+            } else if now.since(e.last_busy) >= self.idle_period {
+                e.f1_requested = true;
+                self.irqs.push_back(Interrupt::EngineStateChange { engine: e.id, state: EngineState::TransitionToF1 });
+            }
+        }
+    }
+
+    pub(crate) fn poll_timeout(&self) -> Option<Time> {
+        self.engines
+            .iter()
+            .filter(|e| e.power == PowerState::F0 && !e.f1_requested)
+            .map(|e| e.last_busy.plus(self.idle_period))
+            .min()
+    }
+
+    pub(crate) fn poll_interrupt(&mut self) -> Option<Interrupt> {
+        self.irqs.pop_front()
+    }
+
+    pub(crate) fn compute_stats(&self) -> ComputeStats {
+        self.compute
+    }
+
+    pub(crate) fn register_fence(&mut self, current: (&Shm, u64), monitored: Word, id: u64, waits: FenceWaits) {
+        self.fence_epoch += 1;
+        self.fences.insert((current.0.id(), current.1), FenceEntry { id, monitored, waits });
+    }
+
+    pub(crate) fn unregister_fence(&mut self, current: (&Shm, u64)) {
+        // A queue parked on it re-checks (and faults, if the memory went with it).
+        self.fence_epoch += 1;
+        self.fences.remove(&(current.0.id(), current.1));
+    }
+
+    /// Native fences may have changed behind the engines' back (a CPU update, another
+    /// adapter's signal): every parked queue re-checks.
+    pub(crate) fn notify_fences(&mut self) {
+        self.fence_epoch += 1;
+    }
+}
