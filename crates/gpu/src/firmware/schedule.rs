@@ -210,7 +210,7 @@ pub(super) fn schedule(e: &mut Engine, queues: &mut Slab<FwQueue>, now: Time, qu
                 continue;
             };
             e.hqd.retain(|&id| id != v);
-            if let Some(q) = queues.get_mut(v.0).ok() {
+            if let Ok(q) = queues.get_mut(v.0) {
                 q.state = if q.pending { QueueState::Preempted } else { QueueState::Unmapped };
                 if q.pending {
                     evicted.push(v);
@@ -225,7 +225,7 @@ pub(super) fn schedule(e: &mut Engine, queues: &mut Slab<FwQueue>, now: Time, qu
         sync_waiting(e, q, w);
     }
     for v in evicted {
-        if let Some(q) = queues.get_mut(v.0).ok() {
+        if let Ok(q) = queues.get_mut(v.0) {
             sync_waiting(e, q, v);
         }
     }
