@@ -434,3 +434,31 @@ fn a_waiting_queue_that_is_suspended_or_removed_is_never_mapped() {
     m.run(now + 1);
     assert_eq!(m.word(w), 7);
 }
+
+/// Every firmware timer feeds `poll_timeout`, the quantum included: a driver that sleeps (or,
+/// deterministically, jumps its clock) to `poll_timeout` lands on the moment a slot holder's
+/// quantum runs out against a waiting queue, and the waiting queue then gets the slot.
+#[test]
+fn poll_timeout_reports_the_quantum_expiry_and_handling_it_rotates_the_slot() {
+    let mut m = many(2, 1, 64);
+    let (a, b) = (0, 1);
+    // A holds the only slot, blocked on a flag (busy, never idle); B waits with work.
+    let flag = DATA + 0x800;
+    m.submit(a, &[Packet::Wait { va: flag, value: 1 }, Many::write(a, 1)]);
+    let t0 = 1_000;
+    m.run(t0);
+    m.submit(b, &[Many::write(b, 7)]);
+    m.run(t0 + 1);
+    assert_eq!(m.word(b), 0, "B waits for the slot");
+    let gang = GpuConfig::default().gang_quantum.as_nanos() as u64;
+    // The idle period is an hour: the only timer this close is A's quantum (which started
+    // when A took the slot, no later than t0).
+    let next = m.gpu.poll_timeout().expect("a timer");
+    assert!(next.0 > t0 + 1 && next.0 <= t0 + gang, "the quantum expiry is a timer: {next:?}");
+    // Fire it at that moment, as a driver does, and B runs.
+    let at = m.gpu.poll_timeout().unwrap();
+    m.gpu.handle_timeout(at);
+    m.run(at.0);
+    assert_eq!(m.word(b), 7, "B got the slot when A's quantum ran out");
+    assert_eq!(m.word(a), 0, "A is still blocked");
+}

@@ -89,8 +89,12 @@ fn equal_priorities_share_a_slot_by_quantum() {
     sys.settle();
     assert_eq!(qb.completed(), 0, "within A's quantum, B waits");
     assert_eq!(qb.status().unwrap().state, QueueState::Unmapped);
-    sys.advance(Duration::from_millis(11)); // past the 10 ms process quantum
+    // No hand-advanced clock: the quantum expiry is a device timer, so the blocked wait's
+    // clock jumps to it, and not past it.
+    let before = sys.now();
     qb.wait(v, T).unwrap();
+    let quantum = gpu::GpuConfig::default().process_quantum;
+    assert!(sys.now().since(before) <= quantum, "served at A's quantum expiry, {:?} later", sys.now().since(before));
     assert_eq!(b.buf.read_u32(0).unwrap(), 0x55);
     // B ran while A — blocked, never idle — still wanted the only slot: A was evicted when its
     // quantum ran out (and, B being idle again, has since got it back).

@@ -121,6 +121,7 @@ impl Firmware {
             }
             if busy {
                 e.last_busy = now;
+                e.arm_idle();
             }
         }
         report

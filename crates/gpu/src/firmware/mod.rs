@@ -272,12 +272,51 @@ impl FwQueue {
     }
 }
 
+/// A firmware timer: every deadline at which an engine acts without an input.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Timer {
+    /// The engine has been idle for its idle period: ask the kernel for F1.
+    Idle,
+    /// A slot holder's quantum runs out against a waiting queue: redo the slot assignment.
+    Quantum,
+}
+
+impl Timer {
+    const COUNT: usize = 2;
+}
+
+/// One engine's timer table (quinn-proto's `TimerTable`): at most one deadline per
+/// [`Timer`]. [`Firmware::poll_timeout`] is the earliest deadline over every engine, and
+/// [`Firmware::handle_timeout`] fires the expired ones, so a driver that sleeps until
+/// `poll_timeout` (the deterministic one jumps its clock there) misses none.
+#[derive(Clone, Copy, Debug, Default)]
+struct Timers([Option<Time>; Timer::COUNT]);
+
+impl Timers {
+    fn set(&mut self, timer: Timer, at: Option<Time>) {
+        self.0[timer as usize] = at;
+    }
+    fn get(&self, timer: Timer) -> Option<Time> {
+        self.0[timer as usize]
+    }
+    fn expired(&self, timer: Timer, now: Time) -> bool {
+        self.get(timer).is_some_and(|t| now >= t)
+    }
+    fn earliest(&self) -> Option<Time> {
+        self.0.iter().flatten().min().copied()
+    }
+}
+
 struct Engine {
     id: EngineId,
     kind: EngineKind,
     power: PowerState,
     f1_requested: bool,
     last_busy: Time,
+    /// How long without work before the engine asks for F1.
+    idle_period: std::time::Duration,
+    /// Its timers (the idle timer, the quantum timer).
+    timers: Timers,
     /// Every queue the firmware may schedule on this engine (amdgpu's run list).
     run_list: Vec<FwQueueId>,
     /// The queues in hardware slots (HQDs): at most `hw_slots`; only these execute.
@@ -288,10 +327,8 @@ struct Engine {
     /// Whether the slot assignment must be recomputed: set by everything that can change who
     /// deserves a slot (a queue added, removed, suspended, resumed, (dis)connected; an
     /// unmapped queue gaining work; a mapped one going idle or hanging; a power change).
-    /// Otherwise [`schedule`] only looks again at `resched_at`, when a quantum expires.
+    /// Otherwise [`schedule`] only looks again when the quantum timer fires.
     resched: bool,
-    /// When the earliest slot holder's quantum runs out, if a queue is waiting.
-    resched_at: Option<Time>,
     /// The waiting set: exactly the queues for which [`FwQueue::should_wait`] holds (on the
     /// run list, pending, not hung, not in `hqd`). Maintained by [`sync_waiting`], which every
     /// change of those four facts goes through, so a scheduling pass never scans the run list.
@@ -302,7 +339,6 @@ struct Engine {
 
 /// The firmware state machine. See the module docs.
 pub(crate) struct Firmware {
-    idle_period: std::time::Duration,
     budget: u32,
     wave_width: u32,
     dispatch_budget: u64,
@@ -352,6 +388,15 @@ pub enum FenceWaits {
 /// the memory rather than a VA, so every mapping of a shared fence finds the same entry.
 type FenceTable = std::collections::HashMap<(u64, u64), FenceEntry>;
 
+impl Engine {
+    /// Re-arms the idle timer from `last_busy`: it runs while the engine is in F0 and has
+    /// not asked for F1 yet.
+    fn arm_idle(&mut self) {
+        let at = (self.power == PowerState::F0 && !self.f1_requested).then(|| self.last_busy.plus(self.idle_period));
+        self.timers.set(Timer::Idle, at);
+    }
+}
+
 impl Firmware {
     /// A firmware for `cfg`.
     pub(crate) fn new(cfg: &GpuConfig, bar: abi::doorbell::DoorbellBar) -> Firmware {
@@ -365,19 +410,19 @@ impl Firmware {
                 power: PowerState::F0,
                 f1_requested: false,
                 last_busy: Time::ZERO,
+                idle_period: cfg.idle_period,
+                timers: Timers([Some(Time::ZERO.plus(cfg.idle_period)), None]),
                 run_list: Vec::new(),
                 hqd: Vec::new(),
                 hw_slots: cfg.hw_slots.max(1) as usize,
                 watches: Vec::new(),
                 cursor: 0,
                 resched: true,
-                resched_at: None,
                 waiting: Waiting::default(),
                 next_seq: 0,
             })
             .collect();
         Firmware {
-            idle_period: cfg.idle_period,
             budget: cfg.packet_budget.max(1),
             wave_width: cfg.wave_width.clamp(1, crate::compute::MAX_WAVE as u32),
             dispatch_budget: cfg.dispatch_budget.max(1),
@@ -560,6 +605,7 @@ impl Firmware {
         e.f1_requested = false;
         e.last_busy = now;
         e.resched = true;
+        e.arm_idle();
         Ok(())
     }
 
@@ -583,6 +629,7 @@ impl Firmware {
         } else {
             e.power = PowerState::F1;
         }
+        e.arm_idle();
         Ok(!busy)
     }
 
@@ -590,31 +637,34 @@ impl Firmware {
         self.engines.iter().all(|e| e.power == PowerState::F1)
     }
 
+    /// Fires every expired timer of every engine.
     pub(crate) fn handle_timeout(&mut self, now: Time) {
-        for e in self.engines.iter_mut() {
-            if e.power != PowerState::F0 || e.f1_requested {
-                continue;
+        let Firmware { engines, queues, irqs, .. } = self;
+        for e in engines.iter_mut() {
+            if e.timers.expired(Timer::Quantum, now) {
+                // The slot assignment looks again at the engine's next step.
+                e.timers.set(Timer::Quantum, None);
+                e.resched = true;
             }
-            let busy_queue =
-                |id: &FwQueueId| self.queues.get(id.0).is_ok_and(|q| q.pending && q.state != QueueState::Hung);
-            // A busy queue on the run list is either in a slot or in the waiting set (pending,
-            // not hung, not in a slot): no scan of the run list.
-            let busy = e.hqd.iter().any(busy_queue) || !e.waiting.is_empty();
-            if busy {
-                e.last_busy = now;
-            } else if now.since(e.last_busy) >= self.idle_period {
-                e.f1_requested = true;
-                self.irqs.push_back(Interrupt::EngineStateChange { engine: e.id, state: EngineState::TransitionToF1 });
+            if e.timers.expired(Timer::Idle, now) {
+                let busy_queue =
+                    |id: &FwQueueId| queues.get(id.0).is_ok_and(|q| q.pending && q.state != QueueState::Hung);
+                // A busy queue on the run list is either in a slot or in the waiting set
+                // (pending, not hung, not in a slot): no scan of the run list.
+                if e.hqd.iter().any(busy_queue) || !e.waiting.is_empty() {
+                    e.last_busy = now;
+                } else {
+                    e.f1_requested = true;
+                    irqs.push_back(Interrupt::EngineStateChange { engine: e.id, state: EngineState::TransitionToF1 });
+                }
+                e.arm_idle();
             }
         }
     }
 
+    /// The earliest timer of any engine.
     pub(crate) fn poll_timeout(&self) -> Option<Time> {
-        self.engines
-            .iter()
-            .filter(|e| e.power == PowerState::F0 && !e.f1_requested)
-            .map(|e| e.last_busy.plus(self.idle_period))
-            .min()
+        self.engines.iter().filter_map(|e| e.timers.earliest()).min()
     }
 
     pub(crate) fn poll_interrupt(&mut self) -> Option<Interrupt> {

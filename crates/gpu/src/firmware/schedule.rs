@@ -157,11 +157,11 @@ pub(super) fn schedule(e: &mut Engine, queues: &mut Slab<FwQueue>, now: Time, qu
         return;
     }
     // Nothing changed and no quantum ran out: the assignment stands.
-    if !e.resched && e.resched_at.is_none_or(|t| now < t) {
+    if !e.resched && e.timers.get(Timer::Quantum).is_none_or(|t| now < t) {
         return;
     }
     e.resched = false;
-    e.resched_at = None;
+    e.timers.set(Timer::Quantum, None);
     let get = |queues: &Slab<FwQueue>, id: FwQueueId| {
         queues.get(id.0).ok().map(|q| (q.state, q.pending, q.cfg.privileged, q.cfg.priority, q.cfg.vmid, q.slice_start))
     };
@@ -231,7 +231,7 @@ pub(super) fn schedule(e: &mut Engine, queues: &mut Slab<FwQueue>, now: Time, qu
     }
     // Look again when the first holder's quantum runs out against a class still waiting (it
     // lies ahead: a holder past its quantum would have been evicted above).
-    e.resched_at = e
+    let quantum_end = e
         .hqd
         .iter()
         .filter_map(|&id| get(queues, id))
@@ -243,4 +243,5 @@ pub(super) fn schedule(e: &mut Engine, queues: &mut Slab<FwQueue>, now: Time, qu
             })
         })
         .min();
+    e.timers.set(Timer::Quantum, quantum_end);
 }
