@@ -40,7 +40,7 @@ pub const DOORBELLS_PER_PAGE: u32 = (DOORBELL_PAGE_BYTES / DOORBELL_BYTES) as u3
 const _: () = assert!(DOORBELLS_PER_PAGE == 512);
 
 /// The doorbell BAR: pages of [`DOORBELLS_PER_PAGE`] 64-bit doorbells. The one place that
-/// turns a doorbell slot or a page into an address.
+/// turns a doorbell index or a page into an address.
 #[derive(Clone, Debug)]
 pub struct DoorbellBar {
     shm: std::sync::Arc<shm::Shm>,
@@ -60,16 +60,16 @@ impl DoorbellBar {
         (self.shm.len() as u64 / DOORBELL_PAGE_BYTES) as u32
     }
     /// Doorbells.
-    pub fn slots(&self) -> u32 {
+    pub fn doorbells(&self) -> u32 {
         (self.shm.len() as u64 / DOORBELL_BYTES) as u32
     }
     /// Byte offset of page `page` (what a CPU VA rotation maps).
     pub fn page_offset(&self, page: u32) -> u64 {
         page as u64 * DOORBELL_PAGE_BYTES
     }
-    /// Doorbell `slot` (a dedicated doorbell word).
-    pub fn doorbell(&self, slot: u32) -> Result<shm::Word, shm::ShmError> {
-        shm::Word::new(&self.shm, slot as u64 * DOORBELL_BYTES)
+    /// Doorbell `index` of the BAR (a dedicated doorbell word).
+    pub fn doorbell(&self, index: u32) -> Result<shm::Word, shm::ShmError> {
+        shm::Word::new(&self.shm, index as u64 * DOORBELL_BYTES)
     }
     /// Word `word` of page `page` (a bit page: global or aggregated doorbells).
     pub fn page_word(&self, page: u32, word: u32) -> Result<shm::Word, shm::ShmError> {

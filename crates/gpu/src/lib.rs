@@ -101,7 +101,7 @@ impl Default for GpuConfig {
 /// What a device command can refuse.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum GpuError {
-    /// A queue id whose slot is empty or reused.
+    /// A queue id whose table entry is empty or reused.
     #[error("firmware queue {0} is stale or unknown")]
     StaleQueue(FwQueueId),
     /// An unknown address space.
@@ -159,13 +159,13 @@ pub enum GpuError {
         /// The model.
         model: DoorbellModel,
     },
-    /// A doorbell slot outside the BAR.
-    #[error("doorbell slot {slot} is outside the BAR ({slots} slots)")]
+    /// A doorbell index outside the BAR.
+    #[error("doorbell index {index} is outside the BAR ({count} doorbells)")]
     BadDoorbell {
-        /// Slot.
-        slot: u32,
-        /// Slots in the BAR.
-        slots: u32,
+        /// The index.
+        index: u32,
+        /// Doorbells in the BAR.
+        count: u32,
     },
     /// Shared memory failed.
     #[error("shared memory: {0}")]
@@ -210,8 +210,8 @@ impl Gpu {
     }
 
     /// Doorbells in the BAR.
-    pub fn doorbell_slots(&self) -> u32 {
-        self.bar.slots()
+    pub fn doorbell_count(&self) -> u32 {
+        self.bar.doorbells()
     }
 
     /// Engines, in id order.
@@ -232,8 +232,8 @@ impl Gpu {
     /// Destroys an address space. Queues still using it fault on their next access.
     pub fn destroy_vm(&mut self, vmid: Vmid) -> Result<(), GpuError> {
         match self.vms.get_mut(vmid.0 as usize) {
-            Some(slot @ Some(_)) if vmid.0 != 0 => {
-                *slot = None;
+            Some(entry @ Some(_)) if vmid.0 != 0 => {
+                *entry = None;
                 Ok(())
             }
             _ => Err(GpuError::BadVmid(vmid.0)),
@@ -275,14 +275,14 @@ impl Gpu {
         self.fw.resume_queue(id)
     }
 
-    /// Makes the firmware watch BAR `slot` for `id`, then checks the queue's wptr for work
-    /// published while it was not watched.
-    pub fn bind_doorbell(&mut self, id: FwQueueId, slot: u32) -> Result<(), GpuError> {
-        let slots = self.doorbell_slots();
-        if slot >= slots {
-            return Err(GpuError::BadDoorbell { slot, slots });
+    /// Makes the firmware watch doorbell `index` of the BAR for `id`, then checks the queue's
+    /// wptr for work published while it was not watched.
+    pub fn bind_doorbell(&mut self, id: FwQueueId, index: u32) -> Result<(), GpuError> {
+        let count = self.doorbell_count();
+        if index >= count {
+            return Err(GpuError::BadDoorbell { index, count });
         }
-        self.fw.bind_doorbell(id, slot)
+        self.fw.bind_doorbell(id, index)
     }
 
     /// Connects a queue to the global doorbell, as bit `bit` of BAR page `page` (its
@@ -292,8 +292,8 @@ impl Gpu {
         let pages = self.bar.pages();
         if page >= pages {
             return Err(GpuError::BadDoorbell {
-                slot: page.saturating_mul(abi::doorbell::DOORBELLS_PER_PAGE),
-                slots: self.doorbell_slots(),
+                index: page.saturating_mul(abi::doorbell::DOORBELLS_PER_PAGE),
+                count: self.doorbell_count(),
             });
         }
         self.fw.bind_global_doorbell(id, page, bit)

@@ -137,7 +137,7 @@ impl VirtualKmd {
         if let Doorbells::Global = self.doorbells {
             return false;
         }
-        let top = self.gpu.lock().doorbell_slots() / abi::doorbell::DOORBELLS_PER_PAGE;
+        let top = self.gpu.lock().doorbell_count() / abi::doorbell::DOORBELLS_PER_PAGE;
         // Keep page 0 (kernel queues) and at least one process page.
         let count = count.clamp(1, top.saturating_sub(2).max(1));
         self.doorbells = Doorbells::Pool(DoorbellPool {

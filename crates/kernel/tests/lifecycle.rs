@@ -121,7 +121,7 @@ fn termination_returns_every_resource_and_leaves_other_processes_alone() {
         qa.wait(v1, T).unwrap();
         ka.wait(v2, T).unwrap();
         sys.terminate(a.port.process(), how);
-        // The doorbell page, kernel doorbell slots and address space came back: a new
+        // The doorbell page, kernel doorbells and address space came back: a new
         // process opens and works.
         let b = common::client(&sys);
         let mut qb = b.user_queue();

@@ -40,7 +40,7 @@ fn an_impossible_starting_wptr_is_refused() {
     p.create(p.desc(0)).unwrap();
 }
 
-/// A recycled doorbell slot must not carry its previous owner's value: the new owner's first
+/// A recycled doorbell must not carry its previous owner's value: the new owner's first
 /// ring may write exactly that value.
 #[test]
 fn a_recycled_doorbell_slot_never_hides_a_ring() {

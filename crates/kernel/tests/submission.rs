@@ -30,7 +30,7 @@ const PAST_IDLE: Duration = Duration::from_millis(2);
 
 /// Every word of the doorbell BAR.
 fn bar_words(sys: &kernel::System) -> Vec<u64> {
-    sys.with_gpu(|g| (0..g.doorbell_slots() as u64).map(|i| g.bar().load_u64(i * 8, SeqCst).unwrap()).collect())
+    sys.with_gpu(|g| (0..g.doorbell_count() as u64).map(|i| g.bar().load_u64(i * 8, SeqCst).unwrap()).collect())
 }
 
 fn connects(calls: &[Call]) -> Vec<common::Snapshot> {

@@ -52,10 +52,10 @@ pub(super) struct Watch {
 }
 
 impl Firmware {
-    pub(crate) fn bind_doorbell(&mut self, id: FwQueueId, slot: u32) -> Result<(), GpuError> {
+    pub(crate) fn bind_doorbell(&mut self, id: FwQueueId, index: u32) -> Result<(), GpuError> {
         self.queue(id)?;
-        let word = self.bar.doorbell(slot)?;
-        // Reset the word: a recycled slot must not carry its previous owner's value, which
+        let word = self.bar.doorbell(index)?;
+        // Reset the word: a recycled doorbell must not carry its previous owner's value, which
         // could equal this queue's next wptr and hide a ring. Relaxed: the binding is
         // published to the client by the kernel's status store, which comes after.
         word.get().store(DOORBELL_UNRUNG, Ordering::Relaxed);
@@ -64,7 +64,7 @@ impl Firmware {
         e.watches.retain(|w| w.queue != id);
         e.watches.push(Watch { word, queue: id, last });
         e.resched = true;
-        q.doorbell = Some(Binding::Word(slot));
+        q.doorbell = Some(Binding::Word(index));
         // Work published while disconnected rang the dummy page: find it through wptr.
         find_published_work(e, q, id);
         Ok(())
