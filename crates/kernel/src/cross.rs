@@ -12,8 +12,8 @@
 //!
 //! Each adapter keeps its own MonitoredValue, pinned at 0, so every signal interrupts there.
 //! There is no GPU-to-GPU signal: when an adapter sees the fence signalled (its interrupt, or
-//! a CPU signal), its OS instance hands it to [`CrossAdapter::propagate`], which tells every
-//! other adapter that has it open ([`Peer::notify_current_value`]). A native-fence adapter
+//! a CPU signal), its OS instance hands it to `CrossAdapter::propagate`, which tells every
+//! other adapter that has it open (`Peer::notify_current_value`). A native-fence adapter
 //! then calls `DxgkDdiUpdateCurrentValuesFromCpu` with `NotificationOnly` (its KMD rescans the
 //! run list) and wakes its CPU waiters; an adapter without native fences scans its monitored
 //! fence waiting lists. The tables in spec 002 list the combinations; `tests/cross_adapter.rs`

@@ -14,7 +14,7 @@
 //!   back what it did, or faults the queue): nothing is discarded on either side.
 //! - A GPU mapping is an RAII [`GpuMapping`]: dropping it unmaps, so no error path can leak
 //!   one.
-//! - [`Traced`] wraps any `Kmd`, records every DDI call in the kernel's [`Trace`] before making
+//! - [`Traced`] wraps any `Kmd`, records every DDI call in the kernel's trace ([`crate::trace::SharedTrace`]) before making
 //!   it, and can fail chosen calls on purpose ([`DdiFault`]) so the OS's error paths are
 //!   tested.
 

@@ -32,7 +32,6 @@
 //! hung and not in a slot ([`FwQueue::should_wait`]). Every `pending = true` goes through
 //! [`mark_pending`], and every other change of those facts (suspend, resume, remove, map,
 //! evict) through [`sync_waiting`], which keep it.
-
 //!
 //! The firmware is split along the spec's seams: [`doorbells`] (bindings, the global model's
 //! bit pages, aggregated pages, latching rings), [`schedule`] (classes, the waiting set,
@@ -152,7 +151,7 @@ pub enum FenceSignaled {
     All,
 }
 
-/// What one [`Firmware::step`] did.
+/// What one `Firmware::step` did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct StepReport {
     /// Packets executed (indirect-buffer contents included).

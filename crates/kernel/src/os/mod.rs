@@ -12,17 +12,17 @@
 //! [`crate::system`] own the lock, the condition variables, the clock and the blocking.
 //!
 //! The state machine is split along the spec's seams:
-//! - [`objects`]: processes, devices, allocations, contexts (spec 000 "Residency model");
-//! - [`queues`]: queue validation, creation and destruction (spec 000 "HwQueue creation";
+//! - `objects`: processes, devices, allocations, contexts (spec 000 "Residency model");
+//! - `queues`: queue validation, creation and destruction (spec 000 "HwQueue creation";
 //!   spec 001 USERQ CREATE/FREE/QUERY_STATUS);
-//! - [`doorbells`]: doorbell pages and objects, connect, disconnect and victimization
+//! - `doorbells`: doorbell pages and objects, connect, disconnect and victimization
 //!   (spec 000 "Doorbells", "Victimizing doorbell pseudocode");
-//! - [`power`]: F-states, D-states, context suspension and process termination (spec 000
+//! - `power`: F-states, D-states, context suspension and process termination (spec 000
 //!   "Engine F-state transitions", "Engine D-state transitions", "Hardware context
 //!   suspension", "Normal and abnormal process termination");
-//! - [`submit`]: the kernel-mode path (validation, software queues, the scheduler);
-//! - [`waits`]: CPU waits on progress fences and the interrupt service routine;
-//! - [`fence`]: native fences (spec 002).
+//! - `submit`: the kernel-mode path (validation, software queues, the scheduler);
+//! - `waits`: CPU waits on progress fences and the interrupt service routine;
+//! - `fence`: native fences (spec 002).
 //!
 //! Lock order, for the drivers: the OS lock, then the device lock (inside the KMD). The
 //! device's driver thread never holds the device lock while it calls into the OS.

@@ -1,7 +1,7 @@
 //! An embedded system: the kernel and the virtual GPU in this process, and the two drivers
 //! that run them.
 //!
-//! One core, two drivers (BRIEF 4.1). Both call the same [`Inner::pump`] — latch doorbells,
+//! One core, two drivers (BRIEF 4.1). Both call the same device pump (`driver::Inner::pump`) — latch doorbells,
 //! step the engines, run the idle timer, service interrupts — and the same kernel-mode
 //! scheduler; they differ only in who owns time and threads:
 //!
