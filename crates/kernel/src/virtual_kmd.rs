@@ -38,16 +38,16 @@ pub struct InterruptLine(Arc<Mutex<std::collections::VecDeque<Interrupt>>>);
 impl InterruptLine {
     /// Moves every interrupt `gpu` raised onto the line; returns how many.
     pub fn raise_from(&self, gpu: &mut Gpu) -> usize {
+        // The common case, a pump with nothing raised, stays off the line's lock.
+        let Some(first) = gpu.poll_interrupt() else { return 0 };
         let mut line = self.0.lock();
-        let before = line.len();
+        line.push_back(first);
+        let mut n = 1;
         while let Some(i) = gpu.poll_interrupt() {
             line.push_back(i);
+            n += 1;
         }
-        line.len() - before
-    }
-    /// Whether anything waits on the line.
-    pub fn pending(&self) -> bool {
-        !self.0.lock().is_empty()
+        n
     }
     fn take(&self) -> Option<Interrupt> {
         self.0.lock().pop_front()
@@ -99,9 +99,12 @@ enum Doorbells {
 /// shared by every user-mode queue by victimizing the least recently connected.
 struct DoorbellPool {
     first_page: u32,
-    owners: Vec<Option<HwQueueHandle>>,
-    /// Connected owners, least recently connected first.
-    lru: std::collections::VecDeque<HwQueueHandle>,
+    /// Its physical doorbells (index `j` is BAR page `first_page + j`), each held by a lease
+    /// that returns it when dropped.
+    free: crate::pool::Pool,
+    count: u32,
+    /// Connected owners and their doorbells, least recently connected first.
+    lru: std::collections::VecDeque<(HwQueueHandle, crate::pool::Lease)>,
 }
 
 impl VirtualKmd {
@@ -142,7 +145,8 @@ impl VirtualKmd {
         let count = count.clamp(1, top.saturating_sub(2).max(1));
         self.doorbells = Doorbells::Pool(DoorbellPool {
             first_page: top - count,
-            owners: vec![None; count as usize],
+            free: crate::pool::Pool::new("pooled physical doorbells", 0..count, None),
+            count,
             lru: Default::default(),
         });
         true
@@ -170,11 +174,9 @@ impl VirtualKmd {
 
     /// Frees `q`'s pool doorbell, if it holds one.
     fn release_pool_doorbell(&mut self, q: HwQueueHandle) {
-        if let Doorbells::Pool(pool) = &mut self.doorbells
-            && let Some(j) = pool.owners.iter().position(|o| *o == Some(q))
-        {
-            pool.owners[j] = None;
-            pool.lru.retain(|&x| x != q);
+        if let Doorbells::Pool(pool) = &mut self.doorbells {
+            // Dropping its lease returns the doorbell.
+            pool.lru.retain(|(x, _)| *x != q);
         }
     }
 
@@ -347,25 +349,32 @@ impl Kmd for VirtualKmd {
                 process_page
             }
             Doorbells::Pool(pool) => {
-                let j = match pool.owners.iter().position(Option::is_none) {
-                    Some(j) => j,
-                    None => {
+                let lease = match pool.free.take() {
+                    Ok(lease) => lease,
+                    Err(e) => {
                         // Victimize the least recently connected doorbell: the OS's callback
                         // first (the victim's CPU VA to the dummy page, DisconnectedRetry),
                         // then the physical disconnect, whose wptr re-read loses nothing.
-                        let victim = *pool.lru.front().expect("a full pool has connected owners");
+                        let &(victim, _) = pool.lru.front().ok_or_else(|| DdiError::Refused {
+                            field: "doorbell pool",
+                            value: e.to_string(),
+                            reason: "no doorbell is free and none is connected to victimize".into(),
+                        })?;
                         callback.disconnect_doorbell(victim)?;
                         self.unbind(victim)?;
                         let Doorbells::Pool(pool) = &self.doorbells else { unreachable!("still a pool") };
-                        pool.owners.iter().position(Option::is_none).expect("the victim's doorbell is free")
+                        pool.free.take().map_err(|e| DdiError::Refused {
+                            field: "doorbell pool",
+                            value: e.to_string(),
+                            reason: "the victim's doorbell did not come back".into(),
+                        })?
                     }
                 };
                 let Doorbells::Pool(pool) = &mut self.doorbells else { unreachable!("still a pool") };
-                let page = pool.first_page + j as u32;
+                let page = pool.first_page + lease.index();
                 let bar_index = page * per_page;
                 self.gpu.lock().bind_doorbell(fw, bar_index).map_err(refused("doorbell BAR index", bar_index))?;
-                pool.owners[j] = Some(queue);
-                pool.lru.push_back(queue);
+                pool.lru.push_back((queue, lease));
                 page
             }
         };
@@ -419,7 +428,7 @@ impl Kmd for VirtualKmd {
 
     fn reserved_doorbell_pages(&self) -> std::ops::Range<u32> {
         match &self.doorbells {
-            Doorbells::Pool(p) => p.first_page..p.first_page + p.owners.len() as u32,
+            Doorbells::Pool(p) => p.first_page..p.first_page + p.count,
             _ => 0..0,
         }
     }

@@ -200,13 +200,15 @@ impl Os {
         let Some(p) = self.processes.remove(&pid) else { return };
         if let Some((lease, map)) = &p.aggregated {
             // Like its doorbells: a late write from the ended process lands on the dummy page,
-            // never on the page's next owner.
+            // never on the page's next owner. (Should the remap fail, the page is still
+            // cleared on its way back, and the ended process has no thread left to write.)
             let _ = map.rotate_to(&self.dummy, 0);
             self.ddi.unwatch_aggregated_page(lease.index());
         }
         // The allocations' and fence pages' mappings go first (dropped with the process),
         // then the address space; the page leases return cleared.
         drop(p);
+        // It can only fail for an address space the KMD never made: nothing to undo.
         let _ = self.ddi.destroy_address_space(pid);
     }
 }

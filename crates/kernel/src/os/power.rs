@@ -117,14 +117,20 @@ impl Os {
     }
 
     /// The last step of D3 → D0: `DxgkddiResumeContext` for the contexts D3 suspended.
+    /// A context the device refuses to resume stays listed, with those after it, for the
+    /// next wake-up, and the refusal is returned.
     pub(super) fn resume_after_d3(&mut self, now: Time) -> Result<(), KernelError> {
-        for (pid, c) in std::mem::take(&mut self.power_suspended) {
+        let mut pending = std::mem::take(&mut self.power_suspended).into_iter();
+        while let Some((pid, c)) = pending.next() {
             let Ok(ctx) = self.proc(pid).and_then(|p| p.contexts.get_mut(c)) else { continue };
             if ctx.suspended {
                 continue; // suspended on request meanwhile: it stays suspended
             }
             let engine = ctx.engine;
-            self.resume_context_queues(pid, c, engine, now)?;
+            if let Err(e) = self.resume_context_queues(pid, c, engine, now) {
+                self.power_suspended = std::iter::once((pid, c)).chain(pending).collect();
+                return Err(e);
+            }
         }
         Ok(())
     }

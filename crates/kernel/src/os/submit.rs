@@ -218,6 +218,7 @@ impl Os {
             if sub.pending.as_ref().is_none_or(|w| self.waits.is_done(w.wait)) {
                 let wait = FenceWait::for_scheduler(&mut self.waits, unmet);
                 sub.pending = Some(wait.clone());
+                // Cannot fail: every fence in `unmet` was just found in the process's table.
                 let _ = self.register_wait(pid, &wait, now);
             }
             return false;
@@ -234,6 +235,7 @@ impl Os {
     /// wake the engine if it is in F1, write the packets, publish wptr, ring the doorbell.
     fn move_one(&mut self, pid: ProcessId, c: ContextHandle, now: Time) -> Move {
         // A kernel-mode submission in D3 wakes the device too.
+        // A context that cannot be resumed stays on the list for the next wake-up.
         if self.d3 && self.power_up(now).is_ok() {
             let _ = self.resume_after_d3(now);
         }

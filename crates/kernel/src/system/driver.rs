@@ -238,7 +238,9 @@ impl Inner {
         // runs; otherwise only interrupts bring the pump into the OS (a busy engine's pump
         // stays off the OS lock).
         let changed = self.was_asleep.swap(asleep, Ordering::Relaxed) != asleep;
-        if raised > 0 || changed || asleep || self.line.pending() {
+        // (The OS drains the whole line each time it is entered, so nothing waits on it
+        // unless this pump raised it.)
+        if raised > 0 || changed || asleep {
             self.call(|os, now| {
                 os.handle_interrupts(now);
                 os.handle_device_idle(asleep, now);
