@@ -322,6 +322,171 @@ impl core::fmt::Display for HandleProblem {
     }
 }
 
+/// Why an argument was refused, as data. `Display` is the sentence the error message uses
+/// after the field and value (`` `field` = value: <reason> ``).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Invalid {
+    /// An allocation size outside 1 byte ..= `max` bytes.
+    Size {
+        /// The largest allowed.
+        max: u64,
+    },
+    /// The device has no such engine.
+    NoSuchEngine {
+        /// How many engines it has.
+        engines: usize,
+    },
+    /// The engine does not offer this (`"user-mode queues"`, `"kernel-mode queues"`).
+    Unsupported(&'static str),
+    /// An address not aligned as required.
+    Misaligned {
+        /// The required alignment in bytes.
+        align: u64,
+    },
+    /// An address in a mapping the GPU may only read, where it must write.
+    GpuReadOnly,
+    /// A ring size the protocol refuses.
+    RingSize(crate::ring::RingSizeError),
+    /// A priority outside `Priority`.
+    PriorityRange,
+    /// A doorbell index outside the engine's share of the page.
+    OutsideEngineDoorbells {
+        /// The engine.
+        engine: EngineKind,
+        /// Its first index.
+        first: u32,
+        /// One past its last.
+        end: u32,
+    },
+    /// A doorbell index outside the process's doorbell page.
+    OutsideDoorbellPage {
+        /// Doorbells in the page.
+        doorbells: u32,
+    },
+    /// Already used by this queue.
+    UsedBy(HwQueueHandle),
+    /// Every value of a range is in use (what ran out, and the range).
+    Exhausted {
+        /// The range's first value.
+        first: u32,
+        /// One past its last.
+        end: u32,
+    },
+    /// The queue already has a doorbell.
+    HasDoorbell,
+    /// The queue has no doorbell (create one first).
+    NoDoorbell,
+    /// The allocation does not hold the queue's `what` at `va`.
+    DoesNotHold {
+        /// What it should hold ("ring", "rptr", ...).
+        what: &'static str,
+        /// Where.
+        va: u64,
+    },
+    /// The context is already suspended.
+    AlreadySuspended,
+    /// The context is not suspended.
+    NotSuspended,
+    /// A kernel-mode queue has no fence log.
+    NoFenceLog,
+    /// The `SIGNAL`/`WAIT` log flag on a kernel-mode submission.
+    LogFlagOnKernelQueue,
+    /// A `SIGNAL` with the native-fence flag whose address is not a native fence.
+    NotANativeFence,
+    /// A field that must be zero.
+    MustBeZero,
+    /// `DISPATCH` dimensions the ISA refuses (the reason).
+    Dims(&'static str),
+    /// A kernel-mode submission's length outside 1 ..= `max_dwords`.
+    SubmissionSize {
+        /// The largest allowed.
+        max_dwords: u64,
+    },
+    /// Native fences of this kind need an adapter with native fences.
+    NoNativeFences,
+    /// A cross-adapter fence must be of this type on this adapter.
+    CrossAdapterKind {
+        /// The allowed type.
+        allowed: NativeFenceType,
+    },
+    /// The adapter is not part of a multi-adapter machine.
+    SingleAdapter,
+    /// The global or cross-adapter handle names no fence.
+    NoSuchFence,
+    /// The fence was not created shareable.
+    NotShareable,
+    /// The value is reserved (a device in error's AlwaysSignaled).
+    Reserved,
+    /// A wait must name at least one fence.
+    EmptyWait,
+    /// An IntraGpu fence has no CPU access.
+    NoCpuAccess,
+    /// The fence was destroyed while waited on.
+    DestroyedWhileWaited,
+    /// An adapter without native fences takes kernel-mode queues only.
+    NeedsKernelOnly,
+    /// The global doorbell model has no dedicated doorbells to pool.
+    NothingToPool,
+    /// The device (its kernel-mode driver) refused, with its reason.
+    Device(String),
+}
+
+impl core::fmt::Display for Invalid {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        use Invalid::*;
+        match self {
+            Size { max } => write!(f, "must be between 1 and {max} bytes"),
+            NoSuchEngine { engines } => write!(f, "the device has {engines} engines"),
+            Unsupported(what) => write!(f, "does not support {what}"),
+            Misaligned { align } => write!(f, "must be {align}-byte aligned"),
+            GpuReadOnly => f.write_str("lies in a mapping the GPU may not write"),
+            RingSize(why) => write!(f, "{why}"),
+            PriorityRange => f.write_str("must be 0 (low) to 4 (realtime)"),
+            OutsideEngineDoorbells { engine, first, end } => {
+                write!(f, "lies outside the {engine} engine's doorbell range {first}..{end} of the page")
+            }
+            OutsideDoorbellPage { doorbells } => {
+                write!(f, "lies outside the process's doorbell page (0..{doorbells})")
+            }
+            UsedBy(q) => write!(f, "already used by {q}"),
+            Exhausted { first, end } => write!(f, "all of {first}..{end} are in use"),
+            HasDoorbell => f.write_str("already has a doorbell"),
+            NoDoorbell => f.write_str("has no doorbell: create one first"),
+            DoesNotHold { what, va } => write!(f, "does not hold the queue's {what} at {va:#x}"),
+            AlreadySuspended => f.write_str("is already suspended"),
+            NotSuspended => f.write_str("is not suspended"),
+            NoFenceLog => f.write_str("is a kernel-mode queue: it has no fence log"),
+            LogFlagOnKernelQueue => {
+                f.write_str("kernel-mode queues have no fence log (their fences are software operations of the kernel)")
+            }
+            NotANativeFence => f.write_str("carries the native-fence flag but is not a native fence of the process"),
+            MustBeZero => f.write_str("must be 0"),
+            Dims(why) => f.write_str(why),
+            SubmissionSize { max_dwords } => write!(f, "a submission holds 1 to {max_dwords} dwords"),
+            NoNativeFences => {
+                f.write_str("this adapter has no native fences: create a monitored fence (LegacyMonitored)")
+            }
+            CrossAdapterKind { allowed } => {
+                write!(f, "a cross-adapter fence must be of type {allowed:?} on this adapter")
+            }
+            SingleAdapter => f.write_str("this adapter is not part of a multi-adapter machine"),
+            NoSuchFence => f.write_str("does not name a fence"),
+            NotShareable => f.write_str("names a fence that was not created shareable: it cannot be opened"),
+            Reserved => f.write_str("is reserved for a device in error (AlwaysSignaled)"),
+            EmptyWait => f.write_str("a wait names at least one fence"),
+            NoCpuAccess => f.write_str("is an IntraGpu fence: it has no CPU access, so a CPU cannot wait on it"),
+            DestroyedWhileWaited => f.write_str("was destroyed while waited on"),
+            NeedsKernelOnly => {
+                f.write_str("an adapter without native fences takes kernel-mode queues only (KernelOnly)")
+            }
+            NothingToPool => {
+                f.write_str("the device's doorbell model is global: there are no dedicated doorbells to pool")
+            }
+            Device(why) => f.write_str(why),
+        }
+    }
+}
+
 /// Why a queue can run no more work, as data: the fault record, or what else ended it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum LostReason {
@@ -362,8 +527,8 @@ pub enum KernelError {
         field: &'static str,
         /// Value as text.
         value: String,
-        /// Why.
-        reason: String,
+        /// Why, as data.
+        reason: Invalid,
     },
     /// A GPU VA range that does not lie inside one mapping of the process.
     #[error("`{field}` = {va:#x} (+{bytes:#x} bytes) does not lie inside one mapping of the process")]

@@ -98,13 +98,27 @@ impl RingControlView {
 }
 
 /// Why a ring size is refused.
-pub fn check_ring_size(bytes: u64) -> Result<(), &'static str> {
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RingSizeError {
+    /// Not a power of two.
+    #[error("must be a power of two")]
+    NotPowerOfTwo,
+    /// Below [`MIN_RING_BYTES`].
+    #[error("must be at least 4096 bytes")]
+    TooSmall,
+    /// Above [`MAX_RING_BYTES`].
+    #[error("must be at most 16 MiB")]
+    TooLarge,
+}
+
+/// Checks a ring size.
+pub fn check_ring_size(bytes: u64) -> Result<(), RingSizeError> {
     if !bytes.is_power_of_two() {
-        Err("must be a power of two")
+        Err(RingSizeError::NotPowerOfTwo)
     } else if bytes < MIN_RING_BYTES {
-        Err("must be at least 4096 bytes")
+        Err(RingSizeError::TooSmall)
     } else if bytes > MAX_RING_BYTES {
-        Err("must be at most 16 MiB")
+        Err(RingSizeError::TooLarge)
     } else {
         Ok(())
     }
@@ -203,9 +217,9 @@ mod tests {
     fn ring_sizes() {
         assert!(check_ring_size(4096).is_ok());
         assert!(check_ring_size(1 << 20).is_ok());
-        assert_eq!(check_ring_size(4095), Err("must be a power of two"));
-        assert_eq!(check_ring_size(2048), Err("must be at least 4096 bytes"));
-        assert_eq!(check_ring_size(0), Err("must be a power of two"));
-        assert_eq!(check_ring_size(32 << 20), Err("must be at most 16 MiB"));
+        assert_eq!(check_ring_size(4095), Err(RingSizeError::NotPowerOfTwo));
+        assert_eq!(check_ring_size(2048), Err(RingSizeError::TooSmall));
+        assert_eq!(check_ring_size(0), Err(RingSizeError::NotPowerOfTwo));
+        assert_eq!(check_ring_size(32 << 20), Err(RingSizeError::TooLarge));
     }
 }

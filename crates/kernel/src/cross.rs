@@ -150,7 +150,7 @@ impl CrossAdapter {
         let f = s.fences.get(&handle).ok_or_else(|| KernelError::InvalidArgument {
             field: "handle",
             value: handle.to_string(),
-            reason: "does not name a cross-adapter fence".into(),
+            reason: abi::port::Invalid::NoSuchFence,
         })?;
         Ok((f.current.clone(), f.offset))
     }

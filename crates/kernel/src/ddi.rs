@@ -21,7 +21,7 @@
 use std::sync::Arc;
 
 use abi::doorbell::RingMethod;
-use abi::port::{AdapterInfo, KernelError};
+use abi::port::{AdapterInfo, Invalid, KernelError};
 use abi::queue::{Access, FaultKind, FaultRecord};
 use abi::{ContextHandle, EngineId, EngineState, HwQueueHandle, PowerState, Priority, ProcessId, QueueState, Time};
 use shm::{Shm, Word};
@@ -63,9 +63,15 @@ pub enum DdiError {
 impl From<DdiError> for KernelError {
     fn from(e: DdiError) -> Self {
         match e {
-            DdiError::Refused { field, value, reason } => KernelError::InvalidArgument { field, value, reason },
+            DdiError::Refused { field, value, reason } => {
+                KernelError::InvalidArgument { field, value, reason: Invalid::Device(reason) }
+            }
             DdiError::Shm(e) => KernelError::Shm(e),
-            other => KernelError::InvalidArgument { field: "device", value: String::new(), reason: other.to_string() },
+            other => KernelError::InvalidArgument {
+                field: "device",
+                value: String::new(),
+                reason: Invalid::Device(other.to_string()),
+            },
         }
     }
 }

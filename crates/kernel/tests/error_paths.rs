@@ -17,7 +17,7 @@ use kernel::trace::{Ddi, Event};
 
 fn injected(e: &KernelError, ddi: DdiKind) -> bool {
     let want = DdiError::Injected { ddi, call: 1 }.to_string();
-    matches!(e, KernelError::InvalidArgument { field: "device", reason, .. } if *reason == want)
+    matches!(e, KernelError::InvalidArgument { field: "device", reason, .. } if *reason == abi::port::Invalid::Device(want))
 }
 
 /// Review finding: "if a later mapping fails, the earlier mappings leak". A kernel-mode

@@ -110,7 +110,11 @@ fn logs_are_for_user_mode_queues_and_entries_must_be_in_range() {
     let mut cb = CommandBuffer::new();
     cb.signal_fence_logged(&f, 1);
     let e = kq.submit(&cb).unwrap_err();
-    assert!(e.to_string().contains("log flag") && e.to_string().contains("no fence log"), "{e}");
+    assert_eq!(
+        common::umd_refusal(&e),
+        Some(("SIGNAL/WAIT log flag", &abi::port::Invalid::LogFlagOnKernelQueue)),
+        "{e}"
+    );
     let e = sys.read_fence_log(c.port.process(), kq.handle(), FenceLogType::Signal, 0).unwrap_err();
     assert!(matches!(e, KernelError::InvalidArgument { .. }), "{e}");
     // A raw logged SIGNAL naming entry 84 is malformed: only its queue faults.

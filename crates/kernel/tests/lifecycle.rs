@@ -28,12 +28,12 @@ fn a_suspended_context_keeps_its_doorbells_and_runs_the_queued_work_after_resume
     assert_eq!(q.doorbell_status().unwrap(), DoorbellStatus::Connected, "the doorbell stays connected");
     assert_eq!(q.status().unwrap().state, QueueState::Unmapped);
     let e = sys.suspend_context(pid, c.ctx.handle()).unwrap_err();
-    assert!(e.to_string().contains("already suspended"), "{e}");
+    assert_eq!(common::refusal(&e), Some(("context", &abi::port::Invalid::AlreadySuspended)), "{e}");
     sys.resume_context(pid, c.ctx.handle()).unwrap();
     q.wait(v, T).unwrap();
     assert_eq!(c.buf.read_u32(0).unwrap(), 0x51);
     let e = sys.resume_context(pid, c.ctx.handle()).unwrap_err();
-    assert!(e.to_string().contains("is not suspended"), "{e}");
+    assert_eq!(common::refusal(&e), Some(("context", &abi::port::Invalid::NotSuspended)), "{e}");
 }
 
 #[test]

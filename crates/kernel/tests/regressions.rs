@@ -19,7 +19,7 @@ fn rptr_cannot_point_at_a_protected_page() {
     let d = abi::QueueDescriptor { rptr_va: victim.kernel_page_va, ..p.desc(1) };
     let e = p.create(d).unwrap_err();
     assert!(
-        matches!(&e, KernelError::InvalidArgument { field: "rptr_va", reason, .. } if reason.contains("may not write")),
+        matches!(&e, KernelError::InvalidArgument { field: "rptr_va", reason, .. } if *reason == abi::port::Invalid::GpuReadOnly),
         "{e}"
     );
 }

@@ -7,7 +7,8 @@
 mod common;
 
 use abi::packet::{DecodeError, Header, Opcode, Packet, progress_fence_words};
-use abi::port::{AllocationDesc, CreateDoorbell, HandleProblem, KernelError, KernelPort};
+use abi::port::{AllocationDesc, CreateDoorbell, HandleProblem, Invalid, KernelError, KernelPort};
+use abi::ring::RingSizeError;
 use abi::ring::WPTR_OFFSET;
 use abi::{EngineId, HwQueueHandle};
 
@@ -22,7 +23,7 @@ fn names(e: &KernelError, field: &str, value: &str) {
 }
 
 #[track_caller]
-fn invalid(e: KernelError, want_field: &str, want_value: &str) -> String {
+fn invalid(e: KernelError, want_field: &str, want_value: &str) -> Invalid {
     match &e {
         KernelError::InvalidArgument { field, value, reason } => {
             assert_eq!(*field, want_field, "{e}");
@@ -68,15 +69,15 @@ fn ring_size_must_be_a_power_of_two_of_at_least_4k() {
     let sys = common::sim();
     let p = RawProc::open(&sys);
     for (bytes, why) in [
-        (6144, "power of two"),
-        (4095, "power of two"),
-        (0, "power of two"),
-        (2048, "at least 4096"),
-        (32 << 20, "at most"),
+        (6144, RingSizeError::NotPowerOfTwo),
+        (4095, RingSizeError::NotPowerOfTwo),
+        (0, RingSizeError::NotPowerOfTwo),
+        (2048, RingSizeError::TooSmall),
+        (32 << 20, RingSizeError::TooLarge),
     ] {
         let e = p.create(abi::QueueDescriptor { ring_bytes: bytes, ..p.desc(0) }).unwrap_err();
         let reason = invalid(e, "ring_bytes", &bytes.to_string());
-        assert!(reason.contains(why), "{bytes}: {reason}");
+        assert_eq!(reason, Invalid::RingSize(why), "{bytes}: {reason}");
     }
     still_works(&p, 0);
 }
@@ -111,7 +112,7 @@ fn rptr_and_wptr_must_be_8_byte_aligned() {
     let d = p.desc(0);
     let va = p.ctl.va + 4;
     let r = invalid(p.create(abi::QueueDescriptor { rptr_va: va, ..d }).unwrap_err(), "rptr_va", &format!("{va:#x}"));
-    assert!(r.contains("8-byte aligned"), "{r}");
+    assert_eq!(r, Invalid::Misaligned { align: 8 }, "{r}");
     let va = p.ctl.va + WPTR_OFFSET + 2;
     invalid(p.create(abi::QueueDescriptor { wptr_va: va, ..d }).unwrap_err(), "wptr_va", &format!("{va:#x}"));
     still_works(&p, 0);
@@ -123,14 +124,14 @@ fn doorbell_index_must_be_inside_the_page_and_unused() {
     let p = RawProc::open(&sys);
     for index in [512, 513, u32::MAX - 1] {
         let r = invalid(p.create(p.desc(index)).unwrap_err(), "doorbell_index", &index.to_string());
-        assert!(r.contains("doorbell page"), "{r}");
+        assert!(matches!(r, Invalid::OutsideDoorbellPage { .. }), "{r}");
     }
     // Engine 0 (compute) owns doorbells 0..256 of the page; 300 belongs to the copy engine.
     let r = invalid(p.create(p.desc(300)).unwrap_err(), "doorbell_index", "300");
-    assert!(r.contains("compute engine's doorbell range 0..256"), "{r}");
+    assert_eq!(r, Invalid::OutsideEngineDoorbells { engine: abi::EngineKind::Compute, first: 0, end: 256 }, "{r}");
     let first = p.create(p.desc(255)).unwrap();
     let r = invalid(p.create(p.desc(255)).unwrap_err(), "doorbell_index", "255");
-    assert!(r.contains(&first.handle.to_string()), "the message names the queue that holds it: {r}");
+    assert_eq!(r, Invalid::UsedBy(first.handle), "the error names the queue that holds it: {r}");
     // Another process has its own doorbell page: the same index is free there.
     let other = RawProc::open(&sys);
     other.create(other.desc(255)).unwrap();
@@ -144,7 +145,7 @@ fn priority_must_be_a_level() {
     let sys = common::sim();
     let p = RawProc::open(&sys);
     let r = invalid(p.create(abi::QueueDescriptor { priority: 5, ..p.desc(0) }).unwrap_err(), "priority", "5");
-    assert!(r.contains("realtime"), "{r}");
+    assert_eq!(r, Invalid::PriorityRange, "{r}");
 }
 
 #[test]
@@ -175,10 +176,10 @@ fn create_doorbell_checks_its_allocations_and_queue() {
     let q = p.create(p.desc(0)).unwrap().handle;
     let swapped = CreateDoorbell { queue: q, ring_buffer: p.ctl.handle, ring_control: p.ring.handle };
     let r = invalid(p.port.create_doorbell(&swapped).unwrap_err(), "ring_buffer", &p.ctl.handle.to_string());
-    assert!(r.contains(&format!("{:#x}", p.ring.va)), "names the ring address: {r}");
+    assert_eq!(r, Invalid::DoesNotHold { what: "ring", va: p.ring.va }, "names the ring address: {r}");
     let wrong_ctl = CreateDoorbell { queue: q, ring_buffer: p.ring.handle, ring_control: p.ring.handle };
     let r = invalid(p.port.create_doorbell(&wrong_ctl).unwrap_err(), "ring_control", &p.ring.handle.to_string());
-    assert!(r.contains("rptr"), "{r}");
+    assert!(matches!(r, Invalid::DoesNotHold { what: "rptr", .. }), "{r}");
     // Nothing was pinned by the refused calls.
     let spare = p.port.allocate(p.dev, &AllocationDesc::system(4096)).unwrap();
     let with_spare = CreateDoorbell { queue: q, ring_buffer: spare.handle, ring_control: p.ctl.handle };
@@ -187,7 +188,7 @@ fn create_doorbell_checks_its_allocations_and_queue() {
 
     p.doorbell(q).unwrap();
     let r = invalid(p.doorbell(q).unwrap_err(), "queue", &q.to_string());
-    assert!(r.contains("already has a doorbell"), "{r}");
+    assert_eq!(r, Invalid::HasDoorbell, "{r}");
 
     let km = p.create_kernel().unwrap().handle;
     let e = p.doorbell(km).unwrap_err();
@@ -396,7 +397,7 @@ fn calls_for_the_other_submission_model_are_refused() {
     names(&e, &um.to_string(), "needs a kernel-mode queue");
     // A user-mode queue without a doorbell cannot connect.
     let r = invalid(p.port.connect_doorbell(um).unwrap_err(), "queue", &um.to_string());
-    assert!(r.contains("no doorbell"), "{r}");
+    assert_eq!(r, Invalid::NoDoorbell, "{r}");
 }
 
 #[test]
@@ -414,7 +415,7 @@ fn user_queue_modes_refuse_the_missing_model_and_info_reports_it() {
         match mode {
             UserQueueMode::KernelOnly => {
                 let r = invalid(user.unwrap_err(), "engine", "engine0");
-                assert!(r.contains("does not support user-mode queues"), "{r}");
+                assert_eq!(r, Invalid::Unsupported("user-mode queues"), "{r}");
                 kernel.unwrap();
             }
             UserQueueMode::Both => {
@@ -424,7 +425,7 @@ fn user_queue_modes_refuse_the_missing_model_and_info_reports_it() {
             UserQueueMode::UserOnly => {
                 user.unwrap();
                 let r = invalid(kernel.unwrap_err(), "engine", "engine0");
-                assert!(r.contains("does not support kernel-mode queues"), "{r}");
+                assert_eq!(r, Invalid::Unsupported("kernel-mode queues"), "{r}");
             }
         }
     }

@@ -23,7 +23,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use abi::port::{AggregatedDoorbell, CreateDoorbell, DoorbellInfo, KernelError};
+use abi::port::{AggregatedDoorbell, CreateDoorbell, DoorbellInfo, Invalid, KernelError};
 use abi::{DoorbellHandle, DoorbellStatus, HwQueueHandle, ProcessId, Time};
 use shm::{RotatingPage, Shm, Word};
 
@@ -107,24 +107,20 @@ impl Os {
             return Err(KernelError::WrongQueueMode { queue: q, actual: "kernel-mode", expected: "user-mode" });
         };
         if qo.doorbell.is_some() {
-            return Err(invalid("queue", q, "already has a doorbell"));
+            return Err(invalid("queue", q, Invalid::HasDoorbell));
         }
         let ring = p.allocations.get(args.ring_buffer)?;
         if !ring.holds(desc.ring_va, desc.ring_bytes) {
             return Err(invalid(
                 "ring_buffer",
                 args.ring_buffer,
-                format!("does not hold the queue's ring at {:#x}", desc.ring_va),
+                Invalid::DoesNotHold { what: "ring", va: desc.ring_va },
             ));
         }
         let control = p.allocations.get(args.ring_control)?;
         for (what, va) in [("rptr", desc.rptr_va), ("wptr", desc.wptr_va), ("last-queued value", desc.last_queued_va)] {
             if !control.holds(va, 8) {
-                return Err(invalid(
-                    "ring_control",
-                    args.ring_control,
-                    format!("does not hold the queue's {what} at {va:#x}"),
-                ));
+                return Err(invalid("ring_control", args.ring_control, Invalid::DoesNotHold { what, va }));
             }
         }
         let engine = qo.engine;
@@ -165,7 +161,7 @@ impl Os {
         now: Time,
     ) -> Result<(), KernelError> {
         self.at(now);
-        let d = self.queue(pid, q)?.doorbell.ok_or_else(|| invalid("queue", q, "has no doorbell"))?;
+        let d = self.queue(pid, q)?.doorbell.ok_or_else(|| invalid("queue", q, Invalid::NoDoorbell))?;
         self.disconnect(pid, q, DoorbellStatus::DisconnectedAbort, now)?;
         self.trace.push(now, Event::Ddi(Ddi::DestroyDoorbell(q)));
         let p = self.proc(pid)?;
@@ -198,7 +194,7 @@ impl Os {
             return Err(KernelError::WrongQueueMode { queue: q, actual: "kernel-mode", expected: "user-mode" });
         };
         let engine = qo.engine;
-        let d = qo.doorbell.ok_or_else(|| invalid("queue", q, "has no doorbell: create one first"))?;
+        let d = qo.doorbell.ok_or_else(|| invalid("queue", q, Invalid::NoDoorbell))?;
         let p = self.proc(pid)?;
         let process_page = p.doorbell_page.index();
         let dobj = p.doorbells.get(d)?;

@@ -29,7 +29,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use abi::Time;
-use abi::port::{KernelError, NativeFenceDesc, NativeFenceInfo, NativeFenceType, WaitMode, WaitOutcome};
+use abi::port::{Invalid, KernelError, NativeFenceDesc, NativeFenceInfo, NativeFenceType, WaitMode, WaitOutcome};
 use abi::{DeviceHandle, NativeFenceHandle, ProcessId};
 use shm::{Prot, Shm, Word};
 
@@ -115,25 +115,17 @@ impl Os {
         self.at(now);
         self.proc(pid)?.devices.get(device)?;
         if !self.native_fences && desc.kind != NativeFenceType::LegacyMonitored {
-            return Err(invalid(
-                "kind",
-                format!("{:?}", desc.kind),
-                "this adapter has no native fences: create a monitored fence (LegacyMonitored)",
-            ));
+            return Err(invalid("kind", format!("{:?}", desc.kind), Invalid::NoNativeFences));
         }
         if desc.cross_adapter {
             // Spec 002: "A cross-adapter fence must be created with type DEFAULT" (a monitored
             // fence where there are no native fences).
             let allowed = if self.native_fences { NativeFenceType::Default } else { NativeFenceType::LegacyMonitored };
             if desc.kind != allowed {
-                return Err(invalid(
-                    "kind",
-                    format!("{:?}", desc.kind),
-                    format!("a cross-adapter fence must be of type {allowed:?} on this adapter"),
-                ));
+                return Err(invalid("kind", format!("{:?}", desc.kind), Invalid::CrossAdapterKind { allowed }));
             }
             if self.cross.is_none() {
-                return Err(invalid("cross_adapter", true, "this adapter is not part of a multi-adapter machine"));
+                return Err(invalid("cross_adapter", true, Invalid::SingleAdapter));
             }
         }
         // Find or make storage.
@@ -236,7 +228,7 @@ impl Os {
     ) -> Result<NativeFenceInfo, KernelError> {
         self.proc(pid)?.devices.get(device)?;
         let Some((x, me)) = self.cross.clone() else {
-            return Err(invalid("handle", handle, "this adapter is not part of a multi-adapter machine"));
+            return Err(invalid("handle", handle, Invalid::SingleAdapter));
         };
         let (current, coff) = x.storage(handle)?;
         // This adapter has it already (created here, or opened before): one more local
@@ -331,10 +323,10 @@ impl Os {
             .fence_index
             .get(&global)
             .and_then(|v| v.first())
-            .ok_or_else(|| invalid("global", global, "does not name a fence"))?;
+            .ok_or_else(|| invalid("global", global, Invalid::NoSuchFence))?;
         let o = self.proc(opid)?.fences.get(oh)?;
         if !o.shared {
-            return Err(invalid("global", global, "names a fence that was not created shareable: it cannot be opened"));
+            return Err(invalid("global", global, Invalid::NotShareable));
         }
         self.open_instance(pid, device, (opid, oh), now)
     }
@@ -403,7 +395,7 @@ impl Os {
         let lost = KernelError::InvalidArgument {
             field: "fence",
             value: h.to_string(),
-            reason: "was destroyed while waited on".into(),
+            reason: Invalid::DestroyedWhileWaited,
         };
         for (_, w) in &f.waiters {
             self.complete_fence_wait(w, Err(lost.clone()));
@@ -428,7 +420,7 @@ impl Os {
         now: Time,
     ) -> Result<(), KernelError> {
         if value == abi::port::FENCE_ALWAYS_SIGNALED {
-            return Err(invalid("value", value, "is reserved for a device in error (AlwaysSignaled)"));
+            return Err(invalid("value", value, Invalid::Reserved));
         }
         let f = self.proc(pid)?.fences.get(h)?;
         let cur = f.current();
@@ -464,7 +456,7 @@ impl Os {
         now: Time,
     ) -> Result<WaitStart, KernelError> {
         if conds.is_empty() {
-            return Err(invalid("fences", 0, "a wait names at least one fence"));
+            return Err(invalid("fences", 0, Invalid::EmptyWait));
         }
         let p = self.proc(pid)?;
         for (h, _) in conds {
@@ -473,11 +465,7 @@ impl Os {
                 return Err(KernelError::DeviceLost { device: f.device });
             }
             if f.kind == NativeFenceType::IntraGpu {
-                return Err(invalid(
-                    "fences",
-                    h,
-                    "is an IntraGpu fence: it has no CPU access, so a CPU cannot wait on it",
-                ));
+                return Err(invalid("fences", h, Invalid::NoCpuAccess));
             }
         }
         if let Some(i) = evaluate(p, conds, mode) {

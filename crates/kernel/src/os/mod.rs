@@ -311,8 +311,8 @@ pub struct Os {
     all_f1_since: Option<Time>,
 }
 
-fn invalid(field: &'static str, value: impl ToString, reason: impl Into<String>) -> KernelError {
-    KernelError::InvalidArgument { field, value: value.to_string(), reason: reason.into() }
+fn invalid(field: &'static str, value: impl ToString, reason: abi::port::Invalid) -> KernelError {
+    KernelError::InvalidArgument { field, value: value.to_string(), reason }
 }
 
 impl Os {

@@ -10,7 +10,7 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use abi::port::{AllocationDesc, AllocationInfo, KernelError, MemoryDomain};
+use abi::port::{AllocationDesc, AllocationInfo, Invalid, KernelError, MemoryDomain};
 use abi::{AllocationHandle, ContextHandle, DeviceHandle, EngineId, ProcessId, Time};
 use shm::{Prot, RotatingPage, Shm};
 
@@ -104,7 +104,7 @@ impl Os {
     ) -> Result<AllocationInfo, KernelError> {
         self.at(now);
         if desc.bytes == 0 || desc.bytes > MAX_ALLOCATION {
-            return Err(invalid("bytes", desc.bytes, "must be between 1 and 1 GiB"));
+            return Err(invalid("bytes", desc.bytes, Invalid::Size { max: MAX_ALLOCATION }));
         }
         let bytes = desc.bytes.div_ceil(4096) * 4096;
         let p = self.proc(pid)?;
@@ -162,7 +162,7 @@ impl Os {
     ) -> Result<ContextHandle, KernelError> {
         let engines = self.ddi.adapter_info().engines;
         if !engines.iter().any(|e| e.id == engine) {
-            return Err(invalid("engine", engine, format!("the device has {} engines", engines.len())));
+            return Err(invalid("engine", engine, Invalid::NoSuchEngine { engines: engines.len() }));
         }
         let p = self.proc(pid)?;
         p.devices.get(device)?;

@@ -19,7 +19,7 @@
 //! Invariant: `d3` is true exactly between a completed D3 entry and the next power-up, and
 //! `power_suspended` holds the contexts the D3 entry suspended (and only those).
 
-use abi::port::{KernelError, MemoryDomain};
+use abi::port::{Invalid, KernelError, MemoryDomain};
 use abi::{AllocationHandle, ContextHandle, DoorbellStatus, EngineId, EngineState, HwQueueHandle, PowerState};
 use abi::{ProcessId, Time};
 
@@ -173,7 +173,7 @@ impl Os {
         self.at(now);
         let ctx = self.proc(pid)?.contexts.get_mut(c)?;
         if ctx.suspended {
-            return Err(invalid("context", c, "is already suspended"));
+            return Err(invalid("context", c, Invalid::AlreadySuspended));
         }
         ctx.suspended = true;
         let queues = self.context_queues(pid, c)?;
@@ -188,7 +188,7 @@ impl Os {
         self.at(now);
         let ctx = self.proc(pid)?.contexts.get_mut(c)?;
         if !ctx.suspended {
-            return Err(invalid("context", c, "is not suspended"));
+            return Err(invalid("context", c, Invalid::NotSuspended));
         }
         ctx.suspended = false;
         let engine = ctx.engine;

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use abi::doorbell::DOORBELLS_PER_PAGE;
-use abi::port::{HwQueueDesc, HwQueueInfo, KernelError, LostReason, QueueStatus, SubmissionMode};
+use abi::port::{HwQueueDesc, HwQueueInfo, Invalid, KernelError, LostReason, QueueStatus, SubmissionMode};
 use abi::queue::{Access, FaultKind, QueueDescriptor};
 use abi::ring::{self, RPTR_OFFSET, RingControlView, WPTR_OFFSET};
 use abi::{ContextHandle, DoorbellStatus, HwQueueHandle, Priority, ProcessId, QueueState, Time};
@@ -69,13 +69,11 @@ impl Os {
         align: u64,
     ) -> Result<(), KernelError> {
         if !va.is_multiple_of(align) {
-            return Err(invalid(field, format!("{va:#x}"), format!("must be {align}-byte aligned")));
+            return Err(invalid(field, format!("{va:#x}"), Invalid::Misaligned { align }));
         }
         match self.ddi.vm_access(pid, va, bytes, access) {
             Ok(()) => Ok(()),
-            Err(FaultKind::ReadOnly { .. }) => {
-                Err(invalid(field, format!("{va:#x}"), "lies in a mapping the GPU may not write"))
-            }
+            Err(FaultKind::ReadOnly { .. }) => Err(invalid(field, format!("{va:#x}"), Invalid::GpuReadOnly)),
             Err(_) => Err(KernelError::OutsideMappings { field, va, bytes }),
         }
     }
@@ -86,7 +84,7 @@ impl Os {
         d: &QueueDescriptor,
         engine: &abi::port::EngineInfo,
     ) -> Result<Priority, KernelError> {
-        ring::check_ring_size(d.ring_bytes).map_err(|r| invalid("ring_bytes", d.ring_bytes, r))?;
+        ring::check_ring_size(d.ring_bytes).map_err(|r| invalid("ring_bytes", d.ring_bytes, Invalid::RingSize(r)))?;
         self.check_access(pid, "ring_va", d.ring_va, d.ring_bytes, Access::Read, 4)?;
         // The engine writes rptr: it must be client-writable memory, or a queue could aim it
         // at a protected word (another queue's progress fence) and forge it.
@@ -101,20 +99,17 @@ impl Os {
             return Err(invalid(
                 "doorbell_index",
                 d.doorbell_index,
-                format!(
-                    "lies outside the {} engine's doorbell range {}..{} of the page",
-                    engine.kind, range.start, range.end
-                ),
+                Invalid::OutsideEngineDoorbells { engine: engine.kind, first: range.start, end: range.end },
             ));
         }
         if d.doorbell_index >= DOORBELLS_PER_PAGE && d.doorbell_index != abi::queue::DOORBELL_INDEX_ANY {
             return Err(invalid(
                 "doorbell_index",
                 d.doorbell_index,
-                format!("lies outside the process's doorbell page (0..{DOORBELLS_PER_PAGE})"),
+                Invalid::OutsideDoorbellPage { doorbells: DOORBELLS_PER_PAGE },
             ));
         }
-        Priority::from_u32(d.priority).ok_or_else(|| invalid("priority", d.priority, "must be 0 (low) to 4 (realtime)"))
+        Priority::from_u32(d.priority).ok_or_else(|| invalid("priority", d.priority, Invalid::PriorityRange))
     }
 
     /// `D3DKMTCreateHwQueue` / USERQ CREATE.
@@ -128,8 +123,11 @@ impl Os {
         self.at(now);
         let engine = self.proc(pid)?.contexts.get(ctx)?.engine;
         let info = self.ddi.adapter_info();
-        let einfo =
-            info.engines.iter().find(|e| e.id == engine).ok_or_else(|| invalid("engine", engine, "does not exist"))?;
+        let einfo = info
+            .engines
+            .iter()
+            .find(|e| e.id == engine)
+            .ok_or_else(|| invalid("engine", engine, Invalid::NoSuchEngine { engines: info.engines.len() }))?;
         let kernel_page_shm = Shm::new("queue-kernel-page", abi::queue::QUEUE_KERNEL_PAGE_BYTES as usize)?;
         let kernel_page = abi::queue::KernelPageView::new(&kernel_page_shm)?;
         kernel_page.doorbell_status().get().store(DoorbellStatus::DisconnectedRetry as u64, Ordering::SeqCst);
@@ -147,7 +145,7 @@ impl Os {
         let (mode, create) = match desc.mode {
             SubmissionMode::UserMode(d) => {
                 if !einfo.user_queues {
-                    return Err(invalid("engine", engine, "does not support user-mode queues"));
+                    return Err(invalid("engine", engine, Invalid::Unsupported("user-mode queues")));
                 }
                 self.validate_descriptor(pid, &d, einfo)?;
                 let mut d = d;
@@ -166,7 +164,7 @@ impl Os {
                             ),
                         })?;
                 } else if let Some(other) = owner_of(p, d.doorbell_index) {
-                    return Err(invalid("doorbell_index", d.doorbell_index, format!("already used by {other}")));
+                    return Err(invalid("doorbell_index", d.doorbell_index, Invalid::UsedBy(other)));
                 }
                 let create = QueueCreate {
                     process: pid,
@@ -190,7 +188,7 @@ impl Os {
             }
             SubmissionMode::KernelMode => {
                 if !einfo.kernel_queues {
-                    return Err(invalid("engine", engine, "does not support kernel-mode queues"));
+                    return Err(invalid("engine", engine, Invalid::Unsupported("kernel-mode queues")));
                 }
                 let doorbell = self.kernel_doorbells.take()?;
                 let ring = Shm::new("kernel-ring", KERNEL_RING_BYTES as usize)?;

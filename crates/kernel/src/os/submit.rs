@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use abi::packet::Packet;
-use abi::port::KernelError;
+use abi::port::{Invalid, KernelError};
 use abi::queue::{Access, FaultKind, FaultRecord};
 use abi::ring;
 use abi::{ContextHandle, HwQueueHandle, ProcessId, Time};
@@ -82,21 +82,13 @@ impl Os {
                     signalled.push((va, value));
                 }
                 Packet::Logged { .. } => {
-                    return Err(invalid(
-                        "SIGNAL/WAIT log flag",
-                        "set",
-                        "kernel-mode queues have no fence log (their fences are software operations of the kernel)",
-                    ));
+                    return Err(invalid("SIGNAL/WAIT log flag", "set", Invalid::LogFlagOnKernelQueue));
                 }
                 Packet::SignalFence { va, value } => {
                     signalled.push((va, value));
                     w("SIGNAL.va", va, 8, 8)?;
                     if !fences.iter().any(|&(fva, _)| fva == va) {
-                        return Err(invalid(
-                            "SIGNAL.va",
-                            format!("{va:#x}"),
-                            "carries the native-fence flag but is not a native fence of the process",
-                        ));
+                        return Err(invalid("SIGNAL.va", format!("{va:#x}"), Invalid::NotANativeFence));
                     }
                 }
                 Packet::Wait { va, value } => {
@@ -112,13 +104,14 @@ impl Os {
                 }
                 Packet::IndirectBuffer { va, dwords, vmid: v } => {
                     if v != 0 {
-                        return Err(invalid("INDIRECT_BUFFER.vmid", v, "must be 0"));
+                        return Err(invalid("INDIRECT_BUFFER.vmid", v, Invalid::MustBeZero));
                     }
                     r("INDIRECT_BUFFER.va", va, dwords as u64 * 4, 4)?;
                 }
                 Packet::Dispatch { kernel, grid, group, args } => {
-                    abi::isa::check_dims(grid, group)
-                        .map_err(|why| invalid("DISPATCH.grid/group", format!("{grid:?}/{group:?}"), why))?;
+                    abi::isa::check_dims(grid, group).map_err(|why| {
+                        invalid("DISPATCH.grid/group", format!("{grid:?}/{group:?}"), Invalid::Dims(why))
+                    })?;
                     r("DISPATCH.kernel", kernel, abi::isa::KERNEL_HEADER_BYTES, 8)?;
                     r("DISPATCH.args", args, 8, 8)?;
                 }
@@ -151,11 +144,7 @@ impl Os {
             }
         };
         if words.is_empty() || words.len() as u64 * 4 > KERNEL_RING_BYTES / 2 {
-            return Err(invalid(
-                "words",
-                words.len(),
-                format!("a submission holds 1 to {} dwords", KERNEL_RING_BYTES / 8),
-            ));
+            return Err(invalid("words", words.len(), Invalid::SubmissionSize { max_dwords: KERNEL_RING_BYTES / 8 }));
         }
         let fences: Vec<(u64, abi::NativeFenceHandle)> = p.fences.iter().map(|(h, f)| (f.va, h)).collect();
         let (progress, waits) = self.validate_packets(pid, words, last, &fences)?;

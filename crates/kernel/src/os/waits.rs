@@ -164,7 +164,7 @@ impl Os {
     ) -> Result<abi::fence_log::LogRead, KernelError> {
         self.at(now);
         let logs = self.queue(pid, q)?.logs.clone();
-        let logs = logs.ok_or_else(|| invalid("queue", q, "is a kernel-mode queue: it has no fence log"))?;
+        let logs = logs.ok_or_else(|| invalid("queue", q, abi::port::Invalid::NoFenceLog))?;
         self.ddi.flush_fence_logs(q);
         abi::fence_log::read_since(&logs[kind as usize], since)
             .map_err(|reason| KernelError::CorruptLog { queue: q, reason })

@@ -25,7 +25,7 @@ use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
 use abi::NativeFenceHandle;
-use abi::port::{KernelError, WaitMode, WaitOutcome};
+use abi::port::{Invalid, KernelError, WaitMode, WaitOutcome};
 use abi::{ContextHandle, DeviceHandle, EngineId, HwQueueHandle, PowerState, ProcessId, Time};
 use gpu::{Gpu, GpuConfig};
 use parking_lot::Mutex;
@@ -139,13 +139,13 @@ impl System {
             return Err(KernelError::InvalidArgument {
                 field: "user_queue_mode",
                 value: format!("{:?}", cfg.user_queue_mode),
-                reason: "an adapter without native fences takes kernel-mode queues only (KernelOnly)".into(),
+                reason: Invalid::NeedsKernelOnly,
             });
         }
         let gpu = Gpu::new(cfg.gpu).map_err(|e| KernelError::InvalidArgument {
             field: "gpu",
             value: String::new(),
-            reason: e.to_string(),
+            reason: Invalid::Device(e.to_string()),
         })?;
         let gpu = Arc::new(Mutex::new(gpu));
         let line = InterruptLine::default();
@@ -159,7 +159,7 @@ impl System {
             return Err(KernelError::InvalidArgument {
                 field: "doorbell_pool",
                 value: n.to_string(),
-                reason: "the device's doorbell model is global: there are no dedicated doorbells to pool".into(),
+                reason: Invalid::NothingToPool,
             });
         }
         let trace = SharedTrace::default();

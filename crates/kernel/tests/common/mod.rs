@@ -487,3 +487,19 @@ impl RawProc {
         })
     }
 }
+
+/// The field and typed reason of an `InvalidArgument` refusal, if `e` is one.
+pub fn refusal(e: &KernelError) -> Option<(&'static str, &abi::port::Invalid)> {
+    match e {
+        KernelError::InvalidArgument { field, reason, .. } => Some((field, reason)),
+        _ => None,
+    }
+}
+
+/// [`refusal`] of a kernel error the UMD passed on.
+pub fn umd_refusal(e: &umd::UmdError) -> Option<(&'static str, &abi::port::Invalid)> {
+    match e {
+        umd::UmdError::Kernel(k) => refusal(k),
+        _ => None,
+    }
+}
