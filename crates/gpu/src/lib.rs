@@ -28,6 +28,7 @@
 //!   wptr, and F1 is refused while any queue has `rptr != wptr`.
 
 pub mod compute;
+pub mod cost;
 mod firmware;
 mod memory;
 
@@ -40,6 +41,7 @@ use shm::Shm;
 
 pub use abi::power::{EngineState, PowerState};
 pub use abi::time::Time;
+pub use cost::{CostModel, Timing};
 pub use firmware::{FenceSignaled, FenceWaits, FwQueueId, Interrupt, QueueConfig, StepReport};
 pub use memory::{AddressSpace, GpuMapping, Vmid};
 
@@ -53,7 +55,8 @@ pub struct GpuConfig {
     pub doorbell_pages: u32,
     /// An engine with no work for this long asks for F1.
     pub idle_period: Duration,
-    /// Packets one queue may execute per [`Gpu::step`] before the engine moves on.
+    /// Packets one queue may execute per [`Gpu::step`] before the engine moves on (its turn
+    /// is also bounded by device time, [`CostModel::turn`]).
     pub packet_budget: u32,
     /// Lanes per wave on compute engines (1..=64).
     pub wave_width: u32,
@@ -77,6 +80,12 @@ pub struct GpuConfig {
     /// doorbell page, which its clients ring too: two BAR pages per process, so the default
     /// 64 pages host 31 processes instead of 63.
     pub misses_unmapped_doorbells: bool,
+    /// What executing work costs in device time ([`cost`]): it budgets each queue's turn,
+    /// and with [`Timing::Modelled`] it occupies the engine.
+    pub cost: CostModel,
+    /// Whether modelled costs occupy the engine (the deterministic driver) or only budget
+    /// turns (the live driver, where execution takes real time).
+    pub timing: Timing,
 }
 
 impl Default for GpuConfig {
@@ -94,6 +103,8 @@ impl Default for GpuConfig {
             gang_quantum: Duration::from_millis(1),
             doorbell_model: DoorbellModel::Dedicated,
             misses_unmapped_doorbells: false,
+            cost: CostModel::default(),
+            timing: Timing::Real,
         }
     }
 }
@@ -382,9 +393,17 @@ impl Gpu {
         self.fw.handle_timeout(now)
     }
 
-    /// When [`Gpu::handle_timeout`] next has something to do.
+    /// When [`Gpu::handle_timeout`] next has something to do (an engine's modelled busy
+    /// period ending included).
     pub fn poll_timeout(&self) -> Option<Time> {
         self.fw.poll_timeout()
+    }
+
+    /// With [`Timing::Modelled`]: the earliest time an engine that is running work becomes
+    /// free to run more (the modelled end of its last step). `None` when no engine is busy.
+    /// A driver that lets time pass only while work remains jumps its clock here.
+    pub fn busy_until(&self) -> Option<Time> {
+        self.fw.busy_until()
     }
 
     /// `DxgkDdiCreateNativeFence`: a `SIGNAL` with the fence flag that lands on `current`

@@ -225,7 +225,10 @@ fn timestamp_writes_the_sim_clock_at_execution() {
         let now = r.sys.now().as_nanos();
         assert_eq!(now, 3_000_000);
         assert_eq!(r.u64(0), now, "TIMESTAMP is the device clock when it executed");
-        assert_eq!(r.u64(16), now, "nothing advances virtual time inside one step");
+        // Device time: the two packets before the second TIMESTAMP occupy the engine for
+        // their modelled cost, and TIMESTAMP reads the time at which its packet starts.
+        let packet = gpu::CostModel::default().packet.as_nanos() as u64;
+        assert_eq!(r.u64(16), now + 2 * packet, "a step's packets take device time");
         // Later, past the idle period (the engine goes to F1 and back): still the clock, and
         // monotonic.
         r.sys.advance(Duration::from_millis(25));
@@ -458,7 +461,9 @@ fn every_packet_in_one_stream() {
         assert_eq!(r.u64(8), 0x6464_6464_6464);
         assert_eq!(&r.bytes(0x110, 8), b"doorbell");
         assert_eq!(r.bytes(0x120, 6), [1, 2, 3, 4, 1, 0]);
-        assert_eq!(r.u64(0x18), 1_000_000);
+        // Five packets before the TIMESTAMP, two of them moving bytes (device time).
+        let cost = gpu::CostModel::default();
+        assert_eq!(r.u64(0x18), 1_000_000 + 5 * cost.packet.as_nanos() as u64 + cost.bulk_ns(8) + cost.bulk_ns(5));
         assert_eq!(r.u64(0x60), 0x1b);
         assert_eq!(r.u64(0x20), 0x5151);
         assert_eq!(r.sys.stats().user_interrupts, 1);

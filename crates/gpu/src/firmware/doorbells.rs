@@ -14,10 +14,6 @@ use super::*;
 /// arithmetic (a ring's worth of bytes on top) cannot overflow.
 pub(super) const MAX_POINTER: u64 = 1 << 62;
 
-/// What a doorbell word holds after a bind: never a wptr (not dword aligned), so whatever a
-/// client rings next — even the value a previous owner of the slot left — is seen as new.
-pub(super) const DOORBELL_UNRUNG: u64 = u64::MAX;
-
 /// Which doorbell a queue answers to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Binding {
@@ -53,13 +49,17 @@ pub(super) struct Watch {
 
 impl Firmware {
     pub(crate) fn bind_doorbell(&mut self, id: FwQueueId, index: u32) -> Result<(), GpuError> {
-        self.queue(id)?;
+        // Reset the word to the queue's wptr as the firmware last validated it: a ring is a
+        // change of the word, and every value a client can write except that one is a
+        // change — the next wptr moves forward, and a bad one (backwards, misaligned,
+        // `u64::MAX`) is heard and faults the queue. A recycled doorbell thus never carries
+        // its previous owner's value, which could equal this queue's next wptr and hide a
+        // ring; and work published before the bind is found by the wptr re-read below.
+        // Relaxed: the binding is published to the client by the kernel's status store,
+        // which comes after.
+        let last = self.queue(id)?.wptr;
         let word = self.bar.doorbell(index)?;
-        // Reset the word: a recycled doorbell must not carry its previous owner's value, which
-        // could equal this queue's next wptr and hide a ring. Relaxed: the binding is
-        // published to the client by the kernel's status store, which comes after.
-        word.get().store(DOORBELL_UNRUNG, Ordering::Relaxed);
-        let last = DOORBELL_UNRUNG;
+        word.get().store(last, Ordering::Relaxed);
         let (e, q) = self.engine_and_queue(id)?;
         e.watches.retain(|w| w.queue != id);
         e.watches.push(Watch { word, queue: id, last });

@@ -47,9 +47,21 @@ pub(super) enum Flow {
 pub(super) struct Env<'a> {
     pub(super) fences: &'a FenceTable,
     pub(super) optimized_interrupts: bool,
-    /// Reads the device clock. Timestamps (`TIMESTAMP`, fence-log entries) read it when they
-    /// execute, so they never predate work that was published after the step began.
+    /// Reads the device clock. With real timing, timestamps (`TIMESTAMP`, fence-log entries)
+    /// read it when they execute, so they never predate work that was published after the
+    /// step began.
     pub(super) clock: &'a dyn Fn() -> Time,
+    /// What work costs, and whether the cost occupies the engine ([`crate::cost`]).
+    pub(super) cost: crate::cost::CostModel,
+    pub(super) timing: crate::cost::Timing,
+    /// When the engine's step began.
+    pub(super) start: Time,
+    /// Modelled device time the engine has spent in this step so far (ns).
+    pub(super) elapsed: u64,
+    /// `elapsed` at which the current queue's turn ends.
+    pub(super) turn_end: u64,
+    /// Bytes `COPY`/`FILL` chunks moved in this step (progress that is not a whole packet).
+    pub(super) bytes: u64,
     pub(super) kind: EngineKind,
     pub(super) wave_width: u32,
     pub(super) dispatch_budget: u64,
@@ -57,6 +69,32 @@ pub(super) struct Env<'a> {
     pub(super) irqs: &'a mut std::collections::VecDeque<Interrupt>,
     /// The fence epoch: bumped by every packet this device executes that writes memory.
     pub(super) fence_epoch: &'a mut u64,
+}
+
+impl Env<'_> {
+    /// Device time now: with modelled timing, the step's start plus what the engine ran so
+    /// far in it; with real timing, the clock.
+    pub(super) fn now(&self) -> Time {
+        match self.timing {
+            crate::cost::Timing::Modelled => Time(self.start.0.saturating_add(self.elapsed)),
+            crate::cost::Timing::Real => (self.clock)(),
+        }
+    }
+
+    /// Spends `ns` of modelled device time.
+    pub(super) fn charge(&mut self, ns: u64) {
+        self.elapsed = self.elapsed.saturating_add(ns);
+    }
+
+    /// Whether the current queue's turn is over.
+    pub(super) fn turn_over(&self) -> bool {
+        self.elapsed >= self.turn_end
+    }
+
+    /// Device time left in the current queue's turn (ns).
+    pub(super) fn turn_left(&self) -> u64 {
+        self.turn_end.saturating_sub(self.elapsed)
+    }
 }
 
 impl Firmware {
@@ -75,10 +113,19 @@ impl Firmware {
             optimized_interrupts,
             quanta,
             fence_epoch,
+            cost,
+            timing,
             ..
         } = self;
+        let modelled = *timing == crate::cost::Timing::Modelled;
         for e in engines.iter_mut().filter(|e| e.power == PowerState::F0) {
+            // Still executing the work of an earlier step (modelled timing): nothing new
+            // starts before the busy period ends.
+            if modelled && e.timers.get(Timer::Busy).is_some_and(|t| now < t) {
+                continue;
+            }
             schedule::schedule(e, queues, now, *quanta);
+            let mut elapsed = 0u64;
             let n = e.hqd.len();
             let mut busy = false;
             for k in 0..n {
@@ -100,6 +147,12 @@ impl Firmware {
                     fences,
                     optimized_interrupts: *optimized_interrupts,
                     clock,
+                    cost: *cost,
+                    timing: *timing,
+                    start: now,
+                    elapsed,
+                    turn_end: elapsed.saturating_add(crate::cost::ns(cost.turn)),
+                    bytes: 0,
                     kind: e.kind,
                     wave_width: *wave_width,
                     dispatch_budget: *dispatch_budget,
@@ -108,6 +161,8 @@ impl Firmware {
                     fence_epoch,
                 };
                 report.packets += run_queue(q, id, vms, *budget, &mut env);
+                elapsed = env.elapsed;
+                report.bytes += env.bytes;
                 report.instructions += compute.instructions - before;
                 if q.pending && q.state == QueueState::Mapped {
                     report.runnable += 1;
@@ -122,6 +177,11 @@ impl Firmware {
             if busy {
                 e.last_busy = now;
                 e.arm_idle();
+            }
+            if modelled && elapsed > 0 {
+                // The engine is busy until the modelled end of what it just ran.
+                e.timers.set(Timer::Busy, Some(Time(now.0.saturating_add(elapsed))));
+                report.device_ns += elapsed;
             }
         }
         report
@@ -153,7 +213,9 @@ pub(super) fn run_queue(
             None,
             false,
         ))?;
-        while done < budget as u64 {
+        // A turn ends after `budget` packets or when its device time is spent, whichever
+        // comes first (at least one packet, or one slice of one, always runs).
+        while done < budget as u64 && (done == 0 || !env.turn_over()) {
             if let Some(mut ib) = q.ib {
                 let ib_vm = match ib.vmid {
                     Some(v) => vms.get(v.0 as usize).and_then(Option::as_ref).ok_or((
@@ -204,6 +266,7 @@ pub(super) fn run_queue(
         q.state = QueueState::Hung;
         q.pending = false;
         q.dispatch_active = false;
+        q.bulk_done = None;
         q.fault = Some(fault.clone());
         env.irqs.push_back(Interrupt::QueueFault { queue: id, fault });
     }
@@ -263,8 +326,28 @@ pub(super) fn outside(va: u64, bytes: u64) -> FaultKind {
     FaultKind::OutsideMappings { va, bytes, access: Access::Read }
 }
 
-/// Executes one packet.
+/// Executes one packet, then charges the command processor's share of it (after: a
+/// `TIMESTAMP` reads the time at which its packet starts). A resumed slice pays it again: the
+/// engine re-reads the packet to continue it; a `WAIT` still blocked pays nothing.
 pub(super) fn exec(
+    p: Packet,
+    q: &mut FwQueue,
+    id: FwQueueId,
+    vm: &AddressSpace,
+    env: &mut Env<'_>,
+    in_indirect: bool,
+) -> Result<Flow, FaultKind> {
+    let flow = exec_packet(p, q, id, vm, env, in_indirect);
+    // A WAIT that stays blocked costs nothing: it is re-checked at the next event, and it
+    // must not keep its engine busy (and the deterministic clock crawling) while it waits.
+    if !matches!(flow, Ok(Flow::Blocked)) {
+        env.charge(crate::cost::ns(env.cost.packet));
+    }
+    flow
+}
+
+/// Executes one packet (see [`exec`]).
+fn exec_packet(
     p: Packet,
     q: &mut FwQueue,
     id: FwQueueId,
@@ -294,15 +377,22 @@ pub(super) fn exec(
         Packet::Copy { src, dst, bytes } => {
             let s = vm.translate(src, bytes, Access::Read)?;
             let d = vm.translate(dst, bytes, Access::Write)?;
-            Mapping::copy(s.shm, s.offset, d.shm, d.offset, bytes).map_err(|_| wfault(dst, bytes))?;
+            // Overlap is a property of the backing memory: walk the chunks in memmove order,
+            // so a chunk's writes only clobber source bytes an earlier chunk already read.
+            let backward = s.shm.id() == d.shm.id() && d.offset > s.offset && d.offset < s.offset + bytes;
+            return bulk(q, env, bytes, backward, |at, n| {
+                Mapping::copy(s.shm, s.offset + at, d.shm, d.offset + at, n).map_err(|_| wfault(dst + at, n))
+            });
         }
         Packet::Fill { dst, bytes, pattern } => {
             let d = vm.translate(dst, bytes, Access::Write)?;
-            d.shm.fill_u32(d.offset, bytes, pattern).map_err(|_| wfault(dst, bytes))?;
+            return bulk(q, env, bytes, false, |at, n| {
+                d.shm.fill_u32(d.offset + at, n, pattern).map_err(|_| wfault(dst + at, n))
+            });
         }
         Packet::Timestamp { va } => {
             let r = vm.translate_aligned(va, 8, Access::Write)?;
-            r.shm.write_u64(r.offset, (env.clock)().as_nanos()).map_err(|_| wfault(va, 8))?;
+            r.shm.write_u64(r.offset, env.now().as_nanos()).map_err(|_| wfault(va, 8))?;
         }
         Packet::IndirectBuffer { va, dwords, vmid } => {
             if in_indirect {
@@ -357,7 +447,7 @@ pub(super) fn exec(
             match op {
                 LoggedOp::Wait => {
                     let r = vm.translate_aligned(va, 8, Access::Read)?;
-                    let now = (env.clock)();
+                    let now = env.now();
                     let observed = *q.wait_observed.get_or_insert(now);
                     // Acquire: pairs with the signaller's release store.
                     if r.shm.load_u64(r.offset, Ordering::Acquire).map_err(|_| outside(va, 8))? < value {
@@ -383,7 +473,7 @@ pub(super) fn exec(
                 LoggedOp::Signal | LoggedOp::SignalFence => {
                     let r = vm.translate_aligned(va, 8, Access::Write)?;
                     let current = r.shm.atomic_u64(r.offset).map_err(|_| wfault(va, 8))?;
-                    let now = (env.clock)();
+                    let now = env.now();
                     let entry_of = |h| FenceLogEntry {
                         fence_value: value,
                         fence_handle: h,
@@ -452,7 +542,14 @@ pub(super) fn exec(
             } else {
                 Dispatch::start(vm, kernel, grid, group, args, env.wave_width)?
             };
-            match d.run(vm, env.dispatch_budget, env.stats)? {
+            // A slice runs as many wave-instructions as the turn has time for (at least one),
+            // and at most the dispatch budget.
+            let per = crate::cost::ns(env.cost.wave_instruction).max(1);
+            let budget = env.dispatch_budget.min(env.turn_left() / per).max(1);
+            let before = env.stats.instructions;
+            let progress = d.run(vm, budget, env.stats);
+            env.charge(env.cost.instructions_ns(env.stats.instructions - before));
+            match progress? {
                 Progress::Done => q.dispatch_active = false,
                 Progress::Yield => {
                     d.save(save, 0)?;
@@ -460,6 +557,35 @@ pub(super) fn exec(
                     return Ok(Flow::Yield);
                 }
             }
+        }
+    }
+    Ok(Flow::Next)
+}
+
+/// Runs a `COPY`/`FILL` of `total` bytes in chunks ([`crate::cost::CostModel::chunk_bytes`]),
+/// from where an earlier turn left it, until it is done or the turn's device time is spent.
+/// `op(at, n)` moves bytes `[at, at + n)` of the packet. Unfinished, the queue keeps its place
+/// (`bulk_done`) and yields: the packet is resumed at that chunk boundary, never restarted, so
+/// nothing it already wrote is written again.
+fn bulk(
+    q: &mut FwQueue,
+    env: &mut Env<'_>,
+    total: u64,
+    backward: bool,
+    mut op: impl FnMut(u64, u64) -> Result<(), FaultKind>,
+) -> Result<Flow, FaultKind> {
+    let chunk = env.cost.chunk_bytes();
+    let mut done = q.bulk_done.take().unwrap_or(0).min(total);
+    while done < total {
+        let n = chunk.min(total - done);
+        let at = if backward { total - done - n } else { done };
+        op(at, n)?;
+        env.charge(env.cost.bulk_ns(n));
+        env.bytes += n;
+        done += n;
+        if done < total && env.turn_over() {
+            q.bulk_done = Some(done);
+            return Ok(Flow::Yield);
         }
     }
     Ok(Flow::Next)

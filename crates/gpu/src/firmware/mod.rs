@@ -160,6 +160,12 @@ pub struct StepReport {
     pub runnable: u32,
     /// Kernel wave-instructions executed.
     pub instructions: u64,
+    /// Bytes moved by `COPY`/`FILL` (a chunk of a large one is progress before its packet
+    /// completes).
+    pub bytes: u64,
+    /// Modelled device time the engines spent (with [`crate::cost::Timing::Modelled`]; 0
+    /// with real timing).
+    pub device_ns: u64,
 }
 
 /// An indirect buffer being executed.
@@ -191,6 +197,9 @@ struct FwQueue {
     last_run: Time,
     /// A `DISPATCH` at rptr is part-way done; its state is in the context save area.
     dispatch_active: bool,
+    /// A `COPY`/`FILL` at rptr is part-way done: this many bytes of it are (a chunk
+    /// boundary, [`crate::cost::CostModel::bulk_chunk`]).
+    bulk_done: Option<u64>,
     /// When the engine first saw the logged `WAIT` it is blocked on (the log's observed time).
     wait_observed: Option<Time>,
     /// Blocked in a `WAIT` on a native fence, as of this fence epoch: not re-checked until a
@@ -278,10 +287,13 @@ pub(crate) enum Timer {
     Idle,
     /// A slot holder's quantum runs out against a waiting queue: redo the slot assignment.
     Quantum,
+    /// With modelled timing: the engine finishes the work of its last step (the modelled
+    /// end of its busy period) and may run again.
+    Busy,
 }
 
 impl Timer {
-    const COUNT: usize = 2;
+    const COUNT: usize = 3;
 }
 
 /// One engine's timer table (quinn-proto's `TimerTable`): at most one deadline per
@@ -339,6 +351,10 @@ struct Engine {
 /// The firmware state machine. See the module docs.
 pub(crate) struct Firmware {
     budget: u32,
+    /// What work costs in device time (turn budgets, bulk chunks, occupancy).
+    cost: crate::cost::CostModel,
+    /// Whether those costs occupy the engine.
+    timing: crate::cost::Timing,
     wave_width: u32,
     dispatch_budget: u64,
     compute: ComputeStats,
@@ -410,7 +426,7 @@ impl Firmware {
                 f1_requested: false,
                 last_busy: Time::ZERO,
                 idle_period: cfg.idle_period,
-                timers: Timers([Some(Time::ZERO.plus(cfg.idle_period)), None]),
+                timers: Timers([Some(Time::ZERO.plus(cfg.idle_period)), None, None]),
                 run_list: Vec::new(),
                 hqd: Vec::new(),
                 hw_slots: cfg.hw_slots.max(1) as usize,
@@ -423,6 +439,8 @@ impl Firmware {
             .collect();
         Firmware {
             budget: cfg.packet_budget.max(1),
+            cost: cfg.cost,
+            timing: cfg.timing,
             wave_width: cfg.wave_width.clamp(1, crate::compute::MAX_WAVE as u32),
             dispatch_budget: cfg.dispatch_budget.max(1),
             compute: ComputeStats::default(),
@@ -507,6 +525,7 @@ impl Firmware {
             slice_start: Time::ZERO,
             last_run: Time::ZERO,
             dispatch_active: false,
+            bulk_done: None,
             wait_observed: None,
             parked: None,
             on_run_list: false,
@@ -640,6 +659,10 @@ impl Firmware {
     pub(crate) fn handle_timeout(&mut self, now: Time) {
         let Firmware { engines, queues, irqs, .. } = self;
         for e in engines.iter_mut() {
+            if e.timers.expired(Timer::Busy, now) {
+                // The modelled work is done: the engine may run again (its step checks).
+                e.timers.set(Timer::Busy, None);
+            }
             if e.timers.expired(Timer::Quantum, now) {
                 // The slot assignment looks again at the engine's next step.
                 e.timers.set(Timer::Quantum, None);
@@ -664,6 +687,11 @@ impl Firmware {
     /// The earliest timer of any engine.
     pub(crate) fn poll_timeout(&self) -> Option<Time> {
         self.engines.iter().filter_map(|e| e.timers.earliest()).min()
+    }
+
+    /// The earliest modelled end of an engine's busy period.
+    pub(crate) fn busy_until(&self) -> Option<Time> {
+        self.engines.iter().filter_map(|e| e.timers.get(Timer::Busy)).min()
     }
 
     pub(crate) fn poll_interrupt(&mut self) -> Option<Interrupt> {

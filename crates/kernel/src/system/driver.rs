@@ -92,21 +92,70 @@ impl SimWorld {
         any
     }
 
-    /// Steps until nothing happens without time passing. Bounded, in case a queue spins (a
-    /// `WAIT` that is never satisfied keeps it runnable).
-    pub(crate) fn settle(&self) {
-        for _ in 0..100_000 {
+    /// Steps until nothing more happens at the current time. Bounded, in case a queue spins
+    /// (a `WAIT` that is never satisfied keeps it runnable).
+    fn settle_now(&self) {
+        for _ in 0..SETTLE_STEPS {
             if !self.step() {
                 return;
             }
         }
     }
 
-    /// The earliest timer of any adapter (the device's, the OS's).
+    /// Runs until no engine has work left: steps, and while an engine is busy with modelled
+    /// work, moves the clock to the next event (that engine finishing, or any timer before
+    /// it). Time passes only as far as the work takes; an idle system's timers (the F1 idle
+    /// period, D3) are not reached. Bounded, for a queue that never finishes (an endless
+    /// kernel): use [`SimWorld::run_until`] beside one.
+    pub(crate) fn settle(&self) {
+        for _ in 0..SETTLE_STEPS {
+            self.settle_now();
+            let Some(busy) = self.next_busy() else { return };
+            self.jump_to(busy.min(self.next_timer().unwrap_or(busy)));
+        }
+    }
+
+    /// Runs every event in time order until the clock reaches `target`, then settles at
+    /// `target`: engines execute, timers fire and time moves from one to the next, whatever
+    /// runs (an endless kernel included). The bounded "run for this long" of tests.
+    pub(crate) fn run_until(&self, target: Time) {
+        loop {
+            self.settle_now();
+            match self.next_timer() {
+                Some(t) if t <= target && self.clock.now() < target => self.jump_to(t),
+                _ => break,
+            }
+        }
+        self.clock.set(target);
+        self.settle_now();
+    }
+
+    /// Moves the clock to `t`, and always forward: a timer that is due but was not handled
+    /// (nothing entered its state machine) must not stall the loop.
+    fn jump_to(&self, t: Time) {
+        self.clock.set(t.max(Time(self.clock.now().0 + 1)));
+    }
+
+    /// The earliest timer of any adapter (the device's, the OS's), an engine's busy period
+    /// ending included.
     fn next_timer(&self) -> Option<Time> {
         self.members().iter().flat_map(|m| [m.gpu.lock().poll_timeout(), m.os.lock().poll_timeout()]).flatten().min()
     }
+
+    /// The earliest end of an engine's modelled busy period on any adapter.
+    fn next_busy(&self) -> Option<Time> {
+        self.members().iter().filter_map(|m| m.gpu.lock().busy_until()).min()
+    }
 }
+
+/// The most steps [`SimWorld`] takes at one time before it gives up on settling (a queue
+/// spinning on a `WAIT`, an endless kernel).
+const SETTLE_STEPS: usize = 100_000;
+
+/// The most virtual time a [`Inner::block`] with no timeout waits on the deterministic driver:
+/// longer means nothing in the system will satisfy it (a deadlock, or an endless kernel), and
+/// it returns timed out instead of spinning forever.
+pub(crate) const DEADLOCK_HORIZON: Duration = Duration::from_secs(60);
 
 /// Unparks the firmware thread.
 #[derive(Default)]
@@ -248,7 +297,7 @@ impl Inner {
             });
         }
         // Progress only: a queue blocked in a WAIT re-checks every pump but moves nothing.
-        let work = report.packets > 0 || report.instructions > 0 || raised > 0;
+        let work = report.packets > 0 || report.instructions > 0 || report.bytes > 0 || raised > 0;
         Pump { work, asleep }
     }
 
@@ -285,30 +334,23 @@ impl Inner {
             }
             Driver::Sim { world } => {
                 let clock = &world.clock;
-                // With no timeout, give up once virtual time has moved this far without any
-                // progress: nothing in the system can satisfy the wait (a deadlock).
-                const DEADLOCK_HORIZON: Duration = Duration::from_secs(60);
-                let deadline = timeout.map(|t| clock.now().plus(t));
-                let mut stalled_since = clock.now();
+                // With no timeout, give up after the deadlock horizon: nothing in the system
+                // will satisfy the wait. Busy engines do not hold the horizon off: an endless
+                // kernel beside a wait that nothing signals is still a deadlock for the wait.
+                let deadline = clock.now().plus(timeout.unwrap_or(DEADLOCK_HORIZON));
                 loop {
                     if self.os.lock().wait_done(id) {
                         return;
                     }
                     if world.step() {
-                        stalled_since = clock.now();
                         continue;
                     }
-                    if deadline.is_none() && clock.now().since(stalled_since) >= DEADLOCK_HORIZON {
+                    if clock.now() >= deadline {
                         return;
                     }
-                    // Nothing moves without time: jump to the next timer or the deadline.
-                    let horizon = stalled_since.plus(DEADLOCK_HORIZON);
-                    let next =
-                        [world.next_timer(), deadline, Some(horizon)].into_iter().flatten().min().unwrap_or(horizon);
-                    if deadline.is_some_and(|d| clock.now() >= d) {
-                        return;
-                    }
-                    clock.set(next.max(Time(clock.now().0 + 1)));
+                    // Nothing moves at this instant: jump to the next event (an engine's
+                    // modelled work ending, a timer) or the deadline.
+                    world.jump_to(world.next_timer().map_or(deadline, |t| t.min(deadline)));
                 }
             }
         }

@@ -10,12 +10,18 @@
 //!   parks while every engine is in F1, until a connect wakes it; a kernel scheduler worker
 //!   thread sleeps on a condition variable until a kernel-mode submission arrives. Dropping
 //!   the [`System`] stops and joins both.
-//! - **Sim** ([`System::sim`]): a virtual clock that moves only when the test says so
-//!   ([`System::advance`]) or when a blocked wait has nothing left to do but let time pass.
-//!   A wait with no timeout that sees no progress for 60 s of virtual time is a deadlock: it
-//!   returns timed out instead of spinning forever.
-//!   Nothing runs unless [`System::step`] (or a blocking wait) runs it, so every interleaving
-//!   is reproducible.
+//! - **Sim** ([`System::sim`]): a virtual clock, and **device time**: every packet, dispatch
+//!   slice and copy chunk occupies its engine for a modelled duration ([`gpu::cost`], with
+//!   [`gpu::Timing::Modelled`]), and the clock moves from event to event — an engine
+//!   finishing its work, a device or kernel timer, a wait's timeout — whichever comes first.
+//!   So time passes beside a busy engine: a timed wait returns at its deadline next to an
+//!   endless kernel, and a normal termination runs out its budget. Time moves only when a
+//!   test says so ([`System::settle`] runs until the engines have no work,
+//!   [`System::run_for`] runs every event for a bounded span) or when a blocked wait has
+//!   nothing left to do but let time pass. A wait with no timeout that is not decided within
+//!   60 s of virtual time is a deadlock: it returns timed out instead of spinning forever.
+//!   Nothing runs unless a step (or a blocking wait) runs it, so every interleaving is
+//!   reproducible.
 //!
 //! A client opens a process with [`System::open_process`] and gets a [`ProcessPort`], the
 //! [`abi::port::KernelPort`] implementation a `umd::Device` runs on.
@@ -70,8 +76,8 @@ pub struct SystemConfig {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Termination {
     /// Disconnect each doorbell, wait for each queue's last-queued progress value, then
-    /// destroy. A wait that does not finish within 5 s (the spec's DDI budget) turns the rest
-    /// into an abnormal termination.
+    /// destroy. Waits that do not finish within 5 s of device time in all (the spec's DDI
+    /// budget) turn the rest into an abnormal termination.
     Normal,
     /// Mark the device in error, suspend every context, disconnect, destroy without waiting.
     Abnormal,
@@ -84,13 +90,14 @@ impl Inner {
     fn terminate(&self, pid: ProcessId, how: Termination) {
         if how == Termination::Normal {
             let Ok(queues) = self.call_as(pid, |os, now| os.begin_normal_termination(pid, now)) else { return };
-            let deadline = Instant::now() + TERMINATION_BUDGET;
+            // One budget for all the waits, on the device clock (real or virtual).
+            let deadline = self.clock.now().plus(TERMINATION_BUDGET);
             for (q, value) in queues {
-                let left = deadline.saturating_duration_since(Instant::now());
+                let left = deadline.since(self.clock.now());
                 let reached = match self.call_as(pid, |os, now| os.begin_wait(pid, q, value, now)) {
                     Ok(WaitStart::Done(r)) => matches!(r, Ok(WaitOutcome::Reached(_))),
                     Ok(WaitStart::Blocked(w)) => {
-                        self.block(w, Some(if self.is_sim() { TERMINATION_BUDGET } else { left }));
+                        self.block(w, Some(left));
                         matches!(self.call(|os, now| os.end_wait(pid, q, w, now)), Ok(WaitOutcome::Reached(_)))
                     }
                     Err(_) => false,
@@ -168,13 +175,15 @@ impl System {
         Ok(System { inner: Arc::new(Inner::new(os, trace, gpu, line, clock, driver)) })
     }
 
-    /// A deterministic system on a virtual clock starting at 0.
+    /// A deterministic system on a virtual clock starting at 0, with device time
+    /// (`cfg.gpu.timing` is set to [`gpu::Timing::Modelled`]; `cfg.gpu.cost` sets the costs).
     pub fn sim(cfg: SystemConfig) -> Result<System, KernelError> {
         Self::sim_in(cfg, Arc::new(SimWorld::default()))
     }
 
     /// A deterministic system joining `world` (its clock, and its steps).
-    fn sim_in(cfg: SystemConfig, world: Arc<SimWorld>) -> Result<System, KernelError> {
+    fn sim_in(mut cfg: SystemConfig, world: Arc<SimWorld>) -> Result<System, KernelError> {
+        cfg.gpu.timing = gpu::Timing::Modelled;
         let sys = Self::build(
             cfg,
             world.clock.clone(),
@@ -264,19 +273,28 @@ impl System {
         }
     }
 
-    /// Sim: steps until nothing more happens at the current time.
+    /// Sim: runs until no engine has work left, letting device time pass only as far as the
+    /// work takes (timers due before then fire in order; an idle system's timers are not
+    /// reached). Bounded: beside an endless kernel use [`System::run_for`].
     pub fn settle(&self) {
         if let Driver::Sim { world } = &self.inner.driver {
             world.settle();
         }
     }
 
-    /// Sim: moves the virtual clock forward by `d`, then settles.
-    pub fn advance(&self, d: Duration) {
+    /// Sim: runs every event — engines finishing work, device and kernel timers — in time
+    /// order for `d` of virtual time, whatever runs meanwhile (an endless kernel included),
+    /// then settles at the end. On a live system it does nothing.
+    pub fn run_for(&self, d: Duration) {
         if let Driver::Sim { world } = &self.inner.driver {
-            world.clock.set(world.clock.now().plus(d));
-            world.settle();
+            world.run_until(world.clock.now().plus(d));
         }
+    }
+
+    /// Sim: lets `d` of virtual time pass, running everything due meanwhile in order; the same
+    /// as [`System::run_for`].
+    pub fn advance(&self, d: Duration) {
+        self.run_for(d)
     }
 
     /// Starts a CPU wait on native fences without blocking (for tools and tests that drive
