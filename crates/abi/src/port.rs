@@ -16,7 +16,8 @@ use std::time::Duration;
 use thiserror::Error;
 
 use crate::handle::{
-    AllocationHandle, ContextHandle, DeviceHandle, DoorbellHandle, HwQueueHandle, NativeFenceHandle, ProcessId,
+    AllocationHandle, AnyHandle, ContextHandle, DeviceHandle, DoorbellHandle, HwQueueHandle, NativeFenceHandle,
+    ProcessId,
 };
 use crate::packet::DecodeError;
 use crate::queue::{EngineId, EngineKind, FaultRecord, Priority, QueueDescriptor, QueueState};
@@ -509,14 +510,61 @@ impl core::fmt::Display for LostReason {
     }
 }
 
+/// What a refused call found still in use ([`KernelError::InUse`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InUseObject {
+    /// An object of a process.
+    Handle(AnyHandle),
+    /// The device (the adapter) as a whole.
+    Adapter,
+}
+
+impl core::fmt::Display for InUseObject {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            InUseObject::Handle(h) => write!(f, "{h}"),
+            InUseObject::Adapter => f.write_str("the device"),
+        }
+    }
+}
+
+/// What holds an object in use ([`KernelError::InUse`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InUseBy {
+    /// This queue runs from it (its ring, pointers or metadata live there).
+    Queue(HwQueueHandle),
+    /// This doorbell references it; `queue` is the doorbell's queue.
+    Doorbell {
+        /// The doorbell.
+        doorbell: DoorbellHandle,
+        /// Its queue, when the doorbell is still listed.
+        queue: Option<HwQueueHandle>,
+    },
+    /// This queue has work in flight (entering D3 needs an idle device).
+    WorkInFlight(HwQueueHandle),
+}
+
+impl core::fmt::Display for InUseBy {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            InUseBy::Queue(q) => write!(f, "{q}, which runs from it"),
+            InUseBy::Doorbell { queue: Some(q), .. } => write!(f, "the doorbell of {q}"),
+            InUseBy::Doorbell { doorbell, queue: None } => write!(f, "{doorbell}"),
+            InUseBy::WorkInFlight(q) => {
+                write!(f, "{q} of {}, which has work in flight (D3 needs an idle device)", q.owner())
+            }
+        }
+    }
+}
+
 /// Everything a kernel call can refuse. Each message names the field or handle and its value.
 #[derive(Clone, Debug, PartialEq, Eq, Error)]
 pub enum KernelError {
     /// A foreign, stale or unknown handle.
     #[error("{handle}: handle {problem}")]
     BadHandle {
-        /// The handle as text.
-        handle: String,
+        /// The handle.
+        handle: AnyHandle,
         /// What is wrong with it.
         problem: HandleProblem,
     },
@@ -541,12 +589,12 @@ pub enum KernelError {
         bytes: u64,
     },
     /// An object is still referenced.
-    #[error("{handle} is in use by {by}")]
+    #[error("{object} is in use by {by}")]
     InUse {
         /// The object.
-        handle: String,
+        object: InUseObject,
         /// What references it.
-        by: String,
+        by: InUseBy,
     },
     /// The queue cannot run work any more.
     #[error("{queue} is lost: {reason}")]
