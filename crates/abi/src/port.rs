@@ -429,7 +429,7 @@ pub enum Invalid {
     /// The global doorbell model has no dedicated doorbells to pool.
     NothingToPool,
     /// The device (its kernel-mode driver) refused, with its reason.
-    Device(String),
+    Device(DeviceRefusal),
 }
 
 impl core::fmt::Display for Invalid {
@@ -483,7 +483,112 @@ impl core::fmt::Display for Invalid {
             NothingToPool => {
                 f.write_str("the device's doorbell model is global: there are no dedicated doorbells to pool")
             }
-            Device(why) => f.write_str(why),
+            Device(why) => write!(f, "{why}"),
+        }
+    }
+}
+
+/// What a device (its kernel-mode driver) can refuse, as data in the kernel's terms: the
+/// driver translates its device's errors into these, so no device type crosses the driver
+/// boundary. [`Invalid::Device`] carries one after the field and value it concerns.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DeviceRefusal {
+    /// The device does not know the queue (never created there, or destroyed).
+    UnknownQueue,
+    /// The device has no address space for the process.
+    NoAddressSpace,
+    /// The device has no such engine.
+    NoSuchEngine(u32),
+    /// A GPU mapping that overlaps an existing one.
+    MappingOverlap {
+        /// Address.
+        va: u64,
+        /// Length.
+        bytes: u64,
+    },
+    /// A GPU mapping outside its backing, or wrapping around the address space.
+    BadMapping {
+        /// Address.
+        va: u64,
+        /// Length.
+        bytes: u64,
+        /// Why.
+        why: &'static str,
+    },
+    /// A queue's memory does not resolve in its address space.
+    QueueMemory(crate::queue::FaultKind),
+    /// The client's wptr word holds an impossible starting value.
+    BadStartPointer {
+        /// The value found.
+        wptr: u64,
+    },
+    /// A doorbell index outside the BAR.
+    BadDoorbell {
+        /// The index.
+        index: u32,
+        /// Doorbells in the BAR.
+        count: u32,
+    },
+    /// The device has no global doorbell (its doorbell model is another).
+    NoGlobalDoorbell {
+        /// Its model.
+        model: crate::doorbell::DoorbellModel,
+    },
+    /// A global-doorbell bit outside the page.
+    NoGlobalDoorbellBit {
+        /// The bit.
+        bit: u32,
+        /// Bits in the page.
+        bits: u32,
+    },
+    /// More engines than an aggregated doorbell word can name.
+    TooManyEngines {
+        /// Engines configured.
+        engines: usize,
+        /// The most it can name.
+        max: usize,
+    },
+    /// No pooled doorbell is free and none is connected to victimize.
+    NoDoorbellToVictimize,
+    /// A victimized doorbell did not return to the pool.
+    VictimKeptDoorbell,
+    /// Not a native fence of this device.
+    NotANativeFence,
+    /// A failure injected on purpose by a test (the DDI is the field's value).
+    Injected {
+        /// Which call of the DDI failed (1-based).
+        call: u32,
+    },
+}
+
+impl core::fmt::Display for DeviceRefusal {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        use DeviceRefusal::*;
+        match self {
+            UnknownQueue => f.write_str("is not a queue of this device"),
+            NoAddressSpace => f.write_str("has no address space on this device"),
+            NoSuchEngine(n) => write!(f, "engine {n} does not exist"),
+            MappingOverlap { va, bytes } => write!(f, "GPU mapping {va:#x}+{bytes:#x} overlaps an existing mapping"),
+            BadMapping { va, bytes, why } => write!(f, "GPU mapping {va:#x}+{bytes:#x}: {why}"),
+            QueueMemory(fault) => write!(f, "queue memory: {fault}"),
+            BadStartPointer { wptr } => write!(
+                f,
+                "queue memory: the wptr word holds {wptr:#x}: a new queue needs a dword count below 2^62 (write 0 first)"
+            ),
+            BadDoorbell { index, count } => write!(f, "doorbell index {index} is outside the BAR ({count} doorbells)"),
+            NoGlobalDoorbell { model } => {
+                write!(f, "the device's doorbell model is {model}: it has no global doorbell")
+            }
+            NoGlobalDoorbellBit { bit, bits } => {
+                write!(f, "global doorbell bit {bit} is outside the page ({bits} bits)")
+            }
+            TooManyEngines { engines, max } => {
+                write!(f, "{engines} engines: an aggregated doorbell names at most {max}")
+            }
+            NoDoorbellToVictimize => f.write_str("no doorbell is free and none is connected to victimize"),
+            VictimKeptDoorbell => f.write_str("the victim's doorbell did not come back"),
+            NotANativeFence => f.write_str("is not a native fence of this device"),
+            Injected { call } => write!(f, "failed (injected fault, call {call})"),
         }
     }
 }
