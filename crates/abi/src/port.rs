@@ -662,6 +662,39 @@ impl core::fmt::Display for InUseBy {
     }
 }
 
+#[cfg(test)]
+mod error_display_tests {
+    use super::*;
+
+    /// The errors that now carry data print the sentences they printed as text.
+    #[test]
+    fn data_carrying_errors_read_as_their_text_did() {
+        let q = HwQueueHandle::new(ProcessId(2), 1, 3);
+        let a = AllocationHandle::new(ProcessId(2), 4, 1);
+        let d = DoorbellHandle::new(ProcessId(2), 0, 2);
+        let e = KernelError::BadHandle { handle: q.into(), problem: HandleProblem::Stale };
+        assert_eq!(e.to_string(), "queue#1.g3@p2: handle was destroyed");
+        let e = KernelError::InUse { object: InUseObject::Handle(a.into()), by: InUseBy::Queue(q) };
+        assert_eq!(e.to_string(), "allocation#4.g1@p2 is in use by queue#1.g3@p2, which runs from it");
+        let e = KernelError::InUse {
+            object: InUseObject::Handle(a.into()),
+            by: InUseBy::Doorbell { doorbell: d, queue: Some(q) },
+        };
+        assert_eq!(e.to_string(), "allocation#4.g1@p2 is in use by the doorbell of queue#1.g3@p2");
+        let e = KernelError::InUse { object: InUseObject::Adapter, by: InUseBy::WorkInFlight(q) };
+        assert_eq!(
+            e.to_string(),
+            "the device is in use by queue#1.g3@p2 of p2, which has work in flight (D3 needs an idle device)"
+        );
+        let e = KernelError::InvalidArgument {
+            field: "va",
+            value: "0x1000+0x2000".into(),
+            reason: Invalid::Device(DeviceRefusal::MappingOverlap { va: 0x1000, bytes: 0x2000 }),
+        };
+        assert_eq!(e.to_string(), "`va` = 0x1000+0x2000: GPU mapping 0x1000+0x2000 overlaps an existing mapping");
+    }
+}
+
 /// Everything a kernel call can refuse. Each message names the field or handle and its value.
 #[derive(Clone, Debug, PartialEq, Eq, Error)]
 pub enum KernelError {
