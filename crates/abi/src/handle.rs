@@ -25,32 +25,51 @@ impl fmt::Display for ProcessId {
 pub trait HandleKind: 'static {
     /// Lower-case name used in messages ("queue", "doorbell", ...).
     const NAME: &'static str;
+    /// The kind as a value, for a type-erased [`AnyHandle`].
+    const TYPE: HandleType;
 }
 
 macro_rules! kinds {
-    ($($(#[$m:meta])* $kind:ident => $alias:ident, $name:literal;)*) => {$(
+    ($($(#[$m:meta])* $kind:ident => $alias:ident, $ty:ident, $name:literal;)*) => {
+        /// A handle's kind as a value (what [`AnyHandle`] keeps of the type parameter).
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub enum HandleType {$(
+            $(#[$m])*
+            $ty,
+        )*}
+        impl HandleType {
+            /// Lower-case name used in messages, as [`HandleKind::NAME`].
+            pub const fn name(self) -> &'static str {
+                match self {$(HandleType::$ty => $name,)*}
+            }
+        }
+        $(
         $(#[$m])*
         #[derive(Debug)]
         pub enum $kind {}
-        impl HandleKind for $kind { const NAME: &'static str = $name; }
+        impl HandleKind for $kind {
+            const NAME: &'static str = $name;
+            const TYPE: HandleType = HandleType::$ty;
+        }
         $(#[$m])*
         pub type $alias = Handle<$kind>;
-    )*};
+        )*
+    };
 }
 
 kinds! {
     /// A device opened by a process (`D3DKMTCreateDevice`; the amdgpu file description).
-    DeviceKind => DeviceHandle, "device";
+    DeviceKind => DeviceHandle, Device, "device";
     /// A hardware context on one engine.
-    ContextKind => ContextHandle, "context";
+    ContextKind => ContextHandle, Context, "context";
     /// A hardware queue (`HwQueue`; amdgpu user queue).
-    HwQueueKind => HwQueueHandle, "queue";
+    HwQueueKind => HwQueueHandle, HwQueue, "queue";
     /// A memory allocation mapped into the process's GPU address space.
-    AllocationKind => AllocationHandle, "allocation";
+    AllocationKind => AllocationHandle, Allocation, "allocation";
     /// A doorbell object of a user-mode queue.
-    DoorbellKind => DoorbellHandle, "doorbell";
+    DoorbellKind => DoorbellHandle, Doorbell, "doorbell";
     /// A native GPU fence (spec 002).
-    NativeFenceKind => NativeFenceHandle, "fence";
+    NativeFenceKind => NativeFenceHandle, NativeFence, "fence";
 }
 
 /// A typed, generation-checked handle. Cheap to copy; meaningless outside its owner.
@@ -99,12 +118,44 @@ impl<K: HandleKind> Hash for Handle<K> {
 }
 impl<K: HandleKind> fmt::Display for Handle<K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}#{}.g{}@{}", K::NAME, self.index, self.generation, self.owner)
+        fmt::Display::fmt(&AnyHandle::from(*self), f)
     }
 }
 impl<K: HandleKind> fmt::Debug for Handle<K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Display::fmt(self, f)
+    }
+}
+
+/// A handle of any kind, as data: what an error keeps of the handle it refuses. Built from a
+/// typed handle with `From`; `Display` is the typed handle's (`queue#3.g7@p2`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct AnyHandle {
+    /// What it names.
+    pub kind: HandleType,
+    /// The process whose table holds the object.
+    pub owner: ProcessId,
+    /// Slot index in the owner's table.
+    pub index: u32,
+    /// Generation of the slot when the handle was minted.
+    pub generation: u32,
+}
+
+impl<K: HandleKind> From<Handle<K>> for AnyHandle {
+    fn from(h: Handle<K>) -> Self {
+        AnyHandle { kind: K::TYPE, owner: h.owner, index: h.index, generation: h.generation }
+    }
+}
+
+impl<K: HandleKind> PartialEq<Handle<K>> for AnyHandle {
+    fn eq(&self, h: &Handle<K>) -> bool {
+        *self == AnyHandle::from(*h)
+    }
+}
+
+impl fmt::Display for AnyHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}#{}.g{}@{}", self.kind.name(), self.index, self.generation, self.owner)
     }
 }
 
@@ -118,5 +169,16 @@ mod tests {
         assert_eq!(h.to_string(), "queue#3.g7@p2");
         assert_ne!(h, HwQueueHandle::new(ProcessId(2), 3, 8));
         assert_ne!(h, HwQueueHandle::new(ProcessId(1), 3, 7));
+    }
+
+    #[test]
+    fn an_erased_handle_keeps_kind_owner_slot_and_generation_and_prints_alike() {
+        let h = DoorbellHandle::new(ProcessId(4), 1, 2);
+        let any = AnyHandle::from(h);
+        assert_eq!(any, AnyHandle { kind: HandleType::Doorbell, owner: ProcessId(4), index: 1, generation: 2 });
+        assert_eq!(any.to_string(), h.to_string());
+        assert_eq!(any, h);
+        // Same numbers, another kind: another handle.
+        assert_ne!(any, AnyHandle::from(HwQueueHandle::new(ProcessId(4), 1, 2)));
     }
 }

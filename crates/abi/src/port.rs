@@ -16,7 +16,8 @@ use std::time::Duration;
 use thiserror::Error;
 
 use crate::handle::{
-    AllocationHandle, ContextHandle, DeviceHandle, DoorbellHandle, HwQueueHandle, NativeFenceHandle, ProcessId,
+    AllocationHandle, AnyHandle, ContextHandle, DeviceHandle, DoorbellHandle, HwQueueHandle, NativeFenceHandle,
+    ProcessId,
 };
 use crate::packet::DecodeError;
 use crate::queue::{EngineId, EngineKind, FaultRecord, Priority, QueueDescriptor, QueueState};
@@ -428,7 +429,7 @@ pub enum Invalid {
     /// The global doorbell model has no dedicated doorbells to pool.
     NothingToPool,
     /// The device (its kernel-mode driver) refused, with its reason.
-    Device(String),
+    Device(DeviceRefusal),
 }
 
 impl core::fmt::Display for Invalid {
@@ -482,7 +483,112 @@ impl core::fmt::Display for Invalid {
             NothingToPool => {
                 f.write_str("the device's doorbell model is global: there are no dedicated doorbells to pool")
             }
-            Device(why) => f.write_str(why),
+            Device(why) => write!(f, "{why}"),
+        }
+    }
+}
+
+/// What a device (its kernel-mode driver) can refuse, as data in the kernel's terms: the
+/// driver translates its device's errors into these, so no device type crosses the driver
+/// boundary. [`Invalid::Device`] carries one after the field and value it concerns.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DeviceRefusal {
+    /// The device does not know the queue (never created there, or destroyed).
+    UnknownQueue,
+    /// The device has no address space for the process.
+    NoAddressSpace,
+    /// The device has no such engine.
+    NoSuchEngine(u32),
+    /// A GPU mapping that overlaps an existing one.
+    MappingOverlap {
+        /// Address.
+        va: u64,
+        /// Length.
+        bytes: u64,
+    },
+    /// A GPU mapping outside its backing, or wrapping around the address space.
+    BadMapping {
+        /// Address.
+        va: u64,
+        /// Length.
+        bytes: u64,
+        /// Why.
+        why: &'static str,
+    },
+    /// A queue's memory does not resolve in its address space.
+    QueueMemory(crate::queue::FaultKind),
+    /// The client's wptr word holds an impossible starting value.
+    BadStartPointer {
+        /// The value found.
+        wptr: u64,
+    },
+    /// A doorbell index outside the BAR.
+    BadDoorbell {
+        /// The index.
+        index: u32,
+        /// Doorbells in the BAR.
+        count: u32,
+    },
+    /// The device has no global doorbell (its doorbell model is another).
+    NoGlobalDoorbell {
+        /// Its model.
+        model: crate::doorbell::DoorbellModel,
+    },
+    /// A global-doorbell bit outside the page.
+    NoGlobalDoorbellBit {
+        /// The bit.
+        bit: u32,
+        /// Bits in the page.
+        bits: u32,
+    },
+    /// More engines than an aggregated doorbell word can name.
+    TooManyEngines {
+        /// Engines configured.
+        engines: usize,
+        /// The most it can name.
+        max: usize,
+    },
+    /// No pooled doorbell is free and none is connected to victimize.
+    NoDoorbellToVictimize,
+    /// A victimized doorbell did not return to the pool.
+    VictimKeptDoorbell,
+    /// Not a native fence of this device.
+    NotANativeFence,
+    /// A failure injected on purpose by a test (the DDI is the field's value).
+    Injected {
+        /// Which call of the DDI failed (1-based).
+        call: u32,
+    },
+}
+
+impl core::fmt::Display for DeviceRefusal {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        use DeviceRefusal::*;
+        match self {
+            UnknownQueue => f.write_str("is not a queue of this device"),
+            NoAddressSpace => f.write_str("has no address space on this device"),
+            NoSuchEngine(n) => write!(f, "engine {n} does not exist"),
+            MappingOverlap { va, bytes } => write!(f, "GPU mapping {va:#x}+{bytes:#x} overlaps an existing mapping"),
+            BadMapping { va, bytes, why } => write!(f, "GPU mapping {va:#x}+{bytes:#x}: {why}"),
+            QueueMemory(fault) => write!(f, "queue memory: {fault}"),
+            BadStartPointer { wptr } => write!(
+                f,
+                "queue memory: the wptr word holds {wptr:#x}: a new queue needs a dword count below 2^62 (write 0 first)"
+            ),
+            BadDoorbell { index, count } => write!(f, "doorbell index {index} is outside the BAR ({count} doorbells)"),
+            NoGlobalDoorbell { model } => {
+                write!(f, "the device's doorbell model is {model}: it has no global doorbell")
+            }
+            NoGlobalDoorbellBit { bit, bits } => {
+                write!(f, "global doorbell bit {bit} is outside the page ({bits} bits)")
+            }
+            TooManyEngines { engines, max } => {
+                write!(f, "{engines} engines: an aggregated doorbell names at most {max}")
+            }
+            NoDoorbellToVictimize => f.write_str("no doorbell is free and none is connected to victimize"),
+            VictimKeptDoorbell => f.write_str("the victim's doorbell did not come back"),
+            NotANativeFence => f.write_str("is not a native fence of this device"),
+            Injected { call } => write!(f, "failed (injected fault, call {call})"),
         }
     }
 }
@@ -509,14 +615,94 @@ impl core::fmt::Display for LostReason {
     }
 }
 
+/// What a refused call found still in use ([`KernelError::InUse`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InUseObject {
+    /// An object of a process.
+    Handle(AnyHandle),
+    /// The device (the adapter) as a whole.
+    Adapter,
+}
+
+impl core::fmt::Display for InUseObject {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            InUseObject::Handle(h) => write!(f, "{h}"),
+            InUseObject::Adapter => f.write_str("the device"),
+        }
+    }
+}
+
+/// What holds an object in use ([`KernelError::InUse`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InUseBy {
+    /// This queue runs from it (its ring, pointers or metadata live there).
+    Queue(HwQueueHandle),
+    /// This doorbell references it; `queue` is the doorbell's queue.
+    Doorbell {
+        /// The doorbell.
+        doorbell: DoorbellHandle,
+        /// Its queue, when the doorbell is still listed.
+        queue: Option<HwQueueHandle>,
+    },
+    /// This queue has work in flight (entering D3 needs an idle device).
+    WorkInFlight(HwQueueHandle),
+}
+
+impl core::fmt::Display for InUseBy {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            InUseBy::Queue(q) => write!(f, "{q}, which runs from it"),
+            InUseBy::Doorbell { queue: Some(q), .. } => write!(f, "the doorbell of {q}"),
+            InUseBy::Doorbell { doorbell, queue: None } => write!(f, "{doorbell}"),
+            InUseBy::WorkInFlight(q) => {
+                write!(f, "{q} of {}, which has work in flight (D3 needs an idle device)", q.owner())
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod error_display_tests {
+    use super::*;
+
+    /// The errors that now carry data print the sentences they printed as text.
+    #[test]
+    fn data_carrying_errors_read_as_their_text_did() {
+        let q = HwQueueHandle::new(ProcessId(2), 1, 3);
+        let a = AllocationHandle::new(ProcessId(2), 4, 1);
+        let d = DoorbellHandle::new(ProcessId(2), 0, 2);
+        let e = KernelError::BadHandle { handle: q.into(), problem: HandleProblem::Stale };
+        assert_eq!(e.to_string(), "queue#1.g3@p2: handle was destroyed");
+        let e = KernelError::InUse { object: InUseObject::Handle(a.into()), by: InUseBy::Queue(q) };
+        assert_eq!(e.to_string(), "allocation#4.g1@p2 is in use by queue#1.g3@p2, which runs from it");
+        let e = KernelError::InUse {
+            object: InUseObject::Handle(a.into()),
+            by: InUseBy::Doorbell { doorbell: d, queue: Some(q) },
+        };
+        assert_eq!(e.to_string(), "allocation#4.g1@p2 is in use by the doorbell of queue#1.g3@p2");
+        let e = KernelError::InUse { object: InUseObject::Adapter, by: InUseBy::WorkInFlight(q) };
+        assert_eq!(
+            e.to_string(),
+            "the device is in use by queue#1.g3@p2 of p2, which has work in flight (D3 needs an idle device)"
+        );
+        let e = KernelError::InvalidArgument {
+            field: "va",
+            value: "0x1000+0x2000".into(),
+            reason: Invalid::Device(DeviceRefusal::MappingOverlap { va: 0x1000, bytes: 0x2000 }),
+        };
+        assert_eq!(e.to_string(), "`va` = 0x1000+0x2000: GPU mapping 0x1000+0x2000 overlaps an existing mapping");
+    }
+}
+
 /// Everything a kernel call can refuse. Each message names the field or handle and its value.
 #[derive(Clone, Debug, PartialEq, Eq, Error)]
 pub enum KernelError {
     /// A foreign, stale or unknown handle.
     #[error("{handle}: handle {problem}")]
     BadHandle {
-        /// The handle as text.
-        handle: String,
+        /// The handle.
+        handle: AnyHandle,
         /// What is wrong with it.
         problem: HandleProblem,
     },
@@ -541,12 +727,12 @@ pub enum KernelError {
         bytes: u64,
     },
     /// An object is still referenced.
-    #[error("{handle} is in use by {by}")]
+    #[error("{object} is in use by {by}")]
     InUse {
         /// The object.
-        handle: String,
+        object: InUseObject,
         /// What references it.
-        by: String,
+        by: InUseBy,
     },
     /// The queue cannot run work any more.
     #[error("{queue} is lost: {reason}")]

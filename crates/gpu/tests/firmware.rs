@@ -462,3 +462,35 @@ fn poll_timeout_reports_the_quantum_expiry_and_handling_it_rotates_the_slot() {
     assert_eq!(m.word(b), 7, "B got the slot when A's quantum ran out");
     assert_eq!(m.word(a), 0, "A is still blocked");
 }
+
+/// Two busy queues of one process over one slot keep alternating by the gang quantum: after
+/// the first swap the evicted queue still waits, so the new holder's quantum is a timer too.
+/// (Before, the quantum timer was armed only against queues left unplaced in a pass, so the
+/// pair swapped once and the second holder kept the slot for as long as it had work.)
+#[test]
+fn two_busy_queues_over_one_slot_keep_alternating() {
+    let mut m = many(2, 1, 64);
+    let flag = DATA + 0x800;
+    for i in 0..2 {
+        m.submit(i, &[Packet::Wait { va: flag, value: 1 }]);
+    }
+    m.run(0);
+    let gang = GpuConfig::default().gang_quantum.as_nanos() as u64;
+    let holder = |m: &Many| {
+        let mapped: Vec<usize> =
+            (0..2).filter(|&i| m.gpu.queue_state(m.queues[i].id).unwrap() == QueueState::Mapped).collect();
+        assert_eq!(mapped.len(), 1, "one slot, one holder");
+        mapped[0]
+    };
+    let first = holder(&m);
+    let mut seen = vec![first];
+    for round in 0..4 {
+        let at = m.gpu.poll_timeout().unwrap_or_else(|| panic!("round {round}: no timer while a queue waits"));
+        assert!(at.0 <= (round + 1) * gang, "round {round}: the quantum expiry is the next timer: {at:?}");
+        m.gpu.handle_timeout(at);
+        m.run(at.0);
+        seen.push(holder(&m));
+    }
+    let other = 1 - first;
+    assert_eq!(seen, vec![first, other, first, other, first]);
+}

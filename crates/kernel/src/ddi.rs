@@ -21,7 +21,7 @@
 use std::sync::Arc;
 
 use abi::doorbell::RingMethod;
-use abi::port::{AdapterInfo, Invalid, KernelError};
+use abi::port::{AdapterInfo, DeviceRefusal, Invalid, KernelError};
 use abi::queue::{Access, FaultKind, FaultRecord};
 use abi::{ContextHandle, EngineId, EngineState, HwQueueHandle, PowerState, Priority, ProcessId, QueueState, Time};
 use shm::{Shm, Word};
@@ -38,8 +38,8 @@ pub enum DdiError {
         field: &'static str,
         /// Its value, as text.
         value: String,
-        /// The device's reason.
-        reason: String,
+        /// The device's reason, in the kernel's terms.
+        reason: DeviceRefusal,
     },
     /// The DDI named a queue the KMD does not know.
     #[error("{0} is not a queue of this device")]
@@ -66,12 +66,22 @@ impl From<DdiError> for KernelError {
             DdiError::Refused { field, value, reason } => {
                 KernelError::InvalidArgument { field, value, reason: Invalid::Device(reason) }
             }
-            DdiError::Shm(e) => KernelError::Shm(e),
-            other => KernelError::InvalidArgument {
-                field: "device",
-                value: String::new(),
-                reason: Invalid::Device(other.to_string()),
+            DdiError::UnknownQueue(q) => KernelError::InvalidArgument {
+                field: "queue",
+                value: q.to_string(),
+                reason: Invalid::Device(DeviceRefusal::UnknownQueue),
             },
+            DdiError::UnknownAddressSpace(p) => KernelError::InvalidArgument {
+                field: "process",
+                value: p.to_string(),
+                reason: Invalid::Device(DeviceRefusal::NoAddressSpace),
+            },
+            DdiError::Injected { ddi, call } => KernelError::InvalidArgument {
+                field: "device",
+                value: format!("{ddi:?}"),
+                reason: Invalid::Device(DeviceRefusal::Injected { call }),
+            },
+            DdiError::Shm(e) => KernelError::Shm(e),
         }
     }
 }

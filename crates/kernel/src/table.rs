@@ -35,7 +35,7 @@ impl<K: HandleKind, T> Table<K, T> {
     fn key(&self, h: Handle<K>) -> Result<Key, KernelError> {
         if h.owner() != self.owner {
             return Err(KernelError::BadHandle {
-                handle: h.to_string(),
+                handle: h.into(),
                 problem: HandleProblem::Foreign { owner: h.owner() },
             });
         }
@@ -44,7 +44,7 @@ impl<K: HandleKind, T> Table<K, T> {
 
     fn miss(h: Handle<K>) -> impl FnOnce(Miss) -> KernelError {
         move |m| KernelError::BadHandle {
-            handle: h.to_string(),
+            handle: h.into(),
             problem: match m {
                 Miss::Stale => HandleProblem::Stale,
                 Miss::Unknown => HandleProblem::Unknown,
@@ -99,7 +99,7 @@ mod tests {
         let b = t.insert("b");
         assert_eq!(b.index(), a.index(), "slot reused");
         let e = t.get(a).unwrap_err();
-        assert!(matches!(e, KernelError::BadHandle { problem: HandleProblem::Stale, .. }), "{e}");
+        assert_eq!(e, KernelError::BadHandle { handle: a.into(), problem: HandleProblem::Stale });
         assert!(e.to_string().contains("queue#0.g1@p1"), "{e}");
         let foreign = Handle::<HwQueueKind>::new(ProcessId(2), b.index(), b.generation());
         assert!(matches!(

@@ -8,7 +8,8 @@
 //! recently connected victimized through the OS's `DxgkCbDisconnectDoorbell`), or as bits of
 //! the device's global doorbell, and the OS runs the same sequences over all three.
 //!
-//! Invariants: every device refusal reaches the OS as a [`DdiError`] naming the argument; the
+//! Invariants: every device refusal reaches the OS as a [`DdiError`] naming the argument, its
+//! reason translated from the device's error into the kernel's [`DeviceRefusal`]; the
 //! translation maps hold exactly the queues, address spaces and fences that exist on the
 //! device; the device lock is taken inside each DDI and never held across a callback into the
 //! OS.
@@ -18,7 +19,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use abi::doorbell::{DoorbellModel, RingMethod};
-use abi::port::{AdapterInfo, EngineInfo};
+use abi::port::{AdapterInfo, DeviceRefusal, EngineInfo};
 use abi::queue::{Access, FaultKind};
 use abi::{ContextHandle, EngineId, HwQueueHandle, PowerState, ProcessId, QueueState, Time};
 use gpu::{FenceSignaled, FwQueueId, Gpu, Interrupt, QueueConfig, Vmid};
@@ -198,9 +199,28 @@ impl VirtualKmd {
     }
 }
 
-/// A device refusal, reported against the argument that caused it.
-fn refused(field: &'static str, value: impl ToString) -> impl FnOnce(gpu::GpuError) -> DdiError {
-    move |e| DdiError::Refused { field, value: value.to_string(), reason: e.to_string() }
+/// A device refusal, reported against the argument that caused it and translated into the
+/// kernel's terms ([`DeviceRefusal`]): no `gpu` type crosses the DDI boundary.
+pub(crate) fn refused(field: &'static str, value: impl ToString) -> impl FnOnce(gpu::GpuError) -> DdiError {
+    use DeviceRefusal as R;
+    use gpu::GpuError as G;
+    move |e| {
+        let reason = match e {
+            G::StaleQueue(_) => R::UnknownQueue,
+            G::BadVmid(_) => R::NoAddressSpace,
+            G::BadEngine(n) => R::NoSuchEngine(n),
+            G::Overlap { va, bytes } => R::MappingOverlap { va, bytes },
+            G::BadMapping { va, bytes, why } => R::BadMapping { va, bytes, why },
+            G::QueueMemory(fault) => R::QueueMemory(fault),
+            G::BadStartPointer { wptr } => R::BadStartPointer { wptr },
+            G::NoGlobalDoorbellBit { bit, bits } => R::NoGlobalDoorbellBit { bit, bits },
+            G::TooManyEngines { engines, max } => R::TooManyEngines { engines, max },
+            G::NoGlobalDoorbell { model } => R::NoGlobalDoorbell { model },
+            G::BadDoorbell { index, count } => R::BadDoorbell { index, count },
+            G::Shm(e) => return DdiError::Shm(e),
+        };
+        DdiError::Refused { field, value: value.to_string(), reason }
+    }
 }
 
 impl Kmd for VirtualKmd {
@@ -358,7 +378,7 @@ impl Kmd for VirtualKmd {
                         let &(victim, _) = pool.lru.front().ok_or_else(|| DdiError::Refused {
                             field: "doorbell pool",
                             value: e.to_string(),
-                            reason: "no doorbell is free and none is connected to victimize".into(),
+                            reason: DeviceRefusal::NoDoorbellToVictimize,
                         })?;
                         callback.disconnect_doorbell(victim)?;
                         self.unbind(victim)?;
@@ -366,7 +386,7 @@ impl Kmd for VirtualKmd {
                         pool.free.take().map_err(|e| DdiError::Refused {
                             field: "doorbell pool",
                             value: e.to_string(),
-                            reason: "the victim's doorbell did not come back".into(),
+                            reason: DeviceRefusal::VictimKeptDoorbell,
                         })?
                     }
                 };
@@ -486,7 +506,7 @@ impl Kmd for VirtualKmd {
         let (shm, offset) = self.fences.get(&id).ok_or(DdiError::Refused {
             field: "fence",
             value: id.to_string(),
-            reason: "is not a native fence of this device".into(),
+            reason: DeviceRefusal::NotANativeFence,
         })?;
         // Release: what the CPU did before the signal is visible to whoever acquires the
         // value (GPU waits included).

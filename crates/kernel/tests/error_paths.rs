@@ -9,15 +9,21 @@
 mod common;
 
 use abi::QueueState;
-use abi::port::{KernelError, KernelPort, NativeFenceDesc, NativeFenceType, QueueStatus};
+use abi::port::{DeviceRefusal, Invalid, KernelError, KernelPort, NativeFenceDesc, NativeFenceType, QueueStatus};
 use abi::queue::FaultKind;
 use common::{RawProc, T, sim};
-use kernel::ddi::{DdiError, DdiFault, DdiKind};
+use kernel::ddi::{DdiFault, DdiKind};
 use kernel::trace::{Ddi, Event};
 
 fn injected(e: &KernelError, ddi: DdiKind) -> bool {
-    let want = DdiError::Injected { ddi, call: 1 }.to_string();
-    matches!(e, KernelError::InvalidArgument { field: "device", reason, .. } if *reason == abi::port::Invalid::Device(want))
+    matches!(
+        e,
+        KernelError::InvalidArgument {
+            field: "device",
+            value,
+            reason: Invalid::Device(DeviceRefusal::Injected { call: 1 }),
+        } if *value == format!("{ddi:?}")
+    )
 }
 
 /// Review finding: "if a later mapping fails, the earlier mappings leak". A kernel-mode

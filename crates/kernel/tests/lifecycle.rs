@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use abi::port::{KernelError, NativeFenceType};
+use abi::port::{InUseBy, InUseObject, KernelError, NativeFenceType};
 use abi::{DoorbellStatus, QueueState};
 use kernel::trace::{Ddi, Event};
 use kernel::{SystemConfig, Termination};
@@ -218,7 +218,7 @@ fn d3_is_refused_while_work_is_in_flight_and_keeps_an_explicit_suspension() {
     // Nothing stepped the simulation: the work is queued, so the device is not idle.
     let mark = sys.trace().0.len();
     let e = sys.enter_d3().unwrap_err();
-    assert!(matches!(e, KernelError::InUse { .. }), "{e:?}");
+    assert_eq!(e, KernelError::InUse { object: InUseObject::Adapter, by: InUseBy::WorkInFlight(q.handle()) }, "{e}");
     assert!(e.to_string().contains("work in flight"), "{e}");
     assert!(!sys.in_d3());
     assert!(

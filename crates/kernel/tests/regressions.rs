@@ -5,7 +5,7 @@ mod common;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use abi::port::{CreateDoorbell, KernelError, KernelPort};
+use abi::port::{CreateDoorbell, DeviceRefusal, Invalid, KernelError, KernelPort};
 use kernel::trace::{Ddi, Event};
 use umd::{CommandBuffer, Device};
 
@@ -33,6 +33,16 @@ fn an_impossible_starting_wptr_is_refused() {
     let ctl = p.port.map_allocation(p.ctl.handle).unwrap();
     ctl.atomic_u64(abi::ring::WPTR_OFFSET).unwrap().store(0xFFFF_FFFF_FFFF_FFF0, Ordering::Release);
     let e = p.create(p.desc(0)).unwrap_err();
+    assert!(
+        matches!(
+            &e,
+            KernelError::InvalidArgument {
+                reason: Invalid::Device(DeviceRefusal::BadStartPointer { wptr: 0xFFFF_FFFF_FFFF_FFF0 }),
+                ..
+            }
+        ),
+        "{e:?}"
+    );
     assert!(e.to_string().contains("wptr word holds 0xfffffffffffffff0"), "{e}");
     ctl.atomic_u64(abi::ring::WPTR_OFFSET).unwrap().store(6, Ordering::Release);
     assert!(p.create(p.desc(0)).is_err(), "not a dword count");

@@ -7,6 +7,7 @@
 mod common;
 
 use abi::doorbell::DoorbellModel;
+use abi::port::{InUseBy, InUseObject, KernelError};
 use std::time::Duration;
 
 use kernel::{SystemConfig, Termination};
@@ -103,7 +104,14 @@ proptest! {
                 // until the next connect.
                 Op::D3 => {
                     if let Err(e) = sys.enter_d3() {
-                        prop_assert!(e.to_string().contains("work in flight"), "{}", e);
+                        prop_assert!(
+                            matches!(
+                                e,
+                                KernelError::InUse { object: InUseObject::Adapter, by: InUseBy::WorkInFlight(_) }
+                            ),
+                            "{}",
+                            e
+                        );
                     }
                 }
                 Op::Kill(p, normal) => {

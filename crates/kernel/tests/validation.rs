@@ -6,8 +6,11 @@
 
 mod common;
 
+use abi::handle::AnyHandle;
 use abi::packet::{DecodeError, Header, Opcode, Packet, progress_fence_words};
-use abi::port::{AllocationDesc, CreateDoorbell, HandleProblem, Invalid, KernelError, KernelPort};
+use abi::port::{
+    AllocationDesc, CreateDoorbell, HandleProblem, InUseBy, InUseObject, Invalid, KernelError, KernelPort,
+};
 use abi::ring::RingSizeError;
 use abi::ring::WPTR_OFFSET;
 use abi::{EngineId, HwQueueHandle};
@@ -47,12 +50,13 @@ fn outside(e: KernelError, want_field: &str, want_va: u64, want_bytes: u64) {
 }
 
 #[track_caller]
-fn bad_handle(e: KernelError, want: HandleProblem, handle: &str) {
+fn bad_handle(e: KernelError, want: HandleProblem, handle: impl Into<AnyHandle>) {
+    let handle = handle.into();
     match &e {
         KernelError::BadHandle { handle: h, problem } => {
             assert_eq!(*problem, want, "{e}");
-            assert_eq!(h, handle);
-            names(&e, handle, &want.to_string());
+            assert_eq!(*h, handle);
+            names(&e, &handle.to_string(), &want.to_string());
         }
         other => panic!("expected BadHandle({want:?}), got {other:?}"),
     }
@@ -231,9 +235,12 @@ fn ring_allocations_cannot_be_freed_while_their_queue_or_doorbell_exists() {
     for a in [p.ring.handle, p.ctl.handle] {
         let e = p.port.free(a).unwrap_err();
         match &e {
-            KernelError::InUse { handle, by } => {
-                assert_eq!(*handle, a.to_string());
-                assert!(by.contains(&q.to_string()), "{e}");
+            KernelError::InUse { object, by } => {
+                assert_eq!(*object, InUseObject::Handle(a.into()));
+                let (InUseBy::Queue(by) | InUseBy::Doorbell { queue: Some(by), .. }) = *by else {
+                    panic!("expected the queue or its doorbell, got {e:?}")
+                };
+                assert_eq!(by, q, "{e}");
             }
             other => panic!("expected InUse, got {other:?}"),
         }
@@ -243,11 +250,11 @@ fn ring_allocations_cannot_be_freed_while_their_queue_or_doorbell_exists() {
     assert!(p.port.map_allocation(p.ring.handle).is_ok());
     p.port.destroy_doorbell(db.handle).unwrap();
     // The queue itself still runs from them.
-    assert!(matches!(p.port.free(p.ring.handle), Err(KernelError::InUse { .. })));
+    assert!(matches!(p.port.free(p.ring.handle), Err(KernelError::InUse { by: InUseBy::Queue(by), .. }) if by == q));
     p.port.destroy_hw_queue(q).unwrap();
     p.port.free(p.ring.handle).unwrap();
     p.port.free(p.ctl.handle).unwrap();
-    bad_handle(p.port.free(p.ring.handle).unwrap_err(), HandleProblem::Stale, &p.ring.handle.to_string());
+    bad_handle(p.port.free(p.ring.handle).unwrap_err(), HandleProblem::Stale, p.ring.handle);
 }
 
 #[test]
@@ -262,15 +269,15 @@ fn destroyed_and_foreign_handles_are_refused() {
     let foreign = HandleProblem::Foreign { owner: pid1 };
 
     // Another process can name none of p1's objects.
-    bad_handle(p2.port.query_queue(q).unwrap_err(), foreign, &q.to_string());
-    bad_handle(p2.port.connect_doorbell(q).unwrap_err(), foreign, &q.to_string());
-    bad_handle(p2.port.submit_command(q, &progress_fence_words(1)).unwrap_err(), foreign, &q.to_string());
-    bad_handle(p2.port.destroy_hw_queue(q).unwrap_err(), foreign, &q.to_string());
-    bad_handle(p2.port.map_allocation(p1.ring.handle).unwrap_err(), foreign, &p1.ring.handle.to_string());
-    bad_handle(p2.port.free(p1.ctl.handle).unwrap_err(), foreign, &p1.ctl.handle.to_string());
-    bad_handle(p2.port.destroy_doorbell(db.handle).unwrap_err(), foreign, &db.handle.to_string());
-    bad_handle(p2.port.create_context(p1.dev, EngineId(0)).unwrap_err(), foreign, &p1.dev.to_string());
-    bad_handle(p2.port.destroy_context(p1.ctx).unwrap_err(), foreign, &p1.ctx.to_string());
+    bad_handle(p2.port.query_queue(q).unwrap_err(), foreign, q);
+    bad_handle(p2.port.connect_doorbell(q).unwrap_err(), foreign, q);
+    bad_handle(p2.port.submit_command(q, &progress_fence_words(1)).unwrap_err(), foreign, q);
+    bad_handle(p2.port.destroy_hw_queue(q).unwrap_err(), foreign, q);
+    bad_handle(p2.port.map_allocation(p1.ring.handle).unwrap_err(), foreign, p1.ring.handle);
+    bad_handle(p2.port.free(p1.ctl.handle).unwrap_err(), foreign, p1.ctl.handle);
+    bad_handle(p2.port.destroy_doorbell(db.handle).unwrap_err(), foreign, db.handle);
+    bad_handle(p2.port.create_context(p1.dev, EngineId(0)).unwrap_err(), foreign, p1.dev);
+    bad_handle(p2.port.destroy_context(p1.ctx).unwrap_err(), foreign, p1.ctx);
     let e = p2.port.query_queue(q).unwrap_err();
     assert!(e.to_string().contains(&format!("belongs to process {pid1}")), "{e}");
     // p1's queue is untouched.
@@ -279,12 +286,12 @@ fn destroyed_and_foreign_handles_are_refused() {
 
     // Destroyed: stale, also after the slot is reused.
     p1.port.destroy_hw_queue(q).unwrap();
-    bad_handle(p1.port.query_queue(q).unwrap_err(), HandleProblem::Stale, &q.to_string());
-    bad_handle(p1.port.destroy_doorbell(db.handle).unwrap_err(), HandleProblem::Stale, &db.handle.to_string());
+    bad_handle(p1.port.query_queue(q).unwrap_err(), HandleProblem::Stale, q);
+    bad_handle(p1.port.destroy_doorbell(db.handle).unwrap_err(), HandleProblem::Stale, db.handle);
     let q2 = p1.create(p1.desc(0)).unwrap().handle;
     assert_eq!(q2.index(), q.index(), "the slot was reused");
     let e = p1.port.query_queue(q).unwrap_err();
-    bad_handle(e.clone(), HandleProblem::Stale, &q.to_string());
+    bad_handle(e.clone(), HandleProblem::Stale, q);
     assert!(e.to_string().contains("was destroyed"), "{e}");
     assert!(p1.port.query_queue(q2).is_ok());
     p1.port.destroy_context(p1.ctx).unwrap();
@@ -299,13 +306,13 @@ fn destroyed_and_foreign_handles_are_refused() {
             )
             .unwrap_err(),
         HandleProblem::Stale,
-        &p1.ctx.to_string(),
+        p1.ctx,
     );
-    bad_handle(p1.port.query_queue(q2).unwrap_err(), HandleProblem::Stale, &q2.to_string());
+    bad_handle(p1.port.query_queue(q2).unwrap_err(), HandleProblem::Stale, q2);
 
     // Never minted.
     let unknown = HwQueueHandle::new(pid1, 99, 1);
-    bad_handle(p1.port.query_queue(unknown).unwrap_err(), HandleProblem::Unknown, &unknown.to_string());
+    bad_handle(p1.port.query_queue(unknown).unwrap_err(), HandleProblem::Unknown, unknown);
 
     // A terminated process is refused as a whole.
     let pid2 = p2.port.process();

@@ -29,7 +29,7 @@
 //! scheduler's waiting order (kernel queues, then priority, then whoever ran longest ago, then
 //! run-list order) and grouped by [`Class`] so a pass looks at one head per class. Its
 //! invariant: a queue is in the waiting set exactly when it is on the run list, pending, not
-//! hung and not in a slot ([`FwQueue::should_wait`]). Every `pending = true` goes through
+//! hung and not in a slot ([`schedule::Seat::should_wait`]). Every `pending = true` goes through
 //! [`mark_pending`], and every other change of those facts (suspend, resume, remove, map,
 //! evict) through [`sync_waiting`], which keep it.
 //!
@@ -61,7 +61,7 @@ mod schedule;
 
 use doorbells::{Binding, BitPage, MAX_POINTER, Watch, find_published_work};
 use exec::Place;
-use schedule::{Class, Quanta, Turn, Waiting, join_run_list, mark_pending, sync_waiting};
+use schedule::{Quanta, Waiting, join_run_list, mark_pending, sync_waiting};
 
 /// A queue in the firmware's table: its entry and the entry's generation (a key of the
 /// workspace's generation-checked slab), so a removed queue's id never names its successor.
@@ -211,8 +211,8 @@ struct FwQueue {
     /// run list, so among waiting queues that ran at the same time the earlier joiner goes
     /// first, as in a stable sort of the run list.
     seq: u64,
-    /// In its engine's waiting set ([`Engine::waiting`]), under [`FwQueue::class`] and
-    /// [`FwQueue::turn`]. Kept equal to [`FwQueue::should_wait`] by [`sync_waiting`].
+    /// In its engine's waiting set ([`Engine::waiting`]), under its [`schedule::Seat`]'s class
+    /// and turn. Kept equal to [`schedule::Seat::should_wait`] by [`sync_waiting`].
     waiting: bool,
 }
 
@@ -253,24 +253,6 @@ impl FwQueue {
         // or this re-read sees its wptr.
         let w = abi::protocol::recheck_wptr(&self.wptr_word);
         self.ib.is_some() || w != self.rptr
-    }
-
-    /// Whether the queue belongs in its engine's waiting set: on the run list, with work
-    /// (pending), not hung, and not in a hardware slot (`Mapped` is exactly "in `hqd`" for a
-    /// queue that is not hung).
-    fn should_wait(&self) -> bool {
-        self.on_run_list && self.pending && !matches!(self.state, QueueState::Mapped | QueueState::Hung)
-    }
-
-    /// The scheduling class it waits in.
-    fn class(&self) -> Class {
-        Class { user: !self.cfg.privileged, priority: std::cmp::Reverse(self.cfg.priority), vmid: self.cfg.vmid }
-    }
-
-    /// Its turn within its class. Stable while it waits: `last_run` only changes while it
-    /// holds a slot.
-    fn turn(&self) -> Turn {
-        (self.last_run, self.seq)
     }
 
     fn publish_rptr(&self) {
@@ -340,7 +322,7 @@ struct Engine {
     /// unmapped queue gaining work; a mapped one going idle or hanging; a power change).
     /// Otherwise [`schedule`] only looks again when the quantum timer fires.
     resched: bool,
-    /// The waiting set: exactly the queues for which [`FwQueue::should_wait`] holds (on the
+    /// The waiting set: exactly the queues for which [`schedule::Seat::should_wait`] holds (on the
     /// run list, pending, not hung, not in `hqd`). Maintained by [`sync_waiting`], which every
     /// change of those four facts goes through, so a scheduling pass never scans the run list.
     waiting: Waiting,
@@ -404,6 +386,28 @@ pub enum FenceWaits {
 type FenceTable = std::collections::HashMap<(u64, u64), FenceEntry>;
 
 impl Engine {
+    /// An engine in F0 with `hw_slots` hardware slots (at least one), an empty run list, and
+    /// its idle timer armed.
+    fn new(id: EngineId, kind: EngineKind, hw_slots: u32, idle_period: std::time::Duration) -> Engine {
+        Engine {
+            id,
+            kind,
+            power: PowerState::F0,
+            f1_requested: false,
+            last_busy: Time::ZERO,
+            idle_period,
+            timers: Timers([Some(Time::ZERO.plus(idle_period)), None, None]),
+            run_list: Vec::new(),
+            hqd: Vec::new(),
+            hw_slots: hw_slots.max(1) as usize,
+            watches: Vec::new(),
+            cursor: 0,
+            resched: true,
+            waiting: Waiting::default(),
+            next_seq: 0,
+        }
+    }
+
     /// Re-arms the idle timer from `last_busy`: it runs while the engine is in F0 and has
     /// not asked for F1 yet.
     fn arm_idle(&mut self) {
@@ -419,23 +423,7 @@ impl Firmware {
             .engines
             .iter()
             .enumerate()
-            .map(|(i, &kind)| Engine {
-                id: EngineId(i as u32),
-                kind,
-                power: PowerState::F0,
-                f1_requested: false,
-                last_busy: Time::ZERO,
-                idle_period: cfg.idle_period,
-                timers: Timers([Some(Time::ZERO.plus(cfg.idle_period)), None, None]),
-                run_list: Vec::new(),
-                hqd: Vec::new(),
-                hw_slots: cfg.hw_slots.max(1) as usize,
-                watches: Vec::new(),
-                cursor: 0,
-                resched: true,
-                waiting: Waiting::default(),
-                next_seq: 0,
-            })
+            .map(|(i, &kind)| Engine::new(EngineId(i as u32), kind, cfg.hw_slots, cfg.idle_period))
             .collect();
         Firmware {
             budget: cfg.packet_budget.max(1),
@@ -536,15 +524,7 @@ impl Firmware {
         let id = FwQueueId(self.queues.insert(q));
         let (e, q) = self.engine_and_queue(id)?;
         debug_assert_eq!(e.id, engine);
-        join_run_list(e, q, id);
-        e.resched = true;
-        // A free hardware slot maps it at once; otherwise the scheduler will. (It starts idle,
-        // so it does not wait either way.)
-        if e.hqd.len() < e.hw_slots {
-            e.hqd.push(id);
-            q.state = QueueState::Mapped;
-        }
-        sync_waiting(e, q, id);
+        schedule::admit(e, q, id);
         Ok(id)
     }
 
@@ -553,15 +533,11 @@ impl Firmware {
     /// scheduled until resumed. Its doorbell stays connected; rings are remembered.
     pub(crate) fn suspend_queue(&mut self, id: FwQueueId) -> Result<(), GpuError> {
         let (e, q) = self.engine_and_queue(id)?;
-        e.run_list.retain(|&q| q != id);
-        e.hqd.retain(|&q| q != id);
-        e.resched = true;
-        q.on_run_list = false;
+        // Off the run list: it leaves the waiting set (and stays pending: rings are remembered).
+        schedule::leave_run_list(e, q, id);
         if q.state != QueueState::Hung {
             q.state = QueueState::Unmapped;
         }
-        // Off the run list: it leaves the waiting set (and stays pending: rings are remembered).
-        sync_waiting(e, q, id);
         Ok(())
     }
 
@@ -584,12 +560,8 @@ impl Firmware {
 
     pub(crate) fn remove_queue(&mut self, id: FwQueueId) -> Result<u64, GpuError> {
         let (e, q) = self.engine_and_queue(id)?;
-        e.run_list.retain(|&q| q != id);
-        e.hqd.retain(|&q| q != id);
-        e.resched = true;
         e.watches.retain(|w| w.queue != id);
-        q.on_run_list = false;
-        sync_waiting(e, q, id);
+        schedule::leave_run_list(e, q, id);
         let binding = q.doorbell.take();
         self.forget_bit(id, binding);
         let q = self.queues.remove(id.0).map_err(|_| GpuError::StaleQueue(id))?;

@@ -187,9 +187,7 @@ impl Os {
     pub fn connect_doorbell(&mut self, pid: ProcessId, q: HwQueueHandle, now: Time) -> Result<(), KernelError> {
         self.at(now);
         let qo = self.queue(pid, q)?;
-        if qo.fault.is_some() {
-            return Err(qo.lost(q));
-        }
+        qo.live(q)?;
         let QueueMode::User { desc, .. } = qo.mode else {
             return Err(KernelError::WrongQueueMode { queue: q, actual: "kernel-mode", expected: "user-mode" });
         };

@@ -193,7 +193,8 @@ struct QueueObj {
     doorbell: Option<DoorbellHandle>,
     /// CPU waiters on the progress fence: (value, wait).
     waiters: Vec<(u64, WaitId)>,
-    fault: Option<FaultRecord>,
+    /// Its state as the OS owns it; changed only by [`Os::set_state`].
+    life: QueueLife,
     /// The fence logs `[waits, signals]` (user-mode queues).
     logs: Option<[Arc<Shm>; 2]>,
     /// Entries of the signal log the interrupt service has read.
@@ -205,19 +206,55 @@ impl QueueObj {
         // Acquire: pairs with the engine's release store in PROGRESS_FENCE.
         self.kernel_page.progress_completed().get().load(Ordering::Acquire)
     }
-    fn lost(&self, h: HwQueueHandle) -> KernelError {
-        KernelError::QueueLost {
-            queue: h,
-            reason: self
-                .fault
-                .clone()
-                .map_or(abi::port::LostReason::DoorbellAborted(QueueState::Hung), abi::port::LostReason::Fault),
+    /// `Ok` while the queue can run work; `QueueLost` with its fault record once it is hung.
+    fn live(&self, h: HwQueueHandle) -> Result<(), KernelError> {
+        match &self.life {
+            QueueLife::Live => Ok(()),
+            QueueLife::Hung(fault) => {
+                Err(KernelError::QueueLost { queue: h, reason: abi::port::LostReason::Fault(fault.clone()) })
+            }
         }
     }
     fn user_desc(&self) -> Option<&QueueDescriptor> {
         match &self.mode {
             queues::QueueMode::User { desc, .. } => Some(desc),
             queues::QueueMode::Kernel(_) => None,
+        }
+    }
+}
+
+/// A queue's state as the OS owns it: the one record of its transitions ([`Os::set_state`]
+/// makes them, and publishes each in the client's state word) and the one source of its
+/// status answer ([`QueueLife::status`]).
+///
+/// The OS derives `Hung` and keeps the fault record that caused it, whoever found the fault
+/// (the device's interrupt, or the OS itself, e.g. a doorbell it could not ring). While the
+/// queue is live, where it runs (`Mapped`, `Unmapped`, `Preempted`: which queues hold the
+/// hardware slots) is the device scheduler's moment-to-moment business, which the device
+/// reports on request and never as a transition; the status asks it only then.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum QueueLife {
+    /// Created and not faulted.
+    Live,
+    /// Hung, with the record of why. Final: a hung queue runs no more work.
+    Hung(FaultRecord),
+}
+
+impl QueueLife {
+    /// The word the client reads in the queue's kernel page.
+    fn published(&self) -> QueueState {
+        match self {
+            QueueLife::Live => QueueState::Mapped,
+            QueueLife::Hung(_) => QueueState::Hung,
+        }
+    }
+
+    /// The status answer: a hung queue's state and record; a live queue's residency, as the
+    /// device reports it (`Unmapped` if it reports none).
+    fn status(&self, residency: impl FnOnce() -> Option<QueueState>) -> (QueueState, Option<FaultRecord>) {
+        match self {
+            QueueLife::Live => (residency().unwrap_or(QueueState::Unmapped), None),
+            QueueLife::Hung(fault) => (QueueState::Hung, Some(fault.clone())),
         }
     }
 }
@@ -499,13 +536,42 @@ impl Os {
         }
     }
 
-    /// Sets a queue's state word (what the client reads) — the one place a queue's state
-    /// changes on the kernel's side.
-    fn set_state(&mut self, pid: ProcessId, q: HwQueueHandle, state: QueueState) {
+    /// Moves a queue to `life` and publishes it in its state word (what the client reads) —
+    /// the one place a queue's state changes on the kernel's side.
+    fn set_state(&mut self, pid: ProcessId, q: HwQueueHandle, life: QueueLife) {
         if let Ok(qo) = self.queue(pid, q) {
+            let word = life.published();
+            qo.life = life;
             // Release: the fault record (or the mapping) is in place before the client sees
             // the state.
-            qo.kernel_page.queue_state().get().store(state as u64, Ordering::Release);
+            qo.kernel_page.queue_state().get().store(word as u64, Ordering::Release);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use abi::queue::FaultKind;
+
+    #[test]
+    fn a_hung_queue_answers_from_its_record_and_a_live_one_from_the_device() {
+        let fault = FaultRecord {
+            kind: FaultKind::WptrBackwards { old: 8, new: 4 },
+            rptr: 8,
+            opcode: None,
+            in_indirect: false,
+        };
+        // Hung: the record answers, whatever the device would say (it is not asked).
+        let hung = QueueLife::Hung(fault.clone());
+        assert_eq!(
+            hung.status(|| panic!("a hung queue's status does not ask the device")),
+            (QueueState::Hung, Some(fault))
+        );
+        assert_eq!(hung.published(), QueueState::Hung);
+        // Live: where it runs is the device's answer.
+        assert_eq!(QueueLife::Live.status(|| Some(QueueState::Preempted)), (QueueState::Preempted, None));
+        assert_eq!(QueueLife::Live.status(|| None), (QueueState::Unmapped, None));
+        assert_eq!(QueueLife::Live.published(), QueueState::Mapped);
     }
 }

@@ -10,7 +10,7 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use abi::port::{AllocationDesc, AllocationInfo, Invalid, KernelError, MemoryDomain};
+use abi::port::{AllocationDesc, AllocationInfo, InUseBy, InUseObject, Invalid, KernelError, MemoryDomain};
 use abi::{AllocationHandle, ContextHandle, DeviceHandle, EngineId, ProcessId, Time};
 use shm::{Prot, RotatingPage, Shm};
 
@@ -141,12 +141,10 @@ impl Os {
         let obj = p.allocations.get(a)?;
         if let Some(pin) = obj.pins.first() {
             let by = match *pin {
-                Pin::Queue(q) => format!("{q}, which runs from it"),
-                Pin::Doorbell(d) => {
-                    p.doorbells.get(d).map(|d| format!("the doorbell of {}", d.queue)).unwrap_or_else(|_| d.to_string())
-                }
+                Pin::Queue(q) => InUseBy::Queue(q),
+                Pin::Doorbell(d) => InUseBy::Doorbell { doorbell: d, queue: p.doorbells.get(d).ok().map(|d| d.queue) },
             };
-            return Err(KernelError::InUse { handle: a.to_string(), by });
+            return Err(KernelError::InUse { object: InUseObject::Handle(a.into()), by });
         }
         // Dropping it unmaps it.
         p.allocations.remove(a)?;

@@ -19,7 +19,7 @@
 //! Invariant: `d3` is true exactly between a completed D3 entry and the next power-up, and
 //! `power_suspended` holds the contexts the D3 entry suspended (and only those).
 
-use abi::port::{Invalid, KernelError, MemoryDomain};
+use abi::port::{InUseBy, InUseObject, Invalid, KernelError, MemoryDomain};
 use abi::{AllocationHandle, ContextHandle, DoorbellStatus, EngineId, EngineState, HwQueueHandle, PowerState};
 use abi::{ProcessId, Time};
 
@@ -38,14 +38,11 @@ impl Os {
         }
         // D3 is for an idle device: work in flight would wait for a connect that may never
         // come. Refuse, naming a busy queue.
-        for (&pid, p) in &self.processes {
+        for p in self.processes.values() {
             for (h, q) in p.queues.iter() {
                 let sw_queued = p.contexts.get(q.context).is_ok_and(|c| c.software_queue.iter().any(|s| s.queue == h));
                 if sw_queued || self.ddi.queue_has_work(h) {
-                    return Err(KernelError::InUse {
-                        handle: "the device".into(),
-                        by: format!("{h} of {pid}, which has work in flight (D3 needs an idle device)"),
-                    });
+                    return Err(KernelError::InUse { object: InUseObject::Adapter, by: InUseBy::WorkInFlight(h) });
                 }
             }
         }

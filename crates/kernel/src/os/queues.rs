@@ -12,7 +12,9 @@
 //! failed creation took (mappings, the kernel doorbell, the table entry, the device's queue)
 //! is returned before the error reaches the caller — the mappings and leases by drop, the
 //! rest by [`Os::destroy_hw_queue`]. A queue pins every allocation it runs from until it is
-//! destroyed.
+//! destroyed. A queue's state has one owner, its `QueueLife` (live, or hung with its fault
+//! record), changed only by `Os::set_state`; the status query reads it, and asks the device
+//! only where a live queue runs.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -21,11 +23,11 @@ use abi::doorbell::DOORBELLS_PER_PAGE;
 use abi::port::{HwQueueDesc, HwQueueInfo, Invalid, KernelError, LostReason, QueueStatus, SubmissionMode};
 use abi::queue::{Access, FaultKind, QueueDescriptor};
 use abi::ring::{self, RPTR_OFFSET, RingControlView, WPTR_OFFSET};
-use abi::{ContextHandle, DoorbellStatus, HwQueueHandle, Priority, ProcessId, QueueState, Time};
+use abi::{ContextHandle, DoorbellStatus, HwQueueHandle, Priority, ProcessId, Time};
 use shm::{Prot, Shm};
 
 use super::submit::KERNEL_RING_BYTES;
-use super::{Os, Pin, Process, QueueObj, invalid};
+use super::{Os, Pin, Process, QueueLife, QueueObj, invalid};
 use crate::ddi::{GpuMapping, Kmd, QueueCreate};
 use crate::pool::Lease;
 use crate::trace::{Ddi, Event};
@@ -241,7 +243,7 @@ impl Os {
             mode,
             doorbell: None,
             waiters: Vec::new(),
-            fault: None,
+            life: QueueLife::Live,
             logs: logs.clone(),
             signal_log_seen: 0,
         });
@@ -249,7 +251,7 @@ impl Os {
             self.proc(pid)?.queues.remove(handle)?;
             return Err(e.into());
         }
-        self.set_state(pid, handle, QueueState::Mapped);
+        self.set_state(pid, handle, QueueLife::Live);
         // The kernel's reference on every allocation the queue runs from, until it is
         // destroyed: the engine reads and writes them.
         let p = self.proc(pid)?;
@@ -312,14 +314,14 @@ impl Os {
         Ok(())
     }
 
-    /// `USERQ QUERY_STATUS`.
+    /// `USERQ QUERY_STATUS`: the queue's state from its one record (see `QueueLife`).
     pub fn query_queue(&mut self, pid: ProcessId, q: HwQueueHandle) -> Result<QueueStatus, KernelError> {
-        self.queue(pid, q)?;
-        let device_state = self.ddi.queue_state(q);
         let last_queued = self.last_queued(pid, q);
-        let qo = self.queue(pid, q)?;
-        let state = if qo.fault.is_some() { QueueState::Hung } else { device_state.unwrap_or(QueueState::Unmapped) };
-        Ok(QueueStatus { state, fault: qo.fault.clone(), completed: qo.completed(), last_queued })
+        let p = self.processes.get(&pid).ok_or(KernelError::ProcessTerminated(pid))?;
+        let qo = p.queues.get(q)?;
+        let ddi = &self.ddi;
+        let (state, fault) = qo.life.status(|| ddi.queue_state(q));
+        Ok(QueueStatus { state, fault, completed: qo.completed(), last_queued })
     }
 
     /// A queue's last-queued progress value: the kernel's own for a kernel-mode queue, the

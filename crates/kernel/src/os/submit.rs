@@ -134,9 +134,7 @@ impl Os {
     pub fn submit_command(&mut self, pid: ProcessId, q: HwQueueHandle, words: &[u32]) -> Result<(), KernelError> {
         let p = self.proc(pid)?;
         let qo = p.queues.get(q)?;
-        if qo.fault.is_some() {
-            return Err(qo.lost(q));
-        }
+        qo.live(q)?;
         let (ctx, last) = match &qo.mode {
             QueueMode::Kernel(k) => (qo.context, k.last_queued),
             QueueMode::User { .. } => {

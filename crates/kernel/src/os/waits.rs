@@ -16,9 +16,9 @@
 
 use abi::port::{KernelError, WaitOutcome};
 use abi::queue::FaultRecord;
-use abi::{DoorbellStatus, HwQueueHandle, ProcessId, QueueState, Time};
+use abi::{DoorbellStatus, HwQueueHandle, ProcessId, Time};
 
-use super::{Os, WaitId, WaitStart, invalid};
+use super::{Os, QueueLife, WaitId, WaitStart, invalid};
 use crate::ddi::{Kmd, Notification};
 use crate::trace::Event;
 
@@ -37,9 +37,7 @@ impl Os {
         if done >= value {
             return Ok(WaitStart::Done(Ok(WaitOutcome::Reached(done))));
         }
-        if qo.fault.is_some() {
-            return Err(qo.lost(q));
-        }
+        qo.live(q)?;
         let id = self.waits.open();
         self.queue(pid, q)?.waiters.push((value, id));
         // Set the monitored value, then re-read the completed value (the spec's
@@ -132,11 +130,10 @@ impl Os {
         }
         self.stats.faults += 1;
         self.trace.push(now, Event::QueueFault { queue: q, fault: fault.clone() });
+        self.set_state(pid, q, QueueLife::Hung(fault));
         let Ok(qo) = self.queue(pid, q) else { return };
-        qo.fault = Some(fault);
-        let err = qo.lost(q);
+        let Err(err) = qo.live(q) else { return };
         let (waiters, context) = (std::mem::take(&mut qo.waiters), qo.context);
-        self.set_state(pid, q, QueueState::Hung);
         for (_, w) in waiters {
             self.complete_wait(w, Err(err.clone()));
         }

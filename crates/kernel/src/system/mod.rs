@@ -149,11 +149,7 @@ impl System {
                 reason: Invalid::NeedsKernelOnly,
             });
         }
-        let gpu = Gpu::new(cfg.gpu).map_err(|e| KernelError::InvalidArgument {
-            field: "gpu",
-            value: String::new(),
-            reason: Invalid::Device(e.to_string()),
-        })?;
+        let gpu = Gpu::new(cfg.gpu).map_err(crate::virtual_kmd::refused("gpu", ""))?;
         let gpu = Arc::new(Mutex::new(gpu));
         let line = InterruptLine::default();
         let mut kmd = VirtualKmd::new(gpu.clone(), waker, line.clone());
