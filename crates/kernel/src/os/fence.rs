@@ -411,6 +411,19 @@ impl Os {
         Ok(())
     }
 
+    /// The fence's CurrentValue and MonitoredValue, as they are now
+    /// ([`abi::port::KernelPort::query_native_fence`]): a read of both words, nothing more, so
+    /// a test can watch the MonitoredValue protocol step by step (spec 002's 41/42 example).
+    pub fn query_native_fence(
+        &mut self,
+        pid: ProcessId,
+        h: NativeFenceHandle,
+    ) -> Result<abi::port::NativeFenceValues, KernelError> {
+        let f = self.proc(pid)?.fences.get(h)?;
+        // Acquire, as every read of MonitoredValue's writer (the OS itself, under its lock).
+        Ok(abi::port::NativeFenceValues { current: f.current(), monitored: f.monitored.get().load(Ordering::Acquire) })
+    }
+
     /// Signals a native fence from the CPU (`DxgkDdiUpdateCurrentValuesFromCpu`).
     pub fn signal_native_fence(
         &mut self,
