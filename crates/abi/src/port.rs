@@ -9,6 +9,11 @@
 //! The calls mirror WDDM's `D3DKMT*` entry points and amdgpu's USERQ ioctl (spec 000 "User-mode
 //! work submission APIs"; spec 001 "IOCTL Interfaces"). The data path — writing packets, wptr
 //! and the doorbell — never appears here.
+//!
+//! Two queries exist to observe the protocols rather than take part in them:
+//! [`KernelPort::query_native_fence`] (a fence's CurrentValue and MonitoredValue, spec 002)
+//! and [`KernelPort::query_physical_doorbell`] (which BAR doorbell a queue holds now, spec 000
+//! victimization).
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -15,6 +15,9 @@
 //! the resample or raises the interrupt (model-checked in `abi/tests/loom.rs`). The interrupt
 //! service resamples the fences it names (or all of them, for a `None` list) and wakes what is
 //! satisfied. A legacy monitored fence keeps MonitoredValue at 0, so every signal interrupts.
+//! [`Os::query_native_fence`] reads both values for tests and tools (spec 002's 41/42 example
+//! is watched through it); it is the only way user mode sees MonitoredValue, and it changes
+//! nothing.
 //!
 //! Cross-adapter fences ([`crate::cross`]) have their own system-memory page, shared with
 //! every adapter that opens them, and a MonitoredValue pinned at 0. Whenever this adapter sees

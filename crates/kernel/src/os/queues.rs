@@ -322,17 +322,6 @@ impl Os {
         Ok(QueueStatus { state, fault: qo.fault.clone(), completed: qo.completed(), last_queued })
     }
 
-    /// The physical doorbell the device has queue `q` bound to now
-    /// ([`abi::port::KernelPort::query_physical_doorbell`]); `None` while it is disconnected.
-    pub fn query_physical_doorbell(
-        &mut self,
-        pid: ProcessId,
-        q: HwQueueHandle,
-    ) -> Result<Option<abi::port::PhysicalDoorbell>, KernelError> {
-        self.queue(pid, q)?;
-        Ok(self.ddi.physical_doorbell(q))
-    }
-
     /// A queue's last-queued progress value: the kernel's own for a kernel-mode queue, the
     /// client's word for a user-mode one (reported, never trusted).
     pub(super) fn last_queued(&mut self, pid: ProcessId, q: HwQueueHandle) -> u64 {
