@@ -204,3 +204,39 @@ fn dedicated_and_global_models_report_their_doorbells() {
         physical(&gc, gq.handle())
     );
 }
+
+/// A busy queue beside queues that submit now and then, over a pool smaller than the queues:
+/// (the busy queue's reconnects, everyone's reconnects, victimizations).
+fn mixed_workload(policy: VictimPolicy) -> (u64, u64, u64) {
+    let sys = pooled(3, policy);
+    let c = common::client(&sys);
+    // The busy queue connects last (creating a queue connects it: a use).
+    let mut others: Vec<umd::Queue> = (0..5).map(|_| c.user_queue()).collect();
+    let mut busy = c.user_queue();
+    for round in 0..40u32 {
+        let mut cb = CommandBuffer::new();
+        cb.write_u32(c.buf.va(), round);
+        busy.submit(&cb).unwrap();
+        let i = round as usize % others.len();
+        let mut cb = CommandBuffer::new();
+        cb.write_u32(c.buf.va() + 4 + 4 * i as u64, round);
+        let v = others[i].submit(&cb).unwrap();
+        others[i].wait(v, common::T).unwrap();
+    }
+    busy.finish(common::T).unwrap();
+    assert_eq!(c.buf.read_u32(0).unwrap(), 39);
+    let all = busy.reconnects() + others.iter().map(|q| q.reconnects()).sum::<u64>();
+    (busy.reconnects(), all, sys.stats().victimizations)
+}
+
+/// The comparison the simulator will make at scale, in miniature: least recently rung spares
+/// the busy queue every reconnect; least recently connected makes it pay its share.
+#[test]
+fn a_busy_queue_beside_occasional_ones_pays_no_reconnect_under_least_recently_rung() {
+    let rung = mixed_workload(VictimPolicy::LeastRecentlyRung);
+    let connected = mixed_workload(VictimPolicy::LeastRecentlyConnected);
+    println!("(busy reconnects, all reconnects, victimizations): rung {rung:?}, connected {connected:?}");
+    assert_eq!(rung.0, 0, "{rung:?}");
+    assert!(connected.0 > 0, "{connected:?}");
+    assert!(rung.1 <= connected.1, "{rung:?} {connected:?}");
+}
