@@ -704,7 +704,8 @@ pub trait KernelPort: Send + Sync {
     fn query_native_fence(&self, fence: NativeFenceHandle) -> Result<NativeFenceValues, KernelError>;
     /// Which physical doorbell a queue holds now (spec 000 "Doorbells"): `None` while its
     /// doorbell is disconnected (never connected, victimized, its engine in F1) or it has none.
-    /// For tests and tools that observe victimization.
+    /// A kernel-mode queue reports the kernel's doorbell the KMD rings for it. For tests and
+    /// tools that observe victimization.
     fn query_physical_doorbell(&self, queue: HwQueueHandle) -> Result<Option<PhysicalDoorbell>, KernelError>;
 }
 

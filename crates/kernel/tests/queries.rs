@@ -191,7 +191,12 @@ fn dedicated_and_global_models_report_their_doorbells() {
     let sys = common::sim();
     let c = common::client(&sys);
     let q = c.user_queue();
-    assert!(matches!(physical(&c, q.handle()), Some(PhysicalDoorbell::BarIndex(_))));
+    let Some(PhysicalDoorbell::BarIndex(index)) = physical(&c, q.handle()) else { panic!("a BAR doorbell") };
+    assert!(index >= abi::doorbell::DOORBELLS_PER_PAGE, "a process page, not the kernel's: {index}");
+    // A kernel-mode queue reports the kernel doorbell the KMD rings for it (page 0).
+    let k = c.kernel_queue();
+    let Some(PhysicalDoorbell::BarIndex(kindex)) = physical(&c, k.handle()) else { panic!("a kernel doorbell") };
+    assert!(kindex < abi::doorbell::DOORBELLS_PER_PAGE, "{kindex}");
     let g = common::sim_with(SystemConfig {
         gpu: gpu::GpuConfig { doorbell_model: abi::doorbell::DoorbellModel::Global, ..Default::default() },
         ..SystemConfig::default()
@@ -239,4 +244,24 @@ fn a_busy_queue_beside_occasional_ones_pays_no_reconnect_under_least_recently_ru
     assert_eq!(rung.0, 0, "{rung:?}");
     assert!(connected.0 > 0, "{connected:?}");
     assert!(rung.1 <= connected.1, "{rung:?} {connected:?}");
+}
+
+/// An engine entering F1 disconnects its doorbells: the queue holds no physical doorbell until
+/// its next submission reconnects it.
+#[test]
+fn an_engine_in_f1_leaves_its_queues_without_a_physical_doorbell() {
+    let idle = std::time::Duration::from_millis(10);
+    let sys = common::sim_with(common::idle_config(idle));
+    let c = common::client(&sys);
+    let mut q = c.user_queue();
+    let held = physical(&c, q.handle());
+    assert!(held.is_some());
+    sys.advance(idle * 3);
+    assert_eq!(sys.power(q.engine()), abi::PowerState::F1);
+    assert_eq!(physical(&c, q.handle()), None);
+    let mut cb = CommandBuffer::new();
+    cb.write_u32(c.buf.va(), 5);
+    let v = q.submit(&cb).unwrap();
+    q.wait(v, common::T).unwrap();
+    assert_eq!(physical(&c, q.handle()), held, "reconnected to the same dedicated doorbell");
 }
