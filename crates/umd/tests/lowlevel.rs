@@ -216,3 +216,36 @@ fn a_too_large_stream_is_refused_with_the_ring_size() {
         other => panic!("{other:?}"),
     }
 }
+
+/// Creation refused at each of its steps — a ring size the kernel refuses, each GPU mapping
+/// (ring, ring control, kernel page), the device's queue creation — leaves nothing behind;
+/// dropping a created queue returns everything.
+#[test]
+fn a_failed_create_leaves_nothing_behind_and_drop_returns_everything() {
+    use abi::port::{Invalid, KernelError};
+    use kernel::ddi::{DdiFault, DdiKind};
+    let (sys, _device, ctx, _out) = setup(SystemConfig::default());
+    let before = sys.census();
+    match UserQueue::create(&ctx, 3000, Priority::Normal) {
+        Err(UmdError::Kernel(KernelError::InvalidArgument { reason: Invalid::RingSize(why), .. })) => {
+            assert_eq!(why, abi::ring::RingSizeError::NotPowerOfTwo)
+        }
+        Err(other) => panic!("{other:?}"),
+        Ok(_) => panic!("a 3000-byte ring was accepted"),
+    }
+    assert_eq!(sys.census(), before);
+    let faults = (1..=3).map(|call| DdiFault { ddi: DdiKind::MapGpu, call });
+    for fault in faults.chain([DdiFault { ddi: DdiKind::CreateHwQueue, call: 1 }]) {
+        sys.inject_ddi_fault(fault);
+        let e = UserQueue::create(&ctx, RING, Priority::Normal).err().expect("the injected fault refuses it");
+        assert!(matches!(e, UmdError::Kernel(KernelError::InvalidArgument { field: "device", .. })), "{e}");
+        assert_eq!(sys.census(), before, "{fault:?}: nothing may stay behind");
+    }
+    let q = UserQueue::create(&ctx, RING, Priority::Normal).unwrap();
+    q.connect().unwrap();
+    let during = sys.census();
+    assert_eq!((during.queues, during.doorbells), (before.queues + 1, before.doorbells + 1));
+    assert_eq!(during.allocations, before.allocations + 2, "ring and ring control");
+    drop(q);
+    assert_eq!(sys.census(), before);
+}
