@@ -16,7 +16,7 @@
 //! the KMD reads those records only when it must pick a victim, so the client's data path
 //! (wptr store, doorbell store) gains no kernel call. [`VictimPolicy::LeastRecentlyConnected`]
 //! takes the doorbell connected longest ago however busy its queue is: the simpler rule, kept
-//! for comparison. Ties (never rung since connecting) go to the least recently connected.
+//! for comparison.
 //!
 //! Invariants: every device refusal reaches the OS as a [`DdiError`] naming the argument; the
 //! translation maps hold exactly the queues, address spaces and fences that exist on the
@@ -132,12 +132,14 @@ pub enum VictimPolicy {
 }
 
 impl DoorbellPool {
-    /// The queue whose doorbell goes, by the pool's policy (`None`: none is connected). Ties go
-    /// to the least recently connected (`min_by_key` keeps the first minimum).
+    /// The queue whose doorbell goes, by the pool's policy (`None`: none is connected). Every
+    /// bind takes a fresh step of the firmware's sequence, so last uses only tie at 0 (a
+    /// doorbell the device reports unbound); ties go to the least recently connected
+    /// (`min_by_key` keeps the first minimum).
     fn victim(&self, gpu: &Gpu, fw: &HashMap<HwQueueHandle, FwQueueId>) -> Option<HwQueueHandle> {
-        let owners = self.connected.iter().map(|(q, _)| *q);
+        let mut owners = self.connected.iter().map(|(q, _)| *q);
         match self.policy {
-            VictimPolicy::LeastRecentlyConnected => owners.into_iter().next(),
+            VictimPolicy::LeastRecentlyConnected => owners.next(),
             VictimPolicy::LeastRecentlyRung => owners.min_by_key(|q| {
                 match fw.get(q).and_then(|&id| gpu.doorbell_of(id).ok().flatten()) {
                     Some(gpu::BoundDoorbell::Word { last_used, .. }) => last_used,
