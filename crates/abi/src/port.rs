@@ -9,6 +9,11 @@
 //! The calls mirror WDDM's `D3DKMT*` entry points and amdgpu's USERQ ioctl (spec 000 "User-mode
 //! work submission APIs"; spec 001 "IOCTL Interfaces"). The data path — writing packets, wptr
 //! and the doorbell — never appears here.
+//!
+//! Two queries exist to observe the protocols rather than take part in them:
+//! [`KernelPort::query_native_fence`] (a fence's CurrentValue and MonitoredValue, spec 002)
+//! and [`KernelPort::query_physical_doorbell`] (which BAR doorbell a queue holds now, spec 000
+//! victimization).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -879,4 +884,37 @@ pub trait KernelPort: Send + Sync {
         mode: WaitMode,
         timeout: Option<Duration>,
     ) -> Result<WaitOutcome, KernelError>;
+    /// Reads a native fence's CurrentValue and MonitoredValue (spec 002), for tests and tools
+    /// that observe the MonitoredValue protocol. A diagnostic query: user mode has no other
+    /// access to MonitoredValue, and nothing here changes either value.
+    fn query_native_fence(&self, fence: NativeFenceHandle) -> Result<NativeFenceValues, KernelError>;
+    /// Which physical doorbell a queue holds now (spec 000 "Doorbells"): `None` while its
+    /// doorbell is disconnected (never connected, victimized, its engine in F1) or it has none.
+    /// A kernel-mode queue reports the kernel's doorbell the KMD rings for it. For tests and
+    /// tools that observe victimization.
+    fn query_physical_doorbell(&self, queue: HwQueueHandle) -> Result<Option<PhysicalDoorbell>, KernelError>;
+}
+
+/// A native fence's two values ([`KernelPort::query_native_fence`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NativeFenceValues {
+    /// CurrentValue: the last value signalled.
+    pub current: u64,
+    /// MonitoredValue: the lowest value a CPU waits for, minus 1; `u64::MAX` with no waiter;
+    /// 0 for a fence whose every signal interrupts (legacy monitored, cross-adapter).
+    pub monitored: u64,
+}
+
+/// The physical doorbell a queue holds ([`KernelPort::query_physical_doorbell`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PhysicalDoorbell {
+    /// A dedicated doorbell: a word of the doorbell BAR.
+    BarIndex(u32),
+    /// The global doorbell model: a bit of a BAR page of doorbell bits.
+    Bit {
+        /// The BAR page.
+        page: u32,
+        /// The bit.
+        bit: u32,
+    },
 }

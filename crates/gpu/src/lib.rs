@@ -183,6 +183,26 @@ pub enum GpuError {
     Shm(#[from] shm::ShmError),
 }
 
+/// Which doorbell a queue answers to, as the firmware sees it ([`Gpu::doorbell_of`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BoundDoorbell {
+    /// A dedicated BAR word.
+    Word {
+        /// Its index in the BAR.
+        index: u32,
+        /// When it was last used (bound, or seen rung): a firmware-wide sequence, larger is
+        /// more recent. Victim choice compares it.
+        last_used: u64,
+    },
+    /// Its bit of a global-doorbell bit page.
+    Bit {
+        /// The BAR page.
+        page: u32,
+        /// The bit.
+        bit: u32,
+    },
+}
+
 /// The virtual GPU: BAR, address spaces and firmware.
 pub struct Gpu {
     bar: abi::doorbell::DoorbellBar,
@@ -319,6 +339,12 @@ impl Gpu {
     /// Stops watching an aggregated doorbell page.
     pub fn unwatch_aggregated_doorbell(&mut self, page: u32) {
         self.fw.unwatch_aggregated(page)
+    }
+
+    /// Which doorbell queue `id` answers to now (`None`: unbound), and for a BAR word when it
+    /// was last bound or rung. Read-only.
+    pub fn doorbell_of(&self, id: FwQueueId) -> Result<Option<BoundDoorbell>, GpuError> {
+        self.fw.doorbell_of(id)
     }
 
     /// Stops watching the queue's doorbell, then checks its wptr one last time so a ring that

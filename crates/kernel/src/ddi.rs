@@ -318,6 +318,9 @@ pub trait Kmd: Send {
     fn queue_state(&self, queue: HwQueueHandle) -> Option<QueueState>;
     /// GPU mappings alive on the device (for leak checks).
     fn live_mappings(&self) -> usize;
+    /// The physical doorbell the device has the queue bound to now (read-only, for the OS's
+    /// doorbell query).
+    fn physical_doorbell(&self, queue: HwQueueHandle) -> Option<abi::port::PhysicalDoorbell>;
 }
 
 /// A fault to inject: fail call number `call` (1-based, counted from when it was armed) of
@@ -504,5 +507,8 @@ impl Kmd for Traced {
     }
     fn live_mappings(&self) -> usize {
         self.inner.live_mappings()
+    }
+    fn physical_doorbell(&self, queue: HwQueueHandle) -> Option<abi::port::PhysicalDoorbell> {
+        self.inner.physical_doorbell(queue)
     }
 }

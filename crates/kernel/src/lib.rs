@@ -33,3 +33,4 @@ pub mod trace;
 pub mod virtual_kmd;
 
 pub use system::{FenceWaitHandle, Machine, ProcessPort, System, SystemConfig, Termination};
+pub use virtual_kmd::VictimPolicy;

@@ -4,9 +4,19 @@
 //! ([`gpu::Gpu`]), and translates between the OS's names and the device's: an OS queue handle
 //! to a firmware queue id, a process to its VMID, an interrupt to a [`Notification`]. The
 //! doorbell model is its business (spec 000 "Doorbell models"): it hands out doorbells per
-//! process page, from a victimized pool (dedicated doorbells over a limited pool, the least
-//! recently connected victimized through the OS's `DxgkCbDisconnectDoorbell`), or as bits of
-//! the device's global doorbell, and the OS runs the same sequences over all three.
+//! process page, from a victimized pool (dedicated doorbells over a limited pool, a victim
+//! disconnected through the OS's `DxgkCbDisconnectDoorbell`), or as bits of the device's
+//! global doorbell, and the OS runs the same sequences over all three.
+//!
+//! Victim choice (spec 000: "disconnect the doorbell of an older or least recently used
+//! hardware queue") is a [`VictimPolicy`]. The default, [`VictimPolicy::LeastRecentlyRung`],
+//! takes the doorbell whose last use — its connect, or the last ring the firmware latched on it
+//! — is oldest, so a busy queue keeps its doorbell and an idle one pays the reconnect. The
+//! firmware records each BAR word's last use as it latches rings ([`gpu::Gpu::doorbell_of`]);
+//! the KMD reads those records only when it must pick a victim, so the client's data path
+//! (wptr store, doorbell store) gains no kernel call. [`VictimPolicy::LeastRecentlyConnected`]
+//! takes the doorbell connected longest ago however busy its queue is: the simpler rule, kept
+//! for comparison.
 //!
 //! Invariants: every device refusal reaches the OS as a [`DdiError`] naming the argument, its
 //! reason translated from the device's error into the kernel's [`DeviceRefusal`]; the
@@ -97,7 +107,7 @@ enum Doorbells {
 
 /// The dedicated-doorbell model with a limited pool (spec 000 "Dedicated doorbells"): a few
 /// physical doorbells, each at offset 0 of its own BAR page (a CPU VA rotates a whole page),
-/// shared by every user-mode queue by victimizing the least recently connected.
+/// shared by every user-mode queue by victimizing one as the [`VictimPolicy`] says.
 struct DoorbellPool {
     first_page: u32,
     /// Its physical doorbells (index `j` is BAR page `first_page + j`), each held by a lease
@@ -105,7 +115,41 @@ struct DoorbellPool {
     free: crate::pool::Pool,
     count: u32,
     /// Connected owners and their doorbells, least recently connected first.
-    lru: std::collections::VecDeque<(HwQueueHandle, crate::pool::Lease)>,
+    connected: std::collections::VecDeque<(HwQueueHandle, crate::pool::Lease)>,
+    policy: VictimPolicy,
+}
+
+/// Which connected doorbell the pooled model victimizes when a queue connects and every
+/// physical doorbell is taken (spec 000: "an older or least recently used hardware queue").
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum VictimPolicy {
+    /// The doorbell least recently used: connected or rung (as the firmware latched the
+    /// ring), whichever came later. A busy queue keeps its doorbell; an idle one is
+    /// victimized. The default.
+    #[default]
+    LeastRecentlyRung,
+    /// The doorbell connected longest ago, however often its queue rings it since.
+    LeastRecentlyConnected,
+}
+
+impl DoorbellPool {
+    /// The queue whose doorbell goes, by the pool's policy (`None`: none is connected). Every
+    /// bind takes a fresh step of the firmware's sequence, so last uses only tie at 0 (a
+    /// doorbell the device reports unbound); ties go to the least recently connected
+    /// (`min_by_key` keeps the first minimum).
+    fn victim(&self, gpu: &Gpu, fw: &HashMap<HwQueueHandle, FwQueueId>) -> Option<HwQueueHandle> {
+        let mut owners = self.connected.iter().map(|(q, _)| *q);
+        match self.policy {
+            VictimPolicy::LeastRecentlyConnected => owners.next(),
+            VictimPolicy::LeastRecentlyRung => owners.min_by_key(|q| {
+                match fw.get(q).and_then(|&id| gpu.doorbell_of(id).ok().flatten()) {
+                    Some(gpu::BoundDoorbell::Word { last_used, .. }) => last_used,
+                    // Not bound as far as the device knows: the best victim there is.
+                    _ => 0,
+                }
+            }),
+        }
+    }
 }
 
 impl VirtualKmd {
@@ -136,8 +180,9 @@ impl VirtualKmd {
     /// Virtualizes user-mode doorbells over a pool of `count` physical doorbells, kept in the
     /// last BAR pages. A device with a global doorbell has nothing to
     /// virtualize (spec 000: "This mechanism isn't required if a GPU uses global doorbells"),
-    /// so there this does nothing and returns `false`.
-    pub fn set_doorbell_pool(&mut self, count: u32) -> bool {
+    /// so there this does nothing and returns `false`. When the pool is full, a connect
+    /// victimizes a connected doorbell as `policy` says.
+    pub fn set_doorbell_pool(&mut self, count: u32, policy: VictimPolicy) -> bool {
         if let Doorbells::Global = self.doorbells {
             return false;
         }
@@ -148,7 +193,8 @@ impl VirtualKmd {
             first_page: top - count,
             free: crate::pool::Pool::new("pooled physical doorbells", 0..count, None),
             count,
-            lru: Default::default(),
+            connected: Default::default(),
+            policy,
         });
         true
     }
@@ -177,7 +223,7 @@ impl VirtualKmd {
     fn release_pool_doorbell(&mut self, q: HwQueueHandle) {
         if let Doorbells::Pool(pool) = &mut self.doorbells {
             // Dropping its lease returns the doorbell.
-            pool.lru.retain(|(x, _)| *x != q);
+            pool.connected.retain(|(x, _)| *x != q);
         }
     }
 
@@ -372,10 +418,11 @@ impl Kmd for VirtualKmd {
                 let lease = match pool.free.take() {
                     Ok(lease) => lease,
                     Err(e) => {
-                        // Victimize the least recently connected doorbell: the OS's callback
-                        // first (the victim's CPU VA to the dummy page, DisconnectedRetry),
-                        // then the physical disconnect, whose wptr re-read loses nothing.
-                        let &(victim, _) = pool.lru.front().ok_or_else(|| DdiError::Refused {
+                        // Victimize a doorbell as the policy says: the OS's callback first
+                        // (the victim's CPU VA to the dummy page, DisconnectedRetry), then the
+                        // physical disconnect, whose wptr re-read loses nothing.
+                        let victim = pool.victim(&self.gpu.lock(), &self.queues);
+                        let victim = victim.ok_or_else(|| DdiError::Refused {
                             field: "doorbell pool",
                             value: e.to_string(),
                             reason: DeviceRefusal::NoDoorbellToVictimize,
@@ -394,7 +441,7 @@ impl Kmd for VirtualKmd {
                 let page = pool.first_page + lease.index();
                 let bar_index = page * per_page;
                 self.gpu.lock().bind_doorbell(fw, bar_index).map_err(refused("doorbell BAR index", bar_index))?;
-                pool.lru.push_back((queue, lease));
+                pool.connected.push_back((queue, lease));
                 page
             }
         };
@@ -588,5 +635,13 @@ impl Kmd for VirtualKmd {
 
     fn live_mappings(&self) -> usize {
         self.mappings.load(Ordering::Relaxed)
+    }
+
+    fn physical_doorbell(&self, queue: HwQueueHandle) -> Option<abi::port::PhysicalDoorbell> {
+        use abi::port::PhysicalDoorbell;
+        match self.gpu.lock().doorbell_of(self.fw(queue).ok()?).ok()?? {
+            gpu::BoundDoorbell::Word { index, .. } => Some(PhysicalDoorbell::BarIndex(index)),
+            gpu::BoundDoorbell::Bit { page, bit } => Some(PhysicalDoorbell::Bit { page, bit }),
+        }
     }
 }

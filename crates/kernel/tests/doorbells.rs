@@ -1,6 +1,6 @@
-//! Doorbell virtualization: dedicated doorbells over a limited pool, victimized least recently
-//! connected first, in spec 000's order; nothing submitted is lost, and a recycled doorbell
-//! never wakes the wrong queue.
+//! Doorbell virtualization: dedicated doorbells over a limited pool, victimized in spec 000's
+//! order (least recently rung by default; `queries.rs` compares the victim policies); nothing
+//! submitted is lost, and a recycled doorbell never wakes the wrong queue.
 
 mod common;
 

@@ -8,6 +8,9 @@
 //! - [`Context`]: a hardware context on one engine.
 //! - [`Queue`]: a hardware queue, user-mode (ring + doorbell, spec 000 "user-mode work
 //!   submission") or kernel-mode (each submission a kernel call, the traditional path).
+//! - [`lowlevel::UserQueue`]: the pieces of a user-mode queue (ring, ring control, doorbell
+//!   CPU page, kernel page) as typed views, created without connecting, for people writing
+//!   their own submission loop; [`Queue`] is built on it.
 //! - [`CommandBuffer`]: one typed method per packet of [`abi::packet`].
 //! - Compute kernels: [`KernelBuilder`], the text assembler [`assemble`] (`docs/isa.md`),
 //!   [`KernelBinary`] to upload, the example kernels ([`examples`]) and [`verify`], which runs
@@ -22,6 +25,7 @@ mod device;
 pub mod examples;
 mod fence;
 mod kernel;
+pub mod lowlevel;
 mod queue;
 pub mod verify;
 

@@ -2,6 +2,11 @@
 //! aggregated doorbell): which BAR word each queue's doorbell is, the global model's bit
 //! pages, the aggregated pages, bind and unbind, and latching rings.
 //!
+//! Each watched BAR word also records when it was last used (bound, or seen rung) as a step
+//! of one firmware-wide sequence; the KMD reads it when it must pick a doorbell to victimize
+//! (spec 000: "an older or least recently used hardware queue"), so keeping it costs the
+//! client nothing on the data path.
+//!
 //! Invariants: a queue is bound to at most one doorbell (a BAR word, or a bit of a bit page);
 //! bind and unbind both re-read the queue's wptr ([`find_published_work`]), so a submission
 //! published while the doorbell was disconnected, or whose ring raced the disconnect, is
@@ -45,6 +50,11 @@ pub(super) struct Watch {
     pub(super) word: Word,
     pub(super) queue: FwQueueId,
     pub(super) last: u64,
+    /// When the doorbell was last used: the firmware's use sequence ([`Firmware::use_seq`]) at
+    /// its bind or at the last ring seen, whichever came later. The KMD reads it
+    /// ([`Firmware::doorbell_of`]) to victimize the least recently rung doorbell, so the data
+    /// path needs no kernel call to keep it.
+    pub(super) last_used: u64,
 }
 
 impl Firmware {
@@ -60,9 +70,11 @@ impl Firmware {
         let last = self.queue(id)?.wptr;
         let word = self.bar.doorbell(index)?;
         word.get().store(last, Ordering::Relaxed);
+        self.use_seq += 1;
+        let last_used = self.use_seq;
         let (e, q) = self.engine_and_queue(id)?;
         e.watches.retain(|w| w.queue != id);
-        e.watches.push(Watch { word, queue: id, last });
+        e.watches.push(Watch { word, queue: id, last, last_used });
         e.resched = true;
         q.doorbell = Some(Binding::Word(index));
         // Work published while disconnected rang the dummy page: find it through wptr.
@@ -130,6 +142,19 @@ impl Firmware {
         self.aggregated.retain(|(p, _)| *p != page);
     }
 
+    /// Which doorbell queue `id` answers to now, and for a BAR word when it was last used:
+    /// a read-only query for the KMD (victim choice, and the OS's doorbell query).
+    pub(crate) fn doorbell_of(&self, id: FwQueueId) -> Result<Option<crate::BoundDoorbell>, GpuError> {
+        let q = self.queue(id)?;
+        Ok(q.doorbell.map(|b| match b {
+            Binding::Bit { page, bit } => crate::BoundDoorbell::Bit { page, bit },
+            Binding::Word(index) => {
+                let watch = self.engines[q.cfg.engine.0 as usize].watches.iter().find(|w| w.queue == id);
+                crate::BoundDoorbell::Word { index, last_used: watch.map_or(0, |w| w.last_used) }
+            }
+        }))
+    }
+
     pub(crate) fn model(&self) -> DoorbellModel {
         self.model
     }
@@ -164,6 +189,8 @@ impl Firmware {
                 let v = w.word.get().load(Ordering::Acquire);
                 if v != w.last {
                     w.last = v;
+                    self.use_seq += 1;
+                    w.last_used = self.use_seq;
                     let id = w.queue;
                     if let Ok(q) = self.queues.get_mut(id.0) {
                         rang |= latch_ring(e, q, id, misses);

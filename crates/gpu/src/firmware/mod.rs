@@ -361,6 +361,9 @@ pub(crate) struct Firmware {
     /// here, a CPU update or another adapter's signal (`notify_fences`), a fence registered or
     /// destroyed. A queue parked on a fence `WAIT` re-checks only when it moved.
     fence_epoch: u64,
+    /// Bumped at every doorbell bind and every ring seen on a watched BAR word: the clock of
+    /// each doorbell's `last_used` (`doorbells::Watch`).
+    use_seq: u64,
 }
 
 /// A native fence the firmware knows (`DxgkDdiCreateNativeFence`).
@@ -444,6 +447,7 @@ impl Firmware {
             bar,
             misses_unmapped: cfg.misses_unmapped_doorbells,
             fence_epoch: 0,
+            use_seq: 0,
         }
     }
 

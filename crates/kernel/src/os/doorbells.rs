@@ -9,7 +9,9 @@
 //! - **Victimization** (spec 000 "Victimizing doorbell pseudocode in KMD"): inside
 //!   `DxgkDdiConnectDoorbell`, the KMD calls `DxgkCbDisconnectDoorbell` ([`Victimizer`]),
 //!   which rotates the victim's CPU page to the dummy page and publishes
-//!   `DisconnectedRetry`; then the KMD disconnects the physical doorbell.
+//!   `DisconnectedRetry`; then the KMD disconnects the physical doorbell. Which doorbell is
+//!   the victim is the KMD's choice (`virtual_kmd::VictimPolicy`: least recently rung by
+//!   default); [`Os::query_physical_doorbell`] shows who holds which BAR doorbell.
 //! - **Disconnect** (F1 entry, D3, fault, termination): the CPU page is rotated to the dummy
 //!   page, the status word becomes `DisconnectedRetry` (or `DisconnectedAbort`), then
 //!   `DxgkDdiDisconnectDoorbell`; the firmware re-reads the queue's wptr so no racing ring is
@@ -91,6 +93,17 @@ impl DisconnectCallback for Victimizer<'_> {
 }
 
 impl Os {
+    /// The physical doorbell the device has queue `q` bound to now
+    /// ([`abi::port::KernelPort::query_physical_doorbell`]); `None` while it is disconnected.
+    pub fn query_physical_doorbell(
+        &mut self,
+        pid: ProcessId,
+        q: HwQueueHandle,
+    ) -> Result<Option<abi::port::PhysicalDoorbell>, KernelError> {
+        self.queue(pid, q)?;
+        Ok(self.ddi.physical_doorbell(q))
+    }
+
     /// `D3DKMTCreateDoorbell`: the doorbell starts disconnected, its CPU page on the dummy
     /// page; the kernel takes its references on the ring allocations.
     pub fn create_doorbell(

@@ -15,6 +15,9 @@
 //! the resample or raises the interrupt (model-checked in `abi/tests/loom.rs`). The interrupt
 //! service resamples the fences it names (or all of them, for a `None` list) and wakes what is
 //! satisfied. A legacy monitored fence keeps MonitoredValue at 0, so every signal interrupts.
+//! [`Os::query_native_fence`] reads both values for tests and tools (spec 002's 41/42 example
+//! is watched through it); it is the only way user mode sees MonitoredValue, and it changes
+//! nothing.
 //!
 //! Cross-adapter fences ([`crate::cross`]) have their own system-memory page, shared with
 //! every adapter that opens them, and a MonitoredValue pinned at 0. Whenever this adapter sees
@@ -409,6 +412,19 @@ impl Os {
             self.program_monitored(id);
         }
         Ok(())
+    }
+
+    /// The fence's CurrentValue and MonitoredValue, as they are now
+    /// ([`abi::port::KernelPort::query_native_fence`]): a read of both words, nothing more, so
+    /// a test can watch the MonitoredValue protocol step by step (spec 002's 41/42 example).
+    pub fn query_native_fence(
+        &mut self,
+        pid: ProcessId,
+        h: NativeFenceHandle,
+    ) -> Result<abi::port::NativeFenceValues, KernelError> {
+        let f = self.proc(pid)?.fences.get(h)?;
+        // Acquire, as every read of MonitoredValue's writer (the OS itself, under its lock).
+        Ok(abi::port::NativeFenceValues { current: f.current(), monitored: f.monitored.get().load(Ordering::Acquire) })
     }
 
     /// Signals a native fence from the CPU (`DxgkDdiUpdateCurrentValuesFromCpu`).

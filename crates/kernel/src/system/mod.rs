@@ -62,6 +62,9 @@ pub struct SystemConfig {
     /// one per queue index in each process's page). Refused with the global doorbell model
     /// (`gpu.doorbell_model`), which has nothing to virtualize.
     pub doorbell_pool: Option<u32>,
+    /// Which doorbell the pool victimizes when it is full (least recently rung by default;
+    /// least recently connected for comparison). Used only with `doorbell_pool`.
+    pub victim_policy: crate::virtual_kmd::VictimPolicy,
     /// The device enters D3 by itself once every engine has been in F1 this long (`None`:
     /// only on request, [`System::enter_d3`]).
     pub d3_idle: Option<Duration>,
@@ -157,7 +160,7 @@ impl System {
         kmd.set_user_queue_mode(cfg.user_queue_mode);
         kmd.set_native_fences(!cfg.without_native_fences);
         if let Some(n) = cfg.doorbell_pool
-            && !kmd.set_doorbell_pool(n)
+            && !kmd.set_doorbell_pool(n, cfg.victim_policy)
         {
             return Err(KernelError::InvalidArgument {
                 field: "doorbell_pool",

@@ -142,4 +142,13 @@ impl KernelPort for ProcessPort {
             }
         }
     }
+    fn query_native_fence(&self, fence: NativeFenceHandle) -> Result<abi::port::NativeFenceValues, KernelError> {
+        self.call(|os, pid, _| os.query_native_fence(pid, fence))
+    }
+    fn query_physical_doorbell(
+        &self,
+        queue: HwQueueHandle,
+    ) -> Result<Option<abi::port::PhysicalDoorbell>, KernelError> {
+        self.call(|os, pid, _| os.query_physical_doorbell(pid, queue))
+    }
 }

@@ -431,6 +431,15 @@ impl KernelPort for TapPort {
     ) -> Result<abi::port::WaitOutcome, KernelError> {
         self.inner.wait_native_fences(fences, mode, timeout)
     }
+    fn query_native_fence(&self, fence: abi::NativeFenceHandle) -> Result<abi::port::NativeFenceValues, KernelError> {
+        self.inner.query_native_fence(fence)
+    }
+    fn query_physical_doorbell(
+        &self,
+        queue: HwQueueHandle,
+    ) -> Result<Option<abi::port::PhysicalDoorbell>, KernelError> {
+        self.inner.query_physical_doorbell(queue)
+    }
 }
 
 /// A process driven through the raw port (no UMD): a device, a compute context, and a ring

@@ -1,0 +1,251 @@
+//! A submission loop written by hand on [`umd::lowlevel::UserQueue`], against the embedded
+//! deterministic system: packets and a progress fence into the ring, last-queued, wptr, ring,
+//! the doorbell status acted on (`DisconnectedRetry` → reconnect, `ConnectedNotify` →
+//! notify, `DisconnectedAbort` → lost), and the results checked in memory.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use abi::packet::progress_fence_words;
+use abi::port::{LostReason, PhysicalDoorbell, QueueStatus};
+use abi::{DoorbellStatus, EngineKind, Priority, QueueState};
+use kernel::{System, SystemConfig};
+use umd::lowlevel::UserQueue;
+use umd::{Buffer, CommandBuffer, Context, Device, UmdError};
+
+const T: Option<Duration> = Some(Duration::from_secs(1));
+const RING: u64 = 4096;
+
+/// Our own loop's state: what `umd::Queue` keeps, minus everything we do not need.
+struct MyLoop {
+    q: UserQueue,
+    wptr: u64,
+    value: u64,
+    reconnects: u32,
+    notifies: u32,
+    /// The doorbell status each ring returned, in order.
+    seen: Vec<DoorbellStatus>,
+}
+
+impl MyLoop {
+    fn new(q: UserQueue) -> MyLoop {
+        MyLoop { q, wptr: 0, value: 0, reconnects: 0, notifies: 0, seen: Vec::new() }
+    }
+
+    fn submit(&mut self, cb: &CommandBuffer) -> Result<u64, UmdError> {
+        // 1. The next progress value, as a PROGRESS_FENCE after the packets.
+        let value = self.value + 1;
+        let fence = progress_fence_words(value);
+        let plan = self.q.ring().plan(self.wptr, (cb.len() + fence.len()) as u64)?;
+        // Ring space: never overwrite what the engine has not read.
+        while plan.new_wptr - self.q.control().rptr().load(Ordering::Acquire) > self.q.ring().bytes() {
+            self.q.wait_progress(self.q.completed() + 1, T)?;
+        }
+        // 2. Last-queued, before the work is visible.
+        self.q.control().last_queued().store(value, Ordering::Release);
+        // 3. The packets (wptr is published by the ring below).
+        self.q.ring().write(self.wptr, &plan, &[cb.words(), &fence])?;
+        self.wptr = plan.new_wptr;
+        self.value = value;
+        // 4 and 5. Ring, then act on the status.
+        loop {
+            let status = self.q.ring_doorbell(self.wptr)?;
+            self.seen.push(status);
+            match status {
+                DoorbellStatus::Connected => return Ok(value),
+                DoorbellStatus::ConnectedNotify => {
+                    self.q.notify()?;
+                    self.notifies += 1;
+                    return Ok(value);
+                }
+                DoorbellStatus::DisconnectedRetry => {
+                    self.q.connect()?;
+                    self.reconnects += 1;
+                }
+                DoorbellStatus::DisconnectedAbort => return Err(self.q.lost()),
+            }
+        }
+    }
+}
+
+fn setup(cfg: SystemConfig) -> (System, Device, Context, Buffer) {
+    let sys = System::sim(cfg).unwrap();
+    let device = Device::open(sys.open_process().unwrap()).unwrap();
+    let ctx = device.create_context(device.engine(EngineKind::Compute).unwrap()).unwrap();
+    let out = device.allocate(1 << 16).unwrap();
+    (sys, device, ctx, out)
+}
+
+#[test]
+fn a_hand_written_loop_runs_wraps_and_reconnects_after_victimization() {
+    let (sys, _device, ctx, out) = setup(SystemConfig { doorbell_pool: Some(1), ..SystemConfig::default() });
+    let q = UserQueue::create(&ctx, RING, Priority::Normal).unwrap();
+    // Created, not connected: the dummy page, no physical doorbell.
+    assert_eq!(q.doorbell_status().unwrap(), DoorbellStatus::DisconnectedRetry);
+    assert_eq!(q.physical_doorbell().unwrap(), None);
+    assert_eq!(q.ring().bytes(), RING);
+    let mut a = MyLoop::new(q);
+
+    // The first ring finds the doorbell disconnected: the loop connects and rings again.
+    let mut cb = CommandBuffer::new();
+    cb.write_u32(out.va(), 0xa1);
+    let v = a.submit(&cb).unwrap();
+    assert_eq!(a.seen, [DoorbellStatus::DisconnectedRetry, DoorbellStatus::Connected]);
+    let held = a.q.physical_doorbell().unwrap().expect("connected");
+    assert!(matches!(held, PhysicalDoorbell::BarIndex(_)));
+    a.q.wait_progress(v, T).unwrap();
+    assert_eq!(out.read_u32(0).unwrap(), 0xa1);
+    // What the loop wrote is in memory: last-queued, wptr, the packets at ring offset 0; the
+    // engine read all of it.
+    let c = a.q.control();
+    assert_eq!((c.last_queued().load(Ordering::Acquire), c.wptr().load(Ordering::Acquire)), (v, a.wptr));
+    assert_eq!(c.rptr().load(Ordering::Acquire), a.wptr);
+    let mut ring = vec![0; cb.len()];
+    a.q.ring().read(0, &mut ring).unwrap();
+    assert_eq!(ring, cb.words());
+    assert_eq!(a.q.completed(), v);
+
+    // Another queue takes the only physical doorbell: ours is victimized.
+    let b = UserQueue::create(&ctx, RING, Priority::Normal).unwrap();
+    b.connect().unwrap();
+    assert_eq!(b.physical_doorbell().unwrap(), Some(held));
+    assert_eq!(a.q.physical_doorbell().unwrap(), None);
+    assert_eq!(a.q.doorbell_status().unwrap(), DoorbellStatus::DisconnectedRetry);
+    let mut b = MyLoop::new(b);
+
+    // Both submit, alternately, past the end of the ring several times; every submission
+    // takes the doorbell back from the other, and nothing is lost.
+    for i in 1..=100u32 {
+        for (k, l) in [&mut a, &mut b].into_iter().enumerate() {
+            let mut cb = CommandBuffer::new();
+            cb.write_u32(out.va() + 4 + 4 * k as u64, i).write_u32(out.va() + 64 + 4 * (i as u64 % 1000), i);
+            l.submit(&cb).unwrap();
+        }
+    }
+    for l in [&a, &b] {
+        l.q.wait_progress(l.value, T).unwrap();
+        assert_eq!(l.q.completed(), l.value);
+        assert_eq!(l.q.control().rptr().load(Ordering::Acquire), l.wptr);
+        assert!(l.wptr > RING, "the ring wrapped");
+        assert_eq!(
+            l.q.status().unwrap(),
+            QueueStatus { state: l.q.status().unwrap().state, fault: None, completed: l.value, last_queued: l.value }
+        );
+    }
+    assert_eq!((out.read_u32(4).unwrap(), out.read_u32(8).unwrap()), (100, 100));
+    for i in 1..=100u64 {
+        assert_eq!(out.read_u32(64 + 4 * i).unwrap(), i as u32);
+    }
+    // a: its first connect, then once per round; b: once per round (its first connect was
+    // explicit). Every connect but a's first victimized the other.
+    assert_eq!((a.reconnects, b.reconnects), (101, 100));
+    assert_eq!(sys.stats().victimizations, 1 + 100 + 100);
+}
+
+#[test]
+fn connected_notify_asks_the_loop_to_notify() {
+    let (_sys, _device, ctx, out) = setup(SystemConfig { notify_on_submit: true, ..SystemConfig::default() });
+    let q = UserQueue::create(&ctx, RING, Priority::High).unwrap();
+    q.connect().unwrap();
+    assert_eq!(q.doorbell_status().unwrap(), DoorbellStatus::ConnectedNotify);
+    let mut l = MyLoop::new(q);
+    for i in 0..3u32 {
+        let mut cb = CommandBuffer::new();
+        cb.write_u32(out.va() + 4 * u64::from(i), i + 1);
+        let v = l.submit(&cb).unwrap();
+        l.q.wait_progress(v, T).unwrap();
+    }
+    assert_eq!((l.notifies, l.reconnects), (3, 0));
+    assert_eq!([out.read_u32(0).unwrap(), out.read_u32(4).unwrap(), out.read_u32(8).unwrap()], [1, 2, 3]);
+}
+
+#[test]
+fn a_faulted_queue_aborts_its_doorbell_and_the_loop_reports_the_fault() {
+    let (_sys, _device, ctx, out) = setup(SystemConfig::default());
+    let q = UserQueue::create(&ctx, RING, Priority::Normal).unwrap();
+    q.connect().unwrap();
+    let mut l = MyLoop::new(q);
+    let mut cb = CommandBuffer::new();
+    cb.write_u32(0xdead_0000, 1); // outside every mapping
+    let v = l.submit(&cb).unwrap();
+    let e = l.q.wait_progress(v, T).unwrap_err();
+    assert!(matches!(e, UmdError::QueueLost { .. }), "{e}");
+    assert_eq!(l.q.doorbell_status().unwrap(), DoorbellStatus::DisconnectedAbort);
+    let mut cb = CommandBuffer::new();
+    cb.write_u32(out.va(), 1);
+    match l.submit(&cb).unwrap_err() {
+        UmdError::QueueLost { queue, reason: LostReason::Fault(f) } => {
+            assert_eq!(queue, l.q.handle());
+            assert_eq!(Some(f), l.q.status().unwrap().fault);
+        }
+        other => panic!("expected a fault, got {other:?}"),
+    }
+    assert_eq!(l.seen.last(), Some(&DoorbellStatus::DisconnectedAbort));
+    assert_eq!(l.q.status().unwrap().state, QueueState::Hung);
+    assert_eq!(out.read_u32(0).unwrap(), 0, "nothing after the fault ran");
+}
+
+/// Work published while the doorbell is disconnected runs once it connects: the kernel
+/// re-reads wptr on connect, so a loop may publish first and connect after.
+#[test]
+fn work_published_before_the_first_connect_runs_on_connect() {
+    let (_sys, _device, ctx, out) = setup(SystemConfig::default());
+    let q = UserQueue::create(&ctx, RING, Priority::Normal).unwrap();
+    let mut cb = CommandBuffer::new();
+    cb.write_u32(out.va(), 0x77);
+    let fence = progress_fence_words(1);
+    let plan = q.ring().plan(0, (cb.len() + fence.len()) as u64).unwrap();
+    q.control().last_queued().store(1, Ordering::Release);
+    q.ring().write(0, &plan, &[cb.words(), &fence]).unwrap();
+    // Rung on the dummy page: nobody hears it.
+    assert_eq!(q.ring_doorbell(plan.new_wptr).unwrap(), DoorbellStatus::DisconnectedRetry);
+    assert_eq!(q.doorbell().word().get().load(Ordering::Acquire), plan.new_wptr, "the dummy page took the ring");
+    assert_eq!(q.completed(), 0);
+    q.connect().unwrap();
+    q.wait_progress(1, T).unwrap();
+    assert_eq!(out.read_u32(0).unwrap(), 0x77);
+    assert_eq!(q.doorbell().method(), abi::doorbell::RingMethod::WriteWptr);
+}
+
+#[test]
+fn a_too_large_stream_is_refused_with_the_ring_size() {
+    let (_sys, _device, ctx, _out) = setup(SystemConfig::default());
+    let q = UserQueue::create(&ctx, RING, Priority::Normal).unwrap();
+    match q.ring().plan(0, RING / 4).unwrap_err() {
+        UmdError::TooLarge { dwords, ring_bytes, max } => assert_eq!((dwords, ring_bytes, max), (1024, RING, 512)),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// Creation refused at each of its steps — a ring size the kernel refuses, each GPU mapping
+/// (ring, ring control, kernel page), the device's queue creation — leaves nothing behind;
+/// dropping a created queue returns everything.
+#[test]
+fn a_failed_create_leaves_nothing_behind_and_drop_returns_everything() {
+    use abi::port::{Invalid, KernelError};
+    use kernel::ddi::{DdiFault, DdiKind};
+    let (sys, _device, ctx, _out) = setup(SystemConfig::default());
+    let before = sys.census();
+    match UserQueue::create(&ctx, 3000, Priority::Normal) {
+        Err(UmdError::Kernel(KernelError::InvalidArgument { reason: Invalid::RingSize(why), .. })) => {
+            assert_eq!(why, abi::ring::RingSizeError::NotPowerOfTwo)
+        }
+        Err(other) => panic!("{other:?}"),
+        Ok(_) => panic!("a 3000-byte ring was accepted"),
+    }
+    assert_eq!(sys.census(), before);
+    let faults = (1..=3).map(|call| DdiFault { ddi: DdiKind::MapGpu, call });
+    for fault in faults.chain([DdiFault { ddi: DdiKind::CreateHwQueue, call: 1 }]) {
+        sys.inject_ddi_fault(fault);
+        let e = UserQueue::create(&ctx, RING, Priority::Normal).err().expect("the injected fault refuses it");
+        assert!(matches!(e, UmdError::Kernel(KernelError::InvalidArgument { field: "device", .. })), "{e}");
+        assert_eq!(sys.census(), before, "{fault:?}: nothing may stay behind");
+    }
+    let q = UserQueue::create(&ctx, RING, Priority::Normal).unwrap();
+    q.connect().unwrap();
+    let during = sys.census();
+    assert_eq!((during.queues, during.doorbells), (before.queues + 1, before.doorbells + 1));
+    assert_eq!(during.allocations, before.allocations + 2, "ring and ring control");
+    drop(q);
+    assert_eq!(sys.census(), before);
+}
