@@ -9,6 +9,7 @@ mod bench_fences;
 mod bench_oversub;
 mod demo;
 mod examples;
+mod num;
 mod run;
 mod trace;
 
@@ -77,4 +78,7 @@ pub enum CliError {
     /// Bad input from the command line or a file.
     #[error("{0}")]
     Input(String),
+    /// A run passed its `--timeout`.
+    #[error("timeout: {0}")]
+    TimedOut(String),
 }
