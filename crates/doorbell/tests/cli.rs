@@ -187,3 +187,20 @@ fn errors_quote_an_excerpt_of_huge_input_not_all_of_it() {
     assert!(err.len() < 300, "{} bytes of error: {}…", err.len(), &err[..200]);
     assert!(err.contains("(1048576 characters)"), "{}", &err[..err.len().min(300)]);
 }
+
+#[test]
+fn the_demo_says_what_it_does() {
+    let (ok, out, err) = doorbell_with(&["demo"]);
+    assert!(ok, "{err}");
+    // Only the two processes it announces.
+    assert!(out.contains("processes A (p1) and B (p2) opened"), "{out}");
+    assert!(!out.contains("@p3"), "a process the demo never announced: {out}");
+    // Every DisconnectedAbort says why: a destroy or a fault.
+    let aborts: Vec<&str> = out.lines().filter(|l| l.contains("DisconnectedAbort")).collect();
+    assert!(aborts.iter().any(|l| l.contains("destroyed by its owner")), "{out}");
+    assert!(aborts.iter().any(|l| l.contains("after its fault")), "{out}");
+    assert!(aborts.iter().all(|l| l.contains("destroyed by its owner") || l.contains("after its fault")), "{out}");
+    // The blocked CPU waiter is the only fence interrupt, every run.
+    assert!(out.contains("which woke on 1 fence interrupt;"), "{out}");
+    assert!(out.contains("fence interrupts:        1 "), "{out}");
+}
