@@ -204,3 +204,48 @@ fn the_demo_says_what_it_does() {
     assert!(out.contains("which woke on 1 fence interrupt;"), "{out}");
     assert!(out.contains("fence interrupts:        1 "), "{out}");
 }
+
+#[test]
+fn the_docs_point_only_inside_the_repository_and_name_the_public_documents() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let mut files = vec![root.join("README.md")];
+    for dir in ["docs", "examples"] {
+        for e in std::fs::read_dir(root.join(dir)).unwrap() {
+            files.push(e.unwrap().path());
+        }
+    }
+    for f in &files {
+        let text = std::fs::read_to_string(f).unwrap();
+        for outside in ["../shared", "shared/spec", "BRIEF"] {
+            assert!(!text.contains(outside), "{} points outside the repository: {outside}", f.display());
+        }
+        // Every relative Markdown link names a file of the repository.
+        for link in text.split("](").skip(1).filter_map(|r| r.split(')').next()) {
+            if !link.contains("://") && !link.starts_with('#') {
+                let target = f.parent().unwrap().join(link.split('#').next().unwrap());
+                assert!(target.exists(), "{}: broken link {link}", f.display());
+            }
+        }
+    }
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    for title in [
+        "*User-mode work submission* (WDDM 3.2)",
+        "*Native GPU fence object* (WDDM 3.2)",
+        "*GPU preemption* (WDDM 1.2 model)",
+        "*D3D12 Background Processing*",
+        "*User Mode Queues*",
+        "DirectX-Specs",
+        "the Linux kernel documentation, amdgpu driver",
+    ] {
+        assert!(readme.contains(title), "README does not name {title}");
+    }
+    // The roadmap, in the project's own words: what is built and what comes.
+    for step in [
+        "5. **Preemption and recovery.**",
+        "6. **Many processes.**",
+        "7. **Deterministic simulation at scale.**",
+        "8. **Background processing.**",
+    ] {
+        assert!(readme.contains(step), "README roadmap lacks {step}");
+    }
+}
