@@ -45,8 +45,8 @@ pub struct RunArgs {
     /// as the kernel runs.
     #[arg(long, value_parser = num::parse_duration)]
     timeout: Option<Duration>,
-    /// Show elapsed time and wave-instructions executed on stderr while the kernel runs:
-    /// `auto` when stderr is a terminal, `always`, or `never`.
+    /// Show the elapsed time and the wave-instructions executed so far on stderr while the
+    /// kernel runs: `auto` only when stderr is a terminal, `always`, or `never`.
     #[arg(long, value_enum, default_value_t = When::Auto)]
     progress: When,
 }
