@@ -1,8 +1,14 @@
 //! # doorbell — the command-line front end
 //!
 //! `doorbell demo` runs a small workload end to end on a live embedded system and prints what
-//! happened; `doorbell bench submit` measures the submission paths against the machine's
-//! floor. See `--help` on each.
+//! happened; `doorbell run` assembles and dispatches a kernel; `doorbell trace` writes a fence
+//! pipeline's timeline; `doorbell bench …` measures the submission paths, compute, fences and
+//! oversubscription against the machine's floor. See `--help` on each.
+//!
+//! Input is checked here, before anything reaches the device, so a refusal names the flag, the
+//! value and what is allowed rather than coming back as a lost queue: every numeric flag goes
+//! through one parser ([`num`]), dispatch dimensions are checked against the ISA's limits and
+//! `run`'s arguments against the slots the kernel reads.
 
 mod bench;
 mod bench_fences;
