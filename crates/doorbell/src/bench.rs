@@ -25,7 +25,7 @@ use gpu::{GpuConfig, PowerState};
 use kernel::{System, SystemConfig};
 use umd::{CommandBuffer, Device, Queue, QueueOptions};
 
-use crate::CliError;
+use crate::{CliError, num};
 
 #[derive(Subcommand)]
 pub enum BenchCommand {
@@ -51,12 +51,13 @@ pub struct FenceArgs {
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
-    /// Signals counted per interrupt ratio.
-    #[arg(long, default_value_t = 10_000)]
+    /// Signals counted per interrupt ratio (1 to 10,000,000).
+    #[arg(long, default_value_t = 10_000, value_parser = num::within(1u64, 10_000_000))]
     signals: u64,
-    /// Latency samples per measure.
-    #[arg(long, default_value_t = 2_000)]
-    samples: usize,
+    /// Latency samples per measure (1 to 1,000,000; the CPU-wake and CPU-mediated measures
+    /// take at most 1,000).
+    #[arg(long, default_value_t = 2_000, value_parser = num::within(1u32, 1_000_000))]
+    samples: u32,
 }
 
 #[derive(Args)]
@@ -64,12 +65,12 @@ pub struct ComputeArgs {
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
-    /// Loop iterations per thread of the ALU kernel at the default wave width (the scalar run
-    /// uses a twentieth: it is that much slower).
-    #[arg(long, default_value_t = 20_000)]
+    /// Loop iterations per thread of the ALU kernel at the default wave width, 1 to 4294967295
+    /// (the scalar run uses a twentieth, at least 1: it is that much slower).
+    #[arg(long, default_value_t = 20_000, value_parser = num::within(1u32, u32::MAX))]
     iterations: u32,
-    /// Workgroups of 256 threads.
-    #[arg(long, default_value_t = 16)]
+    /// Workgroups of 256 threads in the ALU kernel's grid, 1 to 4294967295.
+    #[arg(long, default_value_t = 16, value_parser = num::within(1u32, u32::MAX))]
     groups: u32,
 }
 
@@ -78,14 +79,15 @@ pub struct SubmitArgs {
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
-    /// Latency samples per warm path.
-    #[arg(long, default_value_t = 20_000)]
-    samples: usize,
-    /// Latency samples from F1 (each waits for the engine to go idle).
-    #[arg(long, default_value_t = 200)]
-    cold_samples: usize,
-    /// Command buffers in the throughput run.
-    #[arg(long, default_value_t = 2_000_000)]
+    /// Latency samples per warm path (1 to 10,000,000; the kernel-mode path takes at most
+    /// 5,000).
+    #[arg(long, default_value_t = 20_000, value_parser = num::within(1u32, 10_000_000))]
+    samples: u32,
+    /// Latency samples from F1, 1 to 100,000 (each waits for the engine to go idle).
+    #[arg(long, default_value_t = 200, value_parser = num::within(1u32, 100_000))]
+    cold_samples: u32,
+    /// Command buffers in the throughput run (1 to 1,000,000,000).
+    #[arg(long, default_value_t = 2_000_000, value_parser = num::within(1u64, 1_000_000_000))]
     throughput_count: u64,
 }
 
@@ -93,7 +95,7 @@ pub fn run(cmd: BenchCommand) -> Result<(), CliError> {
     match cmd {
         BenchCommand::Submit(a) => submit(a),
         BenchCommand::Compute(a) => compute(a),
-        BenchCommand::Fences(a) => crate::bench_fences::run(a.json, a.signals, a.samples),
+        BenchCommand::Fences(a) => crate::bench_fences::run(a.json, a.signals, a.samples as usize),
         BenchCommand::Oversubscribe(a) => crate::bench_oversub::run(a),
     }
 }
@@ -206,11 +208,11 @@ fn submit(a: SubmitArgs) -> Result<(), CliError> {
     let mut uq = r.ctx.create_queue(QueueOptions::user_mode())?;
     uq.set_spin(u32::MAX); // spin on memory: the thread waiting is not what is measured
     latencies(&r.sys, &mut uq, &buf, 1000, || Ok(()))?; // warm-up
-    let (um_p50, um_p99) = percentiles(latencies(&r.sys, &mut uq, &buf, a.samples, || Ok(()))?);
+    let (um_p50, um_p99) = percentiles(latencies(&r.sys, &mut uq, &buf, a.samples as usize, || Ok(()))?);
     let mut kq = r.ctx.create_queue(QueueOptions::kernel_mode())?;
     kq.set_spin(0); // block in the kernel so the scheduler worker gets a core
     latencies(&r.sys, &mut kq, &buf, 200, || Ok(()))?;
-    let (km_p50, km_p99) = percentiles(latencies(&r.sys, &mut kq, &buf, a.samples.min(5_000), || Ok(()))?);
+    let (km_p50, km_p99) = percentiles(latencies(&r.sys, &mut kq, &buf, a.samples.min(5_000) as usize, || Ok(()))?);
 
     progress(json, "user-mode throughput, tiny command buffers on one queue");
     let tbuf = r.dev.allocate(4096)?;
@@ -226,7 +228,7 @@ fn submit(a: SubmitArgs) -> Result<(), CliError> {
     }
     tq.wait(last, Some(Duration::from_secs(60)))?;
     let el = start.elapsed();
-    if a.throughput_count > 0 && tbuf.read_u32(0)? != (a.throughput_count - 1) as u32 {
+    if tbuf.read_u32(0)? != (a.throughput_count - 1) as u32 {
         return Err(CliError::Check("throughput run: last WRITE_DATA not visible".into()));
     }
     let throughput = a.throughput_count as f64 / el.as_secs_f64();
@@ -240,7 +242,7 @@ fn submit(a: SubmitArgs) -> Result<(), CliError> {
     let engine = cq.engine();
     let sys = r.sys.clone();
     let reconnects_before = cq.reconnects();
-    let cold = latencies(&r.sys, &mut cq, &buf, a.cold_samples, || {
+    let cold = latencies(&r.sys, &mut cq, &buf, a.cold_samples as usize, || {
         let deadline = Instant::now() + Duration::from_secs(5);
         while sys.power(engine) != PowerState::F1 {
             if Instant::now() > deadline {

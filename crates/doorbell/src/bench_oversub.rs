@@ -25,14 +25,16 @@ use gpu::GpuConfig;
 use kernel::{System, SystemConfig};
 use umd::{CommandBuffer, Device, Queue, QueueOptions};
 
-use crate::CliError;
 use crate::bench::{cacheline_rtt_ns, percentiles, progress};
+use crate::{CliError, num};
 
 /// Command buffers each normal queue keeps outstanding.
 const DEPTH: usize = 4;
 /// The high-priority queue's period.
 const HIGH_PERIOD: Duration = Duration::from_millis(1);
 const DRAIN: Option<Duration> = Some(Duration::from_secs(60));
+/// The longest `--seconds`.
+const MAX_SECONDS: f64 = 3600.0;
 
 #[derive(Args)]
 pub struct OversubArgs {
@@ -40,16 +42,16 @@ pub struct OversubArgs {
     #[arg(long)]
     json: bool,
     /// Normal-priority user-mode queues, each kept saturated.
-    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    #[arg(long, default_value_t = 1000, value_parser = num::within(1u32, 100_000))]
     queues: u32,
     /// Physical doorbells in the pool (queues beyond it are victimized and reconnect).
-    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, default_value_t = 16, value_parser = num::within(1u32, u32::MAX))]
     doorbells: u32,
     /// Hardware queue slots per engine.
-    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, default_value_t = 8, value_parser = num::within(1u32, u32::MAX))]
     slots: u32,
-    /// Seconds of submission before the drain.
-    #[arg(long, default_value_t = 2.0)]
+    /// Seconds of submission before the drain: more than 0, at most 3600 (fractions allowed).
+    #[arg(long, default_value_t = 2.0, value_parser = |s: &str| num::parse_seconds(s, MAX_SECONDS))]
     seconds: f64,
     /// Doorbell model (spec 000): `dedicated` virtualizes `--doorbells` physical doorbells by
     /// victimization; `global` gives every queue a bit of one doorbell page (`--doorbells` is
@@ -224,9 +226,6 @@ pub fn run(a: OversubArgs) -> Result<(), CliError> {
 }
 
 fn measure(a: &OversubArgs) -> Result<Figures, CliError> {
-    if !(a.seconds > 0.0 && a.seconds <= 3600.0) {
-        return Err(CliError::Input(format!("--seconds: {} is not in (0, 3600]", a.seconds)));
-    }
     let json = a.json;
     progress(json, "measuring the floor: cache-line round trip between two threads");
     let floor_ns = cacheline_rtt_ns();

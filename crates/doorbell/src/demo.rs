@@ -6,9 +6,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use abi::port::KernelPort;
-use abi::{EngineKind, QueueState};
+use abi::{DoorbellStatus, EngineKind, QueueState};
 use gpu::GpuConfig;
-use kernel::trace::Event;
+use kernel::trace::{Ddi, Event, TraceEntry};
 use kernel::{System, SystemConfig};
 use umd::{CommandBuffer, Device, QueueOptions};
 
@@ -40,7 +40,7 @@ pub fn run(quiet: bool) -> Result<(), CliError> {
     let a = Device::open(port_a.clone())?;
     let b = Device::open(port_b.clone())?;
     say(format!(
-        "processes {} and {} opened; engines: {:?}",
+        "processes A ({}) and B ({}) opened; engines: {:?}",
         port_a.process(),
         port_b.process(),
         a.info().engines.iter().map(|e| e.kind).collect::<Vec<_>>()
@@ -142,14 +142,14 @@ pub fn run(quiet: bool) -> Result<(), CliError> {
         uq.doorbell_status()?
     ));
 
-    // Compute: the four example kernels on both paths, against their CPU references.
-    for (kind, results) in crate::examples::run_all(&sys, 2048)? {
+    // Compute: the four example kernels on both paths, against their CPU references, in A.
+    for (kind, results) in crate::examples::run_all(&a, 2048)? {
         for (name, r) in results {
             let v = r.map_err(|e| CliError::Check(format!("{name} on the {kind:?} path: {e}")))?;
             submissions += 1;
             checked += 1;
             say(format!(
-                "compute: {name:<10} on a {:<11} queue: {} elements match the CPU reference ({} DISPATCH)",
+                "A: compute: {name:<10} on a {:<11} queue: {} elements match the CPU reference ({} DISPATCH)",
                 format!("{kind:?}"),
                 v.elements,
                 v.dispatches
@@ -166,26 +166,49 @@ pub fn run(quiet: bool) -> Result<(), CliError> {
     let global = shared.global().ok_or_else(|| CliError::Check("a shareable fence has a global handle".into()))?;
     let mut in_a = a.open_fence(global)?;
     in_a.set_spin(0);
+    // B's signal is held behind a gate (a memory WAIT) until A's CPU waiter is blocked in the
+    // kernel, so the signal always finds a waiter and raises exactly one fence interrupt (a
+    // native fence interrupts only for a CPU waiter; without the gate, whether the waiter
+    // blocked before the signal landed would be a race between two threads).
+    let gate = 0x10_0000u64;
+    bbuf.write(gate, &0u64.to_le_bytes())?;
     let before = sys.stats().fence_interrupts;
+    let waits_before = sys.census().waits;
     let mut cb = CommandBuffer::new();
     cb.wait_fence_logged(&in_a, 1).write_u32(buf.va() + 0xC000, 0xFE);
     let wv = uq.submit(&cb)?;
     let mut cb = CommandBuffer::new();
-    cb.signal_fence_logged(&shared, 1);
+    cb.wait(bbuf.va() + gate, 1).signal_fence_logged(&shared, 1);
     bq.submit(&cb)?;
-    in_a.wait(1, WAIT)?;
+    let gate_map = bbuf.map();
+    std::thread::scope(|s| -> Result<(), CliError> {
+        s.spawn(|| {
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while sys.census().waits <= waits_before && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_micros(100));
+            }
+            let _ = gate_map.write_u64(gate, 1);
+        });
+        in_a.wait(1, WAIT)?;
+        Ok(())
+    })?;
     uq.wait(wv, WAIT)?;
     submissions += 2;
+    let fence_interrupts = sys.stats().fence_interrupts - before;
     check(buf.read_u32(0xC000)? == 0xFE, "GPU wait on a shared fence released by another process's signal")?;
     let log = sys.read_fence_log(port_b.process(), bq.handle(), abi::fence_log::FenceLogType::Signal, 0)?;
     check(log.entries.iter().any(|e| e.fence_value == 1), "the signal is in the queue's fence log")?;
-    checked += 2;
+    check(
+        fence_interrupts == 1,
+        format!("the blocked CPU waiter woke on one fence interrupt, not {fence_interrupts}"),
+    )?;
+    checked += 3;
     say(format!(
-        "fences: {} shared fence {global:#x} with {}; A's GPU waited on it, B's copy queue signalled it, \
-         A's CPU waiter woke on {} interrupt(s); B's signal log: {} entry",
+        "fences: {} shared fence {global:#x} with {}; A's GPU waited on it, B's copy queue signalled it once A's \
+         CPU waiter was blocked in the kernel, which woke on {fence_interrupts} fence interrupt; B's signal log: {} \
+         entry",
         port_b.process(),
         port_a.process(),
-        sys.stats().fence_interrupts - before,
         log.entries.len()
     ));
 
@@ -225,7 +248,7 @@ pub fn run(quiet: bool) -> Result<(), CliError> {
     let (trace, _) = sys.trace();
     if !quiet {
         println!("\n-- kernel trace: doorbell status changes, power, faults --");
-        for e in trace.iter().filter(|e| {
+        for (i, e) in trace.iter().enumerate().filter(|(_, e)| {
             matches!(
                 e.event,
                 Event::Status { .. }
@@ -236,7 +259,8 @@ pub fn run(quiet: bool) -> Result<(), CliError> {
                     | Event::QueueCreated { .. }
             )
         }) {
-            println!("{:>10.3} ms  {}", e.time.as_nanos() as f64 / 1e6, e.event);
+            let note = explain(&trace, i).map(|n| format!("  ({n})")).unwrap_or_default();
+            println!("{:>10.3} ms  {}{note}", e.time.as_nanos() as f64 / 1e6, e.event);
         }
     }
     let count = |f: fn(&Event) -> bool| trace.iter().filter(|e| f(&e.event)).count();
@@ -250,8 +274,22 @@ pub fn run(quiet: bool) -> Result<(), CliError> {
     println!("engine F0 wake-ups:      {}", count(|e| matches!(e, Event::Power { state: gpu::PowerState::F0, .. })));
     println!("queue faults contained:  {}", st.faults);
     println!("user interrupts:         {}", st.user_interrupts);
-    println!("fence interrupts:        {}", st.fence_interrupts);
+    println!("fence interrupts:        {} (signals with no CPU waiter raise none)", st.fence_interrupts);
     Ok(())
+}
+
+/// What a trace line means when its text alone misleads: `DisconnectedAbort` is what every
+/// destroyed queue's doorbell reads, not only a faulted one's.
+fn explain(trace: &[TraceEntry], i: usize) -> Option<&'static str> {
+    let Event::Status { queue, status: DoorbellStatus::DisconnectedAbort } = trace[i].event else { return None };
+    let faulted = trace[..i].iter().any(|e| matches!(e.event, Event::QueueFault { queue: q, .. } if q == queue));
+    // Other threads' events can land between the status write and the destroy: look ahead.
+    let destroyed = trace[i + 1..].iter().any(|e| matches!(e.event, Event::Ddi(Ddi::DestroyDoorbell(q)) if q == queue));
+    match (faulted, destroyed) {
+        (true, _) => Some("after its fault: the queue is dead; its owner destroys it and creates another"),
+        (false, true) => Some("the queue was destroyed by its owner: the ordinary end of a queue, not a fault"),
+        (false, false) => None,
+    }
 }
 
 /// Spec 002's scenario 2a on a live two-adapter machine: an iGPU without native fences

@@ -13,15 +13,13 @@ use crate::CliError;
 /// Each example's outcome on a user-mode and on a kernel-mode queue.
 pub type Outcomes = Vec<(SubmissionKind, Vec<(&'static str, Result<Verified, VerifyError>)>)>;
 
-/// Runs every example on both submission paths of `sys`.
-pub fn run_all(sys: &System, size: usize) -> Result<Outcomes, CliError> {
-    let port: Arc<dyn KernelPort> = sys.open_process()?;
-    let dev = Device::open(port)?;
+/// Runs every example on both submission paths of `dev`'s compute engine.
+pub fn run_all(dev: &Device, size: usize) -> Result<Outcomes, CliError> {
     let ctx = dev.create_context(dev.engine(EngineKind::Compute)?)?;
     let mut out = Vec::new();
     for opts in [QueueOptions::user_mode(), QueueOptions::kernel_mode()] {
         let mut q = ctx.create_queue(opts)?;
-        out.push((opts.kind, verify_all(&dev, &mut q, size)));
+        out.push((opts.kind, verify_all(dev, &mut q, size)));
     }
     Ok(out)
 }
@@ -29,7 +27,8 @@ pub fn run_all(sys: &System, size: usize) -> Result<Outcomes, CliError> {
 /// How many examples matched their references on both paths, and how many there are.
 pub fn verify_all_live() -> Result<(usize, usize), CliError> {
     let sys = System::live(SystemConfig::default())?;
-    let outcomes = run_all(&sys, 4096)?;
+    let port: Arc<dyn KernelPort> = sys.open_process()?;
+    let outcomes = run_all(&Device::open(port)?, 4096)?;
     let total = umd::examples::ALL.len();
     let verified = umd::examples::ALL
         .iter()

@@ -20,7 +20,7 @@ use kernel::{System, SystemConfig};
 use serde_json::json;
 use umd::{CommandBuffer, Device, NativeFence, Queue, QueueOptions};
 
-use crate::CliError;
+use crate::{CliError, num};
 
 /// Arguments of `doorbell trace`.
 #[derive(Args)]
@@ -29,7 +29,7 @@ pub struct TraceArgs {
     out: PathBuf,
     /// Rounds of the pipeline (each logs a signal or a wait on every queue). At most 80, so no
     /// log overruns between reads.
-    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=80))]
+    #[arg(long, default_value_t = 20, value_parser = num::within(1u32, 80))]
     rounds: u32,
 }
 

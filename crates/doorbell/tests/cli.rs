@@ -55,3 +55,198 @@ fn run_executes_an_example_kernel() {
     // y[1] = 2 * 1 + 1 = 3.0 = 0x40400000.
     assert!(out.contains("0x40400000"), "{out}");
 }
+
+/// A kernel source in a temporary file, removed on drop.
+struct TempKernel(std::path::PathBuf);
+
+impl TempKernel {
+    fn new(name: &str, src: &str) -> Self {
+        let p = std::env::temp_dir().join(format!("doorbell-{name}-{}.dbk", std::process::id()));
+        std::fs::write(&p, src).unwrap();
+        TempKernel(p)
+    }
+    fn path(&self) -> &str {
+        self.0.to_str().unwrap()
+    }
+}
+
+impl Drop for TempKernel {
+    fn drop(&mut self) {
+        std::fs::remove_file(&self.0).ok();
+    }
+}
+
+const SAXPY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/saxpy.dbk");
+const REDUCE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/reduce.dbk");
+
+/// Runs the binary; returns (success, stdout, stderr).
+fn doorbell_with(args: &[&str]) -> (bool, String, String) {
+    let o = doorbell().args(args).output().unwrap();
+    (
+        o.status.success(),
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn numbers_out_of_range_name_the_flag_the_value_and_the_range_before_reaching_the_device() {
+    let cases: &[(&[&str], &[&str])] = &[
+        (&["run", SAXPY, "--grid", "99999999999"], &["--grid", "99999999999", "out of range", "1 to 4294967295"]),
+        (&["run", SAXPY, "--grid", "4294967295,4294967295"], &["--grid", "at most 2^40 workgroups"]),
+        (&["run", SAXPY, "--group", "2048"], &["--group", "2048", "out of range", "1 to 1024"]),
+        (&["run", SAXPY, "--group", "64,64"], &["--group", "at most 1024 threads", "4096"]),
+        (&["run", SAXPY, "--grid", "4x"], &["--grid", "not a whole number"]),
+        (&["run", SAXPY, "--show=-1"], &["--show", "out of range"]),
+        (&["run", SAXPY, "--timeout", "0s"], &["--timeout", "out of range"]),
+        (&["trace", "unused.json", "--rounds", "81"], &["--rounds", "81", "out of range", "1 to 80"]),
+    ];
+    for (args, want) in cases {
+        let (ok, out, err) = doorbell_with(args);
+        assert!(!ok && out.is_empty(), "{args:?}: {out}");
+        for w in *want {
+            assert!(err.contains(w), "{args:?}: expected {w:?} in: {err}");
+        }
+        assert!(!err.contains("lost"), "{args:?} reached the device: {err}");
+    }
+}
+
+#[test]
+fn an_integer_argument_takes_any_value_a_64_bit_slot_holds() {
+    // Stores its one argument's low 32 bits to the buffer in slot 1.
+    let k = TempKernel::new(
+        "store-arg",
+        "sarg s0, 0\nsarg s1, 1\nvfroms v0, s0\nbuiltin v2, %global_id.x\nst.u32 [s1 + v2], v0\n",
+    );
+    let (ok, out, err) = doorbell_with(&["run", k.path(), "--group", "1", "--args", "18446744073709551615,buf:4"]);
+    assert!(ok, "{err}");
+    assert!(out.contains("[0xffffffff]"), "{out}");
+    let (ok, _, err) = doorbell_with(&["run", k.path(), "--args", "18446744073709551616,buf:4"]);
+    assert!(!ok && err.contains("out of range for a 64-bit slot") && err.contains("18446744073709551615"), "{err}");
+}
+
+#[test]
+fn benchmarks_refuse_counts_that_measure_nothing_like_oversubscribe_does() {
+    for (args, flag) in [
+        (&["bench", "submit", "--samples", "0"][..], "--samples"),
+        (&["bench", "submit", "--cold-samples", "0"], "--cold-samples"),
+        (&["bench", "submit", "--throughput-count", "0"], "--throughput-count"),
+        (&["bench", "fences", "--signals", "0"], "--signals"),
+        (&["bench", "fences", "--samples", "0"], "--samples"),
+        (&["bench", "compute", "--groups", "0"], "--groups"),
+        (&["bench", "compute", "--iterations", "0"], "--iterations"),
+        (&["bench", "oversubscribe", "--queues", "0"], "--queues"),
+        (&["bench", "oversubscribe", "--seconds", "0"], "--seconds"),
+    ] {
+        let (ok, out, err) = doorbell_with(args);
+        assert!(!ok && out.is_empty(), "{args:?}: {out}");
+        assert!(err.contains(flag) && err.contains("out of range"), "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn run_without_the_kernels_arguments_is_an_error_naming_them() {
+    let (ok, out, err) = doorbell_with(&["run", REDUCE]);
+    assert!(!ok && out.is_empty(), "{out}");
+    assert!(err.contains("--args gave 0 value(s)") && err.contains("3 argument slot(s)"), "{err}");
+    assert!(err.contains("slot 0: in:") && err.contains("slot 1: n:") && err.contains("slot 2: out:"), "{err}");
+    let (ok, _, err) = doorbell_with(&["run", REDUCE, "--args", "buf:16,4,buf:4,7"]);
+    assert!(!ok && err.contains("--args gave 4 value(s)"), "{err}");
+}
+
+#[test]
+fn run_reports_the_buffer_size_asked_for_and_says_when_show_is_clamped() {
+    let (ok, out, err) =
+        doorbell_with(&["run", REDUCE, "--group", "4", "--args", "buf:16:ones,4,buf:4", "--show", "999999"]);
+    assert!(ok, "{err}");
+    assert!(out.contains("slot 0: buffer of 16 bytes (allocated as 4096 bytes"), "{out}");
+    assert!(
+        out.contains("all 4 words (--show 999999 asks for more than the buffer holds): [0x1, 0x1, 0x1, 0x1]"),
+        "{out}"
+    );
+    // reduce: out = 1 + 1 + 1 + 1.
+    assert!(out.contains("slot 2: buffer of 4 bytes") && out.contains("[0x4]"), "{out}");
+}
+
+#[test]
+fn run_timeout_stops_an_endless_kernel_and_exits_non_zero_with_progress_shown() {
+    let k = TempKernel::new("endless", "loop\nendloop\n");
+    let (ok, out, err) = doorbell_with(&["run", k.path(), "--timeout", "300ms", "--progress", "always"]);
+    assert!(!ok && out.is_empty(), "{out}");
+    assert!(err.contains("timeout:") && err.contains("still running after --timeout 300ms"), "{err}");
+    assert!(err.contains("running: ") && err.contains("wave-instructions"), "progress line: {err}");
+    // Not a terminal and not asked for: no progress line.
+    let (_, _, err) = doorbell_with(&["run", k.path(), "--timeout", "100ms"]);
+    assert!(err.contains("timeout:") && !err.contains("running: "), "{err}");
+}
+
+#[test]
+fn errors_quote_an_excerpt_of_huge_input_not_all_of_it() {
+    let k = TempKernel::new("huge-mnemonic", &"q".repeat(1 << 20));
+    let (ok, _, err) = doorbell_with(&["run", k.path()]);
+    assert!(!ok && err.contains(":1:1: `qqqq") && err.contains("too long"), "{}", &err[..err.len().min(300)]);
+    assert!(err.len() < 300, "{} bytes of error: {}…", err.len(), &err[..200]);
+    assert!(err.contains("(1048576 characters)"), "{}", &err[..err.len().min(300)]);
+}
+
+#[test]
+fn the_demo_says_what_it_does() {
+    let (ok, out, err) = doorbell_with(&["demo"]);
+    assert!(ok, "{err}");
+    // Only the two processes it announces.
+    assert!(out.contains("processes A (p1) and B (p2) opened"), "{out}");
+    assert!(!out.contains("@p3"), "a process the demo never announced: {out}");
+    // Every DisconnectedAbort says why: a destroy or a fault.
+    let aborts: Vec<&str> = out.lines().filter(|l| l.contains("DisconnectedAbort")).collect();
+    assert!(aborts.iter().any(|l| l.contains("destroyed by its owner")), "{out}");
+    assert!(aborts.iter().any(|l| l.contains("after its fault")), "{out}");
+    assert!(aborts.iter().all(|l| l.contains("destroyed by its owner") || l.contains("after its fault")), "{out}");
+    // The blocked CPU waiter is the only fence interrupt, every run.
+    assert!(out.contains("which woke on 1 fence interrupt;"), "{out}");
+    assert!(out.contains("fence interrupts:        1 "), "{out}");
+}
+
+#[test]
+fn the_docs_point_only_inside_the_repository_and_name_the_public_documents() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let mut files = vec![root.join("README.md")];
+    for dir in ["docs", "examples"] {
+        for e in std::fs::read_dir(root.join(dir)).unwrap() {
+            files.push(e.unwrap().path());
+        }
+    }
+    for f in &files {
+        let text = std::fs::read_to_string(f).unwrap();
+        for outside in ["../shared", "shared/spec", "BRIEF"] {
+            assert!(!text.contains(outside), "{} points outside the repository: {outside}", f.display());
+        }
+        // Every relative Markdown link names a file of the repository.
+        for link in text.split("](").skip(1).filter_map(|r| r.split(')').next()) {
+            if !link.contains("://") && !link.starts_with('#') {
+                let target = f.parent().unwrap().join(link.split('#').next().unwrap());
+                assert!(target.exists(), "{}: broken link {link}", f.display());
+            }
+        }
+    }
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    for title in [
+        "*User-mode work submission* (WDDM 3.2)",
+        "*Native GPU fence object* (WDDM 3.2)",
+        "*GPU preemption* (WDDM 1.2 model)",
+        "*D3D12 Background Processing*",
+        "*User Mode Queues*",
+        "DirectX-Specs",
+        "the Linux kernel documentation, amdgpu driver",
+    ] {
+        assert!(readme.contains(title), "README does not name {title}");
+    }
+    // The roadmap, in the project's own words: what is built and what comes.
+    for step in [
+        "5. **Preemption and recovery.**",
+        "6. **Many processes.**",
+        "7. **Deterministic simulation at scale.**",
+        "8. **Background processing.**",
+    ] {
+        assert!(readme.contains(step), "README roadmap lacks {step}");
+    }
+}

@@ -188,7 +188,7 @@ fn lex(text: &str, line: usize) -> Result<(Vec<Token>, usize), AsmError> {
             while i < chars.len() && (chars[i].is_ascii_alphanumeric() || chars[i] == '.' || chars[i] == '_') {
                 i += 1;
             }
-            out.push(Token { tok: Tok::Word(chars[start..i].iter().collect()), col });
+            out.push(Token { tok: Tok::Word(bounded(&chars[start..i], line, col)?), col });
         } else if c.is_ascii_digit() {
             let start = i;
             let hex = chars.get(i + 1).is_some_and(|&x| x == 'x' || x == 'X') && c == '0';
@@ -202,12 +202,32 @@ fn lex(text: &str, line: usize) -> Result<(Vec<Token>, usize), AsmError> {
                     break;
                 }
             }
-            out.push(Token { tok: Tok::Num(chars[start..i].iter().collect()), col });
+            out.push(Token { tok: Tok::Num(bounded(&chars[start..i], line, col)?), col });
         } else {
             return Err(AsmError { line, column: col, reason: format!("unexpected character `{}`", c.escape_debug()) });
         }
     }
     Ok((out, end))
+}
+
+/// Longest word or number token: far longer than any mnemonic, register, builtin or literal.
+/// Bounding tokens here bounds every later message that quotes one.
+const MAX_TOKEN: usize = 64;
+/// Characters of an over-long token an error quotes.
+const EXCERPT: usize = 32;
+
+/// The token's text, or an error quoting its first [`EXCERPT`] characters and its length when it
+/// is longer than [`MAX_TOKEN`].
+fn bounded(token: &[char], line: usize, column: usize) -> Result<String, AsmError> {
+    if token.len() <= MAX_TOKEN {
+        return Ok(token.iter().collect());
+    }
+    let head: String = token[..EXCERPT].iter().collect();
+    let reason = format!(
+        "`{head}…` ({} characters) is too long: no mnemonic, register, builtin or number is longer than {MAX_TOKEN}",
+        token.len()
+    );
+    Err(AsmError { line, column, reason })
 }
 
 // ---- parsing ----
@@ -871,6 +891,17 @@ mod tests {
         let deep = "loop\n".repeat(17) + &"endloop\n".repeat(17);
         at(&deep, 17, 1, "nested deeper than 16");
         assert_eq!(err("frob").to_string(), "1:1: unknown mnemonic `frob`");
+        let huge = format!("nop\n  {}", "q".repeat(1 << 20));
+        let e = err(&huge).to_string();
+        assert_eq!(
+            e,
+            format!(
+                "2:3: `{}…` (1048576 characters) is too long: no mnemonic, register, builtin or number is longer than 64",
+                "q".repeat(32)
+            )
+        );
+        let e = err(&format!("mov v1, {}", "9".repeat(100))).to_string();
+        assert!(e.starts_with("1:9: `99999") && e.contains("(100 characters)"), "{e}");
     }
 
     #[test]
