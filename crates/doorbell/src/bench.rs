@@ -44,6 +44,11 @@ pub enum BenchCommand {
     /// queue over a few hardware slots and a small pool of physical doorbells; loss, Jain
     /// fairness, throughput, victimizations and submit-to-completion p99 per priority.
     Oversubscribe(crate::bench_oversub::OversubArgs),
+    /// A noisy neighbour: tiny command buffers of one process on the copy engine, alone and
+    /// beside another process's bulk FILLs (the engine slices them and budgets turns by
+    /// device time); p50/p99 beside the cache-line floor. `--unsliced` for the engine as it
+    /// was before slicing.
+    Neighbour(crate::bench_neighbour::NeighbourArgs),
 }
 
 #[derive(Args)]
@@ -97,6 +102,7 @@ pub fn run(cmd: BenchCommand) -> Result<(), CliError> {
         BenchCommand::Compute(a) => compute(a),
         BenchCommand::Fences(a) => crate::bench_fences::run(a.json, a.signals, a.samples as usize),
         BenchCommand::Oversubscribe(a) => crate::bench_oversub::run(a),
+        BenchCommand::Neighbour(a) => crate::bench_neighbour::run(a),
     }
 }
 
@@ -173,7 +179,7 @@ fn rig(idle: Duration) -> Result<Rig, CliError> {
 }
 
 /// Submit-to-first-packet latencies of `samples` TIMESTAMP command buffers.
-fn latencies(
+pub(crate) fn latencies(
     sys: &System,
     q: &mut Queue,
     buf: &umd::Buffer,

@@ -12,6 +12,7 @@
 
 mod bench;
 mod bench_fences;
+mod bench_neighbour;
 mod bench_oversub;
 mod demo;
 mod examples;
