@@ -346,6 +346,18 @@ pub enum FaultKind {
         /// Value in the packet.
         value: u64,
     },
+    /// A `PROGRESS_FENCE` value above the queue's last-queued value as the firmware read it
+    /// right after the wptr that published the packet. Spec 000 orders the submission so
+    /// that the last-queued value covers every command buffer before it becomes visible, so
+    /// no honest progress value is ever above it; one that is would tell the OS work is done
+    /// that was never queued.
+    #[error("PROGRESS_FENCE value {value} is above the last-queued value {last_queued} published before it")]
+    ProgressBeyondQueued {
+        /// Value in the packet.
+        value: u64,
+        /// The last-queued value read after the wptr that covers the packet.
+        last_queued: u64,
+    },
     /// A kernel binary refused at dispatch (bad header, unknown opcode, bad register, branch
     /// outside the program, unbalanced control flow).
     #[error("DISPATCH: invalid kernel: {0}")]

@@ -98,6 +98,7 @@ fn run(queues: usize, cbs: usize, slots: u32) -> (Duration, u64) {
                 ring_bytes,
                 rptr_va: CONTROL + ctl + RPTR_OFFSET,
                 wptr_va: CONTROL + ctl + WPTR_OFFSET,
+                last_queued_va: None,
                 kernel_page: abi::queue::KernelPageView::new(&page).unwrap(),
                 fence_logs: None,
                 context_save: Shm::new("context-save", gpu::compute::CONTEXT_SAVE_BYTES as usize).unwrap(),

@@ -36,6 +36,7 @@ fn queue(gpu: &mut Gpu, engine: u32) -> FwQueueId {
         ring_bytes: 4096,
         rptr_va: 0x20_0000 + RPTR_OFFSET,
         wptr_va: 0x20_0000 + WPTR_OFFSET,
+        last_queued_va: None,
         kernel_page: abi::queue::KernelPageView::new(Shm::new("kernel-page", 4096).unwrap()).unwrap(),
         context_save: Shm::new("context-save", gpu::compute::CONTEXT_SAVE_BYTES as usize).unwrap(),
         fence_logs: None,

@@ -122,6 +122,9 @@ pub struct QueueCreate {
     pub rptr_va: u64,
     /// wptr word GPU VA.
     pub wptr_va: u64,
+    /// The last-queued progress value's GPU VA: the device bounds every `PROGRESS_FENCE` by
+    /// it (spec 000 has the UMD publish it before the work it covers).
+    pub last_queued_va: u64,
     /// The queue's kernel page (progress fence, doorbell status, queue state).
     pub kernel_page: Arc<Shm>,
     /// The fence logs `[waits, signals]` of a user-mode queue

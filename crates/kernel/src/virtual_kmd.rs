@@ -369,6 +369,7 @@ impl Kmd for VirtualKmd {
             ring_bytes: desc.ring_bytes,
             rptr_va: desc.rptr_va,
             wptr_va: desc.wptr_va,
+            last_queued_va: Some(desc.last_queued_va),
             kernel_page: abi::queue::KernelPageView::new(&desc.kernel_page)?,
             fence_logs: desc.fence_logs,
             context_save,

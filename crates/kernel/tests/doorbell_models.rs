@@ -63,8 +63,8 @@ impl Raw {
         Raw { p, q, db, wptr: 0 }
     }
 
-    /// Writes `WRITE_DATA value` and progress fence `fence` into the ring and publishes wptr,
-    /// without ringing.
+    /// Writes `WRITE_DATA value` and progress fence `fence` into the ring, publishes the
+    /// last-queued value and then wptr (spec 000's order), without ringing.
     fn publish(&mut self, value: u32, fence: u64) {
         let mut cb = CommandBuffer::new();
         cb.write_u32(self.p.ctl.va + TARGET, value);
@@ -74,6 +74,7 @@ impl Raw {
         ring.write_u32s(self.wptr, &words).unwrap();
         self.wptr += 4 * words.len() as u64;
         let ctl = self.p.port.map_allocation(self.p.ctl.handle).unwrap();
+        ctl.atomic_u64(abi::ring::LAST_QUEUED_OFFSET).unwrap().store(fence, Ordering::Release);
         ctl.atomic_u64(WPTR_OFFSET).unwrap().store(self.wptr, Ordering::Release);
     }
 

@@ -356,17 +356,38 @@ fn indirect_buffer_with_a_vmid_on_a_user_queue() {
 }
 
 #[test]
-fn progress_fence_going_backwards() {
+fn progress_fence_above_the_last_queued_value() {
     case(
-        "PROGRESS_FENCE below the completed value",
+        "PROGRESS_FENCE above the last-queued value published before it",
         RING,
         |e| {
-            // 100, then the UMD's own fence for 1.
+            // 100 inside a command buffer the UMD queued as 1.
             e.submit(CommandBuffer::new().packet(Packet::ProgressFence { value: 100 }));
             1000
         },
-        |k| *k == FaultKind::ProgressBackwards { completed: 100, value: 1 },
+        |k| *k == FaultKind::ProgressBeyondQueued { value: 100, last_queued: 1 },
     );
+}
+
+/// A client that publishes a last-queued value covering both fences, then writes them out of
+/// order: the second goes backwards.
+#[test]
+fn progress_fence_going_backwards() {
+    let sys = common::sim();
+    let tap = common::TapPort::open(&sys);
+    let c = common::client_on(tap.clone());
+    let q = c.user_queue();
+    let t = tap.queue(q.handle());
+    let mut cb = CommandBuffer::new();
+    cb.packet(Packet::ProgressFence { value: 100 }).packet(Packet::ProgressFence { value: 1 });
+    t.write_ring(0, cb.words());
+    t.set_last_queued(100);
+    t.set_wptr(cb.len() as u64 * 4);
+    t.ring_doorbell(cb.len() as u64 * 4);
+    sys.settle();
+    let st = q.status().unwrap();
+    assert_eq!(st.state, QueueState::Hung);
+    assert_eq!(st.fault.unwrap().kind, FaultKind::ProgressBackwards { completed: 100, value: 1 });
 }
 
 #[test]
@@ -479,10 +500,11 @@ fn two_faulting_processes_do_not_disturb_a_third() {
     assert_eq!(sys.stats().faults, 2);
 }
 
-/// A command buffer whose own `PROGRESS_FENCE` claims a value far ahead makes every
-/// submission look complete while the ring is still full. The UMD's ring-space wait must not
-/// spin on rptr forever: the queue hangs (the UMD's next fence goes backwards), and the
-/// submissions that need space report it.
+/// A command buffer whose own `PROGRESS_FENCE` claims a value far ahead (inside an indirect
+/// buffer or not) would make every submission look complete while the ring is still full.
+/// The device refuses it: no progress value may pass the last-queued value the UMD published
+/// before the work (spec 000's order), so the queue hangs at once, the completed value does
+/// not move, and the submissions that need ring space report the loss instead of spinning.
 #[test]
 fn lying_progress_fence_does_not_hang_the_ring_space_wait() {
     let sys = common::sim();
@@ -497,12 +519,41 @@ fn lying_progress_fence_does_not_hang_the_ring_space_wait() {
     assert!(results[..4].iter().all(Result::is_ok), "the first ones fit: {results:?}");
     assert!(
         results.iter().any(
-            |r| matches!(r, Err(UmdError::QueueLost { reason: abi::port::LostReason::Fault(f), .. }) if matches!(f.kind, abi::queue::FaultKind::ProgressBackwards { .. }))
+            |r| matches!(r, Err(UmdError::QueueLost { reason: abi::port::LostReason::Fault(f), .. }) if matches!(f.kind, abi::queue::FaultKind::ProgressBeyondQueued { .. }))
         ),
         "{results:?}"
     );
     assert!(results.iter().all(|r| matches!(r, Ok(_) | Err(UmdError::QueueLost { .. }))), "{results:?}");
     let st = q.status().unwrap();
     assert_eq!(st.state, QueueState::Hung);
-    assert_eq!(st.fault.unwrap().kind, FaultKind::ProgressBackwards { completed: 1 << 40, value: 1 });
+    // (The UMD queued a few more before the device first ran: last-queued is theirs.)
+    let kind = st.fault.unwrap().kind;
+    assert!(
+        matches!(kind, FaultKind::ProgressBeyondQueued { value, last_queued } if value == 1 << 40 && (1..=10).contains(&last_queued)),
+        "{kind:?}"
+    );
+    assert_eq!(st.completed, 0, "the lie never reached the completed value");
+}
+
+/// The case a user met: a `PROGRESS_FENCE` inside an indirect buffer moved the queue's
+/// progress value to 2^40. It is bounded like one in the ring, and the fault says where.
+#[test]
+fn a_progress_fence_inside_an_indirect_buffer_cannot_pass_the_last_queued_value() {
+    let sys = common::sim();
+    let c = common::client(&sys);
+    let mut q = c.user_queue();
+    let mut ib = CommandBuffer::new();
+    ib.packet(Packet::ProgressFence { value: 1 << 40 });
+    let words: Vec<u8> = ib.words().iter().flat_map(|w| w.to_le_bytes()).collect();
+    c.buf.write(0, &words).unwrap();
+    let mut cb = CommandBuffer::new();
+    cb.indirect(c.buf.va(), ib.len() as u32);
+    let v = q.submit(&cb).unwrap();
+    assert!(q.wait(v, common::T).is_err());
+    let st = q.status().unwrap();
+    assert_eq!(st.state, QueueState::Hung);
+    assert_eq!(st.completed, 0);
+    let f = st.fault.unwrap();
+    assert_eq!(f.kind, FaultKind::ProgressBeyondQueued { value: 1 << 40, last_queued: v });
+    assert!(f.in_indirect);
 }

@@ -355,6 +355,7 @@ fn work_published_while_disconnected_is_not_lost() {
     cb.write_u32(c.buf.va(), 0x1057).packet(abi::Packet::ProgressFence { value: 1 });
     let w = t.wptr();
     t.write_ring(w, cb.words());
+    t.set_last_queued(1);
     t.set_wptr(w + cb.len() as u64 * 4);
     t.ring_doorbell(t.wptr());
     sys.settle();
@@ -386,6 +387,7 @@ fn firmware_refuses_f1_while_a_queue_has_work() {
     let mut cb = CommandBuffer::new();
     cb.write_u32(c.buf.va(), 0xf1).packet(abi::Packet::ProgressFence { value: 1 });
     t.write_ring(0, cb.words());
+    t.set_last_queued(1);
     t.set_wptr(cb.len() as u64 * 4);
     let mark = events(&sys).len();
     sys.advance(PAST_IDLE);
@@ -413,6 +415,7 @@ fn firmware_refuses_f1_while_a_queue_has_work() {
     cb.write_u32(c.buf.va() + 4, 0xf2).packet(abi::Packet::ProgressFence { value: 2 });
     let w = t.wptr();
     t.write_ring(w, cb.words());
+    t.set_last_queued(2);
     t.set_wptr(w + cb.len() as u64 * 4);
     let now = sys.now();
     assert!(!sys.with_gpu(|g| g.enter_f1(e, now)).unwrap(), "F1 with work pending");

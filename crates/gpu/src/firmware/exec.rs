@@ -521,6 +521,9 @@ fn exec_packet(
             if value < q.completed {
                 return Err(FaultKind::ProgressBackwards { completed: q.completed, value });
             }
+            if q.last_queued_word.is_some() && value > q.queued {
+                return Err(FaultKind::ProgressBeyondQueued { value, last_queued: q.queued });
+            }
             let word = q.cfg.kernel_page.progress_completed().get();
             // Release: the command buffer's writes happen-before a waiter's acquire of the value.
             word.store(value, Ordering::Release);

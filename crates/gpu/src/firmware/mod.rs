@@ -89,6 +89,12 @@ pub struct QueueConfig {
     pub rptr_va: u64,
     /// wptr word GPU VA.
     pub wptr_va: u64,
+    /// GPU VA of the queue's last-queued progress value (spec 000's
+    /// `HwQueueProgressFenceLastQueuedValue`), which the firmware reads right after each wptr
+    /// it validates: a `PROGRESS_FENCE` above it faults the queue
+    /// ([`FaultKind::ProgressBeyondQueued`]). `None`: progress values are only checked to move
+    /// forward.
+    pub last_queued_va: Option<u64>,
     /// The queue's kernel page; `PROGRESS_FENCE` writes its completed value.
     pub kernel_page: abi::queue::KernelPageView<Word>,
     /// The queue's two fence logs, `[waits, signals]` (`DxgkDdiSetNativeFenceLogBuffer`);
@@ -182,6 +188,11 @@ struct FwQueue {
     ring: Place,
     rptr_word: Word,
     wptr_word: Word,
+    /// The client's last-queued word ([`QueueConfig::last_queued_va`]).
+    last_queued_word: Option<Word>,
+    /// Its value as read right after the last wptr the firmware validated: the most a
+    /// `PROGRESS_FENCE` in the work that wptr published may write.
+    queued: u64,
     state: QueueState,
     rptr: u64,
     wptr: u64,
@@ -235,6 +246,12 @@ impl FwQueue {
             return Err(FaultKind::WptrPastRing { rptr: self.rptr, wptr: new, ring_bytes: self.cfg.ring_bytes });
         }
         self.wptr = new;
+        // Acquire, after the wptr's acquire: the client stores last-queued before it
+        // publishes wptr (spec 000's order), so this read sees a value that covers every
+        // command buffer up to `new`.
+        if let Some(w) = &self.last_queued_word {
+            self.queued = w.get().load(Ordering::Acquire);
+        }
         Ok(())
     }
 
@@ -493,6 +510,17 @@ impl Firmware {
         let wptr_word = Place::resolve(vm, cfg.wptr_va, 8, Access::Read)
             .and_then(|p| p.word(cfg.wptr_va, Access::Read))
             .map_err(GpuError::QueueMemory)?;
+        let last_queued_word = match cfg.last_queued_va {
+            Some(va) if va % 8 != 0 => {
+                return Err(GpuError::QueueMemory(FaultKind::Misaligned { va, align: 8, access: Access::Read }));
+            }
+            Some(va) => Some(
+                Place::resolve(vm, va, 8, Access::Read)
+                    .and_then(|p| p.word(va, Access::Read))
+                    .map_err(GpuError::QueueMemory)?,
+            ),
+            None => None,
+        };
         // The firmware resumes from the client's current pointers: a queue starts idle. The
         // value is client memory: it must be a dword count far from overflow.
         let start = wptr_word.get().load(Ordering::Acquire);
@@ -505,6 +533,8 @@ impl Firmware {
             ring,
             rptr_word,
             wptr_word,
+            queued: last_queued_word.as_ref().map_or(0, |w| w.get().load(Ordering::Acquire)),
+            last_queued_word,
             state: QueueState::Unmapped,
             rptr: start,
             wptr: start,

@@ -207,6 +207,11 @@ impl TapQueue {
     pub fn completed(&self) -> u64 {
         self.kernel_page.load_u64(PROGRESS_COMPLETED_OFFSET, Ordering::Acquire).unwrap()
     }
+    /// Stores the last-queued progress value (release), which a client publishes before the
+    /// wptr that makes the work visible (spec 000).
+    pub fn set_last_queued(&self, v: u64) {
+        self.control.atomic_u64(self.control_base + LAST_QUEUED_OFFSET).unwrap().store(v, Ordering::Release);
+    }
     /// Stores the wptr word (release), as a client publishing work does.
     pub fn set_wptr(&self, v: u64) {
         self.control.atomic_u64(self.control_base + WPTR_OFFSET).unwrap().store(v, Ordering::Release);
