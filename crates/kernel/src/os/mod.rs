@@ -243,6 +243,8 @@ struct Process {
     doorbells: Table<DoorbellKind, DoorbellObj>,
     fences: Table<NativeFenceKind, fence::FenceObj>,
     fence_pages: Vec<fence::FencePage>,
+    /// Its memory, in pools by protection class.
+    memory: objects::ProcessMemory,
 }
 
 impl Process {
