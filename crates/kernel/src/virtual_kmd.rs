@@ -11,7 +11,9 @@
 //! Invariants: every device refusal reaches the OS as a [`DdiError`] naming the argument; the
 //! translation maps hold exactly the queues, address spaces and fences that exist on the
 //! device; the device lock is taken inside each DDI and never held across a callback into the
-//! OS.
+//! OS. Queues' context save areas are page ranges of one pool of memfd arenas
+//! ([`shm::ShmPool`]) rather than a memfd each: kernel-owned pages that no client and no GPU
+//! address space maps, so one pool serves every process.
 
 use std::collections::HashMap;
 use std::sync::Arc;

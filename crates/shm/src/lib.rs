@@ -3,24 +3,48 @@
 //! A real GPU shares memory three ways: the device reads and writes VRAM and system memory by
 //! DMA, the kernel driver maps the same pages, and user-mode clients map parts of them (rings,
 //! read/write pointers, fence logs, and the doorbell BAR page) into their own address space.
-//! This crate models that with Linux memory files: a [`Shm`] is a `memfd` plus a read-write
-//! mapping of all of it (the "device side" view), a [`Mapping`] is any further CPU mapping of
-//! a page-aligned window of a file (what a client gets), and a [`RotatingPage`] is one page of
-//! address space whose backing can be swapped between files (the doorbell "CPU VA rotation":
-//! a connected doorbell shows the BAR page, a disconnected one shows a dummy page).
+//! This crate models that with Linux memory files:
+//!
+//! - a [`Shm`] is a region: whole pages of a memfd plus a read-write view of them (the
+//!   "device side" view). [`Shm::new`] gives a region a memfd of its own; a [`ShmPool`]
+//!   sub-allocates regions from a few large memfds (arenas), a page at a time;
+//! - a [`Mapping`] is a bounds-checked window onto a CPU mapping of a file (what a client
+//!   gets). [`Mapping::new`] maps a file range; [`Mapping::window`] and [`Shm::map_range`]
+//!   cut further windows out of a mapping that exists, with no system call;
+//! - a [`RotatingPage`] is one page of address space whose backing can be swapped between
+//!   files (the doorbell "CPU VA rotation": a connected doorbell shows the BAR page, a
+//!   disconnected one shows a dummy page).
 //!
 //! Everything is addressed by file descriptor and file offset, never by pointer, because the
 //! multi-process mode later passes these fds over a Unix socket and the receiver maps them
 //! with [`Mapping::new`] exactly as an in-process client does.
 //!
+//! # Why arenas
+//!
+//! A memfd per region costs a descriptor and an `mmap` for the region, and another of each for
+//! every client mapping of it: about sixteen descriptors and ten mappings per user-mode queue,
+//! which puts ten thousand queues past both the descriptor limit and `vm.max_map_count`. A
+//! pool's arena costs one descriptor and one read-write `mmap` (plus one read-only descriptor
+//! and `mmap`, the first time a read-only view is asked for) however many regions it holds;
+//! regions and the client's views of them are windows onto those mappings. The allocator and
+//! its invariants (first fit, coalescing, zeroing, growth, limits) are in the `arena` module.
+//!
 //! # Invariants
 //!
-//! - A [`Mapping`] owns its own duplicate of the fd and a `MAP_SHARED` mapping of
-//!   `len` bytes rounded up to whole pages; the mapping lives exactly as long as the value.
-//! - Every access is bounds-checked against the requested `len` with overflow-free arithmetic
-//!   before any pointer is touched; a failed check is an error, never a panic.
-//! - Files made by [`Shm::new`] are sealed against shrinking and growing, so a page that was
-//!   inside the file when it was mapped stays there (no `SIGBUS` from a peer's `ftruncate`).
+//! - A [`Mapping`] holds its `mmap` alive (an `Arc` shared by all windows onto it), which is
+//!   unmapped when the last window drops. The `mmap` is whole pages; a window's `len` need not
+//!   be.
+//! - Every access is bounds-checked against the window's `len` with overflow-free arithmetic
+//!   before any pointer is touched; a failed check is an error, never a panic. A window never
+//!   reaches past its own range, whatever else its `mmap` holds.
+//! - A region's pages return to their arena (zeroed) only when nothing can reach them: the
+//!   region, every window onto it and every rotating page showing it hold its lease. So a
+//!   stale handle never sees a later allocation's data.
+//! - Isolation between owners is by file: whoever holds a descriptor can map all of its file.
+//!   Pools are per owner and per protection class, and a read-only view's descriptor is
+//!   opened read-only.
+//! - Memfds made here are sealed against shrinking and growing, so a page that was inside the
+//!   file when it was mapped stays there (no `SIGBUS` from a peer's `ftruncate`).
 //!   [`Mapping::new`] checks the file size when it maps; a mapping of a foreign, unsealed
 //!   file can still `SIGBUS` if its owner shrinks it, which kills the process but never
 //!   corrupts memory.
