@@ -214,3 +214,52 @@ fn pools_do_not_share_memory() {
     let all = Mapping::new(mine.fd(), 0, st.st_size as usize, Prot::ReadOnly).unwrap();
     assert!(all_zero(&all));
 }
+
+/// An allocation or a free of the `i`-th live region (modulo how many there are).
+#[derive(Debug, Clone)]
+enum Op {
+    Alloc(usize),
+    Free(usize),
+}
+
+fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+    use proptest::prelude::*;
+    prop_oneof![(1usize..6).prop_map(Op::Alloc), (0usize..64).prop_map(Op::Free)]
+}
+
+proptest::proptest! {
+    /// Any sequence of allocations and frees: live regions never overlap, every new region
+    /// reads zero although its pages may have held another's data, and the pool's count of
+    /// used bytes is the sum of the live regions.
+    #[test]
+    fn live_regions_are_disjoint_and_new_ones_zeroed(ops in proptest::collection::vec(op(), 1..60)) {
+        let pool = pool(4, 16, 64);
+        let mut live: Vec<std::sync::Arc<Shm>> = Vec::new();
+        let ino = |s: &Shm| rustix::fs::fstat(s.fd()).unwrap().st_ino;
+        for op in ops {
+            match op {
+                Op::Alloc(pages) => match pool.alloc(pages * P) {
+                    Ok(s) => {
+                        proptest::prop_assert!(all_zero(s.map()));
+                        for l in &live {
+                            let disjoint = ino(l) != ino(&s)
+                                || l.file_offset() + l.len() as u64 <= s.file_offset()
+                                || s.file_offset() + s.len() as u64 <= l.file_offset();
+                            proptest::prop_assert!(disjoint);
+                        }
+                        s.fill_u32(0, s.len() as u64, 0xdead_beef).unwrap();
+                        live.push(s);
+                    }
+                    Err(e) => proptest::prop_assert!(matches!(e, ShmError::Exhausted { .. }), "{e}"),
+                },
+                Op::Free(i) if !live.is_empty() => {
+                    live.swap_remove(i % live.len());
+                }
+                Op::Free(_) => {}
+            }
+            let used: usize = live.iter().map(|s| s.len()).sum();
+            proptest::prop_assert_eq!(pool.stats().used, used);
+            proptest::prop_assert!(pool.stats().reserved <= 64 * P);
+        }
+    }
+}
