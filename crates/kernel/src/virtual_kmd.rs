@@ -22,7 +22,9 @@
 //! reason translated from the device's error into the kernel's [`DeviceRefusal`]; the
 //! translation maps hold exactly the queues, address spaces and fences that exist on the
 //! device; the device lock is taken inside each DDI and never held across a callback into the
-//! OS.
+//! OS. Queues' context save areas are page ranges of one pool of memfd arenas
+//! ([`shm::ShmPool`]) rather than a memfd each: kernel-owned pages that no client and no GPU
+//! address space maps, so one pool serves every process.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -34,7 +36,7 @@ use abi::queue::{Access, FaultKind};
 use abi::{ContextHandle, EngineId, HwQueueHandle, PowerState, ProcessId, QueueState, Time};
 use gpu::{FenceSignaled, FwQueueId, Gpu, Interrupt, QueueConfig, Vmid};
 use parking_lot::Mutex;
-use shm::{Shm, Word};
+use shm::{PoolConfig, Shm, ShmPool, Word};
 
 use crate::ddi::{
     ConnectStep, DdiError, DisconnectCallback, GpuMapping, Kmd, Notification, QueueCreate, SignaledFences,
@@ -92,6 +94,9 @@ pub struct VirtualKmd {
     fences: HashMap<u64, (Arc<Shm>, u64)>,
     /// GPU mappings alive (each [`GpuMapping`] decrements on drop).
     mappings: Arc<std::sync::atomic::AtomicUsize>,
+    /// Queues' context save areas: kernel-owned pages no client and no GPU address space ever
+    /// maps, so one pool serves every process.
+    context_saves: ShmPool,
 }
 
 /// How the KMD hands out doorbells.
@@ -174,6 +179,7 @@ impl VirtualKmd {
             kernel_doorbells: HashMap::new(),
             fences: HashMap::new(),
             mappings: Default::default(),
+            context_saves: ShmPool::new("queue-context-save", PoolConfig::default()),
         }
     }
 
@@ -361,7 +367,7 @@ impl Kmd for VirtualKmd {
         let vmid = self.vmid(desc.process)?;
         // Kernel-owned, never mapped for the client (like the MQD): where an interrupted
         // DISPATCH keeps its state between slices.
-        let context_save = Shm::new("queue-context-save", gpu::compute::CONTEXT_SAVE_BYTES as usize)?;
+        let context_save = self.context_saves.alloc(gpu::compute::CONTEXT_SAVE_BYTES as usize)?;
         let cfg = QueueConfig {
             vmid,
             engine: desc.engine,

@@ -3,24 +3,48 @@
 //! A real GPU shares memory three ways: the device reads and writes VRAM and system memory by
 //! DMA, the kernel driver maps the same pages, and user-mode clients map parts of them (rings,
 //! read/write pointers, fence logs, and the doorbell BAR page) into their own address space.
-//! This crate models that with Linux memory files: a [`Shm`] is a `memfd` plus a read-write
-//! mapping of all of it (the "device side" view), a [`Mapping`] is any further CPU mapping of
-//! a page-aligned window of a file (what a client gets), and a [`RotatingPage`] is one page of
-//! address space whose backing can be swapped between files (the doorbell "CPU VA rotation":
-//! a connected doorbell shows the BAR page, a disconnected one shows a dummy page).
+//! This crate models that with Linux memory files:
+//!
+//! - a [`Shm`] is a region: whole pages of a memfd plus a read-write view of them (the
+//!   "device side" view). [`Shm::new`] gives a region a memfd of its own; a [`ShmPool`]
+//!   sub-allocates regions from a few large memfds (arenas), a page at a time;
+//! - a [`Mapping`] is a bounds-checked window onto a CPU mapping of a file (what a client
+//!   gets). [`Mapping::new`] maps a file range; [`Mapping::window`] and [`Shm::map_range`]
+//!   cut further windows out of a mapping that exists, with no system call;
+//! - a [`RotatingPage`] is one page of address space whose backing can be swapped between
+//!   files (the doorbell "CPU VA rotation": a connected doorbell shows the BAR page, a
+//!   disconnected one shows a dummy page).
 //!
 //! Everything is addressed by file descriptor and file offset, never by pointer, because the
 //! multi-process mode later passes these fds over a Unix socket and the receiver maps them
 //! with [`Mapping::new`] exactly as an in-process client does.
 //!
+//! # Why arenas
+//!
+//! A memfd per region costs a descriptor and an `mmap` for the region, and another of each for
+//! every client mapping of it: about sixteen descriptors and ten mappings per user-mode queue,
+//! which puts ten thousand queues past both the descriptor limit and `vm.max_map_count`. A
+//! pool's arena costs one descriptor and one read-write `mmap` (plus one read-only descriptor
+//! and `mmap`, the first time a read-only view is asked for) however many regions it holds;
+//! regions and the client's views of them are windows onto those mappings. The allocator and
+//! its invariants (first fit, coalescing, zeroing, growth, limits) are in the `arena` module.
+//!
 //! # Invariants
 //!
-//! - A [`Mapping`] owns its own duplicate of the fd and a `MAP_SHARED` mapping of
-//!   `len` bytes rounded up to whole pages; the mapping lives exactly as long as the value.
-//! - Every access is bounds-checked against the requested `len` with overflow-free arithmetic
-//!   before any pointer is touched; a failed check is an error, never a panic.
-//! - Files made by [`Shm::new`] are sealed against shrinking and growing, so a page that was
-//!   inside the file when it was mapped stays there (no `SIGBUS` from a peer's `ftruncate`).
+//! - A [`Mapping`] holds its `mmap` alive (an `Arc` shared by all windows onto it), which is
+//!   unmapped when the last window drops. The `mmap` is whole pages; a window's `len` need not
+//!   be.
+//! - Every access is bounds-checked against the window's `len` with overflow-free arithmetic
+//!   before any pointer is touched; a failed check is an error, never a panic. A window never
+//!   reaches past its own range, whatever else its `mmap` holds.
+//! - A region's pages return to their arena (zeroed) only when nothing can reach them: the
+//!   region, every window onto it and every rotating page showing it hold its lease. So a
+//!   stale handle never sees a later allocation's data.
+//! - Isolation between owners is by file: whoever holds a descriptor can map all of its file.
+//!   Pools are per owner and per protection class, and a read-only view's descriptor is
+//!   opened read-only.
+//! - Memfds made here are sealed against shrinking and growing, so a page that was inside the
+//!   file when it was mapped stays there (no `SIGBUS` from a peer's `ftruncate`).
 //!   [`Mapping::new`] checks the file size when it maps; a mapping of a foreign, unsealed
 //!   file can still `SIGBUS` if its owner shrinks it, which kills the process but never
 //!   corrupts memory.
@@ -54,12 +78,15 @@ use std::ptr::{NonNull, null_mut};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use rustix::fs::{MemfdFlags, SealFlags};
 use rustix::mm::{MapFlags, ProtFlags};
 
+mod arena;
 mod word;
 
+pub use arena::{PoolConfig, PoolStats, ShmPool};
 pub use word::{ReadWord, Region, Word};
+
+use arena::{Arena, Lease};
 
 /// The page size the whole stack assumes (doorbell pages, mapping granularity).
 pub const PAGE_SIZE: usize = 4096;
@@ -96,6 +123,20 @@ pub enum ShmError {
     /// A write or writable view was requested from a read-only mapping.
     #[error("mapping is read-only")]
     ReadOnly,
+    /// A [`ShmPool`] would grow past its limit.
+    #[error(
+        "shared-memory pool {pool:?} is exhausted: {requested:#x} more bytes would pass its limit of {limit:#x} ({reserved:#x} reserved)"
+    )]
+    Exhausted {
+        /// The pool's name.
+        pool: String,
+        /// The bytes the new arena needed.
+        requested: u64,
+        /// The bytes the pool's arenas already hold.
+        reserved: u64,
+        /// The pool's limit.
+        limit: u64,
+    },
     /// A size is zero or too large.
     #[error("size {size:#x} is invalid: {why}")]
     BadSize {
@@ -134,7 +175,7 @@ fn rw_flags(prot: Prot) -> ProtFlags {
 ///
 /// # Panics
 /// If the system page size is not [`PAGE_SIZE`].
-fn mmap_fresh(len: usize, prot: Prot, fd: &OwnedFd, offset: u64) -> Result<NonNull<u8>, ShmError> {
+fn mmap_fresh(len: usize, prot: Prot, fd: BorrowedFd<'_>, offset: u64) -> Result<NonNull<u8>, ShmError> {
     let sys = rustix::param::page_size();
     assert_eq!(sys, PAGE_SIZE, "doorbell assumes {PAGE_SIZE}-byte pages, this system has {sys}");
     let (flags, null) = (MapFlags::SHARED, null_mut());
@@ -219,25 +260,81 @@ unsafe fn volatile_write(dst: *mut u8, src: &[u8]) {
     }
 }
 
-/// A CPU mapping (`mmap(MAP_SHARED)`) of `len` bytes of a file at a page-aligned file offset.
+/// An open file and its identity `(st_dev, st_ino)`, shared by everything that maps it.
+#[derive(Debug)]
+pub(crate) struct File {
+    pub(crate) fd: OwnedFd,
+    /// Which file this is, to detect overlap in [`Mapping::copy`] across mappings.
+    id: (u64, u64),
+}
+
+impl File {
+    fn new(fd: OwnedFd) -> Result<File, ShmError> {
+        let st = rustix::fs::fstat(&fd).map_err(os("fstat"))?;
+        #[allow(clippy::useless_conversion, reason = "not u64 on every target")]
+        let id = (u64::from(st.st_dev), u64::from(st.st_ino));
+        Ok(File { fd, id })
+    }
+}
+
+/// One `mmap(MAP_SHARED)` of `len` bytes (whole pages) of `file` at `file_offset`; unmapped
+/// when the last [`Mapping`] window onto it drops.
+#[derive(Debug)]
+pub(crate) struct Area {
+    ptr: NonNull<u8>,
+    len: usize,
+    prot: Prot,
+    file: Arc<File>,
+    file_offset: u64,
+}
+
+// SAFETY: an `Area` owns its mapping; nothing about it is tied to a thread, and it is only
+// reached through `Mapping`'s volatile and atomic accesses.
+unsafe impl Send for Area {}
+// SAFETY: as for `Send`; `Area` itself has no `&self` method touching the bytes.
+unsafe impl Sync for Area {}
+
+impl Area {
+    /// Maps `len` bytes (a whole number of pages) of `file` at page-aligned `file_offset`; the
+    /// caller checked the range lies inside the file.
+    pub(crate) fn new(file: Arc<File>, file_offset: u64, len: usize, prot: Prot) -> Result<Arc<Area>, ShmError> {
+        let ptr = mmap_fresh(len, prot, file.fd.as_fd(), file_offset)?;
+        Ok(Arc::new(Area { ptr, len, prot, file, file_offset }))
+    }
+}
+
+impl Drop for Area {
+    fn drop(&mut self) {
+        // SAFETY: `ptr`/`len` are exactly what `mmap` returned, and no window into the area
+        // outlives it (each holds an `Arc<Area>`; atomic views borrow the window).
+        let r = unsafe { rustix::mm::munmap(self.ptr.as_ptr().cast(), self.len) };
+        debug_assert!(r.is_ok(), "munmap failed: {r:?}");
+    }
+}
+
+/// A bounds-checked window of `len` bytes onto a CPU mapping (`mmap(MAP_SHARED)`) of a file,
+/// starting at a page-aligned file offset.
 ///
-/// Unmapped on drop. Holds its own duplicate of the file descriptor. All accessors take
-/// `&self`: the bytes are shared, so mutation through a shared handle is the point.
+/// Several windows may share one `mmap` (an arena is mapped once and every allocation in it
+/// is a window, see [`ShmPool`]); the `mmap` is unmapped when its last window drops, and a
+/// window onto an allocation keeps that allocation's pages from being reused while it lives.
+/// All accessors take `&self`: the bytes are shared, so mutation through a shared handle is
+/// the point.
 #[derive(Debug)]
 pub struct Mapping {
     ptr: NonNull<u8>,
     len: usize,
-    map_len: usize,
     prot: Prot,
     file_offset: u64,
-    /// `(st_dev, st_ino)`: which file this maps, to detect overlap in [`Mapping::copy`].
-    file_id: (u64, u64),
-    fd: OwnedFd,
+    area: Arc<Area>,
+    /// The pages this window shows, when they belong to an allocation: held, so they are not
+    /// handed to another allocation while this window can reach them.
+    lease: Option<Arc<Lease>>,
 }
 
-// SAFETY: `Mapping` owns its mapping and fd; nothing about them is tied to a thread. All
-// accesses go through volatile or atomic operations on raw pointers, which are as valid from
-// any thread as from the creating one (the bytes are designed to be shared concurrently).
+// SAFETY: `Mapping` holds its area alive; nothing about it is tied to a thread. All accesses
+// go through volatile or atomic operations on raw pointers, which are as valid from any thread
+// as from the creating one (the bytes are designed to be shared concurrently).
 unsafe impl Send for Mapping {}
 // SAFETY: see `Send`; `&self` methods never hand out references to non-atomic shared bytes.
 unsafe impl Sync for Mapping {}
@@ -247,6 +344,8 @@ impl Mapping {
     ///
     /// `len` must be non-zero and `file_offset + len` must lie inside the file. The mapping
     /// is rounded up to whole pages, but [`len`](Self::len) and all bounds checks use `len`.
+    /// Costs one descriptor (a duplicate of `fd`) and one `mmap`; further views of the same
+    /// range are cheaper as [`window`](Self::window)s.
     ///
     /// # Panics
     /// If the system page size is not [`PAGE_SIZE`].
@@ -258,11 +357,31 @@ impl Mapping {
         let map_len = round_to_pages(len)?;
         let st = rustix::fs::fstat(fd).map_err(os("fstat"))?;
         in_bounds(file_offset, len as u64, u64::try_from(st.st_size).unwrap_or(0))?;
-        let fd = dup(fd)?;
-        let ptr = mmap_fresh(map_len, prot, &fd, file_offset)?;
-        #[allow(clippy::useless_conversion, reason = "not u64 on every target")]
-        let file_id = (u64::from(st.st_dev), u64::from(st.st_ino));
-        Ok(Mapping { ptr, len, map_len, prot, file_offset, file_id, fd })
+        let file = Arc::new(File::new(dup(fd)?)?);
+        Ok(Mapping::in_area(Area::new(file, file_offset, map_len, prot)?, 0, len, None))
+    }
+
+    /// The window of `len` bytes at byte `offset` of `area`; the caller checked the range.
+    pub(crate) fn in_area(area: Arc<Area>, offset: usize, len: usize, lease: Option<Arc<Lease>>) -> Mapping {
+        debug_assert!(offset + len <= area.len && offset.is_multiple_of(PAGE_SIZE));
+        // `offset < area.len`: inside the mapping.
+        let ptr = NonNull::new(area.ptr.as_ptr().wrapping_add(offset)).expect("inside a mapping");
+        let (prot, file_offset) = (area.prot, area.file_offset + offset as u64);
+        Mapping { ptr, len, prot, file_offset, area, lease }
+    }
+
+    /// A further view of `len` bytes at page-aligned `offset` of this mapping, with the same
+    /// protection, sharing its `mmap` and descriptor (no system call). Bounds-checked; what a
+    /// client that mapped a whole arena once hands out for each allocation in it.
+    pub fn window(&self, offset: u64, len: usize) -> Result<Mapping, ShmError> {
+        if len == 0 {
+            return Err(ShmError::BadSize { size: 0, why: "a mapping must not be empty" });
+        }
+        aligned(offset, PAGE_SIZE as u64)?;
+        round_to_pages(len)?;
+        in_bounds(offset, len as u64, self.len as u64)?;
+        let at = self.ptr.as_ptr().addr() - self.area.ptr.as_ptr().addr() + offset as usize;
+        Ok(Mapping::in_area(self.area.clone(), at, len, self.lease.clone()))
     }
 
     /// The requested length in bytes (not rounded to pages).
@@ -276,9 +395,10 @@ impl Mapping {
         self.prot
     }
 
-    /// The mapped file (this mapping's own duplicate of the descriptor).
+    /// The mapped file. Shared by every window of one `mmap`; for a read-only view of an
+    /// arena it is a read-only descriptor, so it cannot be mapped writable again.
     pub fn fd(&self) -> BorrowedFd<'_> {
-        self.fd.as_fd()
+        self.area.file.fd.as_fd()
     }
 
     /// The file offset of byte 0 of this mapping.
@@ -386,7 +506,7 @@ impl Mapping {
         // Overlap is a property of file positions, not addresses: two mappings of one file
         // alias at different addresses. Positions are below the file size, so no overflow.
         let (sf, df) = (src.file_offset + src_off, dst.file_offset + dst_off);
-        let backward = src.file_id == dst.file_id && df > sf && df < sf + len;
+        let backward = src.area.file.id == dst.area.file.id && df > sf && df < sf + len;
         // Bounce through a private buffer chunk by chunk. Walking chunks in memmove order
         // means a chunk's writes only clobber source bytes that were already read.
         let mut buf = [0u8; CHUNK];
@@ -441,41 +561,45 @@ impl Mapping {
     }
 }
 
-impl Drop for Mapping {
-    fn drop(&mut self) {
-        // SAFETY: `ptr`/`map_len` are exactly what `mmap` returned, and no reference into the
-        // mapping can outlive `self` (atomic views borrow `&self`).
-        let r = unsafe { rustix::mm::munmap(self.ptr.as_ptr().cast(), self.map_len) };
-        debug_assert!(r.is_ok(), "munmap failed: {r:?}");
-    }
-}
-
 static NEXT_SHM_ID: AtomicU64 = AtomicU64::new(1);
 
-/// A memfd-backed shared region: the file plus one read-write mapping of all of it (the
-/// "device side" view). Zero-filled; the size is rounded up to whole pages. Derefs to that
+/// A shared region: whole pages of a memfd plus a read-write view of all of them (the "device
+/// side" view). Zero-filled; the size is rounded up to whole pages. Derefs to that
 /// [`Mapping`], so `shm.read_u32(..)` works.
+///
+/// Made by [`Shm::new`] (a memfd of its own) or [`ShmPool::alloc`] (pages of one of the
+/// pool's arenas). Either way offsets are relative to the region; the pages return to their
+/// arena, zeroed, when the last holder (this value, its [`Mapping`] windows, a
+/// [`RotatingPage`] showing it) drops.
 #[derive(Debug)]
 pub struct Shm {
     id: u64,
-    fd: OwnedFd,
     map: Mapping,
 }
 
 impl Shm {
-    /// Creates a region of `size` bytes (rounded up to pages); `name` shows in `/proc/*/maps`.
+    /// Creates a region of `size` bytes (rounded up to pages) in a memfd of its own (sealed
+    /// against resizing); `name` shows in `/proc/*/maps`. Costs one descriptor and one `mmap`;
+    /// many small regions should come from a [`ShmPool`] instead.
     pub fn new(name: &str, size: usize) -> Result<Arc<Shm>, ShmError> {
         if size == 0 {
             return Err(ShmError::BadSize { size: 0, why: "a region must not be empty" });
         }
         let len = round_to_pages(size)?;
-        let fd = rustix::fs::memfd_create(name, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)
-            .map_err(os("memfd_create"))?;
-        rustix::fs::ftruncate(&fd, len as u64).map_err(os("ftruncate"))?;
-        rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL).map_err(os("seal"))?;
-        let map = Mapping::new(fd.as_fd(), 0, len, Prot::ReadWrite)?;
-        let id = NEXT_SHM_ID.fetch_add(1, Ordering::Relaxed);
-        Ok(Arc::new(Shm { id, fd, map }))
+        let arena = Arena::new(name, len)?;
+        let lease = arena.lease(len).expect("a new arena has room for its own size");
+        Ok(Shm::from_lease(lease))
+    }
+
+    /// The region over `lease`'s pages.
+    pub(crate) fn from_lease(lease: Lease) -> Arc<Shm> {
+        let (area, offset, len) = (lease.arena().rw().clone(), lease.offset(), lease.len());
+        let map = Mapping::in_area(area, offset, len, Some(Arc::new(lease)));
+        Arc::new(Shm { id: NEXT_SHM_ID.fetch_add(1, Ordering::Relaxed), map })
+    }
+
+    fn lease(&self) -> &Arc<Lease> {
+        self.map.lease.as_ref().expect("a region's view always holds its lease")
     }
 
     /// A process-unique identity of this region.
@@ -489,9 +613,15 @@ impl Shm {
         self.map.len()
     }
 
-    /// The memfd.
+    /// The memfd the region lives in (its own, or its arena's: see
+    /// [`file_offset`](Self::file_offset)).
     pub fn fd(&self) -> BorrowedFd<'_> {
-        self.fd.as_fd()
+        self.map.fd()
+    }
+
+    /// Where byte 0 of the region is in [`fd`](Self::fd) (0 for a [`Shm::new`] region).
+    pub fn file_offset(&self) -> u64 {
+        self.map.file_offset()
     }
 
     /// The whole-region read-write mapping.
@@ -499,9 +629,24 @@ impl Shm {
         &self.map
     }
 
-    /// A new CPU mapping of `len` bytes at page-aligned `file_offset` (what a client gets).
-    pub fn map_range(&self, file_offset: u64, len: usize, prot: Prot) -> Result<Mapping, ShmError> {
-        Mapping::new(self.fd(), file_offset, len, prot)
+    /// A view of `len` bytes at page-aligned `offset` of the region (what a client gets). It
+    /// shares the arena's one `mmap` for its protection (made once, on the first read-only
+    /// view), so it costs no descriptor and no `mmap` of its own. A read-only view's
+    /// [`Mapping::fd`] is a read-only descriptor. The view keeps the region's pages from
+    /// being reused until it drops.
+    pub fn map_range(&self, offset: u64, len: usize, prot: Prot) -> Result<Mapping, ShmError> {
+        if len == 0 {
+            return Err(ShmError::BadSize { size: 0, why: "a mapping must not be empty" });
+        }
+        aligned(offset, PAGE_SIZE as u64)?;
+        round_to_pages(len)?;
+        in_bounds(offset, len as u64, self.len() as u64)?;
+        let lease = self.lease();
+        let area = match prot {
+            Prot::ReadWrite => lease.arena().rw().clone(),
+            Prot::ReadOnly => lease.arena().ro()?,
+        };
+        Ok(Mapping::in_area(area, lease.offset() + offset as usize, len, Some(lease.clone())))
     }
 }
 
@@ -518,11 +663,28 @@ fn check_page(shm: &Shm, page_offset: u64) -> Result<(), ShmError> {
     aligned(page_offset, PAGE_SIZE as u64)
 }
 
+/// What a [`RotatingPage`] shows: a page of a region, whose pages it holds.
 #[derive(Debug)]
 struct Backing {
-    fd: OwnedFd,
+    lease: Arc<Lease>,
     id: u64,
     page_offset: u64,
+}
+
+impl Backing {
+    fn of(shm: &Shm, page_offset: u64) -> Result<Backing, ShmError> {
+        check_page(shm, page_offset)?;
+        Ok(Backing { lease: shm.lease().clone(), id: shm.id(), page_offset })
+    }
+
+    fn fd(&self) -> BorrowedFd<'_> {
+        self.lease.arena().fd()
+    }
+
+    /// The page's offset in its file.
+    fn file_offset(&self) -> u64 {
+        self.lease.offset() as u64 + self.page_offset
+    }
 }
 
 /// One page of CPU virtual address whose backing can be swapped atomically between pages of
@@ -545,36 +707,33 @@ unsafe impl Sync for RotatingPage {}
 impl RotatingPage {
     /// Maps the page at page-aligned `page_offset` of `initial`.
     pub fn new(initial: &Shm, page_offset: u64) -> Result<RotatingPage, ShmError> {
-        check_page(initial, page_offset)?;
-        let fd = dup(initial.fd())?;
-        let ptr = mmap_fresh(PAGE_SIZE, Prot::ReadWrite, &fd, page_offset)?;
-        let backing = Mutex::new(Backing { fd, id: initial.id(), page_offset });
-        Ok(RotatingPage { ptr, backing })
+        let b = Backing::of(initial, page_offset)?;
+        let ptr = mmap_fresh(PAGE_SIZE, Prot::ReadWrite, b.fd(), b.file_offset())?;
+        Ok(RotatingPage { ptr, backing: Mutex::new(b) })
     }
 
     /// Replaces the backing with the page at `page_offset` of `target`, in one
     /// `mmap(MAP_FIXED)`. Concurrent accessors see either the old or the new page; callers
     /// that need an access to land on a particular page must synchronize with the rotation.
     pub fn rotate_to(&self, target: &Shm, page_offset: u64) -> Result<(), ShmError> {
-        check_page(target, page_offset)?;
-        let fd = dup(target.fd())?;
+        let new = Backing::of(target, page_offset)?;
         let mut backing = self.backing.lock().unwrap_or_else(PoisonError::into_inner);
-        let remap = |fd: &OwnedFd, off: u64| {
+        let remap = |b: &Backing| {
             let (addr, flags) = (self.ptr.as_ptr().cast(), MapFlags::SHARED | MapFlags::FIXED);
             // SAFETY: `addr` is the page this value mapped in `new` and still owns, so
             // MAP_FIXED replaces nothing else. Outstanding `&AtomicU64`s into it stay valid:
             // the address is mapped read-write before and after, only the backing changes.
-            unsafe { rustix::mm::mmap(addr, PAGE_SIZE, rw_flags(Prot::ReadWrite), flags, fd, off) }
+            unsafe { rustix::mm::mmap(addr, PAGE_SIZE, rw_flags(Prot::ReadWrite), flags, b.fd(), b.file_offset()) }
         };
-        if let Err(e) = remap(&fd, page_offset) {
+        if let Err(e) = remap(&new) {
             // A failed MAP_FIXED may leave the page unmapped while atomic views into it are
             // alive: put the old page back, or abort rather than let them dangle.
-            if remap(&backing.fd, backing.page_offset).is_err() {
+            if remap(&backing).is_err() {
                 std::process::abort();
             }
             return Err(os("mmap(MAP_FIXED)")(e));
         }
-        *backing = Backing { fd, id: target.id(), page_offset };
+        *backing = new;
         Ok(())
     }
 

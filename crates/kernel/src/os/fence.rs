@@ -148,8 +148,8 @@ impl Os {
             let (i, lease) = match found {
                 Some(x) => x,
                 None => {
-                    let name = if desc.kind == NativeFenceType::IntraGpu { "fence-page-local" } else { "fence-page" };
-                    let (c, m) = (Shm::new(name, 4096)?, Shm::new("fence-monitored", 4096)?);
+                    // CurrentValue: the client maps it read-only; MonitoredValue: kernel-only.
+                    let (c, m) = (p.memory.readable.alloc(4096)?, p.memory.private.alloc(4096)?);
                     let va = p.take_va(4096);
                     let mapping = self.ddi.map_gpu(pid, va, 4096, c.clone(), true)?;
                     let p = self.proc(pid)?;
@@ -247,7 +247,7 @@ impl Os {
         let va = self.proc(pid)?.take_va(4096);
         let mapping = self.ddi.map_gpu(pid, va, 4096, current.clone(), true)?;
         let kind = if self.native_fences { NativeFenceType::Default } else { NativeFenceType::LegacyMonitored };
-        let monitored = Word::new(&Shm::new("fence-monitored", 4096)?, coff)?;
+        let monitored = Word::new(&self.proc(pid)?.memory.private.alloc(4096)?, coff)?;
         monitored.get().store(0, Ordering::Release);
         let id = self.next_fence_id;
         self.next_fence_id += 1;

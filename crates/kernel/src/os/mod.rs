@@ -12,7 +12,9 @@
 //! [`crate::system`] own the lock, the condition variables, the clock and the blocking.
 //!
 //! The state machine is split along the spec's seams:
-//! - `objects`: processes, devices, allocations, contexts (spec 000 "Residency model");
+//! - `objects`: processes, devices, allocations, contexts (spec 000 "Residency model"), and
+//!   each process's memory: pools of memfd arenas by protection class, so an allocation
+//!   costs no file descriptor;
 //! - `queues`: queue validation, creation and destruction (spec 000 "HwQueue creation";
 //!   spec 001 USERQ CREATE/FREE/QUERY_STATUS);
 //! - `doorbells`: doorbell pages and objects, connect, disconnect and victimization
@@ -280,6 +282,8 @@ struct Process {
     doorbells: Table<DoorbellKind, DoorbellObj>,
     fences: Table<NativeFenceKind, fence::FenceObj>,
     fence_pages: Vec<fence::FencePage>,
+    /// Its memory, in pools by protection class.
+    memory: objects::ProcessMemory,
 }
 
 impl Process {

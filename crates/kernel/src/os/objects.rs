@@ -6,17 +6,55 @@
 //! aggregated doorbell page where the device needs one, spec 001) when it is created; every
 //! one of them is a lease or RAII mapping, so they return when the process ends, whatever
 //! the order.
+//!
+//! # Memory
+//!
+//! A process's memory comes from three pools of memfd arenas ([`ProcessMemory`], built on
+//! [`shm::ShmPool`]): its allocations, the kernel pages it may read (queue kernel pages,
+//! fence CurrentValue pages), and the pages it must not see (fence logs, MonitoredValue
+//! pages, kernel-mode rings). An allocation is a page range of an arena, not a memfd of its
+//! own, so a queue costs no descriptor and the client's view of an allocation is a window
+//! onto the arena's one mapping. Arenas are never shared between processes or between
+//! classes, because a descriptor reaches its whole file. Freeing follows the residency rule:
+//! `free` is refused while a queue or doorbell references the allocation; once it succeeds
+//! the GPU mapping is gone, and the pages return to the arena, zeroed, when the last CPU
+//! view the client still holds drops (until then nothing else can be given them).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use abi::port::{AllocationDesc, AllocationInfo, InUseBy, InUseObject, Invalid, KernelError, MemoryDomain};
+use abi::port::{AllocationDesc, AllocationInfo, InUseBy, InUseObject, Invalid, KernelError};
 use abi::{AllocationHandle, ContextHandle, DeviceHandle, EngineId, ProcessId, Time};
-use shm::{Prot, RotatingPage, Shm};
+use shm::{PoolConfig, Prot, RotatingPage, ShmPool};
 
 use super::{AllocObj, ContextObj, DeviceObj, Os, Pin, Process, invalid};
 use crate::ddi::Kmd;
 use crate::table::Table;
+
+/// A process's memory: three pools of memfd arenas ([`ShmPool`]), one per protection class.
+///
+/// Whoever holds one descriptor of an arena can map all of it, so an arena holds one
+/// process's pages of one class only: no process ever shares an arena with another, and no
+/// client-writable allocation shares one with a page the client may only read or must not
+/// see. Pages shared between processes (shareable and cross-adapter fences) are not here:
+/// they get a memfd of their own.
+pub(super) struct ProcessMemory {
+    /// Its allocations (`D3DKMTCreateAllocation`): the client maps them read-write.
+    pub(super) client: ShmPool,
+    /// Kernel-written pages the client maps read-only: queue kernel pages, the
+    /// CurrentValue pages of its packed fences.
+    pub(super) readable: ShmPool,
+    /// Pages the client never maps: fence logs, MonitoredValue pages, kernel-mode rings and
+    /// their control pages.
+    pub(super) private: ShmPool,
+}
+
+impl ProcessMemory {
+    fn new(pid: ProcessId) -> ProcessMemory {
+        let pool = |class| ShmPool::new(&format!("{pid}-{class}"), PoolConfig::default());
+        ProcessMemory { client: pool("allocations"), readable: pool("readable"), private: pool("private") }
+    }
+}
 
 /// First GPU VA handed to a process.
 const VA_BASE: u64 = 0x1_0000_0000;
@@ -40,6 +78,7 @@ impl Os {
             None
         };
         let pid = ProcessId(self.next_pid);
+        let memory = ProcessMemory::new(pid);
         if let Err(e) = self.ddi.create_address_space(pid) {
             if let Some((lease, _)) = &aggregated {
                 self.ddi.unwatch_aggregated_page(lease.index());
@@ -60,6 +99,7 @@ impl Os {
                 doorbells: Table::new(pid),
                 fences: Table::new(pid),
                 fence_pages: Vec::new(),
+                memory,
             },
         );
         Ok(pid)
@@ -109,11 +149,7 @@ impl Os {
         let bytes = desc.bytes.div_ceil(4096) * 4096;
         let p = self.proc(pid)?;
         p.devices.get(device)?;
-        let name = match desc.domain {
-            MemoryDomain::System => "alloc-system",
-            MemoryDomain::Local => "alloc-local",
-        };
-        let shm = Shm::new(name, bytes as usize)?;
+        let shm = p.memory.client.alloc(bytes as usize)?;
         let va = p.take_va(bytes);
         let mapping = self.ddi.map_gpu(pid, va, bytes, shm.clone(), !desc.gpu_read_only)?;
         let handle = self.proc(pid)?.allocations.insert(AllocObj {

@@ -130,14 +130,15 @@ impl Os {
             .iter()
             .find(|e| e.id == engine)
             .ok_or_else(|| invalid("engine", engine, Invalid::NoSuchEngine { engines: info.engines.len() }))?;
-        let kernel_page_shm = Shm::new("queue-kernel-page", abi::queue::QUEUE_KERNEL_PAGE_BYTES as usize)?;
+        let memory = &self.proc(pid)?.memory;
+        let kernel_page_shm = memory.readable.alloc(abi::queue::QUEUE_KERNEL_PAGE_BYTES as usize)?;
         let kernel_page = abi::queue::KernelPageView::new(&kernel_page_shm)?;
         kernel_page.doorbell_status().get().store(DoorbellStatus::DisconnectedRetry as u64, Ordering::SeqCst);
         // Two fence logs for a user-mode queue (spec 002): the engine writes them, the client
         // cannot see them, the kernel reads them. Kernel-mode queues log nothing.
         let logs = match desc.mode {
             SubmissionMode::UserMode(_) => {
-                let (w, sg) = (Shm::new("fence-log-waits", 4096)?, Shm::new("fence-log-signals", 4096)?);
+                let (w, sg) = (memory.private.alloc(4096)?, memory.private.alloc(4096)?);
                 abi::fence_log::init(&w, abi::fence_log::FenceLogType::Wait)?;
                 abi::fence_log::init(&sg, abi::fence_log::FenceLogType::Signal)?;
                 Some([w, sg])
@@ -194,9 +195,9 @@ impl Os {
                     return Err(invalid("engine", engine, Invalid::Unsupported("kernel-mode queues")));
                 }
                 let doorbell = self.kernel_doorbells.take()?;
-                let ring = Shm::new("kernel-ring", KERNEL_RING_BYTES as usize)?;
-                let control_shm = Shm::new("kernel-ring-control", 4096)?;
                 let p = self.proc(pid)?;
+                let ring = p.memory.private.alloc(KERNEL_RING_BYTES as usize)?;
+                let control_shm = p.memory.private.alloc(4096)?;
                 let ring_va = p.take_va(KERNEL_RING_BYTES);
                 let control_va = p.take_va(4096);
                 // Kernel-owned: mapped GPU read-only, never CPU-mapped for the client. A failed
