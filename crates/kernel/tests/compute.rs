@@ -3,21 +3,12 @@
 
 mod common;
 
-use abi::isa::{Builtin, FLAG_IMM, Inst, KernelHeader, Op};
+use abi::isa::{Builtin, FLAG_IMM, Inst, Op};
 use abi::queue::FaultKind;
 use abi::{EngineKind, QueueState};
 use umd::{Buffer, CommandBuffer, Device, QueueOptions, UmdError};
 
-fn binary(p: &[Inst]) -> Vec<u8> {
-    let mut bytes = Vec::new();
-    for w in KernelHeader::new(p.len() as u32).to_words() {
-        bytes.extend_from_slice(&w.to_le_bytes());
-    }
-    for i in p {
-        bytes.extend_from_slice(&i.encode().to_le_bytes());
-    }
-    bytes
-}
+use common::{binary, forever};
 
 fn op(op: Op, d: u8, a: u8, b: u8, c: u8, imm: u32) -> Inst {
     Inst::new(op, d, a, b, c, imm)
@@ -38,10 +29,6 @@ fn squares() -> Vec<u8> {
         op(Op::St32, 2, 0, 5, 0, 0),
         op(Op::EndIf, 0, 0, 0, 0, 0),
     ])
-}
-
-fn forever() -> Vec<u8> {
-    binary(&[op(Op::Loop, 0, 0, 0, 0, 2), op(Op::Add, 1, 1, 0, FLAG_IMM, 1), op(Op::EndLoop, 0, 0, 0, 0, 0)])
 }
 
 fn args(dev: &Device, slots: &[u64]) -> Buffer {

@@ -7,7 +7,6 @@ mod common;
 
 use std::time::Duration;
 
-use abi::isa::{FLAG_IMM, Inst, KernelHeader, Op};
 use abi::queue::FaultKind;
 use abi::{EngineKind, QueueState, Time};
 use gpu::{CostModel, GpuConfig};
@@ -15,22 +14,7 @@ use kernel::trace::Ddi;
 use kernel::{SystemConfig, Termination};
 use umd::{Buffer, CommandBuffer, UmdError};
 
-/// A kernel that never ends: `loop { r1 += 1 }`.
-fn forever() -> Vec<u8> {
-    let p = [
-        Inst::new(Op::Loop, 0, 0, 0, 0, 2),
-        Inst::new(Op::Add, 1, 1, 0, FLAG_IMM, 1),
-        Inst::new(Op::EndLoop, 0, 0, 0, 0, 0),
-    ];
-    let mut bytes = Vec::new();
-    for w in KernelHeader::new(p.len() as u32).to_words() {
-        bytes.extend_from_slice(&w.to_le_bytes());
-    }
-    for i in p {
-        bytes.extend_from_slice(&i.encode().to_le_bytes());
-    }
-    bytes
-}
+use common::forever;
 
 /// Costs that make an endless kernel burn virtual time fast (100 µs per wave-instruction, a
 /// 10 ms turn: 100 instructions a turn), so that seconds of virtual time take a few hundred
@@ -60,18 +44,24 @@ fn hog(sys: &kernel::System) -> (common::Client, umd::Queue, u64) {
     (c, q, v)
 }
 
+/// Another process whose copy queue will only reach its progress value once a `WAIT` on a
+/// word nobody writes is satisfied: waits on that value can only time out.
+fn blocked_neighbour(sys: &kernel::System) -> (common::Client, umd::Context, umd::Queue, u64) {
+    let c = common::client(sys);
+    let ctx = c.context(EngineKind::Copy);
+    let mut q = ctx.create_queue(umd::QueueOptions::user_mode()).unwrap();
+    let mut cb = CommandBuffer::new();
+    cb.wait(c.buf.va(), 1);
+    let v = q.submit(&cb).unwrap();
+    (c, ctx, q, v)
+}
+
 #[test]
 fn a_timed_wait_returns_at_its_deadline_beside_an_endless_kernel() {
     let sys = common::sim_with(slow_engines());
     let (_h, hog_q, hog_v) = hog(&sys);
-    // Another process waits for a value its queue will only reach once a WAIT is satisfied,
-    // which nothing does: its 10 ms timeout must fire although the compute engine never idles.
-    let c = common::client(&sys);
-    let q_ctx = c.context(EngineKind::Copy);
-    let mut q = q_ctx.create_queue(umd::QueueOptions::user_mode()).unwrap();
-    let mut cb = CommandBuffer::new();
-    cb.wait(c.buf.va(), 1);
-    let v = q.submit(&cb).unwrap();
+    // The 10 ms timeout must fire although the compute engine never idles.
+    let (_c, _ctx, q, v) = blocked_neighbour(&sys);
     let start = sys.now();
     let e = q.wait(v, Some(Duration::from_millis(10))).unwrap_err();
     assert!(matches!(e, UmdError::Timeout { .. }), "{e}");
@@ -89,12 +79,7 @@ fn a_timed_wait_returns_at_its_deadline_beside_an_endless_kernel() {
 fn a_wait_with_no_timeout_is_a_deadlock_after_60_s_even_beside_an_endless_kernel() {
     let sys = common::sim_with(slow_engines());
     let (_h, _hog_q, _) = hog(&sys);
-    let c = common::client(&sys);
-    let q_ctx = c.context(EngineKind::Copy);
-    let mut q = q_ctx.create_queue(umd::QueueOptions::user_mode()).unwrap();
-    let mut cb = CommandBuffer::new();
-    cb.wait(c.buf.va(), 1);
-    let v = q.submit(&cb).unwrap();
+    let (_c, _ctx, q, v) = blocked_neighbour(&sys);
     let start = sys.now();
     let e = q.wait(v, None).unwrap_err();
     assert!(matches!(e, UmdError::Timeout { .. }), "{e}");

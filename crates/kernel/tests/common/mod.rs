@@ -517,3 +517,25 @@ pub fn umd_refusal(e: &umd::UmdError) -> Option<(&'static str, &abi::port::Inval
         _ => None,
     }
 }
+
+/// A kernel binary: the header, then the instructions.
+pub fn binary(p: &[abi::isa::Inst]) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    for w in abi::isa::KernelHeader::new(p.len() as u32).to_words() {
+        bytes.extend_from_slice(&w.to_le_bytes());
+    }
+    for i in p {
+        bytes.extend_from_slice(&i.encode().to_le_bytes());
+    }
+    bytes
+}
+
+/// A kernel that never ends: `loop { r1 += 1 }`.
+pub fn forever() -> Vec<u8> {
+    use abi::isa::{FLAG_IMM, Inst, Op};
+    binary(&[
+        Inst::new(Op::Loop, 0, 0, 0, 0, 2),
+        Inst::new(Op::Add, 1, 1, 0, FLAG_IMM, 1),
+        Inst::new(Op::EndLoop, 0, 0, 0, 0, 0),
+    ])
+}
