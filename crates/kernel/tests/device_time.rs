@@ -211,15 +211,29 @@ fn a_sliced_overlapping_copy_resumes_at_chunk_boundaries_with_memmove_results() 
     assert!(got == want, "memmove semantics across chunk boundaries");
 }
 
+/// A client's user-mode queue, with its memory mapped a second time to write by hand.
+fn tapped_queue(sys: &kernel::System) -> (common::Client, umd::Queue, std::sync::Arc<common::TapQueue>) {
+    let tap = common::TapPort::open(sys);
+    let c = common::client_on(tap.clone());
+    let q = c.user_queue();
+    let t = tap.queue(q.handle());
+    (c, q, t)
+}
+
+/// Publishes a one-dword NOP at the start of the ring (wptr 4), without ringing.
+fn publish_nop(t: &common::TapQueue) {
+    let mut nop = Vec::new();
+    abi::packet::Packet::Nop { dwords: 1 }.encode(&mut nop);
+    t.write_ring(0, &nop);
+    t.set_wptr(4);
+}
+
 /// A wptr of `u64::MAX` rung as the doorbell value (the value a fresh doorbell word holds
 /// after a bind) must not be ignored: it faults the queue, with the wptr named.
 #[test]
 fn a_wptr_of_u64_max_rung_as_the_doorbell_value_faults_the_queue() {
     let sys = common::sim();
-    let tap = common::TapPort::open(&sys);
-    let c = common::client_on(tap.clone());
-    let q = c.user_queue();
-    let t = tap.queue(q.handle());
+    let (_c, q, t) = tapped_queue(&sys);
     t.set_wptr(u64::MAX);
     t.ring_doorbell(u64::MAX);
     sys.settle();
@@ -238,15 +252,8 @@ fn a_wptr_of_u64_max_rung_as_the_doorbell_value_faults_the_queue() {
 fn any_doorbell_value_that_changes_the_word_is_heard_after_a_bind() {
     for ring in [u64::MAX, 4, 8, 1 << 62] {
         let sys = common::sim();
-        let tap = common::TapPort::open(&sys);
-        let c = common::client_on(tap.clone());
-        let q = c.user_queue();
-        let t = tap.queue(q.handle());
-        // A NOP of one dword at the start of the ring, then wptr past it.
-        let mut nop = Vec::new();
-        abi::packet::Packet::Nop { dwords: 1 }.encode(&mut nop);
-        t.write_ring(0, &nop);
-        t.set_wptr(4);
+        let (_c, _q, t) = tapped_queue(&sys);
+        publish_nop(&t);
         t.ring_doorbell(ring);
         sys.settle();
         assert_eq!(t.rptr(), 4, "a ring of {ring:#x} ran the published work");
@@ -256,14 +263,8 @@ fn any_doorbell_value_that_changes_the_word_is_heard_after_a_bind() {
 #[test]
 fn a_ring_that_does_not_change_the_word_is_found_by_the_idle_check() {
     let sys = common::sim();
-    let tap = common::TapPort::open(&sys);
-    let c = common::client_on(tap.clone());
-    let q = c.user_queue();
-    let t = tap.queue(q.handle());
-    let mut nop = Vec::new();
-    abi::packet::Packet::Nop { dwords: 1 }.encode(&mut nop);
-    t.write_ring(0, &nop);
-    t.set_wptr(4);
+    let (_c, q, t) = tapped_queue(&sys);
+    publish_nop(&t);
     // The word holds the wptr the firmware validated at the bind (0): writing it again is no
     // ring.
     assert_eq!(t.doorbell_word(), 0);

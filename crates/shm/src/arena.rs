@@ -46,7 +46,8 @@ pub(crate) struct Arena {
     ro: Mutex<Option<Arc<Area>>>,
     /// Free ranges: start byte -> length in bytes, both page multiples.
     free: Mutex<BTreeMap<usize, usize>>,
-    /// Bytes in leases.
+    /// Bytes in leases. Relaxed everywhere: a statistic ([`ShmPool::stats`]); the free
+    /// list's lock is what orders allocation and release.
     used: AtomicUsize,
 }
 

@@ -28,9 +28,15 @@ impl Place {
         Ok(Place { shm: m.shm.clone(), offset: m.offset + (va - m.va) })
     }
 
-    /// The protocol word at this place (8-aligned, inside the mapping: checked here, once).
-    pub(super) fn word(&self, va: u64, access: Access) -> Result<Word, FaultKind> {
-        Word::new(&self.shm, self.offset).map_err(|_| FaultKind::Misaligned { va, align: 8, access })
+    /// The protocol word at `va` (a queue's rptr, wptr or last-queued value): 8-aligned and
+    /// inside one mapping the queue may reach with `access`, checked here, once.
+    pub(super) fn word_at(vm: &AddressSpace, va: u64, access: Access) -> Result<Word, FaultKind> {
+        let misaligned = FaultKind::Misaligned { va, align: 8, access };
+        if !va.is_multiple_of(8) {
+            return Err(misaligned);
+        }
+        let p = Place::resolve(vm, va, 8, access)?;
+        Word::new(&p.shm, p.offset).map_err(|_| misaligned)
     }
 }
 
@@ -181,7 +187,6 @@ impl Firmware {
             if modelled && elapsed > 0 {
                 // The engine is busy until the modelled end of what it just ran.
                 e.timers.set(Timer::Busy, Some(Time(now.0.saturating_add(elapsed))));
-                report.device_ns += elapsed;
             }
         }
         report

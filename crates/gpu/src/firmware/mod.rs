@@ -169,9 +169,6 @@ pub struct StepReport {
     /// Bytes moved by `COPY`/`FILL` (a chunk of a large one is progress before its packet
     /// completes).
     pub bytes: u64,
-    /// Modelled device time the engines spent (with [`crate::cost::Timing::Modelled`]; 0
-    /// with real timing).
-    pub device_ns: u64,
 }
 
 /// An indirect buffer being executed.
@@ -499,28 +496,10 @@ impl Firmware {
         // write: otherwise rptr could be aimed at a protected word (another queue's progress
         // fence) and forge it. A kernel queue's control page is GPU read-only by design.
         let rptr_access = if cfg.privileged { Access::Read } else { Access::Write };
-        for (va, what) in [(cfg.rptr_va, Access::Write), (cfg.wptr_va, Access::Read)] {
-            if va % 8 != 0 {
-                return Err(GpuError::QueueMemory(FaultKind::Misaligned { va, align: 8, access: what }));
-            }
-        }
-        let rptr_word = Place::resolve(vm, cfg.rptr_va, 8, rptr_access)
-            .and_then(|p| p.word(cfg.rptr_va, rptr_access))
-            .map_err(GpuError::QueueMemory)?;
-        let wptr_word = Place::resolve(vm, cfg.wptr_va, 8, Access::Read)
-            .and_then(|p| p.word(cfg.wptr_va, Access::Read))
-            .map_err(GpuError::QueueMemory)?;
-        let last_queued_word = match cfg.last_queued_va {
-            Some(va) if va % 8 != 0 => {
-                return Err(GpuError::QueueMemory(FaultKind::Misaligned { va, align: 8, access: Access::Read }));
-            }
-            Some(va) => Some(
-                Place::resolve(vm, va, 8, Access::Read)
-                    .and_then(|p| p.word(va, Access::Read))
-                    .map_err(GpuError::QueueMemory)?,
-            ),
-            None => None,
-        };
+        let word = |va, access| Place::word_at(vm, va, access).map_err(GpuError::QueueMemory);
+        let rptr_word = word(cfg.rptr_va, rptr_access)?;
+        let wptr_word = word(cfg.wptr_va, Access::Read)?;
+        let last_queued_word = cfg.last_queued_va.map(|va| word(va, Access::Read)).transpose()?;
         // The firmware resumes from the client's current pointers: a queue starts idle. The
         // value is client memory: it must be a dword count far from overflow.
         let start = wptr_word.get().load(Ordering::Acquire);

@@ -110,8 +110,10 @@ impl SimWorld {
     pub(crate) fn settle(&self) {
         for _ in 0..SETTLE_STEPS {
             self.settle_now();
-            let Some(busy) = self.next_busy() else { return };
-            self.jump_to(busy.min(self.next_timer().unwrap_or(busy)));
+            // While an engine works, time passes to the next event: its busy period ending,
+            // or any timer before that (the earliest timer is never later than the busy end).
+            let Some(next) = self.next_busy().and(self.next_timer()) else { return };
+            self.jump_to(next);
         }
     }
 
@@ -155,7 +157,7 @@ const SETTLE_STEPS: usize = 100_000;
 /// The most virtual time a [`Inner::block`] with no timeout waits on the deterministic driver:
 /// longer means nothing in the system will satisfy it (a deadlock, or an endless kernel), and
 /// it returns timed out instead of spinning forever.
-pub(crate) const DEADLOCK_HORIZON: Duration = Duration::from_secs(60);
+const DEADLOCK_HORIZON: Duration = Duration::from_secs(60);
 
 /// Unparks the firmware thread.
 #[derive(Default)]
