@@ -22,6 +22,7 @@
 //!   runs, written once against a `sync` shim so loom can check it (`--cfg loom`).
 //! - [`time`] and [`power`]: device time and engine power states, the vocabulary every state
 //!   machine takes as input.
+//! - [`preempt`]: preemption granularity levels and the device's preemption caps (spec 003).
 //! - [`slab`]: the generation-checked table behind every handle (kernel objects, firmware
 //!   queues).
 //! - [`port`]: the [`port::KernelPort`] trait — the system-call surface the UMD uses — with its
@@ -42,6 +43,7 @@ pub mod isa;
 pub mod packet;
 pub mod port;
 pub mod power;
+pub mod preempt;
 pub mod protocol;
 pub mod queue;
 pub mod ring;

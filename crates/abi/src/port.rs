@@ -128,6 +128,8 @@ pub struct AdapterInfo {
     pub native_fences: bool,
     /// Per-queue metadata sizes.
     pub queue_metadata: QueueMetadataSizes,
+    /// `D3DKMDT_PREEMPTION_CAPS`: where the engines can stop a queue's work (spec 003).
+    pub preemption: crate::preempt::PreemptionCaps,
 }
 
 /// How a hardware queue takes work.
@@ -433,6 +435,11 @@ pub enum Invalid {
     NeedsKernelOnly,
     /// The global doorbell model has no dedicated doorbells to pool.
     NothingToPool,
+    /// A setting outside the range it may take.
+    OutOfRange {
+        /// The range it may take.
+        expected: &'static str,
+    },
     /// The device (its kernel-mode driver) refused, with its reason.
     Device(DeviceRefusal),
 }
@@ -488,6 +495,7 @@ impl core::fmt::Display for Invalid {
             NothingToPool => {
                 f.write_str("the device's doorbell model is global: there are no dedicated doorbells to pool")
             }
+            OutOfRange { expected } => write!(f, "out of range: must be {expected}"),
             Device(why) => write!(f, "{why}"),
         }
     }
@@ -798,6 +806,16 @@ pub enum KernelError {
     DeviceLost {
         /// The device.
         device: DeviceHandle,
+    },
+    /// The adapter recovered from timeouts more than `TdrLimitCount` times within
+    /// `TdrLimitTime` and is lost for good: every device on it is lost, and it takes no new
+    /// work.
+    #[error("the adapter is lost: {recoveries} recoveries within {window_ms} ms exceed the TDR limit")]
+    AdapterLost {
+        /// Recoveries counted in the window.
+        recoveries: u32,
+        /// The window (`TdrLimitTime`, ms).
+        window_ms: u64,
     },
     /// The process was terminated.
     #[error("process {0} has been terminated")]

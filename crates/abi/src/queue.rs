@@ -358,6 +358,22 @@ pub enum FaultKind {
         /// The last-queued value read after the wptr that covers the packet.
         last_queued: u64,
     },
+    /// The queue did not answer a preemption request in time and its engine was reset
+    /// (timeout detection and recovery, spec 003): it was the one that would not yield.
+    #[error("reset: the queue did not yield its engine within {waited_ms} ms of a preemption request")]
+    PreemptTimeout {
+        /// How long the request waited before recovery started (ms).
+        waited_ms: u64,
+    },
+    /// The queue's device was lost (a device error, an adapter reset, the adapter's
+    /// recovery limit): the queue stopped, and user mode must destroy and recreate it with its
+    /// doorbell and ring (spec 000).
+    #[error("the queue's device was lost")]
+    DeviceLost,
+    /// The whole adapter was reset (`DxgkDdiResetFromTimeout`): the queue's state is lost,
+    /// whatever it was running.
+    #[error("reset: the adapter was reset and the queue's state is lost")]
+    AdapterReset,
     /// A kernel binary refused at dispatch (bad header, unknown opcode, bad register, branch
     /// outside the program, unbalanced control flow).
     #[error("DISPATCH: invalid kernel: {0}")]

@@ -108,6 +108,9 @@ pub enum Progress {
     Done,
     /// The budget ran out; state must be saved (or kept) and the dispatch resumed.
     Yield,
+    /// It reached the boundary [`Dispatch::run_to`] was asked to stop at (a preemption): state
+    /// must be saved and the dispatch resumed.
+    Stopped(abi::preempt::StopPoint),
 }
 
 /// Counters of executed work.
@@ -212,6 +215,24 @@ impl Dispatch {
 
     /// Runs at most `budget` wave-instructions.
     pub fn run(&mut self, vm: &AddressSpace, budget: u64, stats: &mut ComputeStats) -> Result<Progress, FaultKind> {
+        self.run_to(vm, budget, None, stats)
+    }
+
+    /// Runs at most `budget` wave-instructions, and stops early at the first boundary of kind
+    /// `stop` ([`StopPoint::Wave`]: a wave ended; [`StopPoint::Group`]: a workgroup ended —
+    /// also a wave boundary) with [`Progress::Stopped`]. Other points are not boundaries
+    /// inside a dispatch and never stop it.
+    ///
+    /// [`StopPoint::Wave`]: abi::preempt::StopPoint::Wave
+    /// [`StopPoint::Group`]: abi::preempt::StopPoint::Group
+    pub fn run_to(
+        &mut self,
+        vm: &AddressSpace,
+        budget: u64,
+        stop: Option<abi::preempt::StopPoint>,
+        stats: &mut ComputeStats,
+    ) -> Result<Progress, FaultKind> {
+        use abi::preempt::StopPoint;
         let mut left = budget;
         let mut mem = Mem { vm, last: None };
         loop {
@@ -226,10 +247,17 @@ impl Dispatch {
             };
             let finished = self.run_wave(&mut wave, &mut mem, &mut left, stats)?;
             if finished {
+                let done = self.wave.is_none() && wave.group + 1 >= self.total_groups();
                 if wave.index + 1 < self.waves_per_group() {
                     self.wave = Some(self.new_wave(wave.group, wave.index + 1));
+                    if stop == Some(StopPoint::Wave) {
+                        return Ok(Progress::Stopped(StopPoint::Wave));
+                    }
                 } else {
                     self.next_group = wave.group + 1;
+                    if !done && matches!(stop, Some(StopPoint::Wave | StopPoint::Group)) {
+                        return Ok(Progress::Stopped(StopPoint::Group));
+                    }
                 }
             } else {
                 self.wave = Some(wave);

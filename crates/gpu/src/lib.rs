@@ -40,8 +40,10 @@ use abi::queue::EngineKind;
 use shm::Shm;
 
 pub use abi::power::{EngineState, PowerState};
+pub use abi::preempt::{ComputeGranularity, CopyGranularity, PreemptionCaps, StopPoint};
 pub use abi::time::Time;
 pub use cost::{CostModel, Timing};
+pub use firmware::preempt::{EngineReset, FwEvent, FwLogEntry, Requester};
 pub use firmware::{FenceSignaled, FenceWaits, FwQueueId, Interrupt, QueueConfig, StepReport};
 pub use memory::{AddressSpace, GpuMapping, Vmid};
 
@@ -86,6 +88,9 @@ pub struct GpuConfig {
     /// Whether modelled costs occupy the engine (the deterministic driver) or only budget
     /// turns (the live driver, where execution takes real time).
     pub timing: Timing,
+    /// Where engines may stop a queue's work for a preemption (`D3DKMDT_PREEMPTION_CAPS`,
+    /// spec 003): by default the finest levels, an instruction and a chunk.
+    pub preemption: PreemptionCaps,
 }
 
 impl Default for GpuConfig {
@@ -105,6 +110,7 @@ impl Default for GpuConfig {
             misses_unmapped_doorbells: false,
             cost: CostModel::default(),
             timing: Timing::Real,
+            preemption: PreemptionCaps::default(),
         }
     }
 }
@@ -296,9 +302,50 @@ impl Gpu {
         self.fw.remove_queue(id)
     }
 
-    /// Takes a queue off the run list (context suspend). See the firmware docs.
-    pub fn suspend_queue(&mut self, id: FwQueueId) -> Result<(), GpuError> {
-        self.fw.suspend_queue(id)
+    /// Takes a queue off the run list (context suspend) at once, wherever it stands between
+    /// two turns. See the firmware docs; [`Gpu::request_preempt`] is the request that
+    /// respects the engine's granularity.
+    pub fn suspend_queue(&mut self, id: FwQueueId, now: Time) -> Result<(), GpuError> {
+        self.fw.suspend_queue(id, now)
+    }
+
+    /// Asks the firmware to preempt queue `id` (spec 003; MES `SUSPEND`): it leaves its slot
+    /// at the next point its engine's granularity allows, its state saved, and stays off the
+    /// run list until [`Gpu::resume_queue`]. The answer is an [`Interrupt::Preempted`] with
+    /// the returned ticket — raised at once when the queue can stop where it stands, never
+    /// when it cannot stop (that is for the kernel's TDR timer).
+    pub fn request_preempt(&mut self, id: FwQueueId, now: Time) -> Result<u64, GpuError> {
+        self.fw.request_preempt(id, now)
+    }
+
+    /// Resets `engine` (`DxgkDdiResetEngine`): queues owing an answer to a preemption request
+    /// hang; every other one leaves its slot with its state saved and keeps its work.
+    pub fn reset_engine(&mut self, engine: abi::EngineId, now: Time) -> Result<EngineReset, GpuError> {
+        self.fw.reset_engine(engine, now)
+    }
+
+    /// Resets the whole adapter (`DxgkDdiResetFromTimeout`): every queue hangs, its state
+    /// lost. Returns the queues that hung.
+    pub fn reset_adapter(&mut self, now: Time) -> Vec<FwQueueId> {
+        self.fw.reset_adapter(now)
+    }
+
+    /// A queue's progress as the engine knows it: the last progress value it completed, and
+    /// the last-queued value it read with the last wptr it accepted (the most its accepted
+    /// work can complete; 0 for a queue without a last-queued word).
+    pub fn queue_progress(&self, id: FwQueueId) -> Result<(u64, u64), GpuError> {
+        self.fw.queue_progress(id)
+    }
+
+    /// The firmware log: preemption requests, saves, answers, restores and resets, oldest
+    /// first (bounded).
+    pub fn firmware_log(&self) -> Vec<FwLogEntry> {
+        self.fw.log().cloned().collect()
+    }
+
+    /// The device's preemption capabilities.
+    pub fn preemption(&self) -> PreemptionCaps {
+        self.fw.preemption()
     }
 
     /// Puts a suspended queue back on the run list (context resume).

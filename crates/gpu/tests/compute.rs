@@ -250,7 +250,7 @@ fn run_sliced(slices: &[u64], width: u32) -> Vec<u8> {
         k += 1;
         match d.run(&r.vm, budget, &mut stats).unwrap() {
             Progress::Done => break,
-            Progress::Yield => {
+            Progress::Yield | Progress::Stopped(_) => {
                 d.save(&save, 0).unwrap();
                 d = Dispatch::restore(&r.vm, &save, 0, width).unwrap();
             }

@@ -411,7 +411,7 @@ fn a_waiting_queue_that_is_suspended_or_removed_is_never_mapped() {
     for i in [w, x, y] {
         assert_eq!(m.gpu.queue_state(m.queues[i].id).unwrap(), QueueState::Unmapped, "queue {i} waits");
     }
-    m.gpu.suspend_queue(m.queues[w].id).unwrap();
+    m.gpu.suspend_queue(m.queues[w].id, Time(t0)).unwrap();
     m.gpu.remove_queue(m.queues[x].id).unwrap();
     // A new queue takes X's firmware slot (a fresh generation): it has no work, so X's place in
     // the waiting order must not map it.

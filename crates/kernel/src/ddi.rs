@@ -103,6 +103,10 @@ pub enum DdiKind {
     SubmitCommand,
     /// [`Kmd::create_native_fence`].
     CreateNativeFence,
+    /// [`Kmd::reset_engine`] (a failed engine reset escalates to an adapter reset).
+    ResetEngine,
+    /// [`Kmd::preempt_queue`] (a failed request starts recovery at once).
+    PreemptQueue,
 }
 
 /// A queue the OS asks the KMD to create (`DxgkDdiCreateHwQueue`; amdgpu's MQD inputs).
@@ -198,6 +202,28 @@ pub enum Notification {
         /// The queue.
         queue: HwQueueHandle,
     },
+    /// `DXGK_INTERRUPT_DMA_PREEMPTED`: a preemption request was answered; the queue is off its
+    /// slot with its state saved.
+    Preempted {
+        /// The queue.
+        queue: HwQueueHandle,
+        /// The request's ticket ([`Kmd::preempt_queue`]).
+        ticket: u64,
+        /// When it was asked for (device time).
+        requested_at: Time,
+        /// When the queue stopped (device time).
+        answered_at: Time,
+    },
+}
+
+/// What an engine reset did (`DxgkDdiResetEngine`'s output).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EngineResetOutcome {
+    /// The queues that would not yield, now hung, each with the last progress value
+    /// ("fence ID") the engine had accepted from it: the last one the reset aborted.
+    pub guilty: Vec<(HwQueueHandle, u64)>,
+    /// Queues taken off their slots with their state saved; they keep their work.
+    pub preempted: Vec<HwQueueHandle>,
 }
 
 /// A GPU mapping; dropping it unmaps (the release the KMD supplied runs once).
@@ -306,7 +332,7 @@ pub trait Kmd: Send {
     /// moved on another adapter; queues waiting on fences re-check.
     fn notify_current_values(&mut self);
     /// `DxgkddiSuspendContext`: take the context's queues off the scheduler's list.
-    fn suspend_context(&mut self, context: ContextHandle, queues: &[HwQueueHandle]) -> Result<(), DdiError>;
+    fn suspend_context(&mut self, context: ContextHandle, queues: &[HwQueueHandle], now: Time) -> Result<(), DdiError>;
     /// `DxgkddiResumeContext`: put them back.
     fn resume_context(&mut self, context: ContextHandle, queues: &[HwQueueHandle]) -> Result<(), DdiError>;
     /// `DxgkDdiUpdateNativeFenceLogs`: make the queue's pending log writes visible.
@@ -324,6 +350,19 @@ pub trait Kmd: Send {
     /// The physical doorbell the device has the queue bound to now (read-only, for the OS's
     /// doorbell query).
     fn physical_doorbell(&self, queue: HwQueueHandle) -> Option<abi::port::PhysicalDoorbell>;
+    /// `DxgkDdiPreemptCommand` (amdgpu MES `SUSPEND`): asks the engine to take `queue` off its
+    /// slot at the next point its preemption granularity allows, state saved, and to keep it
+    /// off the run list until resumed. Returns the request's ticket; the answer is a
+    /// [`Notification::Preempted`] (raised at once when the queue can stop where it stands).
+    fn preempt_queue(&mut self, queue: HwQueueHandle, now: Time) -> Result<u64, DdiError>;
+    /// `DxgkDdiResetEngine`: resets one engine. The queues that owe an answer to a preemption
+    /// request hang; every other queue there keeps its work.
+    fn reset_engine(&mut self, engine: EngineId, now: Time) -> Result<EngineResetOutcome, DdiError>;
+    /// `DxgkDdiResetFromTimeout`: resets the adapter; every queue's state is lost. Returns the
+    /// queues that hung.
+    fn reset_from_timeout(&mut self, now: Time) -> Result<Vec<HwQueueHandle>, DdiError>;
+    /// `DxgkDdiRestartFromTimeout`: the adapter runs again after a reset.
+    fn restart_from_timeout(&mut self) -> Result<(), DdiError>;
 }
 
 /// A fault to inject: fail call number `call` (1-based, counted from when it was armed) of
@@ -484,9 +523,9 @@ impl Kmd for Traced {
     fn notify_current_values(&mut self) {
         self.inner.notify_current_values()
     }
-    fn suspend_context(&mut self, context: ContextHandle, queues: &[HwQueueHandle]) -> Result<(), DdiError> {
+    fn suspend_context(&mut self, context: ContextHandle, queues: &[HwQueueHandle], now: Time) -> Result<(), DdiError> {
         self.log(Ddi::SuspendContext(context));
-        self.inner.suspend_context(context, queues)
+        self.inner.suspend_context(context, queues, now)
     }
     fn resume_context(&mut self, context: ContextHandle, queues: &[HwQueueHandle]) -> Result<(), DdiError> {
         self.log(Ddi::ResumeContext(context));
@@ -513,5 +552,23 @@ impl Kmd for Traced {
     }
     fn physical_doorbell(&self, queue: HwQueueHandle) -> Option<abi::port::PhysicalDoorbell> {
         self.inner.physical_doorbell(queue)
+    }
+    fn preempt_queue(&mut self, queue: HwQueueHandle, now: Time) -> Result<u64, DdiError> {
+        self.log(Ddi::PreemptQueue(queue));
+        self.gate(DdiKind::PreemptQueue)?;
+        self.inner.preempt_queue(queue, now)
+    }
+    fn reset_engine(&mut self, engine: EngineId, now: Time) -> Result<EngineResetOutcome, DdiError> {
+        self.log(Ddi::ResetEngine(engine));
+        self.gate(DdiKind::ResetEngine)?;
+        self.inner.reset_engine(engine, now)
+    }
+    fn reset_from_timeout(&mut self, now: Time) -> Result<Vec<HwQueueHandle>, DdiError> {
+        self.log(Ddi::ResetFromTimeout);
+        self.inner.reset_from_timeout(now)
+    }
+    fn restart_from_timeout(&mut self) -> Result<(), DdiError> {
+        self.log(Ddi::RestartFromTimeout);
+        self.inner.restart_from_timeout()
     }
 }

@@ -32,5 +32,6 @@ mod table;
 pub mod trace;
 pub mod virtual_kmd;
 
+pub use os::TdrConfig;
 pub use system::{FenceWaitHandle, Machine, ProcessPort, System, SystemConfig, Termination};
 pub use virtual_kmd::VictimPolicy;

@@ -74,6 +74,14 @@ pub enum Ddi {
     /// a cross-adapter fence; the value is already in the shared storage, and the KMD rescans
     /// its run list for queues waiting on it.
     UpdateCurrentValueNotificationOnly(NativeFenceHandle),
+    /// `DxgkDdiPreemptCommand`: a preemption request for a queue.
+    PreemptQueue(HwQueueHandle),
+    /// `DxgkDdiResetEngine`.
+    ResetEngine(EngineId),
+    /// `DxgkDdiResetFromTimeout`: the adapter reset.
+    ResetFromTimeout,
+    /// `DxgkDdiRestartFromTimeout`.
+    RestartFromTimeout,
 }
 
 /// A callback from the KMD into the OS.
@@ -169,6 +177,45 @@ pub enum Event {
         /// Id from the packet.
         id: u32,
     },
+    /// A preemption request was answered (`DXGK_INTERRUPT_DMA_PREEMPTED`).
+    Preempted {
+        /// Queue.
+        queue: HwQueueHandle,
+        /// The request's ticket.
+        ticket: u64,
+        /// From the request to the answer, on the device clock (ns).
+        latency_ns: u64,
+    },
+    /// A preemption request went unanswered for `TdrDelay`: recovery starts (spec 003).
+    TdrTimeout {
+        /// The queue that would not yield.
+        queue: HwQueueHandle,
+        /// Its engine.
+        engine: EngineId,
+    },
+    /// A recovery finished: an engine reset (`engine` set) or an adapter reset; `count` is
+    /// the recoveries within `TdrLimitTime`, this one included.
+    Recovered {
+        /// The engine reset, or `None` for the adapter.
+        engine: Option<EngineId>,
+        /// Recoveries within the limit window.
+        count: u32,
+    },
+    /// The KMD reported something impossible (a fence ID outside the submitted range): the
+    /// report is refused and recovery escalates.
+    DriverBug {
+        /// What it reported.
+        what: String,
+    },
+    /// A device was lost: its doorbells disconnected with `DisconnectedAbort`, its queues
+    /// stopped, its fences AlwaysSignaled, its CPU waits failed with `DeviceLost`.
+    DeviceLost {
+        /// The device.
+        device: abi::DeviceHandle,
+    },
+    /// More than `TdrLimitCount` recoveries within `TdrLimitTime`: the adapter is lost for
+    /// good and refuses new work.
+    AdapterFatal,
 }
 
 impl core::fmt::Display for Event {
@@ -196,6 +243,17 @@ impl core::fmt::Display for Event {
             Event::UserInterrupt { queue, id } => write!(f, "{queue}: user interrupt {id}"),
             Event::CrossAdapterSignal { fence } => write!(f, "{fence}: signalled, propagating to the other adapters"),
             Event::CrossAdapterNotified { fence } => write!(f, "{fence}: signalled on another adapter"),
+            Event::Preempted { queue, ticket, latency_ns } => {
+                write!(f, "{queue}: preempted (request {ticket}, answered in {latency_ns} ns)")
+            }
+            Event::TdrTimeout { queue, engine } => {
+                write!(f, "{queue} on {engine}: TDR timeout, no answer to preemption")
+            }
+            Event::Recovered { engine: Some(e), count } => write!(f, "{e}: engine reset (recovery {count})"),
+            Event::Recovered { engine: None, count } => write!(f, "adapter reset and restarted (recovery {count})"),
+            Event::DriverBug { what } => write!(f, "KMD BUG refused: {what}"),
+            Event::DeviceLost { device } => write!(f, "{device}: DEVICE LOST"),
+            Event::AdapterFatal => write!(f, "adapter: too many recoveries, lost for good"),
         }
     }
 }

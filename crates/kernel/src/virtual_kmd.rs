@@ -310,6 +310,7 @@ impl Kmd for VirtualKmd {
                 fence_log_bytes: abi::fence_log::FENCE_LOG_BYTES,
                 kernel_page_bytes: abi::queue::QUEUE_KERNEL_PAGE_BYTES,
             },
+            preemption: g.preemption(),
         }
     }
 
@@ -575,11 +576,16 @@ impl Kmd for VirtualKmd {
         self.waker.wake();
     }
 
-    fn suspend_context(&mut self, _context: ContextHandle, queues: &[HwQueueHandle]) -> Result<(), DdiError> {
+    fn suspend_context(
+        &mut self,
+        _context: ContextHandle,
+        queues: &[HwQueueHandle],
+        now: Time,
+    ) -> Result<(), DdiError> {
         let fws = queues.iter().map(|&q| self.fw(q)).collect::<Result<Vec<_>, _>>()?;
         let mut g = self.gpu.lock();
         for (fw, q) in fws.into_iter().zip(queues) {
-            g.suspend_queue(fw).map_err(refused("queue", q))?;
+            g.suspend_queue(fw, now).map_err(refused("queue", q))?;
         }
         Ok(())
     }
@@ -616,6 +622,9 @@ impl Kmd for VirtualKmd {
                 }
                 Interrupt::User { queue, id } => q(queue).map(|queue| Notification::User { queue, id }),
                 Interrupt::ProgressFence { queue, .. } => q(queue).map(|queue| Notification::ProgressFence { queue }),
+                Interrupt::Preempted { queue, ticket, requested_at, answered_at } => {
+                    q(queue).map(|queue| Notification::Preempted { queue, ticket, requested_at, answered_at })
+                }
                 Interrupt::NativeFenceSignaled(what) => Some(Notification::NativeFenceSignaled(match what {
                     FenceSignaled::Fences(ids) => SignaledFences::Fences(ids),
                     FenceSignaled::Queues(fws) => SignaledFences::Queues(fws.into_iter().filter_map(q).collect()),
@@ -642,6 +651,37 @@ impl Kmd for VirtualKmd {
 
     fn live_mappings(&self) -> usize {
         self.mappings.load(Ordering::Relaxed)
+    }
+
+    fn preempt_queue(&mut self, queue: HwQueueHandle, now: Time) -> Result<u64, DdiError> {
+        let fw = self.fw(queue)?;
+        let ticket = self.gpu.lock().request_preempt(fw, now).map_err(refused("queue", &queue))?;
+        // A sleeping firmware thread must see the request (and raise its answer).
+        self.waker.wake();
+        Ok(ticket)
+    }
+
+    fn reset_engine(&mut self, engine: EngineId, now: Time) -> Result<crate::ddi::EngineResetOutcome, DdiError> {
+        let mut g = self.gpu.lock();
+        let r = g.reset_engine(engine, now).map_err(refused("engine", &engine))?;
+        let h = |fw: &FwQueueId| self.by_fw.get(fw).copied();
+        // The last fence ID each guilty queue's reset aborted: the last progress value the
+        // engine accepted from it.
+        let guilty = r.guilty.iter().filter_map(|fw| Some((h(fw)?, g.queue_progress(*fw).ok()?.1))).collect();
+        let preempted = r.preempted.iter().filter_map(h).collect();
+        drop(g);
+        self.waker.wake();
+        Ok(crate::ddi::EngineResetOutcome { guilty, preempted })
+    }
+
+    fn reset_from_timeout(&mut self, now: Time) -> Result<Vec<HwQueueHandle>, DdiError> {
+        let lost = self.gpu.lock().reset_adapter(now);
+        Ok(lost.iter().filter_map(|fw| self.by_fw.get(fw).copied()).collect())
+    }
+
+    fn restart_from_timeout(&mut self) -> Result<(), DdiError> {
+        self.waker.wake();
+        Ok(())
     }
 
     fn physical_doorbell(&self, queue: HwQueueHandle) -> Option<abi::port::PhysicalDoorbell> {

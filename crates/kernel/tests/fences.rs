@@ -295,7 +295,7 @@ fn only_shared_fences_can_be_opened() {
 }
 
 #[test]
-fn a_device_in_error_signals_every_fence_and_waits_report_it() {
+fn a_device_in_error_signals_every_fence_stops_its_queues_and_waits_report_it() {
     let sys = common::sim();
     let c = common::client(&sys);
     let f = c.device.create_fence(0, NativeFenceType::Default).unwrap();
@@ -307,10 +307,12 @@ fn a_device_in_error_signals_every_fence_and_waits_report_it() {
     sys.settle();
     assert_eq!(c.buf.read_u32(0).unwrap(), 0);
     sys.mark_device_error(c.port.process(), c.device.handle()).unwrap();
-    // AlwaysSignaled: the GPU wait passes ...
-    q.wait(v, T).unwrap();
-    assert_eq!(c.buf.read_u32(0).unwrap(), 7);
+    // AlwaysSignaled (so other devices' GPU waits on it pass), but the lost device's own
+    // queue is stopped (spec 000 device lost): its work never runs, and waiting on it fails.
     assert_eq!(f.value().unwrap(), abi::port::FENCE_ALWAYS_SIGNALED);
+    assert!(matches!(q.wait(v, T), Err(umd::UmdError::QueueLost { .. })));
+    sys.settle();
+    assert_eq!(c.buf.read_u32(0).unwrap(), 0);
     // ... and CPU waits end at once, reporting the error.
     let e = f.wait(5, T).unwrap_err();
     assert!(e.to_string().contains("is lost"), "{e}");

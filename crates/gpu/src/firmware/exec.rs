@@ -48,6 +48,8 @@ pub(super) enum Flow {
     Blocked,
     /// Made progress but is not done (a sliced `DISPATCH`); continue next round.
     Yield,
+    /// Stopped part-way at a boundary for a preemption, its state saved ([`super::preempt`]).
+    Stopped(StopPoint),
 }
 
 pub(super) struct Env<'a> {
@@ -75,6 +77,8 @@ pub(super) struct Env<'a> {
     pub(super) irqs: &'a mut std::collections::VecDeque<Interrupt>,
     /// The fence epoch: bumped by every packet this device executes that writes memory.
     pub(super) fence_epoch: &'a mut u64,
+    /// Where this engine may stop a queue for a preemption.
+    pub(super) stop: Stop,
 }
 
 impl Env<'_> {
@@ -121,6 +125,7 @@ impl Firmware {
             fence_epoch,
             cost,
             timing,
+            log,
             ..
         } = self;
         let modelled = *timing == crate::cost::Timing::Modelled;
@@ -130,8 +135,9 @@ impl Firmware {
             if modelled && e.timers.get(Timer::Busy).is_some_and(|t| now < t) {
                 continue;
             }
-            schedule::schedule(e, queues, now, *quanta);
+            schedule::schedule(e, queues, now, *quanta, log);
             let mut elapsed = 0u64;
+            let mut answered = Vec::new();
             let n = e.hqd.len();
             let mut busy = false;
             for k in 0..n {
@@ -143,11 +149,14 @@ impl Firmware {
                 busy = true;
                 // Parked on a fence that has not changed: nothing to re-check. (It still has
                 // work, so the engine stays awake, as for any queue blocked in a WAIT.)
-                if q.parked == Some(*fence_epoch) {
+                if q.parked == Some(*fence_epoch) && q.preempt.is_none() {
                     continue;
                 }
                 q.parked = None;
                 q.last_run = now;
+                if let Some(point) = q.saved.take() {
+                    log.push(Time(now.0.saturating_add(elapsed)), preempt::FwEvent::Restored { queue: id, point });
+                }
                 let before = compute.instructions;
                 let mut env = Env {
                     fences,
@@ -165,9 +174,19 @@ impl Firmware {
                     stats: compute,
                     irqs,
                     fence_epoch,
+                    stop: e.stop,
                 };
-                report.packets += run_queue(q, id, vms, *budget, &mut env);
+                let (packets, stopped) = run_queue(q, id, vms, *budget, &mut env);
+                report.packets += packets;
+                let stopped_at = env.now();
                 elapsed = env.elapsed;
+                // A preemption is answered once the queue stopped at an allowed point, ran dry
+                // or hung.
+                // (Answered after the round: answering takes the queue out of `hqd`.)
+                if q.preempt.is_some() && (stopped.is_some() || !q.pending || q.state != QueueState::Mapped) {
+                    answered.push((id, stopped.unwrap_or(StopPoint::Idle), stopped_at));
+                    continue;
+                }
                 report.bytes += env.bytes;
                 report.instructions += compute.instructions - before;
                 if q.pending && q.state == QueueState::Mapped {
@@ -179,6 +198,11 @@ impl Firmware {
             }
             if n > 0 {
                 e.cursor = (e.cursor + 1) % n;
+            }
+            for (id, point, at) in answered {
+                if let Ok(q) = queues.get_mut(id.0) {
+                    preempt::finish(e, q, id, point, at, log, irqs);
+                }
             }
             if busy {
                 e.last_busy = now;
@@ -209,9 +233,10 @@ pub(super) fn run_queue(
     vms: &[Option<AddressSpace>],
     budget: u32,
     env: &mut Env<'_>,
-) -> u64 {
+) -> (u64, Option<StopPoint>) {
     let start_rptr = q.rptr;
     let mut done = 0u64;
+    let mut stopped = None;
     let result = (|| -> Result<(), (FaultKind, Option<Opcode>, bool)> {
         let vm = vms.get(q.cfg.vmid.0 as usize).and_then(Option::as_ref).ok_or((
             FaultKind::OutsideMappings { va: q.cfg.ring_va, bytes: 0, access: Access::Read },
@@ -221,6 +246,24 @@ pub(super) fn run_queue(
         // A turn ends after `budget` packets or when its device time is spent, whichever
         // comes first (at least one packet, or one slice of one, always runs).
         while done < budget as u64 && (done == 0 || !env.turn_over()) {
+            // A preemption stops the queue where it stands if the engine allows it there (a
+            // packet part-way done is stopped, or not, inside its execution).
+            if q.preempt.is_some() && !q.dispatch_active && q.bulk_done.is_none() {
+                let point =
+                    if q.ib.is_none() && q.at_cb_boundary { StopPoint::CommandBuffer } else { StopPoint::Packet };
+                if env.stop.allows(point) {
+                    stopped = Some(point);
+                    return Ok(());
+                }
+            }
+            if q.preempt.is_some() && q.dispatch_active && env.stop.allows(StopPoint::Instruction) {
+                stopped = Some(StopPoint::Instruction);
+                return Ok(());
+            }
+            if q.preempt.is_some() && q.bulk_done.is_some() && env.stop.allows(StopPoint::Chunk) {
+                stopped = Some(StopPoint::Chunk);
+                return Ok(());
+            }
             if let Some(mut ib) = q.ib {
                 let ib_vm = match ib.vmid {
                     Some(v) => vms.get(v.0 as usize).and_then(Option::as_ref).ok_or((
@@ -237,10 +280,20 @@ pub(super) fn run_queue(
                 }
                 let (packet, n) = fetch_indirect(ib_vm, &ib).map_err(|k| (k, None, true))?;
                 match exec(packet, q, id, ib_vm, env, true).map_err(|k| (k, Some(packet.opcode()), true))? {
-                    Flow::Blocked | Flow::Yield => return Ok(()),
+                    Flow::Blocked => {
+                        blocked(q, env, &mut stopped);
+                        return Ok(());
+                    }
+                    Flow::Yield => return Ok(()),
+                    Flow::Stopped(point) => {
+                        stopped = Some(point);
+                        return Ok(());
+                    }
                     Flow::Next => {
                         ib.pos += n as u32;
                         q.ib = Some(ib);
+                        q.blocked = false;
+                        q.at_cb_boundary = false;
                         done += 1;
                     }
                 }
@@ -255,11 +308,22 @@ pub(super) fn run_queue(
             }
             let (packet, n) = fetch_ring(q).map_err(|(k, op)| (k, op, false))?;
             match exec(packet, q, id, vm, env, false).map_err(|k| (k, Some(packet.opcode()), false))? {
-                Flow::Blocked | Flow::Yield => return Ok(()),
+                Flow::Blocked => {
+                    blocked(q, env, &mut stopped);
+                    return Ok(());
+                }
+                Flow::Yield => return Ok(()),
+                Flow::Stopped(point) => {
+                    stopped = Some(point);
+                    return Ok(());
+                }
                 Flow::Next => {
                     if q.ib.is_none() {
                         q.rptr += n as u64 * 4;
                     }
+                    q.blocked = false;
+                    // The end of a command buffer: every submission ends with its progress fence.
+                    q.at_cb_boundary = matches!(packet, Packet::ProgressFence { .. });
                     done += 1;
                 }
             }
@@ -278,7 +342,16 @@ pub(super) fn run_queue(
     if q.rptr != start_rptr {
         q.publish_rptr();
     }
-    done
+    (done, stopped)
+}
+
+/// A `WAIT` that does not pass: the queue stays blocked, and a preemption asked of it stops it
+/// here if the engine can preempt a wait (spec 003, "signal on submit").
+fn blocked(q: &mut FwQueue, env: &Env<'_>, stopped: &mut Option<StopPoint>) {
+    q.blocked = true;
+    if q.preempt.is_some() && env.stop.allows_blocked_wait() {
+        *stopped = Some(StopPoint::Packet);
+    }
 }
 
 /// Fetches and decodes the packet at rptr.
@@ -555,7 +628,11 @@ fn exec_packet(
             let per = crate::cost::ns(env.cost.wave_instruction).max(1);
             let budget = env.dispatch_budget.min(env.turn_left() / per).max(1);
             let before = env.stats.instructions;
-            let progress = d.run(vm, budget, env.stats);
+            // Asked to leave the slot: run to the next boundary the engine can stop at inside a
+            // dispatch (an instruction boundary was taken before the packet; `Dispatch` and
+            // coarser levels let the dispatch finish).
+            let stop_at = q.preempt.and(env.stop.in_dispatch());
+            let progress = d.run_to(vm, budget, stop_at, env.stats);
             env.charge(env.cost.instructions_ns(env.stats.instructions - before));
             match progress? {
                 Progress::Done => q.dispatch_active = false,
@@ -563,6 +640,11 @@ fn exec_packet(
                     d.save(save, 0)?;
                     q.dispatch_active = true;
                     return Ok(Flow::Yield);
+                }
+                Progress::Stopped(point) => {
+                    d.save(save, 0)?;
+                    q.dispatch_active = true;
+                    return Ok(Flow::Stopped(point));
                 }
             }
         }
@@ -591,6 +673,10 @@ fn bulk(
         env.charge(env.cost.bulk_ns(n));
         env.bytes += n;
         done += n;
+        if done < total && q.preempt.is_some() && env.stop.allows(StopPoint::Chunk) {
+            q.bulk_done = Some(done);
+            return Ok(Flow::Stopped(StopPoint::Chunk));
+        }
         if done < total && env.turn_over() {
             q.bulk_done = Some(done);
             return Ok(Flow::Yield);

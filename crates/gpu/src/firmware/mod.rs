@@ -45,6 +45,7 @@ use std::sync::atomic::Ordering;
 use abi::doorbell::DoorbellModel;
 use abi::fence_log::{self, FenceLogEntry, FenceLogOp};
 use abi::packet::{DataWidth, Header, LoggedOp, MAX_FIXED_PACKET_DWORDS, Opcode, Packet};
+use abi::preempt::Stop;
 use abi::protocol;
 use abi::queue::{Access, FaultKind, FaultRecord};
 use abi::slab::{Key, Slab};
@@ -57,10 +58,12 @@ use crate::{GpuConfig, GpuError, Time};
 
 mod doorbells;
 mod exec;
+pub(crate) mod preempt;
 mod schedule;
 
 use doorbells::{Binding, BitPage, MAX_POINTER, Watch, find_published_work};
 use exec::Place;
+use preempt::{FwLog, PreemptRequest, StopPoint};
 use schedule::{Quanta, Waiting, join_run_list, mark_pending, sync_waiting};
 
 /// A queue in the firmware's table: its entry and the entry's generation (a key of the
@@ -136,6 +139,18 @@ pub enum Interrupt {
     /// `DXGK_INTERRUPT_NATIVE_FENCE_SIGNALED`: native fences were signalled above their
     /// MonitoredValue.
     NativeFenceSignaled(FenceSignaled),
+    /// A kernel preemption request was answered: the queue is off its hardware slot with its
+    /// state saved (spec 003), and off the run list until resumed.
+    Preempted {
+        /// The queue.
+        queue: FwQueueId,
+        /// The request's ticket ([`crate::Gpu::request_preempt`]).
+        ticket: u64,
+        /// When it was asked for (device time).
+        requested_at: Time,
+        /// When the queue stopped (device time).
+        answered_at: Time,
+    },
     /// A `PROGRESS_FENCE` wrote a value above the queue's monitored value.
     ProgressFence {
         /// The queue.
@@ -215,6 +230,15 @@ struct FwQueue {
     parked: Option<u64>,
     /// On its engine's run list (not suspended).
     on_run_list: bool,
+    /// A preemption request it has not answered yet ([`preempt`]).
+    preempt: Option<PreemptRequest>,
+    /// It last completed a `PROGRESS_FENCE` (or nothing yet): it stands at the end of a
+    /// command buffer, where `DmaBuffer` preemption stops.
+    at_cb_boundary: bool,
+    /// Its last turn ended in a `WAIT` that did not pass.
+    blocked: bool,
+    /// Preempted with its state saved at this point; the first turn after logs the restore.
+    saved: Option<StopPoint>,
     /// Its place in run-list order: stamped from [`Engine::next_seq`] each time it joins the
     /// run list, so among waiting queues that ran at the same time the earlier joiner goes
     /// first, as in a stable sort of the run list.
@@ -342,6 +366,8 @@ struct Engine {
     waiting: Waiting,
     /// The next [`FwQueue::seq`].
     next_seq: u64,
+    /// Where it may stop a queue's work ([`preempt`]).
+    stop: Stop,
 }
 
 /// The firmware state machine. See the module docs.
@@ -378,6 +404,12 @@ pub(crate) struct Firmware {
     /// Bumped at every doorbell bind and every ring seen on a watched BAR word: the clock of
     /// each doorbell's `last_used` (`doorbells::Watch`).
     use_seq: u64,
+    /// Where engines may stop work for a preemption (`D3DKMDT_PREEMPTION_CAPS`).
+    preemption: abi::preempt::PreemptionCaps,
+    /// The last preemption ticket handed out.
+    next_ticket: u64,
+    /// Requests, answers, saves, restores and resets, in order ([`preempt::FwEvent`]).
+    log: FwLog,
 }
 
 /// A native fence the firmware knows (`DxgkDdiCreateNativeFence`).
@@ -405,7 +437,7 @@ type FenceTable = std::collections::HashMap<(u64, u64), FenceEntry>;
 impl Engine {
     /// An engine in F0 with `hw_slots` hardware slots (at least one), an empty run list, and
     /// its idle timer armed.
-    fn new(id: EngineId, kind: EngineKind, hw_slots: u32, idle_period: std::time::Duration) -> Engine {
+    fn new(id: EngineId, kind: EngineKind, hw_slots: u32, idle_period: std::time::Duration, stop: Stop) -> Engine {
         Engine {
             id,
             kind,
@@ -422,6 +454,7 @@ impl Engine {
             resched: true,
             waiting: Waiting::default(),
             next_seq: 0,
+            stop,
         }
     }
 
@@ -440,7 +473,10 @@ impl Firmware {
             .engines
             .iter()
             .enumerate()
-            .map(|(i, &kind)| Engine::new(EngineId(i as u32), kind, cfg.hw_slots, cfg.idle_period))
+            .map(|(i, &kind)| {
+                let stop = Engine::stop_rule(kind, cfg.preemption);
+                Engine::new(EngineId(i as u32), kind, cfg.hw_slots, cfg.idle_period, stop)
+            })
             .collect();
         Firmware {
             budget: cfg.packet_budget.max(1),
@@ -462,6 +498,9 @@ impl Firmware {
             misses_unmapped: cfg.misses_unmapped_doorbells,
             fence_epoch: 0,
             use_seq: 0,
+            preemption: cfg.preemption,
+            next_ticket: 0,
+            log: FwLog::default(),
         }
     }
 
@@ -530,6 +569,10 @@ impl Firmware {
             wait_observed: None,
             parked: None,
             on_run_list: false,
+            preempt: None,
+            at_cb_boundary: true,
+            blocked: false,
+            saved: None,
             seq: 0,
             waiting: false,
         };
@@ -544,8 +587,15 @@ impl Firmware {
     /// Takes a queue off its engine's run list (`DxgkDdiSuspendContext`): it stops at a packet
     /// boundary (or a dispatch slice, whose state is already in the save area) and is not
     /// scheduled until resumed. Its doorbell stays connected; rings are remembered.
-    pub(crate) fn suspend_queue(&mut self, id: FwQueueId) -> Result<(), GpuError> {
-        let (e, q) = self.engine_and_queue(id)?;
+    pub(crate) fn suspend_queue(&mut self, id: FwQueueId, now: Time) -> Result<(), GpuError> {
+        let Firmware { engines, queues, log, irqs, .. } = self;
+        let q = queues.get_mut(id.0).map_err(|_| GpuError::StaleQueue(id))?;
+        let e = engines.get_mut(q.cfg.engine.0 as usize).ok_or(GpuError::BadEngine(q.cfg.engine.0))?;
+        // A request still owed an answer gets it: the queue stops here.
+        if q.preempt.is_some() {
+            let point = q.standing_point();
+            preempt::finish(e, q, id, point, now, log, irqs);
+        }
         // Off the run list: it leaves the waiting set (and stays pending: rings are remembered).
         schedule::leave_run_list(e, q, id);
         if q.state != QueueState::Hung {
@@ -561,6 +611,8 @@ impl Firmware {
         if q.state == QueueState::Hung {
             return Ok(());
         }
+        // A request not answered yet is withdrawn: the kernel wants it running.
+        q.preempt = None;
         if !q.on_run_list {
             join_run_list(e, q, id);
         }
@@ -592,6 +644,11 @@ impl Firmware {
 
     pub(crate) fn queue_fault(&self, id: FwQueueId) -> Result<Option<FaultRecord>, GpuError> {
         Ok(self.queue(id)?.fault.clone())
+    }
+
+    pub(crate) fn queue_progress(&self, id: FwQueueId) -> Result<(u64, u64), GpuError> {
+        let q = self.queue(id)?;
+        Ok((q.completed, q.queued))
     }
 
     pub(crate) fn queue_has_work(&self, id: FwQueueId) -> Result<bool, GpuError> {

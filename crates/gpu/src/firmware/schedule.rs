@@ -137,6 +137,12 @@ pub(super) trait Schedulable {
     /// It joined its engine's run list (or left it, `seq` `None`); `seq` is its place in
     /// run-list order.
     fn set_run_list(&mut self, seq: Option<u64>);
+    /// Whether it can leave its slot where it stands, under the engine's stop rule
+    /// ([`super::preempt`]).
+    fn may_stop_now(&self, stop: Stop) -> bool;
+    /// Asks it to leave its slot at its next allowed point (the scheduler's own preemption
+    /// request); returns whether this is a new request.
+    fn request_stop(&mut self, now: Time) -> bool;
 }
 
 impl Schedulable for FwQueue {
@@ -172,6 +178,16 @@ impl Schedulable for FwQueue {
         if let Some(seq) = seq {
             self.seq = seq;
         }
+    }
+    fn may_stop_now(&self, stop: Stop) -> bool {
+        FwQueue::may_stop_now(self, stop)
+    }
+    fn request_stop(&mut self, now: Time) -> bool {
+        if self.preempt.is_some() {
+            return false;
+        }
+        self.preempt = Some(PreemptRequest { ticket: 0, at: now, by: super::preempt::Requester::Scheduler });
+        true
     }
 }
 
@@ -260,7 +276,13 @@ pub(super) fn sync_waiting<Q: Schedulable>(e: &mut Engine, q: &mut Q, id: FwQueu
 /// zero, a queue mapped in this pass could there be evicted again later in the same pass by
 /// another waiter of its priority; here it keeps its slot until the next pass. With a non-zero
 /// quantum (the default, and every test) the two are the same.
-pub(super) fn schedule<Q: Schedulable>(e: &mut Engine, queues: &mut Slab<Q>, now: Time, quanta: Quanta) {
+pub(super) fn schedule<Q: Schedulable>(
+    e: &mut Engine,
+    queues: &mut Slab<Q>,
+    now: Time,
+    quanta: Quanta,
+    log: &mut FwLog,
+) {
     // Every queue holds a slot (the common case: no oversubscription): nothing can wait. A
     // hung queue may linger in `hqd`; the run loop skips it.
     if e.hqd.len() == e.run_list.len() {
@@ -322,6 +344,27 @@ pub(super) fn schedule<Q: Schedulable>(e: &mut Engine, queues: &mut Slab<Q>, now
                 unplaced.push(class);
                 continue;
             };
+            // A busy victim leaves its slot only at a point its engine's granularity allows:
+            // if it stands elsewhere, it is asked to stop, and the slot changes hands at the
+            // pass after it did ([`super::preempt`]). Meanwhile its class waits.
+            if let Ok(q) = queues.get_mut(v.0)
+                && q.seat().pending
+                && !q.may_stop_now(e.stop)
+            {
+                if q.request_stop(now) {
+                    log.push(
+                        now,
+                        super::preempt::FwEvent::PreemptRequested {
+                            queue: v,
+                            ticket: 0,
+                            by: super::preempt::Requester::Scheduler,
+                        },
+                    );
+                }
+                placed.push(v);
+                unplaced.push(class);
+                continue;
+            }
             e.hqd.retain(|&id| id != v);
             if let Ok(q) = queues.get_mut(v.0) {
                 let pending = q.seat().pending;
@@ -400,6 +443,13 @@ mod tests {
                 self.0.turn.1 = seq;
             }
         }
+        // Stand-ins always stand at an instruction boundary (the finest level's case).
+        fn may_stop_now(&self, _: Stop) -> bool {
+            true
+        }
+        fn request_stop(&mut self, _: Time) -> bool {
+            false
+        }
     }
 
     struct Bench {
@@ -418,7 +468,13 @@ mod tests {
     impl Bench {
         fn new(slots: u32) -> Bench {
             Bench {
-                e: Engine::new(EngineId(0), EngineKind::Compute, slots, Duration::from_secs(3600)),
+                e: Engine::new(
+                    EngineId(0),
+                    EngineKind::Compute,
+                    slots,
+                    Duration::from_secs(3600),
+                    Stop::Compute(abi::preempt::ComputeGranularity::Shader),
+                ),
                 queues: Slab::new(),
                 now: Time::ZERO,
             }
@@ -463,7 +519,7 @@ mod tests {
 
         /// One pass at `now`; the pending holders then run (their turn moves to now).
         fn pass(&mut self) -> Vec<FwQueueId> {
-            schedule(&mut self.e, &mut self.queues, self.now, QUANTA);
+            schedule(&mut self.e, &mut self.queues, self.now, QUANTA, &mut FwLog::default());
             for &id in &self.e.hqd {
                 let q = self.queues.get_mut(id.0).unwrap();
                 if q.0.pending {

@@ -199,6 +199,7 @@ impl Os {
     /// `D3DKMTConnectDoorbell`, in the spec's order (see the module docs).
     pub fn connect_doorbell(&mut self, pid: ProcessId, q: HwQueueHandle, now: Time) -> Result<(), KernelError> {
         self.at(now);
+        self.adapter_alive()?;
         let qo = self.queue(pid, q)?;
         qo.live(q)?;
         let QueueMode::User { desc, .. } = qo.mode else {

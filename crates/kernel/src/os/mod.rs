@@ -52,10 +52,12 @@ mod fence;
 mod objects;
 mod power;
 mod queues;
+mod recovery;
 mod submit;
 mod waits;
 
 pub use fence::FENCE_STRIDE;
+pub use recovery::TdrConfig;
 pub use submit::KERNEL_RING_BYTES;
 
 /// A CPU wait the OS keeps: its result stays here until [`Os::end_wait`] or
@@ -350,6 +352,8 @@ pub struct Os {
     /// (`None`: only on request), and since when they have been.
     d3_idle: Option<std::time::Duration>,
     all_f1_since: Option<Time>,
+    /// Preemption requests in flight, TDR settings and the recovery count ([`recovery`]).
+    recovery: recovery::Recovery,
 }
 
 fn invalid(field: &'static str, value: impl ToString, reason: abi::port::Invalid) -> KernelError {
@@ -391,6 +395,7 @@ impl Os {
             outputs: VecDeque::new(),
             d3_idle: None,
             all_f1_since: None,
+            recovery: recovery::Recovery::default(),
         })
     }
 
@@ -418,8 +423,8 @@ impl Os {
 
     /// When [`Os::handle_timeout`] next has something to do.
     pub fn poll_timeout(&self) -> Option<Time> {
-        let period = self.d3_idle?;
-        self.all_f1_since.map(|t| t.plus(period))
+        let d3 = self.d3_idle.and_then(|period| self.all_f1_since.map(|t| t.plus(period)));
+        [d3, self.recovery.poll_timeout()].into_iter().flatten().min()
     }
 
     /// The device reports whether every engine is in F1 at `now` (its pump calls this): the
@@ -436,7 +441,12 @@ impl Os {
     /// enters D3; if work is queued meanwhile D3 is refused (see [`Os::enter_d3`]) and the
     /// timer starts over.
     pub fn handle_timeout(&mut self, now: Time) {
-        if self.poll_timeout().is_none_or(|t| now < t) {
+        // A preemption request unanswered for TdrDelay: recovery (spec 003).
+        if self.recovery.poll_timeout().is_some_and(|t| now >= t) {
+            self.handle_tdr_timeout(now);
+        }
+        let d3 = self.d3_idle.and_then(|period| self.all_f1_since.map(|t| t.plus(period)));
+        if d3.is_none_or(|t| now < t) {
             return;
         }
         self.all_f1_since = None;

@@ -107,6 +107,7 @@ impl Os {
 
     /// `D3DKMTCreateDevice`.
     pub fn create_device(&mut self, pid: ProcessId) -> Result<DeviceHandle, KernelError> {
+        self.adapter_alive()?;
         Ok(self.proc(pid)?.devices.insert(DeviceObj::default()))
     }
 

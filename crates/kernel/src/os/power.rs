@@ -54,7 +54,7 @@ impl Os {
             for c in self.proc(pid)?.contexts.handles() {
                 if !self.proc(pid)?.contexts.get(c)?.suspended {
                     let queues = self.context_queues(pid, c)?;
-                    self.ddi.suspend_context(c, &queues)?;
+                    self.ddi.suspend_context(c, &queues, now)?;
                     self.power_suspended.push((pid, c));
                 }
             }
@@ -133,7 +133,11 @@ impl Os {
     }
 
     /// The queues of a context.
-    fn context_queues(&mut self, pid: ProcessId, c: ContextHandle) -> Result<Vec<HwQueueHandle>, KernelError> {
+    pub(super) fn context_queues(
+        &mut self,
+        pid: ProcessId,
+        c: ContextHandle,
+    ) -> Result<Vec<HwQueueHandle>, KernelError> {
         Ok(self.proc(pid)?.queues.iter().filter(|(_, q)| q.context == c).map(|(h, _)| h).collect())
     }
 
@@ -174,7 +178,7 @@ impl Os {
         }
         ctx.suspended = true;
         let queues = self.context_queues(pid, c)?;
-        self.ddi.suspend_context(c, &queues)?;
+        self.ddi.suspend_context(c, &queues, now)?;
         Ok(())
     }
 

@@ -123,6 +123,7 @@ impl Os {
         now: Time,
     ) -> Result<HwQueueInfo, KernelError> {
         self.at(now);
+        self.adapter_alive()?;
         let engine = self.proc(pid)?.contexts.get(ctx)?.engine;
         let info = self.ddi.adapter_info();
         let einfo = info

@@ -132,6 +132,7 @@ impl Os {
 
     /// `D3DKMTSubmitCommand`: validates and queues on the context's software queue.
     pub fn submit_command(&mut self, pid: ProcessId, q: HwQueueHandle, words: &[u32]) -> Result<(), KernelError> {
+        self.adapter_alive()?;
         let p = self.proc(pid)?;
         let qo = p.queues.get(q)?;
         qo.live(q)?;

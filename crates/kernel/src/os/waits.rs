@@ -118,6 +118,9 @@ impl Os {
                 // The queue may be gone (destroyed after the engine raised it): nothing to do.
                 let _ = self.update_monitored(queue.owner(), queue, now);
             }
+            Notification::Preempted { queue, ticket, requested_at, answered_at } => {
+                self.handle_preempted(queue, ticket, requested_at, answered_at)
+            }
         }
     }
 
@@ -137,14 +140,20 @@ impl Os {
         for (_, w) in waiters {
             self.complete_wait(w, Err(err.clone()));
         }
+        self.drop_km_submissions(pid, context, q);
+        // The queue is hung either way; a doorbell that cannot be disconnected stays bound
+        // to a queue the firmware no longer runs.
+        let _ = self.disconnect(pid, q, DoorbellStatus::DisconnectedAbort, now);
+    }
+
+    /// Drops queue `q`'s pending kernel-mode submissions from its context's software queue
+    /// (a hung queue can never run them).
+    pub(super) fn drop_km_submissions(&mut self, pid: ProcessId, context: abi::ContextHandle, q: HwQueueHandle) {
         if let Ok(ctx) = self.proc(pid).and_then(|p| p.contexts.get_mut(context)) {
             let before = ctx.software_queue.len();
             ctx.software_queue.retain(|s| s.queue != q);
             self.km_queued -= before - ctx.software_queue.len();
         }
-        // The queue is hung either way; a doorbell that cannot be disconnected stays bound
-        // to a queue the firmware no longer runs.
-        let _ = self.disconnect(pid, q, DoorbellStatus::DisconnectedAbort, now);
     }
 
     /// Reads a queue's fence log: the entries written after `since` entries (a previous

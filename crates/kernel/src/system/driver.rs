@@ -189,6 +189,10 @@ pub(crate) struct Inner {
     was_asleep: AtomicBool,
     /// The machine's cross-adapter layer, for the OS's `Propagate` outputs.
     pub(crate) cross: Mutex<Option<(Arc<crate::cross::CrossAdapter>, crate::cross::AdapterId)>>,
+    /// The OS's next timer ([`Os::poll_timeout`], ns; `u64::MAX`: none), refreshed after every
+    /// OS entry, so that a pump beside a busy engine enters the OS when a timer (the TDR timer)
+    /// is due without taking the OS lock to find out.
+    os_deadline: AtomicU64,
 }
 
 /// What one pump did.
@@ -218,6 +222,7 @@ impl Inner {
             km_cv: Condvar::new(),
             was_asleep: AtomicBool::new(false),
             cross: Mutex::new(None),
+            os_deadline: AtomicU64::new(u64::MAX),
         }
     }
 
@@ -232,6 +237,8 @@ impl Inner {
             while let Some(o) = os.poll_output() {
                 outputs.push(o);
             }
+            // Relaxed: a hint for the pump; the timer itself is handled under the OS lock.
+            self.os_deadline.store(os.poll_timeout().map_or(u64::MAX, |t| t.0), Ordering::Relaxed);
             r
         };
         self.act(outputs);
@@ -289,9 +296,11 @@ impl Inner {
         // runs; otherwise only interrupts bring the pump into the OS (a busy engine's pump
         // stays off the OS lock).
         let changed = self.was_asleep.swap(asleep, Ordering::Relaxed) != asleep;
+        // Relaxed: see `os_deadline`.
+        let os_due = self.clock.now().0 >= self.os_deadline.load(Ordering::Relaxed);
         // (The OS drains the whole line each time it is entered, so nothing waits on it
         // unless this pump raised it.)
-        if raised > 0 || changed || asleep {
+        if raised > 0 || changed || asleep || os_due {
             self.call(|os, now| {
                 os.handle_interrupts(now);
                 os.handle_device_idle(asleep, now);

@@ -65,6 +65,9 @@ pub struct SystemConfig {
     /// Which doorbell the pool victimizes when it is full (least recently rung by default;
     /// least recently connected for comparison). Used only with `doorbell_pool`.
     pub victim_policy: crate::virtual_kmd::VictimPolicy,
+    /// Timeout detection and recovery (`TdrDelay`, `TdrLimitCount`, `TdrLimitTime`, engine
+    /// reset); refused at construction if out of range.
+    pub tdr: crate::os::TdrConfig,
     /// The device enters D3 by itself once every engine has been in F1 this long (`None`:
     /// only on request, [`System::enter_d3`]).
     pub d3_idle: Option<Duration>,
@@ -171,6 +174,7 @@ impl System {
         let trace = SharedTrace::default();
         let mut os = Os::new(Box::new(kmd), trace.clone())?;
         os.set_d3_idle(cfg.d3_idle);
+        os.set_tdr(cfg.tdr)?;
         Ok(System { inner: Arc::new(Inner::new(os, trace, gpu, line, clock, driver)) })
     }
 
@@ -353,10 +357,25 @@ impl System {
         self.inner.terminate(pid, how)
     }
 
-    /// Marks a process's device in error (see [`crate::os::Os::mark_device_error`]); the
-    /// lifecycle and recovery work (abnormal termination, TDR) will call it.
+    /// A process's device is lost (a device error): see [`crate::os::Os::device_lost`] — its
+    /// fences AlwaysSignaled, its queues stopped and hung, its doorbells disconnected with
+    /// `DisconnectedAbort`, its CPU waits failed with `DeviceLost`.
     pub fn mark_device_error(&self, pid: ProcessId, device: DeviceHandle) -> Result<(), KernelError> {
-        self.inner.call_as(pid, |os, now| os.mark_device_error(pid, device, now))
+        self.inner.call_as(pid, |os, now| os.device_lost(pid, device, now))
+    }
+
+    /// Asks the engine to preempt queue `q` of process `pid` (see
+    /// [`crate::os::Os::preempt_queue`]): the queue leaves its hardware slot at the next point
+    /// its engine's preemption granularity allows, and stays off the run list until
+    /// [`System::resume_queue`]. Returns the request's ticket; an unanswered request starts
+    /// timeout detection and recovery after `TdrDelay`.
+    pub fn preempt_queue(&self, pid: ProcessId, q: abi::HwQueueHandle) -> Result<u64, KernelError> {
+        self.inner.call_as(pid, |os, now| os.preempt_queue(pid, q, now))
+    }
+
+    /// Puts a queue preempted by [`System::preempt_queue`] back on the run list.
+    pub fn resume_queue(&self, pid: ProcessId, q: abi::HwQueueHandle) -> Result<(), KernelError> {
+        self.inner.call_as(pid, |os, now| os.resume_queue(pid, q, now))
     }
 
     /// Direct access to the device, for tests and tools that inspect it.

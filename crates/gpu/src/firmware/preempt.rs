@@ -1,0 +1,311 @@
+//! Preemption as a request with an answer (spec 003), and the engine and adapter resets of
+//! timeout detection and recovery.
+//!
+//! A request names a queue. The firmware answers when the queue is off its hardware slot with
+//! its state saved in the context save area — at once if it holds no slot, has no work, or
+//! already stands at a point its engine's granularity allows ([`abi::preempt::Stop`]);
+//! otherwise the queue keeps running in its turns until it reaches such a point
+//! ([`StopPoint`]: the end of a command buffer, a packet, a workgroup, a wave, an instruction,
+//! a chunk of a bulk copy, or a `WAIT` that does not pass yet), and stops there. Requests come
+//! from two places:
+//!
+//! - the kernel ([`Requester::Os`]: a context suspend, D3, memory migration, teardown, timeout
+//!   detection): the queue also leaves the run list, as a suspend does, until the kernel
+//!   resumes it; the answer is an [`Interrupt::Preempted`] carrying the request's time and the
+//!   answer's, so the kernel (and a benchmark) can measure the latency;
+//! - the firmware's own scheduler ([`Requester::Scheduler`]: a higher priority or a spent
+//!   quantum wants the slot): the queue goes back to waiting, and the slot changes hands at
+//!   the next pass.
+//!
+//! A queue that never reaches an allowed point (an endless kernel under `DmaBuffer`, any long
+//! kernel under `None`) never answers: that is what the kernel's TDR timer is for. Its
+//! recovery is [`Firmware::reset_engine`] (per-engine reset: the queues still owing an answer
+//! are the guilty ones and hang; every other queue on the engine is taken off its slot with
+//! its state saved, and keeps its work) or [`Firmware::reset_adapter`] (every queue's state is
+//! lost).
+//!
+//! Every request, stop, answer, restore and reset is recorded in the firmware log
+//! ([`FwEvent`]), in order, so tests assert the sequence.
+//!
+//! Invariant: a queue with a request outstanding (`FwQueue::preempt`) is in a hardware slot
+//! and has work; every path that takes it off its slot otherwise (remove, suspend, reset,
+//! hang) answers or drops the request.
+
+use super::*;
+pub use abi::preempt::StopPoint;
+
+/// Who asked for a preemption.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Requester {
+    /// The kernel (`DxgkDdiPreemptCommand`, MES `SUSPEND`): the queue is held off the run
+    /// list until resumed, and the answer is an interrupt.
+    Os,
+    /// The firmware's scheduler: the queue goes back to waiting for a slot.
+    Scheduler,
+}
+
+/// An outstanding request.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct PreemptRequest {
+    pub(super) ticket: u64,
+    pub(super) at: Time,
+    pub(super) by: Requester,
+}
+
+/// One entry of the firmware log.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FwEvent {
+    /// A preemption was asked for.
+    PreemptRequested {
+        /// The queue.
+        queue: FwQueueId,
+        /// The request's ticket (0 for the scheduler's own).
+        ticket: u64,
+        /// Who asked.
+        by: Requester,
+    },
+    /// The queue stopped at `point`, its state in the context save area.
+    StateSaved {
+        /// The queue.
+        queue: FwQueueId,
+        /// Where it stopped.
+        point: StopPoint,
+    },
+    /// The request was answered: the queue is off its slot.
+    PreemptAnswered {
+        /// The queue.
+        queue: FwQueueId,
+        /// The request's ticket.
+        ticket: u64,
+        /// When it was asked for.
+        requested_at: Time,
+    },
+    /// A preempted queue runs again from its saved state.
+    Restored {
+        /// The queue.
+        queue: FwQueueId,
+        /// Where it had stopped.
+        point: StopPoint,
+    },
+    /// An engine was reset; these queues would not yield and now hang.
+    EngineReset {
+        /// The engine.
+        engine: EngineId,
+        /// The guilty queues.
+        guilty: Vec<FwQueueId>,
+    },
+    /// The adapter was reset: every queue's state is lost.
+    AdapterReset,
+}
+
+/// A timed [`FwEvent`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FwLogEntry {
+    /// Device time.
+    pub at: Time,
+    /// What happened.
+    pub event: FwEvent,
+}
+
+/// The most entries the firmware log keeps (the oldest go first).
+pub(super) const LOG_ENTRIES: usize = 4096;
+
+/// The firmware log: bounded, oldest first.
+#[derive(Default)]
+pub(super) struct FwLog {
+    pub(super) entries: std::collections::VecDeque<FwLogEntry>,
+}
+
+impl FwLog {
+    pub(super) fn push(&mut self, at: Time, event: FwEvent) {
+        if self.entries.len() == LOG_ENTRIES {
+            self.entries.pop_front();
+        }
+        self.entries.push_back(FwLogEntry { at, event });
+    }
+}
+
+/// What an engine reset did ([`Firmware::reset_engine`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EngineReset {
+    /// Queues that owed an answer to a kernel request and now hang.
+    pub guilty: Vec<FwQueueId>,
+    /// Queues taken off their slots with their state saved; they run again when mapped.
+    pub preempted: Vec<FwQueueId>,
+}
+
+impl FwQueue {
+    /// Where the queue stands between two of its turns: the point it would stop at if it
+    /// stopped now (`None`: in the middle of something no level can cut, which never happens
+    /// between turns, or with work and no state).
+    pub(super) fn standing_point(&self) -> StopPoint {
+        if !self.pending && !self.has_work() {
+            StopPoint::Idle
+        } else if self.dispatch_active {
+            StopPoint::Instruction
+        } else if self.bulk_done.is_some() {
+            StopPoint::Chunk
+        } else if self.ib.is_none() && self.at_cb_boundary {
+            StopPoint::CommandBuffer
+        } else {
+            StopPoint::Packet
+        }
+    }
+
+    /// Whether the engine's rule lets it stop where it stands (a blocked `WAIT` counts as a
+    /// packet boundary on every level but `None`).
+    pub(super) fn may_stop_now(&self, stop: Stop) -> bool {
+        let point = self.standing_point();
+        stop.allows(point) || (self.blocked && stop.allows_blocked_wait() && point == StopPoint::Packet)
+    }
+}
+
+impl Engine {
+    /// The engine's stop rule.
+    pub(super) fn stop_rule(kind: EngineKind, caps: abi::preempt::PreemptionCaps) -> Stop {
+        match kind {
+            EngineKind::Compute => Stop::Compute(caps.compute),
+            EngineKind::Copy => Stop::Copy(caps.copy),
+        }
+    }
+}
+
+/// Completes the preemption of queue `id` (`q`, on engine `e`) stopped at `point`: off its
+/// slot, its state saved; held off the run list for the kernel or back to waiting for the
+/// scheduler; the answer logged (and raised, for the kernel).
+pub(super) fn finish(
+    e: &mut Engine,
+    q: &mut FwQueue,
+    id: FwQueueId,
+    point: StopPoint,
+    at: Time,
+    log: &mut FwLog,
+    irqs: &mut std::collections::VecDeque<Interrupt>,
+) {
+    let Some(req) = q.preempt.take() else { return };
+    e.hqd.retain(|&h| h != id);
+    e.resched = true;
+    // Work left is what the client published beyond rptr (a queue that stopped at the end
+    // of its last command buffer has none, and nothing to save).
+    let work = q.has_work();
+    if !work {
+        q.pending = false;
+    }
+    if q.state != QueueState::Hung {
+        q.state = if work { QueueState::Preempted } else { QueueState::Unmapped };
+    }
+    if work {
+        log.push(at, FwEvent::StateSaved { queue: id, point });
+        q.saved = Some(point);
+    }
+    match req.by {
+        Requester::Os => schedule::leave_run_list(e, q, id),
+        Requester::Scheduler => sync_waiting(e, q, id),
+    }
+    log.push(at, FwEvent::PreemptAnswered { queue: id, ticket: req.ticket, requested_at: req.at });
+    if req.by == Requester::Os {
+        irqs.push_back(Interrupt::Preempted { queue: id, ticket: req.ticket, requested_at: req.at, answered_at: at });
+    }
+}
+
+impl Firmware {
+    /// Asks for queue `id` to leave its slot (see the module docs); returns the request's
+    /// ticket, which the answer ([`Interrupt::Preempted`]) carries. A queue that can stop
+    /// where it stands is answered now.
+    pub(crate) fn request_preempt(&mut self, id: FwQueueId, now: Time) -> Result<u64, GpuError> {
+        let caps = self.preemption;
+        self.next_ticket += 1;
+        let ticket = self.next_ticket;
+        let Firmware { engines, queues, log, irqs, .. } = self;
+        let q = queues.get_mut(id.0).map_err(|_| GpuError::StaleQueue(id))?;
+        let e = engines.get_mut(q.cfg.engine.0 as usize).ok_or(GpuError::BadEngine(q.cfg.engine.0))?;
+        log.push(now, FwEvent::PreemptRequested { queue: id, ticket, by: Requester::Os });
+        let stop = Engine::stop_rule(e.kind, caps);
+        let in_slot = e.hqd.contains(&id) && q.state == QueueState::Mapped;
+        // An earlier request of the scheduler is taken over: the kernel's is the stronger.
+        q.preempt = Some(PreemptRequest { ticket, at: now, by: Requester::Os });
+        if !in_slot || q.may_stop_now(stop) {
+            let point = if in_slot { q.standing_point() } else { StopPoint::Idle };
+            finish(e, q, id, point, now, log, irqs);
+        }
+        Ok(ticket)
+    }
+
+    /// Resets engine `engine` (per-engine reset, `DxgkDdiResetEngine`): the queues that owe an
+    /// answer to a kernel request hang with [`FaultKind::PreemptTimeout`]; every other queue in
+    /// a slot is taken off it with its state saved (it stands between two turns, where its
+    /// state always is), and runs again when the scheduler maps it.
+    pub(crate) fn reset_engine(&mut self, engine: EngineId, now: Time) -> Result<EngineReset, GpuError> {
+        let Firmware { engines, queues, log, .. } = self;
+        let e = engines.get_mut(engine.0 as usize).ok_or(GpuError::BadEngine(engine.0))?;
+        let mut out = EngineReset::default();
+        for id in std::mem::take(&mut e.hqd) {
+            let Ok(q) = queues.get_mut(id.0) else { continue };
+            match q.preempt.take() {
+                Some(req) if req.by == Requester::Os => {
+                    let waited_ms = now.since(req.at).as_millis() as u64;
+                    hang(q, FaultKind::PreemptTimeout { waited_ms });
+                    out.guilty.push(id);
+                }
+                _ if q.state == QueueState::Hung => {}
+                _ => {
+                    let work = q.pending || q.has_work();
+                    q.state = if work { QueueState::Preempted } else { QueueState::Unmapped };
+                    if work {
+                        q.saved = Some(q.standing_point());
+                        out.preempted.push(id);
+                    }
+                }
+            }
+            sync_waiting(e, q, id);
+        }
+        e.resched = true;
+        log.push(now, FwEvent::EngineReset { engine, guilty: out.guilty.clone() });
+        Ok(out)
+    }
+
+    /// Resets the adapter (`DxgkDdiResetFromTimeout`): every queue's state is lost; each one
+    /// hangs with [`FaultKind::AdapterReset`] and leaves its slot.
+    pub(crate) fn reset_adapter(&mut self, now: Time) -> Vec<FwQueueId> {
+        let Firmware { engines, queues, log, .. } = self;
+        let mut lost = Vec::new();
+        for e in engines.iter_mut() {
+            e.hqd.clear();
+            e.resched = true;
+            for k in 0..e.run_list.len() {
+                let id = e.run_list[k];
+                let Ok(q) = queues.get_mut(id.0) else { continue };
+                q.preempt = None;
+                if q.state != QueueState::Hung {
+                    hang(q, FaultKind::AdapterReset);
+                    lost.push(id);
+                }
+                sync_waiting(e, q, id);
+            }
+        }
+        log.push(now, FwEvent::AdapterReset);
+        lost
+    }
+
+    /// The device's preemption capabilities.
+    pub(crate) fn preemption(&self) -> abi::preempt::PreemptionCaps {
+        self.preemption
+    }
+
+    /// The firmware log, oldest first (at most [`LOG_ENTRIES`]).
+    pub(crate) fn log(&self) -> impl Iterator<Item = &FwLogEntry> {
+        self.log.entries.iter()
+    }
+}
+
+/// Hangs `q` with `kind` (a reset, not a fault it raised: no interrupt; the kernel that asked
+/// for the reset reports it).
+fn hang(q: &mut FwQueue, kind: FaultKind) {
+    q.state = QueueState::Hung;
+    q.pending = false;
+    q.dispatch_active = false;
+    q.bulk_done = None;
+    q.ib = None;
+    q.blocked = false;
+    q.fault = Some(FaultRecord { kind, rptr: q.rptr, opcode: None, in_indirect: false });
+}

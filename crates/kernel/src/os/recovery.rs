@@ -1,0 +1,358 @@
+//! Preemption requests, timeout detection and recovery (TDR), and device lost (spec 003; spec
+//! 000's device-lost paragraph).
+//!
+//! **Preemption.** [`Os::preempt_queue`] asks the KMD to take a queue off its slot
+//! (`DxgkDdiPreemptCommand`); the engine answers with a `Preempted` interrupt once the queue
+//! stopped at a point its granularity allows, state saved. The OS keeps every request it has
+//! not heard back from, with the time it asked.
+//!
+//! **Timeout detection.** Spec 003: the OS "guarantees that preemption requests are sent to the
+//! GPU before it initiates a Timeout Detection and Recovery process". So detection is exactly
+//! this: a request with no answer after `TdrDelay` ([`TdrConfig::delay`]). A long kernel that
+//! yields answers and is never reset; a queue blocked in a preemptible `WAIT` answers too.
+//!
+//! **Recovery**, in Windows' order:
+//! 1. the OS snapshots, for each queue on the engine, the last submitted and last completed
+//!    progress values ("fence IDs");
+//! 2. with per-engine reset ([`TdrConfig::engine_reset`]), `DxgkDdiResetEngine`: the KMD
+//!    reports the queues that would not yield and the last fence ID it aborted on each; a
+//!    report outside `[completed, submitted]` is a driver bug — refused, logged, and recovery
+//!    escalates;
+//! 3. each guilty queue is hung and reported (doorbell `DisconnectedAbort`, its status, its
+//!    device's fences AlwaysSignaled as for a device error); every other queue on the engine
+//!    was preempted with its state saved and keeps its work;
+//! 4. without engine reset, or when it fails or is refused: `DxgkDdiResetFromTimeout` then
+//!    `DxgkDdiRestartFromTimeout`, and every device on the adapter is lost.
+//!
+//! More than `TdrLimitCount` recoveries within `TdrLimitTime` is fatal: every device is lost
+//! and the adapter refuses new work with [`KernelError::AdapterLost`].
+//!
+//! **Device lost** ([`Os::device_lost`]): the device's fences become AlwaysSignaled and their
+//! CPU waits fail with `DeviceLost`; each of its queues is stopped (its context suspended) and
+//! hung, its progress waits fail with `DeviceLost`, and its doorbell is disconnected with
+//! `DisconnectedAbort`, which tells the UMD to destroy and recreate queue, doorbell and ring.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::time::Duration;
+
+use abi::port::KernelError;
+use abi::queue::{FaultKind, FaultRecord};
+use abi::{DeviceHandle, DoorbellStatus, EngineId, HwQueueHandle, ProcessId, Time};
+
+use super::{Os, QueueLife, invalid};
+use crate::ddi::Kmd;
+use crate::trace::Event;
+
+/// Timeout detection and recovery settings (Windows' `TdrDelay`, `TdrLimitCount`,
+/// `TdrLimitTime` registry values).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TdrConfig {
+    /// How long a preemption request may go unanswered before recovery starts (`TdrDelay`,
+    /// default 2 s).
+    pub delay: Duration,
+    /// Recoveries allowed within [`TdrConfig::limit_time`] (`TdrLimitCount`, default 5): one
+    /// more is fatal for the adapter.
+    pub limit_count: u32,
+    /// The window recoveries are counted in (`TdrLimitTime`, default 60 s).
+    pub limit_time: Duration,
+    /// The KMD resets single engines (`DxgkDdiResetEngine`); otherwise every recovery resets
+    /// the adapter.
+    pub engine_reset: bool,
+}
+
+impl Default for TdrConfig {
+    fn default() -> Self {
+        TdrConfig {
+            delay: Duration::from_secs(2),
+            limit_count: 5,
+            limit_time: Duration::from_secs(60),
+            engine_reset: true,
+        }
+    }
+}
+
+/// The longest a TDR setting may be: past this, timeouts stop meaning anything.
+const MAX_TDR: Duration = Duration::from_secs(3600);
+
+impl TdrConfig {
+    /// Refuses zero or absurd settings, naming the field and the value.
+    pub fn validate(&self) -> Result<(), KernelError> {
+        use abi::port::Invalid::OutOfRange;
+        let range = |field: &'static str, d: Duration| {
+            if d.is_zero() || d > MAX_TDR {
+                Err(invalid(field, format!("{d:?}"), OutOfRange { expected: "between 1 ns and 1 hour" }))
+            } else {
+                Ok(())
+            }
+        };
+        range("tdr.delay", self.delay)?;
+        range("tdr.limit_time", self.limit_time)?;
+        if self.limit_count == 0 || self.limit_count > 1000 {
+            return Err(invalid("tdr.limit_count", self.limit_count, OutOfRange { expected: "between 1 and 1000" }));
+        }
+        Ok(())
+    }
+}
+
+/// A preemption request the OS has not heard back from.
+#[derive(Clone, Copy, Debug)]
+struct Pending {
+    queue: HwQueueHandle,
+    engine: EngineId,
+    at: Time,
+}
+
+/// The OS's recovery state.
+#[derive(Default)]
+pub(crate) struct Recovery {
+    pub(crate) cfg: TdrConfig,
+    /// Requests not answered yet, by ticket.
+    pending: BTreeMap<u64, Pending>,
+    /// When recent recoveries happened (within `limit_time`).
+    recent: VecDeque<Time>,
+    /// Set once the recovery limit was exceeded: the adapter is lost for good.
+    fatal: Option<KernelError>,
+    /// Answers heard, and their latencies (device time).
+    pub(crate) answered: u64,
+    /// Recoveries done.
+    pub(crate) recoveries: u64,
+}
+
+impl Recovery {
+    /// When the oldest unanswered request times out.
+    pub(crate) fn poll_timeout(&self) -> Option<Time> {
+        self.pending.values().map(|p| p.at).min().map(|t| t.plus(self.cfg.delay))
+    }
+}
+
+impl Os {
+    /// Sets the TDR settings (refused with a typed error naming the field if out of range).
+    pub fn set_tdr(&mut self, cfg: TdrConfig) -> Result<(), KernelError> {
+        cfg.validate()?;
+        self.recovery.cfg = cfg;
+        Ok(())
+    }
+
+    /// `Ok` unless the adapter is lost for good.
+    pub(crate) fn adapter_alive(&self) -> Result<(), KernelError> {
+        self.recovery.fatal.clone().map_or(Ok(()), Err)
+    }
+
+    /// Asks the engine to preempt queue `q` (see the module docs): it leaves its slot at the
+    /// next point the granularity allows and stays off the run list until
+    /// [`Os::resume_queue`]. Returns the request's ticket. If no answer comes within
+    /// `TdrDelay`, recovery starts.
+    pub fn preempt_queue(&mut self, pid: ProcessId, q: HwQueueHandle, now: Time) -> Result<u64, KernelError> {
+        self.at(now);
+        self.adapter_alive()?;
+        let qo = self.queue(pid, q)?;
+        qo.live(q)?;
+        let engine = qo.engine;
+        match self.ddi.preempt_queue(q, now) {
+            Ok(ticket) => {
+                self.recovery.pending.insert(ticket, Pending { queue: q, engine, at: now });
+                Ok(ticket)
+            }
+            Err(e) => {
+                // A request the KMD could not even make: the engine cannot be trusted to answer.
+                self.recover(engine, q, now);
+                Err(e.into())
+            }
+        }
+    }
+
+    /// Puts a queue taken off the run list by [`Os::preempt_queue`] back on it
+    /// (`DxgkddiResumeContext` for that queue).
+    pub fn resume_queue(&mut self, pid: ProcessId, q: HwQueueHandle, now: Time) -> Result<(), KernelError> {
+        self.at(now);
+        self.adapter_alive()?;
+        let qo = self.queue(pid, q)?;
+        qo.live(q)?;
+        let context = qo.context;
+        if self.proc(pid)?.contexts.get(context)?.suspended {
+            // The context's own suspension still holds the queue.
+            return Ok(());
+        }
+        self.recovery.pending.retain(|_, p| p.queue != q);
+        self.ddi.resume_context(context, &[q])?;
+        Ok(())
+    }
+
+    /// The engine answered a preemption request.
+    pub(super) fn handle_preempted(&mut self, queue: HwQueueHandle, ticket: u64, requested: Time, answered: Time) {
+        if self.recovery.pending.remove(&ticket).is_none() {
+            // Answered after its queue was recovered, resumed or destroyed: nothing waits.
+            return;
+        }
+        self.recovery.answered += 1;
+        let latency_ns = answered.since(requested).as_nanos() as u64;
+        self.trace.push(answered, Event::Preempted { queue, ticket, latency_ns });
+    }
+
+    /// Fires what is due of the TDR timer: every request unanswered for `TdrDelay` starts
+    /// recovery on its engine (one recovery per engine).
+    pub(super) fn handle_tdr_timeout(&mut self, now: Time) {
+        let delay = self.recovery.cfg.delay;
+        let mut engines: Vec<(EngineId, HwQueueHandle)> = Vec::new();
+        for p in self.recovery.pending.values() {
+            if now >= p.at.plus(delay) && !engines.iter().any(|(e, _)| *e == p.engine) {
+                engines.push((p.engine, p.queue));
+            }
+        }
+        for (engine, queue) in engines {
+            self.recover(engine, queue, now);
+        }
+    }
+
+    /// Recovers `engine`, on which `queue`'s preemption went unanswered (module docs).
+    fn recover(&mut self, engine: EngineId, queue: HwQueueHandle, now: Time) {
+        self.at(now);
+        self.trace.push(now, Event::TdrTimeout { queue, engine });
+        // 1. The fence IDs (progress values) each queue on the engine submitted and completed.
+        let snapshot = self.progress_snapshot(Some(engine));
+        let engine_done = self.recovery.cfg.engine_reset && self.reset_engine(engine, &snapshot, now);
+        if !engine_done {
+            self.reset_adapter(now);
+        }
+        self.count_recovery(engine_done.then_some(engine), now);
+    }
+
+    /// `[(process, queue, submitted, completed)]` for every queue (on `engine`, if given).
+    fn progress_snapshot(&mut self, engine: Option<EngineId>) -> Vec<(ProcessId, HwQueueHandle, u64, u64)> {
+        let mut out = Vec::new();
+        let pids: Vec<ProcessId> = self.processes.keys().copied().collect();
+        for pid in pids {
+            let Ok(p) = self.proc(pid) else { continue };
+            let queues: Vec<(HwQueueHandle, u64)> = p
+                .queues
+                .iter()
+                .filter(|(_, q)| engine.is_none_or(|e| q.engine == e))
+                .map(|(h, q)| (h, q.completed()))
+                .collect();
+            for (h, completed) in queues {
+                let submitted = self.last_queued(pid, h);
+                out.push((pid, h, submitted, completed));
+            }
+        }
+        out
+    }
+
+    /// 2–3: the engine reset. Returns `false` if it failed or its report was refused (the
+    /// caller then resets the adapter).
+    fn reset_engine(&mut self, engine: EngineId, snapshot: &[(ProcessId, HwQueueHandle, u64, u64)], now: Time) -> bool {
+        let Ok(outcome) = self.ddi.reset_engine(engine, now) else { return false };
+        // Every guilty queue's last aborted fence ID lies in what it submitted and had not
+        // completed; anything else is a driver bug, never trusted.
+        for &(q, aborted) in &outcome.guilty {
+            let known = snapshot.iter().find(|s| s.1 == q);
+            let ok = known.is_some_and(|&(_, _, submitted, completed)| completed <= aborted && aborted <= submitted);
+            if !ok {
+                let range = known.map_or("an unknown queue".to_string(), |s| format!("[{}, {}]", s.3, s.2));
+                self.trace.push(
+                    now,
+                    Event::DriverBug {
+                        what: format!("ResetEngine reported fence ID {aborted} aborted on {q}, outside {range}"),
+                    },
+                );
+                return false;
+            }
+        }
+        for (q, _) in outcome.guilty {
+            let Some(&(pid, ..)) = snapshot.iter().find(|s| s.1 == q) else { continue };
+            let waited =
+                self.recovery.pending.values().find(|p| p.queue == q).map_or(0, |p| now.since(p.at).as_millis());
+            self.recovery.pending.retain(|_, p| p.queue != q);
+            let fault = FaultRecord {
+                kind: FaultKind::PreemptTimeout { waited_ms: waited as u64 },
+                rptr: 0,
+                opcode: None,
+                in_indirect: false,
+            };
+            self.fault_queue(pid, q, fault, now);
+            if let Some(device) = self.device_of(pid, q) {
+                let _ = self.mark_device_error(pid, device, now);
+            }
+        }
+        true
+    }
+
+    /// 4: the adapter reset: every queue's state is lost, every device with it.
+    fn reset_adapter(&mut self, now: Time) {
+        let _ = self.ddi.reset_from_timeout(now);
+        let _ = self.ddi.restart_from_timeout();
+        self.recovery.pending.clear();
+        self.lose_every_device(now);
+    }
+
+    fn lose_every_device(&mut self, now: Time) {
+        let pids: Vec<ProcessId> = self.processes.keys().copied().collect();
+        for pid in pids {
+            let devices = self.proc(pid).map(|p| p.devices.handles()).unwrap_or_default();
+            for d in devices {
+                let _ = self.device_lost(pid, d, now);
+            }
+        }
+    }
+
+    /// Counts a recovery; past the limit, the adapter is lost for good.
+    fn count_recovery(&mut self, engine: Option<EngineId>, now: Time) {
+        let window = self.recovery.cfg.limit_time;
+        let r = &mut self.recovery;
+        r.recoveries += 1;
+        r.recent.push_back(now);
+        while r.recent.front().is_some_and(|&t| now.since(t) >= window) {
+            r.recent.pop_front();
+        }
+        let count = r.recent.len() as u32;
+        self.trace.push(now, Event::Recovered { engine, count });
+        if count > self.recovery.cfg.limit_count && self.recovery.fatal.is_none() {
+            self.trace.push(now, Event::AdapterFatal);
+            self.recovery.fatal =
+                Some(KernelError::AdapterLost { recoveries: count, window_ms: window.as_millis() as u64 });
+            self.recovery.pending.clear();
+            self.lose_every_device(now);
+        }
+    }
+
+    fn device_of(&mut self, pid: ProcessId, q: HwQueueHandle) -> Option<DeviceHandle> {
+        let context = self.queue(pid, q).ok()?.context;
+        Some(self.proc(pid).ok()?.contexts.get(context).ok()?.device)
+    }
+
+    /// Device lost (spec 000: "In the event of any device-lost scenarios ... Dxgkrnl
+    /// disconnects the doorbell and marks the status as D3DDDI_DOORBELL_STATUS_DISCONNECTED_ABORT.
+    /// User mode is responsible for destroying the HWQueue, doorbell, ring buffer, and for
+    /// re-creating them"): see the module docs. Idempotent.
+    pub fn device_lost(&mut self, pid: ProcessId, device: DeviceHandle, now: Time) -> Result<(), KernelError> {
+        self.at(now);
+        let already = self.proc(pid)?.devices.get(device)?.error;
+        if !already {
+            self.trace.push(now, Event::DeviceLost { device });
+        }
+        // Fences AlwaysSignaled, their CPU waits failed with DeviceLost.
+        self.mark_device_error(pid, device, now)?;
+        let lost = KernelError::DeviceLost { device };
+        let contexts: Vec<_> =
+            self.proc(pid)?.contexts.iter().filter(|(_, c)| c.device == device).map(|(h, _)| h).collect();
+        for c in contexts {
+            // Its queues stop running.
+            if !self.proc(pid)?.contexts.get(c)?.suspended {
+                self.suspend_context(pid, c, now)?;
+            }
+            for q in self.context_queues(pid, c)? {
+                if self.queue(pid, q)?.live(q).is_err() {
+                    continue;
+                }
+                let fault = FaultRecord { kind: FaultKind::DeviceLost, rptr: 0, opcode: None, in_indirect: false };
+                self.set_state(pid, q, QueueLife::Hung(fault));
+                let waiters = std::mem::take(&mut self.queue(pid, q)?.waiters);
+                for (_, w) in waiters {
+                    self.complete_wait(w, Err(lost.clone()));
+                }
+                self.drop_km_submissions(pid, c, q);
+                let _ = self.disconnect(pid, q, DoorbellStatus::DisconnectedAbort, now);
+            }
+        }
+        Ok(())
+    }
+}

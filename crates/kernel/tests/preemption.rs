@@ -1,0 +1,492 @@
+//! Preemption and recovery on the deterministic driver (spec 003): every granularity level
+//! stops exactly where its name says and resumes bit-exact; a `WAIT` that does not pass is
+//! preemptible; an unanswered request is timed out after `TdrDelay` and recovered by an engine
+//! reset in Windows' order, costing only the queue that would not yield; a failed engine reset
+//! escalates to an adapter reset; the 6th recovery within `TdrLimitTime` is fatal and the 5th
+//! is not; a lost device disconnects its doorbells with `DisconnectedAbort` and the UMD
+//! recreates its queue.
+
+mod common;
+
+use std::time::Duration;
+
+use abi::port::KernelPort;
+use abi::preempt::{ComputeGranularity, CopyGranularity, PreemptionCaps, StopPoint};
+use abi::queue::FaultKind;
+use abi::{DoorbellStatus, EngineKind, QueueState};
+use gpu::{CostModel, FwEvent, GpuConfig};
+use kernel::ddi::{DdiFault, DdiKind};
+use kernel::trace::{Ddi, Event};
+use kernel::{System, SystemConfig, TdrConfig};
+use umd::{Buffer, CommandBuffer, UmdError};
+
+use common::{T, forever};
+
+/// Threads run `iters` rounds of `acc = acc * 3 + i` and store `acc` at `out[global_id]`: long
+/// enough to span many turns, and every thread's result depends on every round.
+const ROUNDS: &str = "
+    sarg s0, 0
+    sarg s1, 1
+    vfroms v1, s1
+    builtin v0, %global_id.x
+    mov v2, 0
+    mov v3, 1
+    loop
+        cmp.le.u v4, v1, v2
+        break v4
+        mul v3, v3, 3
+        add v3, v3, v2
+        add v2, v2, 1
+    endloop
+    shl v5, v0, 2
+    st.u32 [s0 + v5], v3
+";
+
+const GROUPS: u32 = 4;
+const GROUP: u32 = 64;
+const THREADS: usize = (GROUPS * GROUP) as usize;
+const ITERS: u32 = 3000;
+
+/// What every thread of [`ROUNDS`] stores.
+fn expected(iters: u32) -> u32 {
+    (0..iters).fold(1u32, |acc, i| acc.wrapping_mul(3).wrapping_add(i))
+}
+
+fn config(caps: PreemptionCaps) -> SystemConfig {
+    SystemConfig { gpu: GpuConfig { preemption: caps, ..GpuConfig::default() }, ..SystemConfig::default() }
+}
+
+fn compute(level: ComputeGranularity) -> SystemConfig {
+    config(PreemptionCaps { compute: level, ..PreemptionCaps::default() })
+}
+
+/// The answer to request `ticket`: its latency from the trace, running the clock in steps
+/// until it comes (or `None` after `limit`).
+fn answer(sys: &System, ticket: u64, limit: Duration) -> Option<u64> {
+    // The latency comes from the trace, exact whatever the step; the step only bounds the
+    // number of looks.
+    let step = (limit / 100).max(Duration::from_micros(50));
+    let mut waited = Duration::ZERO;
+    loop {
+        let found = common::events(sys).into_iter().find_map(|e| match e {
+            Event::Preempted { ticket: t, latency_ns, .. } if t == ticket => Some(latency_ns),
+            _ => None,
+        });
+        if found.is_some() || waited >= limit {
+            return found;
+        }
+        sys.run_for(step);
+        waited += step;
+    }
+}
+
+/// Where the firmware stopped the queue, from its log (the last save).
+fn saved_at(sys: &System) -> Option<StopPoint> {
+    sys.with_gpu(|g| g.firmware_log()).into_iter().rev().find_map(|e| match e.event {
+        FwEvent::StateSaved { point, .. } => Some(point),
+        _ => None,
+    })
+}
+
+/// A process running [`ROUNDS`] on a user compute queue, with a flag the command buffer
+/// writes after the dispatch.
+struct Rounds {
+    c: common::Client,
+    q: umd::Queue,
+    out: Buffer,
+    v: u64,
+    _kernel: Buffer,
+    _args: Buffer,
+}
+
+impl Rounds {
+    fn start(sys: &System) -> Rounds {
+        let c = common::client(sys);
+        let kernel = c.device.upload(&umd::assemble(ROUNDS).unwrap().to_bytes()).unwrap();
+        let out = c.device.allocate(THREADS as u64 * 4).unwrap();
+        let mut args = Vec::new();
+        args.extend_from_slice(&out.va().to_le_bytes());
+        args.extend_from_slice(&(ITERS as u64).to_le_bytes());
+        let args = c.device.upload(&args).unwrap();
+        let mut q = c.user_queue();
+        let mut cb = CommandBuffer::new();
+        cb.dispatch(kernel.va(), [GROUPS, 1, 1], [GROUP, 1, 1], args.va()).write_u32(c.buf.va(), 1);
+        q.submit(&cb).unwrap();
+        // A second command buffer behind it: `DmaBuffer` stops between the two.
+        let mut cb = CommandBuffer::new();
+        cb.write_u32(c.buf.va() + 4, 2);
+        let v = q.submit(&cb).unwrap();
+        Rounds { c, q, out, v, _kernel: kernel, _args: args }
+    }
+    fn pid(&self) -> abi::ProcessId {
+        self.c.port.process()
+    }
+    fn results(&self) -> Vec<u32> {
+        (0..THREADS).map(|i| self.out.read_u32(i as u64 * 4).unwrap()).collect()
+    }
+    /// The first command buffer's flag and the second's.
+    fn flags(&self) -> (u32, u32) {
+        (self.c.buf.read_u32(0).unwrap(), self.c.buf.read_u32(4).unwrap())
+    }
+}
+
+/// Each compute level stops where its name says, and the dispatch resumes bit-exact.
+#[test]
+fn each_compute_level_stops_where_its_name_says_and_resumes_bit_exact() {
+    let want = expected(ITERS);
+    let mut latencies = Vec::new();
+    for level in ComputeGranularity::ALL.into_iter().rev() {
+        let sys = common::sim_with(compute(level));
+        let r = Rounds::start(&sys);
+        // Part-way into the dispatch (it takes about 3 ms of device time in all).
+        sys.run_for(Duration::from_micros(300));
+        let done_before = r.results().iter().filter(|&&x| x == want).count();
+        assert!(done_before < THREADS, "{level}: the dispatch is still running");
+        let ticket = sys.preempt_queue(r.pid(), r.q.handle()).unwrap();
+        let latency = answer(&sys, ticket, Duration::from_secs(1)).unwrap_or_else(|| panic!("{level}: no answer"));
+        let point = saved_at(&sys);
+        let threads_done = r.results().iter().filter(|&&x| x == want).count();
+        match level {
+            ComputeGranularity::Shader => {
+                assert_eq!(point, Some(StopPoint::Instruction));
+                assert_eq!(latency, 0, "standing at an instruction boundary: answered at once");
+            }
+            ComputeGranularity::Thread => {
+                assert_eq!(point, Some(StopPoint::Wave));
+                assert_eq!(threads_done % 32, 0, "whole waves (32 lanes) are done");
+            }
+            ComputeGranularity::ThreadGroup => {
+                assert_eq!(point, Some(StopPoint::Group));
+                assert_eq!(threads_done % GROUP as usize, 0, "whole workgroups are done");
+            }
+            ComputeGranularity::Dispatch => {
+                assert_eq!(point, Some(StopPoint::Packet));
+                assert_eq!(threads_done, THREADS, "the dispatch finished");
+                assert_eq!(r.flags(), (0, 0), "the packet after it has not run");
+            }
+            ComputeGranularity::DmaBuffer => {
+                assert_eq!(point, Some(StopPoint::CommandBuffer));
+                assert_eq!(r.flags(), (1, 0), "the whole first command buffer ran, not the second");
+            }
+            ComputeGranularity::None => {
+                assert_eq!(point, None, "nothing to save: it ran dry");
+                assert_eq!(r.flags(), (1, 2));
+            }
+        }
+        // Off its slot, off the run list: it stays put.
+        let st = r.q.status().unwrap().state;
+        assert!(matches!(st, QueueState::Preempted | QueueState::Unmapped), "{level}: {st:?}");
+        let frozen = r.results();
+        sys.run_for(Duration::from_millis(5));
+        assert_eq!(r.results(), frozen, "{level}: a preempted queue does not run");
+        // Resumed, it finishes where it stopped: bit-exact.
+        sys.resume_queue(r.pid(), r.q.handle()).unwrap();
+        r.q.wait(r.v, T).unwrap();
+        assert_eq!(r.results(), vec![want; THREADS], "{level}");
+        assert_eq!(r.flags(), (1, 2));
+        let log = sys.with_gpu(|g| g.firmware_log());
+        let requested =
+            log.iter().position(|e| matches!(e.event, FwEvent::PreemptRequested { ticket: t, .. } if t == ticket));
+        let answered =
+            log.iter().position(|e| matches!(e.event, FwEvent::PreemptAnswered { ticket: t, .. } if t == ticket));
+        assert!(requested < answered, "{level}: request, then answer");
+        if point.is_some() {
+            let saved = log.iter().position(|e| matches!(e.event, FwEvent::StateSaved { .. }));
+            let restored = log.iter().position(|e| matches!(e.event, FwEvent::Restored { .. }));
+            assert!(requested < saved && saved < answered && answered < restored, "{level}: {log:?}");
+        }
+        latencies.push((level, latency));
+    }
+    // Finer levels answer no later than coarser ones.
+    for w in latencies.windows(2) {
+        assert!(w[0].1 <= w[1].1, "{latencies:?}");
+    }
+}
+
+/// A copy engine stops a large FILL between chunks, or only after the command buffer.
+#[test]
+fn a_copy_engine_stops_between_chunks_or_after_the_command_buffer() {
+    for level in [CopyGranularity::Chunk, CopyGranularity::DmaBuffer] {
+        let sys = common::sim_with(config(PreemptionCaps { copy: level, ..PreemptionCaps::default() }));
+        let c = common::client(&sys);
+        let ctx = c.context(EngineKind::Copy);
+        let mut q = ctx.create_queue(umd::QueueOptions::user_mode()).unwrap();
+        let big = c.device.allocate(4 << 20).unwrap();
+        let mut cb = CommandBuffer::new();
+        cb.fill(big.va(), 4 << 20, 0xABCD_1234).write_u32(c.buf.va(), 1);
+        let v = q.submit(&cb).unwrap();
+        // 4 MiB at 32 GB/s is about 131 µs: stop part-way.
+        sys.run_for(Duration::from_micros(20));
+        let ticket = sys.preempt_queue(c.port.process(), q.handle()).unwrap();
+        answer(&sys, ticket, Duration::from_millis(10)).expect("answered");
+        match level {
+            CopyGranularity::Chunk => {
+                assert_eq!(saved_at(&sys), Some(StopPoint::Chunk));
+                assert_ne!(big.read_u32((4 << 20) - 4).unwrap(), 0xABCD_1234, "the fill is part-way");
+            }
+            _ => {
+                assert_eq!(saved_at(&sys), None, "it ran to the end of the command buffer (and dry)");
+                assert_eq!(c.buf.read_u32(0).unwrap(), 1);
+            }
+        }
+        sys.resume_queue(c.port.process(), q.handle()).unwrap();
+        q.wait(v, T).unwrap();
+        for off in (0..4u64 << 20).step_by(4096) {
+            assert_eq!(big.read_u32(off).unwrap(), 0xABCD_1234, "{level} at {off}");
+        }
+    }
+}
+
+/// Costs that make an endless kernel burn virtual time fast (see `device_time.rs`), and a
+/// short TDR delay.
+fn slow(level: ComputeGranularity, tdr: TdrConfig) -> SystemConfig {
+    let cost = CostModel {
+        wave_instruction: Duration::from_micros(100),
+        turn: Duration::from_millis(10),
+        ..CostModel::default()
+    };
+    SystemConfig {
+        gpu: GpuConfig {
+            cost,
+            preemption: PreemptionCaps { compute: level, ..PreemptionCaps::default() },
+            ..GpuConfig::default()
+        },
+        tdr,
+        ..SystemConfig::default()
+    }
+}
+
+/// An endless kernel on a user-mode compute queue of a new process.
+fn hog(sys: &System) -> (common::Client, umd::Queue, Buffer) {
+    let c = common::client(sys);
+    let spin = c.device.upload(&forever()).unwrap();
+    let mut q = c.user_queue();
+    let mut cb = CommandBuffer::new();
+    cb.dispatch(spin.va(), [1, 1, 1], [64, 1, 1], c.buf.va());
+    q.submit(&cb).unwrap();
+    (c, q, spin)
+}
+
+/// A `WAIT` that does not pass is preemptible (spec 003); under `None` it is not, and the
+/// request times out into a recovery that hangs only that queue.
+#[test]
+fn a_blocked_wait_is_preemptible_except_under_none_where_it_times_out() {
+    for level in [ComputeGranularity::DmaBuffer, ComputeGranularity::None] {
+        let tdr = TdrConfig { delay: Duration::from_millis(100), ..TdrConfig::default() };
+        let sys = common::sim_with(slow(level, tdr));
+        let c = common::client(&sys);
+        let mut q = c.user_queue();
+        let mut cb = CommandBuffer::new();
+        cb.write_u32(c.buf.va() + 8, 5).wait(c.buf.va(), 1).write_u32(c.buf.va() + 4, 9);
+        q.submit(&cb).unwrap();
+        sys.settle();
+        let ticket = sys.preempt_queue(c.port.process(), q.handle()).unwrap();
+        let answered = answer(&sys, ticket, Duration::from_millis(300));
+        let evs = common::events(&sys);
+        if level == ComputeGranularity::None {
+            assert_eq!(answered, None);
+            assert!(evs.iter().any(|e| matches!(e, Event::TdrTimeout { .. })), "timed out");
+            let st = q.status().unwrap();
+            assert_eq!(st.state, QueueState::Hung);
+            assert!(matches!(st.fault.unwrap().kind, FaultKind::PreemptTimeout { waited_ms } if waited_ms >= 100));
+        } else {
+            assert!(answered.is_some());
+            assert_eq!(saved_at(&sys), Some(StopPoint::Packet), "stopped before the WAIT");
+            assert!(!evs.iter().any(|e| matches!(e, Event::TdrTimeout { .. })), "not a hang");
+            // Resumed and released, the rest runs: nothing before the WAIT ran twice.
+            sys.resume_queue(c.port.process(), q.handle()).unwrap();
+            c.buf.write(8, &0u32.to_le_bytes()).unwrap();
+            c.buf.write(0, &1u32.to_le_bytes()).unwrap();
+            q.finish(T).unwrap();
+            assert_eq!(c.buf.read_u32(4).unwrap(), 9);
+            assert_eq!(c.buf.read_u32(8).unwrap(), 0, "the write before the WAIT was not re-executed");
+        }
+    }
+}
+
+/// A long kernel that yields is never reset: its preemption succeeds.
+#[test]
+fn a_long_kernel_that_yields_is_preempted_and_never_reset() {
+    let sys = common::sim_with(slow(ComputeGranularity::Shader, TdrConfig::default()));
+    let (c, q, _spin) = hog(&sys);
+    sys.run_for(Duration::from_millis(50));
+    let ticket = sys.preempt_queue(c.port.process(), q.handle()).unwrap();
+    assert!(answer(&sys, ticket, Duration::from_millis(1)).is_some());
+    sys.run_for(Duration::from_secs(3));
+    let evs = common::events(&sys);
+    assert!(!evs.iter().any(|e| matches!(e, Event::TdrTimeout { .. } | Event::Recovered { .. })));
+    assert_ne!(q.status().unwrap().state, QueueState::Hung);
+}
+
+/// An endless kernel that cannot be cut (granularity `Dispatch`) ignores the request: after
+/// `TdrDelay` the engine is reset in Windows' order, the guilty queue hangs and is reported,
+/// and a neighbour on the same engine keeps its work and results.
+#[test]
+fn an_unanswered_preemption_resets_the_engine_and_costs_only_the_guilty_queue() {
+    let sys = common::sim_with(slow(ComputeGranularity::Dispatch, TdrConfig::default()));
+    let (c, q, _spin) = hog(&sys);
+    // The neighbour: another process on the same compute engine, queued behind.
+    let n = common::client(&sys);
+    let mut nq = n.user_queue();
+    let mut cb = CommandBuffer::new();
+    for i in 0..16 {
+        cb.write_u32(n.buf.va() + i * 4, i as u32 + 100);
+    }
+    let nv = nq.submit(&cb).unwrap();
+    let fence = c.device.create_fence(0, abi::port::NativeFenceType::Default).unwrap();
+    sys.run_for(Duration::from_millis(20));
+    let before = common::events(&sys).len();
+    let ticket = sys.preempt_queue(c.port.process(), q.handle()).unwrap();
+    assert_eq!(answer(&sys, ticket, Duration::from_millis(1900)), None, "no answer before TdrDelay");
+    sys.run_for(Duration::from_millis(200));
+    let evs = common::events_from(&sys, before);
+    let pos = |f: &dyn Fn(&Event) -> bool| evs.iter().position(f).unwrap_or_else(|| panic!("missing in {evs:#?}"));
+    let request = pos(&|e| matches!(e, Event::Ddi(Ddi::PreemptQueue(h)) if *h == q.handle()));
+    let timeout = pos(&|e| matches!(e, Event::TdrTimeout { queue, .. } if *queue == q.handle()));
+    let reset = pos(&|e| matches!(e, Event::Ddi(Ddi::ResetEngine(_))));
+    let fault = pos(&|e| matches!(e, Event::QueueFault { queue, .. } if *queue == q.handle()));
+    let abort = pos(
+        &|e| matches!(e, Event::Status { queue, status: DoorbellStatus::DisconnectedAbort } if *queue == q.handle()),
+    );
+    let recovered = pos(&|e| matches!(e, Event::Recovered { engine: Some(_), count: 1 }));
+    assert!(request < timeout && timeout < reset && reset < fault && fault < abort && abort < recovered);
+    assert!(!evs.iter().any(|e| matches!(e, Event::Ddi(Ddi::ResetFromTimeout))), "no adapter reset");
+    // The guilty queue: hung, reported, its device's fences AlwaysSignaled.
+    let st = q.status().unwrap();
+    assert_eq!(st.state, QueueState::Hung);
+    assert!(matches!(st.fault.unwrap().kind, FaultKind::PreemptTimeout { waited_ms } if waited_ms >= 2000));
+    assert_eq!(q.doorbell_status().unwrap(), DoorbellStatus::DisconnectedAbort);
+    assert_eq!(fence.value().unwrap(), abi::port::FENCE_ALWAYS_SIGNALED);
+    // The neighbour: all its work, bit-exact.
+    nq.wait(nv, T).unwrap();
+    for i in 0..16 {
+        assert_eq!(n.buf.read_u32(i * 4).unwrap(), i as u32 + 100);
+    }
+    // And the engine keeps working for it.
+    let mut cb = CommandBuffer::new();
+    cb.write_u32(n.buf.va() + 1024, 7);
+    let v = nq.submit(&cb).unwrap();
+    nq.wait(v, T).unwrap();
+    assert_eq!(n.buf.read_u32(1024).unwrap(), 7);
+}
+
+/// A failed engine reset escalates to an adapter reset: every device is lost.
+#[test]
+fn a_failed_engine_reset_escalates_to_an_adapter_reset() {
+    let sys = common::sim_with(slow(ComputeGranularity::Dispatch, TdrConfig::default()));
+    sys.inject_ddi_fault(DdiFault { ddi: DdiKind::ResetEngine, call: 1 });
+    let (c, q, _spin) = hog(&sys);
+    let n = common::client(&sys);
+    let nq = n.user_queue();
+    sys.run_for(Duration::from_millis(20));
+    sys.preempt_queue(c.port.process(), q.handle()).unwrap();
+    sys.run_for(Duration::from_millis(2100));
+    let evs = common::events(&sys);
+    let pos = |f: &dyn Fn(&Event) -> bool| evs.iter().position(f).unwrap_or_else(|| panic!("missing in {evs:#?}"));
+    let reset = pos(&|e| matches!(e, Event::Ddi(Ddi::ResetEngine(_))));
+    let adapter = pos(&|e| matches!(e, Event::Ddi(Ddi::ResetFromTimeout)));
+    let restart = pos(&|e| matches!(e, Event::Ddi(Ddi::RestartFromTimeout)));
+    let lost = pos(&|e| matches!(e, Event::DeviceLost { device } if *device == n.device.handle()));
+    assert!(reset < adapter && adapter < restart && restart < lost);
+    assert!(evs.iter().any(|e| matches!(e, Event::Recovered { engine: None, .. })));
+    // Every queue: stopped and told to recreate itself.
+    for queue in [&q, &nq] {
+        assert_eq!(queue.doorbell_status().unwrap(), DoorbellStatus::DisconnectedAbort);
+        assert_eq!(queue.status().unwrap().state, QueueState::Hung);
+    }
+}
+
+/// `TdrLimitCount` recoveries within `TdrLimitTime` are survived; one more is fatal: every
+/// device is lost and the adapter refuses new work with a typed error.
+#[test]
+fn the_sixth_recovery_within_the_limit_time_is_fatal_and_the_fifth_is_not() {
+    let tdr = TdrConfig { delay: Duration::from_millis(100), ..TdrConfig::default() };
+    let sys = common::sim_with(slow(ComputeGranularity::Dispatch, tdr));
+    let bystander = common::client(&sys);
+    let bq = bystander.user_queue();
+    for round in 1..=6u32 {
+        let (c, q, _spin) = hog(&sys);
+        sys.run_for(Duration::from_millis(20));
+        sys.preempt_queue(c.port.process(), q.handle()).unwrap();
+        sys.run_for(Duration::from_millis(150));
+        let evs = common::events(&sys);
+        let count = evs.iter().filter(|e| matches!(e, Event::Recovered { .. })).count() as u32;
+        assert_eq!(count, round);
+        let fatal = evs.iter().any(|e| matches!(e, Event::AdapterFatal));
+        assert_eq!(fatal, round == 6, "round {round}");
+        let bystander_state = bq.status().unwrap().state;
+        assert_eq!(bystander_state == QueueState::Hung, round == 6, "round {round}: {bystander_state:?}");
+    }
+    assert_eq!(bq.doorbell_status().unwrap(), DoorbellStatus::DisconnectedAbort);
+    let e = sys.open_process().and_then(|p| p.create_device()).unwrap_err();
+    assert!(matches!(e, abi::port::KernelError::AdapterLost { recoveries: 6, window_ms: 60_000 }), "{e}");
+}
+
+/// Zero or absurd TDR settings are refused with the field named.
+#[test]
+fn bad_tdr_settings_are_refused_with_the_field_named() {
+    for (cfg, field) in [
+        (TdrConfig { delay: Duration::ZERO, ..TdrConfig::default() }, "tdr.delay"),
+        (TdrConfig { limit_time: Duration::from_secs(1 << 20), ..TdrConfig::default() }, "tdr.limit_time"),
+        (TdrConfig { limit_count: 0, ..TdrConfig::default() }, "tdr.limit_count"),
+    ] {
+        let e = System::sim(SystemConfig { tdr: cfg, ..SystemConfig::default() }).err().expect("refused");
+        assert_eq!(common::refusal(&e).map(|r| r.0), Some(field), "{e}");
+    }
+}
+
+/// Device lost (spec 000): doorbells disconnected with `DisconnectedAbort`, queues stopped,
+/// waits failed with `DeviceLost`; user mode destroys and recreates queue, doorbell and ring
+/// on a new device, and that one works.
+#[test]
+fn a_lost_device_aborts_its_doorbells_and_the_umd_recreates_its_queue() {
+    let sys = common::sim();
+    let c = common::client(&sys);
+    let mut q = c.user_queue();
+    let mut cb = CommandBuffer::new();
+    cb.wait(c.buf.va(), 1).write_u32(c.buf.va() + 4, 7);
+    let v = q.submit(&cb).unwrap();
+    sys.settle();
+    let before = common::events(&sys).len();
+    sys.mark_device_error(c.port.process(), c.device.handle()).unwrap();
+    let evs = common::events_from(&sys, before);
+    let lost = evs.iter().position(|e| matches!(e, Event::DeviceLost { .. })).unwrap();
+    let suspend = evs.iter().position(|e| matches!(e, Event::Ddi(Ddi::SuspendContext(_)))).unwrap();
+    let abort =
+        evs.iter().position(|e| matches!(e, Event::Status { status: DoorbellStatus::DisconnectedAbort, .. })).unwrap();
+    assert!(lost < suspend && suspend < abort, "{evs:#?}");
+    assert_eq!(q.doorbell_status().unwrap(), DoorbellStatus::DisconnectedAbort);
+    // A wait on the stopped queue fails: the queue is lost with its device.
+    let e = q.wait(v, T).unwrap_err();
+    let lost = |e: &UmdError| match e {
+        UmdError::QueueLost { reason: abi::port::LostReason::Fault(f), .. } => f.kind == FaultKind::DeviceLost,
+        _ => false,
+    };
+    assert!(lost(&e), "{e:?}");
+    // The stopped queue never runs its work, even once the WAIT would pass.
+    c.buf.write(0, &1u32.to_le_bytes()).unwrap();
+    sys.settle();
+    assert_eq!(c.buf.read_u32(4).unwrap(), 0);
+    // Recreate: a new device, queue, doorbell and ring.
+    drop(q);
+    let device = umd::Device::open(c.port.clone()).unwrap();
+    let ctx = device.create_context(device.engine(EngineKind::Compute).unwrap()).unwrap();
+    let mut q2 = ctx.create_queue(umd::QueueOptions::user_mode()).unwrap();
+    let mut cb = CommandBuffer::new();
+    cb.write_u32(c.buf.va() + 8, 11);
+    let v2 = q2.submit(&cb).unwrap();
+    q2.wait(v2, T).unwrap();
+    assert_eq!(c.buf.read_u32(8).unwrap(), 11);
+}
+
+/// The INFO query reports the device's preemption capabilities.
+#[test]
+fn the_info_query_reports_the_preemption_caps() {
+    let caps = PreemptionCaps { compute: ComputeGranularity::ThreadGroup, copy: CopyGranularity::DmaBuffer };
+    let sys = common::sim_with(config(caps));
+    let port = sys.open_process().unwrap();
+    assert_eq!(port.adapter_info().preemption, caps);
+    let sys = common::sim();
+    assert_eq!(sys.open_process().unwrap().adapter_info().preemption, PreemptionCaps::default());
+    assert_eq!(PreemptionCaps::default().compute, ComputeGranularity::Shader);
+}
