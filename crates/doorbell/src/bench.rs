@@ -49,6 +49,11 @@ pub enum BenchCommand {
     /// device time); p50/p99 beside the cache-line floor. `--unsliced` for the engine as it
     /// was before slicing.
     Neighbour(crate::bench_neighbour::NeighbourArgs),
+    /// Preemption and recovery: preemption latency at each compute granularity level, a
+    /// high-priority queue's start latency with every slot busy, the throughput cost of a
+    /// preemption every millisecond, and the time from a TDR timeout to the other queues
+    /// running again.
+    Preempt(crate::bench_preempt::PreemptArgs),
 }
 
 #[derive(Args)]
@@ -103,6 +108,7 @@ pub fn run(cmd: BenchCommand) -> Result<(), CliError> {
         BenchCommand::Fences(a) => crate::bench_fences::run(a.json, a.signals, a.samples as usize),
         BenchCommand::Oversubscribe(a) => crate::bench_oversub::run(a),
         BenchCommand::Neighbour(a) => crate::bench_neighbour::run(a),
+        BenchCommand::Preempt(a) => crate::bench_preempt::run(a),
     }
 }
 

@@ -14,6 +14,7 @@ mod bench;
 mod bench_fences;
 mod bench_neighbour;
 mod bench_oversub;
+mod bench_preempt;
 mod demo;
 mod examples;
 mod num;

@@ -43,7 +43,7 @@ pub use abi::power::{EngineState, PowerState};
 pub use abi::preempt::{ComputeGranularity, CopyGranularity, PreemptionCaps, StopPoint};
 pub use abi::time::Time;
 pub use cost::{CostModel, Timing};
-pub use firmware::preempt::{EngineReset, FwEvent, FwLogEntry, Requester};
+pub use firmware::preempt::{Attention, AttentionGuard, EngineReset, FwEvent, FwLogEntry, Requester};
 pub use firmware::{FenceSignaled, FenceWaits, FwQueueId, Interrupt, QueueConfig, StepReport};
 pub use memory::{AddressSpace, GpuMapping, Vmid};
 
@@ -314,8 +314,11 @@ impl Gpu {
     /// run list until [`Gpu::resume_queue`]. The answer is an [`Interrupt::Preempted`] with
     /// the returned ticket — raised at once when the queue can stop where it stands, never
     /// when it cannot stop (that is for the kernel's TDR timer).
-    pub fn request_preempt(&mut self, id: FwQueueId, now: Time) -> Result<u64, GpuError> {
-        self.fw.request_preempt(id, now)
+    ///
+    /// `requested_at` is when the kernel asked; `now` when the request reaches the device
+    /// (the kernel may have waited for the device lock in between).
+    pub fn request_preempt(&mut self, id: FwQueueId, requested_at: Time, now: Time) -> Result<u64, GpuError> {
+        self.fw.request_preempt(id, requested_at, now)
     }
 
     /// Resets `engine` (`DxgkDdiResetEngine`): queues owing an answer to a preemption request
@@ -341,6 +344,12 @@ impl Gpu {
     /// first (bounded).
     pub fn firmware_log(&self) -> Vec<FwLogEntry> {
         self.fw.log().cloned().collect()
+    }
+
+    /// The device's attention register: raise it before taking the device lock for a
+    /// request that should not wait for engines to finish their turns ([`Attention`]).
+    pub fn attention(&self) -> Attention {
+        self.fw.attention()
     }
 
     /// The device's preemption capabilities.

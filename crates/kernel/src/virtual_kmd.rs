@@ -77,6 +77,11 @@ pub trait DeviceWaker: Send + Sync {
 /// The KMD of doorbell's virtual GPU.
 pub struct VirtualKmd {
     gpu: Arc<Mutex<Gpu>>,
+    /// The device's attention register, raised while a preemption or reset waits for the
+    /// device lock (engines end their turns early; see [`gpu::Attention`]).
+    attention: gpu::Attention,
+    /// The device clock ([`VirtualKmd::set_clock`]).
+    clock: Option<Arc<dyn Fn() -> Time + Send + Sync>>,
     waker: Arc<dyn DeviceWaker>,
     line: InterruptLine,
     notify_on_submit: bool,
@@ -161,12 +166,18 @@ impl VirtualKmd {
     /// A KMD driving `gpu`, whose interrupts arrive on `line`; `waker` is called when an
     /// engine returns to F0.
     pub fn new(gpu: Arc<Mutex<Gpu>>, waker: Arc<dyn DeviceWaker>, line: InterruptLine) -> Self {
-        let doorbells = match gpu.lock().doorbell_model() {
-            DoorbellModel::Global => Doorbells::Global,
-            DoorbellModel::Dedicated => Doorbells::PerProcess,
+        let (doorbells, attention) = {
+            let g = gpu.lock();
+            let doorbells = match g.doorbell_model() {
+                DoorbellModel::Global => Doorbells::Global,
+                DoorbellModel::Dedicated => Doorbells::PerProcess,
+            };
+            (doorbells, g.attention())
         };
         VirtualKmd {
             gpu,
+            attention,
+            clock: None,
             waker,
             line,
             notify_on_submit: false,
@@ -242,6 +253,12 @@ impl VirtualKmd {
     /// OS then keeps monitored fences only.
     pub fn set_native_fences(&mut self, on: bool) {
         self.native_fences = on;
+    }
+
+    /// The device clock, read when a request reaches the device after waiting for its lock
+    /// (without one, requests arrive at the time the OS made them).
+    pub fn set_clock(&mut self, clock: Arc<dyn Fn() -> Time + Send + Sync>) {
+        self.clock = Some(clock);
     }
 
     /// Makes connected doorbells report `ConnectedNotify`, so the UMD calls
@@ -655,13 +672,20 @@ impl Kmd for VirtualKmd {
 
     fn preempt_queue(&mut self, queue: HwQueueHandle, now: Time) -> Result<u64, DdiError> {
         let fw = self.fw(queue)?;
-        let ticket = self.gpu.lock().request_preempt(fw, now).map_err(refused("queue", &queue))?;
+        // Engines end their turns at the next safe point and hand the lock over.
+        let _attention = self.attention.raise();
+        let mut g = self.gpu.lock();
+        // The device's clock when the request reaches it (after the lock hand-over).
+        let arrived = self.clock.as_ref().map_or(now, |c| c());
+        let ticket = g.request_preempt(fw, now, arrived).map_err(refused("queue", &queue))?;
+        drop(g);
         // A sleeping firmware thread must see the request (and raise its answer).
         self.waker.wake();
         Ok(ticket)
     }
 
     fn reset_engine(&mut self, engine: EngineId, now: Time) -> Result<crate::ddi::EngineResetOutcome, DdiError> {
+        let _attention = self.attention.raise();
         let mut g = self.gpu.lock();
         let r = g.reset_engine(engine, now).map_err(refused("engine", &engine))?;
         let h = |fw: &FwQueueId| self.by_fw.get(fw).copied();

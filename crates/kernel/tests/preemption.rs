@@ -22,35 +22,12 @@ use umd::{Buffer, CommandBuffer, UmdError};
 
 use common::{T, forever};
 
-/// Threads run `iters` rounds of `acc = acc * 3 + i` and store `acc` at `out[global_id]`: long
-/// enough to span many turns, and every thread's result depends on every round.
-const ROUNDS: &str = "
-    sarg s0, 0
-    sarg s1, 1
-    vfroms v1, s1
-    builtin v0, %global_id.x
-    mov v2, 0
-    mov v3, 1
-    loop
-        cmp.le.u v4, v1, v2
-        break v4
-        mul v3, v3, 3
-        add v3, v3, v2
-        add v2, v2, 1
-    endloop
-    shl v5, v0, 2
-    st.u32 [s0 + v5], v3
-";
-
 const GROUPS: u32 = 4;
 const GROUP: u32 = 64;
 const THREADS: usize = (GROUPS * GROUP) as usize;
 const ITERS: u32 = 3000;
 
-/// What every thread of [`ROUNDS`] stores.
-fn expected(iters: u32) -> u32 {
-    (0..iters).fold(1u32, |acc, i| acc.wrapping_mul(3).wrapping_add(i))
-}
+use umd::workloads::rounds_result as expected;
 
 fn config(caps: PreemptionCaps) -> SystemConfig {
     SystemConfig { gpu: GpuConfig { preemption: caps, ..GpuConfig::default() }, ..SystemConfig::default() }
@@ -88,7 +65,7 @@ fn saved_at(sys: &System) -> Option<StopPoint> {
     })
 }
 
-/// A process running [`ROUNDS`] on a user compute queue, with a flag the command buffer
+/// A process running `umd::workloads::ROUNDS` on a user compute queue, with a flag the command buffer
 /// writes after the dispatch.
 struct Rounds {
     c: common::Client,
@@ -101,14 +78,14 @@ struct Rounds {
 
 impl Rounds {
     fn start(sys: &System) -> Rounds {
+        Rounds::start_at(sys, abi::Priority::Normal)
+    }
+    fn start_at(sys: &System, priority: abi::Priority) -> Rounds {
         let c = common::client(sys);
-        let kernel = c.device.upload(&umd::assemble(ROUNDS).unwrap().to_bytes()).unwrap();
+        let kernel = c.device.upload(&umd::workloads::rounds().to_bytes()).unwrap();
         let out = c.device.allocate(THREADS as u64 * 4).unwrap();
-        let mut args = Vec::new();
-        args.extend_from_slice(&out.va().to_le_bytes());
-        args.extend_from_slice(&(ITERS as u64).to_le_bytes());
-        let args = c.device.upload(&args).unwrap();
-        let mut q = c.user_queue();
+        let args = c.device.upload(&umd::workloads::rounds_args(out.va(), ITERS)).unwrap();
+        let mut q = c.ctx.create_queue(umd::QueueOptions { priority, ..umd::QueueOptions::user_mode() }).unwrap();
         let mut cb = CommandBuffer::new();
         cb.dispatch(kernel.va(), [GROUPS, 1, 1], [GROUP, 1, 1], args.va()).write_u32(c.buf.va(), 1);
         q.submit(&cb).unwrap();
@@ -489,4 +466,97 @@ fn the_info_query_reports_the_preemption_caps() {
     let sys = common::sim();
     assert_eq!(sys.open_process().unwrap().adapter_info().preemption, PreemptionCaps::default());
     assert_eq!(PreemptionCaps::default().compute, ComputeGranularity::Shader);
+}
+
+/// A high-priority queue's work starts as soon as the engine can take a slot from a busy
+/// low-priority holder: at once (within the engine's current turn) at the finest level, only
+/// after the holder's command buffer at `DmaBuffer`.
+#[test]
+fn a_high_priority_queue_cuts_in_as_soon_as_the_granularity_allows() {
+    let mut starts = Vec::new();
+    for level in [ComputeGranularity::Shader, ComputeGranularity::DmaBuffer] {
+        let mut cfg = compute(level);
+        cfg.gpu.hw_slots = 2;
+        let sys = common::sim_with(cfg);
+        let lows = [Rounds::start_at(&sys, abi::Priority::Low), Rounds::start_at(&sys, abi::Priority::Low)];
+        let h = common::client(&sys);
+        let mut hq = h
+            .ctx
+            .create_queue(umd::QueueOptions { priority: abi::Priority::High, ..umd::QueueOptions::user_mode() })
+            .unwrap();
+        sys.run_for(Duration::from_micros(300));
+        let t0 = sys.now().as_nanos();
+        let mut cb = CommandBuffer::new();
+        cb.timestamp(h.buf.va());
+        let v = hq.submit(&cb).unwrap();
+        hq.wait(v, T).unwrap();
+        let start = h.buf.read_u64(0).unwrap() - t0;
+        let turn = CostModel::default().turn.as_nanos() as u64;
+        // The firmware's own preemption of a low holder, logged: at the finest level where it
+        // stood (mid-dispatch), at `DmaBuffer` at the end of its command buffer.
+        let saved: Vec<StopPoint> = sys
+            .with_gpu(|g| g.firmware_log())
+            .into_iter()
+            .filter_map(|e| match e.event {
+                FwEvent::StateSaved { point, .. } => Some(point),
+                _ => None,
+            })
+            .collect();
+        match level {
+            ComputeGranularity::Shader => {
+                assert!(start <= turn, "{level}: started after {start} ns");
+                assert_eq!(saved.first(), Some(&StopPoint::Instruction), "{saved:?}");
+            }
+            _ => {
+                assert!(start > 4 * turn, "{level}: started after {start} ns");
+                assert_eq!(saved.first(), Some(&StopPoint::CommandBuffer), "{saved:?}");
+            }
+        }
+        // The evicted holder resumes and both low queues finish bit-exact.
+        for r in &lows {
+            r.q.wait(r.v, T).unwrap();
+            assert_eq!(r.results(), vec![expected(ITERS); THREADS]);
+        }
+        starts.push(start);
+    }
+    assert!(starts[0] < starts[1], "{starts:?}");
+}
+
+/// The live driver's two cut-ins, driven by hand: while the kernel holds the device's attention
+/// raised (it waits for the device lock), or once a queue that would take a busy holder's slot
+/// rings its doorbell, the engine ends its turn at the next check (a few hundred
+/// wave-instructions) instead of running out its budget.
+#[test]
+fn attention_or_a_higher_priority_ring_ends_a_turn_at_the_next_check() {
+    let sys = common::sim();
+    let (_c, _q, _spin) = hog(&sys);
+    let h = common::client(&sys);
+    let mut hq = h
+        .ctx
+        .create_queue(umd::QueueOptions { priority: abi::Priority::High, ..umd::QueueOptions::user_mode() })
+        .unwrap();
+    sys.run_for(Duration::from_micros(10));
+    let mut at = sys.now().as_nanos() + 1_000_000_000;
+    // One step of the device, far enough ahead that the engine is free; instructions run.
+    let mut step = |attention: bool| {
+        at += 1_000_000_000;
+        sys.with_gpu(|g| {
+            let a = g.attention();
+            let _raised = attention.then(|| a.raise());
+            let before = g.compute_stats().instructions;
+            g.step(abi::Time(at));
+            g.compute_stats().instructions - before
+        })
+    };
+    let full = step(false);
+    assert_eq!(full, GpuConfig::default().dispatch_budget, "a whole turn's budget");
+    let cut = step(true);
+    assert!(cut <= 512, "attention: the turn ends at the next check ({cut} instructions)");
+    assert_eq!(step(false), full);
+    // The high-priority queue rings (its doorbell not latched yet): the turn ends early.
+    let mut cb = CommandBuffer::new();
+    cb.timestamp(h.buf.va());
+    hq.submit(&cb).unwrap();
+    let cut = step(false);
+    assert!(cut <= 512, "a sentinel ring: the turn ends at the next check ({cut} instructions)");
 }

@@ -14,7 +14,8 @@
 //! - [`CommandBuffer`]: one typed method per packet of [`abi::packet`].
 //! - Compute kernels: [`KernelBuilder`], the text assembler [`assemble`] (`docs/isa.md`),
 //!   [`KernelBinary`] to upload, the example kernels ([`examples`]) and [`verify`], which runs
-//!   them on a device against their CPU references.
+//!   them on a device against their CPU references; [`workloads`]: long deterministic kernels
+//!   and an endless one, for preemption studies, benchmarks and tests.
 //!
 //! The user-mode submission loop follows spec 000's order exactly; see [`Queue::submit`].
 //! Waits check memory first and enter the kernel only when the value has not been reached.
@@ -28,6 +29,7 @@ mod kernel;
 pub mod lowlevel;
 mod queue;
 pub mod verify;
+pub mod workloads;
 
 pub use command::CommandBuffer;
 pub use device::{Buffer, Context, Device};

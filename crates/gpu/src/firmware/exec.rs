@@ -79,6 +79,12 @@ pub(super) struct Env<'a> {
     pub(super) fence_epoch: &'a mut u64,
     /// Where this engine may stop a queue for a preemption.
     pub(super) stop: Stop,
+    /// The device's attention register ([`preempt::Attention`]).
+    pub(super) attention: &'a preempt::Attention,
+    /// The engine's sentinel doorbells ([`Engine::sentinels`]).
+    pub(super) sentinels: &'a [(Word, u64)],
+    /// The turn was cut short by [`Env::interrupted`]: the step ends here for this engine.
+    pub(super) cut: bool,
 }
 
 impl Env<'_> {
@@ -105,7 +111,25 @@ impl Env<'_> {
     pub(super) fn turn_left(&self) -> u64 {
         self.turn_end.saturating_sub(self.elapsed)
     }
+
+    /// Whether the turn must end at this safe point: the kernel waits for the device lock
+    /// (a preemption request, a reset), or a queue that would take this one's slot rang its
+    /// doorbell. Checked between packets, between chunks and every
+    /// [`INTERRUPT_CHECK_INSTRUCTIONS`] wave-instructions; sets [`Env::cut`].
+    pub(super) fn interrupted(&mut self) -> bool {
+        if !self.cut {
+            // Acquire is not needed: a changed word only ends the turn; the ring itself is
+            // latched (with its acquire) by the next doorbell poll.
+            self.cut = self.attention.is_raised()
+                || self.sentinels.iter().any(|(w, last)| w.get().load(Ordering::Relaxed) != *last);
+        }
+        self.cut
+    }
 }
+
+/// Wave-instructions between two checks of [`Env::interrupted`] inside a `DISPATCH`: a few
+/// hundred nanoseconds of interpretation, against a load or two per check.
+pub(super) const INTERRUPT_CHECK_INSTRUCTIONS: u64 = 256;
 
 impl Firmware {
     pub(crate) fn step(&mut self, clock: &dyn Fn() -> Time, vms: &[Option<AddressSpace>]) -> StepReport {
@@ -126,6 +150,7 @@ impl Firmware {
             cost,
             timing,
             log,
+            attention,
             ..
         } = self;
         let modelled = *timing == crate::cost::Timing::Modelled;
@@ -136,12 +161,20 @@ impl Firmware {
                 continue;
             }
             schedule::schedule(e, queues, now, *quanta, log);
+            watch_sentinels(e, queues);
             let mut elapsed = 0u64;
             let mut answered = Vec::new();
             let n = e.hqd.len();
             let mut busy = false;
-            for k in 0..n {
-                let id = e.hqd[(e.cursor + k) % n];
+            // Slot holders take their turns by priority, round-robin among equals: a queue
+            // that just cut in runs first.
+            let mut order: Vec<FwQueueId> = (0..n).map(|k| e.hqd[(e.cursor + k) % n]).collect();
+            order.sort_by_key(|id| std::cmp::Reverse(queues.get(id.0).map_or(Priority::Low, |q| q.cfg.priority)));
+            let mut cut = false;
+            for id in order {
+                if cut {
+                    break;
+                }
                 let Ok(q) = queues.get_mut(id.0) else { continue };
                 if !q.pending || q.state != QueueState::Mapped {
                     continue;
@@ -175,11 +208,15 @@ impl Firmware {
                     irqs,
                     fence_epoch,
                     stop: e.stop,
+                    attention,
+                    sentinels: &e.sentinels,
+                    cut: false,
                 };
                 let (packets, stopped) = run_queue(q, id, vms, *budget, &mut env);
                 report.packets += packets;
                 let stopped_at = env.now();
                 elapsed = env.elapsed;
+                cut = env.cut;
                 // A preemption is answered once the queue stopped at an allowed point, ran dry
                 // or hung.
                 // (Answered after the round: answering takes the queue out of `hqd`.)
@@ -245,7 +282,7 @@ pub(super) fn run_queue(
         ))?;
         // A turn ends after `budget` packets or when its device time is spent, whichever
         // comes first (at least one packet, or one slice of one, always runs).
-        while done < budget as u64 && (done == 0 || !env.turn_over()) {
+        while done < budget as u64 && (done == 0 || !(env.turn_over() || env.interrupted())) {
             // A preemption stops the queue where it stands if the engine allows it there (a
             // packet part-way done is stopped, or not, inside its execution).
             if q.preempt.is_some() && !q.dispatch_active && q.bulk_done.is_none() {
@@ -343,6 +380,23 @@ pub(super) fn run_queue(
         q.publish_rptr();
     }
     (done, stopped)
+}
+
+/// Rebuilds `e`'s sentinel doorbells ([`Engine::sentinels`]) for this step: the watched
+/// doorbells of idle queues with a higher priority than the lowest busy slot holder. Skipped
+/// (no sentinels) on an engine with more than [`preempt::MAX_SENTINEL_WATCHES`] doorbells.
+fn watch_sentinels(e: &mut Engine, queues: &Slab<FwQueue>) {
+    e.sentinels.clear();
+    if e.watches.len() > preempt::MAX_SENTINEL_WATCHES {
+        return;
+    }
+    let busy = |id: &FwQueueId| queues.get(id.0).ok().filter(|q| q.pending && q.state == QueueState::Mapped);
+    let Some(lowest) = e.hqd.iter().filter_map(busy).map(|q| q.cfg.priority).min() else { return };
+    for w in &e.watches {
+        if queues.get(w.queue.0).is_ok_and(|q| !q.pending && q.cfg.priority > lowest && q.state != QueueState::Hung) {
+            e.sentinels.push((w.word.clone(), w.last));
+        }
+    }
 }
 
 /// A `WAIT` that does not pass: the queue stays blocked, and a preemption asked of it stops it
@@ -632,7 +686,16 @@ fn exec_packet(
             // dispatch (an instruction boundary was taken before the packet; `Dispatch` and
             // coarser levels let the dispatch finish).
             let stop_at = q.preempt.and(env.stop.in_dispatch());
-            let progress = d.run_to(vm, budget, stop_at, env.stats);
+            // In sub-slices, so the turn can end at the next check if it is interrupted.
+            let mut left = budget;
+            let progress = loop {
+                let slice = left.min(INTERRUPT_CHECK_INSTRUCTIONS);
+                let p = d.run_to(vm, slice, stop_at, env.stats);
+                left -= slice;
+                if !matches!(p, Ok(Progress::Yield)) || left == 0 || env.interrupted() {
+                    break p;
+                }
+            };
             env.charge(env.cost.instructions_ns(env.stats.instructions - before));
             match progress? {
                 Progress::Done => q.dispatch_active = false,
@@ -677,7 +740,7 @@ fn bulk(
             q.bulk_done = Some(done);
             return Ok(Flow::Stopped(StopPoint::Chunk));
         }
-        if done < total && env.turn_over() {
+        if done < total && (env.turn_over() || env.interrupted()) {
             q.bulk_done = Some(done);
             return Ok(Flow::Yield);
         }

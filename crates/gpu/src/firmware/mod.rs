@@ -368,6 +368,12 @@ struct Engine {
     next_seq: u64,
     /// Where it may stop a queue's work ([`preempt`]).
     stop: Stop,
+    /// The doorbells of queues that would take a slot from a holder if they rang (higher
+    /// priority than the lowest holder, not in a slot), with the value last seen: a turn in
+    /// progress checks them at its safe points and ends early when one changes, so that queue
+    /// is mapped and runs at once. Rebuilt by each scheduling pass; empty past
+    /// [`preempt::MAX_SENTINEL_WATCHES`] watched doorbells.
+    sentinels: Vec<(Word, u64)>,
 }
 
 /// The firmware state machine. See the module docs.
@@ -410,6 +416,8 @@ pub(crate) struct Firmware {
     next_ticket: u64,
     /// Requests, answers, saves, restores and resets, in order ([`preempt::FwEvent`]).
     log: FwLog,
+    /// Raised by the kernel while it waits for the device lock ([`preempt::Attention`]).
+    attention: preempt::Attention,
 }
 
 /// A native fence the firmware knows (`DxgkDdiCreateNativeFence`).
@@ -455,6 +463,7 @@ impl Engine {
             waiting: Waiting::default(),
             next_seq: 0,
             stop,
+            sentinels: Vec::new(),
         }
     }
 
@@ -501,6 +510,7 @@ impl Firmware {
             preemption: cfg.preemption,
             next_ticket: 0,
             log: FwLog::default(),
+            attention: preempt::Attention::default(),
         }
     }
 

@@ -34,6 +34,44 @@
 use super::*;
 pub use abi::preempt::StopPoint;
 
+/// The device's attention register: the kernel raises it before it takes the device lock
+/// for a preemption request or a reset, so that an engine in the middle of a turn ends it at
+/// its next safe point (an instruction, a chunk, a packet) and hands the lock over, instead of
+/// finishing a turn that may take a hundred microseconds. It is a hint, like an MMIO write
+/// that interrupts the command processor: the request itself is made under the lock, and a
+/// turn that ends early loses nothing (its state is saved as at any turn end).
+#[derive(Clone, Default, Debug)]
+pub struct Attention(Arc<std::sync::atomic::AtomicU32>);
+
+impl Attention {
+    /// Raises it for as long as the guard lives (several callers may hold it at once).
+    pub fn raise(&self) -> AttentionGuard<'_> {
+        // Relaxed: a hint; the lock that follows orders everything that matters.
+        self.0.fetch_add(1, Ordering::Relaxed);
+        AttentionGuard(self)
+    }
+
+    /// Whether someone is waiting for the device lock.
+    pub fn is_raised(&self) -> bool {
+        // Relaxed: see `raise`.
+        self.0.load(Ordering::Relaxed) != 0
+    }
+}
+
+/// Holds the [`Attention`] register raised.
+pub struct AttentionGuard<'a>(&'a Attention);
+
+impl Drop for AttentionGuard<'_> {
+    fn drop(&mut self) {
+        // Relaxed: see `Attention::raise`.
+        self.0.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// The most doorbells an engine watches for a cut-in ([`Engine::sentinels`]): past this many
+/// queues on the engine, a higher-priority ring is heard at the engine's next step instead.
+pub(super) const MAX_SENTINEL_WATCHES: usize = 64;
+
 /// Who asked for a preemption.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Requester {
@@ -210,20 +248,21 @@ pub(super) fn finish(
 
 impl Firmware {
     /// Asks for queue `id` to leave its slot (see the module docs); returns the request's
-    /// ticket, which the answer ([`Interrupt::Preempted`]) carries. A queue that can stop
-    /// where it stands is answered now.
-    pub(crate) fn request_preempt(&mut self, id: FwQueueId, now: Time) -> Result<u64, GpuError> {
+    /// ticket, which the answer ([`Interrupt::Preempted`]) carries. `requested_at` is when the
+    /// kernel asked, `now` when the request reached the firmware: a queue that can stop where
+    /// it stands is answered at `now`.
+    pub(crate) fn request_preempt(&mut self, id: FwQueueId, requested_at: Time, now: Time) -> Result<u64, GpuError> {
         let caps = self.preemption;
         self.next_ticket += 1;
         let ticket = self.next_ticket;
         let Firmware { engines, queues, log, irqs, .. } = self;
         let q = queues.get_mut(id.0).map_err(|_| GpuError::StaleQueue(id))?;
         let e = engines.get_mut(q.cfg.engine.0 as usize).ok_or(GpuError::BadEngine(q.cfg.engine.0))?;
-        log.push(now, FwEvent::PreemptRequested { queue: id, ticket, by: Requester::Os });
+        log.push(requested_at, FwEvent::PreemptRequested { queue: id, ticket, by: Requester::Os });
         let stop = Engine::stop_rule(e.kind, caps);
         let in_slot = e.hqd.contains(&id) && q.state == QueueState::Mapped;
         // An earlier request of the scheduler is taken over: the kernel's is the stronger.
-        q.preempt = Some(PreemptRequest { ticket, at: now, by: Requester::Os });
+        q.preempt = Some(PreemptRequest { ticket, at: requested_at, by: Requester::Os });
         if !in_slot || q.may_stop_now(stop) {
             let point = if in_slot { q.standing_point() } else { StopPoint::Idle };
             finish(e, q, id, point, now, log, irqs);
@@ -285,6 +324,11 @@ impl Firmware {
         }
         log.push(now, FwEvent::AdapterReset);
         lost
+    }
+
+    /// The attention register.
+    pub(crate) fn attention(&self) -> Attention {
+        self.attention.clone()
     }
 
     /// The device's preemption capabilities.

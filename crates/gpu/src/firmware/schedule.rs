@@ -143,6 +143,9 @@ pub(super) trait Schedulable {
     /// Asks it to leave its slot at its next allowed point (the scheduler's own preemption
     /// request); returns whether this is a new request.
     fn request_stop(&mut self, now: Time) -> bool;
+    /// It leaves its slot where it stands, with work left: its state is saved there; returns
+    /// the point.
+    fn saved_at_eviction(&mut self) -> StopPoint;
 }
 
 impl Schedulable for FwQueue {
@@ -181,6 +184,11 @@ impl Schedulable for FwQueue {
     }
     fn may_stop_now(&self, stop: Stop) -> bool {
         FwQueue::may_stop_now(self, stop)
+    }
+    fn saved_at_eviction(&mut self) -> StopPoint {
+        let point = self.standing_point();
+        self.saved = Some(point);
+        point
     }
     fn request_stop(&mut self, now: Time) -> bool {
         if self.preempt.is_some() {
@@ -370,6 +378,12 @@ pub(super) fn schedule<Q: Schedulable>(
                 let pending = q.seat().pending;
                 q.set_state(if pending { QueueState::Preempted } else { QueueState::Unmapped });
                 if pending {
+                    // Stopped where it stands (an allowed point): request, save and answer at once.
+                    let point = q.saved_at_eviction();
+                    use super::preempt::{FwEvent, Requester};
+                    log.push(now, FwEvent::PreemptRequested { queue: v, ticket: 0, by: Requester::Scheduler });
+                    log.push(now, FwEvent::StateSaved { queue: v, point });
+                    log.push(now, FwEvent::PreemptAnswered { queue: v, ticket: 0, requested_at: now });
                     evicted.push(v);
                 }
             }
@@ -449,6 +463,9 @@ mod tests {
         }
         fn request_stop(&mut self, _: Time) -> bool {
             false
+        }
+        fn saved_at_eviction(&mut self) -> StopPoint {
+            StopPoint::Instruction
         }
     }
 

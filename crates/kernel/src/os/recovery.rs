@@ -94,6 +94,9 @@ impl TdrConfig {
     }
 }
 
+/// How many answers [`Os::preempt_answer`] remembers.
+const ANSWERS_KEPT: usize = 4096;
+
 /// A preemption request the OS has not heard back from.
 #[derive(Clone, Copy, Debug)]
 struct Pending {
@@ -112,8 +115,10 @@ pub(crate) struct Recovery {
     recent: VecDeque<Time>,
     /// Set once the recovery limit was exceeded: the adapter is lost for good.
     fatal: Option<KernelError>,
-    /// Answers heard, and their latencies (device time).
+    /// Answers heard.
     pub(crate) answered: u64,
+    /// The latest answers: (ticket, latency in ns), at most [`ANSWERS_KEPT`].
+    answers: VecDeque<(u64, u64)>,
     /// Recoveries done.
     pub(crate) recoveries: u64,
 }
@@ -178,6 +183,12 @@ impl Os {
         Ok(())
     }
 
+    /// The answer to request `ticket` if it came (and is among the latest
+    /// [`ANSWERS_KEPT`]): its latency, from the request to the engine's answer (ns).
+    pub fn preempt_answer(&self, ticket: u64) -> Option<u64> {
+        self.recovery.answers.iter().rev().find(|a| a.0 == ticket).map(|a| a.1)
+    }
+
     /// The engine answered a preemption request.
     pub(super) fn handle_preempted(&mut self, queue: HwQueueHandle, ticket: u64, requested: Time, answered: Time) {
         if self.recovery.pending.remove(&ticket).is_none() {
@@ -186,6 +197,10 @@ impl Os {
         }
         self.recovery.answered += 1;
         let latency_ns = answered.since(requested).as_nanos() as u64;
+        if self.recovery.answers.len() == ANSWERS_KEPT {
+            self.recovery.answers.pop_front();
+        }
+        self.recovery.answers.push_back((ticket, latency_ns));
         self.trace.push(answered, Event::Preempted { queue, ticket, latency_ns });
     }
 

@@ -193,6 +193,9 @@ pub(crate) struct Inner {
     /// OS entry, so that a pump beside a busy engine enters the OS when a timer (the TDR timer)
     /// is due without taking the OS lock to find out.
     os_deadline: AtomicU64,
+    /// The device's attention register: while the kernel waits for the device lock, the pump
+    /// stays off it.
+    attention: gpu::Attention,
 }
 
 /// What one pump did.
@@ -211,6 +214,7 @@ impl Inner {
         clock: Arc<dyn Clock>,
         driver: Driver,
     ) -> Inner {
+        let attention = gpu.lock().attention();
         Inner {
             os: Mutex::new(os),
             trace,
@@ -223,6 +227,7 @@ impl Inner {
             was_asleep: AtomicBool::new(false),
             cross: Mutex::new(None),
             os_deadline: AtomicU64::new(u64::MAX),
+            attention,
         }
     }
 
@@ -279,6 +284,11 @@ impl Inner {
 
     /// One turn of the device: latch doorbells, step engines, timers, interrupts.
     pub(crate) fn pump(&self) -> Pump {
+        // The kernel waits for the device lock (a preemption request, a reset): let it have it.
+        if self.attention.is_raised() {
+            std::hint::spin_loop();
+            return Pump { work: true, asleep: false };
+        }
         let (report, asleep, raised) = {
             let mut g = self.gpu.lock();
             g.poll_doorbells();

@@ -160,6 +160,8 @@ impl System {
         let line = InterruptLine::default();
         let mut kmd = VirtualKmd::new(gpu.clone(), waker, line.clone());
         kmd.set_notify_on_submit(cfg.notify_on_submit);
+        let device_clock = clock.clone();
+        kmd.set_clock(Arc::new(move || device_clock.now()));
         kmd.set_user_queue_mode(cfg.user_queue_mode);
         kmd.set_native_fences(!cfg.without_native_fences);
         if let Some(n) = cfg.doorbell_pool
@@ -371,6 +373,12 @@ impl System {
     /// timeout detection and recovery after `TdrDelay`.
     pub fn preempt_queue(&self, pid: ProcessId, q: abi::HwQueueHandle) -> Result<u64, KernelError> {
         self.inner.call_as(pid, |os, now| os.preempt_queue(pid, q, now))
+    }
+
+    /// The answer to preemption request `ticket`, once it came: its latency from the request
+    /// to the engine's answer on the device clock (ns). Kept for the last 4096 answers.
+    pub fn preempt_answer(&self, ticket: u64) -> Option<u64> {
+        self.inner.os.lock().preempt_answer(ticket)
     }
 
     /// Puts a queue preempted by [`System::preempt_queue`] back on the run list.
