@@ -304,7 +304,18 @@ pub struct QueueStatus {
     pub completed: u64,
     /// Last queued progress value.
     pub last_queued: u64,
+    /// `AMDGPU_USERQ_QUERY_STATUS_FLAGS_*`: [`QUEUE_STATUS_HUNG`], [`QUEUE_STATUS_VRAM_LOST`].
+    pub flags: u32,
+    /// The queue caused its own hang (a fault, or it would not yield and was reset), rather
+    /// than being lost with its device or adapter.
+    pub guilty: bool,
 }
+
+/// [`QueueStatus::flags`]: the queue is hung (reset or faulted); it runs no more work.
+pub const QUEUE_STATUS_HUNG: u32 = 1 << 0;
+/// [`QueueStatus::flags`]: the adapter was reset since the queue was created and the contents
+/// of local (VRAM) memory did not survive; user mode must re-upload what it kept there.
+pub const QUEUE_STATUS_VRAM_LOST: u32 = 1 << 1;
 
 /// Why a handle was refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -327,6 +327,12 @@ impl Gpu {
         self.fw.reset_engine(engine, now)
     }
 
+    /// Resets one queue (amdgpu's per-queue reset): it hangs, nothing else is touched.
+    /// Returns the last progress value the engine accepted from it.
+    pub fn reset_queue(&mut self, id: FwQueueId, requested_at: Time, now: Time) -> Result<u64, GpuError> {
+        self.fw.reset_queue(id, requested_at, now)
+    }
+
     /// Resets the whole adapter (`DxgkDdiResetFromTimeout`): every queue hangs, its state
     /// lost. Returns the queues that hung.
     pub fn reset_adapter(&mut self, now: Time) -> Vec<FwQueueId> {

@@ -107,6 +107,8 @@ pub enum DdiKind {
     ResetEngine,
     /// [`Kmd::preempt_queue`] (a failed request starts recovery at once).
     PreemptQueue,
+    /// [`Kmd::reset_queue`] (a failed per-queue reset escalates to an adapter reset).
+    ResetQueue,
 }
 
 /// A queue the OS asks the KMD to create (`DxgkDdiCreateHwQueue`; amdgpu's MQD inputs).
@@ -358,6 +360,10 @@ pub trait Kmd: Send {
     /// `DxgkDdiResetEngine`: resets one engine. The queues that owe an answer to a preemption
     /// request hang; every other queue there keeps its work.
     fn reset_engine(&mut self, engine: EngineId, now: Time) -> Result<EngineResetOutcome, DdiError>;
+    /// amdgpu's per-queue reset (through the scheduling firmware): `queue` hangs, its
+    /// neighbours are not touched. `requested_at` is when the preemption it would not answer
+    /// was asked for. Returns the last progress value ("fence ID") the reset aborted.
+    fn reset_queue(&mut self, queue: HwQueueHandle, requested_at: Time, now: Time) -> Result<u64, DdiError>;
     /// `DxgkDdiResetFromTimeout`: resets the adapter; every queue's state is lost. Returns the
     /// queues that hung.
     fn reset_from_timeout(&mut self, now: Time) -> Result<Vec<HwQueueHandle>, DdiError>;
@@ -562,6 +568,11 @@ impl Kmd for Traced {
         self.log(Ddi::ResetEngine(engine));
         self.gate(DdiKind::ResetEngine)?;
         self.inner.reset_engine(engine, now)
+    }
+    fn reset_queue(&mut self, queue: HwQueueHandle, requested_at: Time, now: Time) -> Result<u64, DdiError> {
+        self.log(Ddi::ResetQueue(queue));
+        self.gate(DdiKind::ResetQueue)?;
+        self.inner.reset_queue(queue, requested_at, now)
     }
     fn reset_from_timeout(&mut self, now: Time) -> Result<Vec<HwQueueHandle>, DdiError> {
         self.log(Ddi::ResetFromTimeout);

@@ -78,6 +78,8 @@ pub enum Ddi {
     PreemptQueue(HwQueueHandle),
     /// `DxgkDdiResetEngine`.
     ResetEngine(EngineId),
+    /// amdgpu's per-queue reset through the scheduling firmware.
+    ResetQueue(HwQueueHandle),
     /// `DxgkDdiResetFromTimeout`: the adapter reset.
     ResetFromTimeout,
     /// `DxgkDdiRestartFromTimeout`.

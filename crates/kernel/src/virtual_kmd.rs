@@ -698,6 +698,14 @@ impl Kmd for VirtualKmd {
         Ok(crate::ddi::EngineResetOutcome { guilty, preempted })
     }
 
+    fn reset_queue(&mut self, queue: HwQueueHandle, requested_at: Time, now: Time) -> Result<u64, DdiError> {
+        let fw = self.fw(queue)?;
+        let _attention = self.attention.raise();
+        let aborted = self.gpu.lock().reset_queue(fw, requested_at, now).map_err(refused("queue", &queue))?;
+        self.waker.wake();
+        Ok(aborted)
+    }
+
     fn reset_from_timeout(&mut self, now: Time) -> Result<Vec<HwQueueHandle>, DdiError> {
         let lost = self.gpu.lock().reset_adapter(now);
         Ok(lost.iter().filter_map(|fw| self.by_fw.get(fw).copied()).collect())

@@ -560,3 +560,101 @@ fn attention_or_a_higher_priority_ring_ends_a_turn_at_the_next_check() {
     let cut = step(false);
     assert!(cut <= 512, "a sentinel ring: the turn ends at the next check ({cut} instructions)");
 }
+
+/// amdgpu's hang timer: a queue whose progress has not moved for its timeout is asked to
+/// preempt. A queue blocked in a preemptible `WAIT` answers, runs on and is never reset; an
+/// endless kernel that cannot be cut does not answer and gets a per-queue reset, in order,
+/// reported by `QUERY_STATUS` as hung and guilty, while its device's other queue runs on.
+/// The client recreates the queue; the reset one's handle is refused once destroyed.
+#[test]
+fn the_hang_timer_resets_only_a_queue_that_will_not_yield() {
+    let tdr = TdrConfig {
+        delay: Duration::from_millis(100),
+        hang_compute: Some(Duration::from_millis(400)),
+        hang_copy: Some(Duration::from_millis(400)),
+        ..TdrConfig::default()
+    };
+    let sys = common::sim_with(slow(ComputeGranularity::Dispatch, tdr));
+    // A queue blocked on a flag nobody sets yet: preemptible, so not hung.
+    let w = common::client(&sys);
+    let mut wq = w.user_queue();
+    let mut cb = CommandBuffer::new();
+    cb.wait(w.buf.va(), 1).write_u32(w.buf.va() + 4, 5);
+    let wv = wq.submit(&cb).unwrap();
+    // An endless kernel beside it, and a second queue of the hog's own device.
+    let (c, q, _spin) = hog(&sys);
+    let mut q2 = c.user_queue();
+    sys.run_for(Duration::from_secs(2));
+    let evs = common::events(&sys);
+    let pos = |f: &dyn Fn(&Event) -> bool| evs.iter().position(f).unwrap_or_else(|| panic!("missing in {evs:#?}"));
+    let check = pos(&|e| matches!(e, Event::Ddi(Ddi::PreemptQueue(h)) if *h == q.handle()));
+    let timeout = pos(&|e| matches!(e, Event::TdrTimeout { queue, .. } if *queue == q.handle()));
+    let reset = pos(&|e| matches!(e, Event::Ddi(Ddi::ResetQueue(h)) if *h == q.handle()));
+    let fault = pos(&|e| matches!(e, Event::QueueFault { queue, .. } if *queue == q.handle()));
+    assert!(check < timeout && timeout < reset && reset < fault);
+    assert!(!evs.iter().any(|e| matches!(e, Event::Ddi(Ddi::ResetEngine(_) | Ddi::ResetFromTimeout))));
+    assert!(sys.with_gpu(|g| g.firmware_log()).iter().any(|e| matches!(e.event, FwEvent::QueueReset { .. })));
+    // The waiting queue was checked too, answered, and was not reset.
+    assert!(evs.iter().any(|e| matches!(e, Event::Ddi(Ddi::PreemptQueue(h)) if *h == wq.handle())));
+    assert!(!evs.iter().any(|e| matches!(e, Event::TdrTimeout { queue, .. } if *queue == wq.handle())));
+    let st = q.status().unwrap();
+    assert_eq!(st.state, QueueState::Hung);
+    assert_eq!(st.flags, abi::port::QUEUE_STATUS_HUNG);
+    assert!(st.guilty);
+    let ws = wq.status().unwrap();
+    assert_eq!((ws.flags, ws.guilty), (0, false));
+    // Released, the waiting queue finishes its work.
+    w.buf.write(0, &1u32.to_le_bytes()).unwrap();
+    wq.wait(wv, T).unwrap();
+    assert_eq!(w.buf.read_u32(4).unwrap(), 5);
+    // The hog's device is not lost: its other queue works, and a recreated queue works.
+    let mut cb = CommandBuffer::new();
+    cb.write_u32(c.buf.va() + 8, 3);
+    let v = q2.submit(&cb).unwrap();
+    q2.wait(v, T).unwrap();
+    let old = q.handle();
+    drop(q);
+    let mut q3 = c.user_queue();
+    let mut cb = CommandBuffer::new();
+    cb.write_u32(c.buf.va() + 12, 4);
+    let v = q3.submit(&cb).unwrap();
+    q3.wait(v, T).unwrap();
+    assert_eq!((c.buf.read_u32(8).unwrap(), c.buf.read_u32(12).unwrap()), (3, 4));
+    let e = c.port.query_queue(old).unwrap_err();
+    assert!(matches!(e, abi::port::KernelError::BadHandle { .. }), "{e}");
+}
+
+/// A failed per-queue reset escalates to an adapter reset, which does not preserve local
+/// memory: queues created before it report VRAM lost (and innocent), local allocations read
+/// zero.
+#[test]
+fn a_failed_queue_reset_escalates_and_the_adapter_reset_loses_vram() {
+    let tdr = TdrConfig {
+        delay: Duration::from_millis(100),
+        hang_compute: Some(Duration::from_millis(400)),
+        ..TdrConfig::default()
+    };
+    let sys = common::sim_with(slow(ComputeGranularity::Dispatch, tdr));
+    sys.inject_ddi_fault(DdiFault { ddi: DdiKind::ResetQueue, call: 1 });
+    let n = common::client(&sys);
+    let nq = n.user_queue();
+    let vram = n
+        .device
+        .allocate_with(&abi::port::AllocationDesc {
+            domain: abi::port::MemoryDomain::Local,
+            ..abi::port::AllocationDesc::system(4096)
+        })
+        .unwrap();
+    vram.write(0, &7u32.to_le_bytes()).unwrap();
+    let (_c, q, _spin) = hog(&sys);
+    sys.run_for(Duration::from_secs(2));
+    let evs = common::events(&sys);
+    let reset = evs.iter().position(|e| matches!(e, Event::Ddi(Ddi::ResetQueue(_)))).unwrap();
+    let adapter = evs.iter().position(|e| matches!(e, Event::Ddi(Ddi::ResetFromTimeout))).unwrap();
+    assert!(reset < adapter);
+    let st = nq.status().unwrap();
+    assert_eq!(st.flags, abi::port::QUEUE_STATUS_HUNG | abi::port::QUEUE_STATUS_VRAM_LOST);
+    assert!(!st.guilty, "lost with the adapter, not its own doing");
+    assert_eq!(q.status().unwrap().state, QueueState::Hung);
+    assert_eq!(vram.read_u32(0).unwrap(), 0, "local memory did not survive the adapter reset");
+}

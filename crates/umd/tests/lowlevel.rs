@@ -129,7 +129,14 @@ fn a_hand_written_loop_runs_wraps_and_reconnects_after_victimization() {
         assert!(l.wptr > RING, "the ring wrapped");
         assert_eq!(
             l.q.status().unwrap(),
-            QueueStatus { state: l.q.status().unwrap().state, fault: None, completed: l.value, last_queued: l.value }
+            QueueStatus {
+                state: l.q.status().unwrap().state,
+                fault: None,
+                completed: l.value,
+                last_queued: l.value,
+                flags: 0,
+                guilty: false
+            }
         );
     }
     assert_eq!((out.read_u32(4).unwrap(), out.read_u32(8).unwrap()), (100, 100));

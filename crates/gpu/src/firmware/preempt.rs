@@ -132,6 +132,12 @@ pub enum FwEvent {
         /// The guilty queues.
         guilty: Vec<FwQueueId>,
     },
+    /// One queue was reset (amdgpu's per-queue reset through the scheduling firmware): it
+    /// hangs; no other queue is touched.
+    QueueReset {
+        /// The queue.
+        queue: FwQueueId,
+    },
     /// The adapter was reset: every queue's state is lost.
     AdapterReset,
 }
@@ -301,6 +307,24 @@ impl Firmware {
         e.resched = true;
         log.push(now, FwEvent::EngineReset { engine, guilty: out.guilty.clone() });
         Ok(out)
+    }
+
+    /// Resets one queue (amdgpu: the per-queue reset through the scheduling firmware): it
+    /// leaves its slot and the run list and hangs with [`FaultKind::PreemptTimeout`] (it would
+    /// not yield to a preemption request made at `requested_at`); its neighbours are not
+    /// touched. Returns the last progress value the engine accepted from it (the last
+    /// "fence ID" the reset aborted).
+    pub(crate) fn reset_queue(&mut self, id: FwQueueId, requested_at: Time, now: Time) -> Result<u64, GpuError> {
+        let Firmware { engines, queues, log, .. } = self;
+        let q = queues.get_mut(id.0).map_err(|_| GpuError::StaleQueue(id))?;
+        let e = engines.get_mut(q.cfg.engine.0 as usize).ok_or(GpuError::BadEngine(q.cfg.engine.0))?;
+        q.preempt = None;
+        hang(q, FaultKind::PreemptTimeout { waited_ms: now.since(requested_at).as_millis() as u64 });
+        e.hqd.retain(|&h| h != id);
+        e.resched = true;
+        sync_waiting(e, q, id);
+        log.push(now, FwEvent::QueueReset { queue: id });
+        Ok(q.queued)
     }
 
     /// Resets the adapter (`DxgkDdiResetFromTimeout`): every queue's state is lost; each one

@@ -203,6 +203,13 @@ struct QueueObj {
     logs: Option<[Arc<Shm>; 2]>,
     /// Entries of the signal log the interrupt service has read.
     signal_log_seen: u64,
+    /// The adapter resets before the queue was created ([`QueueStatus::flags`]'s VRAM_LOST).
+    ///
+    /// [`QueueStatus::flags`]: abi::port::QueueStatus::flags
+    adapter_resets: u64,
+    /// The hang timer (amdgpu): the completed progress value last seen with work outstanding,
+    /// and since when it has not moved.
+    progress_seen: Option<(u64, Time)>,
 }
 
 impl QueueObj {
@@ -441,9 +448,9 @@ impl Os {
     /// enters D3; if work is queued meanwhile D3 is refused (see [`Os::enter_d3`]) and the
     /// timer starts over.
     pub fn handle_timeout(&mut self, now: Time) {
-        // A preemption request unanswered for TdrDelay: recovery (spec 003).
+        // A preemption request unanswered for TdrDelay (spec 003), or the hang timer's scan.
         if self.recovery.poll_timeout().is_some_and(|t| now >= t) {
-            self.handle_tdr_timeout(now);
+            self.handle_recovery_timeout(now);
         }
         let d3 = self.d3_idle.and_then(|period| self.all_f1_since.map(|t| t.plus(period)));
         if d3.is_none_or(|t| now < t) {

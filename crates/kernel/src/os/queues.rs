@@ -23,7 +23,7 @@ use abi::doorbell::DOORBELLS_PER_PAGE;
 use abi::port::{HwQueueDesc, HwQueueInfo, Invalid, KernelError, LostReason, QueueStatus, SubmissionMode};
 use abi::queue::{Access, FaultKind, QueueDescriptor};
 use abi::ring::{self, RPTR_OFFSET, RingControlView, WPTR_OFFSET};
-use abi::{ContextHandle, DoorbellStatus, HwQueueHandle, Priority, ProcessId, Time};
+use abi::{ContextHandle, DoorbellStatus, HwQueueHandle, Priority, ProcessId, QueueState, Time};
 use shm::{Prot, Shm};
 
 use super::submit::KERNEL_RING_BYTES;
@@ -239,6 +239,7 @@ impl Os {
         };
         // The table entry first: the device knows the queue by its handle. If the device
         // refuses, the entry (and everything it holds) goes again.
+        let adapter_resets = self.recovery.adapter_resets;
         let handle = self.proc(pid)?.queues.insert(QueueObj {
             context: ctx,
             engine,
@@ -250,7 +251,10 @@ impl Os {
             life: QueueLife::Live,
             logs: logs.clone(),
             signal_log_seen: 0,
+            adapter_resets,
+            progress_seen: None,
         });
+        self.recovery.arm_hang_scan(now);
         if let Err(e) = self.ddi.create_hw_queue(handle, create) {
             self.proc(pid)?.queues.remove(handle)?;
             return Err(e.into());
@@ -325,7 +329,12 @@ impl Os {
         let qo = p.queues.get(q)?;
         let ddi = &self.ddi;
         let (state, fault) = qo.life.status(|| ddi.queue_state(q));
-        Ok(QueueStatus { state, fault, completed: qo.completed(), last_queued })
+        let hung = if state == QueueState::Hung { abi::port::QUEUE_STATUS_HUNG } else { 0 };
+        let vram_lost =
+            if self.recovery.adapter_resets > qo.adapter_resets { abi::port::QUEUE_STATUS_VRAM_LOST } else { 0 };
+        // Lost with its device or adapter is not the queue's own doing.
+        let guilty = fault.as_ref().is_some_and(|f| !matches!(f.kind, FaultKind::DeviceLost | FaultKind::AdapterReset));
+        Ok(QueueStatus { state, fault, completed: qo.completed(), last_queued, flags: hung | vram_lost, guilty })
     }
 
     /// A queue's last-queued progress value: the kernel's own for a kernel-mode queue, the

@@ -58,6 +58,13 @@ pub struct TdrConfig {
     /// The KMD resets single engines (`DxgkDdiResetEngine`); otherwise every recovery resets
     /// the adapter.
     pub engine_reset: bool,
+    /// amdgpu's per-queue hang timer on compute queues (default 2 s; `None`: off): a queue
+    /// with work outstanding whose progress fence has not moved for this long is asked to
+    /// preempt; if it answers it was only busy or waiting, and runs on; if it does not answer
+    /// within `delay` it gets a per-queue reset.
+    pub hang_compute: Option<Duration>,
+    /// The same on copy queues.
+    pub hang_copy: Option<Duration>,
 }
 
 impl Default for TdrConfig {
@@ -67,6 +74,8 @@ impl Default for TdrConfig {
             limit_count: 5,
             limit_time: Duration::from_secs(60),
             engine_reset: true,
+            hang_compute: Some(Duration::from_secs(2)),
+            hang_copy: Some(Duration::from_secs(2)),
         }
     }
 }
@@ -87,6 +96,12 @@ impl TdrConfig {
         };
         range("tdr.delay", self.delay)?;
         range("tdr.limit_time", self.limit_time)?;
+        if let Some(d) = self.hang_compute {
+            range("tdr.hang_compute", d)?;
+        }
+        if let Some(d) = self.hang_copy {
+            range("tdr.hang_copy", d)?;
+        }
         if self.limit_count == 0 || self.limit_count > 1000 {
             return Err(invalid("tdr.limit_count", self.limit_count, OutOfRange { expected: "between 1 and 1000" }));
         }
@@ -103,6 +118,19 @@ struct Pending {
     queue: HwQueueHandle,
     engine: EngineId,
     at: Time,
+    /// Why it was asked for.
+    cause: Cause,
+}
+
+/// Why the OS asked for a preemption.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Cause {
+    /// A caller of [`Os::preempt_queue`]: the queue stays off the run list until resumed; no
+    /// answer in time means an engine reset.
+    Request,
+    /// The hang timer's check: an answer resumes the queue at once; no answer in time means a
+    /// per-queue reset.
+    HangCheck,
 }
 
 /// The OS's recovery state.
@@ -121,12 +149,30 @@ pub(crate) struct Recovery {
     answers: VecDeque<(u64, u64)>,
     /// Recoveries done.
     pub(crate) recoveries: u64,
+    /// Adapter resets so far (a queue created before the last one reports VRAM lost).
+    pub(crate) adapter_resets: u64,
+    /// When the hang timer next scans the queues (`None`: no queue to watch, or off).
+    hang_scan_at: Option<Time>,
 }
 
 impl Recovery {
     /// When the oldest unanswered request times out.
     pub(crate) fn poll_timeout(&self) -> Option<Time> {
-        self.pending.values().map(|p| p.at).min().map(|t| t.plus(self.cfg.delay))
+        let tdr = self.pending.values().map(|p| p.at).min().map(|t| t.plus(self.cfg.delay));
+        [tdr, self.hang_scan_at].into_iter().flatten().min()
+    }
+
+    /// How often the hang timer scans: a quarter of its shortest timeout, so a hang is noticed
+    /// within 1.25 timeouts.
+    fn hang_period(&self) -> Option<Duration> {
+        [self.cfg.hang_compute, self.cfg.hang_copy].into_iter().flatten().min().map(|d| d / 4)
+    }
+
+    /// Starts the hang timer's scans if they are not running (a queue was created).
+    pub(crate) fn arm_hang_scan(&mut self, now: Time) {
+        if self.hang_scan_at.is_none() {
+            self.hang_scan_at = self.hang_period().map(|p| now.plus(p));
+        }
     }
 }
 
@@ -135,6 +181,7 @@ impl Os {
     pub fn set_tdr(&mut self, cfg: TdrConfig) -> Result<(), KernelError> {
         cfg.validate()?;
         self.recovery.cfg = cfg;
+        self.recovery.hang_scan_at = None;
         Ok(())
     }
 
@@ -153,9 +200,19 @@ impl Os {
         let qo = self.queue(pid, q)?;
         qo.live(q)?;
         let engine = qo.engine;
+        self.request_preemption(q, engine, Cause::Request, now)
+    }
+
+    fn request_preemption(
+        &mut self,
+        q: HwQueueHandle,
+        engine: EngineId,
+        cause: Cause,
+        now: Time,
+    ) -> Result<u64, KernelError> {
         match self.ddi.preempt_queue(q, now) {
             Ok(ticket) => {
-                self.recovery.pending.insert(ticket, Pending { queue: q, engine, at: now });
+                self.recovery.pending.insert(ticket, Pending { queue: q, engine, at: now, cause });
                 Ok(ticket)
             }
             Err(e) => {
@@ -191,9 +248,19 @@ impl Os {
 
     /// The engine answered a preemption request.
     pub(super) fn handle_preempted(&mut self, queue: HwQueueHandle, ticket: u64, requested: Time, answered: Time) {
-        if self.recovery.pending.remove(&ticket).is_none() {
+        let Some(p) = self.recovery.pending.remove(&ticket) else {
             // Answered after its queue was recovered, resumed or destroyed: nothing waits.
             return;
+        };
+        if p.cause == Cause::HangCheck {
+            // It yielded: busy or waiting, not hung. It runs on (unless its context was
+            // suspended meanwhile, which holds it anyway).
+            let pid = queue.owner();
+            if let Ok(context) = self.queue(pid, queue).map(|q| q.context)
+                && self.proc(pid).and_then(|p| p.contexts.get(context)).is_ok_and(|c| !c.suspended)
+            {
+                let _ = self.ddi.resume_context(context, &[queue]);
+            }
         }
         self.recovery.answered += 1;
         let latency_ns = answered.since(requested).as_nanos() as u64;
@@ -204,19 +271,123 @@ impl Os {
         self.trace.push(answered, Event::Preempted { queue, ticket, latency_ns });
     }
 
-    /// Fires what is due of the TDR timer: every request unanswered for `TdrDelay` starts
-    /// recovery on its engine (one recovery per engine).
-    pub(super) fn handle_tdr_timeout(&mut self, now: Time) {
+    /// Fires what is due: every request unanswered for `TdrDelay` starts recovery (an engine
+    /// reset for a caller's request, one per engine; a per-queue reset for a hang check);
+    /// then the hang timer's scan.
+    pub(super) fn handle_recovery_timeout(&mut self, now: Time) {
         let delay = self.recovery.cfg.delay;
-        let mut engines: Vec<(EngineId, HwQueueHandle)> = Vec::new();
-        for p in self.recovery.pending.values() {
-            if now >= p.at.plus(delay) && !engines.iter().any(|(e, _)| *e == p.engine) {
-                engines.push((p.engine, p.queue));
+        // Requests whose queue is gone or already hung wait for nothing.
+        let gone: Vec<u64> = self
+            .recovery
+            .pending
+            .iter()
+            .filter(|(_, p)| {
+                self.processes
+                    .get(&p.queue.owner())
+                    .and_then(|pr| pr.queues.get(p.queue).ok())
+                    .is_none_or(|q| q.live(p.queue).is_err())
+            })
+            .map(|(&t, _)| t)
+            .collect();
+        for t in gone {
+            self.recovery.pending.remove(&t);
+        }
+        let due: Vec<Pending> = self.recovery.pending.values().filter(|p| now >= p.at.plus(delay)).copied().collect();
+        let mut engines: Vec<EngineId> = Vec::new();
+        for p in due {
+            match p.cause {
+                Cause::HangCheck => self.recover_queue(p, now),
+                Cause::Request if !engines.contains(&p.engine) => {
+                    engines.push(p.engine);
+                    self.recover(p.engine, p.queue, now);
+                }
+                Cause::Request => {}
             }
         }
-        for (engine, queue) in engines {
-            self.recover(engine, queue, now);
+        if self.recovery.hang_scan_at.is_some_and(|t| now >= t) {
+            self.hang_scan(now);
         }
+    }
+
+    /// The hang timer (amdgpu): a queue with work outstanding whose progress fence has not
+    /// moved for its engine's hang timeout is asked to preempt ([`Cause::HangCheck`]).
+    fn hang_scan(&mut self, now: Time) {
+        let kinds: Vec<abi::EngineKind> = self.ddi.adapter_info().engines.iter().map(|e| e.kind).collect();
+        let cfg = self.recovery.cfg;
+        let checking: Vec<HwQueueHandle> = self.recovery.pending.values().map(|p| p.queue).collect();
+        let mut suspects = Vec::new();
+        let mut any = false;
+        let pids: Vec<ProcessId> = self.processes.keys().copied().collect();
+        for pid in pids {
+            let handles = self.proc(pid).map(|p| p.queues.handles()).unwrap_or_default();
+            for q in handles {
+                let submitted = self.last_queued(pid, q);
+                let Ok(qo) = self.queue(pid, q) else { continue };
+                if qo.live(q).is_err() {
+                    continue;
+                }
+                any = true;
+                let timeout = match kinds.get(qo.engine.0 as usize) {
+                    Some(abi::EngineKind::Copy) => cfg.hang_copy,
+                    _ => cfg.hang_compute,
+                };
+                let completed = qo.completed();
+                qo.progress_seen = match (timeout, qo.progress_seen) {
+                    (None, _) => None,
+                    _ if submitted <= completed => None,
+                    (Some(t), Some((seen, since))) if seen == completed => {
+                        if now.since(since) >= t && !checking.contains(&q) {
+                            suspects.push((q, qo.engine));
+                            Some((completed, now))
+                        } else {
+                            Some((seen, since))
+                        }
+                    }
+                    _ => Some((completed, now)),
+                };
+            }
+        }
+        for (q, engine) in suspects {
+            let _ = self.request_preemption(q, engine, Cause::HangCheck, now);
+        }
+        self.recovery.hang_scan_at = if any { self.recovery.hang_period().map(|p| now.plus(p)) } else { None };
+    }
+
+    /// A hang check went unanswered: the queue gets a per-queue reset (amdgpu); a failed or
+    /// refused reset escalates to an adapter reset.
+    fn recover_queue(&mut self, p: Pending, now: Time) {
+        self.at(now);
+        self.recovery.pending.retain(|_, x| x.queue != p.queue);
+        self.trace.push(now, Event::TdrTimeout { queue: p.queue, engine: p.engine });
+        let pid = p.queue.owner();
+        let submitted = self.last_queued(pid, p.queue);
+        let completed = self.queue(pid, p.queue).map_or(0, |q| q.completed());
+        let done = match self.ddi.reset_queue(p.queue, p.at, now) {
+            Ok(aborted) if completed <= aborted && aborted <= submitted => {
+                let fault = FaultRecord {
+                    kind: FaultKind::PreemptTimeout { waited_ms: now.since(p.at).as_millis() as u64 },
+                    rptr: 0,
+                    opcode: None,
+                    in_indirect: false,
+                };
+                self.fault_queue(pid, p.queue, fault, now);
+                true
+            }
+            Ok(aborted) => {
+                self.driver_bug(p.queue, aborted, completed, submitted, now);
+                false
+            }
+            Err(_) => false,
+        };
+        if !done {
+            self.reset_adapter(now);
+        }
+        self.count_recovery(done.then_some(p.engine), now);
+    }
+
+    fn driver_bug(&mut self, q: HwQueueHandle, aborted: u64, completed: u64, submitted: u64, now: Time) {
+        let what = format!("reset reported fence ID {aborted} aborted on {q}, outside [{completed}, {submitted}]");
+        self.trace.push(now, Event::DriverBug { what });
     }
 
     /// Recovers `engine`, on which `queue`'s preemption went unanswered (module docs).
@@ -259,16 +430,9 @@ impl Os {
         // Every guilty queue's last aborted fence ID lies in what it submitted and had not
         // completed; anything else is a driver bug, never trusted.
         for &(q, aborted) in &outcome.guilty {
-            let known = snapshot.iter().find(|s| s.1 == q);
-            let ok = known.is_some_and(|&(_, _, submitted, completed)| completed <= aborted && aborted <= submitted);
-            if !ok {
-                let range = known.map_or("an unknown queue".to_string(), |s| format!("[{}, {}]", s.3, s.2));
-                self.trace.push(
-                    now,
-                    Event::DriverBug {
-                        what: format!("ResetEngine reported fence ID {aborted} aborted on {q}, outside {range}"),
-                    },
-                );
+            let (submitted, completed) = snapshot.iter().find(|s| s.1 == q).map_or((0, u64::MAX), |s| (s.2, s.3));
+            if !(completed <= aborted && aborted <= submitted) {
+                self.driver_bug(q, aborted, completed, submitted, now);
                 return false;
             }
         }
@@ -294,6 +458,16 @@ impl Os {
     /// 4: the adapter reset: every queue's state is lost, every device with it.
     fn reset_adapter(&mut self, now: Time) {
         let _ = self.ddi.reset_from_timeout(now);
+        self.recovery.adapter_resets += 1;
+        // The reset does not preserve local memory (VRAM lost): its contents are gone, and
+        // every queue created before reports it.
+        for p in self.processes.values() {
+            for (_, a) in p.allocations.iter() {
+                if a.domain == abi::port::MemoryDomain::Local {
+                    let _ = a.shm.fill_u32(0, a.shm.len() as u64 & !3, 0);
+                }
+            }
+        }
         let _ = self.ddi.restart_from_timeout();
         self.recovery.pending.clear();
         self.lose_every_device(now);
