@@ -261,7 +261,14 @@ fn tdr_recover() -> Result<(u64, bool), CliError> {
     let mut cb = CommandBuffer::new();
     cb.dispatch(spin.va(), [1, 1, 1], [64, 1, 1], spin.va());
     hog.submit(&cb)?;
-    std::thread::sleep(Duration::from_millis(5));
+    // Once it runs (a queue that has not started stops at once, and that is not a hang).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while sys.with_gpu(|g| g.compute_stats().instructions) == 0 {
+        if Instant::now() > deadline {
+            return Err(CliError::Check("the endless kernel never started".into()));
+        }
+        std::thread::yield_now();
+    }
     // The other process: its work waits behind the hog for the one slot.
     let oport: Arc<dyn KernelPort> = sys.open_process()?;
     let odev = Device::open(oport)?;

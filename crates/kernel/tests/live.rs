@@ -157,3 +157,53 @@ fn live_cross_adapter_signal_wakes_the_other_adapters_waiters() {
     iq.wait(v, WAIT).unwrap();
     assert_eq!(buf.read_u32(0).unwrap(), 0xc0de);
 }
+
+/// Timeout detection and recovery on the live driver, with small timeouts: an endless kernel
+/// that cannot be cut (granularity `Dispatch`) ignores a preemption request; after `TdrDelay`
+/// the engine is reset, the kernel's queue is hung, and another process's queue on the same
+/// engine finishes its work with the right results. Nothing is killed and nothing hangs.
+#[test]
+fn live_tdr_resets_the_engine_and_the_other_queues_finish() {
+    use abi::preempt::{ComputeGranularity, PreemptionCaps};
+    let sys = System::live(SystemConfig {
+        gpu: GpuConfig {
+            idle_period: Duration::from_secs(3600),
+            preemption: PreemptionCaps { compute: ComputeGranularity::Dispatch, ..PreemptionCaps::default() },
+            ..GpuConfig::default()
+        },
+        tdr: kernel::TdrConfig { delay: Duration::from_millis(20), hang_compute: None, ..Default::default() },
+        ..SystemConfig::default()
+    })
+    .unwrap();
+    let open = || {
+        let port: Arc<dyn KernelPort> = sys.open_process().unwrap();
+        let dev = Device::open(port.clone()).unwrap();
+        let ctx = dev.create_context(dev.engine(EngineKind::Compute).unwrap()).unwrap();
+        (port, dev, ctx)
+    };
+    let (hport, hdev, hctx) = open();
+    let mut hog = hctx.create_queue(QueueOptions::user_mode()).unwrap();
+    let spin = hdev.upload(&umd::workloads::forever().to_bytes()).unwrap();
+    let mut cb = CommandBuffer::new();
+    cb.dispatch(spin.va(), [1, 1, 1], [64, 1, 1], spin.va());
+    hog.submit(&cb).unwrap();
+    let (_oport, odev, octx) = open();
+    let mut other = octx.create_queue(QueueOptions::user_mode()).unwrap();
+    let buf = odev.allocate(4096).unwrap();
+    let mut cb = CommandBuffer::new();
+    for i in 0..32u64 {
+        cb.write_u32(buf.va() + i * 4, i as u32 * 3);
+    }
+    // Once the endless kernel runs (a queue that has not started yet stops at once).
+    wait_for("the endless kernel to run", || sys.with_gpu(|g| g.compute_stats().instructions) > 0);
+    sys.preempt_queue(hport.process(), hog.handle()).unwrap();
+    let v = other.submit(&cb).unwrap();
+    other.wait(v, WAIT).unwrap();
+    for i in 0..32u64 {
+        assert_eq!(buf.read_u32(i * 4).unwrap(), i as u32 * 3);
+    }
+    wait_for("the hog to be reset", || hog.status().map(|s| s.state == QueueState::Hung).unwrap_or(false));
+    let (trace, _) = sys.trace();
+    assert!(trace.iter().any(|e| matches!(e.event, kernel::trace::Event::Ddi(kernel::trace::Ddi::ResetEngine(_)))));
+    assert_eq!(hog.doorbell_status().unwrap(), abi::DoorbellStatus::DisconnectedAbort);
+}
