@@ -364,6 +364,16 @@ pub trait Kmd: Send {
     /// neighbours are not touched. `requested_at` is when the preemption it would not answer
     /// was asked for. Returns the last progress value ("fence ID") the reset aborted.
     fn reset_queue(&mut self, queue: HwQueueHandle, requested_at: Time, now: Time) -> Result<u64, DdiError>;
+    /// Moves the allocation at `[va, va + bytes)` of `process` to `domain`, updates the GPU
+    /// page tables and invalidates the TLB (spec 001 migration, step 2; Windows' paging
+    /// operation). The caller has preempted every queue of the process.
+    fn migrate_allocation(
+        &mut self,
+        process: ProcessId,
+        va: u64,
+        bytes: u64,
+        domain: abi::port::MemoryDomain,
+    ) -> Result<(), DdiError>;
     /// `DxgkDdiResetFromTimeout`: resets the adapter; every queue's state is lost. Returns the
     /// queues that hung.
     fn reset_from_timeout(&mut self, now: Time) -> Result<Vec<HwQueueHandle>, DdiError>;
@@ -573,6 +583,16 @@ impl Kmd for Traced {
         self.log(Ddi::ResetQueue(queue));
         self.gate(DdiKind::ResetQueue)?;
         self.inner.reset_queue(queue, requested_at, now)
+    }
+    fn migrate_allocation(
+        &mut self,
+        process: ProcessId,
+        va: u64,
+        bytes: u64,
+        domain: abi::port::MemoryDomain,
+    ) -> Result<(), DdiError> {
+        self.log(Ddi::MigrateAllocation { va, domain });
+        self.inner.migrate_allocation(process, va, bytes, domain)
     }
     fn reset_from_timeout(&mut self, now: Time) -> Result<Vec<HwQueueHandle>, DdiError> {
         self.log(Ddi::ResetFromTimeout);

@@ -80,6 +80,13 @@ pub enum Ddi {
     ResetEngine(EngineId),
     /// amdgpu's per-queue reset through the scheduling firmware.
     ResetQueue(HwQueueHandle),
+    /// A buffer moved (its GPU VA) to a memory domain, page tables updated, TLB invalidated.
+    MigrateAllocation {
+        /// Its GPU VA.
+        va: u64,
+        /// Where it went.
+        domain: abi::port::MemoryDomain,
+    },
     /// `DxgkDdiResetFromTimeout`: the adapter reset.
     ResetFromTimeout,
     /// `DxgkDdiRestartFromTimeout`.
@@ -218,6 +225,14 @@ pub enum Event {
     /// More than `TdrLimitCount` recoveries within `TdrLimitTime`: the adapter is lost for
     /// good and refuses new work.
     AdapterFatal,
+    /// A memory event needs a buffer moved (spec 001): its process's queues are being
+    /// preempted.
+    MigrationStarted {
+        /// The allocation.
+        allocation: abi::AllocationHandle,
+        /// Where it goes.
+        to: abi::port::MemoryDomain,
+    },
 }
 
 impl core::fmt::Display for Event {
@@ -256,6 +271,9 @@ impl core::fmt::Display for Event {
             Event::DriverBug { what } => write!(f, "KMD BUG refused: {what}"),
             Event::DeviceLost { device } => write!(f, "{device}: DEVICE LOST"),
             Event::AdapterFatal => write!(f, "adapter: too many recoveries, lost for good"),
+            Event::MigrationStarted { allocation, to } => {
+                write!(f, "{allocation}: migration to {to:?} memory, preempting its process's queues")
+            }
         }
     }
 }

@@ -706,6 +706,28 @@ impl Kmd for VirtualKmd {
         Ok(aborted)
     }
 
+    fn migrate_allocation(
+        &mut self,
+        process: ProcessId,
+        va: u64,
+        _bytes: u64,
+        _domain: abi::port::MemoryDomain,
+    ) -> Result<(), DdiError> {
+        // The virtual device's local and system memory are the same host memory, so the move
+        // copies nothing; what is real is the page-table update: the mapping is taken out and
+        // put back (no engine runs the process meanwhile), and no translation outlives it (the
+        // engines cache none across turns), which is the TLB invalidation.
+        let vmid = self.vmid(process)?;
+        let mut g = self.gpu.lock();
+        let vm = g.vm_mut(vmid).map_err(refused("process", process))?;
+        let m = vm.unmap(va).ok_or(DdiError::Refused {
+            field: "va",
+            value: format!("{va:#x}"),
+            reason: DeviceRefusal::BadMapping { va, bytes: 0, why: "nothing is mapped there" },
+        })?;
+        vm.map(m.va, m.bytes, m.shm, m.offset, m.writable).map_err(refused("va", format!("{va:#x}")))
+    }
+
     fn reset_from_timeout(&mut self, now: Time) -> Result<Vec<HwQueueHandle>, DdiError> {
         let lost = self.gpu.lock().reset_adapter(now);
         Ok(lost.iter().filter_map(|fw| self.by_fw.get(fw).copied()).collect())

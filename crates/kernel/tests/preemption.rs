@@ -658,3 +658,66 @@ fn a_failed_queue_reset_escalates_and_the_adapter_reset_loses_vram() {
     assert_eq!(q.status().unwrap().state, QueueState::Hung);
     assert_eq!(vram.read_u32(0).unwrap(), 0, "local memory did not survive the adapter reset");
 }
+
+/// Memory migration in spec 001's order: every queue of the process preempted, then the move
+/// with its page-table update, then the queues resumed. Work submitted while the migration
+/// waits for a long dispatch runs after it, and nothing is lost.
+#[test]
+fn a_migration_preempts_moves_and_resumes_and_racing_work_runs_after() {
+    let sys = common::sim_with(compute(ComputeGranularity::Dispatch));
+    let r = Rounds::start(&sys);
+    let copy_ctx = r.c.context(EngineKind::Copy);
+    let mut cq = copy_ctx.create_queue(umd::QueueOptions::user_mode()).unwrap();
+    sys.run_for(Duration::from_micros(300));
+    let before = common::events(&sys).len();
+    let buf = r.c.buf.handle();
+    sys.migrate_allocation(r.pid(), buf, abi::port::MemoryDomain::Local).unwrap();
+    // The dispatch has not finished: the move waits for it.
+    let evs = common::events_from(&sys, before);
+    assert!(evs.iter().any(|e| matches!(e, Event::MigrationStarted { .. })));
+    assert!(!evs.iter().any(|e| matches!(e, Event::Ddi(Ddi::MigrateAllocation { .. }))));
+    // Work racing the migration: queued, not run.
+    let mut cb = CommandBuffer::new();
+    cb.timestamp(r.c.buf.va() + 64).write_u32(r.c.buf.va() + 72, 9);
+    let cv = cq.submit(&cb).unwrap();
+    sys.run_for(Duration::from_micros(10));
+    assert_eq!(r.c.buf.read_u32(72).unwrap(), 0, "not while the migration waits");
+    cq.wait(cv, T).unwrap();
+    r.q.wait(r.v, T).unwrap();
+    assert_eq!(r.results(), vec![expected(ITERS); THREADS]);
+    assert_eq!(r.flags(), (1, 2));
+    assert_eq!(r.c.buf.read_u32(72).unwrap(), 9);
+    let evs = common::events_from(&sys, before);
+    let pos = |f: &dyn Fn(&Event) -> bool| evs.iter().position(f).unwrap_or_else(|| panic!("missing in {evs:#?}"));
+    let started = pos(&|e| matches!(e, Event::MigrationStarted { .. }));
+    let last_preempt = evs.iter().rposition(|e| matches!(e, Event::Ddi(Ddi::PreemptQueue(_)))).unwrap();
+    let last_answer = evs.iter().rposition(|e| matches!(e, Event::Preempted { .. })).unwrap();
+    let moved =
+        pos(&|e| matches!(e, Event::Ddi(Ddi::MigrateAllocation { domain: abi::port::MemoryDomain::Local, .. })));
+    let resident = pos(&|e| matches!(e, Event::Residency { resident: true, .. }));
+    let resumed = pos(&|e| matches!(e, Event::Ddi(Ddi::ResumeContext(_))));
+    assert!(started < last_preempt && last_preempt < last_answer && last_answer < moved, "{evs:#?}");
+    assert!(moved < resident && resident < resumed);
+    assert_eq!(evs.iter().filter(|e| matches!(e, Event::Ddi(Ddi::PreemptQueue(_)))).count(), 2, "both queues");
+    // The racing work ran after the move (its TIMESTAMP is after the migration's answer).
+    let (trace, _) = sys.trace();
+    let moved_at = trace.iter().find(|e| matches!(e.event, Event::Ddi(Ddi::MigrateAllocation { .. }))).unwrap().time;
+    assert!(r.c.buf.read_u64(64).unwrap() >= moved_at.as_nanos());
+}
+
+/// A queue that will not yield to a migration is reset (TDR), reported, and the migration
+/// completes without it.
+#[test]
+fn a_queue_that_will_not_yield_to_a_migration_is_reset_and_the_migration_completes() {
+    let sys =
+        common::sim_with(slow(ComputeGranularity::Dispatch, TdrConfig { hang_compute: None, ..TdrConfig::default() }));
+    let (c, q, _spin) = hog(&sys);
+    sys.run_for(Duration::from_millis(20));
+    sys.migrate_allocation(c.port.process(), c.buf.handle(), abi::port::MemoryDomain::Local).unwrap();
+    sys.run_for(Duration::from_millis(2100));
+    let evs = common::events(&sys);
+    let reset = evs.iter().position(|e| matches!(e, Event::Ddi(Ddi::ResetEngine(_)))).expect("engine reset");
+    let moved = evs.iter().position(|e| matches!(e, Event::Ddi(Ddi::MigrateAllocation { .. }))).expect("moved");
+    assert!(reset < moved);
+    assert_eq!(q.status().unwrap().state, QueueState::Hung);
+}

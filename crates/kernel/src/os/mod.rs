@@ -24,7 +24,9 @@
 //!   suspension", "Normal and abnormal process termination");
 //! - `submit`: the kernel-mode path (validation, software queues, the scheduler);
 //! - `waits`: CPU waits on progress fences and the interrupt service routine;
-//! - `fence`: native fences (spec 002).
+//! - `fence`: native fences (spec 002);
+//! - `recovery`: preemption requests, timeout detection and recovery, device lost (spec 003);
+//! - `migrate`: memory migration around preempted queues (spec 001 "Memory Management").
 //!
 //! Lock order, for the drivers: the OS lock, then the device lock (inside the KMD). The
 //! device's driver thread never holds the device lock while it calls into the OS.
@@ -49,6 +51,7 @@ use crate::trace::{SharedTrace, TraceEntry};
 
 mod doorbells;
 mod fence;
+mod migrate;
 mod objects;
 mod power;
 mod queues;
@@ -361,6 +364,8 @@ pub struct Os {
     all_f1_since: Option<Time>,
     /// Preemption requests in flight, TDR settings and the recovery count ([`recovery`]).
     recovery: recovery::Recovery,
+    /// Memory migrations waiting for their queues' preemption answers ([`migrate`]).
+    migrations: Vec<migrate::Migration>,
 }
 
 fn invalid(field: &'static str, value: impl ToString, reason: abi::port::Invalid) -> KernelError {
@@ -403,6 +408,7 @@ impl Os {
             d3_idle: None,
             all_f1_since: None,
             recovery: recovery::Recovery::default(),
+            migrations: Vec::new(),
         })
     }
 

@@ -131,6 +131,9 @@ enum Cause {
     /// The hang timer's check: an answer resumes the queue at once; no answer in time means a
     /// per-queue reset.
     HangCheck,
+    /// A memory migration ([`super::migrate`]): the last answer lets it proceed, and it
+    /// resumes the queue; no answer in time means an engine reset, as for a request.
+    Migration,
 }
 
 /// The OS's recovery state.
@@ -223,6 +226,22 @@ impl Os {
         }
     }
 
+    /// Asks queue `q` to preempt for a memory migration.
+    pub(super) fn preempt_for_migration(
+        &mut self,
+        pid: ProcessId,
+        q: HwQueueHandle,
+        now: Time,
+    ) -> Result<u64, KernelError> {
+        let engine = self.queue(pid, q)?.engine;
+        self.request_preemption(q, engine, Cause::Migration, now)
+    }
+
+    /// The queues with a preemption request not answered yet.
+    pub(super) fn pending_preemptions(&self) -> Vec<HwQueueHandle> {
+        self.recovery.pending.values().map(|p| p.queue).collect()
+    }
+
     /// Puts a queue taken off the run list by [`Os::preempt_queue`] back on it
     /// (`DxgkddiResumeContext` for that queue).
     pub fn resume_queue(&mut self, pid: ProcessId, q: HwQueueHandle, now: Time) -> Result<(), KernelError> {
@@ -246,12 +265,31 @@ impl Os {
         self.recovery.answers.iter().rev().find(|a| a.0 == ticket).map(|a| a.1)
     }
 
-    /// The engine answered a preemption request.
-    pub(super) fn handle_preempted(&mut self, queue: HwQueueHandle, ticket: u64, requested: Time, answered: Time) {
+    /// The engine answered a preemption request (`requested` and `answered` are device times;
+    /// `now` is when the OS hears of it, and acts).
+    pub(super) fn handle_preempted(
+        &mut self,
+        queue: HwQueueHandle,
+        ticket: u64,
+        requested: Time,
+        answered: Time,
+        now: Time,
+    ) {
         let Some(p) = self.recovery.pending.remove(&ticket) else {
             // Answered after its queue was recovered, resumed or destroyed: nothing waits.
             return;
         };
+        // The answer first, then what it lets happen.
+        self.recovery.answered += 1;
+        let latency_ns = answered.since(requested).as_nanos() as u64;
+        if self.recovery.answers.len() == ANSWERS_KEPT {
+            self.recovery.answers.pop_front();
+        }
+        self.recovery.answers.push_back((ticket, latency_ns));
+        self.trace.push(answered, Event::Preempted { queue, ticket, latency_ns });
+        if p.cause == Cause::Migration {
+            self.migration_answered(queue, now);
+        }
         if p.cause == Cause::HangCheck {
             // It yielded: busy or waiting, not hung. It runs on (unless its context was
             // suspended meanwhile, which holds it anyway).
@@ -262,13 +300,6 @@ impl Os {
                 let _ = self.ddi.resume_context(context, &[queue]);
             }
         }
-        self.recovery.answered += 1;
-        let latency_ns = answered.since(requested).as_nanos() as u64;
-        if self.recovery.answers.len() == ANSWERS_KEPT {
-            self.recovery.answers.pop_front();
-        }
-        self.recovery.answers.push_back((ticket, latency_ns));
-        self.trace.push(answered, Event::Preempted { queue, ticket, latency_ns });
     }
 
     /// Fires what is due: every request unanswered for `TdrDelay` starts recovery (an engine
@@ -292,18 +323,21 @@ impl Os {
         for t in gone {
             self.recovery.pending.remove(&t);
         }
+        // (A migration waits no longer for a queue that went away or hung: see below.)
         let due: Vec<Pending> = self.recovery.pending.values().filter(|p| now >= p.at.plus(delay)).copied().collect();
         let mut engines: Vec<EngineId> = Vec::new();
         for p in due {
             match p.cause {
                 Cause::HangCheck => self.recover_queue(p, now),
-                Cause::Request if !engines.contains(&p.engine) => {
+                Cause::Request | Cause::Migration if !engines.contains(&p.engine) => {
                     engines.push(p.engine);
                     self.recover(p.engine, p.queue, now);
                 }
-                Cause::Request => {}
+                Cause::Request | Cause::Migration => {}
             }
         }
+        // Migrations whose queues were recovered or went away proceed.
+        self.advance_migrations(now);
         if self.recovery.hang_scan_at.is_some_and(|t| now >= t) {
             self.hang_scan(now);
         }

@@ -119,7 +119,7 @@ impl Os {
                 let _ = self.update_monitored(queue.owner(), queue, now);
             }
             Notification::Preempted { queue, ticket, requested_at, answered_at } => {
-                self.handle_preempted(queue, ticket, requested_at, answered_at)
+                self.handle_preempted(queue, ticket, requested_at, answered_at, now)
             }
         }
     }

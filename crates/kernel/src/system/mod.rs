@@ -381,6 +381,19 @@ impl System {
         self.inner.os.lock().preempt_answer(ticket)
     }
 
+    /// Moves an allocation of process `pid` to another memory domain in spec 001's order:
+    /// its process's queues preempted, the move with a page-table update, the queues resumed
+    /// (see [`crate::os::Os::migrate_allocation`]). Returns at once; the move completes when
+    /// every queue has answered.
+    pub fn migrate_allocation(
+        &self,
+        pid: ProcessId,
+        allocation: abi::AllocationHandle,
+        to: abi::port::MemoryDomain,
+    ) -> Result<(), KernelError> {
+        self.inner.call_as(pid, |os, now| os.migrate_allocation(pid, allocation, to, now))
+    }
+
     /// Puts a queue preempted by [`System::preempt_queue`] back on the run list.
     pub fn resume_queue(&self, pid: ProcessId, q: abi::HwQueueHandle) -> Result<(), KernelError> {
         self.inner.call_as(pid, |os, now| os.resume_queue(pid, q, now))
