@@ -440,8 +440,10 @@ fn a_lost_device_aborts_its_doorbells_and_the_umd_recreates_its_queue() {
         _ => false,
     };
     assert!(lost(&e), "{e:?}");
-    // The stopped queue never runs its work, even once the WAIT would pass.
+    // The stopped queue never runs its work, even once the WAIT would pass, and even if its
+    // context is resumed.
     c.buf.write(0, &1u32.to_le_bytes()).unwrap();
+    sys.resume_context(c.port.process(), c.ctx.handle()).unwrap();
     sys.settle();
     assert_eq!(c.buf.read_u32(4).unwrap(), 0);
     // Recreate: a new device, queue, doorbell and ring.

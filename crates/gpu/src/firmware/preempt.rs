@@ -238,7 +238,7 @@ pub(super) fn finish(
     if q.state != QueueState::Hung {
         q.state = if work { QueueState::Preempted } else { QueueState::Unmapped };
     }
-    if work {
+    if work && point != StopPoint::Idle {
         log.push(at, FwEvent::StateSaved { queue: id, point });
         q.saved = Some(point);
     }
@@ -270,7 +270,8 @@ impl Firmware {
         // An earlier request of the scheduler is taken over: the kernel's is the stronger.
         q.preempt = Some(PreemptRequest { ticket, at: requested_at, by: Requester::Os });
         if !in_slot || q.may_stop_now(stop) {
-            let point = if in_slot { q.standing_point() } else { StopPoint::Idle };
+            // (Without a slot it stands where it last stopped, its state already saved.)
+            let point = q.standing_point();
             finish(e, q, id, point, now, log, irqs);
         }
         Ok(ticket)

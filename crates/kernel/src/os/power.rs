@@ -160,7 +160,11 @@ impl Os {
         engine: EngineId,
         now: Time,
     ) -> Result<(), KernelError> {
-        let queues = self.context_queues(pid, c)?;
+        // A hung queue (faulted, reset, or lost with its device) never runs again.
+        let mut queues = self.context_queues(pid, c)?;
+        queues.retain(|&q| {
+            self.processes.get(&pid).and_then(|p| p.queues.get(q).ok()).is_some_and(|o| o.live(q).is_ok())
+        });
         self.wake_engine(engine, now)?;
         self.ddi.resume_context(c, &queues)?;
         Ok(())
