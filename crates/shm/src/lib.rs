@@ -81,6 +81,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use rustix::mm::{MapFlags, ProtFlags};
 
 mod arena;
+pub mod sched;
 mod word;
 
 pub use arena::{PoolConfig, PoolStats, ShmPool};
