@@ -49,6 +49,10 @@ pub enum BenchCommand {
     /// device time); p50/p99 beside the cache-line floor. `--unsliced` for the engine as it
     /// was before slicing.
     Neighbour(crate::bench_neighbour::NeighbourArgs),
+    /// Profile-guided kernel specialization (spec 004 background processing): generic vs
+    /// specialized dispatch time of two sample kernels, commit to completion event, and the
+    /// foreground submit p99 with background compiles running vs disabled.
+    Pgo(crate::bench_pgo::PgoArgs),
 }
 
 #[derive(Args)]
@@ -103,6 +107,7 @@ pub fn run(cmd: BenchCommand) -> Result<(), CliError> {
         BenchCommand::Fences(a) => crate::bench_fences::run(a.json, a.signals, a.samples as usize),
         BenchCommand::Oversubscribe(a) => crate::bench_oversub::run(a),
         BenchCommand::Neighbour(a) => crate::bench_neighbour::run(a),
+        BenchCommand::Pgo(a) => crate::bench_pgo::run(a),
     }
 }
 

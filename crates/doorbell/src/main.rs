@@ -14,6 +14,7 @@ mod bench;
 mod bench_fences;
 mod bench_neighbour;
 mod bench_oversub;
+mod bench_pgo;
 mod demo;
 mod examples;
 mod num;
@@ -87,6 +88,9 @@ pub enum CliError {
     /// The kernel failed.
     #[error(transparent)]
     Kernel(#[from] abi::port::KernelError),
+    /// A background processing mode change was refused.
+    #[error(transparent)]
+    Mode(#[from] umd::background::ModeError),
     /// A check failed.
     #[error("check failed: {0}")]
     Check(String),

@@ -137,6 +137,9 @@ fn benchmarks_refuse_counts_that_measure_nothing_like_oversubscribe_does() {
         (&["bench", "compute", "--iterations", "0"], "--iterations"),
         (&["bench", "oversubscribe", "--queues", "0"], "--queues"),
         (&["bench", "oversubscribe", "--seconds", "0"], "--seconds"),
+        (&["bench", "pgo", "--samples", "0"], "--samples"),
+        (&["bench", "pgo", "--elements", "0"], "--elements"),
+        (&["bench", "pgo", "--commits", "0"], "--commits"),
     ] {
         let (ok, out, err) = doorbell_with(args);
         assert!(!ok && out.is_empty(), "{args:?}: {out}");

@@ -31,8 +31,10 @@
 //! thread, at the first dispatch that selects them.
 //!
 //! **`further_measurements_desired`** ([`Profiler::set_mode`]) is true after
-//! `DiscardPrevious`, while a pass found something new or compiles are still pending, and
-//! false once a pass that measured dispatches found nothing new (steady state).
+//! `DiscardPrevious`, while a pass found something new, compiles are still pending, or a
+//! kernel measured in the pass is still short of the threshold (not judged yet; a commit
+//! judges it at once), and false once a pass that measured dispatches judged every kernel
+//! and found nothing new (steady state).
 //!
 //! Background work never changes a result: a variant is selected only when every value it
 //! assumes is bound, and it computes the same memory bit for bit (differential proptest in
@@ -199,6 +201,8 @@ struct Core {
     /// Bindings whose compile is queued or running.
     pending: Mutex<Vec<Binding>>,
     dispatches: AtomicU64,
+    /// Dispatches measured since the last mode change.
+    pass_samples: AtomicU64,
 }
 
 impl Core {
@@ -302,10 +306,22 @@ impl Profiler {
             MeasurementsAction::KeepAll => {}
         }
         let pending = cores.iter().any(|c| !lock(&c.pending).is_empty());
+        // A kernel measured in this pass but still short of the threshold has not been judged
+        // (a commit judges it, scaling up).
+        let gathering = !action.is_commit()
+            && cores.iter().any(|c| {
+                c.pass_samples.swap(0, Ordering::Relaxed) > 0 && lock(&c.profile).samples < self.cfg.threshold
+            });
+        if action.is_commit() {
+            for c in &cores {
+                c.pass_samples.store(0, Ordering::Relaxed);
+            }
+        }
         let mut pass = lock(&self.pass);
-        // DiscardPrevious starts over; something new found, or compiles still pending, asks
-        // for a pass with them in place; a measured pass that found nothing is steady.
-        let further = if action == MeasurementsAction::DiscardPrevious || pass.found || found || pending {
+        // DiscardPrevious starts over; something new found, compiles still pending, or
+        // measurements still short of the threshold ask for another pass; a measured pass
+        // that judged everything and found nothing new is steady.
+        let further = if action == MeasurementsAction::DiscardPrevious || pass.found || found || pending || gathering {
             pass.steady = false;
             true
         } else if pass.samples > 0 {
@@ -455,6 +471,7 @@ impl Pipeline {
             variants: Mutex::new(Vec::new()),
             pending: Mutex::new(Vec::new()),
             dispatches: AtomicU64::new(0),
+            pass_samples: AtomicU64::new(0),
         });
         lock(&device.pgo().pipelines).push(Arc::downgrade(&core));
         Ok(Pipeline { device: device.clone(), core, generic, uploaded: Mutex::new(Vec::new()) })
@@ -548,6 +565,7 @@ impl Pipeline {
             return;
         }
         p.counters.measured.fetch_add(1, Ordering::Relaxed);
+        self.core.pass_samples.fetch_add(1, Ordering::Relaxed);
         lock(&p.pass).samples += 1;
         let cand = {
             let mut prof = lock(&self.core.profile);
