@@ -116,21 +116,17 @@ fn kernel(dev: &Device, q: &mut Queue, s: &Sample, a: &PgoArgs) -> Result<Kernel
     })?);
     // Spec 004's benchmark workflow: prime until no further measurements are desired.
     let p = Pipeline::new(dev, &bin)?;
-    dev.set_background_processing_mode(Mode::AllowIntrusiveMeasurements, A::DiscardPrevious, None, None)?;
-    let mut further = true;
-    let mut passes = 0;
-    while further {
-        passes += 1;
-        if passes > 10_000 {
-            return Err(CliError::Check(format!("{}: the specializer never reached a steady state", s.name)));
-        }
+    let primed = umd::pgo::workflow::prime(dev, 10_000, || -> Result<(), CliError> {
         let mut cb = CommandBuffer::new();
         for _ in 0..8 {
             p.dispatch(&mut cb, inst.grid, inst.group, &inst.args)?;
         }
         let v = q.submit(&cb)?;
         q.wait(v, WAIT)?;
-        dev.set_background_processing_mode(Mode::AllowIntrusiveMeasurements, A::KeepAll, None, Some(&mut further))?;
+        Ok(())
+    })?;
+    if !primed.steady {
+        return Err(CliError::Check(format!("{}: the specializer never reached a steady state", s.name)));
     }
     dev.set_background_processing_mode(Mode::Allowed, A::KeepAll, None, None)?;
     let mut selected = Selected::Generic;

@@ -16,6 +16,7 @@ mod bench_neighbour;
 mod bench_oversub;
 mod bench_pgo;
 mod demo;
+mod demo_pgo;
 mod examples;
 mod num;
 mod run;
@@ -91,6 +92,9 @@ pub enum CliError {
     /// A background processing mode change was refused.
     #[error(transparent)]
     Mode(#[from] umd::background::ModeError),
+    /// A background commit's completion event did not come.
+    #[error(transparent)]
+    CommitWait(#[from] umd::pgo::workflow::WaitTimedOut),
     /// A check failed.
     #[error("check failed: {0}")]
     Check(String),

@@ -14,9 +14,19 @@ fn trace_writes_a_perfetto_timeline_with_a_track_per_queue() {
     let doc: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
     std::fs::remove_file(&out).ok();
     let ev = doc["traceEvents"].as_array().unwrap();
-    let boxes: Vec<_> = ev.iter().filter(|e| e["ph"] == "X").collect();
+    let boxes: Vec<_> = ev.iter().filter(|e| e["ph"] == "X" && e["cat"] != "background").collect();
     let tracks: Vec<_> = ev.iter().filter(|e| e["name"] == "thread_name").collect();
-    assert_eq!(tracks.len(), 3);
+    // Three queues, and at least one background worker (the commit's compile ran).
+    let workers =
+        tracks.iter().filter(|t| t["args"]["name"].as_str().unwrap().starts_with("background worker")).count();
+    assert!(workers >= 1, "{tracks:?}");
+    assert_eq!(tracks.len(), 3 + workers);
+    let tasks: Vec<_> = ev.iter().filter(|e| e["cat"] == "background").collect();
+    assert!(!tasks.is_empty());
+    for t in &tasks {
+        assert!(t["tid"].as_u64().unwrap() >= 100, "on a track of its own: {t}");
+        assert!(t["dur"].as_f64().unwrap() >= 0.0);
+    }
     // 5 rounds: producer signals F, middle waits F and signals G, consumer waits G.
     assert_eq!(boxes.len(), 20);
     for b in &boxes {
@@ -196,9 +206,16 @@ fn errors_quote_an_excerpt_of_huge_input_not_all_of_it() {
 fn the_demo_says_what_it_does() {
     let (ok, out, err) = doorbell_with(&["demo"]);
     assert!(ok, "{err}");
-    // Only the two processes it announces.
+    // Only the processes it announces: A and B, and the background-processing step's one.
     assert!(out.contains("processes A (p1) and B (p2) opened"), "{out}");
-    assert!(!out.contains("@p3"), "a process the demo never announced: {out}");
+    assert!(out.contains("process p3 opened in developer mode"), "{out}");
+    assert!(!out.contains("@p4"), "a process the demo never announced: {out}");
+    // Spec 004's two workflows converge and their variants change no result.
+    assert!(
+        out.contains("until FurtherMeasurementsDesired = false") && out.contains("results identical: true"),
+        "{out}"
+    );
+    assert!(out.contains("the replay runs iterate's variant, measures nothing"), "{out}");
     // Every DisconnectedAbort says why: a destroy or a fault.
     let aborts: Vec<&str> = out.lines().filter(|l| l.contains("DisconnectedAbort")).collect();
     assert!(aborts.iter().any(|l| l.contains("destroyed by its owner")), "{out}");

@@ -272,3 +272,33 @@ fn workflow_analysis_tool_trains_commits_high_priority_and_replays() {
         umd::background::Queued::Cancelled(umd::background::CancelReason::Disabled)
     ));
 }
+
+#[test]
+fn further_measurements_are_desired_while_a_kernel_is_short_of_the_threshold() {
+    let mut r = rig(false);
+    let p = Pipeline::new(&r.dev, &samples::FIR.kernel()).unwrap();
+    let inst = samples::FIR.instance(&r.dev, 32, [6, 0], 2).unwrap();
+    r.dev.set_background_processing_mode(Mode::AllowIntrusiveMeasurements, A::DiscardPrevious, None, None).unwrap();
+    let threshold = r.dev.pgo().config().threshold;
+    let mut further = false;
+    // Passes of 8 dispatches: not judged until the threshold is reached.
+    for pass in 1..=threshold / 8 - 1 {
+        for _ in 0..8 {
+            via_pipeline(&mut r, &p, &inst);
+        }
+        r.dev
+            .set_background_processing_mode(Mode::AllowIntrusiveMeasurements, A::KeepAll, None, Some(&mut further))
+            .unwrap();
+        assert!(further, "pass {pass}: only {} of {threshold} samples", 8 * pass);
+        assert_eq!(r.dev.pgo().stats().queued, 0);
+    }
+    for _ in 0..8 {
+        via_pipeline(&mut r, &p, &inst);
+    }
+    assert_eq!(r.dev.pgo().stats().queued, 1, "the threshold is reached: the compile is queued");
+    // A pass with nothing measured does not change the answer.
+    r.dev
+        .set_background_processing_mode(Mode::AllowIntrusiveMeasurements, A::KeepAll, None, Some(&mut further))
+        .unwrap();
+    assert!(further);
+}

@@ -96,6 +96,8 @@ pub struct TaskSpan {
     pub class: ThreadClass,
     /// Whether its callback panicked.
     pub panicked: bool,
+    /// Which pool worker ran it (0, 1, … in the order they started).
+    pub worker: u32,
 }
 
 /// A task's two ends and its context; exactly one end is ever called.
@@ -330,7 +332,8 @@ fn ensure_workers(shared: &Arc<Shared>, st: &mut State) {
     let wanted = st.q.limit().min(st.q.running() + st.q.waiting());
     while st.workers.len() < wanted {
         let s = shared.clone();
-        st.workers.push(std::thread::spawn(move || work(s)));
+        let index = st.workers.len() as u32;
+        st.workers.push(std::thread::spawn(move || work(s, index)));
         st.idle_workers += 1;
     }
 }
@@ -383,7 +386,7 @@ fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
 }
 
 /// A worker: take the next task the state machine hands out, run it at its class, report.
-fn work(shared: Arc<Shared>) {
+fn work(shared: Arc<Shared>, index: u32) {
     let tid = shm::sched::current_tid();
     let mut class: Option<ThreadClass> = None;
     let mut st = lock(&shared.state);
@@ -423,6 +426,7 @@ fn work(shared: Arc<Shared>) {
                 end_ns: ns(ended),
                 class: start.class,
                 panicked,
+                worker: index,
             });
             let cancels = drain_outputs(&shared, &mut st);
             if !cancels.is_empty() {

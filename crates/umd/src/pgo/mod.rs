@@ -42,6 +42,7 @@
 
 pub mod samples;
 pub mod specialize;
+pub mod workflow;
 
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
