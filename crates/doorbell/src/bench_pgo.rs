@@ -13,8 +13,9 @@
 //! - `foreground_submit_p99_ns`: user-mode submit latency p99 (as `bench submit` measures it,
 //!   submit call to the engine starting the packet) while background compiles keep the pool's
 //!   two workers busy at the default mode (`SCHED_IDLE`), and `..._disabled` with background
-//!   work disabled; `foreground_slowdown` is their ratio.
-//!   Each phase lasts at least `--phase-ms`; `background_compiles_during` and
+//!   work disabled; `foreground_slowdown` is their ratio. The two conditions alternate in
+//!   ten rounds, so drift in a shared machine's load falls on both alike.
+//!   The two conditions share `--phase-ms` each; `background_compiles_during` and
 //!   `background_tasks_raised` say how much background work actually ran, and how much of it
 //!   the progress bound lifted out of `SCHED_IDLE`.
 //! - `floor_cacheline_rtt_ns`: the cache-line round trip, measured in the same run.
@@ -50,9 +51,10 @@ pub struct PgoArgs {
     /// Foreground submissions timed per phase, at least (1 to 1,000,000).
     #[arg(long, default_value_t = 5_000, value_parser = num::within(1u32, 1_000_000))]
     submits: u32,
-    /// Each foreground phase lasts at least this many milliseconds (1 to 600,000), so that
-    /// background tasks starved at SCHED_IDLE pass the progress bound and are raised.
-    #[arg(long, default_value_t = 1_000, value_parser = num::within(1u64, 600_000))]
+    /// Each foreground condition is measured for at least this many milliseconds in all
+    /// (1 to 600,000), in ten alternating rounds, so that background tasks starved at
+    /// SCHED_IDLE pass the progress bound and are raised.
+    #[arg(long, default_value_t = 2_000, value_parser = num::within(1u64, 600_000))]
     phase_ms: u64,
     /// Commits timed for `commit_to_event_ns` (1 to 10,000).
     #[arg(long, default_value_t = 20, value_parser = num::within(1u32, 10_000))]
@@ -184,15 +186,21 @@ fn phase(sys: &System, q: &mut Queue, buf: &umd::Buffer, n: u32, d: Duration) ->
     Ok(out)
 }
 
-/// Keeps the pool's workers busy with compiles of the sample kernels until `stop`.
-fn feeder(dev: Device, stop: Arc<AtomicBool>, done: Arc<AtomicU64>) -> std::thread::JoinHandle<()> {
+/// Keeps the pool's workers busy with compiles of the sample kernels while `feeding`, until
+/// `stop`.
+fn feeder(
+    dev: Device,
+    stop: Arc<AtomicBool>,
+    feeding: Arc<AtomicBool>,
+    done: Arc<AtomicU64>,
+) -> std::thread::JoinHandle<()> {
     std::thread::spawn(move || {
         let kernels: Vec<_> = samples::ALL.iter().map(|s| s.kernel()).collect();
         let mut i = 0u64;
         while !stop.load(Ordering::Relaxed) {
             // Keep about four tasks queued; each compiles a variant (a few hundred µs).
             let s = dev.background().stats();
-            if s.queued.saturating_sub(s.returned + s.panicked) < 4 {
+            if feeding.load(Ordering::Relaxed) && s.queued.saturating_sub(s.returned + s.panicked + s.cancelled) < 4 {
                 let k = kernels[(i % 2) as usize].clone();
                 let d = done.clone();
                 let taps = 8 + (i % 56);
@@ -209,7 +217,7 @@ fn feeder(dev: Device, stop: Arc<AtomicBool>, done: Arc<AtomicU64>) -> std::thre
                 );
                 i += 1;
             } else {
-                std::thread::sleep(Duration::from_micros(500));
+                std::thread::sleep(Duration::from_millis(1));
             }
         }
     })
@@ -235,32 +243,43 @@ pub fn run(a: PgoArgs) -> Result<(), CliError> {
     progress(json, "commit to completion event");
     let commit_ns = commit_to_event(&dev, &mut q, a.commits, a.elements)?;
 
-    progress(json, "foreground submit latency with background compiles running (default mode)");
+    progress(json, "foreground submit latency, background compiling (default mode) and disabled, alternating");
     let buf = dev.allocate(1 << 16)?;
     latencies(&sys, &mut q, &buf, 500, || Ok(()))?; // warm-up
     let stop = Arc::new(AtomicBool::new(false));
+    let feeding = Arc::new(AtomicBool::new(false));
     let done = Arc::new(AtomicU64::new(0));
-    let f = feeder(dev.clone(), stop.clone(), done.clone());
-    // Let the pool start and fill.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while dev.background().stats().started < 2 && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(1));
+    let f = feeder(dev.clone(), stop.clone(), feeding.clone(), done.clone());
+    // Alternate the two conditions, so drift in the machine's load (shared, noisy) falls on
+    // both alike.
+    let rounds = 10u32;
+    let slice = Duration::from_millis(a.phase_ms) / rounds;
+    let per = a.submits.div_ceil(rounds);
+    let (mut with, mut without) = (Vec::new(), Vec::new());
+    let ev = CompletionEvent::new();
+    for _ in 0..rounds {
+        dev.set_background_processing_mode(Mode::Allowed, A::KeepAll, None, None)?;
+        feeding.store(true, Ordering::Relaxed);
+        let started = dev.background().stats().started;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while dev.background().stats().started < started + 2 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        with.extend(phase(&sys, &mut q, &buf, per, slice)?);
+        // Disable: what was queued finishes first (the commit's event), then nothing runs.
+        feeding.store(false, Ordering::Relaxed);
+        dev.set_background_processing_mode(Mode::DisableBackgroundWork, A::CommitResults, Some(&ev), None)?;
+        if !ev.wait(Duration::from_secs(120)) {
+            return Err(CliError::Check("background work did not drain within 120 s".into()));
+        }
+        without.extend(phase(&sys, &mut q, &buf, per, slice)?);
     }
-    let phase_len = Duration::from_millis(a.phase_ms);
-    let (_, with_bg) = percentiles(phase(&sys, &mut q, &buf, a.submits, phase_len)?);
     stop.store(true, Ordering::Relaxed);
     let _ = f.join();
     let compiles_during = done.load(Ordering::Relaxed);
     let raised = dev.background().stats().raised;
-
-    progress(json, "foreground submit latency with background work disabled");
-    let ev = CompletionEvent::new();
-    // Let what was queued finish, then disable.
-    dev.set_background_processing_mode(Mode::DisableBackgroundWork, A::CommitResults, Some(&ev), None)?;
-    if !ev.wait(Duration::from_secs(120)) {
-        return Err(CliError::Check("background work did not drain within 120 s".into()));
-    }
-    let (_, without_bg) = percentiles(phase(&sys, &mut q, &buf, a.submits, phase_len)?);
+    let (with_p50, with_bg) = percentiles(with);
+    let (without_p50, without_bg) = percentiles(without);
     let slowdown = with_bg as f64 / without_bg.max(1) as f64;
     let floor_ns = floor.round() as u64;
 
@@ -285,6 +304,8 @@ pub fn run(a: PgoArgs) -> Result<(), CliError> {
             "foreground_submit_p99_ns": with_bg,
             "foreground_submit_p99_ns_disabled": without_bg,
             "foreground_slowdown": slowdown,
+            "foreground_submit_p50_ns": with_p50,
+            "foreground_submit_p50_ns_disabled": without_p50,
             "background_compiles_during": compiles_during,
             "background_tasks_raised": raised,
             "floor_cacheline_rtt_ns": floor_ns,
@@ -317,7 +338,8 @@ pub fn run(a: PgoArgs) -> Result<(), CliError> {
         println!("{:<44} {:>9} ns", "commit -> completion event (p50)", commit_ns);
         println!("{:<44} {:>9} ns", "foreground submit p99, background compiling", with_bg);
         println!("{:<44} {:>9} ns", "foreground submit p99, background disabled", without_bg);
-        println!("{:<44} {:>9.3}", "foreground slowdown", slowdown);
+        println!("{:<44} {:>9.3}", "foreground slowdown (p99 ratio)", slowdown);
+        println!("{:<44} {:>6} ns / {} ns", "foreground submit p50, compiling / disabled", with_p50, without_p50);
         println!("{:<44} {:>9}", "background compiles meanwhile", compiles_during);
         println!("{:<44} {:>9}", "tasks raised by the progress bound", raised);
         println!("{:<44} {:>9} ns", "floor: cache-line round trip", floor_ns);
