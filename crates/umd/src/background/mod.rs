@@ -279,7 +279,7 @@ impl Runtime {
         self.shared.epoch
     }
 
-    /// Every task run so far (the most recent [`SPAN_CAPACITY`]), in finishing order.
+    /// Every task run so far (the most recent 16,384), in finishing order.
     pub fn spans(&self) -> Vec<TaskSpan> {
         lock(&self.shared.state).spans.clone()
     }
