@@ -161,6 +161,36 @@ fn gated(rt: &Runtime, log: &Arc<Mutex<Vec<String>>>, name: &str) -> (mpsc::Send
     (go_tx, started_rx)
 }
 
+/// Runs `destroy` on another thread while two gated tasks run: it must cancel `cancels`
+/// queued tasks at once yet wait for the running ones (released through `gates` only after
+/// the cancels are seen). Returns the sorted log.
+fn destroy_while_two_run(
+    destroy: impl FnOnce() + Send + 'static,
+    log: &Arc<Mutex<Vec<String>>>,
+    gates: [mpsc::Sender<()>; 2],
+    cancels: usize,
+) -> Vec<String> {
+    let (done_tx, done_rx) = mpsc::channel();
+    let destroyer = std::thread::spawn(move || {
+        destroy();
+        done_tx.send(()).unwrap();
+    });
+    let deadline = Instant::now() + LONG;
+    while log.lock().unwrap().iter().filter(|l| l.starts_with("cancelled")).count() < cancels {
+        assert!(Instant::now() < deadline, "the queued tasks were not cancelled");
+        std::thread::yield_now();
+    }
+    assert!(done_rx.try_recv().is_err(), "destruction must wait for running tasks");
+    for g in gates {
+        g.send(()).unwrap();
+    }
+    done_rx.recv_timeout(LONG).unwrap();
+    destroyer.join().unwrap();
+    let mut log = log.lock().unwrap().clone();
+    log.sort();
+    log
+}
+
 #[test]
 fn pool_starts_lazily_runs_two_at_a_time_in_order() {
     let rt = Runtime::without_priorities(Config::default());
@@ -262,24 +292,7 @@ fn destruction_lets_running_finish_cancels_queued_and_waits() {
     s1.recv_timeout(LONG).unwrap();
     s2.recv_timeout(LONG).unwrap();
     let rt2 = rt.clone();
-    let (done_tx, done_rx) = mpsc::channel();
-    let destroyer = std::thread::spawn(move || {
-        rt2.shutdown();
-        done_tx.send(()).unwrap();
-    });
-    // Destruction cancels the queued ones at once but waits for the running ones.
-    let deadline = Instant::now() + LONG;
-    while log.lock().unwrap().iter().filter(|l| l.starts_with("cancelled")).count() < 2 {
-        assert!(Instant::now() < deadline);
-        std::thread::yield_now();
-    }
-    assert!(done_rx.try_recv().is_err(), "destruction must wait for running tasks");
-    g1.send(()).unwrap();
-    g2.send(()).unwrap();
-    done_rx.recv_timeout(LONG).unwrap();
-    destroyer.join().unwrap();
-    let mut log = log.lock().unwrap().clone();
-    log.sort();
+    let log = destroy_while_two_run(move || rt2.shutdown(), &log, [g1, g2], 2);
     assert_eq!(log, vec!["cancelled c", "cancelled d", "ran a", "ran b"]);
     // After destruction, queuing cancels.
     assert_eq!(rt.queue_processing_work(|_| {}, |_| {}, ()), Queued::Cancelled(CancelReason::Destroyed));
@@ -372,4 +385,85 @@ fn a_task_past_the_progress_bound_runs_at_the_lowest_normal_priority() {
     assert_eq!(rt.spans()[0].class, ThreadClass::Low);
     // The thread left SCHED_IDLE, unless the OS refused (no CAP_SYS_NICE), which is counted.
     assert!(!idle || rt.refused_raises() > 0);
+}
+
+#[test]
+fn dropping_the_device_runs_or_cancels_every_task_before_it_goes() {
+    let sys = kernel::System::sim(kernel::SystemConfig::default()).unwrap();
+    let dev = umd::Device::open(sys.open_process().unwrap()).unwrap();
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let (g1, s1) = gated(dev.background(), &log, "a");
+    let (g2, s2) = gated(dev.background(), &log, "b");
+    let (_g3, _s3) = gated(dev.background(), &log, "c");
+    s1.recv_timeout(LONG).unwrap();
+    s2.recv_timeout(LONG).unwrap();
+    let log = destroy_while_two_run(move || drop(dev), &log, [g1, g2], 1);
+    assert_eq!(log, vec!["cancelled c", "ran a", "ran b"]);
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    Queue,
+    Panic,
+    Mode(u32, u32),
+    Commit(bool),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        6 => Just(Op::Queue),
+        1 => Just(Op::Panic),
+        2 => (0u32..4, 0u32..4).prop_map(|(m, a)| Op::Mode(m, a)),
+        1 => any::<bool>().prop_map(Op::Commit),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// The threaded runtime: whatever the interleaving its threads produce, every task's
+    /// callback or cancel is called exactly once by the time shutdown returns, and every
+    /// commit's event is signalled.
+    #[test]
+    fn threaded_runtime_calls_exactly_one_end_per_task(ops in prop::collection::vec(op(), 1..40)) {
+        let rt = Runtime::without_priorities(Config::default());
+        let calls: Arc<Mutex<Vec<u32>>> = Arc::new(Mutex::new(Vec::new()));
+        let mut events = Vec::new();
+        for o in ops {
+            match o {
+                Op::Queue | Op::Panic => {
+                    let i = { let mut c = calls.lock().unwrap(); c.push(0); c.len() - 1 };
+                    let (c1, c2) = (calls.clone(), calls.clone());
+                    let panics = matches!(o, Op::Panic);
+                    rt.queue_processing_work(
+                        move |i: usize| {
+                            c1.lock().unwrap()[i] += 1;
+                            if panics {
+                                panic!("task {i} panics on purpose");
+                            }
+                        },
+                        move |i: usize| c2.lock().unwrap()[i] += 1,
+                        i,
+                    );
+                }
+                Op::Mode(m, a) => {
+                    if let Ok(req) = ModeRequest::from_raw(m, a, false, true) {
+                        rt.set_mode(req, None, || ());
+                    }
+                }
+                Op::Commit(high) => {
+                    let action = if high { MeasurementsAction::CommitResultsHighPriority } else { MeasurementsAction::CommitResults };
+                    let ev = CompletionEvent::new();
+                    rt.set_mode(ModeRequest::new(Mode::Allowed, action, true, true).unwrap(), Some(&ev), || ());
+                    events.push(ev);
+                }
+            }
+        }
+        rt.shutdown();
+        let calls = calls.lock().unwrap();
+        prop_assert!(calls.iter().all(|&n| n == 1), "{:?}", calls);
+        for e in &events {
+            prop_assert!(e.is_signalled());
+        }
+    }
 }

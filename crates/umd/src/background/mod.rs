@@ -131,7 +131,6 @@ struct State {
     /// Kernel thread id of the worker running each task (for `Raise`).
     running_on: HashMap<TaskId, i32>,
     workers: Vec<JoinHandle<()>>,
-    idle_workers: usize,
     supervisor: Option<JoinHandle<()>>,
     stop: bool,
     spans: Vec<TaskSpan>,
@@ -182,7 +181,6 @@ impl Runtime {
             events: HashMap::new(),
             running_on: HashMap::new(),
             workers: Vec::new(),
-            idle_workers: 0,
             supervisor: None,
             stop: false,
             spans: Vec::new(),
@@ -334,7 +332,6 @@ fn ensure_workers(shared: &Arc<Shared>, st: &mut State) {
         let s = shared.clone();
         let index = st.workers.len() as u32;
         st.workers.push(std::thread::spawn(move || work(s, index)));
-        st.idle_workers += 1;
     }
 }
 
@@ -393,7 +390,6 @@ fn work(shared: Arc<Shared>, index: u32) {
     loop {
         let now = Instant::now();
         if let Some(start) = st.q.poll_start(now) {
-            st.idle_workers -= 1;
             let task = st.tasks.remove(&start.task);
             st.running_on.insert(start.task, tid);
             drop(st);
@@ -408,7 +404,6 @@ fn work(shared: Arc<Shared>, index: u32) {
             let result = task.map(|t| catch_unwind(AssertUnwindSafe(|| t.run())));
             let ended = Instant::now();
             st = lock(&shared.state);
-            st.idle_workers += 1;
             st.running_on.remove(&start.task);
             let panicked = matches!(result, Some(Err(_)));
             if let Some(Err(p)) = &result {

@@ -578,7 +578,9 @@ impl Pipeline {
             }
             prof.candidate(&p.cfg, false)
         };
-        if let Some(b) = cand {
+        // While background work is disabled a task would only be cancelled: the UMD skips it
+        // (spec 004 allows either); a commit acts on the measurements later.
+        if let Some(b) = cand.filter(|_| !p.mode().disables_work()) {
             // A variant already covering these values means nothing new was found.
             if !lock(&self.core.variants)
                 .iter()
