@@ -467,3 +467,43 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn queue_and_mode_changes_from_many_threads_at_once() {
+    let rt = Arc::new(Runtime::without_priorities(Config::default()));
+    let calls = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let threads: Vec<_> = (0..4)
+        .map(|t| {
+            let (rt, calls) = (rt.clone(), calls.clone());
+            std::thread::spawn(move || {
+                let mut accepted = 0u64;
+                for i in 0..50 {
+                    let (c1, c2) = (calls.clone(), calls.clone());
+                    let q = rt.queue_processing_work(
+                        move |_| {
+                            c1.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        },
+                        move |_| {
+                            c2.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        },
+                        (),
+                    );
+                    accepted += u64::from(matches!(q, Queued::Accepted(_)));
+                    let ev = CompletionEvent::new();
+                    let mode = if (t + i) % 3 == 0 { Mode::DisableBackgroundWork } else { Mode::Allowed };
+                    rt.set_mode(
+                        ModeRequest::new(mode, MeasurementsAction::CommitResults, true, true).unwrap(),
+                        Some(&ev),
+                        || (),
+                    );
+                    assert!(ev.wait(LONG), "every commit completes");
+                }
+                accepted
+            })
+        })
+        .collect();
+    let accepted: u64 = threads.into_iter().map(|t| t.join().unwrap()).sum();
+    rt.shutdown();
+    assert_eq!(calls.load(std::sync::atomic::Ordering::Relaxed), 200, "one end per task");
+    assert_eq!(rt.stats().queued, accepted);
+}

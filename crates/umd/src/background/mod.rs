@@ -159,6 +159,8 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// The runtime's pool and work queue for one device (see the module documentation).
 pub struct Runtime {
     shared: Arc<Shared>,
+    /// Serializes mode changes: each is a begin, the UMD's DDI, a finish.
+    mode_change: Mutex<()>,
 }
 
 impl Runtime {
@@ -195,6 +197,7 @@ impl Runtime {
                 epoch: Instant::now(),
                 set_classes,
             }),
+            mode_change: Mutex::new(()),
         }
     }
 
@@ -230,7 +233,10 @@ impl Runtime {
     /// `SetBackgroundProcessingMode` DDI) runs — it may queue tasks, which are admitted by the
     /// rule of the request — then the mode takes effect and a commit takes its set, whose end
     /// signals `event` (reset first). Returns what `ddi` returned.
+    /// Mode changes from several threads are serialized (the DDI runs in one at a time);
+    /// `queue_processing_work` stays callable meanwhile, from the DDI too.
     pub fn set_mode<R>(&self, req: ModeRequest, event: Option<&CompletionEvent>, ddi: impl FnOnce() -> R) -> R {
+        let _serial = lock(&self.mode_change);
         lock(&self.shared.state).q.begin_mode_change(req);
         let r = ddi();
         let mut st = lock(&self.shared.state);
