@@ -22,8 +22,11 @@ struct Rig {
 }
 
 fn rig(developer_mode: bool) -> Rig {
+    rig_with(DeviceOptions { developer_mode, thread_priorities: false, ..Default::default() })
+}
+
+fn rig_with(opts: DeviceOptions) -> Rig {
     let sys = System::sim(SystemConfig::default()).unwrap();
-    let opts = DeviceOptions { developer_mode, thread_priorities: false, ..Default::default() };
     let dev = Device::open_with(sys.open_process().unwrap(), opts).unwrap();
     let ctx = dev.create_context(dev.engine(abi::EngineKind::Compute).unwrap()).unwrap();
     let q = ctx.create_queue(QueueOptions::user_mode()).unwrap();
@@ -301,4 +304,18 @@ fn further_measurements_are_desired_while_a_kernel_is_short_of_the_threshold() {
         .set_background_processing_mode(Mode::AllowIntrusiveMeasurements, A::KeepAll, None, Some(&mut further))
         .unwrap();
     assert!(further);
+}
+
+#[test]
+fn a_umd_without_the_feature_measures_nothing() {
+    let mut r =
+        rig_with(DeviceOptions { background_processing: false, thread_priorities: false, ..Default::default() });
+    r.dev.set_background_processing_mode(Mode::AllowIntrusiveMeasurements, A::KeepAll, None, None).unwrap();
+    let p = Pipeline::new(&r.dev, &samples::FIR.kernel()).unwrap();
+    let inst = samples::FIR.instance(&r.dev, 32, [4, 0], 1).unwrap();
+    for _ in 0..100 {
+        assert_eq!(via_pipeline(&mut r, &p, &inst), Selected::Generic);
+    }
+    assert_eq!(r.dev.pgo().stats(), umd::pgo::PgoStats::default());
+    assert_eq!(r.dev.background().threads(), 0, "no pool was ever started");
 }

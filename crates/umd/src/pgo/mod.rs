@@ -555,6 +555,10 @@ impl Pipeline {
 
     /// Measures one dispatch as the mode allows; queues a compile once a binding is supported.
     fn measure(&self, values: &[u64]) {
+        // A UMD without the feature does no PGO at all.
+        if !self.device.options().background_processing {
+            return;
+        }
         let p = self.device.pgo();
         let n = self.core.dispatches.fetch_add(1, Ordering::Relaxed);
         let take = match p.mode() {
