@@ -507,3 +507,29 @@ fn queue_and_mode_changes_from_many_threads_at_once() {
     assert_eq!(calls.load(std::sync::atomic::Ordering::Relaxed), 200, "one end per task");
     assert_eq!(rt.stats().queued, accepted);
 }
+
+#[test]
+fn a_high_priority_commit_runs_more_at_once_above_idle() {
+    let rt = Runtime::without_priorities(Config::default());
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let gates: Vec<_> = ["a", "b", "c", "d"].iter().map(|n| gated(&rt, &log, n)).collect();
+    gates[0].1.recv_timeout(LONG).unwrap();
+    gates[1].1.recv_timeout(LONG).unwrap();
+    assert!(gates[2].1.try_recv().is_err(), "two at a time by default");
+    let ev = CompletionEvent::new();
+    let req = ModeRequest::new(Mode::Allowed, MeasurementsAction::CommitResultsHighPriority, true, true).unwrap();
+    rt.set_mode(req, Some(&ev), || ());
+    // Four at once now: the two waiting tasks start while the first two still run.
+    gates[2].1.recv_timeout(LONG).unwrap();
+    gates[3].1.recv_timeout(LONG).unwrap();
+    for (g, _) in &gates {
+        g.send(()).unwrap();
+    }
+    assert!(ev.wait(LONG));
+    rt.shutdown();
+    let spans = rt.spans();
+    let class_of = |t: u64| spans.iter().find(|s| s.task.0 == t).unwrap().class;
+    assert_eq!(class_of(2), ThreadClass::Normal);
+    assert_eq!(class_of(3), ThreadClass::Normal);
+    assert_eq!(rt.stats().started, 4);
+}
