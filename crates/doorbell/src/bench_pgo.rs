@@ -48,7 +48,7 @@ pub struct PgoArgs {
     /// Elements (threads) per dispatch (1 to 1,048,576).
     #[arg(long, default_value_t = 4096, value_parser = num::within(1u32, 1 << 20))]
     elements: u32,
-    /// Foreground submissions timed per phase, at least (1 to 1,000,000).
+    /// Foreground submissions timed per condition, at least (1 to 1,000,000).
     #[arg(long, default_value_t = 5_000, value_parser = num::within(1u32, 1_000_000))]
     submits: u32,
     /// Each foreground condition is measured for at least this many milliseconds in all
@@ -316,7 +316,7 @@ pub fn run(a: PgoArgs) -> Result<(), CliError> {
         println!("{o}");
     } else {
         println!(
-            "doorbell bench pgo ({} elements, {} dispatches per variant, {} submits per phase)",
+            "doorbell bench pgo ({} elements, {} dispatches per variant, at least {} submits per condition)",
             a.elements, a.samples, a.submits
         );
         println!(

@@ -28,7 +28,7 @@
 pub mod machine;
 mod mode;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
@@ -133,7 +133,7 @@ struct State {
     workers: Vec<JoinHandle<()>>,
     supervisor: Option<JoinHandle<()>>,
     stop: bool,
-    spans: Vec<TaskSpan>,
+    spans: VecDeque<TaskSpan>,
     panics: Vec<String>,
     /// Class changes the OS refused (no `CAP_SYS_NICE`).
     refused_raises: u64,
@@ -185,7 +185,7 @@ impl Runtime {
             workers: Vec::new(),
             supervisor: None,
             stop: false,
-            spans: Vec::new(),
+            spans: VecDeque::new(),
             panics: Vec::new(),
             refused_raises: 0,
         };
@@ -285,7 +285,7 @@ impl Runtime {
 
     /// Every task run so far (the most recent 16,384), in finishing order.
     pub fn spans(&self) -> Vec<TaskSpan> {
-        lock(&self.shared.state).spans.clone()
+        lock(&self.shared.state).spans.iter().copied().collect()
     }
 
     /// Device destruction: cancel every waiting task (on this thread), let running tasks
@@ -418,10 +418,10 @@ fn work(shared: Arc<Shared>, index: u32) {
             }
             st.q.handle_finished(start.task, if panicked { Outcome::Panicked } else { Outcome::Returned });
             if st.spans.len() >= SPAN_CAPACITY {
-                st.spans.remove(0);
+                st.spans.pop_front();
             }
             let ns = |t: Instant| t.saturating_duration_since(shared.epoch).as_nanos() as u64;
-            st.spans.push(TaskSpan {
+            st.spans.push_back(TaskSpan {
                 task: start.task,
                 start_ns: ns(begun),
                 end_ns: ns(ended),
