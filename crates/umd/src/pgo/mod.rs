@@ -527,7 +527,7 @@ impl Pipeline {
         args: &Buffer,
     ) -> Result<Selected, UmdError> {
         let values: Vec<u64> = (0..self.core.slots as u64).map(|k| args.read_u64(8 * k)).collect::<Result<_, _>>()?;
-        let (va, selected) = self.select(&values)?;
+        let (va, selected) = self.select(&values);
         self.measure(&values);
         cb.dispatch(va, grid, group, args.va());
         Ok(selected)
@@ -535,22 +535,25 @@ impl Pipeline {
 
     /// The kernel VA for these values: an uploaded variant that matches, else a compiled one
     /// (uploaded now), else the generic kernel.
-    fn select(&self, values: &[u64]) -> Result<(u64, Selected), UmdError> {
+    fn select(&self, values: &[u64]) -> (u64, Selected) {
         let counters = &self.device.pgo().counters;
         let mut up = lock(&self.uploaded);
         if let Some((b, buf)) = up.iter().find(|(b, _)| b.matches(values)) {
             counters.specialized_dispatches.fetch_add(1, Ordering::Relaxed);
-            return Ok((buf.va(), Selected::Specialized(b.clone())));
+            return (buf.va(), Selected::Specialized(b.clone()));
         }
         let fresh = lock(&self.core.variants).iter().find(|(b, _)| b.matches(values)).cloned();
         if let Some((b, bin)) = fresh {
-            let buf = self.device.upload(&bin.to_bytes())?;
-            let va = buf.va();
-            up.push((b.clone(), buf));
-            counters.specialized_dispatches.fetch_add(1, Ordering::Relaxed);
-            return Ok((va, Selected::Specialized(b)));
+            // If GPU memory for the variant cannot be had, the generic kernel runs: background
+            // work never makes a dispatch fail. The next dispatch tries again.
+            if let Ok(buf) = self.device.upload(&bin.to_bytes()) {
+                let va = buf.va();
+                up.push((b.clone(), buf));
+                counters.specialized_dispatches.fetch_add(1, Ordering::Relaxed);
+                return (va, Selected::Specialized(b));
+            }
         }
-        Ok((self.generic.va(), Selected::Generic))
+        (self.generic.va(), Selected::Generic)
     }
 
     /// Measures one dispatch as the mode allows; queues a compile once a binding is supported.
