@@ -533,3 +533,33 @@ fn a_high_priority_commit_runs_more_at_once_above_idle() {
     assert_eq!(class_of(3), ThreadClass::Normal);
     assert_eq!(rt.stats().started, 4);
 }
+
+#[test]
+fn a_task_that_drops_the_last_handle_to_its_runtime_does_not_deadlock() {
+    let rt = Arc::new(Runtime::without_priorities(Config::default()));
+    let log = Arc::new(Mutex::new(Vec::new()));
+    // A second task waits behind a gate: the shutdown run by the first must cancel or run it.
+    let (main_dropped_tx, main_dropped_rx) = mpsc::channel::<()>();
+    let (finished_tx, finished_rx) = mpsc::channel::<()>();
+    let mine = rt.clone();
+    rt.queue_processing_work(
+        move |r: Arc<Runtime>| {
+            main_dropped_rx.recv_timeout(LONG).unwrap();
+            drop(r); // the last handle: shutdown runs here, on the pool's own thread
+            finished_tx.send(()).unwrap();
+        },
+        |_| panic!("the first task runs"),
+        mine,
+    );
+    let (l1, l2) = (log.clone(), log.clone());
+    rt.queue_processing_work(
+        move |_| l1.lock().unwrap().push("ran"),
+        move |_| l2.lock().unwrap().push("cancelled"),
+        (),
+    );
+    drop(rt);
+    main_dropped_tx.send(()).unwrap();
+    finished_rx.recv_timeout(LONG).expect("shutdown from inside a task must not wait for that task");
+    let log = log.lock().unwrap();
+    assert_eq!(log.len(), 1, "the other task ran or was cancelled exactly once: {log:?}");
+}

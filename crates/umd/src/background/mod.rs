@@ -290,7 +290,11 @@ impl Runtime {
 
     /// Device destruction: cancel every waiting task (on this thread), let running tasks
     /// finish, wait for them, stop and join the pool. Idempotent.
+    ///
+    /// Called from one of this runtime's own tasks (a task that dropped the last handle to
+    /// its device), it waits for every task but that one, which finishes when it returns.
     pub fn shutdown(&self) {
+        let own = WORKER_OF.with(|w| w.get()) == Arc::as_ptr(&self.shared) as usize;
         let mut st = lock(&self.shared.state);
         st.q.handle_destroy();
         loop {
@@ -301,7 +305,7 @@ impl Runtime {
                 st = lock(&self.shared.state);
                 continue;
             }
-            if st.q.is_drained() {
+            if st.q.is_drained() || (own && st.q.waiting() == 0 && st.q.running() == 1) {
                 break;
             }
             st = self.shared.drained.wait(st).unwrap_or_else(|e| e.into_inner());
@@ -388,8 +392,14 @@ fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
         .unwrap_or_else(|| "a non-string panic payload".to_string())
 }
 
+thread_local! {
+    /// The runtime whose pool this thread belongs to (its `Shared`'s address; 0 for none).
+    static WORKER_OF: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
 /// A worker: take the next task the state machine hands out, run it at its class, report.
 fn work(shared: Arc<Shared>, index: u32) {
+    WORKER_OF.with(|w| w.set(Arc::as_ptr(&shared) as usize));
     let tid = shm::sched::current_tid();
     let mut class: Option<ThreadClass> = None;
     let mut st = lock(&shared.state);
