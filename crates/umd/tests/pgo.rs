@@ -177,6 +177,7 @@ fn measurement_follows_the_mode() {
     }
     assert_eq!(measured(&r), 14);
     assert_eq!(p.profile().slots[3].counts, vec![(4, 14)], "taps histogram");
+    assert_eq!(p.profile().dims.counts, vec![(umd::pgo::Dims { grid: inst.grid, group: inst.group }, 14)], "shapes");
     assert!(p.profile().slots[0].counts.is_empty(), "buffer slots are not measured");
     // DisableProfilingBySystem: nothing.
     r.dev.set_background_processing_mode(Mode::DisableProfilingBySystem, A::KeepAll, None, None).unwrap();
@@ -205,7 +206,12 @@ fn a_commit_scales_a_partial_histogram_and_signals_when_compiled() {
     r.dev.set_background_processing_mode(Mode::Allowed, A::CommitResults, Some(&ev), Some(&mut further)).unwrap();
     assert!(further, "a compile was queued: measure again with it in place");
     assert!(ev.wait(LONG));
-    assert_eq!(p.variants(), vec![hot(&samples::ITERATE, 100, [12, 0])]);
+    let dims = umd::pgo::Dims { grid: inst.grid, group: inst.group };
+    assert_eq!(
+        p.variants(),
+        vec![hot(&samples::ITERATE, 100, [12, 0]).with_dims(Some(dims))],
+        "the values and the shape"
+    );
     assert!(matches!(via_pipeline(&mut r, &p, &inst), Selected::Specialized(_)));
 }
 

@@ -967,7 +967,8 @@ proptest! {
 
     /// The specializer (umd::pgo) against this oracle: a random program that reads two bound
     /// u32 arguments (slots 4 and 5, into v1 and v2 and a loop bound) computes the same memory
-    /// generic and specialized for those values, at several wave widths.
+    /// generic and specialized for those values and its dispatch shape, at several wave
+    /// widths.
     #[test]
     fn specialized_random_programs_match(
         steps in proptest::collection::vec(step(), 0..60), threads in 1u32..70, group in 1u32..40,
@@ -980,7 +981,9 @@ proptest! {
              cmp.eq v41, v41, 0\nbreak v41\nadd v3, v3, v1\nadd v40, v40, 1\nendloop\n{body}"
         );
         let k = assemble(&src).unwrap();
-        let b = umd::pgo::Binding::new([(4, x), (5, y)]);
+        // The shape too: the builtins it decides fold.
+        let dims = umd::pgo::Dims { grid: [threads.div_ceil(group), 1, 1], group: [group, 1, 1] };
+        let b = umd::pgo::Binding::new([(4, x), (5, y)]).with_dims(Some(dims));
         let s = umd::pgo::specialize::specialize(&k, &b, Default::default()).unwrap();
         for width in [32, 5] {
             let want = run_program_with(&k, threads, group, width, true, &[x, y]);

@@ -12,8 +12,9 @@
 //!    cheaply; in `AllowIntrusiveMeasurements` every dispatch is; in
 //!    `DisableProfilingBySystem` nothing is recorded and nothing new is queued, so timing is not
 //!    perturbed (variants already compiled are still selected by the same exact rule, which is
-//!    what a tool replaying after a commit wants). A measurement is a per-slot histogram of
-//!    the values bound (slots that feed a memory base — buffers — are not measured).
+//!    what a tool replaying after a commit wants). A measurement adds to a per-slot
+//!    histogram of the values bound (slots that feed a memory base — buffers — are not
+//!    measured) and a histogram of dispatch shapes (grid and workgroup).
 //! 3. **Act.** Once [`PgoConfig::threshold`] samples are in and some slots hold one value in at
 //!    least [`PgoConfig::dominance_percent`] of them, a background task is queued on the
 //!    runtime ([`crate::background::Runtime::queue_processing_work`]) to compile the variant
@@ -51,7 +52,7 @@ use crate::background::{MeasurementsAction, Mode, Queued, Runtime};
 use crate::kernel::KernelBinary;
 use crate::{Buffer, CommandBuffer, Device, UmdError};
 
-pub use specialize::{Binding, Limits, SpecializeError};
+pub use specialize::{Binding, Dims, Limits, SpecializeError};
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // Nothing here panics while holding a lock; recover the data if something did.
@@ -79,18 +80,24 @@ impl Default for PgoConfig {
     }
 }
 
-/// One argument slot's value histogram.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Histogram {
-    /// (value, count), most frequent first after [`Histogram::record`] settles.
-    pub counts: Vec<(u64, u64)>,
+/// One argument slot's value histogram (or, with `T` = [`Dims`], the dispatch shapes').
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Histogram<T = u64> {
+    /// (value, count), in the order values were first seen.
+    pub counts: Vec<(T, u64)>,
     /// Samples whose value did not fit in the tracked set.
     pub other: u64,
 }
 
-impl Histogram {
+impl<T> Default for Histogram<T> {
+    fn default() -> Self {
+        Histogram { counts: Vec::new(), other: 0 }
+    }
+}
+
+impl<T: Clone + PartialEq> Histogram<T> {
     /// Records one sample.
-    pub fn record(&mut self, value: u64, max_values: usize) {
+    pub fn record(&mut self, value: T, max_values: usize) {
         if let Some(e) = self.counts.iter_mut().find(|e| e.0 == value) {
             e.1 += 1;
         } else if self.counts.len() < max_values {
@@ -108,25 +115,31 @@ impl Histogram {
     /// The same proportions with `target` samples in all (spec 004: a commit scales partial
     /// histograms up "as if the act-now threshold had been reached"). Rounds down, so a value
     /// is never promoted by rounding.
-    pub fn scaled_to(&self, target: u64) -> Histogram {
+    pub fn scaled_to(&self, target: u64) -> Histogram<T> {
         let total = self.total();
         if total == 0 || total >= target {
             return self.clone();
         }
         let scale = |c: u64| (c as u128 * target as u128 / total as u128) as u64;
-        let counts: Vec<(u64, u64)> = self.counts.iter().map(|&(v, c)| (v, scale(c))).collect();
+        let counts: Vec<(T, u64)> = self.counts.iter().map(|(v, c)| (v.clone(), scale(*c))).collect();
         let other = target - counts.iter().map(|e| e.1).sum::<u64>();
         Histogram { counts, other }
     }
 
     /// The value holding at least `percent` of at least `threshold` samples.
-    pub fn dominant(&self, threshold: u64, percent: u64) -> Option<u64> {
+    pub fn dominant(&self, threshold: u64, percent: u64) -> Option<T> {
         let total = self.total();
         if total < threshold || total == 0 {
             return None;
         }
-        let (v, c) = self.counts.iter().copied().max_by_key(|e| e.1)?;
-        (c * 100 >= total * percent).then_some(v)
+        let (v, c) = self.counts.iter().max_by_key(|e| e.1)?;
+        (c * 100 >= total * percent).then(|| v.clone())
+    }
+
+    /// [`Histogram::dominant`], on the histogram scaled up to `threshold` first if `scale`.
+    fn decide(&self, cfg: &PgoConfig, scale: bool) -> Option<T> {
+        let h = if scale { self.scaled_to(cfg.threshold) } else { self.clone() };
+        h.dominant(cfg.threshold, cfg.dominance_percent)
     }
 }
 
@@ -137,17 +150,21 @@ pub struct Profile {
     pub samples: u64,
     /// Per argument slot (pointer slots stay empty).
     pub slots: Vec<Histogram>,
+    /// The dispatch shapes (grid and workgroup).
+    pub dims: Histogram<Dims>,
 }
 
 impl Profile {
+    fn empty(slots: u32) -> Profile {
+        Profile { samples: 0, slots: vec![Histogram::default(); slots as usize], dims: Histogram::default() }
+    }
+
     /// The binding the measurements support: every non-pointer slot with a dominant value,
-    /// judged on at least `threshold` samples — or, with `scale`, on the histograms scaled up
-    /// to the threshold (a commit).
+    /// and the shape if one dominates, judged on at least `threshold` samples — or, with
+    /// `scale`, on the histograms scaled up to the threshold (a commit).
     pub fn candidate(&self, cfg: &PgoConfig, scale: bool) -> Option<Binding> {
-        let b = Binding::new(self.slots.iter().enumerate().filter_map(|(slot, h)| {
-            let h = if scale { h.scaled_to(cfg.threshold) } else { h.clone() };
-            h.dominant(cfg.threshold, cfg.dominance_percent).map(|v| (slot as u32, v))
-        }));
+        let args = self.slots.iter().enumerate().filter_map(|(slot, h)| h.decide(cfg, scale).map(|v| (slot as u32, v)));
+        let b = Binding::new(args).with_dims(self.dims.decide(cfg, scale));
         (!b.is_empty()).then_some(b)
     }
 }
@@ -293,7 +310,7 @@ impl Profiler {
         match action {
             MeasurementsAction::DiscardPrevious => {
                 for c in &cores {
-                    *lock(&c.profile) = Profile { samples: 0, slots: vec![Histogram::default(); c.slots as usize] };
+                    *lock(&c.profile) = Profile::empty(c.slots);
                 }
             }
             MeasurementsAction::CommitResults | MeasurementsAction::CommitResultsHighPriority => {
@@ -468,7 +485,7 @@ impl Pipeline {
             binary: kernel.clone(),
             slots,
             pointers,
-            profile: Mutex::new(Profile { samples: 0, slots: vec![Histogram::default(); slots as usize] }),
+            profile: Mutex::new(Profile::empty(slots)),
             variants: Mutex::new(Vec::new()),
             pending: Mutex::new(Vec::new()),
             dispatches: AtomicU64::new(0),
@@ -527,22 +544,23 @@ impl Pipeline {
         args: &Buffer,
     ) -> Result<Selected, UmdError> {
         let values: Vec<u64> = (0..self.core.slots as u64).map(|k| args.read_u64(8 * k)).collect::<Result<_, _>>()?;
-        let (va, selected) = self.select(&values);
-        self.measure(&values);
+        let dims = Dims { grid, group };
+        let (va, selected) = self.select(&values, dims);
+        self.measure(&values, dims);
         cb.dispatch(va, grid, group, args.va());
         Ok(selected)
     }
 
     /// The kernel VA for these values: an uploaded variant that matches, else a compiled one
     /// (uploaded now), else the generic kernel.
-    fn select(&self, values: &[u64]) -> (u64, Selected) {
+    fn select(&self, values: &[u64], dims: Dims) -> (u64, Selected) {
         let counters = &self.device.pgo().counters;
         let mut up = lock(&self.uploaded);
-        if let Some((b, buf)) = up.iter().find(|(b, _)| b.matches(values)) {
+        if let Some((b, buf)) = up.iter().find(|(b, _)| b.matches(values, dims)) {
             counters.specialized_dispatches.fetch_add(1, Ordering::Relaxed);
             return (buf.va(), Selected::Specialized(b.clone()));
         }
-        let fresh = lock(&self.core.variants).iter().find(|(b, _)| b.matches(values)).cloned();
+        let fresh = lock(&self.core.variants).iter().find(|(b, _)| b.matches(values, dims)).cloned();
         if let Some((b, bin)) = fresh {
             // If GPU memory for the variant cannot be had, the generic kernel runs: background
             // work never makes a dispatch fail. The next dispatch tries again.
@@ -557,7 +575,7 @@ impl Pipeline {
     }
 
     /// Measures one dispatch as the mode allows; queues a compile once a binding is supported.
-    fn measure(&self, values: &[u64]) {
+    fn measure(&self, values: &[u64], dims: Dims) {
         // A UMD without the feature does no PGO at all.
         if !self.device.options().background_processing {
             return;
@@ -578,6 +596,7 @@ impl Pipeline {
         let cand = {
             let mut prof = lock(&self.core.profile);
             prof.samples += 1;
+            prof.dims.record(dims, p.cfg.max_values);
             for (slot, h) in prof.slots.iter_mut().enumerate() {
                 if !self.core.pointers.contains(&(slot as u32)) {
                     h.record(values[slot], p.cfg.max_values);
@@ -591,7 +610,7 @@ impl Pipeline {
             // A variant already covering these values means nothing new was found.
             if !lock(&self.core.variants)
                 .iter()
-                .any(|(vb, _)| vb.matches(values) && vb.pairs().len() >= b.pairs().len())
+                .any(|(vb, _)| vb.matches(values, dims) && vb.pairs().len() >= b.pairs().len())
             {
                 p.queue_compile(self.device.background(), &self.core, b);
             }

@@ -4,8 +4,10 @@
 //! [`specialize`] parses the validated instruction list into a tree of structured control
 //! flow, partially evaluates it, drops dead code and emits a new binary (validated again).
 //! The abstract state is, for every register, "this value in every lane that can still read
-//! it", or unknown. Registers start at 0 (the ISA zeroes them when a wave starts), and a bound
-//! argument slot's `sarg` is known. From there:
+//! it", or unknown. Registers start at 0 (the ISA zeroes them when a wave starts), a bound
+//! argument slot's `sarg` is known, and with a bound shape ([`Dims`]) so are the builtins it
+//! decides (`%group_size.*`, `%grid_size.*`, and ids along a dimension of size 1). From
+//! there:
 //!
 //! - **Constant folding.** An ALU instruction whose operands are known becomes `mov vD, imm`
 //!   (or `smov`), with the interpreter's exact semantics (wrapping, RISC-V division, IEEE
@@ -28,16 +30,29 @@
 //! written inside an `if` on an unknown value or inside a loop that stays a loop is unknown
 //! throughout that structure, and liveness treats `then` as flowing into `else`.
 
-use abi::isa::{self, FLAG_IMM, Form, Inst, Op};
+use abi::isa::{self, Builtin, FLAG_IMM, Form, Inst, Op};
 
 use crate::kernel::KernelBinary;
 
-/// Argument values a variant assumes: (slot, value) pairs, sorted by slot, one per slot.
+/// A dispatch's shape: the grid (in workgroups) and the workgroup (in threads).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Dims {
+    /// Workgroups per dimension.
+    pub grid: [u32; 3],
+    /// Threads per workgroup per dimension.
+    pub group: [u32; 3],
+}
+
+/// What a variant assumes: argument values ((slot, value) pairs, sorted by slot, one per
+/// slot) and, optionally, the dispatch's shape.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Binding(Vec<(u32, u64)>);
+pub struct Binding {
+    args: Vec<(u32, u64)>,
+    dims: Option<Dims>,
+}
 
 impl Binding {
-    /// A binding from pairs (sorted; a later pair for the same slot wins).
+    /// A binding of argument values (sorted; a later pair for the same slot wins), any shape.
     pub fn new(pairs: impl IntoIterator<Item = (u32, u64)>) -> Binding {
         let mut v: Vec<(u32, u64)> = Vec::new();
         for (s, x) in pairs {
@@ -47,24 +62,54 @@ impl Binding {
             }
         }
         v.sort_unstable();
-        Binding(v)
+        Binding { args: v, dims: None }
     }
-    /// The pairs.
+    /// The same, assuming also the dispatch shape `dims` (or any, with `None`).
+    pub fn with_dims(mut self, dims: Option<Dims>) -> Binding {
+        self.dims = dims;
+        self
+    }
+    /// The argument pairs.
     pub fn pairs(&self) -> &[(u32, u64)] {
-        &self.0
+        &self.args
     }
-    /// Whether nothing is bound.
+    /// The shape assumed, if any.
+    pub fn dims(&self) -> Option<Dims> {
+        self.dims
+    }
+    /// Whether nothing is assumed.
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.args.is_empty() && self.dims.is_none()
     }
     /// The value bound to `slot`.
     pub fn get(&self, slot: u32) -> Option<u64> {
-        self.0.iter().find(|p| p.0 == slot).map(|p| p.1)
+        self.args.iter().find(|p| p.0 == slot).map(|p| p.1)
     }
-    /// Whether argument values (slot `k` at index `k`) satisfy every assumption.
-    pub fn matches(&self, args: &[u64]) -> bool {
-        self.0.iter().all(|&(s, x)| args.get(s as usize) == Some(&x))
+    /// Whether a dispatch with argument values `args` (slot `k` at index `k`) and shape
+    /// `dims` satisfies every assumption.
+    pub fn matches(&self, args: &[u64], dims: Dims) -> bool {
+        self.args.iter().all(|&(s, x)| args.get(s as usize) == Some(&x)) && self.dims.is_none_or(|d| d == dims)
     }
+}
+
+/// The value of a builtin that the dispatch shape alone decides.
+fn builtin_value(b: Builtin, d: Dims) -> Option<u32> {
+    Some(match b {
+        Builtin::GroupSizeX => d.group[0],
+        Builtin::GroupSizeY => d.group[1],
+        Builtin::GroupSizeZ => d.group[2],
+        Builtin::GridSizeX => d.grid[0],
+        Builtin::GridSizeY => d.grid[1],
+        Builtin::GridSizeZ => d.grid[2],
+        // An id along a dimension of size 1 is 0.
+        Builtin::LocalIdX if d.group[0] == 1 => 0,
+        Builtin::LocalIdY if d.group[1] == 1 => 0,
+        Builtin::LocalIdZ if d.group[2] == 1 => 0,
+        Builtin::GroupIdX if d.grid[0] == 1 => 0,
+        Builtin::GroupIdY if d.grid[1] == 1 => 0,
+        Builtin::GroupIdZ if d.grid[2] == 1 => 0,
+        _ => return None,
+    })
 }
 
 /// How far the compiler may go.
@@ -418,6 +463,11 @@ impl Eval<'_> {
                 let x = if i.op == Op::VFromSHi { (s >> 32) as u32 } else { s as u32 };
                 mov_imm(i.d, x)
             }),
+            Form::Builtin => self
+                .binding
+                .dims
+                .and_then(|d| Builtin::from_u32(i.imm).and_then(|b| builtin_value(b, d)))
+                .map(|x| mov_imm(i.d, x)),
             Form::ScalarArg => match self.binding.get(i.imm) {
                 Some(x) if x <= u32::MAX as u64 => Some(Inst::new(Op::SMov, i.d, 0, 0, 0, x as u32)),
                 _ => None,
@@ -728,10 +778,28 @@ mod tests {
 
     #[test]
     fn binding_matches_only_its_values() {
+        let d = Dims { grid: [4, 1, 1], group: [64, 1, 1] };
         let b = Binding::new([(2, 5), (0, 1), (2, 6)]);
         assert_eq!(b.pairs(), &[(0, 1), (2, 6)]);
-        assert!(b.matches(&[1, 99, 6]));
-        assert!(!b.matches(&[1, 99, 5]));
-        assert!(!b.matches(&[1]));
+        assert!(b.matches(&[1, 99, 6], d));
+        assert!(!b.matches(&[1, 99, 5], d));
+        assert!(!b.matches(&[1], d));
+        let b = b.with_dims(Some(d));
+        assert!(b.matches(&[1, 99, 6], d));
+        assert!(!b.matches(&[1, 99, 6], Dims { grid: [5, 1, 1], ..d }));
+    }
+
+    #[test]
+    fn a_bound_shape_folds_the_builtins_it_decides() {
+        let k = assemble(
+            "sarg s0, 0\n builtin v1, %grid_size.x\n builtin v2, %group_size.x\n mul v3, v1, v2\n \
+             builtin v4, %local_id.y\n add v3, v3, v4\n builtin v5, %global_id.x\n shl v5, v5, 2\n st.u32 [s0 + v5], v3\n",
+        )
+        .unwrap();
+        let d = Dims { grid: [3, 1, 1], group: [64, 1, 1] };
+        let s = specialize(&k, &Binding::default().with_dims(Some(d)), Limits::default()).unwrap();
+        let text = crate::disassemble(&s);
+        assert!(text.contains("mov v3, 192"), "{text}");
+        assert_eq!(count(&s, Op::Builtin), 1, "only %global_id.x stays: {text}");
     }
 }
