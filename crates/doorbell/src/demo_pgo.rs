@@ -75,9 +75,10 @@ pub fn run(sys: &System) -> Result<(Vec<String>, u32), CliError> {
     let b = fir.variants().first().cloned().unwrap_or_default();
     say.push(format!(
         "benchmark: AllowIntrusiveMeasurements until FurtherMeasurementsDesired = false: {} pass(es); \
-         fir (taps = 24) specialized for {:?}: {} -> {} instructions; results identical: {same}",
+         fir (taps = 24) specialized for slots {:?}{}: {} -> {} instructions; results identical: {same}",
         primed.passes,
         b.pairs(),
+        b.dims().map(|d| format!(" and grid {:?} x group {:?}", d.grid, d.group)).unwrap_or_default(),
         fir.kernel().len(),
         fir.variant(&b).map_or(0, |v| v.len())
     ));
