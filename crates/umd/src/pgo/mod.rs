@@ -15,8 +15,9 @@
 //!    what a tool replaying after a commit wants). A measurement adds to a per-slot
 //!    histogram of the values bound (slots that feed a memory base — buffers — are not
 //!    measured) and a histogram of dispatch shapes (grid and workgroup).
-//! 3. **Act.** Once [`PgoConfig::threshold`] samples are in and some slots hold one value in at
-//!    least [`PgoConfig::dominance_percent`] of them, a background task is queued on the
+//! 3. **Act.** Once [`PgoConfig::threshold`] samples are in and some slots (or the shape) hold
+//!    one value in at least [`PgoConfig::dominance_percent`] of them, and background work is
+//!    not disabled (a task would only be cancelled), a background task is queued on the
 //!    runtime ([`crate::background::Runtime::queue_processing_work`]) to compile the variant
 //!    for those values ([`specialize::specialize`]: folded arguments, unrolled constant-trip
 //!    loops, constant branches and dead code removed). A commit (`CommitResults…`) acts at
