@@ -270,3 +270,43 @@ fn the_docs_point_only_inside_the_repository_and_name_the_public_documents() {
         assert!(readme.contains(step), "README roadmap lacks {step}");
     }
 }
+
+/// A live run (busy-polling threads): `.ci/run` runs it with the other ignored tests. Checks
+/// the report's shape and that the variants change no result; the timings are not judged.
+#[test]
+#[ignore]
+fn bench_pgo_reports_both_kernels_with_identical_results() {
+    let (ok, out, err) = doorbell_with(&[
+        "bench",
+        "pgo",
+        "--json",
+        "--samples",
+        "3",
+        "--elements",
+        "256",
+        "--submits",
+        "50",
+        "--phase-ms",
+        "20",
+        "--commits",
+        "2",
+    ]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let ks = v["kernels"].as_array().unwrap();
+    assert_eq!(ks.len(), 2);
+    for k in ks {
+        assert_eq!(k["results_identical"], true, "{k}");
+        assert!(k["generic_dispatch_ns"].as_u64().unwrap() > 0 && k["specialized_dispatch_ns"].as_u64().unwrap() > 0);
+        assert!(k["specialized_instructions"].as_u64().unwrap() > 0);
+    }
+    for f in [
+        "commit_to_event_ns",
+        "foreground_submit_p99_ns",
+        "foreground_submit_p99_ns_disabled",
+        "floor_cacheline_rtt_ns",
+    ] {
+        assert!(v[f].as_u64().is_some(), "{f} missing: {v}");
+    }
+    assert!(v["foreground_slowdown"].as_f64().is_some());
+}
