@@ -54,6 +54,10 @@ pub enum BenchCommand {
     /// preemption every millisecond, and the time from a TDR timeout to the other queues
     /// running again.
     Preempt(crate::bench_preempt::PreemptArgs),
+    /// Profile-guided kernel specialization (spec 004 background processing): generic vs
+    /// specialized dispatch time of two sample kernels, commit to completion event, and the
+    /// foreground submit p99 with background compiles running vs disabled.
+    Pgo(crate::bench_pgo::PgoArgs),
 }
 
 #[derive(Args)]
@@ -109,6 +113,7 @@ pub fn run(cmd: BenchCommand) -> Result<(), CliError> {
         BenchCommand::Oversubscribe(a) => crate::bench_oversub::run(a),
         BenchCommand::Neighbour(a) => crate::bench_neighbour::run(a),
         BenchCommand::Preempt(a) => crate::bench_preempt::run(a),
+        BenchCommand::Pgo(a) => crate::bench_pgo::run(a),
     }
 }
 

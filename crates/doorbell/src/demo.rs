@@ -245,6 +245,12 @@ pub fn run(quiet: bool) -> Result<(), CliError> {
     submissions += n;
     checked += 2;
 
+    let (lines, n) = crate::demo_pgo::run(&sys)?;
+    for l in lines {
+        say(l);
+    }
+    checked += n;
+
     let (trace, _) = sys.trace();
     if !quiet {
         println!("\n-- kernel trace: doorbell status changes, power, faults --");

@@ -15,7 +15,9 @@ mod bench_fences;
 mod bench_neighbour;
 mod bench_oversub;
 mod bench_preempt;
+mod bench_pgo;
 mod demo;
+mod demo_pgo;
 mod examples;
 mod num;
 mod run;
@@ -88,6 +90,12 @@ pub enum CliError {
     /// The kernel failed.
     #[error(transparent)]
     Kernel(#[from] abi::port::KernelError),
+    /// A background processing mode change was refused.
+    #[error(transparent)]
+    Mode(#[from] umd::background::ModeError),
+    /// A background commit's completion event did not come.
+    #[error(transparent)]
+    CommitWait(#[from] umd::pgo::workflow::WaitTimedOut),
     /// A check failed.
     #[error("check failed: {0}")]
     Check(String),

@@ -7,6 +7,11 @@
 //! when the engine executed it (GPU time, from the queue's fence log). Both clocks are the
 //! device clock, so the boxes line up. The output is Chrome trace-event JSON, which
 //! ui.perfetto.dev and chrome://tracing open.
+//!
+//! The producer also dispatches a sample kernel through a `umd::pgo::Pipeline`, measured in
+//! `AllowIntrusiveMeasurements`; halfway through, a `CommitResults` has the runtime compile
+//! its specialized variant in the background. Every background task's run (spec 004's start
+//! and finish events) is a box on a track of its own per pool worker, on the same clock.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -58,12 +63,31 @@ pub fn run(a: TraceArgs) -> Result<(), CliError> {
     ];
     let mut queued: Vec<Queued> = Vec::new();
     let mut last = [0u64; 3];
+    // Background work: a kernel measured on every dispatch, committed halfway.
+    let pipeline = umd::pgo::Pipeline::new(&dev, &umd::pgo::samples::FIR.kernel())?;
+    let fir = umd::pgo::samples::FIR.instance(&dev, 256, [16, 0], 1)?;
+    dev.set_background_processing_mode(
+        umd::background::Mode::AllowIntrusiveMeasurements,
+        umd::background::MeasurementsAction::DiscardPrevious,
+        None,
+        None,
+    )?;
+    let committed = umd::background::CompletionEvent::new();
     let note = |queued: &mut Vec<Queued>, queue: usize, log, name: String| {
         queued.push(Queued { queue, log, name, at_ns: sys.now().as_nanos() });
     };
     for r in 1..=a.rounds as u64 {
         // Producer: some copying, then signal F = r.
         let mut cb = CommandBuffer::new();
+        pipeline.dispatch(&mut cb, fir.grid, fir.group, &fir.args)?;
+        if r == (a.rounds as u64).div_ceil(2) {
+            dev.set_background_processing_mode(
+                umd::background::Mode::Allowed,
+                umd::background::MeasurementsAction::CommitResults,
+                Some(&committed),
+                None,
+            )?;
+        }
         cb.fill(buf.va(), 64 * 1024, r as u32).signal_fence_logged(&f, r);
         note(&mut queued, 0, FenceLogType::Signal, format!("signal F={r}"));
         last[0] = queues[0].1.submit(&cb)?;
@@ -84,6 +108,13 @@ pub fn run(a: TraceArgs) -> Result<(), CliError> {
         q.wait(last[i], Some(Duration::from_secs(30)))?;
     }
     check_done(&f, &g, a.rounds as u64)?;
+    if !committed.wait(Duration::from_secs(30)) {
+        return Err(CliError::Check("the background compile's commit did not complete".into()));
+    }
+    // The runtime's clock (an Instant epoch) against the device clock, read back to back.
+    let rt = dev.background();
+    let offset = sys.now().as_nanos() as i128 - rt.epoch().elapsed().as_nanos() as i128;
+    let spans = rt.spans();
 
     // Match queued operations with log entries, per queue and log, in order.
     let mut events = Vec::new();
@@ -115,16 +146,37 @@ pub fn run(a: TraceArgs) -> Result<(), CliError> {
             }
         }
     }
+    let mut workers: Vec<u32> = spans.iter().map(|s| s.worker).collect();
+    workers.sort_unstable();
+    workers.dedup();
+    for w in &workers {
+        let name = format!("background worker {w} (runtime pool)");
+        events.push(json!({"ph": "M", "name": "thread_name", "pid": 1, "tid": 100 + w, "args": {"name": name}}));
+    }
+    for s in &spans {
+        let at = |ns: u64| (ns as i128 + offset).max(0) as f64 / 1000.0;
+        events.push(json!({
+            "ph": "X",
+            "name": format!("background task {}", s.task.0),
+            "cat": "background",
+            "pid": 1,
+            "tid": 100 + s.worker,
+            "ts": at(s.start_ns),
+            "dur": (s.end_ns - s.start_ns) as f64 / 1000.0,
+            "args": {"task": s.task.0, "class": format!("{:?}", s.class), "panicked": s.panicked},
+        }));
+    }
     events.push(json!({"ph": "M", "name": "process_name", "pid": 1, "args": {"name": format!("doorbell {pid}")}}));
-    let boxes = events.iter().filter(|e| e["ph"] == "X").count();
+    let boxes = events.iter().filter(|e| e["ph"] == "X" && e["cat"] != "background").count();
     let doc = json!({"traceEvents": events, "displayTimeUnit": "ns"});
     std::fs::write(&a.out, serde_json::to_string_pretty(&doc).map_err(|e| CliError::Input(e.to_string()))?)
         .map_err(|e| CliError::Input(format!("cannot write {}: {e}", a.out.display())))?;
     println!(
-        "wrote {}: {} queues, {boxes} signal/wait boxes over {} rounds; open it in ui.perfetto.dev",
+        "wrote {}: {} queues, {boxes} signal/wait boxes over {} rounds, {} background task(s); open it in ui.perfetto.dev",
         a.out.display(),
         queues.len(),
-        a.rounds
+        a.rounds,
+        spans.len()
     );
     Ok(())
 }

@@ -14,9 +14,19 @@ fn trace_writes_a_perfetto_timeline_with_a_track_per_queue() {
     let doc: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
     std::fs::remove_file(&out).ok();
     let ev = doc["traceEvents"].as_array().unwrap();
-    let boxes: Vec<_> = ev.iter().filter(|e| e["ph"] == "X").collect();
+    let boxes: Vec<_> = ev.iter().filter(|e| e["ph"] == "X" && e["cat"] != "background").collect();
     let tracks: Vec<_> = ev.iter().filter(|e| e["name"] == "thread_name").collect();
-    assert_eq!(tracks.len(), 3);
+    // Three queues, and at least one background worker (the commit's compile ran).
+    let workers =
+        tracks.iter().filter(|t| t["args"]["name"].as_str().unwrap().starts_with("background worker")).count();
+    assert!(workers >= 1, "{tracks:?}");
+    assert_eq!(tracks.len(), 3 + workers);
+    let tasks: Vec<_> = ev.iter().filter(|e| e["cat"] == "background").collect();
+    assert!(!tasks.is_empty());
+    for t in &tasks {
+        assert!(t["tid"].as_u64().unwrap() >= 100, "on a track of its own: {t}");
+        assert!(t["dur"].as_f64().unwrap() >= 0.0);
+    }
     // 5 rounds: producer signals F, middle waits F and signals G, consumer waits G.
     assert_eq!(boxes.len(), 20);
     for b in &boxes {
@@ -137,6 +147,9 @@ fn benchmarks_refuse_counts_that_measure_nothing_like_oversubscribe_does() {
         (&["bench", "compute", "--iterations", "0"], "--iterations"),
         (&["bench", "oversubscribe", "--queues", "0"], "--queues"),
         (&["bench", "oversubscribe", "--seconds", "0"], "--seconds"),
+        (&["bench", "pgo", "--samples", "0"], "--samples"),
+        (&["bench", "pgo", "--elements", "0"], "--elements"),
+        (&["bench", "pgo", "--commits", "0"], "--commits"),
     ] {
         let (ok, out, err) = doorbell_with(args);
         assert!(!ok && out.is_empty(), "{args:?}: {out}");
@@ -193,9 +206,16 @@ fn errors_quote_an_excerpt_of_huge_input_not_all_of_it() {
 fn the_demo_says_what_it_does() {
     let (ok, out, err) = doorbell_with(&["demo"]);
     assert!(ok, "{err}");
-    // Only the two processes it announces.
+    // Only the processes it announces: A and B, and the background-processing step's one.
     assert!(out.contains("processes A (p1) and B (p2) opened"), "{out}");
-    assert!(!out.contains("@p3"), "a process the demo never announced: {out}");
+    assert!(out.contains("process p3 opened in developer mode"), "{out}");
+    assert!(!out.contains("@p4"), "a process the demo never announced: {out}");
+    // Spec 004's two workflows converge and their variants change no result.
+    assert!(
+        out.contains("until FurtherMeasurementsDesired = false") && out.contains("results identical: true"),
+        "{out}"
+    );
+    assert!(out.contains("the replay runs iterate's variant, measures nothing"), "{out}");
     // Every DisconnectedAbort says why: a destroy or a fault.
     let aborts: Vec<&str> = out.lines().filter(|l| l.contains("DisconnectedAbort")).collect();
     assert!(aborts.iter().any(|l| l.contains("destroyed by its owner")), "{out}");
@@ -249,4 +269,44 @@ fn the_docs_point_only_inside_the_repository_and_name_the_public_documents() {
     ] {
         assert!(readme.contains(step), "README roadmap lacks {step}");
     }
+}
+
+/// A live run (busy-polling threads): `.ci/run` runs it with the other ignored tests. Checks
+/// the report's shape and that the variants change no result; the timings are not judged.
+#[test]
+#[ignore]
+fn bench_pgo_reports_both_kernels_with_identical_results() {
+    let (ok, out, err) = doorbell_with(&[
+        "bench",
+        "pgo",
+        "--json",
+        "--samples",
+        "3",
+        "--elements",
+        "256",
+        "--submits",
+        "50",
+        "--phase-ms",
+        "20",
+        "--commits",
+        "2",
+    ]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let ks = v["kernels"].as_array().unwrap();
+    assert_eq!(ks.len(), 2);
+    for k in ks {
+        assert_eq!(k["results_identical"], true, "{k}");
+        assert!(k["generic_dispatch_ns"].as_u64().unwrap() > 0 && k["specialized_dispatch_ns"].as_u64().unwrap() > 0);
+        assert!(k["specialized_instructions"].as_u64().unwrap() > 0);
+    }
+    for f in [
+        "commit_to_event_ns",
+        "foreground_submit_p99_ns",
+        "foreground_submit_p99_ns_disabled",
+        "floor_cacheline_rtt_ns",
+    ] {
+        assert!(v[f].as_u64().is_some(), "{f} missing: {v}");
+    }
+    assert!(v["foreground_slowdown"].as_f64().is_some());
 }

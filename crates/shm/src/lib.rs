@@ -15,6 +15,9 @@
 //!   files (the doorbell "CPU VA rotation": a connected doorbell shows the BAR page, a
 //!   disconnected one shows a dummy page).
 //!
+//! [`sched`] holds the one other system call the stack needs unsafely: a thread's scheduling
+//! class (`SCHED_IDLE` and nice 19 for the background-processing pool).
+//!
 //! Everything is addressed by file descriptor and file offset, never by pointer, because the
 //! multi-process mode later passes these fds over a Unix socket and the receiver maps them
 //! with [`Mapping::new`] exactly as an in-process client does.
@@ -81,6 +84,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use rustix::mm::{MapFlags, ProtFlags};
 
 mod arena;
+pub mod sched;
 mod word;
 
 pub use arena::{PoolConfig, PoolStats, ShmPool};

@@ -17,22 +17,28 @@
 //!   them on a device against their CPU references; [`workloads`]: long deterministic kernels
 //!   and an endless one, for preemption studies, benchmarks and tests.
 //!
+//! - Background processing (spec 004): [`background`] is the runtime's half (a pool of
+//!   low-priority threads, modes, commits, exactly-once tasks); [`pgo`] is the UMD's use of it
+//!   (dispatch measurement and profile-guided kernel specialization, [`pgo::Pipeline`]).
+//!
 //! The user-mode submission loop follows spec 000's order exactly; see [`Queue::submit`].
 //! Waits check memory first and enter the kernel only when the value has not been reached.
 //! The ring never overwrites bytes the engine has not read: a full ring waits for rptr.
 
+pub mod background;
 mod command;
 mod device;
 pub mod examples;
 mod fence;
 mod kernel;
 pub mod lowlevel;
+pub mod pgo;
 mod queue;
 pub mod verify;
 pub mod workloads;
 
 pub use command::CommandBuffer;
-pub use device::{Buffer, Context, Device};
+pub use device::{Buffer, Context, Device, DeviceOptions, FeatureSupport};
 pub use fence::NativeFence;
 pub use kernel::{
     AsmError, BuildError, Imm, KernelBinary, KernelBuilder, Operand, S, V, assemble, assemble_with_lines, disassemble,

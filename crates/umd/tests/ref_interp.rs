@@ -917,12 +917,25 @@ fn build_program(steps: &[Step]) -> KernelBuilder {
 
 /// Runs a program over `threads` threads in groups of `group`; returns (scratch, counter).
 fn run_program(k: &KernelBinary, threads: u32, group: u32, width: usize, jumps: bool) -> (Vec<u32>, u32) {
+    run_program_with(k, threads, group, width, jumps, &[])
+}
+
+/// [`run_program`] with argument slots 4.. set to `extra`.
+fn run_program_with(
+    k: &KernelBinary,
+    threads: u32,
+    group: u32,
+    width: usize,
+    jumps: bool,
+    extra: &[u64],
+) -> (Vec<u32>, u32) {
     let mut m = Memory::default();
     let groups = threads.div_ceil(group);
     m.map_u32s(BUF0, &vec![0; (groups * group) as usize * 32]);
     m.map_u32s(BUF1, &[0]);
     m.map_u32s(BUF2, &(0..16).map(|i| i * 0x0101_0101 + 3).collect::<Vec<_>>());
-    m.map_args(ARGS, &[0, BUF0, BUF1, BUF2]);
+    let args: Vec<u64> = [0, BUF0, BUF1, BUF2].into_iter().chain(extra.iter().copied()).collect();
+    m.map_args(ARGS, &args);
     let mut d = Dispatch::new(threads, group, ARGS);
     d.width = width;
     d.jumps = jumps;
@@ -945,6 +958,37 @@ proptest! {
         for (width, jumps) in [(32, true), (32, false), (5, true), (64, true), (1, false)] {
             let got = run_program(&k, threads, group, width, jumps);
             prop_assert_eq!(&got, &base, "width {} jumps {}", width, jumps);
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    /// The specializer (umd::pgo) against this oracle: a random program that reads two bound
+    /// u32 arguments (slots 4 and 5, into v1 and v2 and a loop bound) computes the same memory
+    /// generic and specialized for those values and its dispatch shape, at several wave
+    /// widths.
+    #[test]
+    fn specialized_random_programs_match(
+        steps in proptest::collection::vec(step(), 0..60), threads in 1u32..70, group in 1u32..40,
+        x in prop_oneof![0u64..8, any::<u32>().prop_map(u64::from)], y in 0u64..6,
+    ) {
+        let body = umd::disassemble(&build_program(&steps).build().unwrap());
+        // Bound values feed registers, and a loop whose trip count is slot 5.
+        let src = format!(
+            "sarg s4, 4\nsarg s5, 5\nvfroms v1, s4\nvfroms v2, s5\nmov v40, 0\nloop\ncmp.lt.u v41, v40, v2\n\
+             cmp.eq v41, v41, 0\nbreak v41\nadd v3, v3, v1\nadd v40, v40, 1\nendloop\n{body}"
+        );
+        let k = assemble(&src).unwrap();
+        // The shape too: the builtins it decides fold.
+        let dims = umd::pgo::Dims { grid: [threads.div_ceil(group), 1, 1], group: [group, 1, 1] };
+        let b = umd::pgo::Binding::new([(4, x), (5, y)]).with_dims(Some(dims));
+        let s = umd::pgo::specialize::specialize(&k, &b, Default::default()).unwrap();
+        for width in [32, 5] {
+            let want = run_program_with(&k, threads, group, width, true, &[x, y]);
+            let got = run_program_with(&s, threads, group, width, true, &[x, y]);
+            prop_assert_eq!(&got, &want, "width {}\n{}", width, umd::disassemble(&s));
         }
     }
 }
