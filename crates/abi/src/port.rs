@@ -583,6 +583,17 @@ pub enum DeviceRefusal {
         /// Which call of the DDI failed (1-based).
         call: u32,
     },
+    /// The queue is not held off its engine for the kernel (never preempted, or hung).
+    NotHeld,
+    /// A take-back of a kernel ring's work outside what the engine allows.
+    BadTakeBack {
+        /// The wptr asked for.
+        wptr: u64,
+        /// The lowest allowed (the packet the queue resumes at, or just past it).
+        floor: u64,
+        /// The highest allowed (the last wptr the engine accepted).
+        accepted: u64,
+    },
 }
 
 impl core::fmt::Display for DeviceRefusal {
@@ -613,6 +624,10 @@ impl core::fmt::Display for DeviceRefusal {
             VictimKeptDoorbell => f.write_str("the victim's doorbell did not come back"),
             NotANativeFence => f.write_str("is not a native fence of this device"),
             Injected { call } => write!(f, "failed (injected fault, call {call})"),
+            NotHeld => f.write_str("is not held off its engine for the kernel"),
+            BadTakeBack { wptr, floor, accepted } => {
+                write!(f, "take back to wptr {wptr:#x}: allowed from {floor:#x} to {accepted:#x} on a kernel ring")
+            }
         }
     }
 }

@@ -101,6 +101,8 @@ pub enum DdiKind {
     ConnectKernelDoorbell,
     /// [`Kmd::submit_command`].
     SubmitCommand,
+    /// [`Kmd::take_back`].
+    TakeBack,
     /// [`Kmd::create_native_fence`].
     CreateNativeFence,
     /// [`Kmd::reset_engine`] (a failed engine reset escalates to an adapter reset).
@@ -226,6 +228,29 @@ pub struct EngineResetOutcome {
     pub guilty: Vec<(HwQueueHandle, u64)>,
     /// Queues taken off their slots with their state saved; they keep their work.
     pub preempted: Vec<HwQueueHandle>,
+    /// How long the reset took, as the KMD measured it: the OS escalates a reset that took
+    /// longer than `TdrDdiDelay` as one that never answered.
+    pub took: std::time::Duration,
+}
+
+/// What a per-queue reset did ([`Kmd::reset_queue`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QueueResetOutcome {
+    /// The last progress value ("fence ID") the engine had accepted from the queue: the last
+    /// one the reset aborted.
+    pub aborted: u64,
+    /// How long the reset took, as the KMD measured it.
+    pub took: std::time::Duration,
+}
+
+/// A KMD misbehaving on purpose, for tests of what the OS refuses to trust
+/// ([`Traced::inject_misbehaviour`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Misbehaviour {
+    /// A reset reports an aborted fence ID far outside what the queue submitted.
+    BogusFenceId,
+    /// A reset takes this much longer than it did (a DDI that does not answer in time).
+    Slow(std::time::Duration),
 }
 
 /// A GPU mapping; dropping it unmaps (the release the KMD supplied runs once).
@@ -300,7 +325,7 @@ pub trait Kmd: Send {
     fn connect_kernel_doorbell(&mut self, queue: HwQueueHandle, index: u32) -> Result<(), DdiError>;
     /// `DxgkDdiSubmitCommand`: the kernel-mode queue's wptr was published as `wptr`; ring its
     /// doorbell.
-    fn submit_command(&mut self, queue: HwQueueHandle, wptr: u64) -> Result<(), DdiError>;
+    fn submit_command(&mut self, queue: HwQueueHandle, wptr: u64, fence_id: u64) -> Result<(), DdiError>;
     /// Where a user-mode queue with doorbell index `index` rings inside its doorbell CPU page,
     /// and how.
     fn doorbell_ring(&self, index: u32) -> (u64, RingMethod);
@@ -363,7 +388,12 @@ pub trait Kmd: Send {
     /// amdgpu's per-queue reset (through the scheduling firmware): `queue` hangs, its
     /// neighbours are not touched. `requested_at` is when the preemption it would not answer
     /// was asked for. Returns the last progress value ("fence ID") the reset aborted.
-    fn reset_queue(&mut self, queue: HwQueueHandle, requested_at: Time, now: Time) -> Result<u64, DdiError>;
+    fn reset_queue(
+        &mut self,
+        queue: HwQueueHandle,
+        requested_at: Time,
+        now: Time,
+    ) -> Result<QueueResetOutcome, DdiError>;
     /// Moves the allocation at `[va, va + bytes)` of `process` to `domain`, updates the GPU
     /// page tables and invalidates the TLB (spec 001 migration, step 2; Windows' paging
     /// operation). The caller has preempted every queue of the process.
@@ -379,6 +409,25 @@ pub trait Kmd: Send {
     fn reset_from_timeout(&mut self, now: Time) -> Result<Vec<HwQueueHandle>, DdiError>;
     /// `DxgkDdiRestartFromTimeout`: the adapter runs again after a reset.
     fn restart_from_timeout(&mut self) -> Result<(), DdiError>;
+    /// Where a kernel-mode queue held off its engine (an answered preemption) stands in its
+    /// ring: what the preemption interrupt's last completed and preempted fence IDs tell the
+    /// OS on Windows.
+    fn held_position(&self, queue: HwQueueHandle) -> Result<HeldPosition, DdiError>;
+    /// Drops a held kernel-mode queue's unstarted work from its hardware queue, down to
+    /// `wptr` (spec 003: the OS resubmits the commands a preemption took out of the hardware
+    /// queue).
+    fn take_back(&mut self, queue: HwQueueHandle, wptr: u64, now: Time) -> Result<(), DdiError>;
+}
+
+/// Where a queue held off its engine stands in its ring ([`Kmd::held_position`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HeldPosition {
+    /// The top-level packet it resumes at (ring bytes).
+    pub rptr: u64,
+    /// The last wptr the engine accepted.
+    pub wptr: u64,
+    /// The packet at `rptr` has started and resumes from saved state.
+    pub started: bool,
 }
 
 /// A fault to inject: fail call number `call` (1-based, counted from when it was armed) of
@@ -398,12 +447,27 @@ pub struct Traced {
     trace: SharedTrace,
     now: Time,
     faults: Vec<(DdiFault, u32)>,
+    /// Misbehaviours armed for the next call of a DDI.
+    misbehaviours: Vec<(DdiKind, Misbehaviour)>,
 }
+
+/// How far outside the submitted range [`Misbehaviour::BogusFenceId`] reports.
+const BOGUS_FENCE_OFFSET: u64 = 1 << 40;
 
 impl Traced {
     /// Wraps `inner`, logging into `trace` (which the OS shares).
     pub fn new(inner: Box<dyn Kmd>, trace: SharedTrace) -> Self {
-        Traced { inner, trace, now: Time::ZERO, faults: Vec::new() }
+        Traced { inner, trace, now: Time::ZERO, faults: Vec::new(), misbehaviours: Vec::new() }
+    }
+    /// Makes the next call of `ddi` (a reset: [`DdiKind::ResetEngine`] or
+    /// [`DdiKind::ResetQueue`]) misbehave as `m`.
+    pub fn inject_misbehaviour(&mut self, ddi: DdiKind, m: Misbehaviour) {
+        self.misbehaviours.push((ddi, m));
+    }
+    /// Takes the misbehaviour armed for this call of `ddi`, if any.
+    fn misbehaviour(&mut self, ddi: DdiKind) -> Option<Misbehaviour> {
+        let at = self.misbehaviours.iter().position(|&(d, _)| d == ddi)?;
+        Some(self.misbehaviours.remove(at).1)
     }
     /// The time DDI entries are logged at (the current OS entry's `now`).
     pub(crate) fn at(&mut self, now: Time) {
@@ -487,10 +551,10 @@ impl Kmd for Traced {
         self.gate(DdiKind::ConnectKernelDoorbell)?;
         self.inner.connect_kernel_doorbell(queue, index)
     }
-    fn submit_command(&mut self, queue: HwQueueHandle, wptr: u64) -> Result<(), DdiError> {
-        self.log(Ddi::SubmitCommand(queue));
+    fn submit_command(&mut self, queue: HwQueueHandle, wptr: u64, fence_id: u64) -> Result<(), DdiError> {
+        self.log(Ddi::SubmitCommand { queue, fence_id });
         self.gate(DdiKind::SubmitCommand)?;
-        self.inner.submit_command(queue, wptr)
+        self.inner.submit_command(queue, wptr, fence_id)
     }
     fn doorbell_ring(&self, index: u32) -> (u64, RingMethod) {
         self.inner.doorbell_ring(index)
@@ -577,12 +641,29 @@ impl Kmd for Traced {
     fn reset_engine(&mut self, engine: EngineId, now: Time) -> Result<EngineResetOutcome, DdiError> {
         self.log(Ddi::ResetEngine(engine));
         self.gate(DdiKind::ResetEngine)?;
-        self.inner.reset_engine(engine, now)
+        let mut out = self.inner.reset_engine(engine, now)?;
+        match self.misbehaviour(DdiKind::ResetEngine) {
+            Some(Misbehaviour::BogusFenceId) => out.guilty.iter_mut().for_each(|g| g.1 += BOGUS_FENCE_OFFSET),
+            Some(Misbehaviour::Slow(d)) => out.took += d,
+            None => {}
+        }
+        Ok(out)
     }
-    fn reset_queue(&mut self, queue: HwQueueHandle, requested_at: Time, now: Time) -> Result<u64, DdiError> {
+    fn reset_queue(
+        &mut self,
+        queue: HwQueueHandle,
+        requested_at: Time,
+        now: Time,
+    ) -> Result<QueueResetOutcome, DdiError> {
         self.log(Ddi::ResetQueue(queue));
         self.gate(DdiKind::ResetQueue)?;
-        self.inner.reset_queue(queue, requested_at, now)
+        let mut out = self.inner.reset_queue(queue, requested_at, now)?;
+        match self.misbehaviour(DdiKind::ResetQueue) {
+            Some(Misbehaviour::BogusFenceId) => out.aborted += BOGUS_FENCE_OFFSET,
+            Some(Misbehaviour::Slow(d)) => out.took += d,
+            None => {}
+        }
+        Ok(out)
     }
     fn migrate_allocation(
         &mut self,
@@ -601,5 +682,13 @@ impl Kmd for Traced {
     fn restart_from_timeout(&mut self) -> Result<(), DdiError> {
         self.log(Ddi::RestartFromTimeout);
         self.inner.restart_from_timeout()
+    }
+    fn held_position(&self, queue: HwQueueHandle) -> Result<HeldPosition, DdiError> {
+        self.inner.held_position(queue)
+    }
+    fn take_back(&mut self, queue: HwQueueHandle, wptr: u64, now: Time) -> Result<(), DdiError> {
+        self.log(Ddi::TakeBack { queue, wptr });
+        self.gate(DdiKind::TakeBack)?;
+        self.inner.take_back(queue, wptr, now)
     }
 }

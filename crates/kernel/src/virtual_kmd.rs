@@ -220,6 +220,12 @@ impl VirtualKmd {
         ConnectStep { page_offset: page as u64 * abi::doorbell::DOORBELL_PAGE_BYTES, notify: self.notify_on_submit }
     }
 
+    /// The device's clock (the live one), or the OS's `now` on the deterministic driver,
+    /// where a DDI takes no time.
+    fn device_now(&self, now: Time) -> Time {
+        self.clock.as_ref().map_or(now, |c| c())
+    }
+
     fn fw(&self, q: HwQueueHandle) -> Result<FwQueueId, DdiError> {
         self.queues.get(&q).copied().ok_or(DdiError::UnknownQueue(q))
     }
@@ -287,6 +293,8 @@ pub(crate) fn refused(field: &'static str, value: impl ToString) -> impl FnOnce(
             G::NoGlobalDoorbell { model } => R::NoGlobalDoorbell { model },
             G::BadDoorbell { index, count } => R::BadDoorbell { index, count },
             G::Shm(e) => return DdiError::Shm(e),
+            G::NotHeld(_) => R::NotHeld,
+            G::BadTakeBack { wptr, floor, accepted, .. } => R::BadTakeBack { wptr, floor, accepted },
         };
         DdiError::Refused { field, value: value.to_string(), reason }
     }
@@ -483,7 +491,7 @@ impl Kmd for VirtualKmd {
         Ok(())
     }
 
-    fn submit_command(&mut self, queue: HwQueueHandle, wptr: u64) -> Result<(), DdiError> {
+    fn submit_command(&mut self, queue: HwQueueHandle, wptr: u64, _fence_id: u64) -> Result<(), DdiError> {
         let word = self.kernel_doorbells.get(&queue).ok_or(DdiError::UnknownQueue(queue))?;
         // Release: the packets and the published wptr are visible before the firmware
         // latches the ring.
@@ -685,6 +693,7 @@ impl Kmd for VirtualKmd {
     }
 
     fn reset_engine(&mut self, engine: EngineId, now: Time) -> Result<crate::ddi::EngineResetOutcome, DdiError> {
+        let started = self.device_now(now);
         let _attention = self.attention.raise();
         let mut g = self.gpu.lock();
         let r = g.reset_engine(engine, now).map_err(refused("engine", &engine))?;
@@ -695,15 +704,22 @@ impl Kmd for VirtualKmd {
         let preempted = r.preempted.iter().filter_map(h).collect();
         drop(g);
         self.waker.wake();
-        Ok(crate::ddi::EngineResetOutcome { guilty, preempted })
+        let took = self.device_now(now).since(started);
+        Ok(crate::ddi::EngineResetOutcome { guilty, preempted, took })
     }
 
-    fn reset_queue(&mut self, queue: HwQueueHandle, requested_at: Time, now: Time) -> Result<u64, DdiError> {
+    fn reset_queue(
+        &mut self,
+        queue: HwQueueHandle,
+        requested_at: Time,
+        now: Time,
+    ) -> Result<crate::ddi::QueueResetOutcome, DdiError> {
         let fw = self.fw(queue)?;
+        let started = self.device_now(now);
         let _attention = self.attention.raise();
         let aborted = self.gpu.lock().reset_queue(fw, requested_at, now).map_err(refused("queue", &queue))?;
         self.waker.wake();
-        Ok(aborted)
+        Ok(crate::ddi::QueueResetOutcome { aborted, took: self.device_now(now).since(started) })
     }
 
     fn migrate_allocation(
@@ -735,6 +751,22 @@ impl Kmd for VirtualKmd {
 
     fn restart_from_timeout(&mut self) -> Result<(), DdiError> {
         self.waker.wake();
+        Ok(())
+    }
+
+    fn held_position(&self, queue: HwQueueHandle) -> Result<crate::ddi::HeldPosition, DdiError> {
+        let p = self.gpu.lock().held_position(self.fw(queue)?).map_err(refused("queue", &queue))?;
+        Ok(crate::ddi::HeldPosition { rptr: p.rptr, wptr: p.wptr, started: p.started })
+    }
+
+    fn take_back(&mut self, queue: HwQueueHandle, wptr: u64, now: Time) -> Result<(), DdiError> {
+        let fw = self.fw(queue)?;
+        self.gpu.lock().take_back(fw, wptr, now).map_err(refused("wptr", format!("{wptr:#x}")))?;
+        // The kernel doorbell holds the last wptr rung: the next ring must differ from it.
+        if let Some(word) = self.kernel_doorbells.get(&queue) {
+            // Release: ordered after the firmware's new wptr, as any ring.
+            word.get().store(wptr, Ordering::Release);
+        }
         Ok(())
     }
 

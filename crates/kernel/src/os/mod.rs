@@ -341,6 +341,9 @@ pub struct Os {
     kernel_doorbells: Pool,
     stats: OsStats,
     km_queued: usize,
+    /// The next submission fence ID per engine for kernel-mode buffers (Windows'
+    /// `SubmissionFenceId`, [`submit`]).
+    km_fence_ids: HashMap<EngineId, u64>,
     next_fence_id: u64,
     /// Every local instance of each fence, by global id (one for a private fence; one per
     /// opening process for a shared one).
@@ -396,6 +399,7 @@ impl Os {
             kernel_doorbells,
             stats: OsStats::default(),
             km_queued: 0,
+            km_fence_ids: HashMap::new(),
             next_fence_id: 1,
             fence_index: HashMap::new(),
             km_gen: 0,
@@ -421,6 +425,11 @@ impl Os {
     /// Arms a DDI fault (see [`crate::ddi::Traced`]).
     pub fn inject_ddi_fault(&mut self, fault: crate::ddi::DdiFault) {
         self.ddi.inject(fault);
+    }
+
+    /// Arms a misbehaviour of the next call of `ddi` (see [`crate::ddi::Misbehaviour`]).
+    pub fn inject_misbehaviour(&mut self, ddi: crate::ddi::DdiKind, m: crate::ddi::Misbehaviour) {
+        self.ddi.inject_misbehaviour(ddi, m);
     }
 
     /// Marks the start of an input at `now`: DDI calls it makes are logged at this time.
