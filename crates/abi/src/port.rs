@@ -642,6 +642,12 @@ pub enum LostReason {
     /// Its doorbell was aborted (`DisconnectedAbort`: process termination, device loss)
     /// while the queue was in this state.
     DoorbellAborted(QueueState),
+    /// The buffer at `va` holding its ring, rptr, wptr or last-queued word lost its GPU
+    /// mapping (a failed migration): the queue reports `InvalidVa` and runs no more work.
+    InvalidVa {
+        /// The buffer's GPU VA.
+        va: u64,
+    },
 }
 
 impl core::fmt::Display for LostReason {
@@ -650,6 +656,7 @@ impl core::fmt::Display for LostReason {
             LostReason::Fault(r) => write!(f, "{r}"),
             LostReason::Destroyed => f.write_str("destroyed"),
             LostReason::DoorbellAborted(s) => write!(f, "doorbell aborted (queue {s:?})"),
+            LostReason::InvalidVa { va } => write!(f, "its ring memory at {va:#x} lost its GPU mapping"),
         }
     }
 }

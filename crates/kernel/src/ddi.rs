@@ -111,6 +111,8 @@ pub enum DdiKind {
     PreemptQueue,
     /// [`Kmd::reset_queue`] (a failed per-queue reset escalates to an adapter reset).
     ResetQueue,
+    /// [`Kmd::migrate_allocation`] (a failed move leaves the buffer unmapped).
+    MigrateAllocation,
 }
 
 /// A queue the OS asks the KMD to create (`DxgkDdiCreateHwQueue`; amdgpu's MQD inputs).
@@ -673,6 +675,7 @@ impl Kmd for Traced {
         domain: abi::port::MemoryDomain,
     ) -> Result<(), DdiError> {
         self.log(Ddi::MigrateAllocation { va, domain });
+        self.gate(DdiKind::MigrateAllocation)?;
         self.inner.migrate_allocation(process, va, bytes, domain)
     }
     fn reset_from_timeout(&mut self, now: Time) -> Result<Vec<HwQueueHandle>, DdiError> {

@@ -217,6 +217,16 @@ pub enum Event {
         /// Fence IDs of its other buffers taken back.
         other: Vec<u64>,
     },
+    /// A migration failed: the buffer's GPU mapping was taken out, and the queues whose rings
+    /// lie in it report `InvalidVa`.
+    MappingLost {
+        /// The buffer.
+        allocation: abi::AllocationHandle,
+        /// Its GPU VA.
+        va: u64,
+        /// What the KMD answered.
+        error: String,
+    },
     /// A reset DDI took longer than `TdrDdiDelay`: treated as no answer, recovery escalates.
     DdiTimeout {
         /// The DDI.
@@ -297,6 +307,9 @@ impl core::fmt::Display for Event {
                     f,
                     "{queue}: preempted buffers taken back (paging, same fence IDs: {paging:?}; others, new IDs: {other:?})"
                 )
+            }
+            Event::MappingLost { allocation, va, error } => {
+                write!(f, "{allocation} at {va:#x}: migration failed ({error}), GPU mapping taken out")
             }
             Event::DdiTimeout { ddi, took_ms } => write!(f, "{ddi:?} took {took_ms} ms, past TdrDdiDelay: escalating"),
             Event::TdrTimeout { queue, engine } => {

@@ -1005,3 +1005,41 @@ fn a_reset_slower_than_tdr_ddi_delay_escalates_to_the_adapter() {
     assert_eq!(q.status().unwrap().state, QueueState::Hung);
     assert_ne!(nq.doorbell_status().unwrap(), DoorbellStatus::DisconnectedAbort, "the neighbour is untouched");
 }
+
+/// A migration whose move fails takes the buffer's mapping out: a queue whose ring lies in
+/// it reports `InvalidVa` (amdgpu's `AMDGPU_USERQ_STATE_INVALID_VA`), its doorbell is aborted
+/// and it is not resumed; a queue of the same process whose ring lies elsewhere resumes and
+/// runs.
+#[test]
+fn a_failed_migration_leaves_the_queues_in_the_buffer_invalid_va_and_the_others_running() {
+    let sys = common::sim();
+    let p = common::RawProc::open(&sys);
+    let pid = p.port.process();
+    let uq = p.create(p.desc(abi::queue::DOORBELL_INDEX_ANY)).unwrap().handle;
+    p.doorbell(uq).unwrap();
+    let kq = p.create_kernel().unwrap().handle;
+    sys.inject_ddi_fault(DdiFault { ddi: DdiKind::MigrateAllocation, call: 1 });
+    let before = common::events(&sys).len();
+    sys.migrate_allocation(pid, p.ring.handle, abi::port::MemoryDomain::Local).unwrap();
+    sys.run_for(Duration::from_micros(100));
+    let evs = common::events_from(&sys, before);
+    let pos = |f: &dyn Fn(&Event) -> bool| evs.iter().position(f).unwrap_or_else(|| panic!("missing in {evs:#?}"));
+    let moved = pos(&|e| matches!(e, Event::Ddi(Ddi::MigrateAllocation { .. })));
+    let lost = pos(&|e| matches!(e, Event::MappingLost { allocation, .. } if *allocation == p.ring.handle));
+    let abort =
+        pos(&|e| matches!(e, Event::Status { queue, status: DoorbellStatus::DisconnectedAbort } if *queue == uq));
+    assert!(moved < lost && lost < abort, "{evs:#?}");
+    assert!(!evs.iter().any(|e| matches!(e, Event::Residency { .. })), "nothing moved");
+    let st = p.port.query_queue(uq).unwrap();
+    assert_eq!((st.state, st.fault, st.guilty), (QueueState::InvalidVa, None, false));
+    // The kernel-mode queue (its ring is the kernel's own) runs on.
+    p.port.submit_command(kq, &abi::packet::progress_fence_words(1)).unwrap();
+    sys.run_for(Duration::from_micros(100));
+    assert_eq!(p.port.query_queue(kq).unwrap().completed, 1);
+    let e = p.port.submit_command(uq, &abi::packet::progress_fence_words(1)).unwrap_err();
+    let va = p.ring.va;
+    assert!(
+        matches!(e, abi::port::KernelError::QueueLost { reason: abi::port::LostReason::InvalidVa { va: v }, .. } if v == va),
+        "{e}"
+    );
+}

@@ -180,8 +180,9 @@ struct AllocObj {
     domain: MemoryDomain,
     /// A local allocation evicted to system memory for D3 (contents preserved).
     evicted: bool,
-    /// Its GPU mapping (unmapped when the allocation goes).
-    _mapping: GpuMapping,
+    /// Its GPU mapping (unmapped when the allocation goes); `None` once a failed migration
+    /// took it out ([`migrate`]).
+    mapping: Option<GpuMapping>,
 }
 
 impl AllocObj {
@@ -227,6 +228,9 @@ impl QueueObj {
             QueueLife::Hung(fault) => {
                 Err(KernelError::QueueLost { queue: h, reason: abi::port::LostReason::Fault(fault.clone()) })
             }
+            &QueueLife::InvalidVa { va } => {
+                Err(KernelError::QueueLost { queue: h, reason: abi::port::LostReason::InvalidVa { va } })
+            }
         }
     }
     fn user_desc(&self) -> Option<&QueueDescriptor> {
@@ -252,6 +256,12 @@ enum QueueLife {
     Live,
     /// Hung, with the record of why. Final: a hung queue runs no more work.
     Hung(FaultRecord),
+    /// Its ring, rptr, wptr or last-queued word lies in a buffer whose GPU mapping went away
+    /// (amdgpu's `AMDGPU_USERQ_STATE_INVALID_VA`): it runs no more work; the UMD recreates it.
+    InvalidVa {
+        /// The start of the buffer that lost its mapping.
+        va: u64,
+    },
 }
 
 impl QueueLife {
@@ -260,6 +270,7 @@ impl QueueLife {
         match self {
             QueueLife::Live => QueueState::Mapped,
             QueueLife::Hung(_) => QueueState::Hung,
+            QueueLife::InvalidVa { .. } => QueueState::InvalidVa,
         }
     }
 
@@ -269,6 +280,7 @@ impl QueueLife {
         match self {
             QueueLife::Live => (residency().unwrap_or(QueueState::Unmapped), None),
             QueueLife::Hung(fault) => (QueueState::Hung, Some(fault.clone())),
+            QueueLife::InvalidVa { .. } => (QueueState::InvalidVa, None),
         }
     }
 }
@@ -609,5 +621,9 @@ mod tests {
         assert_eq!(QueueLife::Live.status(|| Some(QueueState::Preempted)), (QueueState::Preempted, None));
         assert_eq!(QueueLife::Live.status(|| None), (QueueState::Unmapped, None));
         assert_eq!(QueueLife::Live.published(), QueueState::Mapped);
+        // A queue whose memory lost its mapping answers InvalidVa without asking the device.
+        let lost = QueueLife::InvalidVa { va: 0x1000 };
+        assert_eq!(lost.status(|| unreachable!("not asked")), (QueueState::InvalidVa, None));
+        assert_eq!(lost.published(), QueueState::InvalidVa);
     }
 }
