@@ -320,10 +320,11 @@ impl Gpu {
         self.fw.remove_queue(id)
     }
 
-    /// Takes a queue off the run list (context suspend) at once, wherever it stands between
-    /// two turns. See the firmware docs; [`Gpu::request_preempt`] is the request that
-    /// respects the engine's granularity.
-    pub fn suspend_queue(&mut self, id: FwQueueId, now: Time) -> Result<(), GpuError> {
+    /// Takes a queue off the run list (context suspend), respecting the engine's
+    /// preemption granularity: at once if it holds no slot or may stop where it stands;
+    /// otherwise at the next point it may, under a kernel preemption request whose ticket is
+    /// returned (answered by an [`Interrupt::Preempted`]).
+    pub fn suspend_queue(&mut self, id: FwQueueId, now: Time) -> Result<Option<u64>, GpuError> {
         self.fw.suspend_queue(id, now)
     }
 

@@ -360,8 +360,16 @@ pub trait Kmd: Send {
     /// `DxgkDdiUpdateCurrentValuesFromCpu` with `NotificationOnly`: a shared CurrentValue
     /// moved on another adapter; queues waiting on fences re-check.
     fn notify_current_values(&mut self);
-    /// `DxgkddiSuspendContext`: take the context's queues off the scheduler's list.
-    fn suspend_context(&mut self, context: ContextHandle, queues: &[HwQueueHandle], now: Time) -> Result<(), DdiError>;
+    /// `DxgkddiSuspendContext`: take the context's queues off the scheduler's list ("KMD
+    /// preempts the context"). A queue that may not stop where it stands (its engine's
+    /// preemption granularity) runs on to the next point it may: the returned preemption
+    /// tickets are the answers still owed, which the OS times out like any other request.
+    fn suspend_context(
+        &mut self,
+        context: ContextHandle,
+        queues: &[HwQueueHandle],
+        now: Time,
+    ) -> Result<Vec<(HwQueueHandle, u64)>, DdiError>;
     /// `DxgkddiResumeContext`: put them back.
     fn resume_context(&mut self, context: ContextHandle, queues: &[HwQueueHandle]) -> Result<(), DdiError>;
     /// `DxgkDdiUpdateNativeFenceLogs`: make the queue's pending log writes visible.
@@ -605,7 +613,12 @@ impl Kmd for Traced {
     fn notify_current_values(&mut self) {
         self.inner.notify_current_values()
     }
-    fn suspend_context(&mut self, context: ContextHandle, queues: &[HwQueueHandle], now: Time) -> Result<(), DdiError> {
+    fn suspend_context(
+        &mut self,
+        context: ContextHandle,
+        queues: &[HwQueueHandle],
+        now: Time,
+    ) -> Result<Vec<(HwQueueHandle, u64)>, DdiError> {
         self.log(Ddi::SuspendContext(context));
         self.inner.suspend_context(context, queues, now)
     }

@@ -606,13 +606,20 @@ impl Kmd for VirtualKmd {
         _context: ContextHandle,
         queues: &[HwQueueHandle],
         now: Time,
-    ) -> Result<(), DdiError> {
+    ) -> Result<Vec<(HwQueueHandle, u64)>, DdiError> {
         let fws = queues.iter().map(|&q| self.fw(q)).collect::<Result<Vec<_>, _>>()?;
+        let _attention = self.attention.raise();
         let mut g = self.gpu.lock();
-        for (fw, q) in fws.into_iter().zip(queues) {
-            g.suspend_queue(fw, now).map_err(refused("queue", q))?;
+        let mut owed = Vec::new();
+        for (fw, &q) in fws.into_iter().zip(queues) {
+            if let Some(ticket) = g.suspend_queue(fw, now).map_err(refused("queue", q))? {
+                owed.push((q, ticket));
+            }
         }
-        Ok(())
+        drop(g);
+        // A sleeping firmware thread must see the requests (and raise their answers).
+        self.waker.wake();
+        Ok(owed)
     }
 
     fn resume_context(&mut self, _context: ContextHandle, queues: &[HwQueueHandle]) -> Result<(), DdiError> {

@@ -1043,3 +1043,61 @@ fn a_failed_migration_leaves_the_queues_in_the_buffer_invalid_va_and_the_others_
         "{e}"
     );
 }
+
+/// A context suspend (`DxgkddiSuspendContext`: "KMD preempts the context") respects the
+/// engine's granularity: under `DmaBuffer` a queue in the middle of a command buffer runs it
+/// to its end, then leaves, and the next one waits for the resume; under `Shader` it leaves
+/// at once, part-way through the dispatch. Either way it resumes bit-exact.
+#[test]
+fn a_context_suspend_stops_each_queue_where_its_granularity_allows() {
+    let want = expected(ITERS);
+    for level in [ComputeGranularity::DmaBuffer, ComputeGranularity::Shader] {
+        let sys = common::sim_with(compute(level));
+        let r = Rounds::start(&sys);
+        sys.run_for(Duration::from_micros(300));
+        assert!(r.results().iter().filter(|&&x| x == want).count() < THREADS, "still running");
+        let before = common::events(&sys).len();
+        sys.suspend_context(r.pid(), r.c.ctx.handle()).unwrap();
+        sys.run_for(Duration::from_millis(10));
+        let done = r.results().iter().filter(|&&x| x == want).count();
+        match level {
+            ComputeGranularity::DmaBuffer => {
+                assert_eq!(r.flags(), (1, 0), "the command buffer ran to its end, not the next");
+                // The answer it owed came, and was traced.
+                let evs = common::events_from(&sys, before);
+                assert!(evs.iter().any(|e| matches!(e, Event::Preempted { queue, .. } if *queue == r.q.handle())));
+            }
+            _ => {
+                assert!(done < THREADS, "it left part-way through the dispatch");
+                assert_eq!(r.flags(), (0, 0));
+            }
+        }
+        let frozen = r.results();
+        sys.run_for(Duration::from_millis(5));
+        assert_eq!(r.results(), frozen, "{level}: a suspended context runs nothing");
+        sys.resume_context(r.pid(), r.c.ctx.handle()).unwrap();
+        r.q.wait(r.v, T).unwrap();
+        assert_eq!(r.results(), vec![want; THREADS], "{level}");
+        assert_eq!(r.flags(), (1, 2));
+    }
+}
+
+/// A suspend owed an answer that never comes (an endless kernel under `DmaBuffer`) is timed
+/// out like any preemption request: after `TdrDelay` the engine is reset and only that queue
+/// hangs.
+#[test]
+fn a_suspend_that_is_never_answered_is_recovered_by_tdr() {
+    let sys =
+        common::sim_with(slow(ComputeGranularity::DmaBuffer, TdrConfig { hang_compute: None, ..TdrConfig::default() }));
+    let (c, q, _spin) = hog(&sys);
+    sys.run_for(Duration::from_millis(20));
+    sys.suspend_context(c.port.process(), c.ctx.handle()).unwrap();
+    sys.run_for(Duration::from_millis(1900));
+    assert!(!common::events(&sys).iter().any(|e| matches!(e, Event::TdrTimeout { .. })), "not before TdrDelay");
+    sys.run_for(Duration::from_millis(200));
+    let evs = common::events(&sys);
+    let timeout = evs.iter().position(|e| matches!(e, Event::TdrTimeout { queue, .. } if *queue == q.handle()));
+    let reset = evs.iter().position(|e| matches!(e, Event::Ddi(Ddi::ResetEngine(_))));
+    assert!(timeout.is_some() && timeout < reset, "{evs:#?}");
+    assert_eq!(q.status().unwrap().state, QueueState::Hung);
+}

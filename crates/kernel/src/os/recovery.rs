@@ -142,6 +142,10 @@ enum Cause {
     /// A memory migration ([`super::migrate`]): the last answer lets it proceed, and it
     /// resumes the queue; no answer in time means an engine reset, as for a request.
     Migration,
+    /// A context suspend (`DxgkddiSuspendContext`) that found the queue where its engine may
+    /// not stop it: it leaves at its next allowed point; no answer in time means an engine
+    /// reset, as for a request.
+    Suspend,
 }
 
 /// The OS's recovery state.
@@ -232,6 +236,21 @@ impl Os {
                 Err(e.into())
             }
         }
+    }
+
+    /// Keeps the preemption answers a context suspend is owed (`owed`, from
+    /// [`Kmd::suspend_context`]), so that one that never comes starts recovery.
+    pub(super) fn await_suspend(&mut self, owed: Vec<(HwQueueHandle, u64)>, now: Time) {
+        for (queue, ticket) in owed {
+            let Ok(engine) = self.queue(queue.owner(), queue).map(|q| q.engine) else { continue };
+            self.recovery.pending.insert(ticket, Pending { queue, engine, at: now, cause: Cause::Suspend });
+        }
+    }
+
+    /// Forgets the answers owed by `queues`: they were resumed (the device withdrew its
+    /// requests) or are gone.
+    pub(super) fn forget_preemptions(&mut self, queues: &[HwQueueHandle]) {
+        self.recovery.pending.retain(|_, p| !queues.contains(&p.queue));
     }
 
     /// Asks queue `q` to preempt for a memory migration.
@@ -341,11 +360,11 @@ impl Os {
         for p in due {
             match p.cause {
                 Cause::HangCheck => self.recover_queue(p, now),
-                Cause::Request | Cause::Migration if !engines.contains(&p.engine) => {
+                Cause::Request | Cause::Migration | Cause::Suspend if !engines.contains(&p.engine) => {
                     engines.push(p.engine);
                     self.recover(p.engine, p.queue, now);
                 }
-                Cause::Request | Cause::Migration => {}
+                Cause::Request | Cause::Migration | Cause::Suspend => {}
             }
         }
         // Migrations whose queues were recovered or went away proceed.
