@@ -735,6 +735,21 @@ fn fence_ids(ev: &[Event], q: abi::HwQueueHandle) -> Vec<u64> {
         .collect()
 }
 
+/// Preempts kernel-mode queue `q` and lets the OS act on the answer; returns the events
+/// from the request on, and what the OS took back (paging fence IDs, other fence IDs).
+fn preempt_and_take_back(sys: &System, q: abi::HwQueueHandle) -> (Vec<Event>, Option<(Vec<u64>, Vec<u64>)>) {
+    let mark = common::events(sys).len();
+    let ticket = sys.preempt_queue(q.owner(), q).unwrap();
+    assert!(answer(sys, ticket, Duration::from_millis(10)).is_some());
+    sys.run_for(Duration::from_micros(200));
+    let ev = common::events_from(sys, mark);
+    let taken = ev.iter().find_map(|e| match e {
+        Event::Unsubmitted { paging, other, .. } => Some((paging.clone(), other.clone())),
+        _ => None,
+    });
+    (ev, taken)
+}
+
 /// Spec 003's resubmission rules for kernel-mode buffers a preemption took out of the
 /// hardware queue: paging buffers come back with the **same** fence IDs and move before any
 /// other buffer on the engine; the others come back with **new** fence IDs. Nothing runs
@@ -845,15 +860,7 @@ fn a_kernel_buffer_preempted_inside_resumes_and_only_later_ones_are_resubmitted(
     sys.run_for(Duration::from_micros(200));
     let before = fence_ids(&common::events(&sys), q.handle());
     assert_eq!(before.len(), 3);
-    let mark = common::events(&sys).len();
-    let ticket = sys.preempt_queue(pid, q.handle()).unwrap();
-    assert!(answer(&sys, ticket, Duration::from_millis(10)).is_some());
-    sys.run_for(Duration::from_micros(200));
-    let ev = common::events_from(&sys, mark);
-    let taken = ev.iter().find_map(|e| match e {
-        Event::Unsubmitted { paging, other, .. } => Some((paging.clone(), other.clone())),
-        _ => None,
-    });
+    let (ev, taken) = preempt_and_take_back(&sys, q.handle());
     assert_eq!(taken, Some((vec![], before[1..].to_vec())), "{ev:?}");
     assert_eq!(fence_ids(&ev, q.handle()).len(), 2);
     c.buf.write_u64(0x1000, 1).unwrap();
@@ -905,15 +912,8 @@ fn a_kernel_buffer_stopped_inside_its_first_packet_is_not_resubmitted() {
     sys.run_for(Duration::from_micros(30));
     let ids = fence_ids(&common::events(&sys), q.handle());
     assert_eq!(ids.len(), 2);
-    let mark = common::events(&sys).len();
-    let ticket = sys.preempt_queue(pid, q.handle()).unwrap();
-    assert!(answer(&sys, ticket, Duration::from_millis(10)).is_some());
+    let (ev, taken) = preempt_and_take_back(&sys, q.handle());
     assert_eq!(saved_at(&sys), Some(StopPoint::Chunk));
-    let ev = common::events_from(&sys, mark);
-    let taken = ev.iter().find_map(|e| match e {
-        Event::Unsubmitted { paging, other, .. } => Some((paging.clone(), other.clone())),
-        _ => None,
-    });
     assert_eq!(taken, Some((vec![], vec![ids[1]])), "{ev:?}");
     assert!(!ev.iter().any(|e| matches!(e, Event::DriverBug { .. })), "{ev:?}");
     sys.resume_queue(pid, q.handle()).unwrap();
