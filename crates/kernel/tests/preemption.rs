@@ -737,7 +737,10 @@ fn fence_ids(ev: &[Event], q: abi::HwQueueHandle) -> Vec<u64> {
 
 /// Preempts kernel-mode queue `q` and lets the OS act on the answer; returns the events
 /// from the request on, and what the OS took back (paging fence IDs, other fence IDs).
-fn preempt_and_take_back(sys: &System, q: abi::HwQueueHandle) -> (Vec<Event>, Option<(Vec<u64>, Vec<u64>)>) {
+/// What the OS took back from a preempted kernel-mode queue: (paging fence IDs, other IDs).
+type TakenBack = Option<(Vec<u64>, Vec<u64>)>;
+
+fn preempt_and_take_back(sys: &System, q: abi::HwQueueHandle) -> (Vec<Event>, TakenBack) {
     let mark = common::events(sys).len();
     let ticket = sys.preempt_queue(q.owner(), q).unwrap();
     assert!(answer(sys, ticket, Duration::from_millis(10)).is_some());
