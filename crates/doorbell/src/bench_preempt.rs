@@ -11,10 +11,12 @@
 //!   low-priority queues keep every hardware slot busy with long dispatches; beside it
 //!   `idle_start_p50_ns`, the same submission on an idle engine (`bench submit`'s `um_p50_ns`,
 //!   measured in this run). 50 warm-up samples come first and are dropped.
-//! - `preempt_overhead`: the low-priority queues' completed command buffers per second with a
-//!   preemption (and resume) every millisecond, over the same with none (1.0 = free): three
-//!   alternating pairs of one-second runs, the median pair's ratio (`low_prio_cb_per_s` and
-//!   `low_prio_cb_per_s_preempted` are that pair's figures).
+//! - `preempt_overhead`: the low-priority queues' throughput with a preemption (and resume)
+//!   every millisecond, over the same with none (1.0 = free), as wave-instructions the engine
+//!   executed per second (a command buffer is milliseconds of work: counting them is too
+//!   coarse for a one-second run): five alternating pairs of one-second runs, the median
+//!   pair's ratio (`low_prio_cb_per_s` and `low_prio_cb_per_s_preempted` are that pair's
+//!   command buffers per second).
 //! - `tdr_recover_ns`: a queue runs an endless kernel under `Dispatch` granularity over one
 //!   hardware slot, with another process's work queued behind it; the kernel's preemption
 //!   request goes unanswered, the TDR timer fires after a short `TdrDelay`, the engine is reset;
@@ -58,7 +60,7 @@ const GROUPS: u32 = 16;
 const GROUP: u32 = 64;
 const DISPATCHES_PER_CB: usize = 4;
 /// Alternating pairs of throughput runs (without, with preemptions) for `preempt_overhead`.
-const PAIRS: usize = 3;
+const PAIRS: usize = 5;
 /// Start-latency samples taken and dropped before the measured ones.
 const WARM_UP: usize = 50;
 
@@ -142,7 +144,8 @@ impl Gap {
     }
 }
 
-/// Waits for the answer to `ticket` (its latency, ns).
+/// Waits for the answer to `ticket` (its latency, ns, on the device clock: how often this
+/// looks does not change it).
 fn await_answer(sys: &System, ticket: u64) -> Result<u64, CliError> {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
@@ -151,6 +154,13 @@ fn await_answer(sys: &System, ticket: u64) -> Result<u64, CliError> {
         }
         if Instant::now() > deadline {
             return Err(CliError::Check(format!("preemption request {ticket} unanswered after 10 s")));
+        }
+        // Looking takes the kernel's lock, which the firmware thread needs to deliver the
+        // answer: a tight loop here would slow the very thing it waits for (and the engine's
+        // other work). A few microseconds between looks leave the lock free.
+        let pause = Instant::now() + Duration::from_micros(5);
+        while Instant::now() < pause {
+            std::hint::spin_loop();
         }
         std::thread::yield_now();
     }
@@ -218,15 +228,18 @@ fn high_prio_start(level: ComputeGranularity, samples: usize, rounds: u32) -> Re
     Ok(out)
 }
 
-/// Low-priority throughput (command buffers completed per second over `window`) with a
-/// preemption and resume of each busy queue every `every` (`None`: never).
-fn throughput(every: Option<Duration>, window: Duration, rounds: u32) -> Result<f64, CliError> {
+/// Low-priority throughput over `window` with a preemption and resume of each busy queue every
+/// `every` (`None`: never): command buffers completed per second, and wave-instructions the
+/// engine executed per second (the finer measure: a command buffer is milliseconds of work).
+fn throughput(every: Option<Duration>, window: Duration, rounds: u32) -> Result<(f64, f64), CliError> {
     let sys = system(ComputeGranularity::Shader, 8, TdrConfig::default())?;
     let mut lows = (0..2).map(|_| Spinner::new(&sys, Priority::Normal, rounds)).collect::<Result<Vec<_>, _>>()?;
     for l in &mut lows {
         l.top_up()?;
     }
     let before: u64 = lows.iter().map(Spinner::completed).sum();
+    let instructions = || sys.with_gpu(|g| g.compute_stats().instructions);
+    let i0 = instructions();
     let start = Instant::now();
     let mut next = start;
     let mut k = 0usize;
@@ -247,13 +260,14 @@ fn throughput(every: Option<Duration>, window: Duration, rounds: u32) -> Result<
         std::thread::yield_now();
     }
     let done: u64 = lows.iter().map(Spinner::completed).sum::<u64>() - before;
+    let executed = instructions() - i0;
     let el = start.elapsed();
     for l in &lows {
         if !l.finish()? {
             return Err(CliError::Check("throughput run: wrong results after preemptions".into()));
         }
     }
-    Ok(done as f64 / el.as_secs_f64())
+    Ok((done as f64 / el.as_secs_f64(), executed as f64 / el.as_secs_f64()))
 }
 
 /// Timeout detection and recovery on the live driver: see the module docs. Returns the
@@ -358,9 +372,9 @@ pub fn run(a: PreemptArgs) -> Result<(), CliError> {
     let window = Duration::from_secs(1);
     let mut pairs = Vec::new();
     for _ in 0..PAIRS {
-        let base = throughput(None, window, a.rounds)?;
-        let with = throughput(Some(Duration::from_millis(1)), window, a.rounds)?;
-        pairs.push((with / base.max(f64::MIN_POSITIVE), base, with));
+        let (base, base_i) = throughput(None, window, a.rounds)?;
+        let (with, with_i) = throughput(Some(Duration::from_millis(1)), window, a.rounds)?;
+        pairs.push((with_i / base_i.max(f64::MIN_POSITIVE), base, with));
     }
     pairs.sort_by(|x, y| x.0.total_cmp(&y.0));
     let (overhead, base, with) = pairs[PAIRS / 2];

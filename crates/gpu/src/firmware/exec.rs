@@ -129,7 +129,7 @@ impl Env<'_> {
 
 /// Wave-instructions between two checks of [`Env::interrupted`] inside a `DISPATCH`: a few
 /// hundred nanoseconds of interpretation, against a load or two per check.
-pub(super) const INTERRUPT_CHECK_INSTRUCTIONS: u64 = 256;
+pub(super) const INTERRUPT_CHECK_INSTRUCTIONS: u64 = 64;
 
 impl Firmware {
     pub(crate) fn step(&mut self, clock: &dyn Fn() -> Time, vms: &[Option<AddressSpace>]) -> StepReport {
