@@ -160,6 +160,10 @@ pub struct ConnectStep {
 pub trait DisconnectCallback {
     /// Disconnects `victim`'s doorbell on the OS's side.
     fn disconnect_doorbell(&mut self, victim: HwQueueHandle) -> Result<(), DdiError>;
+    /// The KMD tells the OS it has unbound `victim`'s physical doorbell, after
+    /// [`DisconnectCallback::disconnect_doorbell`] returned (for the trace: tests assert the
+    /// order). The default does nothing.
+    fn victim_unbound(&mut self, _victim: HwQueueHandle) {}
 }
 
 /// What a `NativeFenceSignaled` notification names.

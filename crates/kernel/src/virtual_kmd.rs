@@ -454,6 +454,7 @@ impl Kmd for VirtualKmd {
                         })?;
                         callback.disconnect_doorbell(victim)?;
                         self.unbind(victim)?;
+                        callback.victim_unbound(victim);
                         let Doorbells::Pool(pool) = &self.doorbells else { unreachable!("still a pool") };
                         pool.free.take().map_err(|e| DdiError::Refused {
                             field: "doorbell pool",

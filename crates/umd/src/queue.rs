@@ -225,7 +225,7 @@ impl Queue {
         self.wait_for_ring_space(plan.new_wptr.saturating_sub(ring_bytes))?;
         let Hw::User(u) = &mut self.hw else { unreachable!("user-mode") };
         // 2. Tell the OS the new last-queued value before the work becomes visible.
-        u.q.control().last_queued().store(value, Ordering::Release);
+        abi::protocol::announce_last_queued(u.q.control().last_queued(), value);
         // 3. Packets, then wptr (release: the packets are visible before the new wptr).
         u.q.ring().write(wptr, &plan, &[words, &fence])?;
         u.wptr = plan.new_wptr;

@@ -253,7 +253,15 @@ impl FwQueue {
     fn refresh_wptr(&mut self) -> Result<(), FaultKind> {
         // Acquire: pairs with the client's release store of wptr, so the packets it covers are
         // visible before we fetch them.
-        let new = self.wptr_word.get().load(Ordering::Acquire);
+        // The last-queued value is read with it, after it (spec 000: the client stores it
+        // before it publishes wptr), so it covers every command buffer up to `new`.
+        let (new, queued) = match &self.last_queued_word {
+            Some(q) => {
+                let (w, v) = abi::protocol::read_wptr_and_last_queued(&self.wptr_word, q);
+                (w, Some(v))
+            }
+            None => (self.wptr_word.get().load(Ordering::Acquire), None),
+        };
         if new == self.wptr {
             return Ok(());
         }
@@ -267,11 +275,8 @@ impl FwQueue {
             return Err(FaultKind::WptrPastRing { rptr: self.rptr, wptr: new, ring_bytes: self.cfg.ring_bytes });
         }
         self.wptr = new;
-        // Acquire, after the wptr's acquire: the client stores last-queued before it
-        // publishes wptr (spec 000's order), so this read sees a value that covers every
-        // command buffer up to `new`.
-        if let Some(w) = &self.last_queued_word {
-            self.queued = w.get().load(Ordering::Acquire);
+        if let Some(v) = queued {
+            self.queued = v;
         }
         Ok(())
     }

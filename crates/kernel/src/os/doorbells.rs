@@ -90,6 +90,9 @@ impl DisconnectCallback for Victimizer<'_> {
         *self.victimizations += 1;
         Ok(())
     }
+    fn victim_unbound(&mut self, victim: HwQueueHandle) {
+        self.trace.push(self.now, Event::VictimUnbound { queue: victim });
+    }
 }
 
 impl Os {

@@ -497,6 +497,7 @@ impl Os {
     pub fn mark_device_error(&mut self, pid: ProcessId, device: DeviceHandle, now: Time) -> Result<(), KernelError> {
         self.at(now);
         self.proc(pid)?.devices.get_mut(device)?.error = true;
+        self.trace.push(now, Event::DeviceError { device });
         let lost = KernelError::DeviceLost { device };
         let p = self.proc(pid)?;
         let mine: Vec<NativeFenceHandle> =

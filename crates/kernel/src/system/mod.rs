@@ -108,6 +108,7 @@ impl Inner {
                     }
                     Err(_) => false,
                 };
+                self.call(|os, now| os.termination_wait_done(q, reached, now));
                 if !reached {
                     // Hung, lost, or out of time: end it abnormally.
                     let _ = self.call_as(pid, |os, now| os.begin_abnormal_termination(pid, now));
