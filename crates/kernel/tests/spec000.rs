@@ -192,3 +192,53 @@ fn destroying_a_device_destroys_its_queues_doorbells_and_ring_allocations() {
     assert!(p.port.destroy_doorbell(d.handle).is_err());
     assert_eq!(sys.census().gpu_mappings, base.gpu_mappings, "every mapping of the device is gone");
 }
+
+/// Spec 000's pseudocode: on `DisconnectedAbort`, "destroy this HWQueue and re-create using
+/// traditional kernel mode submission". With `fallback_to_kernel_mode`, the submission that
+/// met the abort runs on a kernel-mode queue of the same context; without it, it fails.
+#[test]
+fn a_queue_that_falls_back_to_kernel_mode_on_disconnected_abort_runs_the_submission_there() {
+    for fallback in [true, false] {
+        let sys = common::sim();
+        let c = common::client(&sys);
+        let opts = umd::QueueOptions { fallback_to_kernel_mode: fallback, ..umd::QueueOptions::user_mode() };
+        let mut q = c.ctx.create_queue(opts).unwrap();
+        let user = q.handle();
+        let mut bad = CommandBuffer::new();
+        bad.write_u32(0xdead_0000, 1); // outside every mapping: the queue faults
+        let lost = q.submit(&bad).unwrap();
+        sys.settle();
+        assert_eq!(q.doorbell_status().unwrap(), DoorbellStatus::DisconnectedAbort);
+        let mark = sys.trace().0.len();
+        let mut cb = CommandBuffer::new();
+        cb.write_u32(c.buf.va(), 0x5a);
+        let r = q.submit(&cb);
+        if !fallback {
+            assert!(matches!(r, Err(umd::UmdError::QueueLost { queue, .. }) if queue == user), "{r:?}");
+            continue;
+        }
+        let v = r.expect("fell back");
+        assert_eq!(q.kind(), umd::SubmissionKind::KernelMode);
+        assert_ne!(q.handle(), user);
+        q.wait(v, T).unwrap();
+        assert_eq!(c.buf.read_u32(0).unwrap(), 0x5a, "the submission ran on the kernel-mode queue");
+        // The user-mode queue was destroyed, then the kernel-mode queue created on the same
+        // context, and the work went through the kernel-mode path.
+        let ev = common::events_from(&sys, mark);
+        let destroyed = at(&ev, |e| *e == Event::Ddi(Ddi::DestroyHwQueue(user)), "the user-mode queue destroyed");
+        let created = at(
+            &ev,
+            |e| matches!(e, Event::QueueCreated { queue, user_mode: false, .. } if *queue == q.handle()),
+            "the kernel-mode queue",
+        );
+        let submitted = at(&ev, |e| *e == Event::Ddi(Ddi::SubmitCommand(q.handle())), "SubmitCommand");
+        assert!(destroyed < created && created < submitted, "{ev:#?}");
+        assert!(ev.contains(&Event::Ddi(Ddi::CreateHwQueue(c.ctx.handle()))), "on the same context");
+        // The faulting submission was lost with the user-mode queue: a wait for it says so.
+        assert!(matches!(q.wait(lost, T), Err(umd::UmdError::QueueLost { queue, .. }) if queue == user));
+        // And the queue goes on, on the kernel-mode path.
+        let v2 = q.submit(&cb).unwrap();
+        q.finish(T).unwrap();
+        assert!(q.completed() >= v2);
+    }
+}

@@ -59,11 +59,25 @@ pub struct QueueOptions {
     pub ring_bytes: u64,
     /// Priority.
     pub priority: Priority,
+    /// A user-mode queue whose doorbell reads `DisconnectedAbort` (the queue faulted, its
+    /// device was lost, it was destroyed) falls back to a kernel-mode queue on the same
+    /// context instead of failing the submission: spec 000's pseudocode ("destroy this
+    /// HWQueue and re-create using traditional kernel mode submission"), the reason the
+    /// kernel-mode path is kept beside user-mode submission. The submission that met the
+    /// abort runs on the new queue; earlier ones the lost queue had not completed are lost
+    /// with it (a wait for one reports the loss). A command buffer with logged fence
+    /// operations cannot move (kernel-mode queues have no fence logs) and fails as before.
+    pub fallback_to_kernel_mode: bool,
 }
 
 impl Default for QueueOptions {
     fn default() -> Self {
-        QueueOptions { kind: SubmissionKind::UserMode, ring_bytes: 64 * 1024, priority: Priority::Normal }
+        QueueOptions {
+            kind: SubmissionKind::UserMode,
+            ring_bytes: 64 * 1024,
+            priority: Priority::Normal,
+            fallback_to_kernel_mode: false,
+        }
     }
 }
 
@@ -76,6 +90,27 @@ impl QueueOptions {
     pub fn kernel_mode() -> Self {
         QueueOptions { kind: SubmissionKind::KernelMode, ..Self::default() }
     }
+    /// A user-mode queue that falls back to a kernel-mode one on `DisconnectedAbort`
+    /// ([`QueueOptions::fallback_to_kernel_mode`]).
+    pub fn user_mode_with_fallback() -> Self {
+        QueueOptions { fallback_to_kernel_mode: true, ..Self::default() }
+    }
+}
+
+/// What a queue needs to fall back to kernel-mode submission: its context and priority.
+struct Fallback {
+    device: std::sync::Arc<crate::device::DeviceInner>,
+    context: abi::ContextHandle,
+    priority: Priority,
+}
+
+/// Submissions lost with a user-mode queue that fell back: progress values in
+/// `(completed, last]`, and why.
+struct Abandoned {
+    completed: u64,
+    last: u64,
+    queue: HwQueueHandle,
+    reason: abi::port::LostReason,
 }
 
 /// A user-mode queue's pieces ([`UserQueue`]) and the loop's own state.
@@ -108,6 +143,10 @@ pub struct Queue {
     log_next: [u32; 2],
     /// Doorbell reconnects this queue performed.
     reconnects: u64,
+    /// Set when the queue may fall back to kernel-mode submission (user-mode queues only).
+    fallback: Option<Fallback>,
+    /// What a fallback left behind.
+    abandoned: Option<Abandoned>,
 }
 
 impl Queue {
@@ -126,7 +165,21 @@ impl Queue {
                 Hw::User(Box::new(UserRing { q, wptr: 0, rptr_seen: 0, outstanding: VecDeque::new() }))
             }
         };
-        Ok(Queue { hw, next_progress: 0, scratch: Vec::new(), spin: 2_000, log_next: [0; 2], reconnects: 0 })
+        let fallback = (opts.fallback_to_kernel_mode && opts.kind == SubmissionKind::UserMode).then(|| Fallback {
+            device: ctx.device.clone(),
+            context: ctx.handle,
+            priority: opts.priority,
+        });
+        Ok(Queue {
+            hw,
+            next_progress: 0,
+            scratch: Vec::new(),
+            spin: 2_000,
+            log_next: [0; 2],
+            reconnects: 0,
+            fallback,
+            abandoned: None,
+        })
     }
 
     /// The queue object (either model).
@@ -233,8 +286,42 @@ impl Queue {
         self.next_progress = value;
         self.log_next = log_next;
         self.scratch = patched;
-        self.ring_and_check()?;
-        Ok(value)
+        match self.ring_and_check() {
+            Err(UmdError::QueueLost { queue, reason }) if self.fallback.is_some() && !logged => {
+                self.fall_back(cb, value, queue, reason)?;
+                Ok(value)
+            }
+            r => r.map(|()| value),
+        }
+    }
+
+    /// Spec 000's `cleanup_fallback`: the user-mode queue is destroyed and a kernel-mode
+    /// queue created on the same context; the submission `value` (which met the abort) is
+    /// submitted there.
+    fn fall_back(
+        &mut self,
+        cb: &CommandBuffer,
+        value: u64,
+        queue: HwQueueHandle,
+        reason: abi::port::LostReason,
+    ) -> Result<(), UmdError> {
+        let f = self.fallback.take().expect("checked by the caller");
+        let completed = self.completed();
+        // Destroy first (its doorbell goes with it), then re-create: the spec's order. The
+        // user-mode objects' own drops below then find nothing left to destroy.
+        let _ = f.device.port.destroy_hw_queue(queue);
+        let info = f
+            .device
+            .port
+            .create_hw_queue(f.context, &HwQueueDesc { mode: SubmissionMode::KernelMode, priority: f.priority })?;
+        self.hw = Hw::Kernel(HwQueue::new(f.device.clone(), info)?);
+        self.abandoned = Some(Abandoned { completed, last: value - 1, queue, reason });
+        let Hw::Kernel(h) = &self.hw else { unreachable!("just set") };
+        self.scratch.clear();
+        self.scratch.extend_from_slice(cb.words());
+        self.scratch.extend_from_slice(&progress_fence_words(value));
+        h.device.port.submit_command(h.handle(), &self.scratch)?;
+        Ok(())
     }
 
     /// The user-mode queue's state (callers have checked the model).
@@ -319,6 +406,13 @@ impl Queue {
     /// Waits until the progress value reaches `value`: memory first, a short spin, then a
     /// blocking kernel wait.
     pub fn wait(&self, value: u64, timeout: Option<Duration>) -> Result<(), UmdError> {
+        if let Some(a) = &self.abandoned
+            && value > a.completed
+            && value <= a.last
+        {
+            // Lost with the user-mode queue this one fell back from.
+            return Err(UmdError::QueueLost { queue: a.queue, reason: a.reason.clone() });
+        }
         for _ in 0..=self.spin {
             if self.completed() >= value {
                 return Ok(());
