@@ -583,6 +583,8 @@ pub enum DeviceRefusal {
         /// Which call of the DDI failed (1-based).
         call: u32,
     },
+    /// The device does not support what was asked.
+    Unsupported(&'static str),
 }
 
 impl core::fmt::Display for DeviceRefusal {
@@ -613,6 +615,7 @@ impl core::fmt::Display for DeviceRefusal {
             VictimKeptDoorbell => f.write_str("the victim's doorbell did not come back"),
             NotANativeFence => f.write_str("is not a native fence of this device"),
             Injected { call } => write!(f, "failed (injected fault, call {call})"),
+            Unsupported(what) => write!(f, "the device does not support {what}"),
         }
     }
 }

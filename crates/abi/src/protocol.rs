@@ -141,8 +141,30 @@ pub fn signal_fence<W: Store + ?Sized, M: Load + ?Sized>(
 /// barrier, read CurrentValue. The caller satisfies every waiter the returned value passes.
 #[inline]
 pub fn set_monitored_and_resample<W: Store + ?Sized, C: Load + ?Sized>(monitored: &W, current: &C, value: u64) -> u64 {
+    store_monitored(monitored, value);
+    monitored_barrier();
+    resample(current)
+}
+
+/// KMD (`DxgkDdiUpdateMonitoredValues`, one value of a batch): store a MonitoredValue. The
+/// batch ends with one [`monitored_barrier`].
+#[inline]
+pub fn store_monitored<W: Store + ?Sized>(monitored: &W, value: u64) {
+    // Relaxed: the barrier that ends the batch orders it before the OS's resample.
     monitored.store(value, Ordering::Relaxed);
+}
+
+/// KMD, at the end of `DxgkDdiUpdateMonitoredValues`: the barrier after which "the
+/// CurrentValue read by any processor core was written by the GPU CMP after having observed
+/// the new MonitoredValue" (spec 002).
+#[inline]
+pub fn monitored_barrier() {
     fence(Ordering::SeqCst);
+}
+
+/// OS, on return from `DxgkDdiUpdateMonitoredValues`: resample CurrentValue.
+#[inline]
+pub fn resample<C: Load + ?Sized>(current: &C) -> u64 {
     // Acquire: pairs with the signaller's release, so the signalled work is visible.
     current.load(Ordering::Acquire)
 }

@@ -415,6 +415,13 @@ impl Gpu {
         self.fw.unbind_doorbell(id)
     }
 
+    /// `DxgkDdiSetNativeFenceLogBuffer` on the device: the queue's fence log `index` (0 waits,
+    /// 1 signals) is now `log`; later logged operations write there. `false` if the queue has
+    /// no fence logs.
+    pub fn set_fence_log(&mut self, id: FwQueueId, index: usize, log: Arc<Shm>) -> Result<bool, GpuError> {
+        self.fw.set_fence_log(id, index, log)
+    }
+
     /// Sets the progress value above which a `PROGRESS_FENCE` raises an interrupt
     /// (`u64::MAX`: none).
     pub fn set_monitored(&mut self, id: FwQueueId, value: u64) -> Result<(), GpuError> {

@@ -173,8 +173,17 @@ pub enum SignaledFences {
     Fences(Vec<u64>),
     /// These queues signalled fences and logged them: read their signal logs.
     Queues(Vec<HwQueueHandle>),
-    /// No list: scan every fence with a waiter (the spec's NULL array).
+    /// No list: scan every fence with a waiter (the spec's NULL array) — native and legacy
+    /// monitored fences alike, as with `EvaluateLegacyMonitoredFences` set (hardware that
+    /// cannot tell the two interrupts apart).
     All,
+    /// The spec's NULL array without `EvaluateLegacyMonitoredFences`: scan every *native*
+    /// fence waiter, not the legacy monitored fences' ("By default ... Dxgkrnl only scans all
+    /// pending native fence waiters and doesn't scan legacy monitored fence waiters").
+    AllNative,
+    /// The optimized interrupt with a NULL queue: the GPU could not tell which queue
+    /// signalled, so rescan the signal logs of every queue on this engine.
+    EngineLogs(EngineId),
 }
 
 /// An interrupt, as the KMD reports it to the OS (`DxgkCbNotifyInterrupt`).
@@ -383,6 +392,37 @@ pub trait Kmd: Send {
     fn reset_from_timeout(&mut self, now: Time) -> Result<Vec<HwQueueHandle>, DdiError>;
     /// `DxgkDdiRestartFromTimeout`: the adapter runs again after a reset.
     fn restart_from_timeout(&mut self) -> Result<(), DdiError>;
+    /// `DxgkDdiOpenNativeFence`: process-local handle `local` to the fence with global id `id`
+    /// (the creator's own local handle too, for a shared fence). The default keeps nothing.
+    fn open_native_fence(&mut self, _id: u64, _local: abi::NativeFenceHandle) -> Result<(), DdiError> {
+        Ok(())
+    }
+    /// `DxgkDdiCloseNativeFence`: the local handle is gone (the global fence may live on).
+    fn close_native_fence(&mut self, _local: abi::NativeFenceHandle) {}
+    /// `DxgkDdiSetNativeFenceLogBuffer`: the queue's log of `kind` is now `log` (set at queue
+    /// creation, and again each time the OS recreates a log).
+    fn set_native_fence_log_buffer(
+        &mut self,
+        _queue: HwQueueHandle,
+        _kind: abi::fence_log::FenceLogType,
+        _log: Arc<Shm>,
+    ) -> Result<(), DdiError> {
+        Err(DdiError::Refused {
+            field: "log",
+            value: "fence log buffer".into(),
+            reason: DeviceRefusal::Unsupported("native fence logs"),
+        })
+    }
+    /// `DxgkDdiUpdateMonitoredValues`: a batch of `(fence id, MonitoredValue)`; on return every
+    /// CurrentValue a core reads was written by the device after it observed the new values
+    /// (`abi::protocol::monitored_barrier`), so the OS resamples.
+    fn update_monitored_values(&mut self, _batch: &[(u64, u64)]) -> Result<(), DdiError> {
+        Err(DdiError::Refused {
+            field: "fences",
+            value: "update monitored values".into(),
+            reason: DeviceRefusal::Unsupported("native fences"),
+        })
+    }
 }
 
 /// A fault to inject: fail call number `call` (1-based, counted from when it was armed) of
@@ -402,12 +442,33 @@ pub struct Traced {
     trace: SharedTrace,
     now: Time,
     faults: Vec<(DdiFault, u32)>,
+    /// Notifications a test injects (delivered before the device's).
+    injected: std::collections::VecDeque<Notification>,
+    /// The device's next `NativeFenceSignaled` notifications to drop (a test's collapsed
+    /// interrupts).
+    drop_fence_signals: u32,
 }
 
 impl Traced {
     /// Wraps `inner`, logging into `trace` (which the OS shares).
     pub fn new(inner: Box<dyn Kmd>, trace: SharedTrace) -> Self {
-        Traced { inner, trace, now: Time::ZERO, faults: Vec::new() }
+        Traced {
+            inner,
+            trace,
+            now: Time::ZERO,
+            faults: Vec::new(),
+            injected: std::collections::VecDeque::new(),
+            drop_fence_signals: 0,
+        }
+    }
+    /// Test hook: delivers `n` to the OS's next interrupt service, as if the KMD raised it.
+    pub fn inject_notification(&mut self, n: Notification) {
+        self.injected.push_back(n);
+    }
+    /// Test hook: the device's next `count` `NativeFenceSignaled` notifications are lost (as
+    /// when interrupts are collapsed), so a test can follow with the NULL forms.
+    pub fn drop_fence_signals(&mut self, count: u32) {
+        self.drop_fence_signals += count;
     }
     /// The time DDI entries are logged at (the current OS entry's `now`).
     pub(crate) fn at(&mut self, now: Time) {
@@ -556,7 +617,17 @@ impl Kmd for Traced {
         self.inner.flush_fence_logs(queue)
     }
     fn poll_notification(&mut self) -> Option<Notification> {
-        self.inner.poll_notification()
+        if let Some(n) = self.injected.pop_front() {
+            return Some(n);
+        }
+        loop {
+            let n = self.inner.poll_notification()?;
+            if self.drop_fence_signals > 0 && matches!(n, Notification::NativeFenceSignaled(_)) {
+                self.drop_fence_signals -= 1;
+                continue;
+            }
+            return Some(n);
+        }
     }
     fn power(&self, engine: EngineId) -> PowerState {
         self.inner.power(engine)
@@ -605,5 +676,26 @@ impl Kmd for Traced {
     fn restart_from_timeout(&mut self) -> Result<(), DdiError> {
         self.log(Ddi::RestartFromTimeout);
         self.inner.restart_from_timeout()
+    }
+    fn open_native_fence(&mut self, id: u64, local: abi::NativeFenceHandle) -> Result<(), DdiError> {
+        self.log(Ddi::OpenNativeFence(local));
+        self.inner.open_native_fence(id, local)
+    }
+    fn close_native_fence(&mut self, local: abi::NativeFenceHandle) {
+        self.log(Ddi::CloseNativeFence(local));
+        self.inner.close_native_fence(local)
+    }
+    fn set_native_fence_log_buffer(
+        &mut self,
+        queue: HwQueueHandle,
+        kind: abi::fence_log::FenceLogType,
+        log: Arc<Shm>,
+    ) -> Result<(), DdiError> {
+        self.log(Ddi::SetNativeFenceLogBuffer(queue));
+        self.inner.set_native_fence_log_buffer(queue, kind, log)
+    }
+    fn update_monitored_values(&mut self, batch: &[(u64, u64)]) -> Result<(), DdiError> {
+        // Logged by the OS, which knows each fence's local handle.
+        self.inner.update_monitored_values(batch)
     }
 }

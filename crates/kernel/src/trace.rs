@@ -263,6 +263,21 @@ pub enum Event {
         /// Whether the last-queued value was reached.
         reached: bool,
     },
+    /// A queue's fence log was overrun: the engine overwrote entries the OS never read (spec
+    /// 002 "Log buffer overrun is permitted": the trace flag that events were lost).
+    FenceLogOverrun {
+        /// The queue.
+        queue: HwQueueHandle,
+        /// Entries lost.
+        lost: u64,
+    },
+    /// The OS recreated a queue's fence log (`DxgkDdiSetNativeFenceLogBuffer` follows).
+    FenceLogRecreated {
+        /// The queue.
+        queue: HwQueueHandle,
+        /// Which log.
+        kind: abi::fence_log::FenceLogType,
+    },
 }
 
 impl core::fmt::Display for Event {
@@ -309,6 +324,8 @@ impl core::fmt::Display for Event {
             Event::TerminationWait { queue, value, completed } => {
                 write!(f, "{queue}: termination waits for progress {value} (completed {completed})")
             }
+            Event::FenceLogOverrun { queue, lost } => write!(f, "{queue}: fence log overrun, {lost} events lost"),
+            Event::FenceLogRecreated { queue, kind } => write!(f, "{queue}: {kind:?} fence log recreated"),
             Event::TerminationWaitDone { queue, reached } => {
                 write!(f, "{queue}: termination wait {}", if *reached { "satisfied" } else { "failed" })
             }

@@ -97,6 +97,8 @@ pub struct VirtualKmd {
     kernel_doorbells: HashMap<HwQueueHandle, Word>,
     /// Native fences' CurrentValue, by global id.
     fences: HashMap<u64, (Arc<Shm>, u64)>,
+    /// Native fences' MonitoredValue, by global id (`DxgkDdiUpdateMonitoredValues` stores it).
+    monitored: HashMap<u64, Word>,
     /// GPU mappings alive (each [`GpuMapping`] decrements on drop).
     mappings: Arc<std::sync::atomic::AtomicUsize>,
     /// Queues' context save areas: kernel-owned pages no client and no GPU address space ever
@@ -189,6 +191,7 @@ impl VirtualKmd {
             by_fw: HashMap::new(),
             kernel_doorbells: HashMap::new(),
             fences: HashMap::new(),
+            monitored: HashMap::new(),
             mappings: Default::default(),
             context_saves: ShmPool::new("queue-context-save", PoolConfig::default()),
         }
@@ -564,12 +567,14 @@ impl Kmd for VirtualKmd {
         let waits = if self.native_fences { gpu::FenceWaits::Park } else { gpu::FenceWaits::Poll };
         // Checked here, once: `update_current_value` stores through it.
         Word::new(&current.0, current.1)?;
-        self.gpu.lock().register_native_fence((&current.0, current.1), monitored, id, waits);
+        self.gpu.lock().register_native_fence((&current.0, current.1), monitored.clone(), id, waits);
         self.fences.insert(id, current);
+        self.monitored.insert(id, monitored);
         Ok(())
     }
 
     fn destroy_native_fence(&mut self, id: u64) {
+        self.monitored.remove(&id);
         if let Some((shm, offset)) = self.fences.remove(&id) {
             self.gpu.lock().unregister_native_fence((&shm, offset));
         }
@@ -745,5 +750,44 @@ impl Kmd for VirtualKmd {
             gpu::BoundDoorbell::Word { index, .. } => Some(PhysicalDoorbell::BarIndex(index)),
             gpu::BoundDoorbell::Bit { page, bit } => Some(PhysicalDoorbell::Bit { page, bit }),
         }
+    }
+
+    fn set_native_fence_log_buffer(
+        &mut self,
+        queue: HwQueueHandle,
+        kind: abi::fence_log::FenceLogType,
+        log: Arc<Shm>,
+    ) -> Result<(), DdiError> {
+        let fw = self.fw(queue)?;
+        let index = kind as usize;
+        if self.gpu.lock().set_fence_log(fw, index, log).map_err(refused("queue", queue))? {
+            Ok(())
+        } else {
+            Err(DdiError::Refused {
+                field: "queue",
+                value: queue.to_string(),
+                reason: DeviceRefusal::Unsupported("fence logs on a kernel-mode queue"),
+            })
+        }
+    }
+
+    fn update_monitored_values(&mut self, batch: &[(u64, u64)]) -> Result<(), DdiError> {
+        // Every id first: a batch is applied whole or not at all.
+        let words = batch
+            .iter()
+            .map(|&(id, v)| {
+                self.monitored.get(&id).map(|w| (w, v)).ok_or(DdiError::Refused {
+                    field: "fence",
+                    value: id.to_string(),
+                    reason: DeviceRefusal::NotANativeFence,
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        for (w, v) in words {
+            abi::protocol::store_monitored(w, v);
+        }
+        // One barrier for the batch: the device's later signals compare against these values.
+        abi::protocol::monitored_barrier();
+        Ok(())
     }
 }

@@ -648,6 +648,19 @@ impl Firmware {
         Ok(q.rptr)
     }
 
+    /// Replaces the queue's fence log `index` (0 waits, 1 signals); `false` if the queue has
+    /// no fence logs (a kernel-mode queue).
+    pub(crate) fn set_fence_log(&mut self, id: FwQueueId, index: usize, log: Arc<Shm>) -> Result<bool, GpuError> {
+        let q = self.queue_mut(id)?;
+        match (&mut q.cfg.fence_logs, index) {
+            (Some(logs), 0 | 1) => {
+                logs[index] = log;
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
     pub(crate) fn set_monitored(&mut self, id: FwQueueId, value: u64) -> Result<(), GpuError> {
         self.queue_mut(id)?.monitored = value;
         Ok(())

@@ -33,7 +33,7 @@ use std::sync::atomic::Ordering;
 
 use abi::Time;
 use abi::port::{Invalid, KernelError, NativeFenceDesc, NativeFenceInfo, NativeFenceType, WaitMode, WaitOutcome};
-use abi::{DeviceHandle, NativeFenceHandle, ProcessId};
+use abi::{DeviceHandle, HwQueueHandle, NativeFenceHandle, ProcessId};
 use shm::{Prot, Shm, Word};
 
 use super::{Os, Output, WaitId, WaitStart, Waits, invalid};
@@ -199,8 +199,13 @@ impl Os {
             waiters: Vec::new(),
             _mapping: mapping,
         });
-        if desc.shareable {
-            self.trace.push(now, Event::Ddi(Ddi::OpenNativeFence(handle)));
+        if desc.shareable
+            && let Err(e) = self.ddi.open_native_fence(id, handle)
+        {
+            // Not half-made: the fence goes again.
+            let _ = self.proc(pid)?.fences.remove(handle);
+            self.ddi.destroy_native_fence(id);
+            return Err(e.into());
         }
         self.fence_index.insert(id, vec![(pid, handle)]);
         let cpu = match desc.kind {
@@ -342,7 +347,7 @@ impl Os {
         pid: ProcessId,
         device: DeviceHandle,
         (opid, oh): (ProcessId, NativeFenceHandle),
-        now: Time,
+        _now: Time,
     ) -> Result<NativeFenceInfo, KernelError> {
         let o = self.proc(opid)?.fences.get(oh)?;
         let (id, kind, current, coff, value, monitored, cross) =
@@ -364,7 +369,10 @@ impl Os {
             waiters: Vec::new(),
             _mapping: Some(mapping),
         });
-        self.trace.push(now, Event::Ddi(Ddi::OpenNativeFence(handle)));
+        if let Err(e) = self.ddi.open_native_fence(id, handle) {
+            let _ = self.proc(pid)?.fences.remove(handle);
+            return Err(e.into());
+        }
         self.fence_index.entry(id).or_default().push((pid, handle));
         let cpu = match kind {
             NativeFenceType::IntraGpu => None,
@@ -386,7 +394,7 @@ impl Os {
             None => 0,
         };
         if f.shared {
-            self.trace.push(now, Event::Ddi(Ddi::CloseNativeFence(h)));
+            self.ddi.close_native_fence(h);
         }
         if left == 0 {
             self.ddi.destroy_native_fence(f.id);
@@ -539,17 +547,28 @@ impl Os {
 
     /// Deregisters a finished or abandoned wait from every fence it named.
     pub(crate) fn forget_wait(&mut self, pid: ProcessId, wait: &Arc<FenceWait>) {
-        let Ok(p) = self.proc(pid) else { return };
+        let ids = self.unregister_wait(pid, wait);
+        // Raising a MonitoredValue cannot lose a wake-up, so no resample is needed here.
+        let batch: Vec<(u64, u64)> = ids.into_iter().map(|id| (id, self.monitored_for(id))).collect();
+        if !batch.is_empty() {
+            self.update_monitored_values(&batch);
+        }
+    }
+
+    /// Takes `wait` off every fence it named; returns those fences' ids (their MonitoredValue
+    /// may now rise).
+    fn unregister_wait(&mut self, pid: ProcessId, wait: &Arc<FenceWait>) -> Vec<u64> {
+        let Ok(p) = self.proc(pid) else { return Vec::new() };
+        let mut ids = Vec::new();
         for &(h, _) in &wait.conds {
             if let Ok(f) = p.fences.get_mut(h) {
                 f.waiters.retain(|(_, w)| w.wait != wait.wait);
+                if !ids.contains(&f.id) {
+                    ids.push(f.id);
+                }
             }
         }
-        // Raising a MonitoredValue cannot lose a wake-up, so no resample is needed here.
-        let ids: Vec<u64> = wait.conds.iter().filter_map(|&(h, _)| p.fences.get(h).ok().map(|f| f.id)).collect();
-        for id in ids {
-            self.program_monitored(id);
-        }
+        ids
     }
 
     /// Ends a CPU wait: deregisters it and reports.
@@ -572,31 +591,93 @@ impl Os {
     /// rest and resamples, until nothing changes (`DxgkDdiUpdateMonitoredValues`, then the
     /// OS's resample).
     pub(crate) fn settle_fence(&mut self, pid: ProcessId, h: NativeFenceHandle, now: Time) {
-        loop {
-            let Ok(p) = self.proc(pid) else { return };
-            let Ok(f) = p.fences.get(h) else { return };
-            let done: Vec<(Arc<FenceWait>, u64)> =
-                f.waiters.iter().filter_map(|(_, w)| evaluate(p, &w.conds, w.mode).map(|r| (w.clone(), r))).collect();
-            for (w, r) in &done {
-                self.complete_fence_wait(w, Ok(*r));
-                self.forget_wait(pid, w);
-            }
-            let Ok(id) = self.proc(pid).and_then(|p| p.fences.get(h).map(|f| f.id)) else { return };
-            let m = self.monitored_for(id);
-            let Ok(p) = self.proc(pid) else { return };
-            let Ok(f) = p.fences.get(h) else { return };
-            let (mword, cword) = (f.monitored.get(), f.value.get());
-            let resampled = abi::protocol::set_monitored_and_resample(mword, cword, m);
-            // Any signal after the barrier sees the new MonitoredValue and interrupts; a signal
-            // before it is in `resampled`. So a waiter this fence's `resampled` value passes
-            // gets no interrupt: if its whole wait (other fences too) is now satisfied, wake it
-            // in another round; otherwise stop (its other fences' signals will settle it).
-            let pending = f.waiters.iter().any(|(v, w)| *v <= resampled && evaluate(p, &w.conds, w.mode).is_some());
-            self.trace.push(now, Event::Ddi(Ddi::UpdateMonitoredValues(h, m)));
-            if !pending {
-                return;
+        self.settle_fences(&[(pid, h)], now);
+    }
+
+    /// [`Os::settle_fence`] for several fences at once: one `DxgkDdiUpdateMonitoredValues`
+    /// per round carries every fence's new MonitoredValue (the spec's batch), then each is
+    /// resampled.
+    pub(crate) fn settle_fences(&mut self, targets: &[(ProcessId, NativeFenceHandle)], now: Time) {
+        let mut round: Vec<(ProcessId, NativeFenceHandle)> = Vec::new();
+        for t in targets {
+            if !round.contains(t) {
+                round.push(*t);
             }
         }
+        while !round.is_empty() {
+            // 1. Wake what the CurrentValues satisfy. The fences those waits also named (but
+            // this round does not settle) get their raised MonitoredValue in the same batch.
+            let mut raised: Vec<u64> = Vec::new();
+            for &(pid, h) in &round {
+                let Ok(p) = self.proc(pid) else { continue };
+                let Ok(f) = p.fences.get(h) else { continue };
+                let done: Vec<(Arc<FenceWait>, u64)> = f
+                    .waiters
+                    .iter()
+                    .filter_map(|(_, w)| evaluate(p, &w.conds, w.mode).map(|r| (w.clone(), r)))
+                    .collect();
+                for (w, r) in &done {
+                    self.complete_fence_wait(w, Ok(*r));
+                    raised.extend(self.unregister_wait(pid, w));
+                }
+            }
+            // 2. One DDI for every MonitoredValue (a shared fence's once).
+            let mut items = Vec::new();
+            let mut batch: Vec<(u64, u64)> = Vec::new();
+            for &(pid, h) in &round {
+                let Ok(id) = self.proc(pid).and_then(|p| p.fences.get(h).map(|f| f.id)) else { continue };
+                let m = self.monitored_for(id);
+                if !batch.iter().any(|&(i, _)| i == id) {
+                    batch.push((id, m));
+                }
+                items.push((pid, h, m));
+            }
+            for id in raised {
+                if !batch.iter().any(|&(i, _)| i == id) && !self.instances(id).is_empty() {
+                    batch.push((id, self.monitored_for(id)));
+                }
+            }
+            if batch.is_empty() {
+                return;
+            }
+            self.update_monitored_values(&batch);
+            // 3. Resample. Any signal after the barrier sees the new MonitoredValue and
+            // interrupts; a signal before it is in `resampled`. So a waiter this fence's
+            // `resampled` value passes gets no interrupt: if its whole wait (other fences too)
+            // is now satisfied, wake it in another round; otherwise stop (its other fences'
+            // signals will settle it).
+            let mut next = Vec::new();
+            for (pid, h, m) in items {
+                let Ok(p) = self.proc(pid) else { continue };
+                let Ok(f) = p.fences.get(h) else { continue };
+                let resampled = abi::protocol::resample(f.value.get());
+                let pending = f.waiters.iter().any(|(v, w)| *v <= resampled && evaluate(p, &w.conds, w.mode).is_some());
+                self.trace.push(now, Event::Ddi(Ddi::UpdateMonitoredValues(h, m)));
+                if pending {
+                    next.push((pid, h));
+                }
+            }
+            round = next;
+        }
+    }
+
+    /// `DxgkDdiUpdateMonitoredValues` for a batch. Should the KMD refuse it (it never does for
+    /// fences it registered), the OS stores the values itself with the same barrier, so no
+    /// wake-up can be lost.
+    fn update_monitored_values(&mut self, batch: &[(u64, u64)]) {
+        self.stats.monitored_updates += 1;
+        self.stats.monitored_values += batch.len() as u64;
+        if self.ddi.update_monitored_values(batch).is_ok() {
+            return;
+        }
+        for &(id, m) in batch {
+            if let Some(&(pid, h)) = self.instances(id).first()
+                && let Some(f) = self.processes.get(&pid).and_then(|p| p.fences.get(h).ok())
+            {
+                abi::protocol::store_monitored(f.monitored.get(), m);
+            }
+        }
+        abi::protocol::monitored_barrier();
     }
 
     /// `NativeFenceSignaled`: settle the named fences; for named queues (the optimized mode),
@@ -606,65 +687,108 @@ impl Os {
         self.stats.fence_interrupts += 1;
         let targets: Vec<(ProcessId, NativeFenceHandle)> = match what {
             SignaledFences::Fences(ids) => ids.iter().flat_map(|&id| self.instances(id)).collect(),
-            SignaledFences::Queues(queues) => {
-                let mut ids = Vec::new();
-                let mut scan_all = false;
-                // The log is written where the client says (it chooses the entries), so the
-                // kernel trusts it only to narrow the search: anything it cannot account for —
-                // a queue gone, no log, a corrupt or overrun log, or an interrupt whose log shows
-                // no new signal — falls back to scanning every fence.
-                for q in queues {
-                    let pid = q.owner();
-                    let Ok(qo) = self.queue(pid, q) else {
-                        scan_all = true;
-                        continue;
-                    };
-                    let (logs, seen) = (qo.logs.clone(), qo.signal_log_seen);
-                    let Some(logs) = logs else {
-                        scan_all = true;
-                        continue;
-                    };
-                    self.ddi.flush_fence_logs(q);
-                    let log = &logs[abi::fence_log::FenceLogType::Signal as usize];
-                    match abi::fence_log::read_since(log, seen) {
-                        Ok(r) => {
-                            if let Ok(qo) = self.queue(pid, q) {
-                                qo.signal_log_seen = r.total;
-                            }
-                            let named: Vec<u64> =
-                                r.entries.iter().map(|e| e.fence_handle).filter(|&h| h != 0).collect();
-                            if r.lost > 0 || named.is_empty() {
-                                scan_all = true;
-                            }
-                            ids.extend(named);
-                        }
-                        Err(_) => {
-                            scan_all = true;
-                            // Start over from wherever the header is now.
-                            let total = abi::fence_log::header_total(log).unwrap_or(seen);
-                            if let Ok(qo) = self.queue(pid, q) {
-                                qo.signal_log_seen = total;
-                            }
-                        }
-                    }
-                }
-                if scan_all {
+            SignaledFences::Queues(queues) => match self.read_signal_logs(&queues, true, now) {
+                Some(ids) => ids.iter().flat_map(|&id| self.instances(id)).collect(),
+                None => {
                     self.stats.fence_log_fallbacks += 1;
                     self.fences_with_waiters()
-                } else {
-                    ids.sort_unstable();
-                    ids.dedup();
-                    ids.iter().flat_map(|&id| self.instances(id)).collect()
+                }
+            },
+            SignaledFences::EngineLogs(engine) => {
+                // A NULL queue: rescan the signal logs of every queue on this engine.
+                let queues: Vec<HwQueueHandle> = self
+                    .processes
+                    .values()
+                    .flat_map(|p| p.queues.iter().filter(|(_, q)| q.engine == engine && q.logs.is_some()))
+                    .map(|(h, _)| h)
+                    .collect();
+                match self.read_signal_logs(&queues, false, now) {
+                    Some(ids) => ids.iter().flat_map(|&id| self.instances(id)).collect(),
+                    None => {
+                        self.stats.fence_log_fallbacks += 1;
+                        self.fences_with_waiters()
+                    }
                 }
             }
             SignaledFences::All => self.fences_with_waiters(),
+            SignaledFences::AllNative => {
+                let all = self.fences_with_waiters();
+                all.into_iter()
+                    .filter(|&(pid, h)| {
+                        self.processes
+                            .get(&pid)
+                            .and_then(|p| p.fences.get(h).ok())
+                            .is_some_and(|f| f.kind != NativeFenceType::LegacyMonitored)
+                    })
+                    .collect()
+            }
         };
+        self.settle_fences(&targets, now);
         for (pid, h) in targets {
-            self.settle_fence(pid, h, now);
             if let Ok(id) = self.proc(pid).and_then(|p| p.fences.get(h).map(|f| f.id)) {
                 self.note_signaled(id, now);
             }
         }
+    }
+
+    /// Flushes (`DxgkDdiUpdateNativeFenceLogs`) and reads the signal logs of `queues`; returns
+    /// the fence ids they name, or `None` when the kernel must scan every fence instead.
+    ///
+    /// The log is written where the client says (it chooses the entries), so the kernel
+    /// trusts it only to narrow the search: anything it cannot account for — a queue gone, no
+    /// log, a corrupt or overrun log, or (with `each_names_one`, an interrupt that named the
+    /// queue) a log that shows no new signal — falls back to the scan. An overrun is also
+    /// flagged in the trace ([`Event::FenceLogOverrun`], spec 002: "the OS can emit a flag in
+    /// the trace to notify a user that events were lost").
+    fn read_signal_logs(&mut self, queues: &[HwQueueHandle], each_names_one: bool, now: Time) -> Option<Vec<u64>> {
+        let mut ids = Vec::new();
+        let mut scan_all = false;
+        for &q in queues {
+            let pid = q.owner();
+            let Ok(qo) = self.queue(pid, q) else {
+                scan_all = true;
+                continue;
+            };
+            let (logs, seen) = (qo.logs.clone(), qo.signal_log_seen);
+            let Some(logs) = logs else {
+                scan_all = true;
+                continue;
+            };
+            self.ddi.flush_fence_logs(q);
+            let log = &logs[abi::fence_log::FenceLogType::Signal as usize];
+            match abi::fence_log::read_since(log, seen) {
+                Ok(r) => {
+                    if let Ok(qo) = self.queue(pid, q) {
+                        qo.signal_log_seen = r.total;
+                    }
+                    let named: Vec<u64> = r.entries.iter().map(|e| e.fence_handle).filter(|&h| h != 0).collect();
+                    if r.lost > 0 {
+                        self.trace.push(now, Event::FenceLogOverrun { queue: q, lost: r.lost });
+                        scan_all = true;
+                    }
+                    if each_names_one && named.is_empty() {
+                        scan_all = true;
+                    }
+                    ids.extend(named);
+                }
+                Err(_) => {
+                    scan_all = true;
+                    // Start over from wherever the header is now.
+                    let total = abi::fence_log::header_total(log).unwrap_or(seen);
+                    if let Ok(qo) = self.queue(pid, q) {
+                        qo.signal_log_seen = total;
+                    }
+                }
+            }
+        }
+        // (A NULL-queue rescan whose logs show nothing new settles nothing: the GPU names the
+        // engine only for logged signals.)
+        if scan_all {
+            return None;
+        }
+        ids.sort_unstable();
+        ids.dedup();
+        Some(ids)
     }
 
     /// Decides a fence wait: a thread's result is kept until it ends the wait; the
@@ -700,13 +824,11 @@ impl Os {
 
     /// Stores fence `id`'s MonitoredValue (a raise needs no resample).
     fn program_monitored(&mut self, id: u64) {
-        let m = self.monitored_for(id);
-        if let Some(&(pid, h)) = self.instances(id).first()
-            && let Some(f) = self.processes.get(&pid).and_then(|p| p.fences.get(h).ok())
-        {
-            // Relaxed: a raise; the firmware's compare needs no ordering with it.
-            f.monitored.get().store(m, Ordering::Relaxed);
+        if self.instances(id).is_empty() {
+            return;
         }
+        let m = self.monitored_for(id);
+        self.update_monitored_values(&[(id, m)]);
     }
 
     /// What the fallback scan settles: every fence with a waiter here, and every

@@ -121,6 +121,10 @@ pub struct OsStats {
     pub fence_interrupts: u64,
     /// Optimized fence interrupts that fell back to scanning every fence (log overrun).
     pub fence_log_fallbacks: u64,
+    /// `DxgkDdiUpdateMonitoredValues` calls (each carries a batch).
+    pub monitored_updates: u64,
+    /// MonitoredValues those calls carried.
+    pub monitored_values: u64,
 }
 
 /// What the kernel holds, for leak checks: every count returns to its start once the objects
@@ -421,6 +425,17 @@ impl Os {
     /// Arms a DDI fault (see [`crate::ddi::Traced`]).
     pub fn inject_ddi_fault(&mut self, fault: crate::ddi::DdiFault) {
         self.ddi.inject(fault);
+    }
+
+    /// Test hook: the KMD "raises" `n` (see [`crate::ddi::Traced::inject_notification`]); the
+    /// next interrupt service delivers it.
+    pub fn inject_notification(&mut self, n: crate::ddi::Notification) {
+        self.ddi.inject_notification(n);
+    }
+
+    /// Test hook: the device's next `count` native-fence interrupts are lost (collapsed).
+    pub fn drop_fence_signals(&mut self, count: u32) {
+        self.ddi.drop_fence_signals(count);
     }
 
     /// Marks the start of an input at `now`: DDI calls it makes are logged at this time.

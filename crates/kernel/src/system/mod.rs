@@ -335,6 +335,32 @@ impl System {
         self.inner.call_as(pid, |os, now| os.read_fence_log(pid, queue, kind, since, now))
     }
 
+    /// Recreates a queue's fence log (see [`crate::os::Os::recreate_fence_log`]).
+    pub fn recreate_fence_log(
+        &self,
+        pid: ProcessId,
+        queue: HwQueueHandle,
+        kind: abi::fence_log::FenceLogType,
+    ) -> Result<(), KernelError> {
+        self.inner.call_as(pid, |os, now| os.recreate_fence_log(pid, queue, kind, now))
+    }
+
+    /// Test hook: the KMD raises notification `n` (as `DxgkCbNotifyInterrupt` would) and the
+    /// OS services it at once — for interrupt forms the virtual device never raises by itself
+    /// (a NULL fence array, a NULL queue in the optimized mode).
+    pub fn inject_notification(&self, n: crate::ddi::Notification) {
+        self.inner.call(|os, now| {
+            os.inject_notification(n);
+            os.handle_interrupts(now);
+        });
+    }
+
+    /// Test hook: the device's next `count` native-fence interrupts are lost, as when the
+    /// hardware collapses several into one the OS must recover from a NULL form.
+    pub fn drop_fence_signals(&self, count: u32) {
+        self.inner.os.lock().drop_fence_signals(count);
+    }
+
     /// Puts the device in D3 (see [`crate::os::Os::enter_d3`]).
     pub fn enter_d3(&self) -> Result<(), KernelError> {
         self.inner.call(|os, now| os.enter_d3(now))
