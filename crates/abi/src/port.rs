@@ -837,6 +837,51 @@ pub enum KernelError {
     /// Shared memory failed.
     #[error("shared memory: {0}")]
     Shm(#[from] shm::ShmError),
+    /// Adapter initialization failed: the KMD and the OS disagree on a feature (spec 002: "The
+    /// OS fails adapter initialization if KMD advertises native fence support when the OS
+    /// hasn't enabled the feature").
+    #[error("adapter initialization: {feature}: the KMD advertises {kmd}, the OS has {os}")]
+    FeatureMismatch {
+        /// The feature (or cap).
+        feature: &'static str,
+        /// What the KMD advertised.
+        kmd: String,
+        /// What the OS enabled (or what the KMD's other caps imply).
+        os: String,
+    },
+}
+
+/// `DXGK_NATIVE_FENCE_CAPS` with the related `DXGK_VIDSCHCAPS` bits: what the KMD reports
+/// about native fences (spec 002 "Native fence capabilities").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NativeFenceCaps {
+    /// `DXGK_VIDSCHCAPS::NativeGpuFence`: native fences are supported (advertised only when
+    /// the OS enabled `DXGK_FEATURE_NATIVE_FENCE`).
+    pub supported: bool,
+    /// `DXGK_VIDSCHCAPS::OptimizedNativeFenceSignaledInterrupt`: a logged signal's interrupt
+    /// names the queue, and the OS reads its log.
+    pub optimized_interrupt: bool,
+    /// `DXGK_NATIVE_FENCE_CAPS::MapToGpuSystemProcess`: the OS also maps each fence's
+    /// CurrentValue and MonitoredValue into the GPU system (paging) process, for the CMP.
+    pub map_to_gpu_system_process: bool,
+    /// Bytes between two non-shareable fences' CurrentValues in a packed page.
+    pub current_value_stride: u64,
+    /// Bytes between their MonitoredValues.
+    pub monitored_value_stride: u64,
+}
+
+/// The OS's answer to the KMD's `IsFeatureEnabled` queries (`DXGKCB_FEATURE_NATIVEFENCE_CAPS_1`
+/// and friends), given to the KMD during adapter initialization.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OsFeatures {
+    /// `DXGK_FEATURE_NATIVE_FENCE` is enabled.
+    pub native_fence: bool,
+}
+
+impl Default for OsFeatures {
+    fn default() -> Self {
+        OsFeatures { native_fence: true }
+    }
 }
 
 /// The system-call surface of the kernel, for one process.

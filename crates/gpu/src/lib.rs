@@ -241,6 +241,12 @@ impl Gpu {
         self.fw.misses_unmapped()
     }
 
+    /// Whether a logged fence signal's interrupt names the queue
+    /// (`OptimizedNativeFenceSignaledInterrupt`).
+    pub fn optimized_fence_interrupts(&self) -> bool {
+        self.fw.optimized_interrupts()
+    }
+
     /// The doorbell BAR.
     pub fn bar(&self) -> &Arc<Shm> {
         self.bar.shm()

@@ -423,6 +423,37 @@ pub trait Kmd: Send {
             reason: DeviceRefusal::Unsupported("native fences"),
         })
     }
+    /// Adapter initialization: the KMD queries the OS's features (`IsFeatureEnabled`,
+    /// `QueryFeatureInterface`) before it advertises caps. The default ignores them.
+    fn query_features(&mut self, _os: &abi::port::OsFeatures) {}
+    /// `DXGK_NATIVE_FENCE_CAPS` (with the `DXGK_VIDSCHCAPS` bits). The default: supported as
+    /// [`AdapterInfo::native_fences`] says, one cache line per fence, nothing optional.
+    fn native_fence_caps(&self) -> abi::port::NativeFenceCaps {
+        abi::port::NativeFenceCaps {
+            supported: self.adapter_info().native_fences,
+            optimized_interrupt: false,
+            map_to_gpu_system_process: false,
+            current_value_stride: 64,
+            monitored_value_stride: 64,
+        }
+    }
+    /// `DxgkDdiCreateNativeFence` with `CurrentValueSystemProcessGpuVa` and
+    /// `MonitoredValueSystemProcessGpuVa` (`system`), for a KMD with `MapToGpuSystemProcess`.
+    /// The default ignores the VAs.
+    fn create_native_fence_in_system_process(
+        &mut self,
+        id: u64,
+        current: (Arc<Shm>, u64),
+        monitored: Word,
+        _system: (u64, u64),
+    ) -> Result<(), DdiError> {
+        self.create_native_fence(id, current, monitored)
+    }
+    /// Reads a 64-bit word through `process`'s GPU address space (the system process
+    /// included), as the device would: for tests and tools. `None` where the device could not.
+    fn read_gpu_u64(&self, _process: ProcessId, _va: u64) -> Option<u64> {
+        None
+    }
 }
 
 /// A fault to inject: fail call number `call` (1-based, counted from when it was armed) of
@@ -697,5 +728,25 @@ impl Kmd for Traced {
     fn update_monitored_values(&mut self, batch: &[(u64, u64)]) -> Result<(), DdiError> {
         // Logged by the OS, which knows each fence's local handle.
         self.inner.update_monitored_values(batch)
+    }
+    fn query_features(&mut self, os: &abi::port::OsFeatures) {
+        self.inner.query_features(os)
+    }
+    fn native_fence_caps(&self) -> abi::port::NativeFenceCaps {
+        self.inner.native_fence_caps()
+    }
+    fn create_native_fence_in_system_process(
+        &mut self,
+        id: u64,
+        current: (Arc<Shm>, u64),
+        monitored: Word,
+        system: (u64, u64),
+    ) -> Result<(), DdiError> {
+        self.log(Ddi::CreateNativeFence(id));
+        self.gate(DdiKind::CreateNativeFence)?;
+        self.inner.create_native_fence_in_system_process(id, current, monitored, system)
+    }
+    fn read_gpu_u64(&self, process: ProcessId, va: u64) -> Option<u64> {
+        self.inner.read_gpu_u64(process, va)
     }
 }

@@ -99,6 +99,14 @@ pub struct VirtualKmd {
     fences: HashMap<u64, (Arc<Shm>, u64)>,
     /// Native fences' MonitoredValue, by global id (`DxgkDdiUpdateMonitoredValues` stores it).
     monitored: HashMap<u64, Word>,
+    /// The OS's features, as queried at initialization.
+    os_features: abi::port::OsFeatures,
+    /// A deliberately wrong KMD (for tests): advertises native fences whatever the OS enabled.
+    ignores_feature_query: bool,
+    /// `MapToGpuSystemProcess`: the CMP reaches fences through the system process's VAs.
+    map_to_system_process: bool,
+    /// Each fence's system-process VAs (CurrentValue, MonitoredValue), when mapped there.
+    system_vas: HashMap<u64, (u64, u64)>,
     /// GPU mappings alive (each [`GpuMapping`] decrements on drop).
     mappings: Arc<std::sync::atomic::AtomicUsize>,
     /// Queues' context save areas: kernel-owned pages no client and no GPU address space ever
@@ -192,6 +200,10 @@ impl VirtualKmd {
             kernel_doorbells: HashMap::new(),
             fences: HashMap::new(),
             monitored: HashMap::new(),
+            os_features: abi::port::OsFeatures::default(),
+            ignores_feature_query: false,
+            map_to_system_process: false,
+            system_vas: HashMap::new(),
             mappings: Default::default(),
             context_saves: ShmPool::new("queue-context-save", PoolConfig::default()),
         }
@@ -256,6 +268,18 @@ impl VirtualKmd {
     /// OS then keeps monitored fences only.
     pub fn set_native_fences(&mut self, on: bool) {
         self.native_fences = on;
+    }
+
+    /// Reports `MapToGpuSystemProcess` (the OS then maps every fence into the system process
+    /// and passes those VAs at creation).
+    pub fn set_map_to_system_process(&mut self, on: bool) {
+        self.map_to_system_process = on;
+    }
+
+    /// Makes this a deliberately wrong KMD (for tests): it advertises native fences whatever
+    /// the OS enabled, so the OS must fail adapter initialization.
+    pub fn set_ignores_feature_query(&mut self, on: bool) {
+        self.ignores_feature_query = on;
     }
 
     /// The device clock, read when a request reaches the device after waiting for its lock
@@ -323,7 +347,10 @@ impl Kmd for VirtualKmd {
                 _ => DoorbellModel::Dedicated,
             },
             aggregated_doorbell: g.misses_unmapped_doorbells(),
-            native_fences: self.native_fences,
+            // Advertised only if the OS enabled the feature (spec 002: "KMD's implementation
+            // must query whether the OS has enabled DXGK_FEATURE_NATIVE_FENCE before
+            // advertising native fence support").
+            native_fences: self.native_fences && (self.os_features.native_fence || self.ignores_feature_query),
             user_queue_mode: self.mode,
             queue_metadata: abi::port::QueueMetadataSizes {
                 context_save_bytes: gpu::compute::CONTEXT_SAVE_BYTES,
@@ -575,6 +602,7 @@ impl Kmd for VirtualKmd {
 
     fn destroy_native_fence(&mut self, id: u64) {
         self.monitored.remove(&id);
+        self.system_vas.remove(&id);
         if let Some((shm, offset)) = self.fences.remove(&id) {
             self.gpu.lock().unregister_native_fence((&shm, offset));
         }
@@ -769,6 +797,52 @@ impl Kmd for VirtualKmd {
                 reason: DeviceRefusal::Unsupported("fence logs on a kernel-mode queue"),
             })
         }
+    }
+
+    fn query_features(&mut self, os: &abi::port::OsFeatures) {
+        self.os_features = *os;
+    }
+
+    fn native_fence_caps(&self) -> abi::port::NativeFenceCaps {
+        let supported = self.adapter_info().native_fences;
+        let optimized = self.gpu.lock().optimized_fence_interrupts();
+        abi::port::NativeFenceCaps {
+            supported,
+            optimized_interrupt: supported && optimized,
+            map_to_gpu_system_process: supported && self.map_to_system_process,
+            current_value_stride: crate::os::FENCE_STRIDE,
+            monitored_value_stride: crate::os::FENCE_STRIDE,
+        }
+    }
+
+    fn create_native_fence_in_system_process(
+        &mut self,
+        id: u64,
+        current: (Arc<Shm>, u64),
+        monitored: Word,
+        system: (u64, u64),
+    ) -> Result<(), DdiError> {
+        // The CMP's view: both VAs must resolve in the system process.
+        for (field, va) in
+            [("CurrentValueSystemProcessGpuVa", system.0), ("MonitoredValueSystemProcessGpuVa", system.1)]
+        {
+            self.vm_access(crate::os::SYSTEM_PROCESS, va, 8, Access::Read).map_err(|f| DdiError::Refused {
+                field,
+                value: format!("{va:#x}"),
+                reason: DeviceRefusal::QueueMemory(f),
+            })?;
+        }
+        self.create_native_fence(id, current, monitored)?;
+        self.system_vas.insert(id, system);
+        Ok(())
+    }
+
+    fn read_gpu_u64(&self, process: ProcessId, va: u64) -> Option<u64> {
+        let vmid = self.vmid(process).ok()?;
+        let g = self.gpu.lock();
+        let r = g.vm(vmid).ok()?.translate_aligned(va, 8, Access::Read).ok()?;
+        // Acquire: as the device's own reads of fence words.
+        r.shm.load_u64(r.offset, Ordering::Acquire).ok()
     }
 
     fn update_monitored_values(&mut self, batch: &[(u64, u64)]) -> Result<(), DdiError> {

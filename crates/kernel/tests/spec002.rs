@@ -198,3 +198,85 @@ fn monitored_values_are_updated_in_one_batched_ddi_call() {
         sys.end_fence_wait(pid, w).unwrap();
     }
 }
+
+/// Spec 002 "Querying native fence feature enablement in OS": a KMD advertises native fences
+/// only if the OS enabled the feature, and the OS fails adapter initialization when a KMD
+/// advertises them anyway.
+#[test]
+fn native_fence_support_is_negotiated_and_a_mismatch_fails_adapter_initialization() {
+    use abi::port::{KernelError, UserQueueMode};
+    use kernel::SystemConfig;
+    // Enabled: the caps come as a structure.
+    let sys = common::optimized();
+    let caps = sys.native_fence_caps();
+    assert!(caps.supported && caps.optimized_interrupt && !caps.map_to_gpu_system_process);
+    assert_eq!(
+        (caps.current_value_stride, caps.monitored_value_stride),
+        (kernel::os::FENCE_STRIDE, kernel::os::FENCE_STRIDE)
+    );
+    assert!(!common::sim().native_fence_caps().optimized_interrupt, "reported, not assumed");
+    // The OS disables the feature; a correct KMD does not advertise it (kernel queues only).
+    let cfg = SystemConfig {
+        os_disables_native_fences: true,
+        user_queue_mode: UserQueueMode::KernelOnly,
+        ..SystemConfig::default()
+    };
+    let sys = kernel::System::sim(cfg.clone()).expect("a correct KMD initializes");
+    assert!(!sys.native_fence_caps().supported);
+    let c = common::client(&sys);
+    let e = c.device.create_fence(0, NativeFenceType::Default).err().expect("no native fences");
+    assert!(format!("{e}").contains("Default"), "{e}");
+    c.device.create_fence(0, NativeFenceType::LegacyMonitored).expect("monitored fences remain");
+    // A KMD that advertises native fences without asking: initialization fails cleanly.
+    match kernel::System::sim(SystemConfig { kmd_ignores_feature_query: true, ..cfg }) {
+        Err(KernelError::FeatureMismatch { feature, .. }) => assert_eq!(feature, "DXGK_FEATURE_NATIVE_FENCE"),
+        Err(e) => panic!("wrong error: {e}"),
+        Ok(_) => panic!("the OS must refuse a KMD that advertises a feature it did not enable"),
+    }
+    // Without the OS feature, user-mode queues (which need native fences) are refused.
+    let e = kernel::System::sim(SystemConfig { os_disables_native_fences: true, ..SystemConfig::default() })
+        .err()
+        .expect("refused");
+    assert!(matches!(e, KernelError::InvalidArgument { field: "user_queue_mode", .. }), "{e}");
+}
+
+/// `MapToGpuSystemProcess`: the OS maps each fence's CurrentValue and MonitoredValue into the
+/// GPU system process and passes those VAs to `DxgkDdiCreateNativeFence`; the CMP reads the
+/// same words there.
+#[test]
+fn with_map_to_gpu_system_process_the_cmp_sees_each_fence_in_the_system_process() {
+    let sys = common::sim_with(kernel::SystemConfig { map_fences_to_system_process: true, ..Default::default() });
+    assert!(sys.native_fence_caps().map_to_gpu_system_process);
+    let c = common::client(&sys);
+    let pid = c.port.process();
+    let packed = c.device.create_fence(5, NativeFenceType::Default).unwrap();
+    let packed2 = c.device.create_fence(6, NativeFenceType::Default).unwrap();
+    let shared = c
+        .device
+        .create_fence_with(&abi::port::NativeFenceDesc {
+            shareable: true,
+            ..abi::port::NativeFenceDesc::new(7, NativeFenceType::Default)
+        })
+        .unwrap();
+    let mut seen = Vec::new();
+    for (f, v) in [(&packed, 5), (&packed2, 6), (&shared, 7)] {
+        let (cva, mva) = sys.native_fence_system_vas(pid, f.handle()).unwrap().expect("mapped for the CMP");
+        assert_ne!(cva, f.va(), "a system-process VA, not the process's");
+        assert_eq!(sys.read_system_process_u64(cva), Some(v), "CurrentValue through the system process");
+        assert_eq!(sys.read_system_process_u64(mva), Some(u64::MAX), "MonitoredValue: no waiter");
+        seen.push((cva, mva));
+    }
+    assert_eq!(seen[1].0 - seen[0].0, kernel::os::FENCE_STRIDE, "packed at the KMD's stride there too");
+    // A CPU waiter moves MonitoredValue; a signal moves CurrentValue: the CMP sees both.
+    let w = sys.begin_fence_wait(pid, &[(packed.handle(), 9)], WaitMode::All).unwrap().expect("blocked");
+    assert_eq!(sys.read_system_process_u64(seen[0].1), Some(8));
+    packed.signal(9).unwrap();
+    assert!(w.is_done());
+    assert_eq!(sys.read_system_process_u64(seen[0].0), Some(9));
+    sys.end_fence_wait(pid, &w).unwrap();
+    // Without the cap nothing is mapped there.
+    let plain = common::sim();
+    let pc = common::client(&plain);
+    let f = pc.device.create_fence(0, NativeFenceType::Default).unwrap();
+    assert_eq!(plain.native_fence_system_vas(pc.port.process(), f.handle()).unwrap(), None);
+}

@@ -650,6 +650,10 @@ impl Firmware {
 
     /// Replaces the queue's fence log `index` (0 waits, 1 signals); `false` if the queue has
     /// no fence logs (a kernel-mode queue).
+    pub(crate) fn optimized_interrupts(&self) -> bool {
+        self.optimized_interrupts
+    }
+
     pub(crate) fn set_fence_log(&mut self, id: FwQueueId, index: usize, log: Arc<Shm>) -> Result<bool, GpuError> {
         let q = self.queue_mut(id)?;
         match (&mut q.cfg.fence_logs, index) {

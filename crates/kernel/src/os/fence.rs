@@ -43,8 +43,6 @@ use crate::trace::{Ddi, Event};
 
 /// Bytes between two fences' CurrentValues in a shared page (one cache line each).
 pub const FENCE_STRIDE: u64 = 64;
-/// Fences per page.
-const FENCES_PER_PAGE: usize = (4096 / FENCE_STRIDE) as usize;
 
 /// A CPU wait on several fences.
 pub(crate) struct FenceWait {
@@ -72,6 +70,16 @@ pub(crate) struct FencePage {
     /// Its fence slots; a fence holds its slot's lease, so the slot returns when it goes.
     slots: Pool,
     _mapping: GpuMapping,
+    /// Its mappings in the GPU system process (`MapToGpuSystemProcess`): the VAs of the
+    /// CurrentValue and MonitoredValue pages there.
+    sys: Option<SystemMapping>,
+}
+
+/// A fence page's two mappings in the GPU system (paging) process, for the CMP.
+pub(crate) struct SystemMapping {
+    current_va: u64,
+    monitored_va: u64,
+    _mappings: [GpuMapping; 2],
 }
 
 /// A native fence object.
@@ -95,6 +103,10 @@ pub(crate) struct FenceObj {
     waiters: Vec<(u64, Arc<FenceWait>)>,
     /// The GPU mapping of a fence with a page of its own (packed fences share their page's).
     _mapping: Option<GpuMapping>,
+    /// Its CurrentValue's and MonitoredValue's VAs in the GPU system process, with the
+    /// mappings a fence with pages of its own holds there.
+    system: Option<(u64, u64)>,
+    _system_mapping: Option<SystemMapping>,
 }
 
 impl FenceObj {
@@ -132,12 +144,14 @@ impl Os {
             }
         }
         // Find or make storage.
-        let (current, monitored, va, coff, slot, mapping) = if desc.shareable || desc.cross_adapter {
+        let (current, monitored, va, coff, slot, mapping, system, own_sys) = if desc.shareable || desc.cross_adapter {
             let name = if desc.cross_adapter { "fence-cross-adapter" } else { "fence-shared" };
             let (c, m) = (Shm::new(name, 4096)?, Shm::new("fence-monitored", 4096)?);
             let va = self.proc(pid)?.take_va(4096);
             let mapping = self.ddi.map_gpu(pid, va, 4096, c.clone(), true)?;
-            (c, m, va, 0, None, Some(mapping))
+            let sys = self.map_into_system_process(&c, &m)?;
+            let system = sys.as_ref().map(|s| (s.current_va, s.monitored_va));
+            (c, m, va, 0, None, Some(mapping), system, sys)
         } else {
             let p = self.proc(pid)?;
             let found = p
@@ -152,22 +166,27 @@ impl Os {
                     let (c, m) = (p.memory.readable.alloc(4096)?, p.memory.private.alloc(4096)?);
                     let va = p.take_va(4096);
                     let mapping = self.ddi.map_gpu(pid, va, 4096, c.clone(), true)?;
+                    let sys = self.map_into_system_process(&c, &m)?;
+                    let per_page = (4096 / self.fence_stride) as u32;
                     let p = self.proc(pid)?;
                     p.fence_pages.push(FencePage {
                         kind: desc.kind,
                         current: c,
                         monitored: m,
                         va,
-                        slots: Pool::new("fence slots", 0..FENCES_PER_PAGE as u32, None),
+                        slots: Pool::new("fence slots", 0..per_page, None),
                         _mapping: mapping,
+                        sys,
                     });
                     let pg = p.fence_pages.last().expect("just pushed");
                     (p.fence_pages.len() - 1, pg.slots.take()?)
                 }
             };
+            let stride = self.fence_stride;
             let pg = &self.proc(pid)?.fence_pages[i];
-            let off = lease.index() as u64 * FENCE_STRIDE;
-            (pg.current.clone(), pg.monitored.clone(), pg.va + off, off, Some(lease), None)
+            let off = lease.index() as u64 * stride;
+            let system = pg.sys.as_ref().map(|s| (s.current_va + off, s.monitored_va + off));
+            (pg.current.clone(), pg.monitored.clone(), pg.va + off, off, Some(lease), None, system, None)
         };
         // A legacy monitored fence and a cross-adapter fence always interrupt.
         let always = desc.kind == NativeFenceType::LegacyMonitored || desc.cross_adapter;
@@ -178,8 +197,14 @@ impl Os {
         self.next_fence_id += 1;
         // A shared fence: DxgkDdiCreateNativeFence (global), then DxgkDdiOpenNativeFence for
         // the creating process's local handle (spec 002 "Global and local handles").
-        // On failure its slot lease (or its own page's mapping) drops, and returns.
-        self.ddi.create_native_fence(id, (current.clone(), coff), monitored.clone())?;
+        // On failure its slot lease (or its own page's mapping) drops, and returns. With
+        // MapToGpuSystemProcess the system-process VAs go with it.
+        match system {
+            Some(sys) => {
+                self.ddi.create_native_fence_in_system_process(id, (current.clone(), coff), monitored.clone(), sys)?
+            }
+            None => self.ddi.create_native_fence(id, (current.clone(), coff), monitored.clone())?,
+        }
         let cross = match (&self.cross, desc.cross_adapter) {
             (Some((x, me)), true) => Some(x.create(*me, id, current.clone(), coff)),
             _ => None,
@@ -198,6 +223,8 @@ impl Os {
             cross,
             waiters: Vec::new(),
             _mapping: mapping,
+            system,
+            _system_mapping: own_sys,
         });
         if desc.shareable
             && let Err(e) = self.ddi.open_native_fence(id, handle)
@@ -271,6 +298,8 @@ impl Os {
             cross: Some(handle),
             waiters: Vec::new(),
             _mapping: Some(mapping),
+            system: None,
+            _system_mapping: None,
         });
         self.fence_index.insert(id, vec![(pid, h)]);
         x.opened(handle, me, id);
@@ -368,6 +397,8 @@ impl Os {
             cross,
             waiters: Vec::new(),
             _mapping: Some(mapping),
+            system: None,
+            _system_mapping: None,
         });
         if let Err(e) = self.ddi.open_native_fence(id, handle) {
             let _ = self.proc(pid)?.fences.remove(handle);
@@ -469,6 +500,40 @@ impl Os {
         }
         self.note_signaled(id, now);
         Ok(())
+    }
+
+    /// With `MapToGpuSystemProcess`, maps a fence page's CurrentValue and MonitoredValue into
+    /// the GPU system process (spec 002 "GPU VA mappings in paging process address space for
+    /// CMP use"); `None` without the cap.
+    fn map_into_system_process(
+        &mut self,
+        current: &Arc<Shm>,
+        monitored: &Arc<Shm>,
+    ) -> Result<Option<SystemMapping>, KernelError> {
+        if !self.fence_caps.map_to_gpu_system_process {
+            return Ok(None);
+        }
+        let (cva, mva) = (self.take_system_va(4096), self.take_system_va(4096));
+        let c = self.ddi.map_gpu(super::SYSTEM_PROCESS, cva, 4096, current.clone(), true)?;
+        // The CMP reads MonitoredValue; only the KMD writes it.
+        let m = self.ddi.map_gpu(super::SYSTEM_PROCESS, mva, 4096, monitored.clone(), false)?;
+        Ok(Some(SystemMapping { current_va: cva, monitored_va: mva, _mappings: [c, m] }))
+    }
+
+    /// A fence's CurrentValue and MonitoredValue VAs in the GPU system process, when the KMD
+    /// asked for them (`MapToGpuSystemProcess`).
+    pub fn native_fence_system_vas(
+        &mut self,
+        pid: ProcessId,
+        h: NativeFenceHandle,
+    ) -> Result<Option<(u64, u64)>, KernelError> {
+        Ok(self.proc(pid)?.fences.get(h)?.system)
+    }
+
+    /// Reads a word through the GPU system process's address space, as the CMP would (tests
+    /// and tools).
+    pub fn read_system_process_u64(&self, va: u64) -> Option<u64> {
+        self.ddi.read_gpu_u64(super::SYSTEM_PROCESS, va)
     }
 
     /// Starts a CPU wait. Returns at once if it is already satisfied.

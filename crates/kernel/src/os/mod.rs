@@ -60,6 +60,10 @@ mod submit;
 mod waits;
 
 pub use fence::FENCE_STRIDE;
+
+/// The GPU system (paging) process: the address space the OS creates for the CMP when the KMD
+/// reports `MapToGpuSystemProcess` (client processes are numbered from 1).
+pub const SYSTEM_PROCESS: ProcessId = ProcessId(0);
 pub use recovery::TdrConfig;
 pub use submit::KERNEL_RING_BYTES;
 
@@ -370,6 +374,12 @@ pub struct Os {
     recovery: recovery::Recovery,
     /// Memory migrations waiting for their queues' preemption answers ([`migrate`]).
     migrations: Vec<migrate::Migration>,
+    /// The KMD's native fence caps, checked at initialization.
+    fence_caps: abi::port::NativeFenceCaps,
+    /// Bytes between packed fences (the KMD's stride).
+    fence_stride: u64,
+    /// The next free VA of the GPU system process.
+    system_next_va: u64,
 }
 
 fn invalid(field: &'static str, value: impl ToString, reason: abi::port::Invalid) -> KernelError {
@@ -377,10 +387,52 @@ fn invalid(field: &'static str, value: impl ToString, reason: abi::port::Invalid
 }
 
 impl Os {
-    /// An OS over `kmd`, logging into `trace`. The KMD is wrapped in the tracing decorator.
+    /// An OS over `kmd`, logging into `trace`, with every OS feature enabled. The KMD is
+    /// wrapped in the tracing decorator.
     pub fn new(kmd: Box<dyn Kmd>, trace: SharedTrace) -> Result<Os, KernelError> {
-        let bar = kmd.doorbell_bar();
+        Self::with_features(kmd, trace, abi::port::OsFeatures::default())
+    }
+
+    /// Adapter initialization with the OS's `features`: the KMD queries them, then reports
+    /// its caps; the OS fails initialization when the two disagree (spec 002 "Querying native
+    /// fence feature enablement in OS": native fences advertised while the OS has not enabled
+    /// them; caps that contradict each other).
+    pub fn with_features(
+        mut kmd: Box<dyn Kmd>,
+        trace: SharedTrace,
+        features: abi::port::OsFeatures,
+    ) -> Result<Os, KernelError> {
+        kmd.query_features(&features);
+        let caps = kmd.native_fence_caps();
         let native_fences = kmd.adapter_info().native_fences;
+        let mismatch = |feature, kmd: &str, os: &str| KernelError::FeatureMismatch {
+            feature,
+            kmd: kmd.to_string(),
+            os: os.to_string(),
+        };
+        if caps.supported && !features.native_fence {
+            return Err(mismatch("DXGK_FEATURE_NATIVE_FENCE", "native fence support", "not enabled the feature"));
+        }
+        if caps.supported != native_fences {
+            return Err(mismatch("NativeGpuFence", "caps that disagree with its adapter info", "one answer"));
+        }
+        if !caps.supported && (caps.optimized_interrupt || caps.map_to_gpu_system_process) {
+            return Err(mismatch("NativeFenceCaps", "native fence caps", "no native fences from this KMD"));
+        }
+        let stride_ok = |s: u64| s.is_power_of_two() && (8..=4096).contains(&s);
+        if caps.supported
+            && (!stride_ok(caps.current_value_stride) || caps.monitored_value_stride != caps.current_value_stride)
+        {
+            return Err(mismatch(
+                "current_value_stride",
+                &format!("strides {}/{}", caps.current_value_stride, caps.monitored_value_stride),
+                "equal power-of-two strides of 8..=4096 bytes",
+            ));
+        }
+        if caps.map_to_gpu_system_process {
+            kmd.create_address_space(SYSTEM_PROCESS)?;
+        }
+        let bar = kmd.doorbell_bar();
         let reserved = kmd.reserved_doorbell_pages();
         let pages = (bar.len() as u64 / abi::doorbell::DOORBELL_PAGE_BYTES) as u32;
         // Page 0 holds the kernel queues' doorbells; the KMD may keep pages for its pool.
@@ -413,7 +465,22 @@ impl Os {
             all_f1_since: None,
             recovery: recovery::Recovery::default(),
             migrations: Vec::new(),
+            fence_caps: caps,
+            fence_stride: if caps.supported { caps.current_value_stride } else { FENCE_STRIDE },
+            system_next_va: 1 << 32,
         })
+    }
+
+    /// The KMD's native fence caps (`DXGK_NATIVE_FENCE_CAPS`), as checked at initialization.
+    pub fn native_fence_caps(&self) -> abi::port::NativeFenceCaps {
+        self.fence_caps
+    }
+
+    /// A range of the GPU system process's address space (a guard page after it).
+    fn take_system_va(&mut self, bytes: u64) -> u64 {
+        let va = self.system_next_va;
+        self.system_next_va += bytes + 4096;
+        va
     }
 
     /// Enters D3 by itself once every engine has stayed in F1 for `period` (spec 000: D0 to
