@@ -40,6 +40,21 @@ pub enum EngineKind {
     Compute,
     /// Copy (DMA/SDMA) engine.
     Copy,
+    /// A video engine (amdgpu VCN): runs the non-compute packets, and takes kernel-mode queues
+    /// only — spec 001: "a GPU may support user queues for GFX, compute, and SDMA, but not for
+    /// VCN, JPEG, and VPE".
+    Video,
+}
+
+impl EngineKind {
+    /// Whether the hardware can run user-mode queues on this kind of engine (its firmware
+    /// hears doorbells from user queues). The KMD reports it per engine in INFO.
+    pub const fn supports_user_queues(self) -> bool {
+        match self {
+            EngineKind::Compute | EngineKind::Copy => true,
+            EngineKind::Video => false,
+        }
+    }
 }
 
 impl fmt::Display for EngineKind {
@@ -47,6 +62,7 @@ impl fmt::Display for EngineKind {
         f.write_str(match self {
             EngineKind::Compute => "compute",
             EngineKind::Copy => "copy",
+            EngineKind::Video => "video",
         })
     }
 }

@@ -333,7 +333,8 @@ impl Kmd for VirtualKmd {
                 .map(|(i, kind)| EngineInfo {
                     id: EngineId(i as u32),
                     kind,
-                    user_queues: self.mode != UserQueueMode::KernelOnly,
+                    // Per IP (spec 001): the mode allows them and the engine supports them.
+                    user_queues: self.mode != UserQueueMode::KernelOnly && kind.supports_user_queues(),
                     kernel_queues: self.mode != UserQueueMode::UserOnly,
                     // Each engine owns an equal slice of every doorbell page.
                     doorbell_first: i as u32 * per,

@@ -48,6 +48,10 @@ pub enum SubmissionKind {
     UserMode,
     /// Kernel-mode submission: every submission is a kernel call.
     KernelMode,
+    /// User-mode where the engine supports it, kernel-mode otherwise (spec 001: "UMDs can
+    /// query this information via the INFO IOCTL and determine whether to use kernel queues
+    /// or user queues for each IP"). The queue's [`Queue::kind`] says which it got.
+    Preferred,
 }
 
 /// How to create a queue.
@@ -151,7 +155,20 @@ pub struct Queue {
 
 impl Queue {
     pub(crate) fn create(ctx: &Context, opts: QueueOptions) -> Result<Queue, UmdError> {
-        let hw = match opts.kind {
+        let kind = match opts.kind {
+            SubmissionKind::Preferred => {
+                let info = ctx.device.port.adapter_info();
+                let e = info.engines.iter().find(|e| e.id == ctx.engine());
+                match e {
+                    Some(e) if e.user_queues => SubmissionKind::UserMode,
+                    Some(e) if e.kernel_queues => SubmissionKind::KernelMode,
+                    // Neither: let the kernel say why, with a user-mode request.
+                    _ => SubmissionKind::UserMode,
+                }
+            }
+            k => k,
+        };
+        let hw = match kind {
             SubmissionKind::KernelMode => {
                 let info = ctx.device.port.create_hw_queue(
                     ctx.handle,
@@ -159,13 +176,13 @@ impl Queue {
                 )?;
                 Hw::Kernel(HwQueue::new(ctx.device.clone(), info)?)
             }
-            SubmissionKind::UserMode => {
+            SubmissionKind::UserMode | SubmissionKind::Preferred => {
                 let q = UserQueue::create(ctx, opts.ring_bytes, opts.priority)?;
                 q.connect()?;
                 Hw::User(Box::new(UserRing { q, wptr: 0, rptr_seen: 0, outstanding: VecDeque::new() }))
             }
         };
-        let fallback = (opts.fallback_to_kernel_mode && opts.kind == SubmissionKind::UserMode).then(|| Fallback {
+        let fallback = (opts.fallback_to_kernel_mode && kind == SubmissionKind::UserMode).then(|| Fallback {
             device: ctx.device.clone(),
             context: ctx.handle,
             priority: opts.priority,
