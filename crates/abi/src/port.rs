@@ -188,6 +188,12 @@ pub struct DoorbellInfo {
     /// The aggregated doorbell, when the device needs one: the page (never rotated), the
     /// offset of the word and this queue's engine's bit in it.
     pub aggregated: Option<AggregatedDoorbell>,
+    /// The doorbell's GPU VA in the process's own address space (spec 001: "the GPU [can]
+    /// submit work to itself"): another queue of the process rings it from the GPU by
+    /// writing the new wptr there (`WRITE_DATA`), after writing the wptr word. `None` where a
+    /// plain store from the GPU cannot ring (global doorbell bits, a victimized pool, or an
+    /// engine that also needs the aggregated doorbell's bit OR-ed in).
+    pub gpu_va: Option<u64>,
 }
 
 /// Where a client rings the aggregated doorbell.

@@ -454,6 +454,16 @@ pub trait Kmd: Send {
     fn read_gpu_u64(&self, _process: ProcessId, _va: u64) -> Option<u64> {
         None
     }
+    /// Maps the process's doorbell BAR page `page` into its own GPU address space at `va`, so
+    /// its queues can ring each other's doorbells from the GPU (spec 001). Refused where a
+    /// GPU store cannot ring a doorbell (the default).
+    fn map_doorbell_page(&mut self, _process: ProcessId, _va: u64, _page: u32) -> Result<GpuMapping, DdiError> {
+        Err(DdiError::Refused {
+            field: "page",
+            value: "doorbell page".into(),
+            reason: DeviceRefusal::Unsupported("doorbells rung from the GPU"),
+        })
+    }
 }
 
 /// A fault to inject: fail call number `call` (1-based, counted from when it was armed) of
@@ -748,5 +758,8 @@ impl Kmd for Traced {
     }
     fn read_gpu_u64(&self, process: ProcessId, va: u64) -> Option<u64> {
         self.inner.read_gpu_u64(process, va)
+    }
+    fn map_doorbell_page(&mut self, process: ProcessId, va: u64, page: u32) -> Result<GpuMapping, DdiError> {
+        self.inner.map_doorbell_page(process, va, page)
     }
 }

@@ -838,6 +838,37 @@ impl Kmd for VirtualKmd {
         Ok(())
     }
 
+    fn map_doorbell_page(&mut self, process: ProcessId, va: u64, page: u32) -> Result<GpuMapping, DdiError> {
+        // A store rings only a dedicated doorbell of the process's own page, watched as it is:
+        // not a bit page (the GPU cannot OR), not a pool (the page is not the queue's), not
+        // with the aggregated doorbell (its bit would have to be OR-ed in too).
+        let misses = self.gpu.lock().misses_unmapped_doorbells();
+        if !matches!(self.doorbells, Doorbells::PerProcess) || misses {
+            return Err(DdiError::Refused {
+                field: "page",
+                value: page.to_string(),
+                reason: DeviceRefusal::Unsupported("doorbells rung from the GPU with this doorbell model"),
+            });
+        }
+        let vmid = self.vmid(process)?;
+        let bar = self.gpu.lock().bar().clone();
+        let offset = page as u64 * abi::doorbell::DOORBELL_PAGE_BYTES;
+        self.gpu
+            .lock()
+            .vm_mut(vmid)
+            .and_then(|vm| vm.map(va, abi::doorbell::DOORBELL_PAGE_BYTES, bar, offset, true))
+            .map_err(refused("va", format!("{va:#x}")))?;
+        let (gpu, live) = (self.gpu.clone(), self.mappings.clone());
+        // Relaxed: a statistic; the mapping itself is ordered by the device lock.
+        live.fetch_add(1, Ordering::Relaxed);
+        Ok(GpuMapping::new(va, move || {
+            if let Ok(vm) = gpu.lock().vm_mut(vmid) {
+                vm.unmap(va);
+            }
+            live.fetch_sub(1, Ordering::Relaxed);
+        }))
+    }
+
     fn read_gpu_u64(&self, process: ProcessId, va: u64) -> Option<u64> {
         let vmid = self.vmid(process).ok()?;
         let g = self.gpu.lock();

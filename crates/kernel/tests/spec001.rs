@@ -70,3 +70,93 @@ fn engines_differ_in_the_queues_they_take_info_reports_it_and_the_umd_picks_per_
     let e = oc.context(EngineKind::Video).create_queue(preferred).err().expect("nothing to pick");
     assert!(matches!(e, umd::UmdError::Kernel(KernelError::InvalidArgument { field: "engine", .. })), "{e}");
 }
+
+/// "This also allows the GPU to submit work to itself. Applications can set up work graphs of
+/// jobs across multiple GPU engines without needing trips through the CPU." One CPU submission
+/// starts a graph compute → copy → compute; each queue submits the next from the GPU by
+/// writing its wptr and ringing its doorbell (the process's doorbell page, mapped in its own
+/// address space). After the first submission the kernel hears nothing.
+#[test]
+fn a_gpu_only_work_graph_across_compute_and_copy_runs_from_one_cpu_submission() {
+    use kernel::trace::Event;
+    let sys = common::sim();
+    let c = common::client(&sys);
+    let copy = c.context(EngineKind::Copy);
+    let mut a = c.user_queue(); // compute
+    let mut b = copy.create_queue(QueueOptions::user_mode()).unwrap(); // copy
+    let mut d = c.user_queue(); // compute again
+    let (src, dst) = (c.buf.va(), c.buf.va() + 4096);
+    // Last stage first: each stage's kick is in the stage before it.
+    let mut last = CommandBuffer::new();
+    last.write_u32(c.buf.va() + 8192, 0x600d);
+    let kd = d.prepare(&last).unwrap();
+    let mut mid = CommandBuffer::new();
+    mid.copy(src, dst, 256).kick(&kd);
+    let kb = b.prepare(&mid).unwrap();
+    // Prepared, not submitted: nothing runs.
+    sys.settle();
+    assert_eq!((b.completed(), d.completed()), (0, 0));
+    let mark = sys.trace().0.len();
+    let mut first = CommandBuffer::new();
+    first.fill(src, 256, 0x5).kick(&kb);
+    a.submit(&first).unwrap(); // the only CPU submission
+    sys.settle();
+    assert_eq!(c.buf.read_u32(4096 + 252).unwrap(), 0x5, "the copy engine ran, after the compute engine");
+    assert_eq!(c.buf.read_u32(8192).unwrap(), 0x600d, "the last stage ran");
+    assert_eq!((b.completed(), d.completed()), (kb.value, kd.value));
+    let ev = common::events_from(&sys, mark);
+    assert!(ev.iter().all(|e| !matches!(e, Event::Ddi(_))), "no DDI after the first submission: {ev:#?}");
+    // The queues go on as usual afterwards (the CPU's next wptr covers the prepared work).
+    let mut cb = CommandBuffer::new();
+    cb.write_u32(c.buf.va() + 8196, 1);
+    let v = b.submit(&cb).unwrap();
+    b.wait(v, T).unwrap();
+}
+
+/// The usual validation: a process rings only its own queues. Its doorbell page is the only
+/// one mapped in its address space, so a write aimed at another process's doorbell VA and
+/// wptr VA reaches, at most, its own memory.
+#[test]
+fn a_process_cannot_ring_another_processs_queue_from_the_gpu() {
+    let sys = common::sim();
+    let victim = common::client(&sys);
+    let attacker = common::client(&sys);
+    let mut vq = victim.user_queue();
+    let mut work = CommandBuffer::new();
+    work.write_u32(victim.buf.va(), 0xbad);
+    let k = vq.prepare(&work).unwrap();
+    let mut aq = attacker.user_queue();
+    let mut cb = CommandBuffer::new();
+    cb.kick(&k);
+    let _ = aq.submit(&cb);
+    sys.settle();
+    assert_eq!(victim.buf.read_u32(0).unwrap(), 0, "the victim's prepared work did not run");
+    assert_eq!(vq.completed(), 0);
+    // Its owner can still start it, from the CPU.
+    let v = vq.submit(&CommandBuffer::new()).unwrap();
+    vq.wait(v, T).unwrap();
+    assert_eq!(victim.buf.read_u32(0).unwrap(), 0xbad);
+}
+
+/// Where a GPU store cannot ring a doorbell (bits of the global doorbell, a victimized pool),
+/// the kernel gives no GPU VA and the UMD refuses to prepare.
+#[test]
+fn gpu_submission_is_refused_where_the_doorbell_model_cannot_take_it() {
+    for cfg in [
+        SystemConfig { doorbell_pool: Some(2), ..SystemConfig::default() },
+        SystemConfig {
+            gpu: gpu::GpuConfig { doorbell_model: abi::doorbell::DoorbellModel::Global, ..gpu::GpuConfig::default() },
+            ..SystemConfig::default()
+        },
+    ] {
+        let sys = common::sim_with(cfg);
+        let c = common::client(&sys);
+        let mut q = c.user_queue();
+        let e = q.prepare(&CommandBuffer::new()).err().expect("refused");
+        assert_eq!(common::umd_refusal(&e), Some(("doorbell", &Invalid::Unsupported("doorbells rung from the GPU"))));
+    }
+    let sys = common::sim();
+    let c = common::client(&sys);
+    let mut k = c.kernel_queue();
+    assert!(k.prepare(&CommandBuffer::new()).is_err(), "a kernel-mode queue has no doorbell to ring");
+}

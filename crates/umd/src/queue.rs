@@ -101,6 +101,21 @@ impl QueueOptions {
     }
 }
 
+/// What another queue writes from the GPU to submit work [`Queue::prepare`]d on this one:
+/// `wptr` to the wptr word, then `wptr` to the doorbell ([`CommandBuffer::kick`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GpuKick {
+    /// GPU VA of the target queue's wptr word.
+    pub wptr_va: u64,
+    /// GPU VA of the target queue's doorbell (its process's doorbell page, mapped in its own
+    /// address space).
+    pub doorbell_va: u64,
+    /// The wptr that covers the prepared work.
+    pub wptr: u64,
+    /// The prepared work's progress value (wait for it like any other).
+    pub value: u64,
+}
+
 /// What a queue needs to fall back to kernel-mode submission: its context and priority.
 struct Fallback {
     device: std::sync::Arc<crate::device::DeviceInner>,
@@ -258,17 +273,62 @@ impl Queue {
     /// Submits a command buffer; returns its progress value. See the module docs for the
     /// order of operations.
     pub fn submit(&mut self, cb: &CommandBuffer) -> Result<u64, UmdError> {
-        // 1. The next progress value.
-        let value = self.next_progress + 1;
-        let fence = progress_fence_words(value);
         if let Hw::Kernel(h) = &self.hw {
+            // 1. The next progress value; the kernel call carries the rest.
+            let value = self.next_progress + 1;
             self.scratch.clear();
             self.scratch.extend_from_slice(cb.words());
-            self.scratch.extend_from_slice(&fence);
+            self.scratch.extend_from_slice(&progress_fence_words(value));
             h.device.port.submit_command(h.handle(), &self.scratch)?;
             self.next_progress = value;
             return Ok(value);
         }
+        let value = self.enqueue(cb)?;
+        match self.ring_and_check() {
+            Err(UmdError::QueueLost { queue, reason }) if self.fallback.is_some() && cb.log_fields().is_empty() => {
+                self.fall_back(cb, value, queue, reason)?;
+                Ok(value)
+            }
+            r => r.map(|()| value),
+        }
+    }
+
+    /// Prepares a command buffer for the GPU to submit (spec 001: "the GPU [can] submit work
+    /// to itself"): steps 1 to 3 of the submission loop — progress value, last-queued value,
+    /// packets in the ring — but wptr is not published and the doorbell is not rung. The
+    /// returned [`GpuKick`] is what another queue of this process writes from the GPU
+    /// ([`CommandBuffer::kick`]): the wptr word, then the doorbell. Refused for a kernel-mode
+    /// queue, and where the device does not let the GPU ring doorbells
+    /// ([`abi::port::DoorbellInfo::gpu_va`]).
+    ///
+    /// A later CPU submission on this queue publishes a wptr that covers this work too (it is
+    /// in the ring before it), so it never runs out of order.
+    pub fn prepare(&mut self, cb: &CommandBuffer) -> Result<GpuKick, UmdError> {
+        let Hw::User(u) = &self.hw else {
+            return Err(UmdError::Kernel(abi::port::KernelError::WrongQueueMode {
+                queue: self.handle(),
+                actual: "kernel-mode",
+                expected: "user-mode",
+            }));
+        };
+        let Some(doorbell_va) = u.q.doorbell().gpu_va() else {
+            return Err(UmdError::Kernel(abi::port::KernelError::InvalidArgument {
+                field: "doorbell",
+                value: u.q.doorbell().handle().to_string(),
+                reason: abi::port::Invalid::Unsupported("doorbells rung from the GPU"),
+            }));
+        };
+        let wptr_va = u.q.control_va() + abi::ring::WPTR_OFFSET;
+        let value = self.enqueue(cb)?;
+        Ok(GpuKick { wptr_va, doorbell_va, wptr: self.user().wptr, value })
+    }
+
+    /// Steps 1 to 3 for a user-mode queue (not the wptr store): progress value, log entries,
+    /// ring space, last-queued, packets.
+    fn enqueue(&mut self, cb: &CommandBuffer) -> Result<u64, UmdError> {
+        // 1. The next progress value.
+        let value = self.next_progress + 1;
+        let fence = progress_fence_words(value);
         // Logged fence operations get their log entries now (into a copy: the command buffer
         // is the caller's and may be submitted again).
         let mut patched = std::mem::take(&mut self.scratch);
@@ -296,20 +356,14 @@ impl Queue {
         let Hw::User(u) = &mut self.hw else { unreachable!("user-mode") };
         // 2. Tell the OS the new last-queued value before the work becomes visible.
         abi::protocol::announce_last_queued(u.q.control().last_queued(), value);
-        // 3. Packets, then wptr (release: the packets are visible before the new wptr).
+        // 3. Packets (wptr is published by the ring, or by the GPU's kick).
         u.q.ring().write(wptr, &plan, &[words, &fence])?;
         u.wptr = plan.new_wptr;
         u.outstanding.push_back((value, plan.new_wptr));
         self.next_progress = value;
         self.log_next = log_next;
         self.scratch = patched;
-        match self.ring_and_check() {
-            Err(UmdError::QueueLost { queue, reason }) if self.fallback.is_some() && !logged => {
-                self.fall_back(cb, value, queue, reason)?;
-                Ok(value)
-            }
-            r => r.map(|()| value),
-        }
+        Ok(value)
     }
 
     /// Spec 000's `cleanup_fallback`: the user-mode queue is destroyed and a kernel-mode

@@ -159,7 +159,11 @@ impl Os {
         p.allocations.get_mut(args.ring_control)?.pins.push(Pin::Doorbell(d));
         p.queues.get_mut(q)?.doorbell = Some(d);
         self.trace.push(now, Event::Ddi(Ddi::CreateDoorbell(q)));
-        Ok(DoorbellInfo { handle: d, cpu_page: page, offset, ring, aggregated })
+        let gpu_va = match (ring, &self.proc(pid)?.doorbell_gpu) {
+            (abi::doorbell::RingMethod::WriteWptr, Some((va, _))) => Some(va + offset),
+            _ => None,
+        };
+        Ok(DoorbellInfo { handle: d, cpu_page: page, offset, ring, aggregated, gpu_va })
     }
 
     /// `D3DKMTDestroyDoorbell`.

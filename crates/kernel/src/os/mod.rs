@@ -290,6 +290,10 @@ struct DoorbellObj {
 }
 
 struct Process {
+    /// Its doorbell page mapped into its own GPU address space (VA, mapping), where the device
+    /// allows queues to ring doorbells from the GPU. First, so it is unmapped before the page
+    /// lease returns.
+    doorbell_gpu: Option<(u64, GpuMapping)>,
     /// Its doorbell BAR page.
     doorbell_page: Lease,
     /// The process's aggregated doorbell page, mapped once (when the device needs one).
