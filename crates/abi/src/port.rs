@@ -459,6 +459,13 @@ pub enum Invalid {
     },
     /// The device (its kernel-mode driver) refused, with its reason.
     Device(DeviceRefusal),
+    /// A progress point past the queue's last-queued value (work not yet submitted).
+    BeyondQueued {
+        /// The queue's last-queued value.
+        last_queued: u64,
+    },
+    /// An object of another process.
+    OtherProcess,
 }
 
 impl core::fmt::Display for Invalid {
@@ -468,6 +475,8 @@ impl core::fmt::Display for Invalid {
             Size { max } => write!(f, "must be between 1 and {max} bytes"),
             NoSuchEngine { engines } => write!(f, "the device has {engines} engines"),
             Unsupported(what) => write!(f, "does not support {what}"),
+            BeyondQueued { last_queued } => write!(f, "is past the queue's last-queued value {last_queued}"),
+            OtherProcess => f.write_str("belongs to another process"),
             Misaligned { align } => write!(f, "must be {align}-byte aligned"),
             GpuReadOnly => f.write_str("lies in a mapping the GPU may not write"),
             RingSize(why) => write!(f, "{why}"),
@@ -976,6 +985,66 @@ pub trait KernelPort: Send + Sync {
     /// A kernel-mode queue reports the kernel's doorbell the KMD rings for it. For tests and
     /// tools that observe victimization.
     fn query_physical_doorbell(&self, queue: HwQueueHandle) -> Result<Option<PhysicalDoorbell>, KernelError>;
+    /// amdgpu `USERQ_SIGNAL` (spec 001): once user-mode queue `queue` completes its work up to
+    /// progress value `point`, the kernel signals each fence to its value — so a kernel-mode
+    /// queue, a CPU waiter or another process can depend on a user queue's work. `point` may
+    /// not pass the queue's last-queued value. The default refuses (a port without it).
+    fn userq_signal(
+        &self,
+        queue: HwQueueHandle,
+        point: u64,
+        fences: &[(NativeFenceHandle, u64)],
+    ) -> Result<(), KernelError> {
+        let _ = (point, fences);
+        Err(KernelError::InvalidArgument {
+            field: "queue",
+            value: queue.to_string(),
+            reason: Invalid::Unsupported("USERQ_SIGNAL"),
+        })
+    }
+    /// amdgpu `USERQ_WAIT` (spec 001): validates the sync objects user-mode queue `queue`
+    /// should wait on and answers, for each, the GPU VA and value its `WAIT` packet uses
+    /// (`umd::CommandBuffer::wait_points`). Kernel-mode queues' progress fences are sync objects
+    /// too. The default refuses.
+    fn userq_wait(&self, queue: HwQueueHandle, objects: &[SyncWait]) -> Result<Vec<WaitPoint>, KernelError> {
+        let _ = objects;
+        Err(KernelError::InvalidArgument {
+            field: "queue",
+            value: queue.to_string(),
+            reason: Invalid::Unsupported("USERQ_WAIT"),
+        })
+    }
+}
+
+/// A sync object a user-mode queue waits on through `USERQ_WAIT` (spec 001): a native fence,
+/// or a queue's progress fence — a kernel-mode queue's included, which is how user and kernel
+/// queues interoperate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SyncWait {
+    /// A native fence reaching `value`.
+    Fence {
+        /// The fence.
+        fence: NativeFenceHandle,
+        /// The value.
+        value: u64,
+    },
+    /// A queue's progress fence reaching `value`.
+    QueueProgress {
+        /// The queue (user- or kernel-mode).
+        queue: HwQueueHandle,
+        /// The progress value.
+        value: u64,
+    },
+}
+
+/// What `USERQ_WAIT` answers for one sync object: the GPU VA the queue's `WAIT` packet reads
+/// and the value it waits for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WaitPoint {
+    /// GPU VA of the 64-bit value (readable by the queue's engine).
+    pub va: u64,
+    /// The value to wait for (`WAIT` passes when the word is at least this).
+    pub value: u64,
 }
 
 /// A native fence's two values ([`KernelPort::query_native_fence`]).

@@ -160,3 +160,98 @@ fn gpu_submission_is_refused_where_the_doorbell_model_cannot_take_it() {
     let mut k = c.kernel_queue();
     assert!(k.prepare(&CommandBuffer::new()).is_err(), "a kernel-mode queue has no doorbell to ring");
 }
+
+/// `USERQ_SIGNAL`, user → kernel: a kernel-mode queue waits on a fence that the kernel signals
+/// once a user-mode queue's work completes. The fence is signalled only after that work, and
+/// the kernel-mode queue runs only after the fence.
+#[test]
+fn userq_signal_lets_a_kernel_queue_wait_for_a_user_queues_work() {
+    let sys = common::sim();
+    let c = common::client(&sys);
+    let f = c.device.create_fence(0, abi::port::NativeFenceType::Default).unwrap();
+    let mut uq = c.user_queue();
+    let mut kq = c.kernel_queue();
+    let gate = c.buf.va() + 0x100;
+    let mut work = CommandBuffer::new();
+    work.wait(gate, 1).write_u32(c.buf.va(), 0xA1); // held until the test opens the gate
+    let v = uq.submit(&work).unwrap();
+    uq.userq_signal(v, &[(&f, 7)]).unwrap();
+    let mut after = CommandBuffer::new();
+    after.wait_fence(&f, 7).write_u32(c.buf.va() + 4, 0xB2);
+    let kv = kq.submit(&after).unwrap();
+    sys.settle();
+    assert_eq!((f.value().unwrap(), c.buf.read_u32(4).unwrap()), (0, 0), "nothing before the user queue's work");
+    c.buf.write_u64(0x100, 1).unwrap();
+    kq.wait(kv, T).unwrap();
+    assert_eq!(f.value().unwrap(), 7);
+    assert_eq!((c.buf.read_u32(0).unwrap(), c.buf.read_u32(4).unwrap()), (0xA1, 0xB2));
+    assert!(uq.completed() >= v);
+    // A point already passed signals at once; one past the last-queued value is refused.
+    uq.userq_signal(v, &[(&f, 8)]).unwrap();
+    assert_eq!(f.value().unwrap(), 8);
+    let e = uq.userq_signal(v + 1, &[(&f, 9)]).unwrap_err();
+    assert_eq!(common::umd_refusal(&e), Some(("point", &Invalid::BeyondQueued { last_queued: v })), "{e}");
+    // USERQ ioctls are for user queues.
+    assert!(matches!(kq.userq_signal(kv, &[(&f, 9)]), Err(umd::UmdError::Kernel(KernelError::WrongQueueMode { .. }))));
+}
+
+/// `USERQ_WAIT`, kernel → user: a user-mode queue waits, on the GPU, for a kernel-mode queue's
+/// progress fence (a kernel-queue fence), through the wait points the kernel answered.
+#[test]
+fn userq_wait_lets_a_user_queue_wait_for_a_kernel_queues_fence() {
+    let sys = common::sim();
+    let c = common::client(&sys);
+    let mut kq = c.kernel_queue();
+    let mut uq = c.user_queue();
+    let gate = c.buf.va() + 0x100;
+    let mut first = CommandBuffer::new();
+    first.wait(gate, 1).write_u32(c.buf.va(), 0x11);
+    let kv = kq.submit(&first).unwrap();
+    let points = uq.userq_wait(&[abi::port::SyncWait::QueueProgress { queue: kq.handle(), value: kv }]).unwrap();
+    assert_eq!(points, [abi::port::WaitPoint { va: kq.progress_va(), value: kv }]);
+    let mut then = CommandBuffer::new();
+    then.wait_points(&points).write_u32(c.buf.va() + 4, 0x22);
+    let uv = uq.submit(&then).unwrap();
+    sys.settle();
+    assert_eq!(c.buf.read_u32(4).unwrap(), 0, "the user queue waits for the kernel queue");
+    c.buf.write_u64(0x100, 1).unwrap();
+    uq.wait(uv, T).unwrap();
+    assert_eq!((c.buf.read_u32(0).unwrap(), c.buf.read_u32(4).unwrap()), (0x11, 0x22));
+    // Another process's queue is not a sync object of this one.
+    let other = common::client(&sys);
+    let oq = other.kernel_queue();
+    let e = uq.userq_wait(&[abi::port::SyncWait::QueueProgress { queue: oq.handle(), value: 1 }]).unwrap_err();
+    assert_eq!(common::umd_refusal(&e), Some(("queue", &Invalid::OtherProcess)), "{e}");
+}
+
+/// Mixed kernel and user queues: user → kernel → user, one chain: a user queue's work
+/// signals a fence (`USERQ_SIGNAL`), a kernel queue waits on it and runs, a second user queue
+/// waits for the kernel queue's progress (`USERQ_WAIT`) and runs last.
+#[test]
+fn user_and_kernel_queues_chain_through_userq_signal_and_wait() {
+    let sys = common::sim();
+    let c = common::client(&sys);
+    let f = c.device.create_fence(0, abi::port::NativeFenceType::Default).unwrap();
+    let mut u1 = c.user_queue();
+    let mut k = c.kernel_queue();
+    let copy = c.context(EngineKind::Copy);
+    let mut u2 = copy.create_queue(QueueOptions::user_mode()).unwrap();
+    let gate = c.buf.va() + 0x100;
+    let mut a = CommandBuffer::new();
+    a.wait(gate, 1).fill(c.buf.va() + 0x1000, 256, 0x1);
+    let v1 = u1.submit(&a).unwrap();
+    u1.userq_signal(v1, &[(&f, 1)]).unwrap();
+    let mut b = CommandBuffer::new();
+    b.wait_fence(&f, 1).copy(c.buf.va() + 0x1000, c.buf.va() + 0x2000, 256);
+    let kv = k.submit(&b).unwrap();
+    let points = u2.userq_wait(&[abi::port::SyncWait::QueueProgress { queue: k.handle(), value: kv }]).unwrap();
+    let mut d = CommandBuffer::new();
+    d.wait_points(&points).copy(c.buf.va() + 0x2000, c.buf.va() + 0x3000, 256);
+    let v2 = u2.submit(&d).unwrap();
+    sys.settle();
+    assert_eq!(c.buf.read_u32(0x3000).unwrap(), 0, "nothing before the first user queue's work");
+    c.buf.write_u64(0x100, 1).unwrap();
+    u2.wait(v2, T).unwrap();
+    assert_eq!(c.buf.read_u32(0x3000 + 252).unwrap(), 0x1, "the fill travelled user -> kernel -> user");
+    assert_eq!(f.value().unwrap(), 1);
+}

@@ -43,6 +43,14 @@ impl CommandBuffer {
         self.write_u64(k.wptr_va, k.wptr).write_u64(k.doorbell_va, k.wptr)
     }
 
+    /// A `WAIT` for each point `USERQ_WAIT` answered ([`crate::Queue::userq_wait`]).
+    pub fn wait_points(&mut self, points: &[abi::port::WaitPoint]) -> &mut Self {
+        for p in points {
+            self.wait(p.va, p.value);
+        }
+        self
+    }
+
     /// `WRITE_DATA`, 64-bit.
     pub fn write_u64(&mut self, va: u64, value: u64) -> &mut Self {
         self.packet(Packet::WriteData { width: DataWidth::U64, va, value })

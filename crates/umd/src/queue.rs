@@ -323,6 +323,19 @@ impl Queue {
         Ok(GpuKick { wptr_va, doorbell_va, wptr: self.user().wptr, value })
     }
 
+    /// amdgpu `USERQ_SIGNAL`: once this queue completes its work up to progress value
+    /// `point` (at most [`Queue::last_submitted`]), the kernel signals each fence to its value.
+    pub fn userq_signal(&self, point: u64, fences: &[(&crate::NativeFence, u64)]) -> Result<(), UmdError> {
+        let list: Vec<_> = fences.iter().map(|(f, v)| (f.handle(), *v)).collect();
+        Ok(self.core().device.port.userq_signal(self.handle(), point, &list)?)
+    }
+
+    /// amdgpu `USERQ_WAIT`: the kernel validates the sync objects this queue should wait on
+    /// and answers where and for what its `WAIT`s read ([`CommandBuffer::wait_points`]).
+    pub fn userq_wait(&self, objects: &[abi::port::SyncWait]) -> Result<Vec<abi::port::WaitPoint>, UmdError> {
+        Ok(self.core().device.port.userq_wait(self.handle(), objects)?)
+    }
+
     /// Steps 1 to 3 for a user-mode queue (not the wptr store): progress value, log entries,
     /// ring space, last-queued, packets.
     fn enqueue(&mut self, cb: &CommandBuffer) -> Result<u64, UmdError> {

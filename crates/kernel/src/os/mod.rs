@@ -26,7 +26,9 @@
 //! - `waits`: CPU waits on progress fences and the interrupt service routine;
 //! - `fence`: native fences (spec 002);
 //! - `recovery`: preemption requests, timeout detection and recovery, device lost (spec 003);
-//! - `migrate`: memory migration around preempted queues (spec 001 "Memory Management").
+//! - `migrate`: memory migration around preempted queues (spec 001 "Memory Management");
+//! - `userq`: `USERQ_SIGNAL` and `USERQ_WAIT`, user and kernel queues interoperating
+//!   (spec 001 "Special Packets", "USERQ_SIGNAL", "USERQ_WAIT").
 //!
 //! Lock order, for the drivers: the OS lock, then the device lock (inside the KMD). The
 //! device's driver thread never holds the device lock while it calls into the OS.
@@ -57,6 +59,7 @@ mod power;
 mod queues;
 mod recovery;
 mod submit;
+mod userq;
 mod waits;
 
 pub use fence::FENCE_STRIDE;
@@ -221,6 +224,8 @@ struct QueueObj {
     /// The hang timer (amdgpu): the completed progress value last seen with work outstanding,
     /// and since when it has not moved.
     progress_seen: Option<(u64, Time)>,
+    /// Pending `USERQ_SIGNAL`s ([`userq`]).
+    signal_on: Vec<userq::PendingSignal>,
 }
 
 impl QueueObj {

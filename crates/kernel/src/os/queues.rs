@@ -254,6 +254,7 @@ impl Os {
             signal_log_seen: 0,
             adapter_resets,
             progress_seen: None,
+            signal_on: Vec::new(),
         });
         self.recovery.arm_hang_scan(now);
         if let Err(e) = self.ddi.create_hw_queue(handle, create) {
