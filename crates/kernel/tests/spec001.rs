@@ -152,7 +152,7 @@ fn gpu_submission_is_refused_where_the_doorbell_model_cannot_take_it() {
         let sys = common::sim_with(cfg);
         let c = common::client(&sys);
         let mut q = c.user_queue();
-        let e = q.prepare(&CommandBuffer::new()).err().expect("refused");
+        let e = q.prepare(&CommandBuffer::new()).expect_err("refused");
         assert_eq!(common::umd_refusal(&e), Some(("doorbell", &Invalid::Unsupported("doorbells rung from the GPU"))));
     }
     let sys = common::sim();
