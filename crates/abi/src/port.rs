@@ -130,6 +130,8 @@ pub struct AdapterInfo {
     pub queue_metadata: QueueMetadataSizes,
     /// `D3DKMDT_PREEMPTION_CAPS`: where the engines can stop a queue's work (spec 003).
     pub preemption: crate::preempt::PreemptionCaps,
+    /// The device runs secure (protected-content) queues ([`crate::queue::QUEUE_FLAG_SECURE`]).
+    pub secure_queues: bool,
 }
 
 /// How a hardware queue takes work.

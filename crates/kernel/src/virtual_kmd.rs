@@ -103,6 +103,8 @@ pub struct VirtualKmd {
     os_features: abi::port::OsFeatures,
     /// A deliberately wrong KMD (for tests): advertises native fences whatever the OS enabled.
     ignores_feature_query: bool,
+    /// `DXGK_USERMODESUBMISSION_CAPS`: the doorbell size it reports.
+    doorbell_bytes: u64,
     /// `MapToGpuSystemProcess`: the CMP reaches fences through the system process's VAs.
     map_to_system_process: bool,
     /// Each fence's system-process VAs (CurrentValue, MonitoredValue), when mapped there.
@@ -202,6 +204,7 @@ impl VirtualKmd {
             monitored: HashMap::new(),
             os_features: abi::port::OsFeatures::default(),
             ignores_feature_query: false,
+            doorbell_bytes: abi::doorbell::DOORBELL_BYTES,
             map_to_system_process: false,
             system_vas: HashMap::new(),
             mappings: Default::default(),
@@ -276,6 +279,12 @@ impl VirtualKmd {
         self.map_to_system_process = on;
     }
 
+    /// Reports `bytes` as the doorbell size in `DXGK_USERMODESUBMISSION_CAPS` (for tests of the
+    /// OS's checks; the device's doorbells stay 64-bit).
+    pub fn set_reported_doorbell_bytes(&mut self, bytes: u64) {
+        self.doorbell_bytes = bytes;
+    }
+
     /// Makes this a deliberately wrong KMD (for tests): it advertises native fences whatever
     /// the OS enabled, so the OS must fail adapter initialization.
     pub fn set_ignores_feature_query(&mut self, on: bool) {
@@ -341,7 +350,7 @@ impl Kmd for VirtualKmd {
                     doorbell_count: per,
                 })
                 .collect(),
-            doorbell_bytes: abi::doorbell::DOORBELL_BYTES,
+            doorbell_bytes: self.doorbell_bytes,
             doorbells_per_process: abi::doorbell::DOORBELLS_PER_PAGE,
             doorbell_model: match self.doorbells {
                 Doorbells::Global => DoorbellModel::Global,
@@ -359,6 +368,8 @@ impl Kmd for VirtualKmd {
                 kernel_page_bytes: abi::queue::QUEUE_KERNEL_PAGE_BYTES,
             },
             preemption: g.preemption(),
+            // The virtual device has no protected-content mode.
+            secure_queues: false,
         }
     }
 

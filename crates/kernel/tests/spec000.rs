@@ -243,3 +243,29 @@ fn a_queue_that_falls_back_to_kernel_mode_on_disconnected_abort_runs_the_submiss
         assert!(q.completed() >= v2);
     }
 }
+
+/// Spec 000 "DXGKQAITYPE_USERMODESUBMISSION_CAPS": the doorbell size the KMD reports sizes the
+/// dummy page and the CPU mapping; a size the OS cannot map (not a power of two, or larger
+/// than the page a CPU VA rotates) fails adapter initialization with a typed error.
+#[test]
+fn the_doorbell_size_comes_from_the_kmds_caps() {
+    use abi::port::KernelError;
+    for bad in [0u64, 12, 8192] {
+        match kernel::System::sim(SystemConfig { kmd_doorbell_bytes: Some(bad), ..SystemConfig::default() }) {
+            Err(KernelError::InvalidArgument { field: "doorbell_bytes", value, .. }) => {
+                assert_eq!(value, bad.to_string())
+            }
+            Err(e) => panic!("{bad}: wrong error {e}"),
+            Ok(_) => panic!("{bad}: accepted"),
+        }
+    }
+    // A reported size the page holds works end to end (and INFO reports it).
+    let sys = common::sim_with(SystemConfig { kmd_doorbell_bytes: Some(8), ..SystemConfig::default() });
+    let c = common::client(&sys);
+    assert_eq!(c.device.info().doorbell_bytes, 8);
+    let mut q = c.user_queue();
+    let mut cb = CommandBuffer::new();
+    cb.write_u32(c.buf.va(), 3);
+    let v = q.submit(&cb).unwrap();
+    q.wait(v, T).unwrap();
+}

@@ -255,3 +255,24 @@ fn user_and_kernel_queues_chain_through_userq_signal_and_wait() {
     assert_eq!(c.buf.read_u32(0x3000 + 252).unwrap(), 0x1, "the fill travelled user -> kernel -> user");
     assert_eq!(f.value().unwrap(), 1);
 }
+
+/// "The user can also specify the attributes for the user queue (priority, whether the queue
+/// is secure for protected content, etc.)": a secure queue on a device without protected
+/// content is refused with a typed error, and so are unknown attribute bits.
+#[test]
+fn a_secure_queue_is_refused_where_the_device_has_no_protected_content() {
+    let sys = common::sim();
+    let p = common::RawProc::open(&sys);
+    let c = common::client(&sys);
+    assert!(!c.device.info().secure_queues);
+    let secure = abi::QueueDescriptor { flags: abi::queue::QUEUE_FLAG_SECURE, ..p.desc(0) };
+    let e = p.create(secure).unwrap_err();
+    assert_eq!(common::refusal(&e), Some(("flags", &Invalid::Unsupported("secure (protected-content) queues"))), "{e}");
+    let e = p.create(abi::QueueDescriptor { flags: 1 << 7, ..p.desc(0) }).unwrap_err();
+    assert_eq!(common::refusal(&e), Some(("flags", &Invalid::MustBeZero)), "{e}");
+    let e = p.create(abi::QueueDescriptor { reserved: 1, ..p.desc(0) }).unwrap_err();
+    assert_eq!(common::refusal(&e), Some(("reserved", &Invalid::MustBeZero)), "{e}");
+    // Nothing was created; a plain queue still is.
+    assert_eq!(sys.census().queues, 0);
+    p.create(p.desc(0)).unwrap();
+}

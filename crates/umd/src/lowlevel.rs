@@ -303,6 +303,8 @@ impl UserQueue {
             last_queued_va: control.va() + LAST_QUEUED_OFFSET,
             doorbell_index: abi::queue::DOORBELL_INDEX_ANY,
             priority: priority as u32,
+            flags: 0,
+            reserved: 0,
         };
         let info = port.create_hw_queue(ctx.handle, &HwQueueDesc { mode: SubmissionMode::UserMode(desc), priority })?;
         let hw = HwQueue::new(ctx.device.clone(), info)?;

@@ -141,6 +141,15 @@ impl Os {
         }
         let engine = qo.engine;
         let (offset, ring) = self.ddi.doorbell_ring(desc.doorbell_index);
+        // The doorbell, of the size the KMD reported, lies whole in the CPU page.
+        let bytes = self.ddi.adapter_info().doorbell_bytes;
+        if !offset.is_multiple_of(bytes) || offset + bytes > shm::PAGE_SIZE as u64 {
+            return Err(invalid(
+                "doorbell_index",
+                desc.doorbell_index,
+                Invalid::OutOfRange { expected: "a doorbell of the reported size inside the doorbell page" },
+            ));
+        }
         let aggregated = match (self.ddi.aggregated_doorbell(engine), &self.proc(pid)?.aggregated) {
             (Some((offset, mask)), Some((_, page))) => Some(AggregatedDoorbell { page: page.clone(), offset, mask }),
             _ => None,

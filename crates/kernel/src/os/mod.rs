@@ -438,6 +438,18 @@ impl Os {
                 "equal power-of-two strides of 8..=4096 bytes",
             ));
         }
+        // Spec 000 "DXGKQAITYPE_USERMODESUBMISSION_CAPS": the doorbell size sizes the dummy page
+        // a disconnected doorbell's CPU VA shows and the CPU VA rotated onto the BAR. A CPU VA
+        // rotates whole pages, so a doorbell must be a power of two that fits one.
+        let doorbell_bytes = kmd.adapter_info().doorbell_bytes;
+        if !doorbell_bytes.is_power_of_two() || doorbell_bytes > shm::PAGE_SIZE as u64 {
+            return Err(KernelError::InvalidArgument {
+                field: "doorbell_bytes",
+                value: doorbell_bytes.to_string(),
+                reason: abi::port::Invalid::OutOfRange { expected: "a power of two of at most one page" },
+            });
+        }
+        let dummy_bytes = doorbell_bytes.div_ceil(shm::PAGE_SIZE as u64) * shm::PAGE_SIZE as u64;
         if caps.map_to_gpu_system_process {
             kmd.create_address_space(SYSTEM_PROCESS)?;
         }
@@ -454,7 +466,7 @@ impl Os {
             ddi: Traced::new(kmd, trace.clone()),
             trace,
             bar,
-            dummy: Shm::new("doorbell-dummy-page", 4096)?,
+            dummy: Shm::new("doorbell-dummy-page", dummy_bytes as usize)?,
             processes: HashMap::new(),
             next_pid: 1,
             doorbell_pages,

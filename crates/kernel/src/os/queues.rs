@@ -112,6 +112,21 @@ impl Os {
                 Invalid::OutsideDoorbellPage { doorbells: DOORBELLS_PER_PAGE },
             ));
         }
+        // Attributes (spec 001): unknown bits and the reserved word must be 0; a secure queue
+        // only where the device runs protected content.
+        if d.flags & !abi::queue::QUEUE_FLAGS_KNOWN != 0 {
+            return Err(invalid("flags", format!("{:#x}", d.flags), Invalid::MustBeZero));
+        }
+        if d.reserved != 0 {
+            return Err(invalid("reserved", d.reserved, Invalid::MustBeZero));
+        }
+        if d.flags & abi::queue::QUEUE_FLAG_SECURE != 0 && !self.ddi.adapter_info().secure_queues {
+            return Err(invalid(
+                "flags",
+                format!("{:#x}", d.flags),
+                Invalid::Unsupported("secure (protected-content) queues"),
+            ));
+        }
         Priority::from_u32(d.priority).ok_or_else(|| invalid("priority", d.priority, Invalid::PriorityRange))
     }
 

@@ -85,6 +85,9 @@ pub struct SystemConfig {
     /// The KMD reports `MapToGpuSystemProcess`: every fence is also mapped into the GPU system
     /// process, and its VAs there are passed to `DxgkDdiCreateNativeFence`.
     pub map_fences_to_system_process: bool,
+    /// The doorbell size the KMD reports (`DXGK_USERMODESUBMISSION_CAPS`), for tests of the
+    /// OS's checks; `None`: the device's own (8 bytes).
+    pub kmd_doorbell_bytes: Option<u64>,
 }
 
 /// How a process ends (spec 000 "Normal and abnormal process termination").
@@ -168,6 +171,9 @@ impl System {
         kmd.set_native_fences(!cfg.without_native_fences);
         kmd.set_ignores_feature_query(cfg.kmd_ignores_feature_query);
         kmd.set_map_to_system_process(cfg.map_fences_to_system_process);
+        if let Some(b) = cfg.kmd_doorbell_bytes {
+            kmd.set_reported_doorbell_bytes(b);
+        }
         if let Some(n) = cfg.doorbell_pool
             && !kmd.set_doorbell_pool(n, cfg.victim_policy)
         {
