@@ -1016,6 +1016,17 @@ pub trait KernelPort: Send + Sync {
             reason: Invalid::Unsupported("USERQ_WAIT"),
         })
     }
+    /// The queue's progress fence as a native fence (spec 002 "Indicating a native progress
+    /// fence for hardware queues"): CPU waits on it are native fence waits (MonitoredValue, a
+    /// conditional interrupt), GPU waits park on it. Only the engine writes it: a CPU signal
+    /// is refused. It goes with its queue. The default refuses.
+    fn open_progress_fence(&self, queue: HwQueueHandle) -> Result<NativeFenceInfo, KernelError> {
+        Err(KernelError::InvalidArgument {
+            field: "queue",
+            value: queue.to_string(),
+            reason: Invalid::Unsupported("native progress fences"),
+        })
+    }
 }
 
 /// A sync object a user-mode queue waits on through `USERQ_WAIT` (spec 001): a native fence,

@@ -280,3 +280,53 @@ fn with_map_to_gpu_system_process_the_cmp_sees_each_fence_in_the_system_process(
     let f = pc.device.create_fence(0, NativeFenceType::Default).unwrap();
     assert_eq!(plain.native_fence_system_vas(pc.port.process(), f.handle()).unwrap(), None);
 }
+
+/// Spec 002 "Indicating a native progress fence for hardware queues": a queue's progress fence
+/// is a native fence — a CPU wait on it programs its MonitoredValue and the engine's
+/// `PROGRESS_FENCE` raises the native interrupt only for a waiter; another queue's `WAIT`
+/// parks on it; the CPU cannot signal it; it goes with its queue.
+#[test]
+fn a_queues_progress_fence_is_a_native_fence() {
+    let sys = common::sim();
+    let c = common::client(&sys);
+    let pid = c.port.process();
+    let mut q = c.user_queue();
+    let pf = q.progress_fence().unwrap();
+    assert_eq!(pf.va(), q.progress_va(), "the same word the engine writes");
+    // No waiter: the engine's progress raises no native interrupt.
+    let before = sys.stats().fence_interrupts;
+    let mut cb = CommandBuffer::new();
+    cb.write_u32(c.buf.va(), 1);
+    let v1 = q.submit(&cb).unwrap();
+    q.wait(v1, T).unwrap();
+    assert_eq!(pf.value().unwrap(), v1);
+    assert_eq!(sys.stats().fence_interrupts, before, "no CPU waiter, no interrupt");
+    // A CPU waiter: MonitoredValue is (value − 1), and the engine's progress interrupts.
+    let gate = c.buf.va() + 0x100;
+    let mut cb = CommandBuffer::new();
+    cb.wait(gate, 1);
+    let v2 = q.submit(&cb).unwrap();
+    let w = sys.begin_fence_wait(pid, &[(pf.handle(), v2)], WaitMode::All).unwrap().expect("blocked");
+    assert_eq!(c.port.query_native_fence(pf.handle()).unwrap().monitored, v2 - 1);
+    // Another queue waits on it from the GPU.
+    let copy = c.context(EngineKind::Copy);
+    let mut other = copy.create_queue(umd::QueueOptions::user_mode()).unwrap();
+    let mut cb = CommandBuffer::new();
+    cb.wait_fence(&pf, v2).write_u32(c.buf.va() + 4, 2);
+    let ov = other.submit(&cb).unwrap();
+    sys.settle();
+    assert!(!w.is_done());
+    c.buf.write_u64(0x100, 1).unwrap();
+    other.wait(ov, T).unwrap();
+    assert!(w.is_done(), "woken by the native interrupt");
+    assert_eq!(sys.stats().fence_interrupts, before + 1);
+    assert_eq!(c.buf.read_u32(4).unwrap(), 2);
+    sys.end_fence_wait(pid, &w).unwrap();
+    // Only the engine signals it.
+    let e = pf.signal(v2 + 1).unwrap_err();
+    assert!(matches!(common::umd_refusal(&e), Some(("fence", abi::port::Invalid::Unsupported(_)))), "{e}");
+    // It goes with its queue.
+    let h = pf.handle();
+    drop(q);
+    assert!(c.port.query_native_fence(h).is_err(), "destroyed with its queue");
+}

@@ -323,6 +323,13 @@ impl Queue {
         Ok(GpuKick { wptr_va, doorbell_va, wptr: self.user().wptr, value })
     }
 
+    /// This queue's progress fence as a native fence (spec 002 "Indicating a native progress
+    /// fence for hardware queues"): wait on it with the native fence calls, or from another
+    /// queue's `WAIT`. The engine alone signals it; it goes with the queue.
+    pub fn progress_fence(&self) -> Result<crate::NativeFence, UmdError> {
+        crate::NativeFence::progress_of(self.core().device.clone(), self.handle())
+    }
+
     /// amdgpu `USERQ_SIGNAL`: once this queue completes its work up to progress value
     /// `point` (at most [`Queue::last_submitted`]), the kernel signals each fence to its value.
     pub fn userq_signal(&self, point: u64, fences: &[(&crate::NativeFence, u64)]) -> Result<(), UmdError> {

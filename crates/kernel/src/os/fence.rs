@@ -107,6 +107,9 @@ pub(crate) struct FenceObj {
     /// mappings a fence with pages of its own holds there.
     system: Option<(u64, u64)>,
     _system_mapping: Option<SystemMapping>,
+    /// A queue's progress fence: only its engine writes it (no CPU signal, no
+    /// AlwaysSignaled write).
+    engine_only: bool,
 }
 
 impl FenceObj {
@@ -225,6 +228,7 @@ impl Os {
             _mapping: mapping,
             system,
             _system_mapping: own_sys,
+            engine_only: false,
         });
         if desc.shareable
             && let Err(e) = self.ddi.open_native_fence(id, handle)
@@ -300,6 +304,7 @@ impl Os {
             _mapping: Some(mapping),
             system: None,
             _system_mapping: None,
+            engine_only: false,
         });
         self.fence_index.insert(id, vec![(pid, h)]);
         x.opened(handle, me, id);
@@ -399,6 +404,7 @@ impl Os {
             _mapping: Some(mapping),
             system: None,
             _system_mapping: None,
+            engine_only: false,
         });
         if let Err(e) = self.ddi.open_native_fence(id, handle) {
             let _ = self.proc(pid)?.fences.remove(handle);
@@ -478,6 +484,9 @@ impl Os {
             return Err(invalid("value", value, Invalid::Reserved));
         }
         let f = self.proc(pid)?.fences.get(h)?;
+        if f.engine_only {
+            return Err(invalid("fence", h, Invalid::Unsupported("CPU signals of a queue's progress fence")));
+        }
         let cur = f.current();
         if value < cur {
             return Err(KernelError::NotIncreasing { field: "value", value, last: cur });
@@ -573,8 +582,15 @@ impl Os {
         self.trace.push(now, Event::DeviceError { device });
         let lost = KernelError::DeviceLost { device };
         let p = self.proc(pid)?;
+        // A queue's progress fence is the engine's to write; its waiters end below.
         let mine: Vec<NativeFenceHandle> =
-            p.fences.iter().filter(|(_, f)| f.device == device).map(|(h, _)| h).collect();
+            p.fences.iter().filter(|(_, f)| f.device == device && !f.engine_only).map(|(h, _)| h).collect();
+        let progress: Vec<Arc<FenceWait>> = p
+            .fences
+            .iter()
+            .filter(|(_, f)| f.device == device && f.engine_only)
+            .flat_map(|(_, f)| f.waiters.iter().map(|(_, w)| w.clone()))
+            .collect();
         let mut waits = Vec::new();
         for &h in &mine {
             let f = self.proc(pid)?.fences.get(h)?;
@@ -585,11 +601,81 @@ impl Os {
             // The other adapters' waiters see the shared value pass too.
             self.note_signaled(id, now);
         }
-        for w in waits {
+        for w in waits.into_iter().chain(progress) {
             self.complete_fence_wait(&w, Err(lost.clone()));
             self.forget_wait(pid, &w);
         }
         Ok(())
+    }
+
+    /// The queue's progress fence as a native fence (spec 002 "Indicating a native progress
+    /// fence for hardware queues"): the kernel page's completed value, registered with the KMD
+    /// (`DxgkDdiCreateNativeFence`) so the engine's `PROGRESS_FENCE` signals it with the native
+    /// protocol. Opening it again answers the same fence.
+    pub fn open_progress_fence(
+        &mut self,
+        pid: ProcessId,
+        q: HwQueueHandle,
+        now: Time,
+    ) -> Result<NativeFenceInfo, KernelError> {
+        self.at(now);
+        if !self.native_fences {
+            return Err(invalid("queue", q, Invalid::NoNativeFences));
+        }
+        let p = self.proc(pid)?;
+        let qo = p.queues.get(q)?;
+        qo.live(q)?;
+        let device = p.contexts.get(qo.context)?.device;
+        let word = qo.kernel_page.progress_completed();
+        let shm::Region::Shm(storage) = word.region() else {
+            return Err(invalid("queue", q, Invalid::Unsupported("a progress fence outside kernel memory")));
+        };
+        let (storage, coff) = (storage.clone(), word.offset());
+        let va = qo._kernel_page_mapping.va() + coff;
+        let existing = qo.progress_fence.filter(|&h| p.fences.get(h).is_ok());
+        let h = match existing {
+            Some(h) => h,
+            None => {
+                let monitored = Word::new(&p.memory.private.alloc(4096)?, 0)?;
+                monitored.get().store(u64::MAX, Ordering::Release);
+                let id = self.next_fence_id;
+                self.next_fence_id += 1;
+                self.ddi.create_native_fence(id, (storage.clone(), coff), monitored.clone())?;
+                let value = Word::new(&storage, coff)?;
+                let p = self.proc(pid)?;
+                let h = p.fences.insert(FenceObj {
+                    device,
+                    id,
+                    kind: NativeFenceType::Default,
+                    storage: storage.clone(),
+                    coff,
+                    va,
+                    value,
+                    monitored,
+                    _slot: None,
+                    shared: false,
+                    cross: None,
+                    waiters: Vec::new(),
+                    _mapping: None,
+                    system: None,
+                    _system_mapping: None,
+                    engine_only: true,
+                });
+                p.queues.get_mut(q)?.progress_fence = Some(h);
+                self.fence_index.insert(id, vec![(pid, h)]);
+                h
+            }
+        };
+        let cpu = Some(storage.map_range(0, 4096, Prot::ReadOnly)?);
+        Ok(NativeFenceInfo {
+            handle: h,
+            va,
+            cpu,
+            offset: coff,
+            global: None,
+            kind: NativeFenceType::Default,
+            cross_adapter: None,
+        })
     }
 
     /// Registers `wait` on each of its fences, then settles them (programs MonitoredValue and

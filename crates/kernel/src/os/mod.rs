@@ -226,6 +226,8 @@ struct QueueObj {
     progress_seen: Option<(u64, Time)>,
     /// Pending `USERQ_SIGNAL`s ([`userq`]).
     signal_on: Vec<userq::PendingSignal>,
+    /// Its progress fence as a native fence, once opened ([`Os::open_progress_fence`]).
+    progress_fence: Option<abi::NativeFenceHandle>,
 }
 
 impl QueueObj {

@@ -270,6 +270,7 @@ impl Os {
             adapter_resets,
             progress_seen: None,
             signal_on: Vec::new(),
+            progress_fence: None,
         });
         self.recovery.arm_hang_scan(now);
         if let Err(e) = self.ddi.create_hw_queue(handle, create) {
@@ -320,6 +321,10 @@ impl Os {
     /// the kernel's references; its CPU waiters end with `QueueLost`.
     pub fn destroy_hw_queue(&mut self, pid: ProcessId, q: HwQueueHandle, now: Time) -> Result<(), KernelError> {
         self.at(now);
+        // Its progress fence goes with it (waiters learn the fence was destroyed).
+        if let Some(f) = self.queue(pid, q)?.progress_fence.take() {
+            let _ = self.destroy_native_fence(pid, f, now);
+        }
         if self.queue(pid, q)?.doorbell.is_some() {
             self.destroy_doorbell_of(pid, q, now)?;
         }

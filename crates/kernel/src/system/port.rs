@@ -168,4 +168,8 @@ impl KernelPort for ProcessPort {
     ) -> Result<Vec<abi::port::WaitPoint>, KernelError> {
         self.call(|os, pid, now| os.userq_wait(pid, queue, objects, now))
     }
+
+    fn open_progress_fence(&self, queue: HwQueueHandle) -> Result<abi::port::NativeFenceInfo, KernelError> {
+        self.call(|os, pid, now| os.open_progress_fence(pid, queue, now))
+    }
 }
