@@ -259,6 +259,12 @@ impl Gpu {
         self.fw.misses_unmapped()
     }
 
+    /// Whether a logged fence signal's interrupt names the queue
+    /// (`OptimizedNativeFenceSignaledInterrupt`).
+    pub fn optimized_fence_interrupts(&self) -> bool {
+        self.fw.optimized_interrupts()
+    }
+
     /// The doorbell BAR.
     pub fn bar(&self) -> &Arc<Shm> {
         self.bar.shm()
@@ -445,6 +451,13 @@ impl Gpu {
     /// raced the unbind is not lost.
     pub fn unbind_doorbell(&mut self, id: FwQueueId) -> Result<(), GpuError> {
         self.fw.unbind_doorbell(id)
+    }
+
+    /// `DxgkDdiSetNativeFenceLogBuffer` on the device: the queue's fence log `index` (0 waits,
+    /// 1 signals) is now `log`; later logged operations write there. `false` if the queue has
+    /// no fence logs.
+    pub fn set_fence_log(&mut self, id: FwQueueId, index: usize, log: Arc<Shm>) -> Result<bool, GpuError> {
+        self.fw.set_fence_log(id, index, log)
     }
 
     /// Sets the progress value above which a `PROGRESS_FENCE` raises an interrupt

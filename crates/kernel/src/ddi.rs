@@ -164,6 +164,10 @@ pub struct ConnectStep {
 pub trait DisconnectCallback {
     /// Disconnects `victim`'s doorbell on the OS's side.
     fn disconnect_doorbell(&mut self, victim: HwQueueHandle) -> Result<(), DdiError>;
+    /// The KMD tells the OS it has unbound `victim`'s physical doorbell, after
+    /// [`DisconnectCallback::disconnect_doorbell`] returned (for the trace: tests assert the
+    /// order). The default does nothing.
+    fn victim_unbound(&mut self, _victim: HwQueueHandle) {}
 }
 
 /// What a `NativeFenceSignaled` notification names.
@@ -173,8 +177,17 @@ pub enum SignaledFences {
     Fences(Vec<u64>),
     /// These queues signalled fences and logged them: read their signal logs.
     Queues(Vec<HwQueueHandle>),
-    /// No list: scan every fence with a waiter (the spec's NULL array).
+    /// No list: scan every fence with a waiter (the spec's NULL array) — native and legacy
+    /// monitored fences alike, as with `EvaluateLegacyMonitoredFences` set (hardware that
+    /// cannot tell the two interrupts apart).
     All,
+    /// The spec's NULL array without `EvaluateLegacyMonitoredFences`: scan every *native*
+    /// fence waiter, not the legacy monitored fences' ("By default ... Dxgkrnl only scans all
+    /// pending native fence waiters and doesn't scan legacy monitored fence waiters").
+    AllNative,
+    /// The optimized interrupt with a NULL queue: the GPU could not tell which queue
+    /// signalled, so rescan the signal logs of every queue on this engine.
+    EngineLogs(EngineId),
 }
 
 /// An interrupt, as the KMD reports it to the OS (`DxgkCbNotifyInterrupt`).
@@ -427,6 +440,78 @@ pub trait Kmd: Send {
     /// `wptr` (spec 003: the OS resubmits the commands a preemption took out of the hardware
     /// queue).
     fn take_back(&mut self, queue: HwQueueHandle, wptr: u64, now: Time) -> Result<(), DdiError>;
+    /// `DxgkDdiOpenNativeFence`: process-local handle `local` to the fence with global id `id`
+    /// (the creator's own local handle too, for a shared fence). The default keeps nothing.
+    fn open_native_fence(&mut self, _id: u64, _local: abi::NativeFenceHandle) -> Result<(), DdiError> {
+        Ok(())
+    }
+    /// `DxgkDdiCloseNativeFence`: the local handle is gone (the global fence may live on).
+    fn close_native_fence(&mut self, _local: abi::NativeFenceHandle) {}
+    /// `DxgkDdiSetNativeFenceLogBuffer`: the queue's log of `kind` is now `log` (set at queue
+    /// creation, and again each time the OS recreates a log).
+    fn set_native_fence_log_buffer(
+        &mut self,
+        _queue: HwQueueHandle,
+        _kind: abi::fence_log::FenceLogType,
+        _log: Arc<Shm>,
+    ) -> Result<(), DdiError> {
+        Err(DdiError::Refused {
+            field: "log",
+            value: "fence log buffer".into(),
+            reason: DeviceRefusal::Unsupported("native fence logs"),
+        })
+    }
+    /// `DxgkDdiUpdateMonitoredValues`: a batch of `(fence id, MonitoredValue)`; on return every
+    /// CurrentValue a core reads was written by the device after it observed the new values
+    /// (`abi::protocol::monitored_barrier`), so the OS resamples.
+    fn update_monitored_values(&mut self, _batch: &[(u64, u64)]) -> Result<(), DdiError> {
+        Err(DdiError::Refused {
+            field: "fences",
+            value: "update monitored values".into(),
+            reason: DeviceRefusal::Unsupported("native fences"),
+        })
+    }
+    /// Adapter initialization: the KMD queries the OS's features (`IsFeatureEnabled`,
+    /// `QueryFeatureInterface`) before it advertises caps. The default ignores them.
+    fn query_features(&mut self, _os: &abi::port::OsFeatures) {}
+    /// `DXGK_NATIVE_FENCE_CAPS` (with the `DXGK_VIDSCHCAPS` bits). The default: supported as
+    /// [`AdapterInfo::native_fences`] says, one cache line per fence, nothing optional.
+    fn native_fence_caps(&self) -> abi::port::NativeFenceCaps {
+        abi::port::NativeFenceCaps {
+            supported: self.adapter_info().native_fences,
+            optimized_interrupt: false,
+            map_to_gpu_system_process: false,
+            current_value_stride: 64,
+            monitored_value_stride: 64,
+        }
+    }
+    /// `DxgkDdiCreateNativeFence` with `CurrentValueSystemProcessGpuVa` and
+    /// `MonitoredValueSystemProcessGpuVa` (`system`), for a KMD with `MapToGpuSystemProcess`.
+    /// The default ignores the VAs.
+    fn create_native_fence_in_system_process(
+        &mut self,
+        id: u64,
+        current: (Arc<Shm>, u64),
+        monitored: Word,
+        _system: (u64, u64),
+    ) -> Result<(), DdiError> {
+        self.create_native_fence(id, current, monitored)
+    }
+    /// Reads a 64-bit word through `process`'s GPU address space (the system process
+    /// included), as the device would: for tests and tools. `None` where the device could not.
+    fn read_gpu_u64(&self, _process: ProcessId, _va: u64) -> Option<u64> {
+        None
+    }
+    /// Maps the process's doorbell BAR page `page` into its own GPU address space at `va`, so
+    /// its queues can ring each other's doorbells from the GPU (spec 001). Refused where a
+    /// GPU store cannot ring a doorbell (the default).
+    fn map_doorbell_page(&mut self, _process: ProcessId, _va: u64, _page: u32) -> Result<GpuMapping, DdiError> {
+        Err(DdiError::Refused {
+            field: "page",
+            value: "doorbell page".into(),
+            reason: DeviceRefusal::Unsupported("doorbells rung from the GPU"),
+        })
+    }
 }
 
 /// Where a queue held off its engine stands in its ring ([`Kmd::held_position`]).
@@ -459,6 +544,11 @@ pub struct Traced {
     faults: Vec<(DdiFault, u32)>,
     /// Misbehaviours armed for the next call of a DDI.
     misbehaviours: Vec<(DdiKind, Misbehaviour)>,
+    /// Notifications a test injects (delivered before the device's).
+    injected: std::collections::VecDeque<Notification>,
+    /// The device's next `NativeFenceSignaled` notifications to drop (a test's collapsed
+    /// interrupts).
+    drop_fence_signals: u32,
 }
 
 /// How far outside the submitted range [`Misbehaviour::BogusFenceId`] reports.
@@ -467,7 +557,15 @@ const BOGUS_FENCE_OFFSET: u64 = 1 << 40;
 impl Traced {
     /// Wraps `inner`, logging into `trace` (which the OS shares).
     pub fn new(inner: Box<dyn Kmd>, trace: SharedTrace) -> Self {
-        Traced { inner, trace, now: Time::ZERO, faults: Vec::new(), misbehaviours: Vec::new() }
+        Traced {
+            inner,
+            trace,
+            now: Time::ZERO,
+            faults: Vec::new(),
+            misbehaviours: Vec::new(),
+            injected: std::collections::VecDeque::new(),
+            drop_fence_signals: 0,
+        }
     }
     /// Makes the next call of `ddi` (a reset: [`DdiKind::ResetEngine`] or
     /// [`DdiKind::ResetQueue`]) misbehave as `m`.
@@ -478,6 +576,15 @@ impl Traced {
     fn misbehaviour(&mut self, ddi: DdiKind) -> Option<Misbehaviour> {
         let at = self.misbehaviours.iter().position(|&(d, _)| d == ddi)?;
         Some(self.misbehaviours.remove(at).1)
+    }
+    /// Test hook: delivers `n` to the OS's next interrupt service, as if the KMD raised it.
+    pub fn inject_notification(&mut self, n: Notification) {
+        self.injected.push_back(n);
+    }
+    /// Test hook: the device's next `count` `NativeFenceSignaled` notifications are lost (as
+    /// when interrupts are collapsed), so a test can follow with the NULL forms.
+    pub fn drop_fence_signals(&mut self, count: u32) {
+        self.drop_fence_signals += count;
     }
     /// The time DDI entries are logged at (the current OS entry's `now`).
     pub(crate) fn at(&mut self, now: Time) {
@@ -631,7 +738,17 @@ impl Kmd for Traced {
         self.inner.flush_fence_logs(queue)
     }
     fn poll_notification(&mut self) -> Option<Notification> {
-        self.inner.poll_notification()
+        if let Some(n) = self.injected.pop_front() {
+            return Some(n);
+        }
+        loop {
+            let n = self.inner.poll_notification()?;
+            if self.drop_fence_signals > 0 && matches!(n, Notification::NativeFenceSignaled(_)) {
+                self.drop_fence_signals -= 1;
+                continue;
+            }
+            return Some(n);
+        }
     }
     fn power(&self, engine: EngineId) -> PowerState {
         self.inner.power(engine)
@@ -706,5 +823,49 @@ impl Kmd for Traced {
         self.log(Ddi::TakeBack { queue, wptr });
         self.gate(DdiKind::TakeBack)?;
         self.inner.take_back(queue, wptr, now)
+    }
+    fn open_native_fence(&mut self, id: u64, local: abi::NativeFenceHandle) -> Result<(), DdiError> {
+        self.log(Ddi::OpenNativeFence(local));
+        self.inner.open_native_fence(id, local)
+    }
+    fn close_native_fence(&mut self, local: abi::NativeFenceHandle) {
+        self.log(Ddi::CloseNativeFence(local));
+        self.inner.close_native_fence(local)
+    }
+    fn set_native_fence_log_buffer(
+        &mut self,
+        queue: HwQueueHandle,
+        kind: abi::fence_log::FenceLogType,
+        log: Arc<Shm>,
+    ) -> Result<(), DdiError> {
+        self.log(Ddi::SetNativeFenceLogBuffer(queue));
+        self.inner.set_native_fence_log_buffer(queue, kind, log)
+    }
+    fn update_monitored_values(&mut self, batch: &[(u64, u64)]) -> Result<(), DdiError> {
+        // Logged by the OS, which knows each fence's local handle.
+        self.inner.update_monitored_values(batch)
+    }
+    fn query_features(&mut self, os: &abi::port::OsFeatures) {
+        self.inner.query_features(os)
+    }
+    fn native_fence_caps(&self) -> abi::port::NativeFenceCaps {
+        self.inner.native_fence_caps()
+    }
+    fn create_native_fence_in_system_process(
+        &mut self,
+        id: u64,
+        current: (Arc<Shm>, u64),
+        monitored: Word,
+        system: (u64, u64),
+    ) -> Result<(), DdiError> {
+        self.log(Ddi::CreateNativeFence(id));
+        self.gate(DdiKind::CreateNativeFence)?;
+        self.inner.create_native_fence_in_system_process(id, current, monitored, system)
+    }
+    fn read_gpu_u64(&self, process: ProcessId, va: u64) -> Option<u64> {
+        self.inner.read_gpu_u64(process, va)
+    }
+    fn map_doorbell_page(&mut self, process: ProcessId, va: u64, page: u32) -> Result<GpuMapping, DdiError> {
+        self.inner.map_doorbell_page(process, va, page)
     }
 }

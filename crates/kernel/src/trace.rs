@@ -272,6 +272,51 @@ pub enum Event {
         /// Where it goes.
         to: abi::port::MemoryDomain,
     },
+    /// The KMD unbound a victim's physical doorbell, after the OS's `DxgkCbDisconnectDoorbell`
+    /// returned (spec 000 "Victimizing doorbell pseudocode": "KMD gets back control and does
+    /// the actual victimization/disconnection").
+    VictimUnbound {
+        /// The victim.
+        queue: HwQueueHandle,
+    },
+    /// A device was marked in error (abnormal termination, step 1): its fences become
+    /// AlwaysSignaled.
+    DeviceError {
+        /// The device.
+        device: abi::DeviceHandle,
+    },
+    /// Normal termination, step 2: the OS starts waiting for the queue's last-queued progress
+    /// value (its doorbell already disconnected).
+    TerminationWait {
+        /// The queue.
+        queue: HwQueueHandle,
+        /// The last-queued value waited for.
+        value: u64,
+        /// The completed value when the wait started.
+        completed: u64,
+    },
+    /// The wait ended: the value was reached, or not (the termination turns abnormal).
+    TerminationWaitDone {
+        /// The queue.
+        queue: HwQueueHandle,
+        /// Whether the last-queued value was reached.
+        reached: bool,
+    },
+    /// A queue's fence log was overrun: the engine overwrote entries the OS never read (spec
+    /// 002 "Log buffer overrun is permitted": the trace flag that events were lost).
+    FenceLogOverrun {
+        /// The queue.
+        queue: HwQueueHandle,
+        /// Entries lost.
+        lost: u64,
+    },
+    /// The OS recreated a queue's fence log (`DxgkDdiSetNativeFenceLogBuffer` follows).
+    FenceLogRecreated {
+        /// The queue.
+        queue: HwQueueHandle,
+        /// Which log.
+        kind: abi::fence_log::FenceLogType,
+    },
 }
 
 impl core::fmt::Display for Event {
@@ -322,6 +367,16 @@ impl core::fmt::Display for Event {
             Event::AdapterFatal => write!(f, "adapter: too many recoveries, lost for good"),
             Event::MigrationStarted { allocation, to } => {
                 write!(f, "{allocation}: migration to {to:?} memory, preempting its process's queues")
+            }
+            Event::VictimUnbound { queue } => write!(f, "{queue}: physical doorbell unbound by the KMD (victim)"),
+            Event::DeviceError { device } => write!(f, "{device}: marked in error"),
+            Event::TerminationWait { queue, value, completed } => {
+                write!(f, "{queue}: termination waits for progress {value} (completed {completed})")
+            }
+            Event::FenceLogOverrun { queue, lost } => write!(f, "{queue}: fence log overrun, {lost} events lost"),
+            Event::FenceLogRecreated { queue, kind } => write!(f, "{queue}: {kind:?} fence log recreated"),
+            Event::TerminationWaitDone { queue, reached } => {
+                write!(f, "{queue}: termination wait {}", if *reached { "satisfied" } else { "failed" })
             }
         }
     }

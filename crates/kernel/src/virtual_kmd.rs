@@ -123,6 +123,18 @@ pub struct VirtualKmd {
     kernel_doorbells: HashMap<HwQueueHandle, Word>,
     /// Native fences' CurrentValue, by global id.
     fences: HashMap<u64, (Arc<Shm>, u64)>,
+    /// Native fences' MonitoredValue, by global id (`DxgkDdiUpdateMonitoredValues` stores it).
+    monitored: HashMap<u64, Word>,
+    /// The OS's features, as queried at initialization.
+    os_features: abi::port::OsFeatures,
+    /// A deliberately wrong KMD (for tests): advertises native fences whatever the OS enabled.
+    ignores_feature_query: bool,
+    /// `DXGK_USERMODESUBMISSION_CAPS`: the doorbell size it reports.
+    doorbell_bytes: u64,
+    /// `MapToGpuSystemProcess`: the CMP reaches fences through the system process's VAs.
+    map_to_system_process: bool,
+    /// Each fence's system-process VAs (CurrentValue, MonitoredValue), when mapped there.
+    system_vas: HashMap<u64, (u64, u64)>,
     /// GPU mappings alive (each [`GpuMapping`] decrements on drop).
     mappings: Arc<std::sync::atomic::AtomicUsize>,
     /// Queues' context save areas: kernel-owned pages no client and no GPU address space ever
@@ -215,6 +227,12 @@ impl VirtualKmd {
             by_fw: HashMap::new(),
             kernel_doorbells: HashMap::new(),
             fences: HashMap::new(),
+            monitored: HashMap::new(),
+            os_features: abi::port::OsFeatures::default(),
+            ignores_feature_query: false,
+            doorbell_bytes: abi::doorbell::DOORBELL_BYTES,
+            map_to_system_process: false,
+            system_vas: HashMap::new(),
             mappings: Default::default(),
             context_saves: ShmPool::new("queue-context-save", PoolConfig::default()),
         }
@@ -296,6 +314,24 @@ impl VirtualKmd {
         self.native_fences = on;
     }
 
+    /// Reports `MapToGpuSystemProcess` (the OS then maps every fence into the system process
+    /// and passes those VAs at creation).
+    pub fn set_map_to_system_process(&mut self, on: bool) {
+        self.map_to_system_process = on;
+    }
+
+    /// Reports `bytes` as the doorbell size in `DXGK_USERMODESUBMISSION_CAPS` (for tests of the
+    /// OS's checks; the device's doorbells stay 64-bit).
+    pub fn set_reported_doorbell_bytes(&mut self, bytes: u64) {
+        self.doorbell_bytes = bytes;
+    }
+
+    /// Makes this a deliberately wrong KMD (for tests): it advertises native fences whatever
+    /// the OS enabled, so the OS must fail adapter initialization.
+    pub fn set_ignores_feature_query(&mut self, on: bool) {
+        self.ignores_feature_query = on;
+    }
+
     /// The device clock, read when a request reaches the device after waiting for its lock
     /// (without one, requests arrive at the time the OS made them).
     pub fn set_clock(&mut self, clock: Arc<dyn Fn() -> Time + Send + Sync>) {
@@ -349,21 +385,25 @@ impl Kmd for VirtualKmd {
                 .map(|(i, kind)| EngineInfo {
                     id: EngineId(i as u32),
                     kind,
-                    user_queues: self.mode != UserQueueMode::KernelOnly,
+                    // Per IP (spec 001): the mode allows them and the engine supports them.
+                    user_queues: self.mode != UserQueueMode::KernelOnly && kind.supports_user_queues(),
                     kernel_queues: self.mode != UserQueueMode::UserOnly,
                     // Each engine owns an equal slice of every doorbell page.
                     doorbell_first: i as u32 * per,
                     doorbell_count: per,
                 })
                 .collect(),
-            doorbell_bytes: abi::doorbell::DOORBELL_BYTES,
+            doorbell_bytes: self.doorbell_bytes,
             doorbells_per_process: abi::doorbell::DOORBELLS_PER_PAGE,
             doorbell_model: match self.doorbells {
                 Doorbells::Global => DoorbellModel::Global,
                 _ => DoorbellModel::Dedicated,
             },
             aggregated_doorbell: g.misses_unmapped_doorbells(),
-            native_fences: self.native_fences,
+            // Advertised only if the OS enabled the feature (spec 002: "KMD's implementation
+            // must query whether the OS has enabled DXGK_FEATURE_NATIVE_FENCE before
+            // advertising native fence support").
+            native_fences: self.native_fences && (self.os_features.native_fence || self.ignores_feature_query),
             user_queue_mode: self.mode,
             queue_metadata: abi::port::QueueMetadataSizes {
                 context_save_bytes: gpu::compute::CONTEXT_SAVE_BYTES,
@@ -371,6 +411,8 @@ impl Kmd for VirtualKmd {
                 kernel_page_bytes: abi::queue::QUEUE_KERNEL_PAGE_BYTES,
             },
             preemption: g.preemption(),
+            // The virtual device has no protected-content mode.
+            secure_queues: false,
         }
     }
 
@@ -499,6 +541,7 @@ impl Kmd for VirtualKmd {
                         })?;
                         callback.disconnect_doorbell(victim)?;
                         self.unbind(victim)?;
+                        callback.victim_unbound(victim);
                         let Doorbells::Pool(pool) = &self.doorbells else { unreachable!("still a pool") };
                         pool.free.take().map_err(|e| DdiError::Refused {
                             field: "doorbell pool",
@@ -610,12 +653,15 @@ impl Kmd for VirtualKmd {
         let waits = if self.native_fences { gpu::FenceWaits::Park } else { gpu::FenceWaits::Poll };
         // Checked here, once: `update_current_value` stores through it.
         Word::new(&current.0, current.1)?;
-        self.device().register_native_fence((&current.0, current.1), monitored, id, waits);
+        self.device().register_native_fence((&current.0, current.1), monitored.clone(), id, waits);
         self.fences.insert(id, current);
+        self.monitored.insert(id, monitored);
         Ok(())
     }
 
     fn destroy_native_fence(&mut self, id: u64) {
+        self.monitored.remove(&id);
+        self.system_vas.remove(&id);
         if let Some((shm, offset)) = self.fences.remove(&id) {
             self.device().unregister_native_fence((&shm, offset));
         }
@@ -818,5 +864,121 @@ impl Kmd for VirtualKmd {
             gpu::BoundDoorbell::Word { index, .. } => Some(PhysicalDoorbell::BarIndex(index)),
             gpu::BoundDoorbell::Bit { page, bit } => Some(PhysicalDoorbell::Bit { page, bit }),
         }
+    }
+
+    fn set_native_fence_log_buffer(
+        &mut self,
+        queue: HwQueueHandle,
+        kind: abi::fence_log::FenceLogType,
+        log: Arc<Shm>,
+    ) -> Result<(), DdiError> {
+        let fw = self.fw(queue)?;
+        let index = kind as usize;
+        if self.device().set_fence_log(fw, index, log).map_err(refused("queue", queue))? {
+            Ok(())
+        } else {
+            Err(DdiError::Refused {
+                field: "queue",
+                value: queue.to_string(),
+                reason: DeviceRefusal::Unsupported("fence logs on a kernel-mode queue"),
+            })
+        }
+    }
+
+    fn query_features(&mut self, os: &abi::port::OsFeatures) {
+        self.os_features = *os;
+    }
+
+    fn native_fence_caps(&self) -> abi::port::NativeFenceCaps {
+        let supported = self.adapter_info().native_fences;
+        let optimized = self.device().optimized_fence_interrupts();
+        abi::port::NativeFenceCaps {
+            supported,
+            optimized_interrupt: supported && optimized,
+            map_to_gpu_system_process: supported && self.map_to_system_process,
+            current_value_stride: crate::os::FENCE_STRIDE,
+            monitored_value_stride: crate::os::FENCE_STRIDE,
+        }
+    }
+
+    fn create_native_fence_in_system_process(
+        &mut self,
+        id: u64,
+        current: (Arc<Shm>, u64),
+        monitored: Word,
+        system: (u64, u64),
+    ) -> Result<(), DdiError> {
+        // The CMP's view: both VAs must resolve in the system process.
+        for (field, va) in
+            [("CurrentValueSystemProcessGpuVa", system.0), ("MonitoredValueSystemProcessGpuVa", system.1)]
+        {
+            self.vm_access(crate::os::SYSTEM_PROCESS, va, 8, Access::Read).map_err(|f| DdiError::Refused {
+                field,
+                value: format!("{va:#x}"),
+                reason: DeviceRefusal::QueueMemory(f),
+            })?;
+        }
+        self.create_native_fence(id, current, monitored)?;
+        self.system_vas.insert(id, system);
+        Ok(())
+    }
+
+    fn map_doorbell_page(&mut self, process: ProcessId, va: u64, page: u32) -> Result<GpuMapping, DdiError> {
+        // A store rings only a dedicated doorbell of the process's own page, watched as it is:
+        // not a bit page (the GPU cannot OR), not a pool (the page is not the queue's), not
+        // with the aggregated doorbell (its bit would have to be OR-ed in too).
+        let misses = self.device().misses_unmapped_doorbells();
+        if !matches!(self.doorbells, Doorbells::PerProcess) || misses {
+            return Err(DdiError::Refused {
+                field: "page",
+                value: page.to_string(),
+                reason: DeviceRefusal::Unsupported("doorbells rung from the GPU with this doorbell model"),
+            });
+        }
+        let vmid = self.vmid(process)?;
+        let bar = self.device().bar().clone();
+        let offset = page as u64 * abi::doorbell::DOORBELL_PAGE_BYTES;
+        self.gpu
+            .lock()
+            .vm_mut(vmid)
+            .and_then(|vm| vm.map(va, abi::doorbell::DOORBELL_PAGE_BYTES, bar, offset, true))
+            .map_err(refused("va", format!("{va:#x}")))?;
+        let (gpu, live) = (self.gpu.clone(), self.mappings.clone());
+        // Relaxed: a statistic; the mapping itself is ordered by the device lock.
+        live.fetch_add(1, Ordering::Relaxed);
+        Ok(GpuMapping::new(va, move || {
+            if let Ok(vm) = gpu.lock().vm_mut(vmid) {
+                vm.unmap(va);
+            }
+            live.fetch_sub(1, Ordering::Relaxed);
+        }))
+    }
+
+    fn read_gpu_u64(&self, process: ProcessId, va: u64) -> Option<u64> {
+        let vmid = self.vmid(process).ok()?;
+        let g = self.device();
+        let r = g.vm(vmid).ok()?.translate_aligned(va, 8, Access::Read).ok()?;
+        // Acquire: as the device's own reads of fence words.
+        r.shm.load_u64(r.offset, Ordering::Acquire).ok()
+    }
+
+    fn update_monitored_values(&mut self, batch: &[(u64, u64)]) -> Result<(), DdiError> {
+        // Every id first: a batch is applied whole or not at all.
+        let words = batch
+            .iter()
+            .map(|&(id, v)| {
+                self.monitored.get(&id).map(|w| (w, v)).ok_or(DdiError::Refused {
+                    field: "fence",
+                    value: id.to_string(),
+                    reason: DeviceRefusal::NotANativeFence,
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        for (w, v) in words {
+            abi::protocol::store_monitored(w, v);
+        }
+        // One barrier for the batch: the device's later signals compare against these values.
+        abi::protocol::monitored_barrier();
+        Ok(())
     }
 }

@@ -662,9 +662,24 @@ fn exec_packet(
             if q.last_queued_word.is_some() && value > q.queued {
                 return Err(FaultKind::ProgressBeyondQueued { value, last_queued: q.queued });
             }
-            let word = q.cfg.kernel_page.progress_completed().get();
-            // Release: the command buffer's writes happen-before a waiter's acquire of the value.
-            word.store(value, Ordering::Release);
+            let word = q.cfg.kernel_page.progress_completed();
+            // A progress fence the kernel registered as a native fence (spec 002 "Indicating a
+            // native progress fence for hardware queues") is signalled as one: value, barrier,
+            // MonitoredValue, conditional interrupt.
+            let key = match word.region() {
+                shm::Region::Shm(s) => Some((s.id(), word.offset())),
+                _ => None,
+            };
+            match key.and_then(|k| env.fences.get(&k)) {
+                Some(f) => {
+                    if abi::protocol::signal_fence(word.get(), &f.monitored, value, || {}) {
+                        env.irqs.push_back(Interrupt::NativeFenceSignaled(FenceSignaled::Fences(vec![f.id])));
+                    }
+                }
+                // Release: the command buffer's writes happen-before a waiter's acquire of the
+                // value.
+                None => word.get().store(value, Ordering::Release),
+            }
             q.completed = value;
             if value > q.monitored {
                 env.irqs.push_back(Interrupt::ProgressFence { queue: id, value });

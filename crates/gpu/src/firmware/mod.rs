@@ -253,7 +253,15 @@ impl FwQueue {
     fn refresh_wptr(&mut self) -> Result<(), FaultKind> {
         // Acquire: pairs with the client's release store of wptr, so the packets it covers are
         // visible before we fetch them.
-        let new = self.wptr_word.get().load(Ordering::Acquire);
+        // The last-queued value is read with it, after it (spec 000: the client stores it
+        // before it publishes wptr), so it covers every command buffer up to `new`.
+        let (new, queued) = match &self.last_queued_word {
+            Some(q) => {
+                let (w, v) = abi::protocol::read_wptr_and_last_queued(&self.wptr_word, q);
+                (w, Some(v))
+            }
+            None => (self.wptr_word.get().load(Ordering::Acquire), None),
+        };
         if new == self.wptr {
             return Ok(());
         }
@@ -267,11 +275,8 @@ impl FwQueue {
             return Err(FaultKind::WptrPastRing { rptr: self.rptr, wptr: new, ring_bytes: self.cfg.ring_bytes });
         }
         self.wptr = new;
-        // Acquire, after the wptr's acquire: the client stores last-queued before it
-        // publishes wptr (spec 000's order), so this read sees a value that covers every
-        // command buffer up to `new`.
-        if let Some(w) = &self.last_queued_word {
-            self.queued = w.get().load(Ordering::Acquire);
+        if let Some(v) = queued {
+            self.queued = v;
         }
         Ok(())
     }
@@ -660,6 +665,23 @@ impl Firmware {
         self.forget_bit(id, binding);
         let q = self.queues.remove(id.0).map_err(|_| GpuError::StaleQueue(id))?;
         Ok(q.rptr)
+    }
+
+    /// Replaces the queue's fence log `index` (0 waits, 1 signals); `false` if the queue has
+    /// no fence logs (a kernel-mode queue).
+    pub(crate) fn optimized_interrupts(&self) -> bool {
+        self.optimized_interrupts
+    }
+
+    pub(crate) fn set_fence_log(&mut self, id: FwQueueId, index: usize, log: Arc<Shm>) -> Result<bool, GpuError> {
+        let q = self.queue_mut(id)?;
+        match (&mut q.cfg.fence_logs, index) {
+            (Some(logs), 0 | 1) => {
+                logs[index] = log;
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
     }
 
     pub(crate) fn set_monitored(&mut self, id: FwQueueId, value: u64) -> Result<(), GpuError> {

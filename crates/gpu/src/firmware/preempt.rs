@@ -235,7 +235,8 @@ impl Engine {
     pub(super) fn stop_rule(kind: EngineKind, caps: abi::preempt::PreemptionCaps) -> Stop {
         match kind {
             EngineKind::Compute => Stop::Compute(caps.compute),
-            EngineKind::Copy => Stop::Copy(caps.copy),
+            // A video engine stops like a copy engine: between packets (it runs no dispatches).
+            EngineKind::Copy | EngineKind::Video => Stop::Copy(caps.copy),
         }
     }
 }

@@ -227,10 +227,21 @@ impl Os {
         }
         let mut out = Vec::new();
         for q in self.proc(pid)?.queues.handles() {
+            // 1. DxgkDdiDisconnectDoorbell.
             self.disconnect(pid, q, DoorbellStatus::DisconnectedAbort, now)?;
-            out.push((q, self.last_queued(pid, q)));
+            // 2. Then the wait for the last-queued value (the driver blocks on it).
+            let value = self.last_queued(pid, q);
+            let completed = self.queue(pid, q)?.completed();
+            self.trace.push(now, Event::TerminationWait { queue: q, value, completed });
+            out.push((q, value));
         }
         Ok(out)
+    }
+
+    /// Normal termination: the wait for queue `q`'s last-queued value ended (`reached`, or
+    /// not: the termination then turns abnormal). Logged for the spec's order.
+    pub fn termination_wait_done(&mut self, q: HwQueueHandle, reached: bool, now: Time) {
+        self.trace.push(now, Event::TerminationWaitDone { queue: q, reached });
     }
 
     /// Abnormal termination, first part: the device is marked in error, then for each

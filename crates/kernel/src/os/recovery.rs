@@ -393,7 +393,7 @@ impl Os {
                 }
                 any = true;
                 let timeout = match kinds.get(qo.engine.0 as usize) {
-                    Some(abi::EngineKind::Copy) => cfg.hang_copy,
+                    Some(abi::EngineKind::Copy | abi::EngineKind::Video) => cfg.hang_copy,
                     _ => cfg.hang_compute,
                 };
                 let completed = qo.completed();
