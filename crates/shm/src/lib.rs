@@ -85,6 +85,9 @@ use rustix::mm::{MapFlags, ProtFlags};
 
 mod arena;
 pub mod sched;
+#[cfg(feature = "serde")]
+#[doc(hidden)]
+pub mod serde_str;
 mod word;
 
 pub use arena::{PoolConfig, PoolStats, ShmPool};
@@ -92,17 +95,25 @@ pub use word::{ReadWord, Region, Word};
 
 use arena::{Arena, Lease};
 
+/// `&'static str` under another name, for the field names and reasons typed errors carry:
+/// serde's derive would borrow a field spelled `&str` from its input (so it could only be
+/// deserialized from `'static` bytes); under this name it takes the field's
+/// `deserialize_with` instead, which interns the text (`serde_str`). The same type.
+pub type StaticStr = &'static str;
+
 /// The page size the whole stack assumes (doorbell pages, mapping granularity).
 pub const PAGE_SIZE: usize = 4096;
 
 /// Errors from creating or accessing shared memory.
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
 pub enum ShmError {
     /// A system call failed.
     #[error("memfd_create/ftruncate/mmap failed for {what}: {errno}")]
     Os {
         /// Which operation failed.
-        what: &'static str,
+        #[cfg_attr(feature = "serde", serde(deserialize_with = "crate::serde_str::de"))]
+        what: StaticStr,
         /// The error as reported by the OS.
         errno: String,
     },
@@ -147,11 +158,13 @@ pub enum ShmError {
         /// The offending size.
         size: u64,
         /// Why it is invalid.
-        why: &'static str,
+        #[cfg_attr(feature = "serde", serde(deserialize_with = "crate::serde_str::de"))]
+        why: StaticStr,
     },
 }
 
 /// Protection of a [`Mapping`].
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Prot {
     /// Readable and writable.
