@@ -341,8 +341,7 @@ impl Hello {
 
     /// Decodes a payload made by [`encode`](Self::encode) (the prefix checked by the caller).
     pub fn decode(payload: &[u8]) -> Result<Hello, WireError> {
-        let prefix = HelloPrefix::parse(payload)
-            .ok_or(WireError::Truncated { declared: 8, got: payload.len() })?;
+        let prefix = HelloPrefix::parse(payload).ok_or(WireError::Truncated { declared: 8, got: payload.len() })?;
         let kind = postcard::from_bytes(&payload[8..])
             .map_err(|e| WireError::Malformed { what: "hello", why: e.to_string() })?;
         Ok(Hello { prefix: Some(prefix), kind })
