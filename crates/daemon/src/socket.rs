@@ -40,13 +40,7 @@ fn io(what: &'static str, path: &Path) -> impl FnOnce(rustix::io::Errno) -> Sock
     move |e| SocketError::Io { what, path, errno: e.to_string() }
 }
 
-/// `$XDG_RUNTIME_DIR/doorbell/doorbell.sock`, else `/tmp/doorbell-$UID/doorbell.sock`.
-pub fn default_socket_path() -> PathBuf {
-    match std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
-        Some(dir) => PathBuf::from(dir).join("doorbell").join("doorbell.sock"),
-        None => PathBuf::from(format!("/tmp/doorbell-{}", rustix::process::getuid().as_raw())).join("doorbell.sock"),
-    }
-}
+pub use wire::default_socket_path;
 
 /// Held while the daemon runs: the lock on the socket's path.
 #[derive(Debug)]

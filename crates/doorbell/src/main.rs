@@ -21,6 +21,7 @@ mod demo_pgo;
 mod examples;
 mod num;
 mod run;
+mod serve;
 mod trace;
 
 use clap::{Parser, Subcommand};
@@ -62,6 +63,13 @@ enum Command {
     /// Benchmarks. Each prints a table, or one JSON object with --json.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// Run the daemon: the kernel and the virtual GPU in this process, serving client
+    /// processes over a Unix socket (umd::Device::connect, DOORBELL_SOCKET). Stops on SIGINT
+    /// or SIGTERM; every client then sees its device lost.
+    Serve(serve::ServeArgs),
+    /// Ask a running daemon what it holds: adapters, engines (power, slots), processes and
+    /// their queues (state, priority, doorbell, completed), doorbell use, faults.
+    Status(serve::StatusArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -71,6 +79,8 @@ fn main() -> std::process::ExitCode {
         Command::Run(a) => run::run(a),
         Command::Trace(a) => trace::run(a),
         Command::Bench(b) => bench::run(b),
+        Command::Serve(a) => serve::serve(a),
+        Command::Status(a) => serve::status(a),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -189,6 +189,17 @@ impl Channel {
         self.send_raw(&buf, fds)
     }
 
+    /// Sends `payload` as one frame (length prefix added) with `fds` attached.
+    pub fn send_payload(&self, payload: &[u8], fds: &[BorrowedFd<'_>]) -> Result<(), WireError> {
+        if payload.len() > MAX_FRAME {
+            return Err(WireError::Oversized { len: payload.len(), max: MAX_FRAME });
+        }
+        let mut buf = Vec::with_capacity(PREFIX + payload.len());
+        buf.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+        buf.extend_from_slice(payload);
+        self.send_raw(&buf, fds)
+    }
+
     /// Sends `bytes` as one packet, exactly (no prefix added): for tests that send what a
     /// broken or hostile peer would.
     pub fn send_raw(&self, bytes: &[u8], fds: &[BorrowedFd<'_>]) -> Result<(), WireError> {
@@ -435,6 +446,74 @@ impl Default for Limits {
     fn default() -> Self {
         Limits { allocations: 4096, bytes: 1 << 30, queues: 256 }
     }
+}
+
+/// Why a client could not connect.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ConnectError {
+    /// The socket could not be reached or the handshake frame was bad.
+    #[error("daemon socket {path}: {error}")]
+    Wire {
+        /// The socket.
+        path: String,
+        /// What failed.
+        error: WireError,
+    },
+    /// The daemon refused the handshake.
+    #[error("daemon socket {path}: refused: {error}")]
+    Refused {
+        /// The socket.
+        path: String,
+        /// Why.
+        error: HandshakeError,
+    },
+}
+
+/// What an accepted handshake gives a client.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Accepted {
+    /// The kernel process (none for an observer).
+    pub process: Option<ProcessId>,
+    /// The attach token.
+    pub token: [u8; 16],
+    /// `CLOCK_MONOTONIC` nanoseconds at device time 0.
+    pub device_epoch_ns: u64,
+    /// The daemon's per-process limits.
+    pub limits: Limits,
+}
+
+/// Connects to `path` and shakes hands as `kind`, speaking protocol `version` (always
+/// [`PROTOCOL_VERSION`] except in tests of the refusal).
+pub fn connect(path: &Path, kind: HelloKind, version: u32) -> Result<(Channel, Accepted), ConnectError> {
+    let name = path.display().to_string();
+    let wire = |error| ConnectError::Wire { path: name.clone(), error };
+    let chan = Channel::connect(path).map_err(wire)?;
+    chan.send_payload(&Hello { prefix: None, kind }.encode(version), &[]).map_err(wire)?;
+    let (welcome, _) = chan.recv::<Welcome>("welcome").map_err(wire)?;
+    match welcome {
+        Welcome::Accepted { process, token, device_epoch_ns, limits } => {
+            Ok((chan, Accepted { process, token, device_epoch_ns, limits }))
+        }
+        Welcome::Refused(error) => Err(ConnectError::Refused { path: name, error }),
+    }
+}
+
+/// The environment variable naming the daemon's socket for clients.
+pub const SOCKET_ENV: &str = "DOORBELL_SOCKET";
+
+/// `$XDG_RUNTIME_DIR/doorbell/doorbell.sock`, else `/tmp/doorbell-$UID/doorbell.sock`: where
+/// `doorbell serve` listens and clients look by default.
+pub fn default_socket_path() -> std::path::PathBuf {
+    match std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
+        Some(dir) => std::path::PathBuf::from(dir).join("doorbell").join("doorbell.sock"),
+        None => std::path::PathBuf::from(format!("/tmp/doorbell-{}", rustix::process::getuid().as_raw()))
+            .join("doorbell.sock"),
+    }
+}
+
+/// The socket a client uses: `$DOORBELL_SOCKET`, else [`default_socket_path`].
+pub fn client_socket_path() -> std::path::PathBuf {
+    std::env::var_os(SOCKET_ENV).filter(|p| !p.is_empty()).map_or_else(default_socket_path, Into::into)
 }
 
 /// A descriptor carried by the frame, by its index in the frame's list.
