@@ -350,7 +350,11 @@ impl KernelPort for RemotePort {
         let Reply::QueueStatus(s) = self.call(&Request::QueryQueue(queue))?.0 else { return Err(self.unexpected()) };
         Ok(s)
     }
-    fn create_native_fence(&self, device: DeviceHandle, desc: &NativeFenceDesc) -> Result<NativeFenceInfo, KernelError> {
+    fn create_native_fence(
+        &self,
+        device: DeviceHandle,
+        desc: &NativeFenceDesc,
+    ) -> Result<NativeFenceInfo, KernelError> {
         self.fence(Request::CreateNativeFence(device, *desc))
     }
     fn open_native_fence(&self, device: DeviceHandle, global: u64) -> Result<NativeFenceInfo, KernelError> {
