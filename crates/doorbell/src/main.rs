@@ -11,6 +11,7 @@
 //! `run`'s arguments against the slots the kernel reads.
 
 mod bench;
+mod bench_daemon;
 mod bench_fences;
 mod bench_neighbour;
 mod bench_oversub;
@@ -106,6 +107,9 @@ pub enum CliError {
     /// A background commit's completion event did not come.
     #[error(transparent)]
     CommitWait(#[from] umd::pgo::workflow::WaitTimedOut),
+    /// Shared memory failed.
+    #[error(transparent)]
+    Shm(#[from] shm::ShmError),
     /// A check failed.
     #[error("check failed: {0}")]
     Check(String),
