@@ -228,20 +228,25 @@ fn io_uring_peer(samples: u64) -> Result<(u64, u64), String> {
 }
 
 /// A daemon child process on a socket of its own; stopped (SIGTERM) on drop.
-struct DaemonChild {
-    child: Child,
+pub(crate) struct DaemonChild {
+    pub(crate) child: Child,
     dir: PathBuf,
-    socket: PathBuf,
+    pub(crate) socket: PathBuf,
 }
 
 impl DaemonChild {
     fn start() -> Result<DaemonChild, CliError> {
+        Self::start_with("idle_period_ms = 3600000\n")
+    }
+
+    /// Starts `doorbell serve` with `config` (TOML) on a socket in a temporary directory.
+    pub(crate) fn start_with(config: &str) -> Result<DaemonChild, CliError> {
         let dir = std::env::temp_dir().join(format!("doorbell-bench-daemon-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).map_err(|e| err("temp dir")(e.to_string()))?;
         let socket = dir.join("doorbell.sock");
         let cfg = dir.join("daemon.toml");
-        std::fs::write(&cfg, "idle_period_ms = 3600000\n").map_err(|e| err("config")(e.to_string()))?;
+        std::fs::write(&cfg, config).map_err(|e| err("config")(e.to_string()))?;
         let child = Command::new(std::env::current_exe().map_err(|e| err("exe")(e.to_string()))?)
             .args([
                 "serve",

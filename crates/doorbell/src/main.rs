@@ -18,6 +18,7 @@ mod bench_oversub;
 mod bench_pgo;
 mod bench_preempt;
 mod demo;
+mod demo_daemon;
 mod demo_pgo;
 mod examples;
 mod num;
@@ -48,7 +49,14 @@ enum Command {
         /// Print only the summary.
         #[arg(long)]
         quiet: bool,
+        /// Instead: start a daemon (doorbell serve) and two client processes that share a
+        /// native fence across it, with doorbell status in between.
+        #[arg(long)]
+        daemon: bool,
     },
+    /// One client of `demo --daemon` (run as a child process).
+    #[command(hide = true)]
+    DemoClient(demo_daemon::DemoClientArgs),
     /// Assemble a kernel (.dbk) and run it on the compute engine; print a summary of its
     /// buffers.
     ///
@@ -76,7 +84,9 @@ enum Command {
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Demo { quiet } => demo::run(quiet),
+        Command::Demo { quiet, daemon: false } => demo::run(quiet),
+        Command::Demo { quiet, daemon: true } => demo_daemon::run(quiet),
+        Command::DemoClient(a) => demo_daemon::client(a),
         Command::Run(a) => run::run(a),
         Command::Trace(a) => trace::run(a),
         Command::Bench(b) => bench::run(b),

@@ -575,3 +575,13 @@ fn a_bad_config_is_refused_naming_file_key_and_value() {
     let err = String::from_utf8_lossy(&st.stderr);
     assert!(err.contains("bad.toml") && err.contains("`hw_slots` = 99"), "{err}");
 }
+
+#[test]
+fn demo_daemon_runs_two_client_processes_against_one_daemon() {
+    let st = doorbell().args(["demo", "--daemon"]).output().unwrap();
+    let out = String::from_utf8_lossy(&st.stdout);
+    assert!(st.status.success(), "{out}\n{}", String::from_utf8_lossy(&st.stderr));
+    assert!(out.contains("both clients connected"), "{out}");
+    assert!(out.contains("A: ok") && out.contains("B: ok"), "{out}");
+    assert!(out.contains("no client processes"), "{out}");
+}
