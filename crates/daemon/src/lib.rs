@@ -425,7 +425,11 @@ fn handshake(shared: &Arc<Shared>, chan: &Arc<Channel>, os_pid: u32) -> Result<O
             });
             shared.clients.lock().insert(pid, client.clone());
             info!(%pid, os_pid, name = %client.name, "client process opened");
-            chan.send(&welcome(Some(pid), token), &[]).map_err(|e| e.to_string())?;
+            if let Err(e) = chan.send(&welcome(Some(pid), token), &[]) {
+                // Gone during the handshake (killed, say): it still had a process to end.
+                end_client(shared, &client, Termination::Abnormal);
+                return Err(e.to_string());
+            }
             Ok(Some((client, true)))
         }
     }
@@ -466,20 +470,21 @@ fn end_client(shared: &Arc<Shared>, client: &Arc<Client>, how: Termination) {
 
 /// The page a daemon-side doorbell page shows now, exported to `pid`: the memfd that now
 /// backs that BAR page.
-fn export_page(shared: &Shared, pid: ProcessId, page: &RotatingPage) -> Result<Arc<Shm>, KernelError> {
+/// `None` if the page shows the dummy page (the doorbell was disconnected meanwhile).
+fn export_page(shared: &Shared, pid: ProcessId, page: &RotatingPage) -> Result<Option<Arc<Shm>>, KernelError> {
     let (id, page_offset) = page.current();
     if id != shared.bar.id() {
-        return Err(KernelError::Exhausted { what: "doorbell page export", detail: "not on the BAR".into() });
+        return Ok(None);
     }
     let mut exports = shared.exports.lock();
     if let Some(e) = exports.get_mut(&page_offset) {
         e.users.insert(pid);
-        return Ok(e.alias.source().clone());
+        return Ok(Some(e.alias.source().clone()));
     }
     let memfd = Shm::new(&format!("doorbell-page-{}", page_offset / shm::PAGE_SIZE as u64), shm::PAGE_SIZE)?;
     let alias = shared.bar.alias_page(page_offset, memfd.clone())?;
     exports.insert(page_offset, Export { alias, users: HashSet::from([pid]) });
-    Ok(memfd)
+    Ok(Some(memfd))
 }
 
 /// What a reply's descriptors borrow from.
@@ -609,12 +614,15 @@ fn handle(shared: &Arc<Shared>, client: &Arc<Client>, req: Request) -> (Response
                 if let Some(q) = client.ledger.lock().queues.get_mut(&args.queue) {
                     q.page = Some(cpu_page);
                 }
+                // The aggregated page is never rotated while the process lives.
                 let aggregated = match aggregated {
-                    Some(a) => {
-                        let memfd = export_page(shared, client.pid, &a.page)?;
-                        keep.push(Keep::Shm(memfd));
-                        Some((WirePage { fd: (keep.len() - 1) as u8, file_offset: 0 }, a.offset, a.mask))
-                    }
+                    Some(a) => match export_page(shared, client.pid, &a.page)? {
+                        Some(memfd) => {
+                            keep.push(Keep::Shm(memfd));
+                            Some((WirePage { fd: (keep.len() - 1) as u8, file_offset: 0 }, a.offset, a.mask))
+                        }
+                        None => None,
+                    },
                     None => None,
                 };
                 Reply::Doorbell(WireDoorbellInfo { handle, offset, ring, aggregated })
@@ -626,9 +634,13 @@ fn handle(shared: &Arc<Shared>, client: &Arc<Client>, req: Request) -> (Response
                     what: "doorbell page export",
                     detail: format!("{q} has no doorbell page"),
                 })?;
-                let memfd = export_page(shared, client.pid, &page)?;
-                keep.push(Keep::Shm(memfd));
-                Reply::Connected(WirePage { fd: 0, file_offset: 0 })
+                match export_page(shared, client.pid, &page)? {
+                    Some(memfd) => {
+                        keep.push(Keep::Shm(memfd));
+                        Reply::Connected(Some(WirePage { fd: 0, file_offset: 0 }))
+                    }
+                    None => Reply::Connected(None),
+                }
             }
             Request::DestroyDoorbell(d) => {
                 port.destroy_doorbell(d)?;

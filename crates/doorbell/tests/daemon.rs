@@ -82,6 +82,12 @@ impl Daemon {
 impl Drop for Daemon {
     fn drop(&mut self) {
         self.kill();
+        // Kept on failure: the daemon's log is in there.
+        if !std::thread::panicking()
+            && let Some(dir) = self.socket.parent()
+        {
+            let _ = std::fs::remove_dir_all(dir);
+        }
     }
 }
 
@@ -584,4 +590,77 @@ fn demo_daemon_runs_two_client_processes_against_one_daemon() {
     assert!(out.contains("both clients connected"), "{out}");
     assert!(out.contains("A: ok") && out.contains("B: ok"), "{out}");
     assert!(out.contains("no client processes"), "{out}");
+}
+
+fn daemon_rss_kib(pid: i32) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let l = s.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+    l.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+/// The soak: clients SIGKILLed at random points of their work (during the handshake, while
+/// creating objects, mid-submission), `DOORBELL_SOAK_ITERS` times (1000 by default), beside
+/// survivors whose results are checked. After each kill the dead client's doorbells and
+/// doorbell pages are back; at the end the daemon's descriptors and memory are back at their
+/// baseline. Run by `.ci/run`'s live step.
+#[test]
+#[ignore]
+fn soak_clients_sigkilled_at_random_points() {
+    let iters: u32 = std::env::var("DOORBELL_SOAK_ITERS").ok().and_then(|v| v.parse().ok()).unwrap_or(1000);
+    let dir = scratch("soak");
+    let d = Daemon::start(&dir, None);
+    // Warm up once (lazily created daemon state), then take the baseline.
+    assert_eq!(Client::spawn(&d.socket, "submit", "100").finish(), "ok 100");
+    until("the warm-up client to leave", || d.status().processes.is_empty());
+    let base = d.status().adapters[0].clone();
+    let (base_fds, base_rss) = (d.open_fds(), daemon_rss_kib(d.pid()));
+    let mut seed = 0x9E37_79B9_7F4A_7C15u64 ^ std::process::id() as u64;
+    let mut rand = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    let mut survivor = Client::spawn(&d.socket, "submit", "5000");
+    let mut kills_after_ready = 0;
+    for i in 0..iters {
+        let mut victim = Client::spawn(&d.socket, "spin", "");
+        match rand() % 3 {
+            // At once: during start-up or the handshake.
+            0 => {}
+            // Mid-submission, at a random point after its first work completed.
+            1 => {
+                assert_eq!(victim.line(), "ready");
+                let spins = rand() % 200_000;
+                for _ in 0..spins {
+                    std::hint::spin_loop();
+                }
+                kills_after_ready += 1;
+            }
+            // Right after it is ready.
+            _ => {
+                assert_eq!(victim.line(), "ready");
+                kills_after_ready += 1;
+            }
+        }
+        let victim_pid = victim.child.id();
+        victim.sigkill();
+        if i % 50 == 49 {
+            assert_eq!(survivor.finish(), "ok 5000", "survivor at iteration {i}");
+            survivor = Client::spawn(&d.socket, "submit", "5000");
+        }
+        until("the killed client's process to end", || d.status().processes.iter().all(|p| p.os_pid != victim_pid));
+    }
+    assert_eq!(survivor.finish(), "ok 5000");
+    until("every client to leave", || d.status().processes.is_empty());
+    let after = d.status().adapters[0].clone();
+    assert_eq!(after.doorbells, base.doorbells, "doorbells");
+    assert_eq!(after.doorbell_pages_used, base.doorbell_pages_used, "doorbell pages");
+    until("the daemon's descriptors to return to baseline", || d.open_fds() <= base_fds);
+    let rss = daemon_rss_kib(d.pid());
+    assert!(rss < base_rss + 64 * 1024, "daemon RSS {rss} KiB vs baseline {base_rss} KiB");
+    eprintln!(
+        "soak: {iters} kills ({kills_after_ready} mid-submission), fds {base_fds} -> {}, rss {base_rss} -> {rss} KiB",
+        d.open_fds()
+    );
 }

@@ -317,9 +317,12 @@ impl KernelPort for RemotePort {
     fn connect_doorbell(&self, queue: HwQueueHandle) -> Result<(), KernelError> {
         let (reply, mut fds) = self.call(&Request::ConnectDoorbell(queue))?;
         let Reply::Connected(p) = reply else { return Err(self.unexpected()) };
-        let fd = wire::take_fd(&mut fds, p.fd, "doorbell page").map_err(|_| self.unexpected())?;
-        if let Some(page) = lock(&self.doorbells).get(&queue) {
-            page.rotate_to_fd(fd.as_fd(), p.file_offset)?;
+        // `None`: disconnected again already; the dummy page stays and the status says retry.
+        if let Some(p) = p {
+            let fd = wire::take_fd(&mut fds, p.fd, "doorbell page").map_err(|_| self.unexpected())?;
+            if let Some(page) = lock(&self.doorbells).get(&queue) {
+                page.rotate_to_fd(fd.as_fd(), p.file_offset)?;
+            }
         }
         Ok(())
     }

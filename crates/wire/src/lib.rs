@@ -666,8 +666,10 @@ pub enum Reply {
     /// `create_doorbell`.
     Doorbell(WireDoorbellInfo),
     /// `connect_doorbell`: the doorbell's page now (the process's own page, a memfd the
-    /// daemon shows the firmware in place of the BAR page).
-    Connected(WirePage),
+    /// daemon shows the firmware in place of the BAR page), or `None` if the doorbell was
+    /// disconnected again before the reply (an engine went idle): the client keeps its dummy
+    /// page, reads `DisconnectedRetry` and connects again.
+    Connected(Option<WirePage>),
     /// A wait's outcome.
     Wait(WaitOutcome),
     /// `query_queue`.
