@@ -658,7 +658,7 @@ fn soak_clients_sigkilled_at_random_points() {
     assert_eq!(after.doorbell_pages_used, base.doorbell_pages_used, "doorbell pages");
     until("the daemon's descriptors to return to baseline", || d.open_fds() <= base_fds);
     let rss = daemon_rss_kib(d.pid());
-    assert!(rss < base_rss + 64 * 1024, "daemon RSS {rss} KiB vs baseline {base_rss} KiB");
+    assert!(rss < base_rss + 32 * 1024, "daemon RSS {rss} KiB vs baseline {base_rss} KiB");
     eprintln!(
         "soak: {iters} kills ({kills_after_ready} mid-submission), fds {base_fds} -> {}, rss {base_rss} -> {rss} KiB",
         d.open_fds()
