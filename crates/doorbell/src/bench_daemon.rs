@@ -149,6 +149,14 @@ fn peer_p50(kind: &str, samples: u64) -> Result<u64, CliError> {
     let fseq = page.atomic_u32(SEQ)?;
     let deadline = Instant::now() + Duration::from_secs(120);
     for i in 1..=samples {
+        if kind != "spsc" {
+            // Give the consumer time to block (in read or FUTEX_WAIT): what is measured is a
+            // wake-up, not a consumer still spinning back from the last message.
+            let until = Instant::now() + Duration::from_micros(30);
+            while Instant::now() < until {
+                std::hint::spin_loop();
+            }
+        }
         let now = mono_ns();
         match kind {
             "socket" => {

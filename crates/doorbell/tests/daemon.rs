@@ -664,3 +664,51 @@ fn soak_clients_sigkilled_at_random_points() {
         d.open_fds()
     );
 }
+
+/// `bench submit --daemon --json` reports every field the issue names, measured (a short
+/// run: the figures themselves are for the benchmark, not the test). Live and busy-polling:
+/// run by `.ci/run`'s live step.
+#[test]
+#[ignore]
+fn bench_submit_daemon_json_reports_every_field() {
+    let st = doorbell()
+        .args(["bench", "submit", "--daemon", "--json", "--samples", "500", "--throughput-count", "20000"])
+        .output()
+        .unwrap();
+    assert!(st.status.success(), "{}", String::from_utf8_lossy(&st.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&st.stdout).unwrap();
+    for f in [
+        "um_p50_ns",
+        "um_p99_ns",
+        "um_roundtrip_p50_ns",
+        "km_p50_ns",
+        "um_throughput_per_s",
+        "floor_cacheline_rtt_ns",
+        "embedded_um_p50_ns",
+        "peer_spsc_ring_p50_ns",
+        "peer_unix_socket_p50_ns",
+        "peer_futex_wake_p50_ns",
+    ] {
+        assert!(v[f].as_u64().is_some_and(|x| x > 0), "{f}: {v}");
+    }
+    // io_uring: measured, or null with the reason.
+    let uring = &v["peer_io_uring_sqpoll_roundtrip_p50_ns"];
+    assert!(uring.as_u64().is_some() || v["peer_io_uring_unavailable"].is_string(), "{v}");
+    assert!(v["km_p50_ns"].as_u64() > v["um_p50_ns"].as_u64(), "{v}");
+}
+
+#[test]
+fn status_prints_processes_and_queues() {
+    let dir = scratch("status");
+    let d = Daemon::start(&dir, None);
+    let mut c = Client::spawn(&d.socket, "wait-forever", "");
+    assert_eq!(c.line(), "blocked");
+    let st = doorbell().args(["status", "--socket", d.socket.to_str().unwrap()]).output().unwrap();
+    let out = String::from_utf8_lossy(&st.stdout);
+    assert!(st.status.success(), "{out}");
+    assert!(out.contains("processes: 1"), "{out}");
+    assert!(out.contains(&format!("os pid {}", c.child.id())), "{out}");
+    assert!(out.contains("queue#") && out.contains(" user "), "{out}");
+    assert!(out.contains("compute") && out.contains("copy"), "{out}");
+    c.sigkill();
+}
