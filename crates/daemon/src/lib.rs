@@ -71,6 +71,11 @@ mod status;
 pub use config::{ConfigError, DaemonConfig};
 pub use socket::{SocketError, default_socket_path, prepare_socket};
 
+/// How long a new connection may take to say hello.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+/// Attached connections a client process may hold besides its primary one.
+const MAX_ATTACHED: usize = 64;
+
 /// Why the daemon could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
@@ -369,7 +374,10 @@ fn serve_connection(shared: &Arc<Shared>, chan: Arc<Channel>) {
 
 /// Reads the hello and answers it: `Some((client, primary))`, or `None` for an observer.
 fn handshake(shared: &Arc<Shared>, chan: &Arc<Channel>, os_pid: u32) -> Result<Option<(Arc<Client>, bool)>, String> {
+    // A peer that connects and says nothing does not keep a thread forever.
+    chan.set_recv_timeout(Some(HELLO_TIMEOUT)).map_err(|e| e.to_string())?;
     let (payload, _fds) = chan.recv_frame().map_err(|e| e.to_string())?;
+    chan.set_recv_timeout(None).map_err(|e| e.to_string())?;
     let refuse = |e: HandshakeError| {
         let _ = chan.send(&Welcome::Refused(e.clone()), &[]);
         Err(e.to_string())
@@ -398,8 +406,16 @@ fn handshake(shared: &Arc<Shared>, chan: &Arc<Channel>, os_pid: u32) -> Result<O
         HelloKind::Attach { token } => {
             let client = shared.clients.lock().values().find(|c| c.token == token).cloned();
             let Some(client) = client else { return refuse(HandshakeError::BadToken) };
-            // Shut when the process ends, so a thread blocked here does not outlive it.
-            client.attached.lock().push(chan.clone());
+            {
+                // Shut when the process ends, so a thread blocked here does not outlive it.
+                let mut attached = client.attached.lock();
+                attached.retain(|c| Arc::strong_count(c) > 1);
+                if attached.len() >= MAX_ATTACHED {
+                    drop(attached);
+                    return refuse(HandshakeError::TooManyConnections { max: MAX_ATTACHED + 1 });
+                }
+                attached.push(chan.clone());
+            }
             chan.send(&welcome(Some(client.pid), [0; 16]), &[]).map_err(|e| e.to_string())?;
             Ok(Some((client, false)))
         }

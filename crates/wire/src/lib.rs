@@ -170,6 +170,13 @@ impl Channel {
         self.fd.as_fd()
     }
 
+    /// Bounds how long [`recv`](Self::recv) blocks (`None`: forever); past it, `recv` fails
+    /// with [`WireError::Io`].
+    pub fn set_recv_timeout(&self, timeout: Option<std::time::Duration>) -> Result<(), WireError> {
+        rustix::net::sockopt::set_socket_timeout(&self.fd, rustix::net::sockopt::Timeout::Recv, timeout)
+            .map_err(io("SO_RCVTIMEO"))
+    }
+
     /// Shuts both directions down: a thread blocked in [`recv`](Self::recv) on either end
     /// returns [`WireError::Closed`].
     pub fn shutdown(&self) {
@@ -404,6 +411,12 @@ pub enum HandshakeError {
     /// The daemon could not open a process (its error).
     #[error("the daemon could not open a process: {0}")]
     Kernel(KernelError),
+    /// The process already has as many connections as the daemon allows.
+    #[error("a client process may hold at most {max} connections")]
+    TooManyConnections {
+        /// The limit.
+        max: usize,
+    },
     /// The daemon is at its limit of client processes.
     #[error("the daemon serves at most {max} client processes")]
     TooManyClients {
