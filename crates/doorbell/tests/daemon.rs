@@ -716,3 +716,27 @@ fn status_prints_processes_and_queues() {
     assert!(out.contains("compute") && out.contains("copy"), "{out}");
     c.sigkill();
 }
+
+/// One thread blocked in a kernel wait does not hold up another thread's calls: the second
+/// call goes over a further connection attached to the same process.
+#[test]
+fn a_blocked_wait_does_not_hold_up_other_threads() {
+    let dir = scratch("threads");
+    let d = Daemon::start(&dir, None);
+    let dev = Device::connect(&d.socket).unwrap();
+    let mut fence = dev.create_fence(0, NativeFenceType::Default).unwrap();
+    fence.set_spin(0);
+    let fence = Arc::new(fence);
+    let waiter = {
+        let f = fence.clone();
+        std::thread::spawn(move || f.wait(3, Some(T)))
+    };
+    // The waiter is blocked in the daemon once the fence has a CPU waiter (MonitoredValue).
+    until("the waiter to block", || {
+        fence.value().unwrap() == 0 && dev.port().query_native_fence(fence.handle()).unwrap().monitored == 2
+    });
+    fence.signal(3).unwrap();
+    waiter.join().unwrap().unwrap();
+    let s = d.status();
+    assert_eq!(s.processes.len(), 1, "one process, several connections");
+}
