@@ -14,6 +14,10 @@ pub(crate) fn collect(shared: &Arc<Shared>) -> DaemonStatus {
     let sys = &shared.sys;
     let census = sys.census();
     let stats = sys.stats();
+    let (trace, trace_dropped) = sys.trace();
+    let count = |f: fn(&kernel::trace::Event) -> bool| trace.iter().filter(|e| f(&e.event)).count() as u64;
+    let recoveries = count(|e| matches!(e, kernel::trace::Event::Recovered { .. }));
+    let tdr_timeouts = count(|e| matches!(e, kernel::trace::Event::TdrTimeout { .. }));
     let clients: Vec<_> = shared.clients.lock().values().cloned().collect();
     let mut processes = Vec::new();
     let mut mapped = std::collections::HashMap::<u32, u32>::new();
@@ -77,6 +81,9 @@ pub(crate) fn collect(shared: &Arc<Shared>) -> DaemonStatus {
             victimizations: stats.victimizations,
             faults: stats.faults,
             interrupts: stats.interrupts,
+            recoveries,
+            tdr_timeouts,
+            trace_dropped,
             engines,
         }],
         processes,

@@ -84,7 +84,7 @@ pub fn status(a: StatusArgs) -> Result<(), CliError> {
     );
     for ad in &s.adapters {
         println!(
-            "adapter {}: doorbells {} ({} objects, {} pages{}), {} connects, {} victimizations, {} faults, {} interrupts",
+            "adapter {}: doorbells {} ({} objects, {} pages{}), {} connects, {} victimizations, {} faults, {} interrupts, {} recoveries, {} TDR timeouts",
             ad.index,
             ad.doorbell_model,
             ad.doorbells,
@@ -93,7 +93,9 @@ pub fn status(a: StatusArgs) -> Result<(), CliError> {
             ad.connects,
             ad.victimizations,
             ad.faults,
-            ad.interrupts
+            ad.interrupts,
+            ad.recoveries,
+            ad.tdr_timeouts
         );
         println!("  {:<6} {:<8} {:<6} {:>10}", "engine", "kind", "power", "slots");
         for e in &ad.engines {

@@ -41,6 +41,12 @@ pub struct AdapterStatus {
     pub faults: u64,
     /// Interrupts serviced so far.
     pub interrupts: u64,
+    /// Recoveries (engine or adapter resets after a timeout) in the kernel's trace window.
+    pub recoveries: u64,
+    /// Preemption requests that timed out (TDR) in the kernel's trace window.
+    pub tdr_timeouts: u64,
+    /// Trace entries dropped so far (the window's start).
+    pub trace_dropped: u64,
     /// Engines.
     pub engines: Vec<EngineStatus>,
 }
