@@ -76,6 +76,7 @@ pub(crate) fn collect(shared: &Arc<Shared>) -> DaemonStatus {
             doorbell_model: cfg.gpu.doorbell_model.to_string(),
             doorbell_pool: cfg.doorbell_pool,
             doorbell_pages_used: census.doorbell_pages as u64,
+            exported_doorbell_pages: shared.exports.lock().len() as u64,
             doorbells: census.doorbells as u64,
             connects: stats.connects,
             victimizations: stats.victimizations,

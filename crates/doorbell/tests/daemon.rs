@@ -396,6 +396,7 @@ fn a_client_killed_mid_submission_is_cleaned_up_and_others_stay_right() {
     let after = d.status().adapters[0].clone();
     assert_eq!(after.doorbells, base.doorbells, "doorbells returned");
     assert_eq!(after.doorbell_pages_used, base.doorbell_pages_used, "doorbell pages returned");
+    assert_eq!(after.exported_doorbell_pages, 0, "doorbell pages withdrawn from the dead client");
     let log = std::fs::read_to_string(dir.join("daemon.log")).unwrap();
     assert!(log.contains("abnormal termination"), "{log}");
 }
@@ -660,6 +661,7 @@ fn soak_clients_sigkilled_at_random_points() {
     let after = d.status().adapters[0].clone();
     assert_eq!(after.doorbells, base.doorbells, "doorbells");
     assert_eq!(after.doorbell_pages_used, base.doorbell_pages_used, "doorbell pages");
+    assert_eq!(after.exported_doorbell_pages, 0, "doorbell page exports");
     until("the daemon's descriptors to return to baseline", || d.open_fds() <= base_fds);
     let rss = daemon_rss_kib(d.pid());
     assert!(rss < base_rss + 32 * 1024, "daemon RSS {rss} KiB vs baseline {base_rss} KiB");

@@ -31,6 +31,9 @@ pub struct AdapterStatus {
     pub doorbell_pool: Option<u32>,
     /// Doorbell BAR pages handed to processes.
     pub doorbell_pages_used: u64,
+    /// BAR pages shown to client processes through memfds of their own (withdrawn when
+    /// their processes end).
+    pub exported_doorbell_pages: u64,
     /// Doorbell objects (connected or not).
     pub doorbells: u64,
     /// Doorbell connects so far.
