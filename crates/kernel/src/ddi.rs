@@ -379,6 +379,11 @@ pub trait Kmd: Send {
     fn reset_from_timeout(&mut self, now: Time) -> Result<Vec<HwQueueHandle>, DdiError>;
     /// `DxgkDdiRestartFromTimeout`: the adapter runs again after a reset.
     fn restart_from_timeout(&mut self) -> Result<(), DdiError>;
+    /// The device's own number for `queue` (the virtual GPU's firmware queue id), for tools
+    /// that observe the device directly (the simulator); `None` if the KMD has none.
+    fn device_queue_id(&self, _queue: HwQueueHandle) -> Option<u64> {
+        None
+    }
 }
 
 /// A fault to inject: fail call number `call` (1-based, counted from when it was armed) of
@@ -601,5 +606,8 @@ impl Kmd for Traced {
     fn restart_from_timeout(&mut self) -> Result<(), DdiError> {
         self.log(Ddi::RestartFromTimeout);
         self.inner.restart_from_timeout()
+    }
+    fn device_queue_id(&self, queue: HwQueueHandle) -> Option<u64> {
+        self.inner.device_queue_id(queue)
     }
 }

@@ -745,4 +745,8 @@ impl Kmd for VirtualKmd {
             gpu::BoundDoorbell::Bit { page, bit } => Some(PhysicalDoorbell::Bit { page, bit }),
         }
     }
+
+    fn device_queue_id(&self, queue: HwQueueHandle) -> Option<u64> {
+        self.fw(queue).ok().map(|id| id.to_bits())
+    }
 }

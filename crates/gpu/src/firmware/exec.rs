@@ -85,6 +85,9 @@ pub(super) struct Env<'a> {
     pub(super) sentinels: &'a [(Word, u64)],
     /// The turn was cut short by [`Env::interrupted`]: the step ends here for this engine.
     pub(super) cut: bool,
+    /// Where executed `PROGRESS_FENCE`s are recorded, if anyone asked
+    /// ([`crate::Gpu::record_completions`]).
+    pub(super) completions: Option<&'a mut Vec<super::Completion>>,
 }
 
 impl Env<'_> {
@@ -151,6 +154,7 @@ impl Firmware {
             timing,
             log,
             attention,
+            completions,
             ..
         } = self;
         let modelled = *timing == crate::cost::Timing::Modelled;
@@ -211,6 +215,7 @@ impl Firmware {
                     attention,
                     sentinels: &e.sentinels,
                     cut: false,
+                    completions: completions.as_mut(),
                 };
                 let (packets, stopped) = run_queue(q, id, vms, *budget, &mut env);
                 report.packets += packets;
@@ -492,8 +497,14 @@ fn exec_packet(
     // misdirected WRITE_DATA — so every writing packet counts as a fence change. That costs an
     // increment, and parking can never lose a wake-up to this device's own writes: only writes
     // from outside (the CPU, another adapter) need the KMD's notification.
-    if !matches!(p, Packet::Nop { .. } | Packet::Wait { .. } | Packet::Interrupt { .. } | Packet::IndirectBuffer { .. })
-    {
+    if !matches!(
+        p,
+        Packet::Nop { .. }
+            | Packet::Wait { .. }
+            | Packet::Interrupt { .. }
+            | Packet::IndirectBuffer { .. }
+            | Packet::Synthetic { .. }
+    ) {
         *env.fence_epoch += 1;
     }
     match p {
@@ -660,11 +671,19 @@ fn exec_packet(
             // Release: the command buffer's writes happen-before a waiter's acquire of the value.
             word.store(value, Ordering::Release);
             q.completed = value;
+            if env.completions.is_some() {
+                // The packet ends once its own cost (charged after it executes) is spent.
+                let at = env.now().plus(env.cost.packet);
+                if let Some(c) = env.completions.as_deref_mut() {
+                    c.push(super::Completion { queue: id, value, at });
+                }
+            }
             if value > q.monitored {
                 env.irqs.push_back(Interrupt::ProgressFence { queue: id, value });
             }
         }
         Packet::Interrupt { id: user } => env.irqs.push_back(Interrupt::User { queue: id, id: user }),
+        Packet::Synthetic { ns } => return synthetic(q, env, ns),
         Packet::Dispatch { kernel, grid, group, args } => {
             if env.kind != EngineKind::Compute {
                 return Err(FaultKind::BadDispatch { why: "only compute engines run kernels" });
@@ -711,6 +730,25 @@ fn exec_packet(
                 }
             }
         }
+    }
+    Ok(Flow::Next)
+}
+
+/// Runs a `SYNTHETIC` packet of `total` ns of device time from where an earlier turn left it
+/// (kept, like a bulk copy's offset, in `bulk_done`): as much as the turn has time for (at
+/// least 1 ns), then it yields, or stops for a preemption where the engine stops a bulk
+/// copy's chunks. It reads and writes no memory.
+fn synthetic(q: &mut FwQueue, env: &mut Env<'_>, total: u64) -> Result<Flow, FaultKind> {
+    let mut done = q.bulk_done.take().unwrap_or(0).min(total);
+    let n = env.turn_left().max(1).min(total - done);
+    env.charge(n);
+    done += n;
+    if done < total {
+        q.bulk_done = Some(done);
+        if q.preempt.is_some() && env.stop.allows(StopPoint::Chunk) {
+            return Ok(Flow::Stopped(StopPoint::Chunk));
+        }
+        return Ok(Flow::Yield);
     }
     Ok(Flow::Next)
 }

@@ -71,6 +71,14 @@ use schedule::{Quanta, Waiting, join_run_list, mark_pending, sync_waiting};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct FwQueueId(Key);
 
+impl FwQueueId {
+    /// The id as one number (generation in the high half, entry in the low half), for tools
+    /// that key their own tables by it.
+    pub fn to_bits(self) -> u64 {
+        (self.0.generation() as u64) << 32 | self.0.index() as u64
+    }
+}
+
 impl core::fmt::Display for FwQueueId {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         write!(f, "fwq{}.g{}", self.0.index(), self.0.generation())
@@ -374,6 +382,8 @@ struct Engine {
     /// is mapped and runs at once. Rebuilt by each scheduling pass; empty past
     /// [`preempt::MAX_SENTINEL_WATCHES`] watched doorbells.
     sentinels: Vec<(Word, u64)>,
+    /// Queues mapped into a hardware slot so far (slot changes, for the simulator's counts).
+    slot_maps: u64,
 }
 
 /// The firmware state machine. See the module docs.
@@ -418,6 +428,28 @@ pub(crate) struct Firmware {
     log: FwLog,
     /// Raised by the kernel while it waits for the device lock ([`preempt::Attention`]).
     attention: preempt::Attention,
+    /// Every `PROGRESS_FENCE` executed, with its modelled end, when a tool asked for them
+    /// ([`crate::Gpu::record_completions`]; the simulator's observation point).
+    pub(crate) completions: Option<Vec<Completion>>,
+}
+
+impl Firmware {
+    /// Queues holding a hardware slot on `engine` now, and queues mapped into one so far.
+    pub(crate) fn slots(&self, engine: EngineId) -> Option<(usize, u64)> {
+        self.engines.get(engine.0 as usize).map(|e| (e.hqd.len(), e.slot_maps))
+    }
+}
+
+/// A `PROGRESS_FENCE` the engine executed: which queue, the value it wrote, and the device
+/// time at which the packet ended (its modelled end with [`crate::Timing::Modelled`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Completion {
+    /// The queue.
+    pub queue: FwQueueId,
+    /// The progress value written.
+    pub value: u64,
+    /// When the packet ended.
+    pub at: Time,
 }
 
 /// A native fence the firmware knows (`DxgkDdiCreateNativeFence`).
@@ -464,6 +496,7 @@ impl Engine {
             next_seq: 0,
             stop,
             sentinels: Vec::new(),
+            slot_maps: 0,
         }
     }
 
@@ -511,6 +544,7 @@ impl Firmware {
             next_ticket: 0,
             log: FwLog::default(),
             attention: preempt::Attention::default(),
+            completions: None,
         }
     }
 

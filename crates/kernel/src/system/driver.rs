@@ -94,12 +94,13 @@ impl SimWorld {
 
     /// Steps until nothing more happens at the current time. Bounded, in case a queue spins
     /// (a `WAIT` that is never satisfied keeps it runnable).
-    fn settle_now(&self) {
-        for _ in 0..SETTLE_STEPS {
+    pub(crate) fn settle_now(&self) -> usize {
+        for n in 0..SETTLE_STEPS {
             if !self.step() {
-                return;
+                return n;
             }
         }
+        SETTLE_STEPS
     }
 
     /// Runs until no engine has work left: steps, and while an engine is busy with modelled
@@ -140,7 +141,7 @@ impl SimWorld {
 
     /// The earliest timer of any adapter (the device's, the OS's), an engine's busy period
     /// ending included.
-    fn next_timer(&self) -> Option<Time> {
+    pub(crate) fn next_timer(&self) -> Option<Time> {
         self.members().iter().flat_map(|m| [m.gpu.lock().poll_timeout(), m.os.lock().poll_timeout()]).flatten().min()
     }
 

@@ -403,4 +403,38 @@ impl System {
     pub fn with_gpu<T>(&self, f: impl FnOnce(&mut Gpu) -> T) -> T {
         f(&mut self.inner.gpu.lock())
     }
+
+    /// The device's own number for queue `q` of process `pid` (see
+    /// [`crate::ddi::Kmd::device_queue_id`]; the virtual GPU's [`gpu::FwQueueId::to_bits`]),
+    /// so a tool reading [`gpu::Gpu::take_completions`] can tell whose they are.
+    pub fn device_queue_id(&self, pid: ProcessId, q: HwQueueHandle) -> Result<Option<u64>, KernelError> {
+        self.inner.call_as(pid, |os, _| os.device_queue_id(pid, q))
+    }
+
+    /// Sim: steps the world until nothing more happens at the current instant (no time
+    /// passes). Returns the number of steps that did something. Live: does nothing.
+    pub fn run_instant(&self) -> usize {
+        match &self.inner.driver {
+            Driver::Sim { world } => world.settle_now(),
+            Driver::Live { .. } => 0,
+        }
+    }
+
+    /// Sim: the time of the next event any adapter of the world waits for (an engine's
+    /// modelled work ending, a device or kernel timer), if any. Live: `None`.
+    pub fn next_event(&self) -> Option<Time> {
+        match &self.inner.driver {
+            Driver::Sim { world } => world.next_timer(),
+            Driver::Live { .. } => None,
+        }
+    }
+
+    /// Sim: moves the virtual clock forward to `t` without running anything (a driver that
+    /// steps event by event: [`System::next_event`], then [`System::run_instant`]). The clock
+    /// never goes back: an earlier `t` leaves it where it is. Live: does nothing.
+    pub fn advance_to(&self, t: Time) {
+        if let Driver::Sim { world } = &self.inner.driver {
+            world.clock.set(t);
+        }
+    }
 }
