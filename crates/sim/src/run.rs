@@ -369,6 +369,7 @@ pub fn run(plan: &Plan, seed: u64, progress: &mut dyn FnMut(f64)) -> Result<Outc
     let mut packets = 0u64;
     let mut completions_total = 0u64;
     let mut fence_signals = 0u64;
+    let mut last_completion = 0u64;
     let mut last_progress = 0.0f64;
     loop {
         let now = sys.now().0;
@@ -394,6 +395,7 @@ pub fn run(plan: &Plan, seed: u64, progress: &mut dyn FnMut(f64)) -> Result<Outc
             let Some(&i) = fw_map.get(&c.queue.to_bits()) else { continue };
             let q = &mut qs[i];
             let at = c.at.0;
+            last_completion = last_completion.max(at);
             while let Some(&(v, t, np)) = q.outstanding.front() {
                 if v > c.value {
                     break;
@@ -550,7 +552,8 @@ pub fn run(plan: &Plan, seed: u64, progress: &mut dyn FnMut(f64)) -> Result<Outc
         sys.advance_to(Time(next.max(now + 1)));
     }
     progress(1.0);
-    let end = sys.now().0;
+    // The run ends when the last event did: the clock, or a completion's modelled end.
+    let end = sys.now().0.max(last_completion);
     // Lost work: whatever is still outstanding.
     for q in qs.iter_mut() {
         if !q.outstanding.is_empty() && q.res.ended.is_none() {
