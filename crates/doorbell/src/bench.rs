@@ -58,6 +58,10 @@ pub enum BenchCommand {
     /// specialized dispatch time of two sample kernels, commit to completion event, and the
     /// foreground submit p99 with background compiles running vs disabled.
     Pgo(crate::bench_pgo::PgoArgs),
+    /// The simulator at scale: 10,000 user-mode queues over 8 slots, synthetic kernels, in
+    /// virtual time; events, submissions and simulated seconds per wall second, beside the
+    /// live driver's submissions per second for the same workload scaled down.
+    Sim(crate::sim_cmd::BenchSimArgs),
 }
 
 #[derive(Args)]
@@ -114,6 +118,7 @@ pub fn run(cmd: BenchCommand) -> Result<(), CliError> {
         BenchCommand::Neighbour(a) => crate::bench_neighbour::run(a),
         BenchCommand::Preempt(a) => crate::bench_preempt::run(a),
         BenchCommand::Pgo(a) => crate::bench_pgo::run(a),
+        BenchCommand::Sim(a) => crate::sim_cmd::bench_sim(a),
     }
 }
 

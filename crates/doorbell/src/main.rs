@@ -21,6 +21,7 @@ mod demo_pgo;
 mod examples;
 mod num;
 mod run;
+mod sim_cmd;
 mod trace;
 
 use clap::{Parser, Subcommand};
@@ -62,6 +63,10 @@ enum Command {
     /// Benchmarks. Each prints a table, or one JSON object with --json.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// Deterministic simulation: run a scenario file on the real stack in virtual time and
+    /// write summary.json, queues.csv, trace.json, plots and report.html; or `sweep`,
+    /// `merge`, `calibrate` (see docs/sim.md).
+    Sim(sim_cmd::SimArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -71,6 +76,7 @@ fn main() -> std::process::ExitCode {
         Command::Run(a) => run::run(a),
         Command::Trace(a) => trace::run(a),
         Command::Bench(b) => bench::run(b),
+        Command::Sim(a) => sim_cmd::run(a),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -352,6 +352,8 @@ pub fn run(plan: &Plan, seed: u64, progress: &mut dyn FnMut(f64)) -> Result<Outc
         None => 1_000_000,
     };
     let mut series: Vec<Sample> = Vec::new();
+    // Completions per bucket, by completion time.
+    let mut counts: Vec<u64> = Vec::new();
     let slots_held = |sys: &System| -> Vec<usize> {
         sys.with_gpu(|g| {
             (0..engines.len()).map(|e| g.slot_occupancy(abi::EngineId(e as u32)).map_or(0, |s| s.0)).collect()
@@ -380,11 +382,8 @@ pub fn run(plan: &Plan, seed: u64, progress: &mut dyn FnMut(f64)) -> Result<Outc
             if plan.duration.is_none() && series.len() as u64 > 2 * samples_wanted {
                 // Merge pairs: the bucket doubles.
                 let old = std::mem::take(&mut series);
-                for pair in old.chunks(2) {
-                    let mut s = pair[0].clone();
-                    s.completions += pair.get(1).map_or(0, |p| p.completions);
-                    series.push(s);
-                }
+                series.extend(old.chunks(2).map(|pair| pair[0].clone()));
+                counts = counts.chunks(2).map(|pair| pair.iter().sum()).collect();
                 bucket *= 2;
             }
         }
@@ -414,14 +413,13 @@ pub fn run(plan: &Plan, seed: u64, progress: &mut dyn FnMut(f64)) -> Result<Outc
                 if q.traced && spans.len() < TRACE_SPANS {
                     spans.push(Span { queue: i, submit: t, end: at });
                 }
-                // Bucket of the completion (the series may not have reached `at` yet: it is
-                // counted when its bucket opens, so keep a pending count in the last bucket
-                // only when it covers `at`).
-                if let Some(s) = series.iter_mut().rev().find(|s| s.t <= at) {
-                    s.completions += 1;
-                } else if let Some(s) = series.first_mut() {
-                    s.completions += 1;
+                // Its bucket by its own time (it may lie ahead of the clock: the engine ran it
+                // from the step's start).
+                let b = ((at - t0) / bucket) as usize;
+                if counts.len() <= b {
+                    counts.resize(b + 1, 0);
                 }
+                counts[b] += 1;
                 if let Load::Closed { think, .. } = plan.groups[q.group].load
                     && !stopped
                 {
@@ -552,6 +550,13 @@ pub fn run(plan: &Plan, seed: u64, progress: &mut dyn FnMut(f64)) -> Result<Outc
         sys.advance_to(Time(next.max(now + 1)));
     }
     progress(1.0);
+    for (i, s) in series.iter_mut().enumerate() {
+        s.completions = counts.get(i).copied().unwrap_or(0);
+    }
+    // Completions past the last sample (the drain's tail) go to the last bucket.
+    if let Some(s) = series.last_mut() {
+        s.completions += counts.iter().skip(series_len_before(&counts, s.t, t0, bucket)).sum::<u64>();
+    }
     // The run ends when the last event did: the clock, or a completion's modelled end.
     let end = sys.now().0.max(last_completion);
     // Lost work: whatever is still outstanding.
@@ -618,6 +623,11 @@ pub fn run(plan: &Plan, seed: u64, progress: &mut dyn FnMut(f64)) -> Result<Outc
         traced_queues,
         wall_seconds: wall.elapsed().as_secs_f64(),
     })
+}
+
+/// The index of the first bucket after the one starting at `t`.
+fn series_len_before(_counts: &[u64], t: u64, t0: u64, bucket: u64) -> usize {
+    ((t - t0) / bucket) as usize + 1
 }
 
 fn stopped_before(stop_time: u64, at: u64) -> bool {

@@ -737,10 +737,18 @@ fn exec_packet(
 /// Runs a `SYNTHETIC` packet of `total` ns of device time from where an earlier turn left it
 /// (kept, like a bulk copy's offset, in `bulk_done`): as much as the turn has time for (at
 /// least 1 ns), then it yields, or stops for a preemption where the engine stops a bulk
-/// copy's chunks. It reads and writes no memory.
+/// copy's chunks. It reads and writes no memory. With modelled timing the slice is charged;
+/// with real timing (the live driver) the engine also spins for it.
 fn synthetic(q: &mut FwQueue, env: &mut Env<'_>, total: u64) -> Result<Flow, FaultKind> {
     let mut done = q.bulk_done.take().unwrap_or(0).min(total);
     let n = env.turn_left().max(1).min(total - done);
+    if env.timing == crate::cost::Timing::Real {
+        // The live driver: the engine is really busy for the slice (a kernel that takes time).
+        let until = (env.clock)().plus(std::time::Duration::from_nanos(n));
+        while (env.clock)() < until {
+            std::hint::spin_loop();
+        }
+    }
     env.charge(n);
     done += n;
     if done < total {
