@@ -464,6 +464,13 @@ impl Gpu {
         self.fw.poll_doorbells()
     }
 
+    /// [`Gpu::poll_doorbells`] limited to the dedicated doorbells of `queues` (and every
+    /// global-doorbell page and aggregated doorbell): for a driver that knows which clients
+    /// may have rung since the last poll. Returns whether any doorbell changed.
+    pub fn poll_doorbells_of(&mut self, queues: &[FwQueueId]) -> bool {
+        self.fw.poll_doorbells_of(queues)
+    }
+
     /// Lets every F0 engine run its pending queues for one round, at time `now` (timestamps
     /// written in this round all read `now`: the deterministic driver's case).
     pub fn step(&mut self, now: Time) -> StepReport {

@@ -143,6 +143,10 @@ pub struct Outcome {
     pub traced_queues: Vec<usize>,
     /// Wall-clock seconds the run took (not part of any deterministic output).
     pub wall_seconds: f64,
+    /// Of which building the system, processes and queues.
+    pub setup_seconds: f64,
+    /// Of which the event loop (from the first submission to the end of the drain).
+    pub run_seconds: f64,
 }
 
 /// The most queues trace.json shows, and the most spans it holds.
@@ -303,6 +307,8 @@ pub fn run(plan: &Plan, seed: u64, progress: &mut dyn FnMut(f64)) -> Result<Outc
         }
     }
 
+    let setup_seconds = wall.elapsed().as_secs_f64();
+    let run_start = std::time::Instant::now();
     let t0 = sys.now().0;
     let window_end = plan.duration.map(|d| t0 + d);
     let mut heap: BinaryHeap<Reverse<(u64, u64, Ev)>> = BinaryHeap::new();
@@ -372,6 +378,15 @@ pub fn run(plan: &Plan, seed: u64, progress: &mut dyn FnMut(f64)) -> Result<Outc
     let mut completions_total = 0u64;
     let mut fence_signals = 0u64;
     let mut last_completion = 0u64;
+    // Device ids of the queues submitted to since the world last ran (each rang its doorbell).
+    let mut rang_since: Vec<u64> = Vec::new();
+    let fw_of: Vec<u64> = {
+        let mut v = vec![0u64; qs.len()];
+        for (&fw, &i) in &fw_map {
+            v[i] = fw;
+        }
+        v
+    };
     let mut last_progress = 0.0f64;
     loop {
         let now = sys.now().0;
@@ -387,7 +402,9 @@ pub fn run(plan: &Plan, seed: u64, progress: &mut dyn FnMut(f64)) -> Result<Outc
                 bucket *= 2;
             }
         }
-        sys.run_instant();
+        // Only the queues submitted to since the last instant can have rung.
+        sys.run_instant_after(&rang_since);
+        rang_since.clear();
         // Completions recorded by the device.
         sys.with_gpu(|g| g.take_completions(&mut comps));
         for c in comps.drain(..) {
@@ -469,6 +486,7 @@ pub fn run(plan: &Plan, seed: u64, progress: &mut dyn FnMut(f64)) -> Result<Outc
                     // Submit from the backlog while the ring has room.
                     while qs[i].outstanding.len() < qs[i].cap && !stopped {
                         let Some((intended, size)) = qs[i].backlog.pop_front() else { break };
+                        rang_since.push(fw_of[i]);
                         let r = submit_one(plan, &mut qs, &clients, i, intended, size, &mut cb);
                         match r {
                             Ok(Some((np, signals))) => {
@@ -510,8 +528,10 @@ pub fn run(plan: &Plan, seed: u64, progress: &mut dyn FnMut(f64)) -> Result<Outc
             stopped = true;
             stop_time = now;
         }
-        let outstanding: usize = qs.iter().filter(|q| q.q.is_some()).map(|q| q.outstanding.len()).sum();
-        if stopped && (outstanding == 0 || now >= stop_time.saturating_add(plan.drain)) {
+        if stopped
+            && (now >= stop_time.saturating_add(plan.drain)
+                || qs.iter().all(|q| q.q.is_none() || q.outstanding.is_empty()))
+        {
             break;
         }
         // Progress.
@@ -550,6 +570,7 @@ pub fn run(plan: &Plan, seed: u64, progress: &mut dyn FnMut(f64)) -> Result<Outc
         sys.advance_to(Time(next.max(now + 1)));
     }
     progress(1.0);
+    let run_seconds = run_start.elapsed().as_secs_f64();
     for (i, s) in series.iter_mut().enumerate() {
         s.completions = counts.get(i).copied().unwrap_or(0);
     }
@@ -622,6 +643,8 @@ pub fn run(plan: &Plan, seed: u64, progress: &mut dyn FnMut(f64)) -> Result<Outc
         spans,
         traced_queues,
         wall_seconds: wall.elapsed().as_secs_f64(),
+        setup_seconds,
+        run_seconds,
     })
 }
 

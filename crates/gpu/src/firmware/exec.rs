@@ -392,12 +392,12 @@ pub(super) fn run_queue(
 /// (no sentinels) on an engine with more than [`preempt::MAX_SENTINEL_WATCHES`] doorbells.
 fn watch_sentinels(e: &mut Engine, queues: &Slab<FwQueue>) {
     e.sentinels.clear();
-    if e.watches.len() > preempt::MAX_SENTINEL_WATCHES {
+    if e.watch_at.len() > preempt::MAX_SENTINEL_WATCHES {
         return;
     }
     let busy = |id: &FwQueueId| queues.get(id.0).ok().filter(|q| q.pending && q.state == QueueState::Mapped);
     let Some(lowest) = e.hqd.iter().filter_map(busy).map(|q| q.cfg.priority).min() else { return };
-    for w in &e.watches {
+    for w in e.watches.iter().flatten() {
         if queues.get(w.queue.0).is_ok_and(|q| !q.pending && q.cfg.priority > lowest && q.state != QueueState::Hung) {
             e.sentinels.push((w.word.clone(), w.last));
         }

@@ -77,6 +77,11 @@ impl FwQueueId {
     pub fn to_bits(self) -> u64 {
         (self.0.generation() as u64) << 32 | self.0.index() as u64
     }
+
+    /// The id [`FwQueueId::to_bits`] gave (a stale one names nothing; lookups say so).
+    pub fn from_bits(bits: u64) -> FwQueueId {
+        FwQueueId(Key::from_parts(bits as u32, (bits >> 32) as u32))
+    }
 }
 
 impl core::fmt::Display for FwQueueId {
@@ -361,7 +366,11 @@ struct Engine {
     /// The queues in hardware slots (HQDs): at most `hw_slots`; only these execute.
     hqd: Vec<FwQueueId>,
     hw_slots: usize,
-    watches: Vec<Watch>,
+    /// The watched dedicated doorbells, in bind order (`None`: a removed one, until the list
+    /// is compacted; see `doorbells::forget_watch`).
+    watches: Vec<Option<Watch>>,
+    /// Where each queue's watch is in `watches`.
+    watch_at: std::collections::HashMap<FwQueueId, usize>,
     cursor: usize,
     /// Whether the slot assignment must be recomputed: set by everything that can change who
     /// deserves a slot (a queue added, removed, suspended, resumed, (dis)connected; an
@@ -490,6 +499,7 @@ impl Engine {
             hqd: Vec::new(),
             hw_slots: hw_slots.max(1) as usize,
             watches: Vec::new(),
+            watch_at: std::collections::HashMap::new(),
             cursor: 0,
             resched: true,
             waiting: Waiting::default(),
@@ -669,7 +679,7 @@ impl Firmware {
 
     pub(crate) fn remove_queue(&mut self, id: FwQueueId) -> Result<u64, GpuError> {
         let (e, q) = self.engine_and_queue(id)?;
-        e.watches.retain(|w| w.queue != id);
+        doorbells::forget_watch(e, id);
         schedule::leave_run_list(e, q, id);
         let binding = q.doorbell.take();
         self.forget_bit(id, binding);

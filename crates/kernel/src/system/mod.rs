@@ -420,6 +420,23 @@ impl System {
         }
     }
 
+    /// Sim: [`System::run_instant`] for a driver that knows which queues its clients may have
+    /// rung since the last step (`rang`: [`System::device_queue_id`]s of this adapter): the
+    /// device looks at those queues' doorbells only, instead of every doorbell it watches
+    /// (later steps of the instant look at all of them again only after the kernel-mode
+    /// scheduler rang one of its own). A queue left out of `rang` is heard at the next full
+    /// poll, so only a caller that runs every client itself may use it. Live: does nothing.
+    pub fn run_instant_after(&self, rang: &[u64]) -> usize {
+        match &self.inner.driver {
+            Driver::Sim { world } => {
+                let ids: Vec<gpu::FwQueueId> = rang.iter().map(|&b| gpu::FwQueueId::from_bits(b)).collect();
+                self.inner.gpu.lock().poll_doorbells_of(&ids);
+                world.settle_now_from(false)
+            }
+            Driver::Live { .. } => 0,
+        }
+    }
+
     /// Sim: the time of the next event any adapter of the world waits for (an engine's
     /// modelled work ending, a device or kernel timer), if any. Live: `None`.
     pub fn next_event(&self) -> Option<Time> {
