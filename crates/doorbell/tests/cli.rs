@@ -230,9 +230,13 @@ fn the_demo_says_what_it_does() {
 fn the_docs_point_only_inside_the_repository_and_name_the_public_documents() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let mut files = vec![root.join("README.md")];
-    for dir in ["docs", "examples"] {
-        for e in std::fs::read_dir(root.join(dir)).unwrap() {
-            files.push(e.unwrap().path());
+    // Every file under docs/ and examples/, subdirectories (examples/sim, examples/cluster)
+    // included.
+    let mut dirs = vec![root.join("docs"), root.join("examples")];
+    while let Some(dir) = dirs.pop() {
+        for e in std::fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() { dirs.push(p) } else { files.push(p) }
         }
     }
     for f in &files {
