@@ -281,8 +281,8 @@ pub fn write_run_report(plan: &Plan, o: &Outcome, summary: &Value, dir: &Path) -
     let mut rows = Vec::new();
     flatten("", summary, &mut rows);
     let sections = vec![
-        ("Summary".to_string(), table(&rows)),
         ("Plots".to_string(), figures),
+        ("Summary".to_string(), table(&rows)),
         ("Scenario".to_string(), format!("<pre>{}</pre>", esc(&plan.text))),
     ];
     let html = page(&format!("doorbell sim: {} (seed {})", plan.name, o.seed), &sections);
