@@ -170,7 +170,7 @@ pub struct BenchSimArgs {
     #[arg(long, default_value_t = 10_000, value_parser = crate::num::within(1u32, 1_000_000))]
     queues: u32,
     /// Virtual milliseconds to simulate.
-    #[arg(long, default_value_t = 20.0)]
+    #[arg(long, default_value_t = 1000.0)]
     ms: f64,
     /// Wall seconds of the live run.
     #[arg(long, default_value_t = 1.0)]

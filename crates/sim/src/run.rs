@@ -21,7 +21,7 @@
 //! latency counts the wait), so a submission never blocks the single client thread.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::collections::{BinaryHeap, VecDeque};
 use std::sync::Arc;
 
 use abi::Time;
@@ -203,7 +203,9 @@ pub fn run(plan: &Plan, seed: u64, progress: &mut dyn FnMut(f64)) -> Result<Outc
     let mut clients: Vec<Client> = Vec::new();
     let mut qs: Vec<SimQ> = Vec::new();
     let mut group_first = Vec::new();
-    let mut fw_map: HashMap<u64, usize> = HashMap::new();
+    // Device queue id -> our queue, by the id's table entry (the low half), checked against
+    // the whole id (a stale generation names nothing).
+    let mut fw_map: Vec<Option<(u64, usize)>> = Vec::new();
     for (gi, g) in plan.groups.iter().enumerate() {
         group_first.push(qs.len());
         let mut left = g.count;
@@ -240,7 +242,11 @@ pub fn run(plan: &Plan, seed: u64, progress: &mut dyn FnMut(f64)) -> Result<Outc
                 let fw = sys
                     .device_queue_id(pid, q.handle())?
                     .ok_or_else(|| RunError::Check("the KMD names no device queue".into()))?;
-                fw_map.insert(fw, id);
+                let slot = (fw & 0xffff_ffff) as usize;
+                if fw_map.len() <= slot {
+                    fw_map.resize(slot + 1, None);
+                }
+                fw_map[slot] = Some((fw, id));
                 let mut rng = ChaCha8Rng::seed_from_u64(seed);
                 rng.set_stream(id as u64);
                 qs.push(SimQ {
@@ -382,7 +388,7 @@ pub fn run(plan: &Plan, seed: u64, progress: &mut dyn FnMut(f64)) -> Result<Outc
     let mut rang_since: Vec<u64> = Vec::new();
     let fw_of: Vec<u64> = {
         let mut v = vec![0u64; qs.len()];
-        for (&fw, &i) in &fw_map {
+        for &(fw, i) in fw_map.iter().flatten() {
             v[i] = fw;
         }
         v
@@ -408,7 +414,11 @@ pub fn run(plan: &Plan, seed: u64, progress: &mut dyn FnMut(f64)) -> Result<Outc
         // Completions recorded by the device.
         sys.with_gpu(|g| g.take_completions(&mut comps));
         for c in comps.drain(..) {
-            let Some(&i) = fw_map.get(&c.queue.to_bits()) else { continue };
+            let bits = c.queue.to_bits();
+            let Some(Some((fw, i))) = fw_map.get((bits & 0xffff_ffff) as usize).copied() else { continue };
+            if fw != bits {
+                continue;
+            }
             let q = &mut qs[i];
             let at = c.at.0;
             last_completion = last_completion.max(at);
