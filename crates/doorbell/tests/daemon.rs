@@ -742,3 +742,34 @@ fn a_blocked_wait_does_not_hold_up_other_threads() {
     let s = d.status();
     assert_eq!(s.processes.len(), 1, "one process, several connections");
 }
+
+/// The calls spec fidelity added to `KernelPort` (USERQ_SIGNAL, USERQ_WAIT, native progress
+/// fences) cross the socket too.
+#[test]
+fn userq_signal_wait_and_progress_fences_cross_the_socket() {
+    let dir = scratch("userq");
+    let d = Daemon::start(&dir, None);
+    let port = Arc::new(RemotePort::connect(&d.socket).unwrap());
+    let dev = Device::open(port.clone()).unwrap();
+    let ctx = dev.create_context(dev.engine(EngineKind::Compute).unwrap()).unwrap();
+    let mut q = ctx.create_queue(QueueOptions::user_mode()).unwrap();
+    let q2 = ctx.create_queue(QueueOptions::user_mode()).unwrap();
+    let buf = dev.allocate(4096).unwrap();
+    let pf = port.open_progress_fence(q.handle()).unwrap();
+    let fence = dev.create_fence(0, NativeFenceType::Default).unwrap();
+    let mut cb = CommandBuffer::new();
+    cb.write_u32(buf.va(), 5);
+    let v = q.submit(&cb).unwrap();
+    port.userq_signal(q.handle(), v, &[(fence.handle(), 9)]).unwrap();
+    q.wait(v, Some(T)).unwrap();
+    fence.wait(9, Some(T)).unwrap();
+    let cpu = pf.cpu.as_ref().unwrap();
+    assert_eq!(cpu.prot(), shm::Prot::ReadOnly);
+    assert!(cpu.load_u64(pf.offset, std::sync::atomic::Ordering::Acquire).unwrap() >= v);
+    let points =
+        port.userq_wait(q2.handle(), &[abi::port::SyncWait::QueueProgress { queue: q.handle(), value: v }]).unwrap();
+    assert_eq!(points.len(), 1);
+    assert_eq!(points[0].value, v);
+    // A point past what was queued is a typed refusal, as in embedded mode.
+    assert!(matches!(port.userq_signal(q.handle(), v + 100, &[]), Err(KernelError::InvalidArgument { .. })));
+}
