@@ -773,3 +773,41 @@ fn userq_signal_wait_and_progress_fences_cross_the_socket() {
     // A point past what was queued is a typed refusal, as in embedded mode.
     assert!(matches!(port.userq_signal(q.handle(), v + 100, &[]), Err(KernelError::InvalidArgument { .. })));
 }
+
+/// A process's GPU VAs are its own: the same address from another process reaches that
+/// process's own mapping or nothing (a fault of the offender's queue only); the owner's memory
+/// and work are untouched.
+#[test]
+fn another_process_gpu_va_reaches_only_the_offender() {
+    let dir = scratch("va");
+    let d = Daemon::start(&dir, None);
+    let a = Device::connect(&d.socket).unwrap();
+    let b = Device::connect(&d.socket).unwrap();
+    let a_buf = a.allocate(4096).unwrap();
+    a_buf.write(0, &0x1234u32.to_le_bytes()).unwrap();
+    let bctx = b.create_context(b.engine(EngineKind::Compute).unwrap()).unwrap();
+    let mut cb = CommandBuffer::new();
+    // A's address from B: B's own mapping there, if any, or a fault.
+    let mut bq = bctx.create_queue(QueueOptions::user_mode()).unwrap();
+    cb.write_u32(a_buf.va(), 0xbad);
+    let v = bq.submit(&cb).unwrap();
+    let _ = bq.wait(v, Some(T));
+    assert_eq!(a_buf.read_u32(0).unwrap(), 0x1234, "A's memory untouched");
+    // An address mapped nowhere in B faults B's queue only.
+    let mut bq2 = bctx.create_queue(QueueOptions::user_mode()).unwrap();
+    cb.clear();
+    cb.write_u32(a_buf.va() + (1 << 40), 0xbad);
+    let v = bq2.submit(&cb).unwrap();
+    assert!(matches!(bq2.wait(v, Some(T)), Err(UmdError::QueueLost { .. })), "the offender's queue faults");
+    let actx = a.create_context(a.engine(EngineKind::Compute).unwrap()).unwrap();
+    let mut aq = actx.create_queue(QueueOptions::user_mode()).unwrap();
+    cb.clear();
+    cb.write_u32(a_buf.va(), 0x5678);
+    let v = aq.submit(&cb).unwrap();
+    aq.wait(v, Some(T)).unwrap();
+    assert_eq!(a_buf.read_u32(0).unwrap(), 0x5678, "the owner keeps working");
+    let s = d.status();
+    let a_pid = a.port().process().0;
+    let a_faults = s.processes.iter().filter(|p| p.pid == a_pid).flat_map(|p| &p.queues).filter(|q| q.fault.is_some());
+    assert_eq!(a_faults.count(), 0, "{s:?}");
+}
