@@ -1086,6 +1086,7 @@ pub trait KernelPort: Send + Sync {
 /// A sync object a user-mode queue waits on through `USERQ_WAIT` (spec 001): a native fence,
 /// or a queue's progress fence — a kernel-mode queue's included, which is how user and kernel
 /// queues interoperate.
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SyncWait {
     /// A native fence reaching `value`.
@@ -1106,6 +1107,7 @@ pub enum SyncWait {
 
 /// What `USERQ_WAIT` answers for one sync object: the GPU VA the queue's `WAIT` packet reads
 /// and the value it waits for.
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct WaitPoint {
     /// GPU VA of the 64-bit value (readable by the queue's engine).

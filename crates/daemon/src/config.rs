@@ -17,6 +17,13 @@
 //! d3_idle_ms = 1000               # device to D3 once every engine idled this long (absent: never)
 //! user_queue_mode = "both"        # "kernel-only", "both", "user-only"
 //! notify_on_submit = false        # doorbells report ConnectedNotify
+//! compute_preemption = "shader"   # none, dma_buffer, dispatch, thread_group, thread, shader
+//! copy_preemption = "chunk"       # none, dma_buffer, chunk
+//! tdr_delay_ms = 2000             # TdrDelay
+//! tdr_limit_count = 5             # TdrLimitCount
+//! tdr_limit_time_ms = 60000       # TdrLimitTime
+//! tdr_engine_reset = true         # engine resets (else adapter resets)
+//! hang_timeout_ms = 2000          # amdgpu's per-queue hang timer, compute and copy
 //!
 //! [limits]                        # per client process
 //! allocations = 4096
@@ -31,6 +38,7 @@ use std::time::Duration;
 use abi::EngineKind;
 use abi::doorbell::DoorbellModel;
 use abi::port::UserQueueMode;
+use abi::preempt::{ComputeGranularity, CopyGranularity};
 use kernel::SystemConfig;
 use wire::Limits;
 
@@ -162,6 +170,39 @@ impl DaemonConfig {
                     }
                 }
                 "notify_on_submit" => cfg.system.notify_on_submit = boolean(key, v)?,
+                "compute_preemption" => {
+                    gpu.preemption.compute = match v.as_str() {
+                        Some("none") => ComputeGranularity::None,
+                        Some("dma_buffer") => ComputeGranularity::DmaBuffer,
+                        Some("dispatch") => ComputeGranularity::Dispatch,
+                        Some("thread_group") => ComputeGranularity::ThreadGroup,
+                        Some("thread") => ComputeGranularity::Thread,
+                        Some("shader") => ComputeGranularity::Shader,
+                        _ => {
+                            return Err(bad(
+                                key,
+                                v,
+                                "\"none\", \"dma_buffer\", \"dispatch\", \"thread_group\", \"thread\" or \"shader\"",
+                            ));
+                        }
+                    }
+                }
+                "copy_preemption" => {
+                    gpu.preemption.copy = match v.as_str() {
+                        Some("none") => CopyGranularity::None,
+                        Some("dma_buffer") => CopyGranularity::DmaBuffer,
+                        Some("chunk") => CopyGranularity::Chunk,
+                        _ => return Err(bad(key, v, "\"none\", \"dma_buffer\" or \"chunk\"")),
+                    }
+                }
+                "tdr_delay_ms" => cfg.system.tdr.delay = ms(key, v, 1)?,
+                "tdr_limit_count" => cfg.system.tdr.limit_count = int(key, v, 1, 1000)? as u32,
+                "tdr_limit_time_ms" => cfg.system.tdr.limit_time = ms(key, v, 1)?,
+                "tdr_engine_reset" => cfg.system.tdr.engine_reset = boolean(key, v)?,
+                "hang_timeout_ms" => {
+                    let d = Some(ms(key, v, 1)?);
+                    (cfg.system.tdr.hang_compute, cfg.system.tdr.hang_copy) = (d, d);
+                }
                 "limits" => {
                     let t = v.as_table().ok_or_else(|| bad(key, v, "a table"))?;
                     for (k, v) in t {
@@ -214,6 +255,18 @@ mod tests {
         assert_eq!(c.system.gpu.idle_period, Duration::from_millis(5));
         assert_eq!(c.system.user_queue_mode, UserQueueMode::UserOnly);
         assert_eq!((c.limits.queues, c.max_clients), (3, 2));
+        let c = DaemonConfig::parse(
+            f,
+            "compute_preemption = \"dispatch\"\ncopy_preemption = \"none\"\ntdr_delay_ms = 500\ntdr_limit_count = 2\nhang_timeout_ms = 100\n",
+        )
+        .unwrap();
+        assert_eq!(c.system.gpu.preemption.compute, ComputeGranularity::Dispatch);
+        assert_eq!(c.system.gpu.preemption.copy, CopyGranularity::None);
+        assert_eq!(c.system.tdr.delay, Duration::from_millis(500));
+        assert_eq!(c.system.tdr.limit_count, 2);
+        assert_eq!(c.system.tdr.hang_copy, Some(Duration::from_millis(100)));
+        let e = DaemonConfig::parse(f, "compute_preemption = \"wave\"").unwrap_err();
+        assert!(e.to_string().contains("`compute_preemption` = \"wave\""), "{e}");
     }
 
     #[test]

@@ -714,6 +714,29 @@ fn handle(shared: &Arc<Shared>, client: &Arc<Client>, req: Request) -> (Response
             Request::QueryPhysicalDoorbell(q) => Reply::PhysicalDoorbell(port.query_physical_doorbell(q)?),
             Request::Status => Reply::Status(Box::new(status::collect(shared))),
             Request::Goodbye => Reply::Unit,
+            Request::UserqSignal(q, point, fences) => {
+                port.userq_signal(q, point, &fences)?;
+                Reply::Unit
+            }
+            Request::UserqWait(q, objects) => Reply::WaitPoints(port.userq_wait(q, &objects)?),
+            Request::OpenProgressFence(q) => {
+                {
+                    let l = client.ledger.lock();
+                    if l.objects() >= limits.allocations as usize {
+                        return Err(limit(
+                            "allocations (per-process limit)",
+                            l.objects() as u64,
+                            limits.allocations as u64,
+                        ));
+                    }
+                }
+                let info = port.open_progress_fence(q)?;
+                let device = client.ledger.lock().devices.iter().next().copied();
+                if let Some(d) = device {
+                    client.ledger.lock().fences.insert(info.handle, d);
+                }
+                Reply::NativeFence(wire_fence(info, &mut keep))
+            }
         })
     })();
     if resp.is_err() {

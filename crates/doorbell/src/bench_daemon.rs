@@ -94,6 +94,8 @@ pub fn peer(a: PeerArgs) -> Result<(), CliError> {
                 while seq.load(Ordering::Acquire) != i {
                     std::hint::spin_loop();
                 }
+                // Relaxed: ordered after the producer's store by the sequence number's
+                // Release/Acquire pair.
                 ts.load(Ordering::Relaxed)
             }
             "futex" => {
@@ -164,6 +166,7 @@ fn peer_p50(kind: &str, samples: u64) -> Result<u64, CliError> {
                 s.write_all(&now.to_le_bytes()).map_err(|e| err("write")(e.to_string()))?;
             }
             _ => {
+                // Relaxed: published by the Release store of the sequence number below.
                 ts.store(now, Ordering::Relaxed);
                 // Release: the timestamp is visible before the sequence number.
                 seq.store(i, Ordering::Release);

@@ -742,3 +742,72 @@ fn a_blocked_wait_does_not_hold_up_other_threads() {
     let s = d.status();
     assert_eq!(s.processes.len(), 1, "one process, several connections");
 }
+
+/// The calls spec fidelity added to `KernelPort` (USERQ_SIGNAL, USERQ_WAIT, native progress
+/// fences) cross the socket too.
+#[test]
+fn userq_signal_wait_and_progress_fences_cross_the_socket() {
+    let dir = scratch("userq");
+    let d = Daemon::start(&dir, None);
+    let port = Arc::new(RemotePort::connect(&d.socket).unwrap());
+    let dev = Device::open(port.clone()).unwrap();
+    let ctx = dev.create_context(dev.engine(EngineKind::Compute).unwrap()).unwrap();
+    let mut q = ctx.create_queue(QueueOptions::user_mode()).unwrap();
+    let q2 = ctx.create_queue(QueueOptions::user_mode()).unwrap();
+    let buf = dev.allocate(4096).unwrap();
+    let pf = port.open_progress_fence(q.handle()).unwrap();
+    let fence = dev.create_fence(0, NativeFenceType::Default).unwrap();
+    let mut cb = CommandBuffer::new();
+    cb.write_u32(buf.va(), 5);
+    let v = q.submit(&cb).unwrap();
+    port.userq_signal(q.handle(), v, &[(fence.handle(), 9)]).unwrap();
+    q.wait(v, Some(T)).unwrap();
+    fence.wait(9, Some(T)).unwrap();
+    let cpu = pf.cpu.as_ref().unwrap();
+    assert_eq!(cpu.prot(), shm::Prot::ReadOnly);
+    assert!(cpu.load_u64(pf.offset, std::sync::atomic::Ordering::Acquire).unwrap() >= v);
+    let points =
+        port.userq_wait(q2.handle(), &[abi::port::SyncWait::QueueProgress { queue: q.handle(), value: v }]).unwrap();
+    assert_eq!(points.len(), 1);
+    assert_eq!(points[0].value, v);
+    // A point past what was queued is a typed refusal, as in embedded mode.
+    assert!(matches!(port.userq_signal(q.handle(), v + 100, &[]), Err(KernelError::InvalidArgument { .. })));
+}
+
+/// A process's GPU VAs are its own: the same address from another process reaches that
+/// process's own mapping or nothing (a fault of the offender's queue only); the owner's memory
+/// and work are untouched.
+#[test]
+fn another_process_gpu_va_reaches_only_the_offender() {
+    let dir = scratch("va");
+    let d = Daemon::start(&dir, None);
+    let a = Device::connect(&d.socket).unwrap();
+    let b = Device::connect(&d.socket).unwrap();
+    let a_buf = a.allocate(4096).unwrap();
+    a_buf.write(0, &0x1234u32.to_le_bytes()).unwrap();
+    let bctx = b.create_context(b.engine(EngineKind::Compute).unwrap()).unwrap();
+    let mut cb = CommandBuffer::new();
+    // A's address from B: B's own mapping there, if any, or a fault.
+    let mut bq = bctx.create_queue(QueueOptions::user_mode()).unwrap();
+    cb.write_u32(a_buf.va(), 0xbad);
+    let v = bq.submit(&cb).unwrap();
+    let _ = bq.wait(v, Some(T));
+    assert_eq!(a_buf.read_u32(0).unwrap(), 0x1234, "A's memory untouched");
+    // An address mapped nowhere in B faults B's queue only.
+    let mut bq2 = bctx.create_queue(QueueOptions::user_mode()).unwrap();
+    cb.clear();
+    cb.write_u32(a_buf.va() + (1 << 40), 0xbad);
+    let v = bq2.submit(&cb).unwrap();
+    assert!(matches!(bq2.wait(v, Some(T)), Err(UmdError::QueueLost { .. })), "the offender's queue faults");
+    let actx = a.create_context(a.engine(EngineKind::Compute).unwrap()).unwrap();
+    let mut aq = actx.create_queue(QueueOptions::user_mode()).unwrap();
+    cb.clear();
+    cb.write_u32(a_buf.va(), 0x5678);
+    let v = aq.submit(&cb).unwrap();
+    aq.wait(v, Some(T)).unwrap();
+    assert_eq!(a_buf.read_u32(0).unwrap(), 0x5678, "the owner keeps working");
+    let s = d.status();
+    let a_pid = a.port().process().0;
+    let a_faults = s.processes.iter().filter(|p| p.pid == a_pid).flat_map(|p| &p.queues).filter(|q| q.fault.is_some());
+    assert_eq!(a_faults.count(), 0, "{s:?}");
+}
