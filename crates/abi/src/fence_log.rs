@@ -12,7 +12,10 @@
 //! 5. the conditional-interrupt check (signals on native fences).
 //!
 //! Overrun is allowed: the engine keeps writing and bumps WraparoundCount; a reader that cached
-//! the header detects lost entries by comparing totals. Timestamps never go backwards.
+//! the header detects lost entries by comparing totals. Timestamps never go backwards, but an
+//! entry may carry a zero timestamp (spec 002 "Empty or repeated log buffer timestamps": an
+//! adapter of a linked pair may skip the write); a zero is accepted and does not reset the
+//! monotonic check.
 //!
 //! Layout (little-endian):
 //!
@@ -248,10 +251,14 @@ pub fn read_since(log: &shm::Mapping, cached: u64) -> Result<LogRead, LogError> 
         if FenceLogOp::from_u32(e.operation).is_none() {
             return Err(LogError::BadOperation { index: i, op: e.operation });
         }
-        if e.end_timestamp < prev {
-            return Err(LogError::TimeBackwards { index: i, ts: e.end_timestamp, prev });
+        // Zero is "empty" (the spec permits it) and is skipped; a real timestamp never goes
+        // below the last real one.
+        if e.end_timestamp != 0 {
+            if e.end_timestamp < prev {
+                return Err(LogError::TimeBackwards { index: i, ts: e.end_timestamp, prev });
+            }
+            prev = e.end_timestamp;
         }
-        prev = e.end_timestamp;
         entries.push(e);
     }
     // The engine may have gone on writing while we read. Position t shares its slot with
@@ -273,11 +280,35 @@ pub fn header_total(log: &shm::Mapping) -> Result<u64, LogError> {
 /// The caller issues the barrier. A log too small for the entry is left alone (the kernel
 /// made it; it never is).
 pub fn append(log: &shm::Mapping, entry: u32, e: FenceLogEntry) {
+    append_to(log, entry, e)
+}
+
+/// The memory a log lives in, as the engine writes it: plain entry words, and the header's
+/// atomic word. [`append_to`] is written against it so a test can record the order of the
+/// writes (`abi::fence_log` tests: value, entry, index, then the interrupt check).
+pub trait LogMemory {
+    /// A plain store of an entry word at byte `offset`.
+    fn write_word(&self, offset: u64, value: u64);
+    /// The header word (FirstFreeEntryIndex and WraparoundCount).
+    fn header(&self) -> Option<&AtomicU64>;
+}
+
+impl LogMemory for shm::Mapping {
+    fn write_word(&self, offset: u64, value: u64) {
+        let _ = self.write_u64(offset, value);
+    }
+    fn header(&self) -> Option<&AtomicU64> {
+        self.atomic_u64(0).ok()
+    }
+}
+
+/// [`append`] over any [`LogMemory`]: the entry's words, then the header.
+pub fn append_to<L: LogMemory + ?Sized>(log: &L, entry: u32, e: FenceLogEntry) {
     let base = entry_offset(entry);
     for (k, w) in e.to_words().iter().enumerate() {
-        let _ = log.write_u64(base + k as u64 * 8, *w);
+        log.write_word(base + k as u64 * 8, *w);
     }
-    if let Ok(h) = log.atomic_u64(0) {
+    if let Some(h) = log.header() {
         // Relaxed load: the engine is the header's only writer.
         let (_, wraps) = unpack_first_free(h.load(core::sync::atomic::Ordering::Relaxed));
         let next = entry + 1;
@@ -320,6 +351,73 @@ mod tests {
             log.write_u64(entry_offset(i) + k as u64 * 8, *w).unwrap();
         }
         log.write_u64(0, next).unwrap();
+    }
+
+    #[test]
+    fn zero_timestamps_are_accepted_but_real_ones_never_go_backwards() {
+        let shm = shm::Shm::new("log", 4096).unwrap();
+        init(&shm, FenceLogType::Signal).unwrap();
+        put(&shm, 0, 10, pack_first_free(1, 0));
+        put(&shm, 1, 0, pack_first_free(2, 0)); // an empty timestamp (a skipped write)
+        put(&shm, 2, 10, pack_first_free(3, 0)); // repeated
+        put(&shm, 3, 12, pack_first_free(4, 0));
+        let r = read_since(&shm, 0).unwrap();
+        assert_eq!(r.entries.iter().map(|e| e.end_timestamp).collect::<Vec<_>>(), [10, 0, 10, 12]);
+        // After a zero, a real timestamp below the last real one is still refused.
+        put(&shm, 4, 0, pack_first_free(5, 0));
+        put(&shm, 5, 11, pack_first_free(6, 0));
+        assert!(matches!(read_since(&shm, 0), Err(LogError::TimeBackwards { index: 5, ts: 11, prev: 12 })));
+    }
+
+    /// Spec 002 "Order of operations on GPU when signaling or unblocking a fence": 1. the fence
+    /// value, 2. the log entry, 3. FirstFreeEntryIndex, then (after the barrier) the interrupt
+    /// check — exactly how the engine composes `protocol::signal_fence` with [`append_to`].
+    #[test]
+    fn a_logged_signal_writes_value_then_entry_then_index_then_checks_for_the_interrupt() {
+        use crate::sync::{Load, Ordering as O, Store};
+        use std::cell::RefCell;
+        #[derive(Debug, PartialEq, Clone, Copy)]
+        enum W {
+            Value,
+            Entry,
+            Index,
+            InterruptCheck,
+        }
+        struct Rec<'a>(&'a RefCell<Vec<W>>, W, AtomicU64);
+        impl Store for Rec<'_> {
+            fn store(&self, v: u64, o: O) {
+                self.0.borrow_mut().push(self.1);
+                self.2.store(v, o);
+            }
+        }
+        impl Load for Rec<'_> {
+            fn load(&self, o: O) -> u64 {
+                self.0.borrow_mut().push(self.1);
+                self.2.load(o)
+            }
+        }
+        struct Log<'a>(&'a RefCell<Vec<W>>, AtomicU64);
+        impl LogMemory for Log<'_> {
+            fn write_word(&self, _: u64, _: u64) {
+                self.0.borrow_mut().push(W::Entry);
+            }
+            fn header(&self) -> Option<&AtomicU64> {
+                // The header's own load is the engine's read of its index; the store follows.
+                self.0.borrow_mut().push(W::Index);
+                Some(&self.1)
+            }
+        }
+        let seen = RefCell::new(Vec::new());
+        let current = Rec(&seen, W::Value, AtomicU64::new(0));
+        let monitored = Rec(&seen, W::InterruptCheck, AtomicU64::new(4));
+        let log = Log(&seen, AtomicU64::new(0));
+        let e = FenceLogEntry { fence_value: 5, end_timestamp: 1, ..Default::default() };
+        let interrupt = crate::protocol::signal_fence(&current, &monitored, 5, || append_to(&log, 0, e));
+        assert!(interrupt, "5 > MonitoredValue 4");
+        assert_eq!(unpack_first_free(log.1.load(O::Relaxed)), (1, 0), "the index moved past the entry");
+        let mut order = seen.borrow().clone();
+        order.dedup();
+        assert_eq!(order, [W::Value, W::Entry, W::Index, W::InterruptCheck]);
     }
 
     #[test]

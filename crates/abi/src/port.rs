@@ -130,6 +130,8 @@ pub struct AdapterInfo {
     pub queue_metadata: QueueMetadataSizes,
     /// `D3DKMDT_PREEMPTION_CAPS`: where the engines can stop a queue's work (spec 003).
     pub preemption: crate::preempt::PreemptionCaps,
+    /// The device runs secure (protected-content) queues ([`crate::queue::QUEUE_FLAG_SECURE`]).
+    pub secure_queues: bool,
 }
 
 /// How a hardware queue takes work.
@@ -188,6 +190,12 @@ pub struct DoorbellInfo {
     /// The aggregated doorbell, when the device needs one: the page (never rotated), the
     /// offset of the word and this queue's engine's bit in it.
     pub aggregated: Option<AggregatedDoorbell>,
+    /// The doorbell's GPU VA in the process's own address space (spec 001: "the GPU [can]
+    /// submit work to itself"): another queue of the process rings it from the GPU by
+    /// writing the new wptr there (`WRITE_DATA`), after writing the wptr word. `None` where a
+    /// plain store from the GPU cannot ring (global doorbell bits, a victimized pool, or an
+    /// engine that also needs the aggregated doorbell's bit OR-ed in).
+    pub gpu_va: Option<u64>,
 }
 
 /// Where a client rings the aggregated doorbell.
@@ -453,6 +461,13 @@ pub enum Invalid {
     },
     /// The device (its kernel-mode driver) refused, with its reason.
     Device(DeviceRefusal),
+    /// A progress point past the queue's last-queued value (work not yet submitted).
+    BeyondQueued {
+        /// The queue's last-queued value.
+        last_queued: u64,
+    },
+    /// An object of another process.
+    OtherProcess,
 }
 
 impl core::fmt::Display for Invalid {
@@ -462,6 +477,8 @@ impl core::fmt::Display for Invalid {
             Size { max } => write!(f, "must be between 1 and {max} bytes"),
             NoSuchEngine { engines } => write!(f, "the device has {engines} engines"),
             Unsupported(what) => write!(f, "does not support {what}"),
+            BeyondQueued { last_queued } => write!(f, "is past the queue's last-queued value {last_queued}"),
+            OtherProcess => f.write_str("belongs to another process"),
             Misaligned { align } => write!(f, "must be {align}-byte aligned"),
             GpuReadOnly => f.write_str("lies in a mapping the GPU may not write"),
             RingSize(why) => write!(f, "{why}"),
@@ -583,6 +600,19 @@ pub enum DeviceRefusal {
         /// Which call of the DDI failed (1-based).
         call: u32,
     },
+    /// The queue is not held off its engine for the kernel (never preempted, or hung).
+    NotHeld,
+    /// A take-back of a kernel ring's work outside what the engine allows.
+    BadTakeBack {
+        /// The wptr asked for.
+        wptr: u64,
+        /// The lowest allowed (the packet the queue resumes at, or just past it).
+        floor: u64,
+        /// The highest allowed (the last wptr the engine accepted).
+        accepted: u64,
+    },
+    /// The device does not support what was asked.
+    Unsupported(&'static str),
 }
 
 impl core::fmt::Display for DeviceRefusal {
@@ -613,6 +643,11 @@ impl core::fmt::Display for DeviceRefusal {
             VictimKeptDoorbell => f.write_str("the victim's doorbell did not come back"),
             NotANativeFence => f.write_str("is not a native fence of this device"),
             Injected { call } => write!(f, "failed (injected fault, call {call})"),
+            NotHeld => f.write_str("is not held off its engine for the kernel"),
+            BadTakeBack { wptr, floor, accepted } => {
+                write!(f, "take back to wptr {wptr:#x}: allowed from {floor:#x} to {accepted:#x} on a kernel ring")
+            }
+            Unsupported(what) => write!(f, "the device does not support {what}"),
         }
     }
 }
@@ -627,6 +662,12 @@ pub enum LostReason {
     /// Its doorbell was aborted (`DisconnectedAbort`: process termination, device loss)
     /// while the queue was in this state.
     DoorbellAborted(QueueState),
+    /// The buffer at `va` holding its ring, rptr, wptr or last-queued word lost its GPU
+    /// mapping (a failed migration): the queue reports `InvalidVa` and runs no more work.
+    InvalidVa {
+        /// The buffer's GPU VA.
+        va: u64,
+    },
 }
 
 impl core::fmt::Display for LostReason {
@@ -635,6 +676,7 @@ impl core::fmt::Display for LostReason {
             LostReason::Fault(r) => write!(f, "{r}"),
             LostReason::Destroyed => f.write_str("destroyed"),
             LostReason::DoorbellAborted(s) => write!(f, "doorbell aborted (queue {s:?})"),
+            LostReason::InvalidVa { va } => write!(f, "its ring memory at {va:#x} lost its GPU mapping"),
         }
     }
 }
@@ -834,6 +876,51 @@ pub enum KernelError {
     /// Shared memory failed.
     #[error("shared memory: {0}")]
     Shm(#[from] shm::ShmError),
+    /// Adapter initialization failed: the KMD and the OS disagree on a feature (spec 002: "The
+    /// OS fails adapter initialization if KMD advertises native fence support when the OS
+    /// hasn't enabled the feature").
+    #[error("adapter initialization: {feature}: the KMD advertises {kmd}, the OS has {os}")]
+    FeatureMismatch {
+        /// The feature (or cap).
+        feature: &'static str,
+        /// What the KMD advertised.
+        kmd: String,
+        /// What the OS enabled (or what the KMD's other caps imply).
+        os: String,
+    },
+}
+
+/// `DXGK_NATIVE_FENCE_CAPS` with the related `DXGK_VIDSCHCAPS` bits: what the KMD reports
+/// about native fences (spec 002 "Native fence capabilities").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NativeFenceCaps {
+    /// `DXGK_VIDSCHCAPS::NativeGpuFence`: native fences are supported (advertised only when
+    /// the OS enabled `DXGK_FEATURE_NATIVE_FENCE`).
+    pub supported: bool,
+    /// `DXGK_VIDSCHCAPS::OptimizedNativeFenceSignaledInterrupt`: a logged signal's interrupt
+    /// names the queue, and the OS reads its log.
+    pub optimized_interrupt: bool,
+    /// `DXGK_NATIVE_FENCE_CAPS::MapToGpuSystemProcess`: the OS also maps each fence's
+    /// CurrentValue and MonitoredValue into the GPU system (paging) process, for the CMP.
+    pub map_to_gpu_system_process: bool,
+    /// Bytes between two non-shareable fences' CurrentValues in a packed page.
+    pub current_value_stride: u64,
+    /// Bytes between their MonitoredValues.
+    pub monitored_value_stride: u64,
+}
+
+/// The OS's answer to the KMD's `IsFeatureEnabled` queries (`DXGKCB_FEATURE_NATIVEFENCE_CAPS_1`
+/// and friends), given to the KMD during adapter initialization.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OsFeatures {
+    /// `DXGK_FEATURE_NATIVE_FENCE` is enabled.
+    pub native_fence: bool,
+}
+
+impl Default for OsFeatures {
+    fn default() -> Self {
+        OsFeatures { native_fence: true }
+    }
 }
 
 /// The system-call surface of the kernel, for one process.
@@ -922,6 +1009,77 @@ pub trait KernelPort: Send + Sync {
     /// A kernel-mode queue reports the kernel's doorbell the KMD rings for it. For tests and
     /// tools that observe victimization.
     fn query_physical_doorbell(&self, queue: HwQueueHandle) -> Result<Option<PhysicalDoorbell>, KernelError>;
+    /// amdgpu `USERQ_SIGNAL` (spec 001): once user-mode queue `queue` completes its work up to
+    /// progress value `point`, the kernel signals each fence to its value — so a kernel-mode
+    /// queue, a CPU waiter or another process can depend on a user queue's work. `point` may
+    /// not pass the queue's last-queued value. The default refuses (a port without it).
+    fn userq_signal(
+        &self,
+        queue: HwQueueHandle,
+        point: u64,
+        fences: &[(NativeFenceHandle, u64)],
+    ) -> Result<(), KernelError> {
+        let _ = (point, fences);
+        Err(KernelError::InvalidArgument {
+            field: "queue",
+            value: queue.to_string(),
+            reason: Invalid::Unsupported("USERQ_SIGNAL"),
+        })
+    }
+    /// amdgpu `USERQ_WAIT` (spec 001): validates the sync objects user-mode queue `queue`
+    /// should wait on and answers, for each, the GPU VA and value its `WAIT` packet uses
+    /// (`umd::CommandBuffer::wait_points`). Kernel-mode queues' progress fences are sync objects
+    /// too. The default refuses.
+    fn userq_wait(&self, queue: HwQueueHandle, objects: &[SyncWait]) -> Result<Vec<WaitPoint>, KernelError> {
+        let _ = objects;
+        Err(KernelError::InvalidArgument {
+            field: "queue",
+            value: queue.to_string(),
+            reason: Invalid::Unsupported("USERQ_WAIT"),
+        })
+    }
+    /// The queue's progress fence as a native fence (spec 002 "Indicating a native progress
+    /// fence for hardware queues"): CPU waits on it are native fence waits (MonitoredValue, a
+    /// conditional interrupt), GPU waits park on it. Only the engine writes it: a CPU signal
+    /// is refused. It goes with its queue. The default refuses.
+    fn open_progress_fence(&self, queue: HwQueueHandle) -> Result<NativeFenceInfo, KernelError> {
+        Err(KernelError::InvalidArgument {
+            field: "queue",
+            value: queue.to_string(),
+            reason: Invalid::Unsupported("native progress fences"),
+        })
+    }
+}
+
+/// A sync object a user-mode queue waits on through `USERQ_WAIT` (spec 001): a native fence,
+/// or a queue's progress fence — a kernel-mode queue's included, which is how user and kernel
+/// queues interoperate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SyncWait {
+    /// A native fence reaching `value`.
+    Fence {
+        /// The fence.
+        fence: NativeFenceHandle,
+        /// The value.
+        value: u64,
+    },
+    /// A queue's progress fence reaching `value`.
+    QueueProgress {
+        /// The queue (user- or kernel-mode).
+        queue: HwQueueHandle,
+        /// The progress value.
+        value: u64,
+    },
+}
+
+/// What `USERQ_WAIT` answers for one sync object: the GPU VA the queue's `WAIT` packet reads
+/// and the value it waits for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WaitPoint {
+    /// GPU VA of the 64-bit value (readable by the queue's engine).
+    pub va: u64,
+    /// The value to wait for (`WAIT` passes when the word is at least this).
+    pub value: u64,
 }
 
 /// A native fence's two values ([`KernelPort::query_native_fence`]).

@@ -141,8 +141,61 @@ pub fn signal_fence<W: Store + ?Sized, M: Load + ?Sized>(
 /// barrier, read CurrentValue. The caller satisfies every waiter the returned value passes.
 #[inline]
 pub fn set_monitored_and_resample<W: Store + ?Sized, C: Load + ?Sized>(monitored: &W, current: &C, value: u64) -> u64 {
+    store_monitored(monitored, value);
+    monitored_barrier();
+    resample(current)
+}
+
+/// KMD (`DxgkDdiUpdateMonitoredValues`, one value of a batch): store a MonitoredValue. The
+/// batch ends with one [`monitored_barrier`].
+#[inline]
+pub fn store_monitored<W: Store + ?Sized>(monitored: &W, value: u64) {
+    // Relaxed: the barrier that ends the batch orders it before the OS's resample.
     monitored.store(value, Ordering::Relaxed);
+}
+
+/// KMD, at the end of `DxgkDdiUpdateMonitoredValues`: the barrier after which "the
+/// CurrentValue read by any processor core was written by the GPU CMP after having observed
+/// the new MonitoredValue" (spec 002).
+#[inline]
+pub fn monitored_barrier() {
     fence(Ordering::SeqCst);
+}
+
+/// OS, on return from `DxgkDdiUpdateMonitoredValues`: resample CurrentValue.
+#[inline]
+pub fn resample<C: Load + ?Sized>(current: &C) -> u64 {
     // Acquire: pairs with the signaller's release, so the signalled work is visible.
     current.load(Ordering::Acquire)
+}
+
+// # Last-queued value before wptr (spec 000 "HW queue progress fence changes")
+//
+// The kernel learns that a queue has pending work from its last-queued progress value, and
+// the device bounds every `PROGRESS_FENCE` by it, so the value must be visible no later than
+// the work it covers: "the UMD needs to update the queued progress fence value just before
+// appending a new command buffer to the ring buffer and making it visible to the GPU". The
+// client stores it with release *before* it publishes wptr (also release); the firmware
+// acquires wptr *before* it reads the value. A firmware that sees the new wptr therefore sees
+// a last-queued value covering it. `loom_last_queued_is_visible_before_wptr` checks it, and
+// its twin, where the client publishes wptr first, must fail.
+
+/// Client, spec 000 step 3 ("Inform the OS of the newly queued value"): store the new
+/// last-queued progress value, before the command buffer is made visible through wptr.
+#[inline]
+pub fn announce_last_queued<W: Store + ?Sized>(last_queued: &W, value: u64) {
+    // Release: ordered before the wptr release store that follows, so whoever acquires that
+    // wptr sees this value (or a later one).
+    last_queued.store(value, Ordering::Release);
+}
+
+/// Firmware: read the client's wptr, then the last-queued value that must cover it. Returns
+/// `(wptr, last_queued)`.
+#[inline]
+pub fn read_wptr_and_last_queued<W: Load + ?Sized, Q: Load + ?Sized>(wptr: &W, last_queued: &Q) -> (u64, u64) {
+    // Acquire: pairs with the client's release store of wptr, so the packets and the
+    // last-queued value stored before it are visible.
+    let w = wptr.load(Ordering::Acquire);
+    // Acquire, after the wptr's acquire: pairs with `announce_last_queued`.
+    (w, last_queued.load(Ordering::Acquire))
 }

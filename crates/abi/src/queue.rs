@@ -40,6 +40,21 @@ pub enum EngineKind {
     Compute,
     /// Copy (DMA/SDMA) engine.
     Copy,
+    /// A video engine (amdgpu VCN): runs the non-compute packets, and takes kernel-mode queues
+    /// only — spec 001: "a GPU may support user queues for GFX, compute, and SDMA, but not for
+    /// VCN, JPEG, and VPE".
+    Video,
+}
+
+impl EngineKind {
+    /// Whether the hardware can run user-mode queues on this kind of engine (its firmware
+    /// hears doorbells from user queues). The KMD reports it per engine in INFO.
+    pub const fn supports_user_queues(self) -> bool {
+        match self {
+            EngineKind::Compute | EngineKind::Copy => true,
+            EngineKind::Video => false,
+        }
+    }
 }
 
 impl fmt::Display for EngineKind {
@@ -47,6 +62,7 @@ impl fmt::Display for EngineKind {
         f.write_str(match self {
             EngineKind::Compute => "compute",
             EngineKind::Copy => "copy",
+            EngineKind::Video => "video",
         })
     }
 }
@@ -133,15 +149,28 @@ pub struct QueueDescriptor {
     pub doorbell_index: u32,
     /// [`Priority`] level.
     pub priority: u32,
+    /// Attributes (spec 001: "whether the queue is secure for protected content, etc."):
+    /// [`QUEUE_FLAG_SECURE`]; every other bit must be 0.
+    pub flags: u32,
+    /// Must be 0.
+    pub reserved: u32,
 }
 
 /// `doorbell_index` value asking the kernel to choose a free doorbell in the process's page.
 pub const DOORBELL_INDEX_ANY: u32 = u32::MAX;
 
+/// [`QueueDescriptor::flags`]: a secure (protected-content) queue (amdgpu
+/// `AMDGPU_USERQ_CREATE_FLAGS_QUEUE_SECURE`). Accepted only on a device that reports
+/// [`crate::port::AdapterInfo::secure_queues`].
+pub const QUEUE_FLAG_SECURE: u32 = 1 << 0;
+/// Every flag this ABI defines.
+pub const QUEUE_FLAGS_KNOWN: u32 = QUEUE_FLAG_SECURE;
+
 const _: () = {
-    assert!(size_of::<QueueDescriptor>() == 48);
+    assert!(size_of::<QueueDescriptor>() == 56);
     assert!(offset_of!(QueueDescriptor, last_queued_va) == 32);
     assert!(offset_of!(QueueDescriptor, doorbell_index) == 40);
+    assert!(offset_of!(QueueDescriptor, flags) == 48);
 };
 
 /// The per-queue page the kernel owns and the client maps read-only.

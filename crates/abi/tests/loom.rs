@@ -77,6 +77,12 @@ use abi::protocol::{set_monitored_and_resample, signal_fence};
 /// A CPU waiter for value 1 registers (MonitoredValue 0) while the engine signals 1: the waiter
 /// is woken by the interrupt or satisfied by the resample. `engine` is the engine half.
 fn fence_model(engine: fn(&AtomicU64, &AtomicU64, u64) -> bool) {
+    fence_model_with(engine, |m, c, v| set_monitored_and_resample(m, c, v));
+}
+
+/// The same race with the kernel half under test too (`kernel`: store MonitoredValue, then
+/// resample CurrentValue).
+fn fence_model_with(engine: fn(&AtomicU64, &AtomicU64, u64) -> bool, kernel: fn(&AtomicU64, &AtomicU64, u64) -> u64) {
     loom::model(move || {
         let current = Arc::new(AtomicU64::new(0));
         let monitored = Arc::new(AtomicU64::new(u64::MAX)); // no waiter yet
@@ -84,7 +90,7 @@ fn fence_model(engine: fn(&AtomicU64, &AtomicU64, u64) -> bool) {
             let (current, monitored) = (current.clone(), monitored.clone());
             loom::thread::spawn(move || engine(&current, &monitored, 1))
         };
-        let resampled = set_monitored_and_resample(&*monitored, &*current, 0);
+        let resampled = kernel(&monitored, &current, 0);
         let interrupted = t.join().unwrap();
         assert!(
             interrupted || resampled >= 1,
@@ -157,4 +163,59 @@ fn loom_global_doorbell_never_loses_a_ring() {
 #[should_panic(expected = "ring lost")]
 fn loom_global_doorbell_with_a_store_loses_a_ring() {
     global_model(|bell, mask| bell.store(mask, Ordering::Release));
+}
+
+/// The kernel half without its barrier (spec 002: `DxgkDdiUpdateMonitoredValues` "must
+/// guarantee that, after it returns, the CurrentValue read by any processor core was written
+/// by the GPU CMP after having observed the new MonitoredValue"): MonitoredValue stored, then
+/// CurrentValue resampled with no fence between. Loom must find the lost wake-up.
+#[test]
+#[should_panic(expected = "wake-up lost")]
+fn loom_fence_new_waiter_without_the_kernel_barrier_loses_a_wakeup() {
+    fence_model_with(
+        |c, m, v| signal_fence(c, m, v, || {}),
+        |m, c, v| {
+            m.store(v, Ordering::Relaxed);
+            c.load(Ordering::Acquire)
+        },
+    );
+}
+
+use abi::protocol::{announce_last_queued, read_wptr_and_last_queued};
+
+/// The client queues command buffer 1 (last-queued 1, then wptr) while the firmware reads
+/// wptr and last-queued. A firmware that sees the new wptr must see a last-queued value that
+/// covers it (spec 000: the queued value is updated "right before the new submission is made
+/// visible to the GPU"). `client` is the client half under test.
+fn last_queued_model(client: fn(&AtomicU64, &AtomicU64)) {
+    loom::model(move || {
+        let wptr = Arc::new(AtomicU64::new(0));
+        let last_queued = Arc::new(AtomicU64::new(0));
+        let t = {
+            let (wptr, last_queued) = (wptr.clone(), last_queued.clone());
+            loom::thread::spawn(move || client(&wptr, &last_queued))
+        };
+        let (w, q) = read_wptr_and_last_queued(&*wptr, &*last_queued);
+        assert!(w == 0 || q >= 1, "last-queued {q} does not cover wptr {w}: the OS would think the queue idle");
+        t.join().unwrap();
+    });
+}
+
+#[test]
+fn loom_last_queued_is_visible_before_wptr() {
+    last_queued_model(|w, q| {
+        announce_last_queued(q, 1);
+        w.store(WPTR, Ordering::Release);
+    });
+}
+
+/// Its twin: wptr published before the last-queued value. Loom must find the firmware seeing
+/// work the OS does not know is queued.
+#[test]
+#[should_panic(expected = "does not cover")]
+fn loom_wptr_before_last_queued_is_caught() {
+    last_queued_model(|w, q| {
+        w.store(WPTR, Ordering::Release);
+        announce_last_queued(q, 1);
+    });
 }

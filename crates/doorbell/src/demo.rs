@@ -238,6 +238,13 @@ pub fn run(quiet: bool) -> Result<(), CliError> {
     checked += 3;
     say("the other queues, in both processes, kept running with correct results".into());
 
+    let (lines, n, c) = gpu_work_graph()?;
+    for l in lines {
+        say(l);
+    }
+    submissions += n;
+    checked += c;
+
     let (lines, n) = cross_adapter()?;
     for l in lines {
         say(l);
@@ -296,6 +303,72 @@ fn explain(trace: &[TraceEntry], i: usize) -> Option<&'static str> {
         (false, true) => Some("the queue was destroyed by its owner: the ordinary end of a queue, not a fault"),
         (false, false) => None,
     }
+}
+
+/// Spec 001's "the GPU [can] submit work to itself": a work graph across the compute and copy
+/// engines — compute fills, copy copies, compute writes a marker — where each stage submits
+/// the next from the GPU (it writes the next queue's wptr and rings its doorbell, mapped in the
+/// process's own address space). One CPU submission starts it; no kernel call follows. A live
+/// system of its own whose engines stay awake (a GPU ring on a doorbell the kernel disconnected
+/// for F1 is not heard: only a CPU submission reconnects). Returns what to say, the CPU
+/// submissions it made and the checks.
+fn gpu_work_graph() -> Result<(Vec<String>, u32, u32), CliError> {
+    let sys = System::live(SystemConfig {
+        gpu: GpuConfig { idle_period: Duration::from_secs(3600), ..GpuConfig::default() },
+        ..SystemConfig::default()
+    })?;
+    let port: Arc<dyn KernelPort> = sys.open_process()?;
+    let dev = Device::open(port)?;
+    let compute = dev.create_context(dev.engine(EngineKind::Compute)?)?;
+    let copy = dev.create_context(dev.engine(EngineKind::Copy)?)?;
+    let mut first = compute.create_queue(QueueOptions::user_mode())?;
+    let mut middle = copy.create_queue(QueueOptions::user_mode())?;
+    let mut last = compute.create_queue(QueueOptions::user_mode())?;
+    let buf = dev.allocate(1 << 20)?;
+    let (src, dst, marker) = (buf.va(), buf.va() + (256 << 10), buf.va() + (512 << 10));
+    const BYTES: u64 = 64 << 10;
+    // Built back to front: each stage carries the kick of the next.
+    let mut cb = CommandBuffer::new();
+    cb.write_u32(marker, 0x600D_F00D).timestamp(marker + 8);
+    let k_last = last.prepare(&cb)?;
+    let mut cb = CommandBuffer::new();
+    cb.copy(src, dst, BYTES).kick(&k_last);
+    let k_middle = middle.prepare(&cb)?;
+    let mut cb = CommandBuffer::new();
+    cb.fill(src, BYTES, 0x5EED_5EED).kick(&k_middle);
+    let (mark, _) = sys.trace();
+    let t0 = Instant::now();
+    first.submit(&cb)?; // the one CPU submission
+    last.wait(k_last.value, WAIT)?;
+    let took = t0.elapsed();
+    let mut out = vec![0u8; BYTES as usize];
+    buf.read(256 << 10, &mut out)?;
+    check(out.chunks(4).all(|c| c == 0x5EED_5EEDu32.to_le_bytes()), "GPU graph: the copy engine copied the fill")?;
+    check(buf.read_u32(512 << 10)? == 0x600D_F00D, "GPU graph: the last compute stage ran")?;
+    check(middle.completed() == k_middle.value, "GPU graph: the copy stage completed")?;
+    let (trace, _) = sys.trace();
+    let kernel_submits = trace[mark.len()..]
+        .iter()
+        .filter(|e| {
+            matches!(
+                e.event,
+                Event::Ddi(Ddi::SubmitCommand { .. } | Ddi::ConnectDoorbell(_) | Ddi::NotifyWorkSubmission(_))
+            )
+        })
+        .count();
+    check(kernel_submits == 0, format!("GPU graph: {kernel_submits} submissions reached the kernel"))?;
+    Ok((
+        vec![format!(
+            "GPU work graph: compute {} -> copy {} -> compute {} from one CPU submission; each stage \
+             rang the next from the GPU, no kernel call; {} us end to end",
+            first.handle(),
+            middle.handle(),
+            last.handle(),
+            took.as_micros()
+        )],
+        1,
+        4,
+    ))
 }
 
 /// Spec 002's scenario 2a on a live two-adapter machine: an iGPU without native fences

@@ -101,6 +101,8 @@ pub enum DdiKind {
     ConnectKernelDoorbell,
     /// [`Kmd::submit_command`].
     SubmitCommand,
+    /// [`Kmd::take_back`].
+    TakeBack,
     /// [`Kmd::create_native_fence`].
     CreateNativeFence,
     /// [`Kmd::reset_engine`] (a failed engine reset escalates to an adapter reset).
@@ -109,6 +111,8 @@ pub enum DdiKind {
     PreemptQueue,
     /// [`Kmd::reset_queue`] (a failed per-queue reset escalates to an adapter reset).
     ResetQueue,
+    /// [`Kmd::migrate_allocation`] (a failed move leaves the buffer unmapped).
+    MigrateAllocation,
 }
 
 /// A queue the OS asks the KMD to create (`DxgkDdiCreateHwQueue`; amdgpu's MQD inputs).
@@ -160,6 +164,10 @@ pub struct ConnectStep {
 pub trait DisconnectCallback {
     /// Disconnects `victim`'s doorbell on the OS's side.
     fn disconnect_doorbell(&mut self, victim: HwQueueHandle) -> Result<(), DdiError>;
+    /// The KMD tells the OS it has unbound `victim`'s physical doorbell, after
+    /// [`DisconnectCallback::disconnect_doorbell`] returned (for the trace: tests assert the
+    /// order). The default does nothing.
+    fn victim_unbound(&mut self, _victim: HwQueueHandle) {}
 }
 
 /// What a `NativeFenceSignaled` notification names.
@@ -169,8 +177,17 @@ pub enum SignaledFences {
     Fences(Vec<u64>),
     /// These queues signalled fences and logged them: read their signal logs.
     Queues(Vec<HwQueueHandle>),
-    /// No list: scan every fence with a waiter (the spec's NULL array).
+    /// No list: scan every fence with a waiter (the spec's NULL array) — native and legacy
+    /// monitored fences alike, as with `EvaluateLegacyMonitoredFences` set (hardware that
+    /// cannot tell the two interrupts apart).
     All,
+    /// The spec's NULL array without `EvaluateLegacyMonitoredFences`: scan every *native*
+    /// fence waiter, not the legacy monitored fences' ("By default ... Dxgkrnl only scans all
+    /// pending native fence waiters and doesn't scan legacy monitored fence waiters").
+    AllNative,
+    /// The optimized interrupt with a NULL queue: the GPU could not tell which queue
+    /// signalled, so rescan the signal logs of every queue on this engine.
+    EngineLogs(EngineId),
 }
 
 /// An interrupt, as the KMD reports it to the OS (`DxgkCbNotifyInterrupt`).
@@ -226,6 +243,29 @@ pub struct EngineResetOutcome {
     pub guilty: Vec<(HwQueueHandle, u64)>,
     /// Queues taken off their slots with their state saved; they keep their work.
     pub preempted: Vec<HwQueueHandle>,
+    /// How long the reset took, as the KMD measured it: the OS escalates a reset that took
+    /// longer than `TdrDdiDelay` as one that never answered.
+    pub took: std::time::Duration,
+}
+
+/// What a per-queue reset did ([`Kmd::reset_queue`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QueueResetOutcome {
+    /// The last progress value ("fence ID") the engine had accepted from the queue: the last
+    /// one the reset aborted.
+    pub aborted: u64,
+    /// How long the reset took, as the KMD measured it.
+    pub took: std::time::Duration,
+}
+
+/// A KMD misbehaving on purpose, for tests of what the OS refuses to trust
+/// ([`Traced::inject_misbehaviour`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Misbehaviour {
+    /// A reset reports an aborted fence ID far outside what the queue submitted.
+    BogusFenceId,
+    /// A reset takes this much longer than it did (a DDI that does not answer in time).
+    Slow(std::time::Duration),
 }
 
 /// A GPU mapping; dropping it unmaps (the release the KMD supplied runs once).
@@ -300,7 +340,7 @@ pub trait Kmd: Send {
     fn connect_kernel_doorbell(&mut self, queue: HwQueueHandle, index: u32) -> Result<(), DdiError>;
     /// `DxgkDdiSubmitCommand`: the kernel-mode queue's wptr was published as `wptr`; ring its
     /// doorbell.
-    fn submit_command(&mut self, queue: HwQueueHandle, wptr: u64) -> Result<(), DdiError>;
+    fn submit_command(&mut self, queue: HwQueueHandle, wptr: u64, fence_id: u64) -> Result<(), DdiError>;
     /// Where a user-mode queue with doorbell index `index` rings inside its doorbell CPU page,
     /// and how.
     fn doorbell_ring(&self, index: u32) -> (u64, RingMethod);
@@ -333,8 +373,16 @@ pub trait Kmd: Send {
     /// `DxgkDdiUpdateCurrentValuesFromCpu` with `NotificationOnly`: a shared CurrentValue
     /// moved on another adapter; queues waiting on fences re-check.
     fn notify_current_values(&mut self);
-    /// `DxgkddiSuspendContext`: take the context's queues off the scheduler's list.
-    fn suspend_context(&mut self, context: ContextHandle, queues: &[HwQueueHandle], now: Time) -> Result<(), DdiError>;
+    /// `DxgkddiSuspendContext`: take the context's queues off the scheduler's list ("KMD
+    /// preempts the context"). A queue that may not stop where it stands (its engine's
+    /// preemption granularity) runs on to the next point it may: the returned preemption
+    /// tickets are the answers still owed, which the OS times out like any other request.
+    fn suspend_context(
+        &mut self,
+        context: ContextHandle,
+        queues: &[HwQueueHandle],
+        now: Time,
+    ) -> Result<Vec<(HwQueueHandle, u64)>, DdiError>;
     /// `DxgkddiResumeContext`: put them back.
     fn resume_context(&mut self, context: ContextHandle, queues: &[HwQueueHandle]) -> Result<(), DdiError>;
     /// `DxgkDdiUpdateNativeFenceLogs`: make the queue's pending log writes visible.
@@ -363,7 +411,12 @@ pub trait Kmd: Send {
     /// amdgpu's per-queue reset (through the scheduling firmware): `queue` hangs, its
     /// neighbours are not touched. `requested_at` is when the preemption it would not answer
     /// was asked for. Returns the last progress value ("fence ID") the reset aborted.
-    fn reset_queue(&mut self, queue: HwQueueHandle, requested_at: Time, now: Time) -> Result<u64, DdiError>;
+    fn reset_queue(
+        &mut self,
+        queue: HwQueueHandle,
+        requested_at: Time,
+        now: Time,
+    ) -> Result<QueueResetOutcome, DdiError>;
     /// Moves the allocation at `[va, va + bytes)` of `process` to `domain`, updates the GPU
     /// page tables and invalidates the TLB (spec 001 migration, step 2; Windows' paging
     /// operation). The caller has preempted every queue of the process.
@@ -379,11 +432,102 @@ pub trait Kmd: Send {
     fn reset_from_timeout(&mut self, now: Time) -> Result<Vec<HwQueueHandle>, DdiError>;
     /// `DxgkDdiRestartFromTimeout`: the adapter runs again after a reset.
     fn restart_from_timeout(&mut self) -> Result<(), DdiError>;
+    /// Where a kernel-mode queue held off its engine (an answered preemption) stands in its
+    /// ring: what the preemption interrupt's last completed and preempted fence IDs tell the
+    /// OS on Windows.
+    fn held_position(&self, queue: HwQueueHandle) -> Result<HeldPosition, DdiError>;
+    /// Drops a held kernel-mode queue's unstarted work from its hardware queue, down to
+    /// `wptr` (spec 003: the OS resubmits the commands a preemption took out of the hardware
+    /// queue).
+    fn take_back(&mut self, queue: HwQueueHandle, wptr: u64, now: Time) -> Result<(), DdiError>;
+    /// `DxgkDdiOpenNativeFence`: process-local handle `local` to the fence with global id `id`
+    /// (the creator's own local handle too, for a shared fence). The default keeps nothing.
+    fn open_native_fence(&mut self, _id: u64, _local: abi::NativeFenceHandle) -> Result<(), DdiError> {
+        Ok(())
+    }
+    /// `DxgkDdiCloseNativeFence`: the local handle is gone (the global fence may live on).
+    fn close_native_fence(&mut self, _local: abi::NativeFenceHandle) {}
+    /// `DxgkDdiSetNativeFenceLogBuffer`: the queue's log of `kind` is now `log` (set at queue
+    /// creation, and again each time the OS recreates a log).
+    fn set_native_fence_log_buffer(
+        &mut self,
+        _queue: HwQueueHandle,
+        _kind: abi::fence_log::FenceLogType,
+        _log: Arc<Shm>,
+    ) -> Result<(), DdiError> {
+        Err(DdiError::Refused {
+            field: "log",
+            value: "fence log buffer".into(),
+            reason: DeviceRefusal::Unsupported("native fence logs"),
+        })
+    }
+    /// `DxgkDdiUpdateMonitoredValues`: a batch of `(fence id, MonitoredValue)`; on return every
+    /// CurrentValue a core reads was written by the device after it observed the new values
+    /// (`abi::protocol::monitored_barrier`), so the OS resamples.
+    fn update_monitored_values(&mut self, _batch: &[(u64, u64)]) -> Result<(), DdiError> {
+        Err(DdiError::Refused {
+            field: "fences",
+            value: "update monitored values".into(),
+            reason: DeviceRefusal::Unsupported("native fences"),
+        })
+    }
+    /// Adapter initialization: the KMD queries the OS's features (`IsFeatureEnabled`,
+    /// `QueryFeatureInterface`) before it advertises caps. The default ignores them.
+    fn query_features(&mut self, _os: &abi::port::OsFeatures) {}
+    /// `DXGK_NATIVE_FENCE_CAPS` (with the `DXGK_VIDSCHCAPS` bits). The default: supported as
+    /// [`AdapterInfo::native_fences`] says, one cache line per fence, nothing optional.
+    fn native_fence_caps(&self) -> abi::port::NativeFenceCaps {
+        abi::port::NativeFenceCaps {
+            supported: self.adapter_info().native_fences,
+            optimized_interrupt: false,
+            map_to_gpu_system_process: false,
+            current_value_stride: 64,
+            monitored_value_stride: 64,
+        }
+    }
+    /// `DxgkDdiCreateNativeFence` with `CurrentValueSystemProcessGpuVa` and
+    /// `MonitoredValueSystemProcessGpuVa` (`system`), for a KMD with `MapToGpuSystemProcess`.
+    /// The default ignores the VAs.
+    fn create_native_fence_in_system_process(
+        &mut self,
+        id: u64,
+        current: (Arc<Shm>, u64),
+        monitored: Word,
+        _system: (u64, u64),
+    ) -> Result<(), DdiError> {
+        self.create_native_fence(id, current, monitored)
+    }
+    /// Reads a 64-bit word through `process`'s GPU address space (the system process
+    /// included), as the device would: for tests and tools. `None` where the device could not.
+    fn read_gpu_u64(&self, _process: ProcessId, _va: u64) -> Option<u64> {
+        None
+    }
+    /// Maps the process's doorbell BAR page `page` into its own GPU address space at `va`, so
+    /// its queues can ring each other's doorbells from the GPU (spec 001). Refused where a
+    /// GPU store cannot ring a doorbell (the default).
+    fn map_doorbell_page(&mut self, _process: ProcessId, _va: u64, _page: u32) -> Result<GpuMapping, DdiError> {
+        Err(DdiError::Refused {
+            field: "page",
+            value: "doorbell page".into(),
+            reason: DeviceRefusal::Unsupported("doorbells rung from the GPU"),
+        })
+    }
     /// The device's own number for `queue` (the virtual GPU's firmware queue id), for tools
     /// that observe the device directly (the simulator); `None` if the KMD has none.
     fn device_queue_id(&self, _queue: HwQueueHandle) -> Option<u64> {
         None
     }
+}
+
+/// Where a queue held off its engine stands in its ring ([`Kmd::held_position`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HeldPosition {
+    /// The top-level packet it resumes at (ring bytes).
+    pub rptr: u64,
+    /// The last wptr the engine accepted.
+    pub wptr: u64,
+    /// The packet at `rptr` has started and resumes from saved state.
+    pub started: bool,
 }
 
 /// A fault to inject: fail call number `call` (1-based, counted from when it was armed) of
@@ -403,12 +547,49 @@ pub struct Traced {
     trace: SharedTrace,
     now: Time,
     faults: Vec<(DdiFault, u32)>,
+    /// Misbehaviours armed for the next call of a DDI.
+    misbehaviours: Vec<(DdiKind, Misbehaviour)>,
+    /// Notifications a test injects (delivered before the device's).
+    injected: std::collections::VecDeque<Notification>,
+    /// The device's next `NativeFenceSignaled` notifications to drop (a test's collapsed
+    /// interrupts).
+    drop_fence_signals: u32,
 }
+
+/// How far outside the submitted range [`Misbehaviour::BogusFenceId`] reports.
+const BOGUS_FENCE_OFFSET: u64 = 1 << 40;
 
 impl Traced {
     /// Wraps `inner`, logging into `trace` (which the OS shares).
     pub fn new(inner: Box<dyn Kmd>, trace: SharedTrace) -> Self {
-        Traced { inner, trace, now: Time::ZERO, faults: Vec::new() }
+        Traced {
+            inner,
+            trace,
+            now: Time::ZERO,
+            faults: Vec::new(),
+            misbehaviours: Vec::new(),
+            injected: std::collections::VecDeque::new(),
+            drop_fence_signals: 0,
+        }
+    }
+    /// Makes the next call of `ddi` (a reset: [`DdiKind::ResetEngine`] or
+    /// [`DdiKind::ResetQueue`]) misbehave as `m`.
+    pub fn inject_misbehaviour(&mut self, ddi: DdiKind, m: Misbehaviour) {
+        self.misbehaviours.push((ddi, m));
+    }
+    /// Takes the misbehaviour armed for this call of `ddi`, if any.
+    fn misbehaviour(&mut self, ddi: DdiKind) -> Option<Misbehaviour> {
+        let at = self.misbehaviours.iter().position(|&(d, _)| d == ddi)?;
+        Some(self.misbehaviours.remove(at).1)
+    }
+    /// Test hook: delivers `n` to the OS's next interrupt service, as if the KMD raised it.
+    pub fn inject_notification(&mut self, n: Notification) {
+        self.injected.push_back(n);
+    }
+    /// Test hook: the device's next `count` `NativeFenceSignaled` notifications are lost (as
+    /// when interrupts are collapsed), so a test can follow with the NULL forms.
+    pub fn drop_fence_signals(&mut self, count: u32) {
+        self.drop_fence_signals += count;
     }
     /// The time DDI entries are logged at (the current OS entry's `now`).
     pub(crate) fn at(&mut self, now: Time) {
@@ -492,10 +673,10 @@ impl Kmd for Traced {
         self.gate(DdiKind::ConnectKernelDoorbell)?;
         self.inner.connect_kernel_doorbell(queue, index)
     }
-    fn submit_command(&mut self, queue: HwQueueHandle, wptr: u64) -> Result<(), DdiError> {
-        self.log(Ddi::SubmitCommand(queue));
+    fn submit_command(&mut self, queue: HwQueueHandle, wptr: u64, fence_id: u64) -> Result<(), DdiError> {
+        self.log(Ddi::SubmitCommand { queue, fence_id });
         self.gate(DdiKind::SubmitCommand)?;
-        self.inner.submit_command(queue, wptr)
+        self.inner.submit_command(queue, wptr, fence_id)
     }
     fn doorbell_ring(&self, index: u32) -> (u64, RingMethod) {
         self.inner.doorbell_ring(index)
@@ -544,7 +725,12 @@ impl Kmd for Traced {
     fn notify_current_values(&mut self) {
         self.inner.notify_current_values()
     }
-    fn suspend_context(&mut self, context: ContextHandle, queues: &[HwQueueHandle], now: Time) -> Result<(), DdiError> {
+    fn suspend_context(
+        &mut self,
+        context: ContextHandle,
+        queues: &[HwQueueHandle],
+        now: Time,
+    ) -> Result<Vec<(HwQueueHandle, u64)>, DdiError> {
         self.log(Ddi::SuspendContext(context));
         self.inner.suspend_context(context, queues, now)
     }
@@ -557,7 +743,17 @@ impl Kmd for Traced {
         self.inner.flush_fence_logs(queue)
     }
     fn poll_notification(&mut self) -> Option<Notification> {
-        self.inner.poll_notification()
+        if let Some(n) = self.injected.pop_front() {
+            return Some(n);
+        }
+        loop {
+            let n = self.inner.poll_notification()?;
+            if self.drop_fence_signals > 0 && matches!(n, Notification::NativeFenceSignaled(_)) {
+                self.drop_fence_signals -= 1;
+                continue;
+            }
+            return Some(n);
+        }
     }
     fn power(&self, engine: EngineId) -> PowerState {
         self.inner.power(engine)
@@ -582,12 +778,29 @@ impl Kmd for Traced {
     fn reset_engine(&mut self, engine: EngineId, now: Time) -> Result<EngineResetOutcome, DdiError> {
         self.log(Ddi::ResetEngine(engine));
         self.gate(DdiKind::ResetEngine)?;
-        self.inner.reset_engine(engine, now)
+        let mut out = self.inner.reset_engine(engine, now)?;
+        match self.misbehaviour(DdiKind::ResetEngine) {
+            Some(Misbehaviour::BogusFenceId) => out.guilty.iter_mut().for_each(|g| g.1 += BOGUS_FENCE_OFFSET),
+            Some(Misbehaviour::Slow(d)) => out.took += d,
+            None => {}
+        }
+        Ok(out)
     }
-    fn reset_queue(&mut self, queue: HwQueueHandle, requested_at: Time, now: Time) -> Result<u64, DdiError> {
+    fn reset_queue(
+        &mut self,
+        queue: HwQueueHandle,
+        requested_at: Time,
+        now: Time,
+    ) -> Result<QueueResetOutcome, DdiError> {
         self.log(Ddi::ResetQueue(queue));
         self.gate(DdiKind::ResetQueue)?;
-        self.inner.reset_queue(queue, requested_at, now)
+        let mut out = self.inner.reset_queue(queue, requested_at, now)?;
+        match self.misbehaviour(DdiKind::ResetQueue) {
+            Some(Misbehaviour::BogusFenceId) => out.aborted += BOGUS_FENCE_OFFSET,
+            Some(Misbehaviour::Slow(d)) => out.took += d,
+            None => {}
+        }
+        Ok(out)
     }
     fn migrate_allocation(
         &mut self,
@@ -597,6 +810,7 @@ impl Kmd for Traced {
         domain: abi::port::MemoryDomain,
     ) -> Result<(), DdiError> {
         self.log(Ddi::MigrateAllocation { va, domain });
+        self.gate(DdiKind::MigrateAllocation)?;
         self.inner.migrate_allocation(process, va, bytes, domain)
     }
     fn reset_from_timeout(&mut self, now: Time) -> Result<Vec<HwQueueHandle>, DdiError> {
@@ -609,5 +823,57 @@ impl Kmd for Traced {
     }
     fn device_queue_id(&self, queue: HwQueueHandle) -> Option<u64> {
         self.inner.device_queue_id(queue)
+    }
+    fn held_position(&self, queue: HwQueueHandle) -> Result<HeldPosition, DdiError> {
+        self.inner.held_position(queue)
+    }
+    fn take_back(&mut self, queue: HwQueueHandle, wptr: u64, now: Time) -> Result<(), DdiError> {
+        self.log(Ddi::TakeBack { queue, wptr });
+        self.gate(DdiKind::TakeBack)?;
+        self.inner.take_back(queue, wptr, now)
+    }
+    fn open_native_fence(&mut self, id: u64, local: abi::NativeFenceHandle) -> Result<(), DdiError> {
+        self.log(Ddi::OpenNativeFence(local));
+        self.inner.open_native_fence(id, local)
+    }
+    fn close_native_fence(&mut self, local: abi::NativeFenceHandle) {
+        self.log(Ddi::CloseNativeFence(local));
+        self.inner.close_native_fence(local)
+    }
+    fn set_native_fence_log_buffer(
+        &mut self,
+        queue: HwQueueHandle,
+        kind: abi::fence_log::FenceLogType,
+        log: Arc<Shm>,
+    ) -> Result<(), DdiError> {
+        self.log(Ddi::SetNativeFenceLogBuffer(queue));
+        self.inner.set_native_fence_log_buffer(queue, kind, log)
+    }
+    fn update_monitored_values(&mut self, batch: &[(u64, u64)]) -> Result<(), DdiError> {
+        // Logged by the OS, which knows each fence's local handle.
+        self.inner.update_monitored_values(batch)
+    }
+    fn query_features(&mut self, os: &abi::port::OsFeatures) {
+        self.inner.query_features(os)
+    }
+    fn native_fence_caps(&self) -> abi::port::NativeFenceCaps {
+        self.inner.native_fence_caps()
+    }
+    fn create_native_fence_in_system_process(
+        &mut self,
+        id: u64,
+        current: (Arc<Shm>, u64),
+        monitored: Word,
+        system: (u64, u64),
+    ) -> Result<(), DdiError> {
+        self.log(Ddi::CreateNativeFence(id));
+        self.gate(DdiKind::CreateNativeFence)?;
+        self.inner.create_native_fence_in_system_process(id, current, monitored, system)
+    }
+    fn read_gpu_u64(&self, process: ProcessId, va: u64) -> Option<u64> {
+        self.inner.read_gpu_u64(process, va)
+    }
+    fn map_doorbell_page(&mut self, process: ProcessId, va: u64, page: u32) -> Result<GpuMapping, DdiError> {
+        self.inner.map_doorbell_page(process, va, page)
     }
 }

@@ -52,8 +52,13 @@ pub enum Ddi {
     SuspendContext(ContextHandle),
     /// `DxgkddiResumeContext`.
     ResumeContext(ContextHandle),
-    /// `DxgkDdiSubmitCommand` (the kernel-mode path).
-    SubmitCommand(HwQueueHandle),
+    /// `DxgkDdiSubmitCommand` (the kernel-mode path), with the buffer's submission fence ID.
+    SubmitCommand {
+        /// The kernel-mode queue.
+        queue: HwQueueHandle,
+        /// Its fence ID (per engine; a resubmitted paging buffer keeps its own).
+        fence_id: u64,
+    },
     /// `DxgkDdiCreateNativeFence`, with the global id.
     CreateNativeFence(u64),
     /// `DxgkDdiOpenNativeFence`: a process's local handle to a shared fence.
@@ -91,6 +96,13 @@ pub enum Ddi {
     ResetFromTimeout,
     /// `DxgkDdiRestartFromTimeout`.
     RestartFromTimeout,
+    /// A held kernel-mode queue's unstarted buffers leave its hardware queue ([`crate::ddi::Kmd::take_back`]).
+    TakeBack {
+        /// The queue.
+        queue: HwQueueHandle,
+        /// Its accepted wptr after.
+        wptr: u64,
+    },
 }
 
 /// A callback from the KMD into the OS.
@@ -195,6 +207,33 @@ pub enum Event {
         /// From the request to the answer, on the device clock (ns).
         latency_ns: u64,
     },
+    /// A preempted kernel-mode queue's unstarted buffers left its hardware queue, to be
+    /// resubmitted: paging buffers with these same fence IDs, the others with new ones.
+    Unsubmitted {
+        /// The queue.
+        queue: HwQueueHandle,
+        /// Fence IDs of its paging buffers taken back.
+        paging: Vec<u64>,
+        /// Fence IDs of its other buffers taken back.
+        other: Vec<u64>,
+    },
+    /// A migration failed: the buffer's GPU mapping was taken out, and the queues whose rings
+    /// lie in it report `InvalidVa`.
+    MappingLost {
+        /// The buffer.
+        allocation: abi::AllocationHandle,
+        /// Its GPU VA.
+        va: u64,
+        /// What the KMD answered.
+        error: String,
+    },
+    /// A reset DDI took longer than `TdrDdiDelay`: treated as no answer, recovery escalates.
+    DdiTimeout {
+        /// The DDI.
+        ddi: crate::ddi::DdiKind,
+        /// How long it took (ms).
+        took_ms: u64,
+    },
     /// A preemption request went unanswered for `TdrDelay`: recovery starts (spec 003).
     TdrTimeout {
         /// The queue that would not yield.
@@ -233,6 +272,51 @@ pub enum Event {
         /// Where it goes.
         to: abi::port::MemoryDomain,
     },
+    /// The KMD unbound a victim's physical doorbell, after the OS's `DxgkCbDisconnectDoorbell`
+    /// returned (spec 000 "Victimizing doorbell pseudocode": "KMD gets back control and does
+    /// the actual victimization/disconnection").
+    VictimUnbound {
+        /// The victim.
+        queue: HwQueueHandle,
+    },
+    /// A device was marked in error (abnormal termination, step 1): its fences become
+    /// AlwaysSignaled.
+    DeviceError {
+        /// The device.
+        device: abi::DeviceHandle,
+    },
+    /// Normal termination, step 2: the OS starts waiting for the queue's last-queued progress
+    /// value (its doorbell already disconnected).
+    TerminationWait {
+        /// The queue.
+        queue: HwQueueHandle,
+        /// The last-queued value waited for.
+        value: u64,
+        /// The completed value when the wait started.
+        completed: u64,
+    },
+    /// The wait ended: the value was reached, or not (the termination turns abnormal).
+    TerminationWaitDone {
+        /// The queue.
+        queue: HwQueueHandle,
+        /// Whether the last-queued value was reached.
+        reached: bool,
+    },
+    /// A queue's fence log was overrun: the engine overwrote entries the OS never read (spec
+    /// 002 "Log buffer overrun is permitted": the trace flag that events were lost).
+    FenceLogOverrun {
+        /// The queue.
+        queue: HwQueueHandle,
+        /// Entries lost.
+        lost: u64,
+    },
+    /// The OS recreated a queue's fence log (`DxgkDdiSetNativeFenceLogBuffer` follows).
+    FenceLogRecreated {
+        /// The queue.
+        queue: HwQueueHandle,
+        /// Which log.
+        kind: abi::fence_log::FenceLogType,
+    },
 }
 
 impl core::fmt::Display for Event {
@@ -263,6 +347,16 @@ impl core::fmt::Display for Event {
             Event::Preempted { queue, ticket, latency_ns } => {
                 write!(f, "{queue}: preempted (request {ticket}, answered in {latency_ns} ns)")
             }
+            Event::Unsubmitted { queue, paging, other } => {
+                write!(
+                    f,
+                    "{queue}: preempted buffers taken back (paging, same fence IDs: {paging:?}; others, new IDs: {other:?})"
+                )
+            }
+            Event::MappingLost { allocation, va, error } => {
+                write!(f, "{allocation} at {va:#x}: migration failed ({error}), GPU mapping taken out")
+            }
+            Event::DdiTimeout { ddi, took_ms } => write!(f, "{ddi:?} took {took_ms} ms, past TdrDdiDelay: escalating"),
             Event::TdrTimeout { queue, engine } => {
                 write!(f, "{queue} on {engine}: TDR timeout, no answer to preemption")
             }
@@ -273,6 +367,16 @@ impl core::fmt::Display for Event {
             Event::AdapterFatal => write!(f, "adapter: too many recoveries, lost for good"),
             Event::MigrationStarted { allocation, to } => {
                 write!(f, "{allocation}: migration to {to:?} memory, preempting its process's queues")
+            }
+            Event::VictimUnbound { queue } => write!(f, "{queue}: physical doorbell unbound by the KMD (victim)"),
+            Event::DeviceError { device } => write!(f, "{device}: marked in error"),
+            Event::TerminationWait { queue, value, completed } => {
+                write!(f, "{queue}: termination waits for progress {value} (completed {completed})")
+            }
+            Event::FenceLogOverrun { queue, lost } => write!(f, "{queue}: fence log overrun, {lost} events lost"),
+            Event::FenceLogRecreated { queue, kind } => write!(f, "{queue}: {kind:?} fence log recreated"),
+            Event::TerminationWaitDone { queue, reached } => {
+                write!(f, "{queue}: termination wait {}", if *reached { "satisfied" } else { "failed" })
             }
         }
     }

@@ -203,6 +203,9 @@ pub struct Tdr {
     /// Engine reset (default true).
     #[serde(default = "yes")]
     pub engine_reset: bool,
+    /// `TdrDdiDelay`: how long a reset DDI may take (ms, default 5000).
+    #[serde(default = "default_ddi_delay")]
+    pub ddi_delay_ms: Spanned<f64>,
     /// Per-queue hang timer on compute queues (ms, default 2000; 0: off).
     #[serde(default = "default_tdr_delay")]
     pub hang_compute_ms: Spanned<f64>,
@@ -213,6 +216,9 @@ pub struct Tdr {
 
 fn default_tdr_delay() -> Spanned<f64> {
     Spanned::new(0..0, 2000.0)
+}
+fn default_ddi_delay() -> Spanned<f64> {
+    Spanned::new(0..0, 5000.0)
 }
 fn default_limit_count() -> u32 {
     5
@@ -711,6 +717,7 @@ impl Scenario {
             limit_count: t.limit_count,
             limit_time: std::time::Duration::from_nanos(ms(positive(&t.limit_time_ms, "device.tdr.limit_time_ms")?)),
             engine_reset: t.engine_reset,
+            ddi_delay: std::time::Duration::from_nanos(ms(positive(&t.ddi_delay_ms, "device.tdr.ddi_delay_ms")?)),
             hang_compute: hang(&t.hang_compute_ms, "device.tdr.hang_compute_ms")?,
             hang_copy: hang(&t.hang_copy_ms, "device.tdr.hang_copy_ms")?,
         };

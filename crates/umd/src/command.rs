@@ -35,6 +35,22 @@ impl CommandBuffer {
         self.packet(Packet::WriteData { width: DataWidth::U32, va, value: value as u64 })
     }
 
+    /// Submits work another queue of this process prepared ([`crate::Queue::prepare`]), from
+    /// the GPU: writes its wptr word, then its doorbell (spec 001: "the GPU [can] submit work
+    /// to itself"). The engine runs packets in order, so the firmware that sees the doorbell
+    /// also sees the wptr.
+    pub fn kick(&mut self, k: &crate::queue::GpuKick) -> &mut Self {
+        self.write_u64(k.wptr_va, k.wptr).write_u64(k.doorbell_va, k.wptr)
+    }
+
+    /// A `WAIT` for each point `USERQ_WAIT` answered ([`crate::Queue::userq_wait`]).
+    pub fn wait_points(&mut self, points: &[abi::port::WaitPoint]) -> &mut Self {
+        for p in points {
+            self.wait(p.va, p.value);
+        }
+        self
+    }
+
     /// `WRITE_DATA`, 64-bit.
     pub fn write_u64(&mut self, va: u64, value: u64) -> &mut Self {
         self.packet(Packet::WriteData { width: DataWidth::U64, va, value })

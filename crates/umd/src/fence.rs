@@ -42,6 +42,11 @@ impl NativeFence {
         Self::opened(device, info)
     }
 
+    pub(crate) fn progress_of(device: Arc<DeviceInner>, queue: abi::HwQueueHandle) -> Result<NativeFence, UmdError> {
+        let info = device.port.open_progress_fence(queue)?;
+        Self::opened(device, info)
+    }
+
     fn opened(device: Arc<DeviceInner>, mut info: NativeFenceInfo) -> Result<NativeFence, UmdError> {
         let kind = info.kind;
         let current = match info.cpu.take() {

@@ -43,7 +43,7 @@ pub use fence::NativeFence;
 pub use kernel::{
     AsmError, BuildError, Imm, KernelBinary, KernelBuilder, Operand, S, V, assemble, assemble_with_lines, disassemble,
 };
-pub use queue::{Queue, QueueOptions, SubmissionKind};
+pub use queue::{GpuKick, Queue, QueueOptions, SubmissionKind};
 
 use abi::port::KernelError;
 

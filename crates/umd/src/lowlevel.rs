@@ -224,6 +224,8 @@ pub struct Doorbell {
     /// The aggregated doorbell and this queue's engine's bit, rung after ours when the device
     /// needs it.
     aggregated: Option<(Word, u64)>,
+    /// Its GPU VA in the process's address space, where the device lets queues ring it.
+    gpu_va: Option<u64>,
 }
 
 impl Doorbell {
@@ -249,6 +251,11 @@ impl Doorbell {
     /// rings of queues without a hardware slot (spec 001).
     pub fn aggregated(&self) -> Option<(&Word, u64)> {
         self.aggregated.as_ref().map(|(w, mask)| (w, *mask))
+    }
+    /// Its GPU VA in the process's own address space, where another queue can ring it from
+    /// the GPU by writing the new wptr (spec 001); `None` where the device does not allow it.
+    pub fn gpu_va(&self) -> Option<u64> {
+        self.gpu_va
     }
     /// As [`abi::protocol`]'s ring functions take it.
     fn bell(&self) -> protocol::Bell<'_, Word> {
@@ -296,6 +303,8 @@ impl UserQueue {
             last_queued_va: control.va() + LAST_QUEUED_OFFSET,
             doorbell_index: abi::queue::DOORBELL_INDEX_ANY,
             priority: priority as u32,
+            flags: 0,
+            reserved: 0,
         };
         let info = port.create_hw_queue(ctx.handle, &HwQueueDesc { mode: SubmissionMode::UserMode(desc), priority })?;
         let hw = HwQueue::new(ctx.device.clone(), info)?;
@@ -315,8 +324,15 @@ impl UserQueue {
                 return Err(e.into());
             }
         };
-        let doorbell =
-            Doorbell { device: ctx.device.clone(), handle, page: db.cpu_page, word, method: db.ring, aggregated };
+        let doorbell = Doorbell {
+            device: ctx.device.clone(),
+            handle,
+            page: db.cpu_page,
+            word,
+            method: db.ring,
+            aggregated,
+            gpu_va: db.gpu_va,
+        };
         let view = RingControlView::new(control.mapping(), 0)?;
         Ok(UserQueue {
             doorbell,
@@ -344,6 +360,10 @@ impl UserQueue {
     /// Ring control: rptr (the engine's), wptr and last-queued (the client's).
     pub fn control(&self) -> &RingControlView {
         &self.control.view
+    }
+    /// GPU VA of the ring-control block (rptr, wptr and last-queued at their offsets).
+    pub fn control_va(&self) -> u64 {
+        self.control._buffer.va()
     }
     /// The doorbell: CPU page, word, ring method.
     pub fn doorbell(&self) -> &Doorbell {

@@ -48,6 +48,10 @@ pub enum SubmissionKind {
     UserMode,
     /// Kernel-mode submission: every submission is a kernel call.
     KernelMode,
+    /// User-mode where the engine supports it, kernel-mode otherwise (spec 001: "UMDs can
+    /// query this information via the INFO IOCTL and determine whether to use kernel queues
+    /// or user queues for each IP"). The queue's [`Queue::kind`] says which it got.
+    Preferred,
 }
 
 /// How to create a queue.
@@ -59,11 +63,25 @@ pub struct QueueOptions {
     pub ring_bytes: u64,
     /// Priority.
     pub priority: Priority,
+    /// A user-mode queue whose doorbell reads `DisconnectedAbort` (the queue faulted, its
+    /// device was lost, it was destroyed) falls back to a kernel-mode queue on the same
+    /// context instead of failing the submission: spec 000's pseudocode ("destroy this
+    /// HWQueue and re-create using traditional kernel mode submission"), the reason the
+    /// kernel-mode path is kept beside user-mode submission. The submission that met the
+    /// abort runs on the new queue; earlier ones the lost queue had not completed are lost
+    /// with it (a wait for one reports the loss). A command buffer with logged fence
+    /// operations cannot move (kernel-mode queues have no fence logs) and fails as before.
+    pub fallback_to_kernel_mode: bool,
 }
 
 impl Default for QueueOptions {
     fn default() -> Self {
-        QueueOptions { kind: SubmissionKind::UserMode, ring_bytes: 64 * 1024, priority: Priority::Normal }
+        QueueOptions {
+            kind: SubmissionKind::UserMode,
+            ring_bytes: 64 * 1024,
+            priority: Priority::Normal,
+            fallback_to_kernel_mode: false,
+        }
     }
 }
 
@@ -76,6 +94,42 @@ impl QueueOptions {
     pub fn kernel_mode() -> Self {
         QueueOptions { kind: SubmissionKind::KernelMode, ..Self::default() }
     }
+    /// A user-mode queue that falls back to a kernel-mode one on `DisconnectedAbort`
+    /// ([`QueueOptions::fallback_to_kernel_mode`]).
+    pub fn user_mode_with_fallback() -> Self {
+        QueueOptions { fallback_to_kernel_mode: true, ..Self::default() }
+    }
+}
+
+/// What another queue writes from the GPU to submit work [`Queue::prepare`]d on this one:
+/// `wptr` to the wptr word, then `wptr` to the doorbell ([`CommandBuffer::kick`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GpuKick {
+    /// GPU VA of the target queue's wptr word.
+    pub wptr_va: u64,
+    /// GPU VA of the target queue's doorbell (its process's doorbell page, mapped in its own
+    /// address space).
+    pub doorbell_va: u64,
+    /// The wptr that covers the prepared work.
+    pub wptr: u64,
+    /// The prepared work's progress value (wait for it like any other).
+    pub value: u64,
+}
+
+/// What a queue needs to fall back to kernel-mode submission: its context and priority.
+struct Fallback {
+    device: std::sync::Arc<crate::device::DeviceInner>,
+    context: abi::ContextHandle,
+    priority: Priority,
+}
+
+/// Submissions lost with a user-mode queue that fell back: progress values in
+/// `(completed, last]`, and why.
+struct Abandoned {
+    completed: u64,
+    last: u64,
+    queue: HwQueueHandle,
+    reason: abi::port::LostReason,
 }
 
 /// A user-mode queue's pieces ([`UserQueue`]) and the loop's own state.
@@ -108,11 +162,28 @@ pub struct Queue {
     log_next: [u32; 2],
     /// Doorbell reconnects this queue performed.
     reconnects: u64,
+    /// Set when the queue may fall back to kernel-mode submission (user-mode queues only).
+    fallback: Option<Fallback>,
+    /// What a fallback left behind.
+    abandoned: Option<Abandoned>,
 }
 
 impl Queue {
     pub(crate) fn create(ctx: &Context, opts: QueueOptions) -> Result<Queue, UmdError> {
-        let hw = match opts.kind {
+        let kind = match opts.kind {
+            SubmissionKind::Preferred => {
+                let info = ctx.device.port.adapter_info();
+                let e = info.engines.iter().find(|e| e.id == ctx.engine());
+                match e {
+                    Some(e) if e.user_queues => SubmissionKind::UserMode,
+                    Some(e) if e.kernel_queues => SubmissionKind::KernelMode,
+                    // Neither: let the kernel say why, with a user-mode request.
+                    _ => SubmissionKind::UserMode,
+                }
+            }
+            k => k,
+        };
+        let hw = match kind {
             SubmissionKind::KernelMode => {
                 let info = ctx.device.port.create_hw_queue(
                     ctx.handle,
@@ -120,13 +191,27 @@ impl Queue {
                 )?;
                 Hw::Kernel(HwQueue::new(ctx.device.clone(), info)?)
             }
-            SubmissionKind::UserMode => {
+            SubmissionKind::UserMode | SubmissionKind::Preferred => {
                 let q = UserQueue::create(ctx, opts.ring_bytes, opts.priority)?;
                 q.connect()?;
                 Hw::User(Box::new(UserRing { q, wptr: 0, rptr_seen: 0, outstanding: VecDeque::new() }))
             }
         };
-        Ok(Queue { hw, next_progress: 0, scratch: Vec::new(), spin: 2_000, log_next: [0; 2], reconnects: 0 })
+        let fallback = (opts.fallback_to_kernel_mode && kind == SubmissionKind::UserMode).then(|| Fallback {
+            device: ctx.device.clone(),
+            context: ctx.handle,
+            priority: opts.priority,
+        });
+        Ok(Queue {
+            hw,
+            next_progress: 0,
+            scratch: Vec::new(),
+            spin: 2_000,
+            log_next: [0; 2],
+            reconnects: 0,
+            fallback,
+            abandoned: None,
+        })
     }
 
     /// The queue object (either model).
@@ -188,17 +273,82 @@ impl Queue {
     /// Submits a command buffer; returns its progress value. See the module docs for the
     /// order of operations.
     pub fn submit(&mut self, cb: &CommandBuffer) -> Result<u64, UmdError> {
-        // 1. The next progress value.
-        let value = self.next_progress + 1;
-        let fence = progress_fence_words(value);
         if let Hw::Kernel(h) = &self.hw {
+            // 1. The next progress value; the kernel call carries the rest.
+            let value = self.next_progress + 1;
             self.scratch.clear();
             self.scratch.extend_from_slice(cb.words());
-            self.scratch.extend_from_slice(&fence);
+            self.scratch.extend_from_slice(&progress_fence_words(value));
             h.device.port.submit_command(h.handle(), &self.scratch)?;
             self.next_progress = value;
             return Ok(value);
         }
+        let value = self.enqueue(cb)?;
+        match self.ring_and_check() {
+            Err(UmdError::QueueLost { queue, reason }) if self.fallback.is_some() && cb.log_fields().is_empty() => {
+                self.fall_back(cb, value, queue, reason)?;
+                Ok(value)
+            }
+            r => r.map(|()| value),
+        }
+    }
+
+    /// Prepares a command buffer for the GPU to submit (spec 001: "the GPU [can] submit work
+    /// to itself"): steps 1 to 3 of the submission loop — progress value, last-queued value,
+    /// packets in the ring — but wptr is not published and the doorbell is not rung. The
+    /// returned [`GpuKick`] is what another queue of this process writes from the GPU
+    /// ([`CommandBuffer::kick`]): the wptr word, then the doorbell. Refused for a kernel-mode
+    /// queue, and where the device does not let the GPU ring doorbells
+    /// ([`abi::port::DoorbellInfo::gpu_va`]).
+    ///
+    /// A later CPU submission on this queue publishes a wptr that covers this work too (it is
+    /// in the ring before it), so it never runs out of order.
+    pub fn prepare(&mut self, cb: &CommandBuffer) -> Result<GpuKick, UmdError> {
+        let Hw::User(u) = &self.hw else {
+            return Err(UmdError::Kernel(abi::port::KernelError::WrongQueueMode {
+                queue: self.handle(),
+                actual: "kernel-mode",
+                expected: "user-mode",
+            }));
+        };
+        let Some(doorbell_va) = u.q.doorbell().gpu_va() else {
+            return Err(UmdError::Kernel(abi::port::KernelError::InvalidArgument {
+                field: "doorbell",
+                value: u.q.doorbell().handle().to_string(),
+                reason: abi::port::Invalid::Unsupported("doorbells rung from the GPU"),
+            }));
+        };
+        let wptr_va = u.q.control_va() + abi::ring::WPTR_OFFSET;
+        let value = self.enqueue(cb)?;
+        Ok(GpuKick { wptr_va, doorbell_va, wptr: self.user().wptr, value })
+    }
+
+    /// This queue's progress fence as a native fence (spec 002 "Indicating a native progress
+    /// fence for hardware queues"): wait on it with the native fence calls, or from another
+    /// queue's `WAIT`. The engine alone signals it; it goes with the queue.
+    pub fn progress_fence(&self) -> Result<crate::NativeFence, UmdError> {
+        crate::NativeFence::progress_of(self.core().device.clone(), self.handle())
+    }
+
+    /// amdgpu `USERQ_SIGNAL`: once this queue completes its work up to progress value
+    /// `point` (at most [`Queue::last_submitted`]), the kernel signals each fence to its value.
+    pub fn userq_signal(&self, point: u64, fences: &[(&crate::NativeFence, u64)]) -> Result<(), UmdError> {
+        let list: Vec<_> = fences.iter().map(|(f, v)| (f.handle(), *v)).collect();
+        Ok(self.core().device.port.userq_signal(self.handle(), point, &list)?)
+    }
+
+    /// amdgpu `USERQ_WAIT`: the kernel validates the sync objects this queue should wait on
+    /// and answers where and for what its `WAIT`s read ([`CommandBuffer::wait_points`]).
+    pub fn userq_wait(&self, objects: &[abi::port::SyncWait]) -> Result<Vec<abi::port::WaitPoint>, UmdError> {
+        Ok(self.core().device.port.userq_wait(self.handle(), objects)?)
+    }
+
+    /// Steps 1 to 3 for a user-mode queue (not the wptr store): progress value, log entries,
+    /// ring space, last-queued, packets.
+    fn enqueue(&mut self, cb: &CommandBuffer) -> Result<u64, UmdError> {
+        // 1. The next progress value.
+        let value = self.next_progress + 1;
+        let fence = progress_fence_words(value);
         // Logged fence operations get their log entries now (into a copy: the command buffer
         // is the caller's and may be submitted again).
         let mut patched = std::mem::take(&mut self.scratch);
@@ -225,16 +375,44 @@ impl Queue {
         self.wait_for_ring_space(plan.new_wptr.saturating_sub(ring_bytes))?;
         let Hw::User(u) = &mut self.hw else { unreachable!("user-mode") };
         // 2. Tell the OS the new last-queued value before the work becomes visible.
-        u.q.control().last_queued().store(value, Ordering::Release);
-        // 3. Packets, then wptr (release: the packets are visible before the new wptr).
+        abi::protocol::announce_last_queued(u.q.control().last_queued(), value);
+        // 3. Packets (wptr is published by the ring, or by the GPU's kick).
         u.q.ring().write(wptr, &plan, &[words, &fence])?;
         u.wptr = plan.new_wptr;
         u.outstanding.push_back((value, plan.new_wptr));
         self.next_progress = value;
         self.log_next = log_next;
         self.scratch = patched;
-        self.ring_and_check()?;
         Ok(value)
+    }
+
+    /// Spec 000's `cleanup_fallback`: the user-mode queue is destroyed and a kernel-mode
+    /// queue created on the same context; the submission `value` (which met the abort) is
+    /// submitted there.
+    fn fall_back(
+        &mut self,
+        cb: &CommandBuffer,
+        value: u64,
+        queue: HwQueueHandle,
+        reason: abi::port::LostReason,
+    ) -> Result<(), UmdError> {
+        let f = self.fallback.take().expect("checked by the caller");
+        let completed = self.completed();
+        // Destroy first (its doorbell goes with it), then re-create: the spec's order. The
+        // user-mode objects' own drops below then find nothing left to destroy.
+        let _ = f.device.port.destroy_hw_queue(queue);
+        let info = f
+            .device
+            .port
+            .create_hw_queue(f.context, &HwQueueDesc { mode: SubmissionMode::KernelMode, priority: f.priority })?;
+        self.hw = Hw::Kernel(HwQueue::new(f.device.clone(), info)?);
+        self.abandoned = Some(Abandoned { completed, last: value - 1, queue, reason });
+        let Hw::Kernel(h) = &self.hw else { unreachable!("just set") };
+        self.scratch.clear();
+        self.scratch.extend_from_slice(cb.words());
+        self.scratch.extend_from_slice(&progress_fence_words(value));
+        h.device.port.submit_command(h.handle(), &self.scratch)?;
+        Ok(())
     }
 
     /// The user-mode queue's state (callers have checked the model).
@@ -319,6 +497,13 @@ impl Queue {
     /// Waits until the progress value reaches `value`: memory first, a short spin, then a
     /// blocking kernel wait.
     pub fn wait(&self, value: u64, timeout: Option<Duration>) -> Result<(), UmdError> {
+        if let Some(a) = &self.abandoned
+            && value > a.completed
+            && value <= a.last
+        {
+            // Lost with the user-mode queue this one fell back from.
+            return Err(UmdError::QueueLost { queue: a.queue, reason: a.reason.clone() });
+        }
         for _ in 0..=self.spin {
             if self.completed() >= value {
                 return Ok(());

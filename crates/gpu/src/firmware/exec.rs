@@ -132,7 +132,7 @@ impl Env<'_> {
 
 /// Wave-instructions between two checks of [`Env::interrupted`] inside a `DISPATCH`: a few
 /// hundred nanoseconds of interpretation, against a load or two per check.
-pub(super) const INTERRUPT_CHECK_INSTRUCTIONS: u64 = 256;
+pub(super) const INTERRUPT_CHECK_INSTRUCTIONS: u64 = 64;
 
 impl Firmware {
     pub(crate) fn step(&mut self, clock: &dyn Fn() -> Time, vms: &[Option<AddressSpace>]) -> StepReport {
@@ -175,9 +175,15 @@ impl Firmware {
             let mut order: Vec<FwQueueId> = (0..n).map(|k| e.hqd[(e.cursor + k) % n]).collect();
             order.sort_by_key(|id| std::cmp::Reverse(queues.get(id.0).map_or(Priority::Low, |q| q.cfg.priority)));
             let mut cut = false;
-            for id in order {
+            for (k, id) in order.into_iter().enumerate() {
                 if cut {
                     break;
+                }
+                if k > 0 {
+                    // A queue that went idle in an earlier turn of this step (a high-priority
+                    // queue that just finished) is watched from now on: its next ring must
+                    // cut the turns still to come, not wait for the step to end.
+                    watch_sentinels(e, queues);
                 }
                 let Ok(q) = queues.get_mut(id.0) else { continue };
                 if !q.pending || q.state != QueueState::Mapped {
@@ -667,9 +673,24 @@ fn exec_packet(
             if q.last_queued_word.is_some() && value > q.queued {
                 return Err(FaultKind::ProgressBeyondQueued { value, last_queued: q.queued });
             }
-            let word = q.cfg.kernel_page.progress_completed().get();
-            // Release: the command buffer's writes happen-before a waiter's acquire of the value.
-            word.store(value, Ordering::Release);
+            let word = q.cfg.kernel_page.progress_completed();
+            // A progress fence the kernel registered as a native fence (spec 002 "Indicating a
+            // native progress fence for hardware queues") is signalled as one: value, barrier,
+            // MonitoredValue, conditional interrupt.
+            let key = match word.region() {
+                shm::Region::Shm(s) => Some((s.id(), word.offset())),
+                _ => None,
+            };
+            match key.and_then(|k| env.fences.get(&k)) {
+                Some(f) => {
+                    if abi::protocol::signal_fence(word.get(), &f.monitored, value, || {}) {
+                        env.irqs.push_back(Interrupt::NativeFenceSignaled(FenceSignaled::Fences(vec![f.id])));
+                    }
+                }
+                // Release: the command buffer's writes happen-before a waiter's acquire of the
+                // value.
+                None => word.get().store(value, Ordering::Release),
+            }
             q.completed = value;
             if env.completions.is_some() {
                 // The packet ends once its own cost (charged after it executes) is spent.

@@ -266,7 +266,15 @@ impl FwQueue {
     fn refresh_wptr(&mut self) -> Result<(), FaultKind> {
         // Acquire: pairs with the client's release store of wptr, so the packets it covers are
         // visible before we fetch them.
-        let new = self.wptr_word.get().load(Ordering::Acquire);
+        // The last-queued value is read with it, after it (spec 000: the client stores it
+        // before it publishes wptr), so it covers every command buffer up to `new`.
+        let (new, queued) = match &self.last_queued_word {
+            Some(q) => {
+                let (w, v) = abi::protocol::read_wptr_and_last_queued(&self.wptr_word, q);
+                (w, Some(v))
+            }
+            None => (self.wptr_word.get().load(Ordering::Acquire), None),
+        };
         if new == self.wptr {
             return Ok(());
         }
@@ -280,11 +288,8 @@ impl FwQueue {
             return Err(FaultKind::WptrPastRing { rptr: self.rptr, wptr: new, ring_bytes: self.cfg.ring_bytes });
         }
         self.wptr = new;
-        // Acquire, after the wptr's acquire: the client stores last-queued before it
-        // publishes wptr (spec 000's order), so this read sees a value that covers every
-        // command buffer up to `new`.
-        if let Some(w) = &self.last_queued_word {
-            self.queued = w.get().load(Ordering::Acquire);
+        if let Some(v) = queued {
+            self.queued = v;
         }
         Ok(())
     }
@@ -638,13 +643,32 @@ impl Firmware {
         Ok(id)
     }
 
-    /// Takes a queue off its engine's run list (`DxgkDdiSuspendContext`): it stops at a packet
-    /// boundary (or a dispatch slice, whose state is already in the save area) and is not
-    /// scheduled until resumed. Its doorbell stays connected; rings are remembered.
-    pub(crate) fn suspend_queue(&mut self, id: FwQueueId, now: Time) -> Result<(), GpuError> {
-        let Firmware { engines, queues, log, irqs, .. } = self;
+    /// Takes a queue off its engine's run list (`DxgkDdiSuspendContext`: "KMD preempts the
+    /// context and removes it from its HW run list"), respecting the engine's granularity: a
+    /// queue without a slot, or standing where its engine may stop it, leaves at once (its
+    /// state is in the save area between turns); one in a slot that may not stop where it
+    /// stands keeps running to the next point it may, under a kernel preemption request, and
+    /// leaves then. Returns that request's ticket (its answer is an [`Interrupt::Preempted`]),
+    /// or `None` when it left at once. Its doorbell stays connected; rings are remembered.
+    pub(crate) fn suspend_queue(&mut self, id: FwQueueId, now: Time) -> Result<Option<u64>, GpuError> {
+        let caps = self.preemption;
+        let Firmware { engines, queues, log, irqs, next_ticket, .. } = self;
         let q = queues.get_mut(id.0).map_err(|_| GpuError::StaleQueue(id))?;
         let e = engines.get_mut(q.cfg.engine.0 as usize).ok_or(GpuError::BadEngine(q.cfg.engine.0))?;
+        let in_slot = e.hqd.contains(&id) && q.state == QueueState::Mapped;
+        if in_slot && !q.may_stop_now(Engine::stop_rule(e.kind, caps)) {
+            // It runs on to an allowed point; a request the kernel made already stands.
+            return Ok(Some(match q.preempt {
+                Some(r) if r.by == preempt::Requester::Os => r.ticket,
+                _ => {
+                    *next_ticket += 1;
+                    let ticket = *next_ticket;
+                    log.push(now, preempt::FwEvent::PreemptRequested { queue: id, ticket, by: preempt::Requester::Os });
+                    q.preempt = Some(preempt::PreemptRequest { ticket, at: now, by: preempt::Requester::Os });
+                    ticket
+                }
+            }));
+        }
         // A request still owed an answer gets it: the queue stops here.
         if q.preempt.is_some() {
             let point = q.standing_point();
@@ -655,7 +679,7 @@ impl Firmware {
         if q.state != QueueState::Hung {
             q.state = QueueState::Unmapped;
         }
-        Ok(())
+        Ok(None)
     }
 
     /// Puts a suspended queue back on the run list (`DxgkDdiResumeContext`) and looks for the
@@ -685,6 +709,23 @@ impl Firmware {
         self.forget_bit(id, binding);
         let q = self.queues.remove(id.0).map_err(|_| GpuError::StaleQueue(id))?;
         Ok(q.rptr)
+    }
+
+    /// Replaces the queue's fence log `index` (0 waits, 1 signals); `false` if the queue has
+    /// no fence logs (a kernel-mode queue).
+    pub(crate) fn optimized_interrupts(&self) -> bool {
+        self.optimized_interrupts
+    }
+
+    pub(crate) fn set_fence_log(&mut self, id: FwQueueId, index: usize, log: Arc<Shm>) -> Result<bool, GpuError> {
+        let q = self.queue_mut(id)?;
+        match (&mut q.cfg.fence_logs, index) {
+            (Some(logs), 0 | 1) => {
+                logs[index] = log;
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
     }
 
     pub(crate) fn set_monitored(&mut self, id: FwQueueId, value: u64) -> Result<(), GpuError> {

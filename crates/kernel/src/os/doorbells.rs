@@ -90,6 +90,9 @@ impl DisconnectCallback for Victimizer<'_> {
         *self.victimizations += 1;
         Ok(())
     }
+    fn victim_unbound(&mut self, victim: HwQueueHandle) {
+        self.trace.push(self.now, Event::VictimUnbound { queue: victim });
+    }
 }
 
 impl Os {
@@ -145,6 +148,15 @@ impl Os {
         }
         let engine = qo.engine;
         let (offset, ring) = self.ddi.doorbell_ring(desc.doorbell_index);
+        // The doorbell, of the size the KMD reported, lies whole in the CPU page.
+        let bytes = self.ddi.adapter_info().doorbell_bytes;
+        if !offset.is_multiple_of(bytes) || offset + bytes > shm::PAGE_SIZE as u64 {
+            return Err(invalid(
+                "doorbell_index",
+                desc.doorbell_index,
+                Invalid::OutOfRange { expected: "a doorbell of the reported size inside the doorbell page" },
+            ));
+        }
         let aggregated = match (self.ddi.aggregated_doorbell(engine), &self.proc(pid)?.aggregated) {
             (Some((offset, mask)), Some((_, page))) => Some(AggregatedDoorbell { page: page.clone(), offset, mask }),
             _ => None,
@@ -163,7 +175,11 @@ impl Os {
         p.allocations.get_mut(args.ring_control)?.pins.push(Pin::Doorbell(d));
         p.queues.get_mut(q)?.doorbell = Some(d);
         self.trace.push(now, Event::Ddi(Ddi::CreateDoorbell(q)));
-        Ok(DoorbellInfo { handle: d, cpu_page: page, offset, ring, aggregated })
+        let gpu_va = match (ring, &self.proc(pid)?.doorbell_gpu) {
+            (abi::doorbell::RingMethod::WriteWptr, Some((va, _))) => Some(va + offset),
+            _ => None,
+        };
+        Ok(DoorbellInfo { handle: d, cpu_page: page, offset, ring, aggregated, gpu_va })
     }
 
     /// `D3DKMTDestroyDoorbell`.

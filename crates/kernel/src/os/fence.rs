@@ -33,7 +33,7 @@ use std::sync::atomic::Ordering;
 
 use abi::Time;
 use abi::port::{Invalid, KernelError, NativeFenceDesc, NativeFenceInfo, NativeFenceType, WaitMode, WaitOutcome};
-use abi::{DeviceHandle, NativeFenceHandle, ProcessId};
+use abi::{DeviceHandle, HwQueueHandle, NativeFenceHandle, ProcessId};
 use shm::{Prot, Shm, Word};
 
 use super::{Os, Output, WaitId, WaitStart, Waits, invalid};
@@ -43,8 +43,6 @@ use crate::trace::{Ddi, Event};
 
 /// Bytes between two fences' CurrentValues in a shared page (one cache line each).
 pub const FENCE_STRIDE: u64 = 64;
-/// Fences per page.
-const FENCES_PER_PAGE: usize = (4096 / FENCE_STRIDE) as usize;
 
 /// A CPU wait on several fences.
 pub(crate) struct FenceWait {
@@ -72,6 +70,16 @@ pub(crate) struct FencePage {
     /// Its fence slots; a fence holds its slot's lease, so the slot returns when it goes.
     slots: Pool,
     _mapping: GpuMapping,
+    /// Its mappings in the GPU system process (`MapToGpuSystemProcess`): the VAs of the
+    /// CurrentValue and MonitoredValue pages there.
+    sys: Option<SystemMapping>,
+}
+
+/// A fence page's two mappings in the GPU system (paging) process, for the CMP.
+pub(crate) struct SystemMapping {
+    current_va: u64,
+    monitored_va: u64,
+    _mappings: [GpuMapping; 2],
 }
 
 /// A native fence object.
@@ -95,6 +103,13 @@ pub(crate) struct FenceObj {
     waiters: Vec<(u64, Arc<FenceWait>)>,
     /// The GPU mapping of a fence with a page of its own (packed fences share their page's).
     _mapping: Option<GpuMapping>,
+    /// Its CurrentValue's and MonitoredValue's VAs in the GPU system process, with the
+    /// mappings a fence with pages of its own holds there.
+    system: Option<(u64, u64)>,
+    _system_mapping: Option<SystemMapping>,
+    /// A queue's progress fence: only its engine writes it (no CPU signal, no
+    /// AlwaysSignaled write).
+    engine_only: bool,
 }
 
 impl FenceObj {
@@ -132,12 +147,14 @@ impl Os {
             }
         }
         // Find or make storage.
-        let (current, monitored, va, coff, slot, mapping) = if desc.shareable || desc.cross_adapter {
+        let (current, monitored, va, coff, slot, mapping, system, own_sys) = if desc.shareable || desc.cross_adapter {
             let name = if desc.cross_adapter { "fence-cross-adapter" } else { "fence-shared" };
             let (c, m) = (Shm::new(name, 4096)?, Shm::new("fence-monitored", 4096)?);
             let va = self.proc(pid)?.take_va(4096);
             let mapping = self.ddi.map_gpu(pid, va, 4096, c.clone(), true)?;
-            (c, m, va, 0, None, Some(mapping))
+            let sys = self.map_into_system_process(&c, &m)?;
+            let system = sys.as_ref().map(|s| (s.current_va, s.monitored_va));
+            (c, m, va, 0, None, Some(mapping), system, sys)
         } else {
             let p = self.proc(pid)?;
             let found = p
@@ -152,22 +169,27 @@ impl Os {
                     let (c, m) = (p.memory.readable.alloc(4096)?, p.memory.private.alloc(4096)?);
                     let va = p.take_va(4096);
                     let mapping = self.ddi.map_gpu(pid, va, 4096, c.clone(), true)?;
+                    let sys = self.map_into_system_process(&c, &m)?;
+                    let per_page = (4096 / self.fence_stride) as u32;
                     let p = self.proc(pid)?;
                     p.fence_pages.push(FencePage {
                         kind: desc.kind,
                         current: c,
                         monitored: m,
                         va,
-                        slots: Pool::new("fence slots", 0..FENCES_PER_PAGE as u32, None),
+                        slots: Pool::new("fence slots", 0..per_page, None),
                         _mapping: mapping,
+                        sys,
                     });
                     let pg = p.fence_pages.last().expect("just pushed");
                     (p.fence_pages.len() - 1, pg.slots.take()?)
                 }
             };
+            let stride = self.fence_stride;
             let pg = &self.proc(pid)?.fence_pages[i];
-            let off = lease.index() as u64 * FENCE_STRIDE;
-            (pg.current.clone(), pg.monitored.clone(), pg.va + off, off, Some(lease), None)
+            let off = lease.index() as u64 * stride;
+            let system = pg.sys.as_ref().map(|s| (s.current_va + off, s.monitored_va + off));
+            (pg.current.clone(), pg.monitored.clone(), pg.va + off, off, Some(lease), None, system, None)
         };
         // A legacy monitored fence and a cross-adapter fence always interrupt.
         let always = desc.kind == NativeFenceType::LegacyMonitored || desc.cross_adapter;
@@ -178,8 +200,14 @@ impl Os {
         self.next_fence_id += 1;
         // A shared fence: DxgkDdiCreateNativeFence (global), then DxgkDdiOpenNativeFence for
         // the creating process's local handle (spec 002 "Global and local handles").
-        // On failure its slot lease (or its own page's mapping) drops, and returns.
-        self.ddi.create_native_fence(id, (current.clone(), coff), monitored.clone())?;
+        // On failure its slot lease (or its own page's mapping) drops, and returns. With
+        // MapToGpuSystemProcess the system-process VAs go with it.
+        match system {
+            Some(sys) => {
+                self.ddi.create_native_fence_in_system_process(id, (current.clone(), coff), monitored.clone(), sys)?
+            }
+            None => self.ddi.create_native_fence(id, (current.clone(), coff), monitored.clone())?,
+        }
         let cross = match (&self.cross, desc.cross_adapter) {
             (Some((x, me)), true) => Some(x.create(*me, id, current.clone(), coff)),
             _ => None,
@@ -198,9 +226,17 @@ impl Os {
             cross,
             waiters: Vec::new(),
             _mapping: mapping,
+            system,
+            _system_mapping: own_sys,
+            engine_only: false,
         });
-        if desc.shareable {
-            self.trace.push(now, Event::Ddi(Ddi::OpenNativeFence(handle)));
+        if desc.shareable
+            && let Err(e) = self.ddi.open_native_fence(id, handle)
+        {
+            // Not half-made: the fence goes again.
+            let _ = self.proc(pid)?.fences.remove(handle);
+            self.ddi.destroy_native_fence(id);
+            return Err(e.into());
         }
         self.fence_index.insert(id, vec![(pid, handle)]);
         let cpu = match desc.kind {
@@ -266,6 +302,9 @@ impl Os {
             cross: Some(handle),
             waiters: Vec::new(),
             _mapping: Some(mapping),
+            system: None,
+            _system_mapping: None,
+            engine_only: false,
         });
         self.fence_index.insert(id, vec![(pid, h)]);
         x.opened(handle, me, id);
@@ -342,7 +381,7 @@ impl Os {
         pid: ProcessId,
         device: DeviceHandle,
         (opid, oh): (ProcessId, NativeFenceHandle),
-        now: Time,
+        _now: Time,
     ) -> Result<NativeFenceInfo, KernelError> {
         let o = self.proc(opid)?.fences.get(oh)?;
         let (id, kind, current, coff, value, monitored, cross) =
@@ -363,8 +402,14 @@ impl Os {
             cross,
             waiters: Vec::new(),
             _mapping: Some(mapping),
+            system: None,
+            _system_mapping: None,
+            engine_only: false,
         });
-        self.trace.push(now, Event::Ddi(Ddi::OpenNativeFence(handle)));
+        if let Err(e) = self.ddi.open_native_fence(id, handle) {
+            let _ = self.proc(pid)?.fences.remove(handle);
+            return Err(e.into());
+        }
         self.fence_index.entry(id).or_default().push((pid, handle));
         let cpu = match kind {
             NativeFenceType::IntraGpu => None,
@@ -386,7 +431,7 @@ impl Os {
             None => 0,
         };
         if f.shared {
-            self.trace.push(now, Event::Ddi(Ddi::CloseNativeFence(h)));
+            self.ddi.close_native_fence(h);
         }
         if left == 0 {
             self.ddi.destroy_native_fence(f.id);
@@ -439,6 +484,9 @@ impl Os {
             return Err(invalid("value", value, Invalid::Reserved));
         }
         let f = self.proc(pid)?.fences.get(h)?;
+        if f.engine_only {
+            return Err(invalid("fence", h, Invalid::Unsupported("CPU signals of a queue's progress fence")));
+        }
         let cur = f.current();
         if value < cur {
             return Err(KernelError::NotIncreasing { field: "value", value, last: cur });
@@ -461,6 +509,40 @@ impl Os {
         }
         self.note_signaled(id, now);
         Ok(())
+    }
+
+    /// With `MapToGpuSystemProcess`, maps a fence page's CurrentValue and MonitoredValue into
+    /// the GPU system process (spec 002 "GPU VA mappings in paging process address space for
+    /// CMP use"); `None` without the cap.
+    fn map_into_system_process(
+        &mut self,
+        current: &Arc<Shm>,
+        monitored: &Arc<Shm>,
+    ) -> Result<Option<SystemMapping>, KernelError> {
+        if !self.fence_caps.map_to_gpu_system_process {
+            return Ok(None);
+        }
+        let (cva, mva) = (self.take_system_va(4096), self.take_system_va(4096));
+        let c = self.ddi.map_gpu(super::SYSTEM_PROCESS, cva, 4096, current.clone(), true)?;
+        // The CMP reads MonitoredValue; only the KMD writes it.
+        let m = self.ddi.map_gpu(super::SYSTEM_PROCESS, mva, 4096, monitored.clone(), false)?;
+        Ok(Some(SystemMapping { current_va: cva, monitored_va: mva, _mappings: [c, m] }))
+    }
+
+    /// A fence's CurrentValue and MonitoredValue VAs in the GPU system process, when the KMD
+    /// asked for them (`MapToGpuSystemProcess`).
+    pub fn native_fence_system_vas(
+        &mut self,
+        pid: ProcessId,
+        h: NativeFenceHandle,
+    ) -> Result<Option<(u64, u64)>, KernelError> {
+        Ok(self.proc(pid)?.fences.get(h)?.system)
+    }
+
+    /// Reads a word through the GPU system process's address space, as the CMP would (tests
+    /// and tools).
+    pub fn read_system_process_u64(&self, va: u64) -> Option<u64> {
+        self.ddi.read_gpu_u64(super::SYSTEM_PROCESS, va)
     }
 
     /// Starts a CPU wait. Returns at once if it is already satisfied.
@@ -497,10 +579,18 @@ impl Os {
     pub fn mark_device_error(&mut self, pid: ProcessId, device: DeviceHandle, now: Time) -> Result<(), KernelError> {
         self.at(now);
         self.proc(pid)?.devices.get_mut(device)?.error = true;
+        self.trace.push(now, Event::DeviceError { device });
         let lost = KernelError::DeviceLost { device };
         let p = self.proc(pid)?;
+        // A queue's progress fence is the engine's to write; its waiters end below.
         let mine: Vec<NativeFenceHandle> =
-            p.fences.iter().filter(|(_, f)| f.device == device).map(|(h, _)| h).collect();
+            p.fences.iter().filter(|(_, f)| f.device == device && !f.engine_only).map(|(h, _)| h).collect();
+        let progress: Vec<Arc<FenceWait>> = p
+            .fences
+            .iter()
+            .filter(|(_, f)| f.device == device && f.engine_only)
+            .flat_map(|(_, f)| f.waiters.iter().map(|(_, w)| w.clone()))
+            .collect();
         let mut waits = Vec::new();
         for &h in &mine {
             let f = self.proc(pid)?.fences.get(h)?;
@@ -511,11 +601,81 @@ impl Os {
             // The other adapters' waiters see the shared value pass too.
             self.note_signaled(id, now);
         }
-        for w in waits {
+        for w in waits.into_iter().chain(progress) {
             self.complete_fence_wait(&w, Err(lost.clone()));
             self.forget_wait(pid, &w);
         }
         Ok(())
+    }
+
+    /// The queue's progress fence as a native fence (spec 002 "Indicating a native progress
+    /// fence for hardware queues"): the kernel page's completed value, registered with the KMD
+    /// (`DxgkDdiCreateNativeFence`) so the engine's `PROGRESS_FENCE` signals it with the native
+    /// protocol. Opening it again answers the same fence.
+    pub fn open_progress_fence(
+        &mut self,
+        pid: ProcessId,
+        q: HwQueueHandle,
+        now: Time,
+    ) -> Result<NativeFenceInfo, KernelError> {
+        self.at(now);
+        if !self.native_fences {
+            return Err(invalid("queue", q, Invalid::NoNativeFences));
+        }
+        let p = self.proc(pid)?;
+        let qo = p.queues.get(q)?;
+        qo.live(q)?;
+        let device = p.contexts.get(qo.context)?.device;
+        let word = qo.kernel_page.progress_completed();
+        let shm::Region::Shm(storage) = word.region() else {
+            return Err(invalid("queue", q, Invalid::Unsupported("a progress fence outside kernel memory")));
+        };
+        let (storage, coff) = (storage.clone(), word.offset());
+        let va = qo._kernel_page_mapping.va() + coff;
+        let existing = qo.progress_fence.filter(|&h| p.fences.get(h).is_ok());
+        let h = match existing {
+            Some(h) => h,
+            None => {
+                let monitored = Word::new(&p.memory.private.alloc(4096)?, 0)?;
+                monitored.get().store(u64::MAX, Ordering::Release);
+                let id = self.next_fence_id;
+                self.next_fence_id += 1;
+                self.ddi.create_native_fence(id, (storage.clone(), coff), monitored.clone())?;
+                let value = Word::new(&storage, coff)?;
+                let p = self.proc(pid)?;
+                let h = p.fences.insert(FenceObj {
+                    device,
+                    id,
+                    kind: NativeFenceType::Default,
+                    storage: storage.clone(),
+                    coff,
+                    va,
+                    value,
+                    monitored,
+                    _slot: None,
+                    shared: false,
+                    cross: None,
+                    waiters: Vec::new(),
+                    _mapping: None,
+                    system: None,
+                    _system_mapping: None,
+                    engine_only: true,
+                });
+                p.queues.get_mut(q)?.progress_fence = Some(h);
+                self.fence_index.insert(id, vec![(pid, h)]);
+                h
+            }
+        };
+        let cpu = Some(storage.map_range(0, 4096, Prot::ReadOnly)?);
+        Ok(NativeFenceInfo {
+            handle: h,
+            va,
+            cpu,
+            offset: coff,
+            global: None,
+            kind: NativeFenceType::Default,
+            cross_adapter: None,
+        })
     }
 
     /// Registers `wait` on each of its fences, then settles them (programs MonitoredValue and
@@ -538,17 +698,28 @@ impl Os {
 
     /// Deregisters a finished or abandoned wait from every fence it named.
     pub(crate) fn forget_wait(&mut self, pid: ProcessId, wait: &Arc<FenceWait>) {
-        let Ok(p) = self.proc(pid) else { return };
+        let ids = self.unregister_wait(pid, wait);
+        // Raising a MonitoredValue cannot lose a wake-up, so no resample is needed here.
+        let batch: Vec<(u64, u64)> = ids.into_iter().map(|id| (id, self.monitored_for(id))).collect();
+        if !batch.is_empty() {
+            self.update_monitored_values(&batch);
+        }
+    }
+
+    /// Takes `wait` off every fence it named; returns those fences' ids (their MonitoredValue
+    /// may now rise).
+    fn unregister_wait(&mut self, pid: ProcessId, wait: &Arc<FenceWait>) -> Vec<u64> {
+        let Ok(p) = self.proc(pid) else { return Vec::new() };
+        let mut ids = Vec::new();
         for &(h, _) in &wait.conds {
             if let Ok(f) = p.fences.get_mut(h) {
                 f.waiters.retain(|(_, w)| w.wait != wait.wait);
+                if !ids.contains(&f.id) {
+                    ids.push(f.id);
+                }
             }
         }
-        // Raising a MonitoredValue cannot lose a wake-up, so no resample is needed here.
-        let ids: Vec<u64> = wait.conds.iter().filter_map(|&(h, _)| p.fences.get(h).ok().map(|f| f.id)).collect();
-        for id in ids {
-            self.program_monitored(id);
-        }
+        ids
     }
 
     /// Ends a CPU wait: deregisters it and reports.
@@ -571,31 +742,93 @@ impl Os {
     /// rest and resamples, until nothing changes (`DxgkDdiUpdateMonitoredValues`, then the
     /// OS's resample).
     pub(crate) fn settle_fence(&mut self, pid: ProcessId, h: NativeFenceHandle, now: Time) {
-        loop {
-            let Ok(p) = self.proc(pid) else { return };
-            let Ok(f) = p.fences.get(h) else { return };
-            let done: Vec<(Arc<FenceWait>, u64)> =
-                f.waiters.iter().filter_map(|(_, w)| evaluate(p, &w.conds, w.mode).map(|r| (w.clone(), r))).collect();
-            for (w, r) in &done {
-                self.complete_fence_wait(w, Ok(*r));
-                self.forget_wait(pid, w);
-            }
-            let Ok(id) = self.proc(pid).and_then(|p| p.fences.get(h).map(|f| f.id)) else { return };
-            let m = self.monitored_for(id);
-            let Ok(p) = self.proc(pid) else { return };
-            let Ok(f) = p.fences.get(h) else { return };
-            let (mword, cword) = (f.monitored.get(), f.value.get());
-            let resampled = abi::protocol::set_monitored_and_resample(mword, cword, m);
-            // Any signal after the barrier sees the new MonitoredValue and interrupts; a signal
-            // before it is in `resampled`. So a waiter this fence's `resampled` value passes
-            // gets no interrupt: if its whole wait (other fences too) is now satisfied, wake it
-            // in another round; otherwise stop (its other fences' signals will settle it).
-            let pending = f.waiters.iter().any(|(v, w)| *v <= resampled && evaluate(p, &w.conds, w.mode).is_some());
-            self.trace.push(now, Event::Ddi(Ddi::UpdateMonitoredValues(h, m)));
-            if !pending {
-                return;
+        self.settle_fences(&[(pid, h)], now);
+    }
+
+    /// [`Os::settle_fence`] for several fences at once: one `DxgkDdiUpdateMonitoredValues`
+    /// per round carries every fence's new MonitoredValue (the spec's batch), then each is
+    /// resampled.
+    pub(crate) fn settle_fences(&mut self, targets: &[(ProcessId, NativeFenceHandle)], now: Time) {
+        let mut round: Vec<(ProcessId, NativeFenceHandle)> = Vec::new();
+        for t in targets {
+            if !round.contains(t) {
+                round.push(*t);
             }
         }
+        while !round.is_empty() {
+            // 1. Wake what the CurrentValues satisfy. The fences those waits also named (but
+            // this round does not settle) get their raised MonitoredValue in the same batch.
+            let mut raised: Vec<u64> = Vec::new();
+            for &(pid, h) in &round {
+                let Ok(p) = self.proc(pid) else { continue };
+                let Ok(f) = p.fences.get(h) else { continue };
+                let done: Vec<(Arc<FenceWait>, u64)> = f
+                    .waiters
+                    .iter()
+                    .filter_map(|(_, w)| evaluate(p, &w.conds, w.mode).map(|r| (w.clone(), r)))
+                    .collect();
+                for (w, r) in &done {
+                    self.complete_fence_wait(w, Ok(*r));
+                    raised.extend(self.unregister_wait(pid, w));
+                }
+            }
+            // 2. One DDI for every MonitoredValue (a shared fence's once).
+            let mut items = Vec::new();
+            let mut batch: Vec<(u64, u64)> = Vec::new();
+            for &(pid, h) in &round {
+                let Ok(id) = self.proc(pid).and_then(|p| p.fences.get(h).map(|f| f.id)) else { continue };
+                let m = self.monitored_for(id);
+                if !batch.iter().any(|&(i, _)| i == id) {
+                    batch.push((id, m));
+                }
+                items.push((pid, h, m));
+            }
+            for id in raised {
+                if !batch.iter().any(|&(i, _)| i == id) && !self.instances(id).is_empty() {
+                    batch.push((id, self.monitored_for(id)));
+                }
+            }
+            if batch.is_empty() {
+                return;
+            }
+            self.update_monitored_values(&batch);
+            // 3. Resample. Any signal after the barrier sees the new MonitoredValue and
+            // interrupts; a signal before it is in `resampled`. So a waiter this fence's
+            // `resampled` value passes gets no interrupt: if its whole wait (other fences too)
+            // is now satisfied, wake it in another round; otherwise stop (its other fences'
+            // signals will settle it).
+            let mut next = Vec::new();
+            for (pid, h, m) in items {
+                let Ok(p) = self.proc(pid) else { continue };
+                let Ok(f) = p.fences.get(h) else { continue };
+                let resampled = abi::protocol::resample(f.value.get());
+                let pending = f.waiters.iter().any(|(v, w)| *v <= resampled && evaluate(p, &w.conds, w.mode).is_some());
+                self.trace.push(now, Event::Ddi(Ddi::UpdateMonitoredValues(h, m)));
+                if pending {
+                    next.push((pid, h));
+                }
+            }
+            round = next;
+        }
+    }
+
+    /// `DxgkDdiUpdateMonitoredValues` for a batch. Should the KMD refuse it (it never does for
+    /// fences it registered), the OS stores the values itself with the same barrier, so no
+    /// wake-up can be lost.
+    fn update_monitored_values(&mut self, batch: &[(u64, u64)]) {
+        self.stats.monitored_updates += 1;
+        self.stats.monitored_values += batch.len() as u64;
+        if self.ddi.update_monitored_values(batch).is_ok() {
+            return;
+        }
+        for &(id, m) in batch {
+            if let Some(&(pid, h)) = self.instances(id).first()
+                && let Some(f) = self.processes.get(&pid).and_then(|p| p.fences.get(h).ok())
+            {
+                abi::protocol::store_monitored(f.monitored.get(), m);
+            }
+        }
+        abi::protocol::monitored_barrier();
     }
 
     /// `NativeFenceSignaled`: settle the named fences; for named queues (the optimized mode),
@@ -605,65 +838,108 @@ impl Os {
         self.stats.fence_interrupts += 1;
         let targets: Vec<(ProcessId, NativeFenceHandle)> = match what {
             SignaledFences::Fences(ids) => ids.iter().flat_map(|&id| self.instances(id)).collect(),
-            SignaledFences::Queues(queues) => {
-                let mut ids = Vec::new();
-                let mut scan_all = false;
-                // The log is written where the client says (it chooses the entries), so the
-                // kernel trusts it only to narrow the search: anything it cannot account for —
-                // a queue gone, no log, a corrupt or overrun log, or an interrupt whose log shows
-                // no new signal — falls back to scanning every fence.
-                for q in queues {
-                    let pid = q.owner();
-                    let Ok(qo) = self.queue(pid, q) else {
-                        scan_all = true;
-                        continue;
-                    };
-                    let (logs, seen) = (qo.logs.clone(), qo.signal_log_seen);
-                    let Some(logs) = logs else {
-                        scan_all = true;
-                        continue;
-                    };
-                    self.ddi.flush_fence_logs(q);
-                    let log = &logs[abi::fence_log::FenceLogType::Signal as usize];
-                    match abi::fence_log::read_since(log, seen) {
-                        Ok(r) => {
-                            if let Ok(qo) = self.queue(pid, q) {
-                                qo.signal_log_seen = r.total;
-                            }
-                            let named: Vec<u64> =
-                                r.entries.iter().map(|e| e.fence_handle).filter(|&h| h != 0).collect();
-                            if r.lost > 0 || named.is_empty() {
-                                scan_all = true;
-                            }
-                            ids.extend(named);
-                        }
-                        Err(_) => {
-                            scan_all = true;
-                            // Start over from wherever the header is now.
-                            let total = abi::fence_log::header_total(log).unwrap_or(seen);
-                            if let Ok(qo) = self.queue(pid, q) {
-                                qo.signal_log_seen = total;
-                            }
-                        }
-                    }
-                }
-                if scan_all {
+            SignaledFences::Queues(queues) => match self.read_signal_logs(&queues, true, now) {
+                Some(ids) => ids.iter().flat_map(|&id| self.instances(id)).collect(),
+                None => {
                     self.stats.fence_log_fallbacks += 1;
                     self.fences_with_waiters()
-                } else {
-                    ids.sort_unstable();
-                    ids.dedup();
-                    ids.iter().flat_map(|&id| self.instances(id)).collect()
+                }
+            },
+            SignaledFences::EngineLogs(engine) => {
+                // A NULL queue: rescan the signal logs of every queue on this engine.
+                let queues: Vec<HwQueueHandle> = self
+                    .processes
+                    .values()
+                    .flat_map(|p| p.queues.iter().filter(|(_, q)| q.engine == engine && q.logs.is_some()))
+                    .map(|(h, _)| h)
+                    .collect();
+                match self.read_signal_logs(&queues, false, now) {
+                    Some(ids) => ids.iter().flat_map(|&id| self.instances(id)).collect(),
+                    None => {
+                        self.stats.fence_log_fallbacks += 1;
+                        self.fences_with_waiters()
+                    }
                 }
             }
             SignaledFences::All => self.fences_with_waiters(),
+            SignaledFences::AllNative => {
+                let all = self.fences_with_waiters();
+                all.into_iter()
+                    .filter(|&(pid, h)| {
+                        self.processes
+                            .get(&pid)
+                            .and_then(|p| p.fences.get(h).ok())
+                            .is_some_and(|f| f.kind != NativeFenceType::LegacyMonitored)
+                    })
+                    .collect()
+            }
         };
+        self.settle_fences(&targets, now);
         for (pid, h) in targets {
-            self.settle_fence(pid, h, now);
             if let Ok(id) = self.proc(pid).and_then(|p| p.fences.get(h).map(|f| f.id)) {
                 self.note_signaled(id, now);
             }
         }
+    }
+
+    /// Flushes (`DxgkDdiUpdateNativeFenceLogs`) and reads the signal logs of `queues`; returns
+    /// the fence ids they name, or `None` when the kernel must scan every fence instead.
+    ///
+    /// The log is written where the client says (it chooses the entries), so the kernel
+    /// trusts it only to narrow the search: anything it cannot account for — a queue gone, no
+    /// log, a corrupt or overrun log, or (with `each_names_one`, an interrupt that named the
+    /// queue) a log that shows no new signal — falls back to the scan. An overrun is also
+    /// flagged in the trace ([`Event::FenceLogOverrun`], spec 002: "the OS can emit a flag in
+    /// the trace to notify a user that events were lost").
+    fn read_signal_logs(&mut self, queues: &[HwQueueHandle], each_names_one: bool, now: Time) -> Option<Vec<u64>> {
+        let mut ids = Vec::new();
+        let mut scan_all = false;
+        for &q in queues {
+            let pid = q.owner();
+            let Ok(qo) = self.queue(pid, q) else {
+                scan_all = true;
+                continue;
+            };
+            let (logs, seen) = (qo.logs.clone(), qo.signal_log_seen);
+            let Some(logs) = logs else {
+                scan_all = true;
+                continue;
+            };
+            self.ddi.flush_fence_logs(q);
+            let log = &logs[abi::fence_log::FenceLogType::Signal as usize];
+            match abi::fence_log::read_since(log, seen) {
+                Ok(r) => {
+                    if let Ok(qo) = self.queue(pid, q) {
+                        qo.signal_log_seen = r.total;
+                    }
+                    let named: Vec<u64> = r.entries.iter().map(|e| e.fence_handle).filter(|&h| h != 0).collect();
+                    if r.lost > 0 {
+                        self.trace.push(now, Event::FenceLogOverrun { queue: q, lost: r.lost });
+                        scan_all = true;
+                    }
+                    if each_names_one && named.is_empty() {
+                        scan_all = true;
+                    }
+                    ids.extend(named);
+                }
+                Err(_) => {
+                    scan_all = true;
+                    // Start over from wherever the header is now.
+                    let total = abi::fence_log::header_total(log).unwrap_or(seen);
+                    if let Ok(qo) = self.queue(pid, q) {
+                        qo.signal_log_seen = total;
+                    }
+                }
+            }
+        }
+        // (A NULL-queue rescan whose logs show nothing new settles nothing: the GPU names the
+        // engine only for logged signals.)
+        if scan_all {
+            return None;
+        }
+        ids.sort_unstable();
+        ids.dedup();
+        Some(ids)
     }
 
     /// Decides a fence wait: a thread's result is kept until it ends the wait; the
@@ -699,13 +975,11 @@ impl Os {
 
     /// Stores fence `id`'s MonitoredValue (a raise needs no resample).
     fn program_monitored(&mut self, id: u64) {
-        let m = self.monitored_for(id);
-        if let Some(&(pid, h)) = self.instances(id).first()
-            && let Some(f) = self.processes.get(&pid).and_then(|p| p.fences.get(h).ok())
-        {
-            // Relaxed: a raise; the firmware's compare needs no ordering with it.
-            f.monitored.get().store(m, Ordering::Relaxed);
+        if self.instances(id).is_empty() {
+            return;
         }
+        let m = self.monitored_for(id);
+        self.update_monitored_values(&[(id, m)]);
     }
 
     /// What the fallback scan settles: every fence with a waiter here, and every

@@ -26,7 +26,9 @@
 //! - `waits`: CPU waits on progress fences and the interrupt service routine;
 //! - `fence`: native fences (spec 002);
 //! - `recovery`: preemption requests, timeout detection and recovery, device lost (spec 003);
-//! - `migrate`: memory migration around preempted queues (spec 001 "Memory Management").
+//! - `migrate`: memory migration around preempted queues (spec 001 "Memory Management");
+//! - `userq`: `USERQ_SIGNAL` and `USERQ_WAIT`, user and kernel queues interoperating
+//!   (spec 001 "Special Packets", "USERQ_SIGNAL", "USERQ_WAIT").
 //!
 //! Lock order, for the drivers: the OS lock, then the device lock (inside the KMD). The
 //! device's driver thread never holds the device lock while it calls into the OS.
@@ -57,9 +59,14 @@ mod power;
 mod queues;
 mod recovery;
 mod submit;
+mod userq;
 mod waits;
 
 pub use fence::FENCE_STRIDE;
+
+/// The GPU system (paging) process: the address space the OS creates for the CMP when the KMD
+/// reports `MapToGpuSystemProcess` (client processes are numbered from 1).
+pub const SYSTEM_PROCESS: ProcessId = ProcessId(0);
 pub use recovery::TdrConfig;
 pub use submit::KERNEL_RING_BYTES;
 
@@ -121,6 +128,10 @@ pub struct OsStats {
     pub fence_interrupts: u64,
     /// Optimized fence interrupts that fell back to scanning every fence (log overrun).
     pub fence_log_fallbacks: u64,
+    /// `DxgkDdiUpdateMonitoredValues` calls (each carries a batch).
+    pub monitored_updates: u64,
+    /// MonitoredValues those calls carried.
+    pub monitored_values: u64,
 }
 
 /// What the kernel holds, for leak checks: every count returns to its start once the objects
@@ -180,8 +191,9 @@ struct AllocObj {
     domain: MemoryDomain,
     /// A local allocation evicted to system memory for D3 (contents preserved).
     evicted: bool,
-    /// Its GPU mapping (unmapped when the allocation goes).
-    _mapping: GpuMapping,
+    /// Its GPU mapping (unmapped when the allocation goes); `None` once a failed migration
+    /// took it out ([`migrate`]).
+    mapping: Option<GpuMapping>,
 }
 
 impl AllocObj {
@@ -213,6 +225,10 @@ struct QueueObj {
     /// The hang timer (amdgpu): the completed progress value last seen with work outstanding,
     /// and since when it has not moved.
     progress_seen: Option<(u64, Time)>,
+    /// Pending `USERQ_SIGNAL`s ([`userq`]).
+    signal_on: Vec<userq::PendingSignal>,
+    /// Its progress fence as a native fence, once opened ([`Os::open_progress_fence`]).
+    progress_fence: Option<abi::NativeFenceHandle>,
 }
 
 impl QueueObj {
@@ -226,6 +242,9 @@ impl QueueObj {
             QueueLife::Live => Ok(()),
             QueueLife::Hung(fault) => {
                 Err(KernelError::QueueLost { queue: h, reason: abi::port::LostReason::Fault(fault.clone()) })
+            }
+            &QueueLife::InvalidVa { va } => {
+                Err(KernelError::QueueLost { queue: h, reason: abi::port::LostReason::InvalidVa { va } })
             }
         }
     }
@@ -252,6 +271,12 @@ enum QueueLife {
     Live,
     /// Hung, with the record of why. Final: a hung queue runs no more work.
     Hung(FaultRecord),
+    /// Its ring, rptr, wptr or last-queued word lies in a buffer whose GPU mapping went away
+    /// (amdgpu's `AMDGPU_USERQ_STATE_INVALID_VA`): it runs no more work; the UMD recreates it.
+    InvalidVa {
+        /// The start of the buffer that lost its mapping.
+        va: u64,
+    },
 }
 
 impl QueueLife {
@@ -260,6 +285,7 @@ impl QueueLife {
         match self {
             QueueLife::Live => QueueState::Mapped,
             QueueLife::Hung(_) => QueueState::Hung,
+            QueueLife::InvalidVa { .. } => QueueState::InvalidVa,
         }
     }
 
@@ -269,6 +295,7 @@ impl QueueLife {
         match self {
             QueueLife::Live => (residency().unwrap_or(QueueState::Unmapped), None),
             QueueLife::Hung(fault) => (QueueState::Hung, Some(fault.clone())),
+            QueueLife::InvalidVa { .. } => (QueueState::InvalidVa, None),
         }
     }
 }
@@ -282,6 +309,10 @@ struct DoorbellObj {
 }
 
 struct Process {
+    /// Its doorbell page mapped into its own GPU address space (VA, mapping), where the device
+    /// allows queues to ring doorbells from the GPU. First, so it is unmapped before the page
+    /// lease returns.
+    doorbell_gpu: Option<(u64, GpuMapping)>,
     /// Its doorbell BAR page.
     doorbell_page: Lease,
     /// The process's aggregated doorbell page, mapped once (when the device needs one).
@@ -341,6 +372,9 @@ pub struct Os {
     kernel_doorbells: Pool,
     stats: OsStats,
     km_queued: usize,
+    /// The next submission fence ID per engine for kernel-mode buffers (Windows'
+    /// `SubmissionFenceId`, [`submit`]).
+    km_fence_ids: HashMap<EngineId, u64>,
     next_fence_id: u64,
     /// Every local instance of each fence, by global id (one for a private fence; one per
     /// opening process for a shared one).
@@ -366,6 +400,12 @@ pub struct Os {
     recovery: recovery::Recovery,
     /// Memory migrations waiting for their queues' preemption answers ([`migrate`]).
     migrations: Vec<migrate::Migration>,
+    /// The KMD's native fence caps, checked at initialization.
+    fence_caps: abi::port::NativeFenceCaps,
+    /// Bytes between packed fences (the KMD's stride).
+    fence_stride: u64,
+    /// The next free VA of the GPU system process.
+    system_next_va: u64,
 }
 
 fn invalid(field: &'static str, value: impl ToString, reason: abi::port::Invalid) -> KernelError {
@@ -373,10 +413,64 @@ fn invalid(field: &'static str, value: impl ToString, reason: abi::port::Invalid
 }
 
 impl Os {
-    /// An OS over `kmd`, logging into `trace`. The KMD is wrapped in the tracing decorator.
+    /// An OS over `kmd`, logging into `trace`, with every OS feature enabled. The KMD is
+    /// wrapped in the tracing decorator.
     pub fn new(kmd: Box<dyn Kmd>, trace: SharedTrace) -> Result<Os, KernelError> {
-        let bar = kmd.doorbell_bar();
+        Self::with_features(kmd, trace, abi::port::OsFeatures::default())
+    }
+
+    /// Adapter initialization with the OS's `features`: the KMD queries them, then reports
+    /// its caps; the OS fails initialization when the two disagree (spec 002 "Querying native
+    /// fence feature enablement in OS": native fences advertised while the OS has not enabled
+    /// them; caps that contradict each other).
+    pub fn with_features(
+        mut kmd: Box<dyn Kmd>,
+        trace: SharedTrace,
+        features: abi::port::OsFeatures,
+    ) -> Result<Os, KernelError> {
+        kmd.query_features(&features);
+        let caps = kmd.native_fence_caps();
         let native_fences = kmd.adapter_info().native_fences;
+        let mismatch = |feature, kmd: &str, os: &str| KernelError::FeatureMismatch {
+            feature,
+            kmd: kmd.to_string(),
+            os: os.to_string(),
+        };
+        if caps.supported && !features.native_fence {
+            return Err(mismatch("DXGK_FEATURE_NATIVE_FENCE", "native fence support", "not enabled the feature"));
+        }
+        if caps.supported != native_fences {
+            return Err(mismatch("NativeGpuFence", "caps that disagree with its adapter info", "one answer"));
+        }
+        if !caps.supported && (caps.optimized_interrupt || caps.map_to_gpu_system_process) {
+            return Err(mismatch("NativeFenceCaps", "native fence caps", "no native fences from this KMD"));
+        }
+        let stride_ok = |s: u64| s.is_power_of_two() && (8..=4096).contains(&s);
+        if caps.supported
+            && (!stride_ok(caps.current_value_stride) || caps.monitored_value_stride != caps.current_value_stride)
+        {
+            return Err(mismatch(
+                "current_value_stride",
+                &format!("strides {}/{}", caps.current_value_stride, caps.monitored_value_stride),
+                "equal power-of-two strides of 8..=4096 bytes",
+            ));
+        }
+        // Spec 000 "DXGKQAITYPE_USERMODESUBMISSION_CAPS": the doorbell size sizes the dummy page
+        // a disconnected doorbell's CPU VA shows and the CPU VA rotated onto the BAR. A CPU VA
+        // rotates whole pages, so a doorbell must be a power of two that fits one.
+        let doorbell_bytes = kmd.adapter_info().doorbell_bytes;
+        if !doorbell_bytes.is_power_of_two() || doorbell_bytes > shm::PAGE_SIZE as u64 {
+            return Err(KernelError::InvalidArgument {
+                field: "doorbell_bytes",
+                value: doorbell_bytes.to_string(),
+                reason: abi::port::Invalid::OutOfRange { expected: "a power of two of at most one page" },
+            });
+        }
+        let dummy_bytes = doorbell_bytes.div_ceil(shm::PAGE_SIZE as u64) * shm::PAGE_SIZE as u64;
+        if caps.map_to_gpu_system_process {
+            kmd.create_address_space(SYSTEM_PROCESS)?;
+        }
+        let bar = kmd.doorbell_bar();
         let reserved = kmd.reserved_doorbell_pages();
         let pages = (bar.len() as u64 / abi::doorbell::DOORBELL_PAGE_BYTES) as u32;
         // Page 0 holds the kernel queues' doorbells; the KMD may keep pages for its pool.
@@ -389,13 +483,14 @@ impl Os {
             ddi: Traced::new(kmd, trace.clone()),
             trace,
             bar,
-            dummy: Shm::new("doorbell-dummy-page", 4096)?,
+            dummy: Shm::new("doorbell-dummy-page", dummy_bytes as usize)?,
             processes: HashMap::new(),
             next_pid: 1,
             doorbell_pages,
             kernel_doorbells,
             stats: OsStats::default(),
             km_queued: 0,
+            km_fence_ids: HashMap::new(),
             next_fence_id: 1,
             fence_index: HashMap::new(),
             km_gen: 0,
@@ -409,7 +504,22 @@ impl Os {
             all_f1_since: None,
             recovery: recovery::Recovery::default(),
             migrations: Vec::new(),
+            fence_caps: caps,
+            fence_stride: if caps.supported { caps.current_value_stride } else { FENCE_STRIDE },
+            system_next_va: 1 << 32,
         })
+    }
+
+    /// The KMD's native fence caps (`DXGK_NATIVE_FENCE_CAPS`), as checked at initialization.
+    pub fn native_fence_caps(&self) -> abi::port::NativeFenceCaps {
+        self.fence_caps
+    }
+
+    /// A range of the GPU system process's address space (a guard page after it).
+    fn take_system_va(&mut self, bytes: u64) -> u64 {
+        let va = self.system_next_va;
+        self.system_next_va += bytes + 4096;
+        va
     }
 
     /// Enters D3 by itself once every engine has stayed in F1 for `period` (spec 000: D0 to
@@ -421,6 +531,22 @@ impl Os {
     /// Arms a DDI fault (see [`crate::ddi::Traced`]).
     pub fn inject_ddi_fault(&mut self, fault: crate::ddi::DdiFault) {
         self.ddi.inject(fault);
+    }
+
+    /// Arms a misbehaviour of the next call of `ddi` (see [`crate::ddi::Misbehaviour`]).
+    pub fn inject_misbehaviour(&mut self, ddi: crate::ddi::DdiKind, m: crate::ddi::Misbehaviour) {
+        self.ddi.inject_misbehaviour(ddi, m);
+    }
+
+    /// Test hook: the KMD "raises" `n` (see [`crate::ddi::Traced::inject_notification`]); the
+    /// next interrupt service delivers it.
+    pub fn inject_notification(&mut self, n: crate::ddi::Notification) {
+        self.ddi.inject_notification(n);
+    }
+
+    /// Test hook: the device's next `count` native-fence interrupts are lost (collapsed).
+    pub fn drop_fence_signals(&mut self, count: u32) {
+        self.ddi.drop_fence_signals(count);
     }
 
     /// Marks the start of an input at `now`: DDI calls it makes are logged at this time.
@@ -600,5 +726,9 @@ mod tests {
         assert_eq!(QueueLife::Live.status(|| Some(QueueState::Preempted)), (QueueState::Preempted, None));
         assert_eq!(QueueLife::Live.status(|| None), (QueueState::Unmapped, None));
         assert_eq!(QueueLife::Live.published(), QueueState::Mapped);
+        // A queue whose memory lost its mapping answers InvalidVa without asking the device.
+        let lost = QueueLife::InvalidVa { va: 0x1000 };
+        assert_eq!(lost.status(|| unreachable!("not asked")), (QueueState::InvalidVa, None));
+        assert_eq!(lost.published(), QueueState::InvalidVa);
     }
 }

@@ -89,6 +89,7 @@ impl Os {
         self.processes.insert(
             pid,
             Process {
+                doorbell_gpu: None,
                 doorbell_page: page,
                 aggregated,
                 next_va: VA_BASE,
@@ -102,6 +103,16 @@ impl Os {
                 memory,
             },
         );
+        // Spec 001: queues may ring each other from the GPU. The process's own doorbell page,
+        // and only it, is mapped into its address space (where the device allows it), so a
+        // queue can ring only its own process's queues.
+        let (index, va) = {
+            let p = self.proc(pid)?;
+            (p.doorbell_page.index(), p.take_va(abi::doorbell::DOORBELL_PAGE_BYTES))
+        };
+        if let Ok(m) = self.ddi.map_doorbell_page(pid, va, index) {
+            self.proc(pid)?.doorbell_gpu = Some((va, m));
+        }
         Ok(pid)
     }
 
@@ -161,7 +172,7 @@ impl Os {
             pins: Vec::new(),
             domain: desc.domain,
             evicted: false,
-            _mapping: mapping,
+            mapping: Some(mapping),
         });
         Ok(AllocationInfo { handle, va, bytes })
     }

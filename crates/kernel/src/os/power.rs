@@ -54,7 +54,9 @@ impl Os {
             for c in self.proc(pid)?.contexts.handles() {
                 if !self.proc(pid)?.contexts.get(c)?.suspended {
                     let queues = self.context_queues(pid, c)?;
-                    self.ddi.suspend_context(c, &queues, now)?;
+                    // (Idle, so nothing is owed: every queue stops where it stands.)
+                    let owed = self.ddi.suspend_context(c, &queues, now)?;
+                    self.await_suspend(owed, now);
                     self.power_suspended.push((pid, c));
                 }
             }
@@ -167,6 +169,8 @@ impl Os {
         });
         self.wake_engine(engine, now)?;
         self.ddi.resume_context(c, &queues)?;
+        // The device withdrew any request a suspend left owed.
+        self.forget_preemptions(&queues);
         Ok(())
     }
 
@@ -182,7 +186,8 @@ impl Os {
         }
         ctx.suspended = true;
         let queues = self.context_queues(pid, c)?;
-        self.ddi.suspend_context(c, &queues, now)?;
+        let owed = self.ddi.suspend_context(c, &queues, now)?;
+        self.await_suspend(owed, now);
         Ok(())
     }
 
@@ -222,10 +227,21 @@ impl Os {
         }
         let mut out = Vec::new();
         for q in self.proc(pid)?.queues.handles() {
+            // 1. DxgkDdiDisconnectDoorbell.
             self.disconnect(pid, q, DoorbellStatus::DisconnectedAbort, now)?;
-            out.push((q, self.last_queued(pid, q)));
+            // 2. Then the wait for the last-queued value (the driver blocks on it).
+            let value = self.last_queued(pid, q);
+            let completed = self.queue(pid, q)?.completed();
+            self.trace.push(now, Event::TerminationWait { queue: q, value, completed });
+            out.push((q, value));
         }
         Ok(out)
+    }
+
+    /// Normal termination: the wait for queue `q`'s last-queued value ended (`reached`, or
+    /// not: the termination then turns abnormal). Logged for the spec's order.
+    pub fn termination_wait_done(&mut self, q: HwQueueHandle, reached: bool, now: Time) {
+        self.trace.push(now, Event::TerminationWaitDone { queue: q, reached });
     }
 
     /// Abnormal termination, first part: the device is marked in error, then for each

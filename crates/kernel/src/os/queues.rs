@@ -30,7 +30,8 @@ use super::submit::KERNEL_RING_BYTES;
 use super::{Os, Pin, Process, QueueLife, QueueObj, invalid};
 use crate::ddi::{GpuMapping, Kmd, QueueCreate};
 use crate::pool::Lease;
-use crate::trace::{Ddi, Event};
+use crate::trace::Event;
+use abi::fence_log::FenceLogType;
 
 /// How a queue is fed.
 pub(super) enum QueueMode {
@@ -55,6 +56,11 @@ pub(super) struct KernelRing {
     /// The kernel's own wptr and last-queued progress value.
     pub(super) wptr: u64,
     pub(super) last_queued: u64,
+    /// The kernel's own paging queue: every buffer on it is a paging buffer (spec 003's
+    /// resubmission rule keeps their fence IDs and runs them first).
+    pub(super) paging: bool,
+    /// Buffers on the ring not yet known complete, oldest first ([`super::submit`]).
+    pub(super) inflight: std::collections::VecDeque<super::submit::InFlight>,
     _mappings: [GpuMapping; 2],
 }
 
@@ -109,6 +115,21 @@ impl Os {
                 "doorbell_index",
                 d.doorbell_index,
                 Invalid::OutsideDoorbellPage { doorbells: DOORBELLS_PER_PAGE },
+            ));
+        }
+        // Attributes (spec 001): unknown bits and the reserved word must be 0; a secure queue
+        // only where the device runs protected content.
+        if d.flags & !abi::queue::QUEUE_FLAGS_KNOWN != 0 {
+            return Err(invalid("flags", format!("{:#x}", d.flags), Invalid::MustBeZero));
+        }
+        if d.reserved != 0 {
+            return Err(invalid("reserved", d.reserved, Invalid::MustBeZero));
+        }
+        if d.flags & abi::queue::QUEUE_FLAG_SECURE != 0 && !self.ddi.adapter_info().secure_queues {
+            return Err(invalid(
+                "flags",
+                format!("{:#x}", d.flags),
+                Invalid::Unsupported("secure (protected-content) queues"),
             ));
         }
         Priority::from_u32(d.priority).ok_or_else(|| invalid("priority", d.priority, Invalid::PriorityRange))
@@ -228,6 +249,8 @@ impl Os {
                     doorbell,
                     wptr: 0,
                     last_queued: 0,
+                    paging: false,
+                    inflight: Default::default(),
                     _mappings: [ring_map, control_map],
                 };
                 (QueueMode::Kernel(kr), create)
@@ -256,6 +279,8 @@ impl Os {
             signal_log_seen: 0,
             adapter_resets,
             progress_seen: None,
+            signal_on: Vec::new(),
+            progress_fence: None,
         });
         self.recovery.arm_hang_scan(now);
         if let Err(e) = self.ddi.create_hw_queue(handle, create) {
@@ -277,10 +302,15 @@ impl Os {
             }
         }
         self.trace.push(now, Event::QueueCreated { queue: handle, engine, user_mode });
-        if logs.is_some() {
-            // Passed to the device with the queue (`DxgkDdiSetNativeFenceLogBuffer`, once for
-            // waits and once for signals).
-            self.trace.push(now, Event::Ddi(Ddi::SetNativeFenceLogBuffer(handle)));
+        if let Some([w, sg]) = &logs {
+            // `DxgkDdiSetNativeFenceLogBuffer`, once for waits and once for signals (spec 002
+            // "Log buffer mechanism"). A device that refuses leaves no queue behind.
+            for (kind, log) in [(FenceLogType::Wait, w), (FenceLogType::Signal, sg)] {
+                if let Err(e) = self.ddi.set_native_fence_log_buffer(handle, kind, log.clone()) {
+                    self.destroy_hw_queue(pid, handle, now)?;
+                    return Err(e.into());
+                }
+            }
         }
         if let Some(index) = kernel_doorbell
             && let Err(e) = self.ddi.connect_kernel_doorbell(handle, index)
@@ -301,6 +331,10 @@ impl Os {
     /// the kernel's references; its CPU waiters end with `QueueLost`.
     pub fn destroy_hw_queue(&mut self, pid: ProcessId, q: HwQueueHandle, now: Time) -> Result<(), KernelError> {
         self.at(now);
+        // Its progress fence goes with it (waiters learn the fence was destroyed).
+        if let Some(f) = self.queue(pid, q)?.progress_fence.take() {
+            let _ = self.destroy_native_fence(pid, f, now);
+        }
         if self.queue(pid, q)?.doorbell.is_some() {
             self.destroy_doorbell_of(pid, q, now)?;
         }
@@ -321,6 +355,35 @@ impl Os {
         }
         for &(_, w) in &obj.waiters {
             self.complete_wait(w, Err(KernelError::QueueLost { queue: q, reason: LostReason::Destroyed }));
+        }
+        Ok(())
+    }
+
+    /// Destroys and recreates a user-mode queue's fence log of `kind` (spec 002: "Dxgkrnl can
+    /// destroy and recreate a log buffer. Each time it does, it calls
+    /// DxgkDdiSetNativeFenceLogBuffer to inform KMD of the new location"). The new log starts
+    /// empty; the OS's read position restarts with it. A kernel-mode queue has no logs.
+    pub fn recreate_fence_log(
+        &mut self,
+        pid: ProcessId,
+        q: HwQueueHandle,
+        kind: FenceLogType,
+        now: Time,
+    ) -> Result<(), KernelError> {
+        self.at(now);
+        if self.queue(pid, q)?.logs.is_none() {
+            return Err(invalid("queue", q, Invalid::NoFenceLog));
+        }
+        let log = self.proc(pid)?.memory.private.alloc(abi::fence_log::FENCE_LOG_BYTES as usize)?;
+        abi::fence_log::init(&log, kind)?;
+        self.trace.push(now, Event::FenceLogRecreated { queue: q, kind });
+        self.ddi.set_native_fence_log_buffer(q, kind, log.clone())?;
+        let qo = self.queue(pid, q)?;
+        if let Some(logs) = &mut qo.logs {
+            logs[kind as usize] = log;
+        }
+        if kind == FenceLogType::Signal {
+            qo.signal_log_seen = 0;
         }
         Ok(())
     }

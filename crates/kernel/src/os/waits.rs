@@ -67,11 +67,14 @@ impl Os {
         }
     }
 
-    /// Wakes satisfied waiters, then programs the monitored value for the rest and resamples.
-    fn update_monitored(&mut self, pid: ProcessId, q: HwQueueHandle, _now: Time) -> Result<(), KernelError> {
+    /// Wakes satisfied waiters (and fires `USERQ_SIGNAL`s whose point passed), then programs
+    /// the monitored value for the rest and resamples.
+    pub(super) fn update_monitored(&mut self, pid: ProcessId, q: HwQueueHandle, now: Time) -> Result<(), KernelError> {
         loop {
+            let done = self.queue(pid, q)?.completed();
+            self.fire_userq_signals(pid, q, done, now);
+            let signal_point = self.lowest_signal_point(pid, q);
             let qo = self.queue(pid, q)?;
-            let done = qo.completed();
             let mut hit = Vec::new();
             qo.waiters.retain(|&(value, w)| {
                 let passed = value <= done;
@@ -80,7 +83,13 @@ impl Os {
                 }
                 !passed
             });
-            let monitored = qo.waiters.iter().map(|(value, _)| value - 1).min().unwrap_or(u64::MAX);
+            let monitored = qo
+                .waiters
+                .iter()
+                .map(|(value, _)| value - 1)
+                .chain(signal_point.map(|p| p.saturating_sub(1)))
+                .min()
+                .unwrap_or(u64::MAX);
             for w in hit {
                 self.complete_wait(w, Ok(done));
             }
@@ -133,7 +142,14 @@ impl Os {
         }
         self.stats.faults += 1;
         self.trace.push(now, Event::QueueFault { queue: q, fault: fault.clone() });
-        self.set_state(pid, q, QueueLife::Hung(fault));
+        self.end_queue(pid, q, QueueLife::Hung(fault), now);
+    }
+
+    /// Ends queue `q` with `life` (hung, or its memory's mapping lost): its waiters end with
+    /// `QueueLost`, its pending kernel-mode submissions are dropped, and its doorbell is
+    /// disconnected with `DisconnectedAbort`.
+    pub(super) fn end_queue(&mut self, pid: ProcessId, q: HwQueueHandle, life: QueueLife, now: Time) {
+        self.set_state(pid, q, life);
         let Ok(qo) = self.queue(pid, q) else { return };
         let Err(err) = qo.live(q) else { return };
         let (waiters, context) = (std::mem::take(&mut qo.waiters), qo.context);

@@ -260,7 +260,7 @@ impl Inner {
     pub(crate) fn call<T>(&self, f: impl FnOnce(&mut Os, Time) -> T) -> T {
         let mut outputs = Vec::new();
         let r = {
-            let mut os = self.os.lock();
+            let mut os = crate::spin::lock_soon(&self.os);
             let now = self.clock.now();
             os.at(now);
             let r = f(&mut os, now);
@@ -321,7 +321,13 @@ impl Inner {
             return Pump { work: true, asleep: false };
         }
         let (report, asleep, raised) = {
-            let mut g = self.gpu.lock();
+            // Only tried: a holder is a DDI (which raised the attention and is about to be
+            // done) or a tool; parking on the lock would cost a wake-up, tens of microseconds
+            // of the engines' time on every DDI.
+            let Some(mut g) = self.gpu.try_lock() else {
+                std::hint::spin_loop();
+                return Pump { work: true, asleep: false };
+            };
             if poll {
                 g.poll_doorbells();
             }

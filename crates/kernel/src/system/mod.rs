@@ -76,6 +76,18 @@ pub struct SystemConfig {
     /// takes kernel-mode queues only (`user_queue_mode` must be `KernelOnly`): user-mode
     /// queues cannot wait on monitored fences.
     pub without_native_fences: bool,
+    /// The OS has not enabled `DXGK_FEATURE_NATIVE_FENCE` (spec 002): a correct KMD then
+    /// advertises no native fences (so, like `without_native_fences`, only kernel-mode queues).
+    pub os_disables_native_fences: bool,
+    /// A deliberately wrong KMD, for tests: it advertises native fences without asking the
+    /// OS, so adapter initialization fails with `FeatureMismatch` when the OS disabled them.
+    pub kmd_ignores_feature_query: bool,
+    /// The KMD reports `MapToGpuSystemProcess`: every fence is also mapped into the GPU system
+    /// process, and its VAs there are passed to `DxgkDdiCreateNativeFence`.
+    pub map_fences_to_system_process: bool,
+    /// The doorbell size the KMD reports (`DXGK_USERMODESUBMISSION_CAPS`), for tests of the
+    /// OS's checks; `None`: the device's own (8 bytes).
+    pub kmd_doorbell_bytes: Option<u64>,
 }
 
 /// How a process ends (spec 000 "Normal and abnormal process termination").
@@ -108,6 +120,7 @@ impl Inner {
                     }
                     Err(_) => false,
                 };
+                self.call(|os, now| os.termination_wait_done(q, reached, now));
                 if !reached {
                     // Hung, lost, or out of time: end it abnormally.
                     let _ = self.call_as(pid, |os, now| os.begin_abnormal_termination(pid, now));
@@ -147,14 +160,6 @@ impl System {
         waker: Arc<ThreadWaker>,
         driver: Driver,
     ) -> Result<System, KernelError> {
-        if cfg.without_native_fences && cfg.user_queue_mode != abi::port::UserQueueMode::KernelOnly {
-            // Spec 002: "user-mode queues can't support monitored fences".
-            return Err(KernelError::InvalidArgument {
-                field: "user_queue_mode",
-                value: format!("{:?}", cfg.user_queue_mode),
-                reason: Invalid::NeedsKernelOnly,
-            });
-        }
         let gpu = Gpu::new(cfg.gpu).map_err(crate::virtual_kmd::refused("gpu", ""))?;
         let gpu = Arc::new(Mutex::new(gpu));
         let line = InterruptLine::default();
@@ -164,6 +169,11 @@ impl System {
         kmd.set_clock(Arc::new(move || device_clock.now()));
         kmd.set_user_queue_mode(cfg.user_queue_mode);
         kmd.set_native_fences(!cfg.without_native_fences);
+        kmd.set_ignores_feature_query(cfg.kmd_ignores_feature_query);
+        kmd.set_map_to_system_process(cfg.map_fences_to_system_process);
+        if let Some(b) = cfg.kmd_doorbell_bytes {
+            kmd.set_reported_doorbell_bytes(b);
+        }
         if let Some(n) = cfg.doorbell_pool
             && !kmd.set_doorbell_pool(n, cfg.victim_policy)
         {
@@ -174,7 +184,16 @@ impl System {
             });
         }
         let trace = SharedTrace::default();
-        let mut os = Os::new(Box::new(kmd), trace.clone())?;
+        let features = abi::port::OsFeatures { native_fence: !cfg.os_disables_native_fences };
+        let mut os = Os::with_features(Box::new(kmd), trace.clone(), features)?;
+        if !os.adapter_info().native_fences && cfg.user_queue_mode != abi::port::UserQueueMode::KernelOnly {
+            // Spec 002: "user-mode queues can't support monitored fences".
+            return Err(KernelError::InvalidArgument {
+                field: "user_queue_mode",
+                value: format!("{:?}", cfg.user_queue_mode),
+                reason: Invalid::NeedsKernelOnly,
+            });
+        }
         os.set_d3_idle(cfg.d3_idle);
         os.set_tdr(cfg.tdr)?;
         Ok(System { inner: Arc::new(Inner::new(os, trace, gpu, line, clock, driver)) })
@@ -259,6 +278,12 @@ impl System {
         self.inner.os.lock().inject_ddi_fault(fault);
     }
 
+    /// Makes the next call of a reset DDI misbehave (a bogus fence ID, a late answer), to
+    /// test that the OS does not trust it.
+    pub fn inject_misbehaviour(&self, ddi: crate::ddi::DdiKind, m: crate::ddi::Misbehaviour) {
+        self.inner.os.lock().inject_misbehaviour(ddi, m);
+    }
+
     /// An engine's power state.
     pub fn power(&self, engine: EngineId) -> PowerState {
         self.inner.os.lock().power(engine)
@@ -334,6 +359,52 @@ impl System {
         self.inner.call_as(pid, |os, now| os.read_fence_log(pid, queue, kind, since, now))
     }
 
+    /// The KMD's native fence caps, as the OS checked them at initialization.
+    pub fn native_fence_caps(&self) -> abi::port::NativeFenceCaps {
+        self.inner.os.lock().native_fence_caps()
+    }
+
+    /// A fence's CurrentValue and MonitoredValue VAs in the GPU system process (with
+    /// `MapToGpuSystemProcess`).
+    pub fn native_fence_system_vas(
+        &self,
+        pid: ProcessId,
+        fence: NativeFenceHandle,
+    ) -> Result<Option<(u64, u64)>, KernelError> {
+        self.inner.os.lock().native_fence_system_vas(pid, fence)
+    }
+
+    /// Reads a word through the GPU system process's address space, as the CMP would.
+    pub fn read_system_process_u64(&self, va: u64) -> Option<u64> {
+        self.inner.os.lock().read_system_process_u64(va)
+    }
+
+    /// Recreates a queue's fence log (see [`crate::os::Os::recreate_fence_log`]).
+    pub fn recreate_fence_log(
+        &self,
+        pid: ProcessId,
+        queue: HwQueueHandle,
+        kind: abi::fence_log::FenceLogType,
+    ) -> Result<(), KernelError> {
+        self.inner.call_as(pid, |os, now| os.recreate_fence_log(pid, queue, kind, now))
+    }
+
+    /// Test hook: the KMD raises notification `n` (as `DxgkCbNotifyInterrupt` would) and the
+    /// OS services it at once — for interrupt forms the virtual device never raises by itself
+    /// (a NULL fence array, a NULL queue in the optimized mode).
+    pub fn inject_notification(&self, n: crate::ddi::Notification) {
+        self.inner.call(|os, now| {
+            os.inject_notification(n);
+            os.handle_interrupts(now);
+        });
+    }
+
+    /// Test hook: the device's next `count` native-fence interrupts are lost, as when the
+    /// hardware collapses several into one the OS must recover from a NULL form.
+    pub fn drop_fence_signals(&self, count: u32) {
+        self.inner.os.lock().drop_fence_signals(count);
+    }
+
     /// Puts the device in D3 (see [`crate::os::Os::enter_d3`]).
     pub fn enter_d3(&self) -> Result<(), KernelError> {
         self.inner.call(|os, now| os.enter_d3(now))
@@ -373,6 +444,14 @@ impl System {
     /// timeout detection and recovery after `TdrDelay`.
     pub fn preempt_queue(&self, pid: ProcessId, q: abi::HwQueueHandle) -> Result<u64, KernelError> {
         self.inner.call_as(pid, |os, now| os.preempt_queue(pid, q, now))
+    }
+
+    /// Makes kernel-mode queue `q` of process `pid` a paging queue, whose buffers stand for
+    /// the kernel's own copy work (eviction, migration): a preemption resubmits them with
+    /// their fence IDs, before any other buffer on their engine (spec 003). Only before the
+    /// queue's first submission.
+    pub fn set_paging_queue(&self, pid: ProcessId, q: abi::HwQueueHandle) -> Result<(), KernelError> {
+        self.inner.call_as(pid, |os, _| os.set_paging_queue(pid, q))
     }
 
     /// The answer to preemption request `ticket`, once it came: its latency from the request

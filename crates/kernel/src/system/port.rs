@@ -151,4 +151,25 @@ impl KernelPort for ProcessPort {
     ) -> Result<Option<abi::port::PhysicalDoorbell>, KernelError> {
         self.call(|os, pid, _| os.query_physical_doorbell(pid, queue))
     }
+
+    fn userq_signal(
+        &self,
+        queue: HwQueueHandle,
+        point: u64,
+        fences: &[(abi::NativeFenceHandle, u64)],
+    ) -> Result<(), KernelError> {
+        self.call(|os, pid, now| os.userq_signal(pid, queue, point, fences, now))
+    }
+
+    fn userq_wait(
+        &self,
+        queue: HwQueueHandle,
+        objects: &[abi::port::SyncWait],
+    ) -> Result<Vec<abi::port::WaitPoint>, KernelError> {
+        self.call(|os, pid, now| os.userq_wait(pid, queue, objects, now))
+    }
+
+    fn open_progress_fence(&self, queue: HwQueueHandle) -> Result<abi::port::NativeFenceInfo, KernelError> {
+        self.call(|os, pid, now| os.open_progress_fence(pid, queue, now))
+    }
 }

@@ -476,6 +476,8 @@ impl RawProc {
             last_queued_va: self.ctl.va + abi::ring::LAST_QUEUED_OFFSET,
             doorbell_index,
             priority: abi::Priority::Normal as u32,
+            flags: 0,
+            reserved: 0,
         }
     }
     /// Creates a user-mode queue.

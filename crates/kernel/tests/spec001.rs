@@ -1,0 +1,278 @@
+//! Spec 001 (amdgpu user-mode queues): what the other files did not cover — per-IP support
+//! (an engine without user queues, reported per engine by INFO, the UMD choosing per engine).
+
+mod common;
+
+use std::time::Duration;
+
+use abi::EngineKind;
+use abi::port::{Invalid, KernelError};
+use kernel::SystemConfig;
+use umd::{CommandBuffer, QueueOptions, SubmissionKind};
+
+const T: Option<Duration> = Some(Duration::from_millis(50));
+
+fn with_video() -> kernel::System {
+    common::sim_with(SystemConfig {
+        gpu: gpu::GpuConfig {
+            engines: vec![EngineKind::Compute, EngineKind::Copy, EngineKind::Video],
+            ..gpu::GpuConfig::default()
+        },
+        ..SystemConfig::default()
+    })
+}
+
+/// "A GPU may support user queues for GFX, compute, and SDMA, but not for VCN ... UMDs can
+/// query this information via the INFO IOCTL and determine whether to use kernel queues or
+/// user queues for each IP."
+#[test]
+fn engines_differ_in_the_queues_they_take_info_reports_it_and_the_umd_picks_per_engine() {
+    let sys = with_video();
+    let c = common::client(&sys);
+    let info = c.device.info();
+    let by_kind = |k| info.engines.iter().find(|e| e.kind == k).copied().unwrap();
+    let (compute, copy, video) = (by_kind(EngineKind::Compute), by_kind(EngineKind::Copy), by_kind(EngineKind::Video));
+    assert!(compute.user_queues && compute.kernel_queues);
+    assert!(copy.user_queues && copy.kernel_queues);
+    assert!(!video.user_queues && video.kernel_queues, "the video engine takes kernel queues only");
+    // A user-mode queue on the video engine is refused with a typed error naming the engine.
+    let vctx = c.context(EngineKind::Video);
+    let e = vctx.create_queue(QueueOptions::user_mode()).err().expect("refused");
+    assert_eq!(common::umd_refusal(&e), Some(("engine", &Invalid::Unsupported("user-mode queues"))), "{e}");
+    // The UMD picks per engine.
+    let preferred = QueueOptions { kind: SubmissionKind::Preferred, ..QueueOptions::default() };
+    let mut vq = vctx.create_queue(preferred).unwrap();
+    let mut cq = c.ctx.create_queue(preferred).unwrap();
+    assert_eq!((vq.kind(), cq.kind()), (SubmissionKind::KernelMode, SubmissionKind::UserMode));
+    // Both run work.
+    let mut cb = CommandBuffer::new();
+    cb.write_u32(c.buf.va(), 0x7e).fill(c.buf.va() + 64, 64, 3);
+    let v = vq.submit(&cb).unwrap();
+    vq.wait(v, T).unwrap();
+    assert_eq!((c.buf.read_u32(0).unwrap(), c.buf.read_u32(64).unwrap()), (0x7e, 3));
+    let mut cb = CommandBuffer::new();
+    cb.write_u32(c.buf.va() + 4, 0x7f);
+    let v = cq.submit(&cb).unwrap();
+    cq.wait(v, T).unwrap();
+    assert_eq!(c.buf.read_u32(4).unwrap(), 0x7f);
+    // With user queues only (amdgpu user_queue=2), the video engine takes no queue at all.
+    let only = common::sim_with(SystemConfig {
+        gpu: gpu::GpuConfig {
+            engines: vec![EngineKind::Compute, EngineKind::Copy, EngineKind::Video],
+            ..gpu::GpuConfig::default()
+        },
+        user_queue_mode: abi::port::UserQueueMode::UserOnly,
+        ..SystemConfig::default()
+    });
+    let oc = common::client(&only);
+    let v = oc.device.info().engines.iter().find(|e| e.kind == EngineKind::Video).copied().unwrap();
+    assert!(!v.user_queues && !v.kernel_queues);
+    let e = oc.context(EngineKind::Video).create_queue(preferred).err().expect("nothing to pick");
+    assert!(matches!(e, umd::UmdError::Kernel(KernelError::InvalidArgument { field: "engine", .. })), "{e}");
+}
+
+/// "This also allows the GPU to submit work to itself. Applications can set up work graphs of
+/// jobs across multiple GPU engines without needing trips through the CPU." One CPU submission
+/// starts a graph compute → copy → compute; each queue submits the next from the GPU by
+/// writing its wptr and ringing its doorbell (the process's doorbell page, mapped in its own
+/// address space). After the first submission the kernel hears nothing.
+#[test]
+fn a_gpu_only_work_graph_across_compute_and_copy_runs_from_one_cpu_submission() {
+    use kernel::trace::Event;
+    let sys = common::sim();
+    let c = common::client(&sys);
+    let copy = c.context(EngineKind::Copy);
+    let mut a = c.user_queue(); // compute
+    let mut b = copy.create_queue(QueueOptions::user_mode()).unwrap(); // copy
+    let mut d = c.user_queue(); // compute again
+    let (src, dst) = (c.buf.va(), c.buf.va() + 4096);
+    // Last stage first: each stage's kick is in the stage before it.
+    let mut last = CommandBuffer::new();
+    last.write_u32(c.buf.va() + 8192, 0x600d);
+    let kd = d.prepare(&last).unwrap();
+    let mut mid = CommandBuffer::new();
+    mid.copy(src, dst, 256).kick(&kd);
+    let kb = b.prepare(&mid).unwrap();
+    // Prepared, not submitted: nothing runs.
+    sys.settle();
+    assert_eq!((b.completed(), d.completed()), (0, 0));
+    let mark = sys.trace().0.len();
+    let mut first = CommandBuffer::new();
+    first.fill(src, 256, 0x5).kick(&kb);
+    a.submit(&first).unwrap(); // the only CPU submission
+    sys.settle();
+    assert_eq!(c.buf.read_u32(4096 + 252).unwrap(), 0x5, "the copy engine ran, after the compute engine");
+    assert_eq!(c.buf.read_u32(8192).unwrap(), 0x600d, "the last stage ran");
+    assert_eq!((b.completed(), d.completed()), (kb.value, kd.value));
+    let ev = common::events_from(&sys, mark);
+    assert!(ev.iter().all(|e| !matches!(e, Event::Ddi(_))), "no DDI after the first submission: {ev:#?}");
+    // The queues go on as usual afterwards (the CPU's next wptr covers the prepared work).
+    let mut cb = CommandBuffer::new();
+    cb.write_u32(c.buf.va() + 8196, 1);
+    let v = b.submit(&cb).unwrap();
+    b.wait(v, T).unwrap();
+}
+
+/// The usual validation: a process rings only its own queues. Its doorbell page is the only
+/// one mapped in its address space, so a write aimed at another process's doorbell VA and
+/// wptr VA reaches, at most, its own memory.
+#[test]
+fn a_process_cannot_ring_another_processs_queue_from_the_gpu() {
+    let sys = common::sim();
+    let victim = common::client(&sys);
+    let attacker = common::client(&sys);
+    let mut vq = victim.user_queue();
+    let mut work = CommandBuffer::new();
+    work.write_u32(victim.buf.va(), 0xbad);
+    let k = vq.prepare(&work).unwrap();
+    let mut aq = attacker.user_queue();
+    let mut cb = CommandBuffer::new();
+    cb.kick(&k);
+    let _ = aq.submit(&cb);
+    sys.settle();
+    assert_eq!(victim.buf.read_u32(0).unwrap(), 0, "the victim's prepared work did not run");
+    assert_eq!(vq.completed(), 0);
+    // Its owner can still start it, from the CPU.
+    let v = vq.submit(&CommandBuffer::new()).unwrap();
+    vq.wait(v, T).unwrap();
+    assert_eq!(victim.buf.read_u32(0).unwrap(), 0xbad);
+}
+
+/// Where a GPU store cannot ring a doorbell (bits of the global doorbell, a victimized pool),
+/// the kernel gives no GPU VA and the UMD refuses to prepare.
+#[test]
+fn gpu_submission_is_refused_where_the_doorbell_model_cannot_take_it() {
+    for cfg in [
+        SystemConfig { doorbell_pool: Some(2), ..SystemConfig::default() },
+        SystemConfig {
+            gpu: gpu::GpuConfig { doorbell_model: abi::doorbell::DoorbellModel::Global, ..gpu::GpuConfig::default() },
+            ..SystemConfig::default()
+        },
+    ] {
+        let sys = common::sim_with(cfg);
+        let c = common::client(&sys);
+        let mut q = c.user_queue();
+        let e = q.prepare(&CommandBuffer::new()).expect_err("refused");
+        assert_eq!(common::umd_refusal(&e), Some(("doorbell", &Invalid::Unsupported("doorbells rung from the GPU"))));
+    }
+    let sys = common::sim();
+    let c = common::client(&sys);
+    let mut k = c.kernel_queue();
+    assert!(k.prepare(&CommandBuffer::new()).is_err(), "a kernel-mode queue has no doorbell to ring");
+}
+
+/// `USERQ_SIGNAL`, user → kernel: a kernel-mode queue waits on a fence that the kernel signals
+/// once a user-mode queue's work completes. The fence is signalled only after that work, and
+/// the kernel-mode queue runs only after the fence.
+#[test]
+fn userq_signal_lets_a_kernel_queue_wait_for_a_user_queues_work() {
+    let sys = common::sim();
+    let c = common::client(&sys);
+    let f = c.device.create_fence(0, abi::port::NativeFenceType::Default).unwrap();
+    let mut uq = c.user_queue();
+    let mut kq = c.kernel_queue();
+    let gate = c.buf.va() + 0x100;
+    let mut work = CommandBuffer::new();
+    work.wait(gate, 1).write_u32(c.buf.va(), 0xA1); // held until the test opens the gate
+    let v = uq.submit(&work).unwrap();
+    uq.userq_signal(v, &[(&f, 7)]).unwrap();
+    let mut after = CommandBuffer::new();
+    after.wait_fence(&f, 7).write_u32(c.buf.va() + 4, 0xB2);
+    let kv = kq.submit(&after).unwrap();
+    sys.settle();
+    assert_eq!((f.value().unwrap(), c.buf.read_u32(4).unwrap()), (0, 0), "nothing before the user queue's work");
+    c.buf.write_u64(0x100, 1).unwrap();
+    kq.wait(kv, T).unwrap();
+    assert_eq!(f.value().unwrap(), 7);
+    assert_eq!((c.buf.read_u32(0).unwrap(), c.buf.read_u32(4).unwrap()), (0xA1, 0xB2));
+    assert!(uq.completed() >= v);
+    // A point already passed signals at once; one past the last-queued value is refused.
+    uq.userq_signal(v, &[(&f, 8)]).unwrap();
+    assert_eq!(f.value().unwrap(), 8);
+    let e = uq.userq_signal(v + 1, &[(&f, 9)]).unwrap_err();
+    assert_eq!(common::umd_refusal(&e), Some(("point", &Invalid::BeyondQueued { last_queued: v })), "{e}");
+    // USERQ ioctls are for user queues.
+    assert!(matches!(kq.userq_signal(kv, &[(&f, 9)]), Err(umd::UmdError::Kernel(KernelError::WrongQueueMode { .. }))));
+}
+
+/// `USERQ_WAIT`, kernel → user: a user-mode queue waits, on the GPU, for a kernel-mode queue's
+/// progress fence (a kernel-queue fence), through the wait points the kernel answered.
+#[test]
+fn userq_wait_lets_a_user_queue_wait_for_a_kernel_queues_fence() {
+    let sys = common::sim();
+    let c = common::client(&sys);
+    let mut kq = c.kernel_queue();
+    let mut uq = c.user_queue();
+    let gate = c.buf.va() + 0x100;
+    let mut first = CommandBuffer::new();
+    first.wait(gate, 1).write_u32(c.buf.va(), 0x11);
+    let kv = kq.submit(&first).unwrap();
+    let points = uq.userq_wait(&[abi::port::SyncWait::QueueProgress { queue: kq.handle(), value: kv }]).unwrap();
+    assert_eq!(points, [abi::port::WaitPoint { va: kq.progress_va(), value: kv }]);
+    let mut then = CommandBuffer::new();
+    then.wait_points(&points).write_u32(c.buf.va() + 4, 0x22);
+    let uv = uq.submit(&then).unwrap();
+    sys.settle();
+    assert_eq!(c.buf.read_u32(4).unwrap(), 0, "the user queue waits for the kernel queue");
+    c.buf.write_u64(0x100, 1).unwrap();
+    uq.wait(uv, T).unwrap();
+    assert_eq!((c.buf.read_u32(0).unwrap(), c.buf.read_u32(4).unwrap()), (0x11, 0x22));
+    // Another process's queue is not a sync object of this one.
+    let other = common::client(&sys);
+    let oq = other.kernel_queue();
+    let e = uq.userq_wait(&[abi::port::SyncWait::QueueProgress { queue: oq.handle(), value: 1 }]).unwrap_err();
+    assert_eq!(common::umd_refusal(&e), Some(("queue", &Invalid::OtherProcess)), "{e}");
+}
+
+/// Mixed kernel and user queues: user → kernel → user, one chain: a user queue's work
+/// signals a fence (`USERQ_SIGNAL`), a kernel queue waits on it and runs, a second user queue
+/// waits for the kernel queue's progress (`USERQ_WAIT`) and runs last.
+#[test]
+fn user_and_kernel_queues_chain_through_userq_signal_and_wait() {
+    let sys = common::sim();
+    let c = common::client(&sys);
+    let f = c.device.create_fence(0, abi::port::NativeFenceType::Default).unwrap();
+    let mut u1 = c.user_queue();
+    let mut k = c.kernel_queue();
+    let copy = c.context(EngineKind::Copy);
+    let mut u2 = copy.create_queue(QueueOptions::user_mode()).unwrap();
+    let gate = c.buf.va() + 0x100;
+    let mut a = CommandBuffer::new();
+    a.wait(gate, 1).fill(c.buf.va() + 0x1000, 256, 0x1);
+    let v1 = u1.submit(&a).unwrap();
+    u1.userq_signal(v1, &[(&f, 1)]).unwrap();
+    let mut b = CommandBuffer::new();
+    b.wait_fence(&f, 1).copy(c.buf.va() + 0x1000, c.buf.va() + 0x2000, 256);
+    let kv = k.submit(&b).unwrap();
+    let points = u2.userq_wait(&[abi::port::SyncWait::QueueProgress { queue: k.handle(), value: kv }]).unwrap();
+    let mut d = CommandBuffer::new();
+    d.wait_points(&points).copy(c.buf.va() + 0x2000, c.buf.va() + 0x3000, 256);
+    let v2 = u2.submit(&d).unwrap();
+    sys.settle();
+    assert_eq!(c.buf.read_u32(0x3000).unwrap(), 0, "nothing before the first user queue's work");
+    c.buf.write_u64(0x100, 1).unwrap();
+    u2.wait(v2, T).unwrap();
+    assert_eq!(c.buf.read_u32(0x3000 + 252).unwrap(), 0x1, "the fill travelled user -> kernel -> user");
+    assert_eq!(f.value().unwrap(), 1);
+}
+
+/// "The user can also specify the attributes for the user queue (priority, whether the queue
+/// is secure for protected content, etc.)": a secure queue on a device without protected
+/// content is refused with a typed error, and so are unknown attribute bits.
+#[test]
+fn a_secure_queue_is_refused_where_the_device_has_no_protected_content() {
+    let sys = common::sim();
+    let p = common::RawProc::open(&sys);
+    let c = common::client(&sys);
+    assert!(!c.device.info().secure_queues);
+    let secure = abi::QueueDescriptor { flags: abi::queue::QUEUE_FLAG_SECURE, ..p.desc(0) };
+    let e = p.create(secure).unwrap_err();
+    assert_eq!(common::refusal(&e), Some(("flags", &Invalid::Unsupported("secure (protected-content) queues"))), "{e}");
+    let e = p.create(abi::QueueDescriptor { flags: 1 << 7, ..p.desc(0) }).unwrap_err();
+    assert_eq!(common::refusal(&e), Some(("flags", &Invalid::MustBeZero)), "{e}");
+    let e = p.create(abi::QueueDescriptor { reserved: 1, ..p.desc(0) }).unwrap_err();
+    assert_eq!(common::refusal(&e), Some(("reserved", &Invalid::MustBeZero)), "{e}");
+    // Nothing was created; a plain queue still is.
+    assert_eq!(sys.census().queues, 0);
+    p.create(p.desc(0)).unwrap();
+}

@@ -1,0 +1,332 @@
+//! Spec 002 (native fences): the DDIs and interrupt forms the other fence tests did not reach —
+//! the batched `DxgkDdiUpdateMonitoredValues`, a log overrun's trace flag,
+//! `DxgkDdiSetNativeFenceLogBuffer` recreating a log, the optimized interrupt with a NULL
+//! queue (rescan that engine's logs), and the NULL fence array with and without
+//! `EvaluateLegacyMonitoredFences`. Interrupt forms the virtual device never raises by itself
+//! are injected (`System::inject_notification`) after the device's own are dropped
+//! (`System::drop_fence_signals`, collapsed interrupts).
+
+mod common;
+
+use std::time::Duration;
+
+use abi::EngineKind;
+use abi::fence_log::FenceLogType;
+use abi::port::{NativeFenceType, WaitMode};
+use kernel::ddi::{Notification, SignaledFences};
+use kernel::trace::{Ddi, Event};
+use umd::CommandBuffer;
+
+const T: Option<Duration> = Some(Duration::from_millis(50));
+
+#[test]
+fn a_null_fence_array_scans_native_waiters_and_legacy_ones_only_when_asked() {
+    let sys = common::sim();
+    let c = common::client(&sys);
+    let pid = c.port.process();
+    let native = c.device.create_fence(0, NativeFenceType::Default).unwrap();
+    let legacy = c.device.create_fence(0, NativeFenceType::LegacyMonitored).unwrap();
+    let wn = sys.begin_fence_wait(pid, &[(native.handle(), 1)], WaitMode::All).unwrap().expect("blocked");
+    let wl = sys.begin_fence_wait(pid, &[(legacy.handle(), 1)], WaitMode::All).unwrap().expect("blocked");
+    // Both signals raise interrupts (a waiter each); both are collapsed away.
+    sys.drop_fence_signals(2);
+    let mut q = c.user_queue();
+    let mut cb = CommandBuffer::new();
+    cb.signal_fence(&native, 1).signal_fence(&legacy, 1);
+    let v = q.submit(&cb).unwrap();
+    q.wait(v, T).unwrap();
+    assert_eq!((native.value().unwrap(), legacy.value().unwrap()), (1, 1));
+    assert!(!wn.is_done() && !wl.is_done(), "their interrupts were lost");
+    // NULL array, EvaluateLegacyMonitoredFences = 0: only native fence waiters are scanned.
+    sys.inject_notification(Notification::NativeFenceSignaled(SignaledFences::AllNative));
+    assert!(wn.is_done(), "the native waiter is found by the scan");
+    assert!(!wl.is_done(), "legacy monitored fence waiters are not scanned by default");
+    // EvaluateLegacyMonitoredFences = 1: every waiter.
+    sys.inject_notification(Notification::NativeFenceSignaled(SignaledFences::All));
+    assert!(wl.is_done());
+    sys.end_fence_wait(pid, &wn).unwrap();
+    sys.end_fence_wait(pid, &wl).unwrap();
+}
+
+/// "If the GPU couldn't determine which subset of fences were signaled, then it should
+/// specify a NULL HWQueue handle. When Dxgkrnl sees a NULL HWQueue handle, it falls back to
+/// rescan the log buffer of all HWQueues on this engine."
+#[test]
+fn an_optimized_interrupt_with_a_null_queue_rescans_that_engines_logs() {
+    let sys = common::optimized();
+    let c = common::client(&sys);
+    let pid = c.port.process();
+    let f = c.device.create_fence(0, NativeFenceType::Default).unwrap();
+    let g = c.device.create_fence(0, NativeFenceType::Default).unwrap();
+    let w = sys.begin_fence_wait(pid, &[(f.handle(), 1)], WaitMode::All).unwrap().expect("blocked");
+    // g has a waiter too, but its fence is not in any log: the rescan must not settle it.
+    let wg = sys.begin_fence_wait(pid, &[(g.handle(), 1)], WaitMode::All).unwrap().expect("blocked");
+    sys.drop_fence_signals(2);
+    let mut q = c.user_queue();
+    let copy = c.context(EngineKind::Copy);
+    let cq = copy.create_queue(umd::QueueOptions::user_mode()).unwrap();
+    let mut cb = CommandBuffer::new();
+    // f logged (its interrupt would name the queue); g signalled without a log (its interrupt
+    // would name the fence). Both interrupts are lost.
+    cb.signal_fence_logged(&f, 1).signal_fence(&g, 1);
+    let v = q.submit(&cb).unwrap();
+    q.wait(v, T).unwrap();
+    assert_eq!(g.value().unwrap(), 1);
+    assert!(!w.is_done() && !wg.is_done(), "the interrupts were lost");
+    let compute = c.ctx.engine();
+    let copy_engine = copy.engine();
+    let mark = sys.trace().0.len();
+    sys.inject_notification(Notification::NativeFenceSignaled(SignaledFences::EngineLogs(copy_engine)));
+    let ev = common::events_from(&sys, mark);
+    assert!(!w.is_done(), "the copy engine's logs do not name f");
+    assert!(ev.contains(&Event::Ddi(Ddi::UpdateNativeFenceLogs(cq.handle()))), "the copy queue's log is read");
+    assert!(!ev.contains(&Event::Ddi(Ddi::UpdateNativeFenceLogs(q.handle()))), "not the compute queue's: {ev:#?}");
+    let mark = sys.trace().0.len();
+    sys.inject_notification(Notification::NativeFenceSignaled(SignaledFences::EngineLogs(compute)));
+    let ev = common::events_from(&sys, mark);
+    assert!(w.is_done(), "the compute engine's logs name f");
+    assert!(!wg.is_done(), "g is in no log: a rescan of the logs is not a scan of every fence");
+    let flush = ev.iter().position(|e| *e == Event::Ddi(Ddi::UpdateNativeFenceLogs(q.handle()))).expect("flushed");
+    let settle = ev.iter().position(|e| matches!(e, Event::Ddi(Ddi::UpdateMonitoredValues(h, _)) if *h == f.handle()));
+    assert!(settle.is_some_and(|s| flush < s), "flushed before read and settled: {ev:#?}");
+    assert_eq!(sys.stats().fence_log_fallbacks, 0);
+    sys.end_fence_wait(pid, &w).unwrap();
+    sys.end_fence_wait(pid, &wg).unwrap();
+}
+
+#[test]
+fn an_overrun_log_is_flagged_in_the_trace() {
+    let sys = common::optimized();
+    let c = common::client(&sys);
+    let a = c.device.create_fence(0, NativeFenceType::Default).unwrap();
+    let b = c.device.create_fence(0, NativeFenceType::Default).unwrap();
+    let mut q = c.user_queue();
+    let mut cb = CommandBuffer::new();
+    cb.wait(c.buf.va(), 1);
+    for v in 1..=90 {
+        cb.signal_fence_logged(&a, v); // no waiter: no interrupt, nobody reads the log
+    }
+    cb.signal_fence_logged(&b, 1);
+    q.submit(&cb).unwrap();
+    c.buf.write_u64(0, 1).unwrap();
+    b.wait(1, T).unwrap();
+    let flagged: Vec<u64> = common::events(&sys)
+        .into_iter()
+        .filter_map(|e| match e {
+            Event::FenceLogOverrun { queue, lost } if queue == q.handle() => Some(lost),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(flagged, [8], "one flag, with the events lost");
+}
+
+/// "Dxgkrnl can destroy and recreate a log buffer. Each time it does, it calls
+/// DxgkDdiSetNativeFenceLogBuffer to inform KMD of the new location."
+#[test]
+fn a_recreated_log_is_handed_to_the_kmd_and_the_engine_writes_the_new_one() {
+    let sys = common::sim();
+    let c = common::client(&sys);
+    let pid = c.port.process();
+    let f = c.device.create_fence(0, NativeFenceType::Default).unwrap();
+    let mut q = c.user_queue();
+    // At creation: one DxgkDdiSetNativeFenceLogBuffer per log.
+    let sets =
+        common::events(&sys).iter().filter(|e| **e == Event::Ddi(Ddi::SetNativeFenceLogBuffer(q.handle()))).count();
+    assert_eq!(sets, 2, "waits and signals");
+    let mut cb = CommandBuffer::new();
+    cb.signal_fence_logged(&f, 1);
+    let v = q.submit(&cb).unwrap();
+    q.wait(v, T).unwrap();
+    assert_eq!(sys.read_fence_log(pid, q.handle(), FenceLogType::Signal, 0).unwrap().total, 1);
+    let mark = sys.trace().0.len();
+    sys.recreate_fence_log(pid, q.handle(), FenceLogType::Signal).unwrap();
+    let ev = common::events_from(&sys, mark);
+    common::find_run(
+        &ev,
+        &[
+            Event::FenceLogRecreated { queue: q.handle(), kind: FenceLogType::Signal },
+            Event::Ddi(Ddi::SetNativeFenceLogBuffer(q.handle())),
+        ],
+    );
+    let fresh = sys.read_fence_log(pid, q.handle(), FenceLogType::Signal, 0).unwrap();
+    assert_eq!((fresh.total, fresh.entries.len()), (0, 0), "the new log starts empty");
+    // The engine writes the new log (the UMD's progression goes on at entry 1).
+    let mut cb = CommandBuffer::new();
+    cb.signal_fence_logged(&f, 2);
+    let v = q.submit(&cb).unwrap();
+    q.wait(v, T).unwrap();
+    let r = sys.read_fence_log(pid, q.handle(), FenceLogType::Signal, 0).unwrap();
+    assert_eq!(r.total, 2, "entry 1 written in the new log");
+    assert_eq!(r.entries[1].fence_value, 2);
+    assert_eq!(r.entries[0].end_timestamp, 0, "entry 0 of the new log is empty (a zero timestamp is accepted)");
+    // A kernel-mode queue has no log to recreate.
+    let k = c.kernel_queue();
+    assert!(sys.recreate_fence_log(pid, k.handle(), FenceLogType::Wait).is_err());
+}
+
+/// `DxgkDdiUpdateMonitoredValues` takes a batch: one interrupt that settles several fences
+/// programs all their MonitoredValues in one call.
+#[test]
+fn monitored_values_are_updated_in_one_batched_ddi_call() {
+    let sys = common::sim();
+    let c = common::client(&sys);
+    let pid = c.port.process();
+    let fences: Vec<_> = (0..3).map(|_| c.device.create_fence(0, NativeFenceType::Default).unwrap()).collect();
+    let waits: Vec<_> = fences
+        .iter()
+        .map(|f| sys.begin_fence_wait(pid, &[(f.handle(), 1)], WaitMode::All).unwrap().expect("blocked"))
+        .collect();
+    sys.drop_fence_signals(3);
+    let mut q = c.user_queue();
+    let mut cb = CommandBuffer::new();
+    for f in &fences {
+        cb.signal_fence(f, 1);
+    }
+    let v = q.submit(&cb).unwrap();
+    q.wait(v, T).unwrap();
+    let before = sys.stats();
+    sys.inject_notification(Notification::NativeFenceSignaled(SignaledFences::All));
+    let after = sys.stats();
+    assert!(waits.iter().all(|w| w.is_done()));
+    assert_eq!(after.monitored_updates - before.monitored_updates, 1, "one DDI call");
+    assert_eq!(after.monitored_values - before.monitored_values, 3, "carrying the three fences");
+    for f in &fences {
+        let vals = c.port.query_native_fence(f.handle()).unwrap();
+        assert_eq!(vals.monitored, u64::MAX, "no waiter left: the KMD stored u64::MAX");
+    }
+    for w in &waits {
+        sys.end_fence_wait(pid, w).unwrap();
+    }
+}
+
+/// Spec 002 "Querying native fence feature enablement in OS": a KMD advertises native fences
+/// only if the OS enabled the feature, and the OS fails adapter initialization when a KMD
+/// advertises them anyway.
+#[test]
+fn native_fence_support_is_negotiated_and_a_mismatch_fails_adapter_initialization() {
+    use abi::port::{KernelError, UserQueueMode};
+    use kernel::SystemConfig;
+    // Enabled: the caps come as a structure.
+    let sys = common::optimized();
+    let caps = sys.native_fence_caps();
+    assert!(caps.supported && caps.optimized_interrupt && !caps.map_to_gpu_system_process);
+    assert_eq!(
+        (caps.current_value_stride, caps.monitored_value_stride),
+        (kernel::os::FENCE_STRIDE, kernel::os::FENCE_STRIDE)
+    );
+    assert!(!common::sim().native_fence_caps().optimized_interrupt, "reported, not assumed");
+    // The OS disables the feature; a correct KMD does not advertise it (kernel queues only).
+    let cfg = SystemConfig {
+        os_disables_native_fences: true,
+        user_queue_mode: UserQueueMode::KernelOnly,
+        ..SystemConfig::default()
+    };
+    let sys = kernel::System::sim(cfg.clone()).expect("a correct KMD initializes");
+    assert!(!sys.native_fence_caps().supported);
+    let c = common::client(&sys);
+    let e = c.device.create_fence(0, NativeFenceType::Default).err().expect("no native fences");
+    assert!(format!("{e}").contains("Default"), "{e}");
+    c.device.create_fence(0, NativeFenceType::LegacyMonitored).expect("monitored fences remain");
+    // A KMD that advertises native fences without asking: initialization fails cleanly.
+    match kernel::System::sim(SystemConfig { kmd_ignores_feature_query: true, ..cfg }) {
+        Err(KernelError::FeatureMismatch { feature, .. }) => assert_eq!(feature, "DXGK_FEATURE_NATIVE_FENCE"),
+        Err(e) => panic!("wrong error: {e}"),
+        Ok(_) => panic!("the OS must refuse a KMD that advertises a feature it did not enable"),
+    }
+    // Without the OS feature, user-mode queues (which need native fences) are refused.
+    let e = kernel::System::sim(SystemConfig { os_disables_native_fences: true, ..SystemConfig::default() })
+        .err()
+        .expect("refused");
+    assert!(matches!(e, KernelError::InvalidArgument { field: "user_queue_mode", .. }), "{e}");
+}
+
+/// `MapToGpuSystemProcess`: the OS maps each fence's CurrentValue and MonitoredValue into the
+/// GPU system process and passes those VAs to `DxgkDdiCreateNativeFence`; the CMP reads the
+/// same words there.
+#[test]
+fn with_map_to_gpu_system_process_the_cmp_sees_each_fence_in_the_system_process() {
+    let sys = common::sim_with(kernel::SystemConfig { map_fences_to_system_process: true, ..Default::default() });
+    assert!(sys.native_fence_caps().map_to_gpu_system_process);
+    let c = common::client(&sys);
+    let pid = c.port.process();
+    let packed = c.device.create_fence(5, NativeFenceType::Default).unwrap();
+    let packed2 = c.device.create_fence(6, NativeFenceType::Default).unwrap();
+    let shared = c
+        .device
+        .create_fence_with(&abi::port::NativeFenceDesc {
+            shareable: true,
+            ..abi::port::NativeFenceDesc::new(7, NativeFenceType::Default)
+        })
+        .unwrap();
+    let mut seen = Vec::new();
+    for (f, v) in [(&packed, 5), (&packed2, 6), (&shared, 7)] {
+        let (cva, mva) = sys.native_fence_system_vas(pid, f.handle()).unwrap().expect("mapped for the CMP");
+        assert_ne!(cva, f.va(), "a system-process VA, not the process's");
+        assert_eq!(sys.read_system_process_u64(cva), Some(v), "CurrentValue through the system process");
+        assert_eq!(sys.read_system_process_u64(mva), Some(u64::MAX), "MonitoredValue: no waiter");
+        seen.push((cva, mva));
+    }
+    assert_eq!(seen[1].0 - seen[0].0, kernel::os::FENCE_STRIDE, "packed at the KMD's stride there too");
+    // A CPU waiter moves MonitoredValue; a signal moves CurrentValue: the CMP sees both.
+    let w = sys.begin_fence_wait(pid, &[(packed.handle(), 9)], WaitMode::All).unwrap().expect("blocked");
+    assert_eq!(sys.read_system_process_u64(seen[0].1), Some(8));
+    packed.signal(9).unwrap();
+    assert!(w.is_done());
+    assert_eq!(sys.read_system_process_u64(seen[0].0), Some(9));
+    sys.end_fence_wait(pid, &w).unwrap();
+    // Without the cap nothing is mapped there.
+    let plain = common::sim();
+    let pc = common::client(&plain);
+    let f = pc.device.create_fence(0, NativeFenceType::Default).unwrap();
+    assert_eq!(plain.native_fence_system_vas(pc.port.process(), f.handle()).unwrap(), None);
+}
+
+/// Spec 002 "Indicating a native progress fence for hardware queues": a queue's progress fence
+/// is a native fence — a CPU wait on it programs its MonitoredValue and the engine's
+/// `PROGRESS_FENCE` raises the native interrupt only for a waiter; another queue's `WAIT`
+/// parks on it; the CPU cannot signal it; it goes with its queue.
+#[test]
+fn a_queues_progress_fence_is_a_native_fence() {
+    let sys = common::sim();
+    let c = common::client(&sys);
+    let pid = c.port.process();
+    let mut q = c.user_queue();
+    let pf = q.progress_fence().unwrap();
+    assert_eq!(pf.va(), q.progress_va(), "the same word the engine writes");
+    // No waiter: the engine's progress raises no native interrupt.
+    let before = sys.stats().fence_interrupts;
+    let mut cb = CommandBuffer::new();
+    cb.write_u32(c.buf.va(), 1);
+    let v1 = q.submit(&cb).unwrap();
+    q.wait(v1, T).unwrap();
+    assert_eq!(pf.value().unwrap(), v1);
+    assert_eq!(sys.stats().fence_interrupts, before, "no CPU waiter, no interrupt");
+    // A CPU waiter: MonitoredValue is (value − 1), and the engine's progress interrupts.
+    let gate = c.buf.va() + 0x100;
+    let mut cb = CommandBuffer::new();
+    cb.wait(gate, 1);
+    let v2 = q.submit(&cb).unwrap();
+    let w = sys.begin_fence_wait(pid, &[(pf.handle(), v2)], WaitMode::All).unwrap().expect("blocked");
+    assert_eq!(c.port.query_native_fence(pf.handle()).unwrap().monitored, v2 - 1);
+    // Another queue waits on it from the GPU.
+    let copy = c.context(EngineKind::Copy);
+    let mut other = copy.create_queue(umd::QueueOptions::user_mode()).unwrap();
+    let mut cb = CommandBuffer::new();
+    cb.wait_fence(&pf, v2).write_u32(c.buf.va() + 4, 2);
+    let ov = other.submit(&cb).unwrap();
+    sys.settle();
+    assert!(!w.is_done());
+    c.buf.write_u64(0x100, 1).unwrap();
+    other.wait(ov, T).unwrap();
+    assert!(w.is_done(), "woken by the native interrupt");
+    assert_eq!(sys.stats().fence_interrupts, before + 1);
+    assert_eq!(c.buf.read_u32(4).unwrap(), 2);
+    sys.end_fence_wait(pid, &w).unwrap();
+    // Only the engine signals it.
+    let e = pf.signal(v2 + 1).unwrap_err();
+    assert!(matches!(common::umd_refusal(&e), Some(("fence", abi::port::Invalid::Unsupported(_)))), "{e}");
+    // It goes with its queue.
+    let h = pf.handle();
+    drop(q);
+    assert!(c.port.query_native_fence(h).is_err(), "destroyed with its queue");
+}
