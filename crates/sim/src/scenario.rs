@@ -359,10 +359,17 @@ pub struct Workload {
     /// Trace: a CSV file (relative to the scenario) with rows `at_us,queue,synthetic_us`.
     #[serde(default)]
     pub file: Option<Spanned<String>>,
+    /// A CPU thread waits for every command buffer's fence signal (needs
+    /// `commands.signal = true`): the native fence then interrupts for each.
+    #[serde(default = "no")]
+    pub cpu_waiter: Spanned<bool>,
 }
 
 fn default_kind() -> Spanned<String> {
     Spanned::new(0..0, "closed".into())
+}
+fn no() -> Spanned<bool> {
+    Spanned::new(0..0, false)
 }
 fn zero_u64() -> Spanned<u64> {
     Spanned::new(0..0, 0)
@@ -398,6 +405,10 @@ pub struct Commands {
     /// The synthetic dispatch's duration.
     #[serde(default)]
     pub synthetic: Option<Dist>,
+    /// Each command buffer ends by signalling the queue's own native fence with its progress
+    /// value (an interrupt only when a CPU waits for it: spec 002's suppression).
+    #[serde(default)]
+    pub signal: bool,
 }
 
 impl Default for Commands {
@@ -522,6 +533,10 @@ pub struct GroupPlan {
     pub synthetic: Option<Duration>,
     /// Group index this one waits on.
     pub after: Option<usize>,
+    /// Each command buffer signals the queue's native fence.
+    pub signal: bool,
+    /// A CPU waiter per command buffer.
+    pub cpu_waiter: bool,
 }
 
 /// A timed event, checked.
@@ -888,6 +903,14 @@ impl Scenario {
                 },
                 None => None,
             };
+            if *w.cpu_waiter.get_ref() && !cm.signal {
+                return self.err(
+                    w.cpu_waiter.span(),
+                    &key("workload.cpu_waiter"),
+                    true,
+                    "a CPU waiter needs a fence to wait for: set commands.signal = true",
+                );
+            }
             if (*cm.fill_bytes.get_ref() | *cm.copy_bytes.get_ref()) % 4 != 0 {
                 return self.err(cm.fill_bytes.span(), &key("commands.fill_bytes/copy_bytes"), "", "multiples of 4");
             }
@@ -905,6 +928,8 @@ impl Scenario {
                 copy_bytes: *cm.copy_bytes.get_ref(),
                 synthetic,
                 after,
+                signal: cm.signal,
+                cpu_waiter: *w.cpu_waiter.get_ref(),
             });
         }
         // Dependency cycles (each group has at most one upstream: follow the chain).

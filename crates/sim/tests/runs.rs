@@ -244,3 +244,29 @@ group = "victim"
         assert!(q.completed > 100, "{q:?}");
     }
 }
+
+/// Spec 002's interrupt suppression: fence signals interrupt the CPU only for a waiter.
+#[test]
+fn fence_signals_interrupt_only_when_a_cpu_waits() {
+    let text = |waiter: bool| {
+        format!(
+            "duration_ms = 1\n[[group]]\nname = \"a\"\ncount = 2\n[group.workload]\ncpu_waiter = {waiter}\n\
+             [group.commands]\nsynthetic = {{ us = 20 }}\nsignal = true\n"
+        )
+    };
+    let quiet = run(&plan(&text(false)), 1, &mut |_| {}).unwrap();
+    let waited = run(&plan(&text(true)), 1, &mut |_| {}).unwrap();
+    let signals: u64 = waited.queues.iter().map(|q| q.completed).sum();
+    assert!(signals > 20, "{signals}");
+    assert_eq!(quiet.interrupts, 0);
+    // One interrupt per waited signal (a wait already satisfied at its start needs none).
+    assert!(waited.interrupts >= signals / 2 && waited.interrupts <= signals, "{} of {signals}", waited.interrupts);
+    // A waiter without a fence to wait for is refused.
+    let e = Scenario::parse(
+        Path::new("w.toml"),
+        "duration_ms = 1\n[[group]]\nname = \"a\"\n[group.workload]\ncpu_waiter = true\n",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("w.toml:5") && e.contains("cpu_waiter"), "{e}");
+}
