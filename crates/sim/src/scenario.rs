@@ -255,6 +255,25 @@ pub struct Cost {
     /// One queue's turn (µs, default 100).
     #[serde(default = "c_turn")]
     pub turn_us: Spanned<f64>,
+    /// Restoring a queue preempted or evicted between command buffers (ns, default 1000).
+    #[serde(default = "c_r0")]
+    pub restore_cb_ns: Spanned<f64>,
+    /// ... between packets (ns, default 2000).
+    #[serde(default = "c_r1")]
+    pub restore_packet_ns: Spanned<f64>,
+    /// ... inside a packet: a dispatch's or bulk copy's saved state (ns, default 10,000).
+    #[serde(default = "c_r2")]
+    pub restore_inside_ns: Spanned<f64>,
+}
+
+fn c_r0() -> Spanned<f64> {
+    Spanned::new(0..0, 1000.0)
+}
+fn c_r1() -> Spanned<f64> {
+    Spanned::new(0..0, 2000.0)
+}
+fn c_r2() -> Spanned<f64> {
+    Spanned::new(0..0, 10_000.0)
 }
 
 fn c_packet() -> Spanned<f64> {
@@ -746,6 +765,11 @@ impl Scenario {
             ),
             bulk_chunk: bulk_chunk as u64,
             turn: std::time::Duration::from_nanos(ns(positive(&c.turn_us, "cost.turn_us")?)),
+            restore: [
+                std::time::Duration::from_nanos(nonneg(&c.restore_cb_ns, "cost.restore_cb_ns")?.round() as u64),
+                std::time::Duration::from_nanos(nonneg(&c.restore_packet_ns, "cost.restore_packet_ns")?.round() as u64),
+                std::time::Duration::from_nanos(nonneg(&c.restore_inside_ns, "cost.restore_inside_ns")?.round() as u64),
+            ],
         };
         let engines: Vec<abi::EngineKind> = d
             .engines

@@ -270,3 +270,23 @@ fn fence_signals_interrupt_only_when_a_cpu_waits() {
     .to_string();
     assert!(e.contains("w.toml:5") && e.contains("cpu_waiter"), "{e}");
 }
+
+/// Slot switches cost device time: two processes' queues over one slot rotate at every
+/// process quantum, each rotation restoring a queue stopped inside its synthetic kernel; with
+/// a restore cost the same work completes less within the window, and the difference is
+/// what the restores cost.
+#[test]
+fn restores_after_a_slot_switch_cost_device_time() {
+    let text = |restore: u32| {
+        format!(
+            "duration_ms = 5\n[device]\nengines = [\"compute\"]\nslots = 1\nprocess_quantum_us = 200\n\
+             [cost]\nrestore_cb_ns = {restore}\nrestore_packet_ns = {restore}\nrestore_inside_ns = {restore}\n\
+             [[group]]\nname = \"a\"\ncount = 2\nqueues_per_process = 1\n[group.commands]\nsynthetic = {{ us = 500 }}\n"
+        )
+    };
+    let free = run(&plan(&text(0)), 1, &mut |_| {}).unwrap();
+    let costly = run(&plan(&text(50_000)), 1, &mut |_| {}).unwrap();
+    let done = |o: &sim::Outcome| o.queues.iter().map(|q| q.completed_in_window).sum::<u64>();
+    assert!(free.preemptions > 0, "the queues rotate");
+    assert!(done(&costly) < done(&free), "{} vs {}", done(&costly), done(&free));
+}
