@@ -403,6 +403,11 @@ pub fn run(plan: &Plan, seed: u64, progress: &mut dyn FnMut(f64)) -> Result<Outc
     let mut last_completion = 0u64;
     // Device ids of the queues submitted to since the world last ran (each rang its doorbell).
     let mut rang_since: Vec<u64> = Vec::new();
+    // Rings the device has not noticed yet: (when it notices, order, device queue id). The
+    // doorbell-to-fetch latency: the firmware looks at a rung doorbell that long after the
+    // client wrote it.
+    let mut unheard: VecDeque<(u64, u64)> = VecDeque::new();
+    let latency = plan.doorbell_latency;
     let fw_of: Vec<u64> = {
         let mut v = vec![0u64; qs.len()];
         for &(fw, i) in fw_map.iter().flatten() {
@@ -426,6 +431,10 @@ pub fn run(plan: &Plan, seed: u64, progress: &mut dyn FnMut(f64)) -> Result<Outc
             }
         }
         // Only the queues submitted to since the last instant can have rung.
+        let now_ns = sys.now().0;
+        while unheard.front().is_some_and(|&(t, _)| t <= now_ns) {
+            rang_since.push(unheard.pop_front().expect("checked").1);
+        }
         sys.run_instant_after(&rang_since);
         rang_since.clear();
         // Completions recorded by the device.
@@ -519,7 +528,8 @@ pub fn run(plan: &Plan, seed: u64, progress: &mut dyn FnMut(f64)) -> Result<Outc
                     // Submit from the backlog while the ring has room.
                     while qs[i].outstanding.len() < qs[i].cap && !stopped {
                         let Some((intended, size)) = qs[i].backlog.pop_front() else { break };
-                        rang_since.push(fw_of[i]);
+                        // Rings are noticed in the order they were made (one latency for all).
+                        unheard.push_back((t.max(now) + latency, fw_of[i]));
                         let r = submit_one(plan, &mut qs, &clients, i, intended, size, &mut cb);
                         match r {
                             Ok(Some((np, signals))) => {
@@ -584,6 +594,9 @@ pub fn run(plan: &Plan, seed: u64, progress: &mut dyn FnMut(f64)) -> Result<Outc
         // Next event of either side.
         let mut next = sys.next_event().map_or(u64::MAX, |t| t.0);
         if let Some(&Reverse((t, _, _))) = heap.peek() {
+            next = next.min(t);
+        }
+        if let Some(&(t, _)) = unheard.front() {
             next = next.min(t);
         }
         if let Some(w) = window_end

@@ -255,6 +255,10 @@ pub struct Cost {
     /// One queue's turn (µs, default 100).
     #[serde(default = "c_turn")]
     pub turn_us: Spanned<f64>,
+    /// Doorbell-to-fetch latency: the firmware notices a ring this long after the client
+    /// wrote it (ns, default 0).
+    #[serde(default = "c_zero")]
+    pub doorbell_latency_ns: Spanned<f64>,
     /// Restoring a queue preempted or evicted between command buffers (ns, default 1000).
     #[serde(default = "c_r0")]
     pub restore_cb_ns: Spanned<f64>,
@@ -266,6 +270,9 @@ pub struct Cost {
     pub restore_inside_ns: Spanned<f64>,
 }
 
+fn c_zero() -> Spanned<f64> {
+    Spanned::new(0..0, 0.0)
+}
 fn c_r0() -> Spanned<f64> {
     Spanned::new(0..0, 1000.0)
 }
@@ -597,6 +604,8 @@ pub struct Plan {
     pub seed: u64,
     /// Submission window (ns), if bounded by time.
     pub duration: Option<u64>,
+    /// Doorbell-to-fetch latency (ns): how long after a client rings the firmware notices.
+    pub doorbell_latency: u64,
     /// Total submissions, if bounded by count.
     pub submissions: Option<u64>,
     /// Drain limit (ns).
@@ -1022,10 +1031,12 @@ impl Scenario {
         let name = self.name.clone().unwrap_or_else(|| {
             self.source.path.file_stem().map_or("scenario".into(), |s| s.to_string_lossy().into_owned())
         });
+        let doorbell_latency = nonneg(&self.cost.doorbell_latency_ns, "cost.doorbell_latency_ns")?.round() as u64;
         Ok(Plan {
             name,
             seed: self.seed,
             duration,
+            doorbell_latency,
             submissions: self.submissions.as_ref().map(|s| *s.get_ref()),
             drain,
             samples: self.samples,

@@ -48,6 +48,23 @@ synthetic = { us = 10 }
     );
     let o = run(&p, 1, &mut |_| {}).unwrap();
     assert_eq!(o.latencies[0], vec![10_100, 20_200, 18_200]);
+    // A doorbell-to-fetch latency of 300 ns: the firmware sees each ring 300 ns after it is
+    // written, so every command buffer takes 300 + 10,100 ns from its submission.
+    let p = plan(
+        r#"
+submissions = 3
+[cost]
+packet_ns = 50
+doorbell_latency_ns = 300
+[[group]]
+name = "q"
+[group.commands]
+synthetic = { us = 10 }
+"#,
+    );
+    let o = run(&p, 1, &mut |_| {}).unwrap();
+    assert_eq!(o.latencies[0], vec![10_400, 10_400, 10_400]);
+    assert_eq!(o.end, 31_200);
     // A FILL of 64,000 bytes at 32,000 bytes/µs costs 2,000 ns + 50; with the fence, 2,100.
     let p = plan(
         r#"
