@@ -307,3 +307,16 @@ fn restores_after_a_slot_switch_cost_device_time() {
     assert!(free.preemptions > 0, "the queues rotate");
     assert!(done(&costly) < done(&free), "{} vs {}", done(&costly), done(&free));
 }
+
+/// 10,000 queues and 10,000,000 submissions, all completed (about 15 s in release on 2
+/// cores): behind `--ignored`, which CI runs in release.
+#[test]
+#[ignore = "long: `cargo test --release -- --ignored` (CI runs it separately)"]
+fn ten_thousand_queues_and_ten_million_submissions_complete() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let p = Scenario::load(&root.join("examples/sim/ten-million.toml")).unwrap();
+    let o = run(&p, 1, &mut |_| {}).unwrap();
+    assert_eq!(o.queues.len(), 10_000);
+    let (s, c): (u64, u64) = o.queues.iter().fold((0, 0), |(s, c), q| (s + q.submitted, c + q.completed));
+    assert_eq!((s, c), (10_000_000, 10_000_000));
+}
