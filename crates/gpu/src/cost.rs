@@ -44,6 +44,12 @@ pub struct CostModel {
     /// The device time one queue may run per turn before its engine moves on to the next slot
     /// holder. Default 100 µs.
     pub turn: Duration,
+    /// Restoring a queue that was taken off its slot with its state saved (a preemption or an
+    /// eviction), charged to its engine when the queue next runs, by where it was stopped:
+    /// `[between command buffers, between packets, inside a packet]` — a dispatch's or bulk
+    /// copy's saved state costs more to bring back than a ring position. Default 0 (off), so
+    /// that other figures stay as they were; the simulator's scenarios set them.
+    pub restore: [Duration; 3],
 }
 
 impl Default for CostModel {
@@ -54,6 +60,7 @@ impl Default for CostModel {
             wave_instruction: Duration::from_nanos(4),
             bulk_chunk: 64 * 1024,
             turn: Duration::from_micros(100),
+            restore: [Duration::ZERO; 3],
         }
     }
 }
@@ -68,6 +75,17 @@ impl CostModel {
     /// Nanoseconds for `n` wave-instructions.
     pub fn instructions_ns(&self, n: u64) -> u64 {
         n.saturating_mul(ns(self.wave_instruction))
+    }
+
+    /// Nanoseconds to restore a queue stopped at `point` ([`CostModel::restore`]).
+    pub fn restore_ns(&self, point: abi::preempt::StopPoint) -> u64 {
+        use abi::preempt::StopPoint as P;
+        let i = match point {
+            P::Idle | P::CommandBuffer => 0,
+            P::Packet => 1,
+            P::Group | P::Wave | P::Instruction | P::Chunk => 2,
+        };
+        ns(self.restore[i])
     }
 
     /// The chunk size actually used: at least 4 bytes, a multiple of 4 (a `FILL` pattern is a
@@ -106,6 +124,12 @@ mod tests {
         assert_eq!(CostModel { bulk_chunk: 7, ..c }.chunk_bytes(), 4);
         assert_eq!(CostModel { bulk_chunk: 0, ..c }.chunk_bytes(), 4);
         assert_eq!(c.chunk_bytes(), 65536);
+        // Restores cost by where the queue stopped.
+        use abi::preempt::StopPoint as P;
+        let r = CostModel { restore: [Duration::from_nanos(1), Duration::from_nanos(2), Duration::from_nanos(3)], ..c };
+        assert_eq!(c.restore_ns(P::Instruction), 0);
+        assert_eq!([P::Idle, P::CommandBuffer, P::Packet].map(|p| r.restore_ns(p)), [1, 1, 2]);
+        assert_eq!([P::Group, P::Wave, P::Instruction, P::Chunk].map(|p| r.restore_ns(p)), [3; 4]);
         // A zero bandwidth is taken as 1 byte/µs rather than dividing by zero.
         assert_eq!(CostModel { bulk_bytes_per_us: 0, ..c }.bulk_ns(2), 2000);
     }

@@ -174,6 +174,8 @@ struct SimQ {
     /// group depends on it), and the upstream fence it waits on (opened in its device).
     signal: Option<NativeFence>,
     upstream: Option<(usize, NativeFence)>,
+    /// CPU waits started for this queue's fence signals (value, wait), oldest first.
+    waits: VecDeque<(u64, kernel::FenceWaitHandle)>,
     hang_next: bool,
     res: QueueResult,
     traced: bool,
@@ -234,7 +236,7 @@ pub fn run(plan: &Plan, seed: u64, progress: &mut dyn FnMut(f64)) -> Result<Outc
                     kind: if g.kernel_mode { umd::SubmissionKind::KernelMode } else { umd::SubmissionKind::UserMode },
                     ring_bytes: g.ring_bytes,
                     priority: g.priority,
-                    ..QueueOptions::user_mode()
+                    ..QueueOptions::default()
                 };
                 let mut q = clients[client].ctx.create_queue(opts)?;
                 q.set_spin(0);
@@ -261,6 +263,7 @@ pub fn run(plan: &Plan, seed: u64, progress: &mut dyn FnMut(f64)) -> Result<Outc
                     rng,
                     signal: None,
                     upstream: None,
+                    waits: VecDeque::new(),
                     hang_next: false,
                     res: QueueResult { group: gi, index, ..Default::default() },
                     traced: false,
@@ -292,6 +295,19 @@ pub fn run(plan: &Plan, seed: u64, progress: &mut dyn FnMut(f64)) -> Result<Outc
                 .ok_or_else(|| RunError::Check("a shareable fence has no global handle".into()))?;
             let opened = clients[qs[me].client].dev.open_fence(global)?;
             qs[me].upstream = Some((them, opened));
+        }
+    }
+    // Groups that signal their own fences (and perhaps wait for them on the CPU).
+    for (gi, g) in plan.groups.iter().enumerate() {
+        if !g.signal {
+            continue;
+        }
+        for k in 0..g.count as usize {
+            let me = group_first[gi] + k;
+            if qs[me].signal.is_none() {
+                let f = clients[qs[me].client].dev.create_fence(0, abi::port::NativeFenceType::Default)?;
+                qs[me].signal = Some(f);
+            }
         }
     }
     // Ring capacity: outstanding command buffers a ring holds with room to spare (packets
@@ -387,6 +403,11 @@ pub fn run(plan: &Plan, seed: u64, progress: &mut dyn FnMut(f64)) -> Result<Outc
     let mut last_completion = 0u64;
     // Device ids of the queues submitted to since the world last ran (each rang its doorbell).
     let mut rang_since: Vec<u64> = Vec::new();
+    // Rings the device has not noticed yet: (when it notices, order, device queue id). The
+    // doorbell-to-fetch latency: the firmware looks at a rung doorbell that long after the
+    // client wrote it.
+    let mut unheard: VecDeque<(u64, u64)> = VecDeque::new();
+    let latency = plan.doorbell_latency;
     let fw_of: Vec<u64> = {
         let mut v = vec![0u64; qs.len()];
         for &(fw, i) in fw_map.iter().flatten() {
@@ -410,6 +431,10 @@ pub fn run(plan: &Plan, seed: u64, progress: &mut dyn FnMut(f64)) -> Result<Outc
             }
         }
         // Only the queues submitted to since the last instant can have rung.
+        let now_ns = sys.now().0;
+        while unheard.front().is_some_and(|&(t, _)| t <= now_ns) {
+            rang_since.push(unheard.pop_front().expect("checked").1);
+        }
         sys.run_instant_after(&rang_since);
         rang_since.clear();
         // Completions recorded by the device.
@@ -454,6 +479,12 @@ pub fn run(plan: &Plan, seed: u64, progress: &mut dyn FnMut(f64)) -> Result<Outc
                     push(&mut heap, at + think, Ev::Submit(i, None));
                 }
             }
+            // CPU waits for what completed end (the waiter wakes and goes away).
+            while q.waits.front().is_some_and(|(v, _)| *v <= c.value) {
+                let (_, w) = q.waits.pop_front().expect("checked");
+                let pid = clients[q.client].port.process();
+                let _ = sys.end_fence_wait(pid, &w);
+            }
             // Space freed: a backlog submission goes now (at the completion's time).
             if !q.backlog.is_empty() && q.outstanding.len() < q.cap {
                 push(&mut heap, at, Ev::Submit(i, None));
@@ -497,10 +528,14 @@ pub fn run(plan: &Plan, seed: u64, progress: &mut dyn FnMut(f64)) -> Result<Outc
                     // Submit from the backlog while the ring has room.
                     while qs[i].outstanding.len() < qs[i].cap && !stopped {
                         let Some((intended, size)) = qs[i].backlog.pop_front() else { break };
-                        rang_since.push(fw_of[i]);
+                        // Rings are noticed in the order they were made (one latency for all).
+                        unheard.push_back((t.max(now) + latency, fw_of[i]));
                         let r = submit_one(plan, &mut qs, &clients, i, intended, size, &mut cb);
                         match r {
                             Ok(Some((np, signals))) => {
+                                if plan.groups[qs[i].group].cpu_waiter {
+                                    begin_wait(&sys, &clients, &mut qs[i])?;
+                                }
                                 submitted_total += 1;
                                 rings += 1;
                                 fence_signals += signals;
@@ -559,6 +594,9 @@ pub fn run(plan: &Plan, seed: u64, progress: &mut dyn FnMut(f64)) -> Result<Outc
         // Next event of either side.
         let mut next = sys.next_event().map_or(u64::MAX, |t| t.0);
         if let Some(&Reverse((t, _, _))) = heap.peek() {
+            next = next.min(t);
+        }
+        if let Some(&(t, _)) = unheard.front() {
             next = next.min(t);
         }
         if let Some(w) = window_end
@@ -620,6 +658,7 @@ pub fn run(plan: &Plan, seed: u64, progress: &mut dyn FnMut(f64)) -> Result<Outc
     // Tear down quickly: abnormal termination skips waiting for anything.
     let mut queues_out = Vec::with_capacity(qs.len());
     for q in qs.iter_mut() {
+        q.waits.clear();
         q.q = None;
         q.signal = None;
         q.upstream = None;
@@ -800,6 +839,18 @@ fn apply_event(
                 }
             }
         }
+    }
+    Ok(())
+}
+
+/// Starts a CPU wait for the fence signal of queue `q`'s last command buffer (none if the
+/// signal already happened).
+fn begin_wait(sys: &System, clients: &[Client], q: &mut SimQ) -> Result<(), RunError> {
+    let (Some(f), Some(queue)) = (&q.signal, &q.q) else { return Ok(()) };
+    let v = queue.last_submitted();
+    let pid = clients[q.client].port.process();
+    if let Some(w) = sys.begin_fence_wait(pid, &[(f.handle(), v)], abi::port::WaitMode::All)? {
+        q.waits.push_back((v, w));
     }
     Ok(())
 }

@@ -203,23 +203,22 @@ pub struct Tdr {
     /// Engine reset (default true).
     #[serde(default = "yes")]
     pub engine_reset: bool,
+    /// `TdrDdiDelay`: how long a reset DDI may take (ms, default 5000).
+    #[serde(default = "default_ddi_delay")]
+    pub ddi_delay_ms: Spanned<f64>,
     /// Per-queue hang timer on compute queues (ms, default 2000; 0: off).
     #[serde(default = "default_tdr_delay")]
     pub hang_compute_ms: Spanned<f64>,
     /// The same on copy queues.
     #[serde(default = "default_tdr_delay")]
     pub hang_copy_ms: Spanned<f64>,
-    /// `TdrDdiDelay`: how long a reset DDI may take (ms, default 5000).
-    #[serde(default = "default_ddi_delay")]
-    pub ddi_delay_ms: Spanned<f64>,
-}
-
-fn default_ddi_delay() -> Spanned<f64> {
-    Spanned::new(0..0, 5000.0)
 }
 
 fn default_tdr_delay() -> Spanned<f64> {
     Spanned::new(0..0, 2000.0)
+}
+fn default_ddi_delay() -> Spanned<f64> {
+    Spanned::new(0..0, 5000.0)
 }
 fn default_limit_count() -> u32 {
     5
@@ -256,6 +255,32 @@ pub struct Cost {
     /// One queue's turn (µs, default 100).
     #[serde(default = "c_turn")]
     pub turn_us: Spanned<f64>,
+    /// Doorbell-to-fetch latency: the firmware notices a ring this long after the client
+    /// wrote it (ns, default 0).
+    #[serde(default = "c_zero")]
+    pub doorbell_latency_ns: Spanned<f64>,
+    /// Restoring a queue preempted or evicted between command buffers (ns, default 1000).
+    #[serde(default = "c_r0")]
+    pub restore_cb_ns: Spanned<f64>,
+    /// ... between packets (ns, default 2000).
+    #[serde(default = "c_r1")]
+    pub restore_packet_ns: Spanned<f64>,
+    /// ... inside a packet: a dispatch's or bulk copy's saved state (ns, default 10,000).
+    #[serde(default = "c_r2")]
+    pub restore_inside_ns: Spanned<f64>,
+}
+
+fn c_zero() -> Spanned<f64> {
+    Spanned::new(0..0, 0.0)
+}
+fn c_r0() -> Spanned<f64> {
+    Spanned::new(0..0, 1000.0)
+}
+fn c_r1() -> Spanned<f64> {
+    Spanned::new(0..0, 2000.0)
+}
+fn c_r2() -> Spanned<f64> {
+    Spanned::new(0..0, 10_000.0)
 }
 
 fn c_packet() -> Spanned<f64> {
@@ -360,10 +385,17 @@ pub struct Workload {
     /// Trace: a CSV file (relative to the scenario) with rows `at_us,queue,synthetic_us`.
     #[serde(default)]
     pub file: Option<Spanned<String>>,
+    /// A CPU thread waits for every command buffer's fence signal (needs
+    /// `commands.signal = true`): the native fence then interrupts for each.
+    #[serde(default = "no")]
+    pub cpu_waiter: Spanned<bool>,
 }
 
 fn default_kind() -> Spanned<String> {
     Spanned::new(0..0, "closed".into())
+}
+fn no() -> Spanned<bool> {
+    Spanned::new(0..0, false)
 }
 fn zero_u64() -> Spanned<u64> {
     Spanned::new(0..0, 0)
@@ -399,6 +431,10 @@ pub struct Commands {
     /// The synthetic dispatch's duration.
     #[serde(default)]
     pub synthetic: Option<Dist>,
+    /// Each command buffer ends by signalling the queue's own native fence with its progress
+    /// value (an interrupt only when a CPU waits for it: spec 002's suppression).
+    #[serde(default)]
+    pub signal: bool,
 }
 
 impl Default for Commands {
@@ -523,6 +559,10 @@ pub struct GroupPlan {
     pub synthetic: Option<Duration>,
     /// Group index this one waits on.
     pub after: Option<usize>,
+    /// Each command buffer signals the queue's native fence.
+    pub signal: bool,
+    /// A CPU waiter per command buffer.
+    pub cpu_waiter: bool,
 }
 
 /// A timed event, checked.
@@ -564,6 +604,8 @@ pub struct Plan {
     pub seed: u64,
     /// Submission window (ns), if bounded by time.
     pub duration: Option<u64>,
+    /// Doorbell-to-fetch latency (ns): how long after a client rings the firmware notices.
+    pub doorbell_latency: u64,
     /// Total submissions, if bounded by count.
     pub submissions: Option<u64>,
     /// Drain limit (ns).
@@ -718,9 +760,9 @@ impl Scenario {
             limit_count: t.limit_count,
             limit_time: std::time::Duration::from_nanos(ms(positive(&t.limit_time_ms, "device.tdr.limit_time_ms")?)),
             engine_reset: t.engine_reset,
+            ddi_delay: std::time::Duration::from_nanos(ms(positive(&t.ddi_delay_ms, "device.tdr.ddi_delay_ms")?)),
             hang_compute: hang(&t.hang_compute_ms, "device.tdr.hang_compute_ms")?,
             hang_copy: hang(&t.hang_copy_ms, "device.tdr.hang_copy_ms")?,
-            ddi_delay: std::time::Duration::from_nanos(ms(positive(&t.ddi_delay_ms, "device.tdr.ddi_delay_ms")?)),
         };
         let c = &self.cost;
         let bulk_chunk = positive(&c.bulk_chunk, "cost.bulk_chunk")?;
@@ -732,6 +774,11 @@ impl Scenario {
             ),
             bulk_chunk: bulk_chunk as u64,
             turn: std::time::Duration::from_nanos(ns(positive(&c.turn_us, "cost.turn_us")?)),
+            restore: [
+                std::time::Duration::from_nanos(nonneg(&c.restore_cb_ns, "cost.restore_cb_ns")?.round() as u64),
+                std::time::Duration::from_nanos(nonneg(&c.restore_packet_ns, "cost.restore_packet_ns")?.round() as u64),
+                std::time::Duration::from_nanos(nonneg(&c.restore_inside_ns, "cost.restore_inside_ns")?.round() as u64),
+            ],
         };
         let engines: Vec<abi::EngineKind> = d
             .engines
@@ -889,6 +936,14 @@ impl Scenario {
                 },
                 None => None,
             };
+            if *w.cpu_waiter.get_ref() && !cm.signal {
+                return self.err(
+                    w.cpu_waiter.span(),
+                    &key("workload.cpu_waiter"),
+                    true,
+                    "a CPU waiter needs a fence to wait for: set commands.signal = true",
+                );
+            }
             if (*cm.fill_bytes.get_ref() | *cm.copy_bytes.get_ref()) % 4 != 0 {
                 return self.err(cm.fill_bytes.span(), &key("commands.fill_bytes/copy_bytes"), "", "multiples of 4");
             }
@@ -906,6 +961,8 @@ impl Scenario {
                 copy_bytes: *cm.copy_bytes.get_ref(),
                 synthetic,
                 after,
+                signal: cm.signal,
+                cpu_waiter: *w.cpu_waiter.get_ref(),
             });
         }
         // Dependency cycles (each group has at most one upstream: follow the chain).
@@ -974,10 +1031,12 @@ impl Scenario {
         let name = self.name.clone().unwrap_or_else(|| {
             self.source.path.file_stem().map_or("scenario".into(), |s| s.to_string_lossy().into_owned())
         });
+        let doorbell_latency = nonneg(&self.cost.doorbell_latency_ns, "cost.doorbell_latency_ns")?.round() as u64;
         Ok(Plan {
             name,
             seed: self.seed,
             duration,
+            doorbell_latency,
             submissions: self.submissions.as_ref().map(|s| *s.get_ref()),
             drain,
             samples: self.samples,

@@ -199,6 +199,8 @@ impl Firmware {
                 q.last_run = now;
                 if let Some(point) = q.saved.take() {
                     log.push(Time(now.0.saturating_add(elapsed)), preempt::FwEvent::Restored { queue: id, point });
+                    // Bringing its state back occupies the engine before the queue runs.
+                    elapsed = elapsed.saturating_add(cost.restore_ns(point));
                 }
                 let before = compute.instructions;
                 let mut env = Env {

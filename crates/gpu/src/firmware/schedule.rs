@@ -36,16 +36,27 @@ pub(super) type Turn = (Time, u64);
 /// An engine's waiting queues (see [`FwQueue::should_wait`]), by class, each class in turn
 /// order. Walking the class heads in class order merges them into the scheduler's waiting
 /// order `(!privileged, Reverse(priority), last_run, run-list order)`. Empty classes are
-/// dropped, so a pass looks at one head per distinct waiting class.
+/// dropped. `heads` keeps every class's first queue in that order, so a pass finds the first
+/// waiting queue without walking every class (one per process, thousands of queues apart).
 #[derive(Default)]
 pub(super) struct Waiting {
     pub(super) by_class: std::collections::BTreeMap<Class, std::collections::BTreeMap<Turn, FwQueueId>>,
+    /// `(user, Reverse(priority), head's turn, class)` of every waiting class.
+    heads: std::collections::BTreeSet<(bool, std::cmp::Reverse<Priority>, Turn, Class)>,
 }
 
 impl Waiting {
+    fn head_key(class: Class, turn: Turn) -> (bool, std::cmp::Reverse<Priority>, Turn, Class) {
+        (class.user, class.priority, turn, class)
+    }
+
     pub(super) fn insert(&mut self, class: Class, turn: Turn, id: FwQueueId) {
-        let old = self.by_class.entry(class).or_default().insert(turn, id);
+        let queues = self.by_class.entry(class).or_default();
+        let before = queues.first_key_value().map(|(t, _)| *t);
+        let old = queues.insert(turn, id);
         debug_assert!(old.is_none(), "{id} waits twice, or two queues share a turn");
+        let after = queues.first_key_value().map(|(t, _)| *t);
+        self.move_head(class, before, after);
     }
 
     pub(super) fn remove(&mut self, class: Class, turn: Turn, id: FwQueueId) {
@@ -53,10 +64,26 @@ impl Waiting {
             debug_assert!(false, "{id} is not waiting");
             return;
         };
+        let before = queues.first_key_value().map(|(t, _)| *t);
         let old = queues.remove(&turn);
         debug_assert_eq!(old, Some(id), "{id} waits under another turn");
+        let after = queues.first_key_value().map(|(t, _)| *t);
         if queues.is_empty() {
             self.by_class.remove(&class);
+        }
+        self.move_head(class, before, after);
+    }
+
+    /// Keeps `heads` right after `class`'s first turn went from `before` to `after`.
+    fn move_head(&mut self, class: Class, before: Option<Turn>, after: Option<Turn>) {
+        if before == after {
+            return;
+        }
+        if let Some(t) = before {
+            self.heads.remove(&Self::head_key(class, t));
+        }
+        if let Some(t) = after {
+            self.heads.insert(Self::head_key(class, t));
         }
     }
 
@@ -64,24 +91,13 @@ impl Waiting {
         self.by_class.is_empty()
     }
 
-    /// The first waiting queue, in waiting order, outside the classes in `skip`.
+    /// The first waiting queue, in waiting order, outside the classes in `skip`: the first
+    /// head not skipped (heads are in (privilege, priority, turn) order, so within the first
+    /// (privilege, priority) group that has one, it has the earliest turn).
     pub(super) fn first(&self, skip: &[Class]) -> Option<(Class, FwQueueId)> {
-        let mut best: Option<(Class, Turn, FwQueueId)> = None;
-        for (class, queues) in &self.by_class {
-            // Classes come in (privilege, priority) order: a head in a later group never
-            // precedes one already found.
-            if best.is_some_and(|(b, ..)| (b.user, b.priority) != (class.user, class.priority)) {
-                break;
-            }
-            if skip.contains(class) {
-                continue;
-            }
-            let (&turn, &id) = queues.first_key_value().expect("empty classes are dropped");
-            if best.is_none_or(|(_, t, _)| turn < t) {
-                best = Some((*class, turn, id));
-            }
-        }
-        best.map(|(class, _, id)| (class, id))
+        let &(_, _, turn, class) = self.heads.iter().find(|h| !skip.contains(&h.3))?;
+        let id = *self.by_class.get(&class)?.get(&turn)?;
+        Some((class, id))
     }
 }
 
@@ -407,17 +423,32 @@ pub(super) fn schedule<Q: Schedulable>(
     // waiting are the unplaced ones and those of the queues evicted in this pass: without the
     // latter, two busy queues over one slot would swap once and then never again.
     let waiting = &e.waiting.by_class;
+    // For a holder, the classes that contend are those of its priority (a privileged holder
+    // only against privileged waiters); a waiter of its own address space ends its gang
+    // quantum, any other its process quantum. Classes are ordered by (user, priority, vmid),
+    // so both questions are range lookups, not a walk over every waiting class.
+    let contenders = |prio: Priority, privileged: bool, vm: Vmid| {
+        let (mut gang, mut process) = (false, false);
+        for user in [false, true] {
+            if user && privileged {
+                continue;
+            }
+            let at = |vmid| Class { user, priority: std::cmp::Reverse(prio), vmid };
+            gang |= waiting.contains_key(&at(vm));
+            process |= waiting.range(at(Vmid(0))..=at(Vmid(u32::MAX))).any(|(c, _)| c.vmid != vm);
+        }
+        (gang, process)
+    };
     let quantum_end = e
         .hqd
         .iter()
         .filter_map(|&id| get(queues, id))
-        .flat_map(|(_, pending, privileged, prio, vm, start)| {
-            waiting.keys().filter_map(move |w| {
-                let (w_priv, w_prio, w_vm) = (!w.user, w.priority.0, w.vmid);
-                let contends = pending && prio == w_prio && (w_priv || !privileged);
-                contends.then(|| start.plus(if vm == w_vm { quanta.gang } else { quanta.process }))
-            })
+        .filter(|&(_, pending, ..)| pending)
+        .flat_map(|(_, _, privileged, prio, vm, start)| {
+            let (gang, process) = contenders(prio, privileged, vm);
+            [gang.then(|| start.plus(quanta.gang)), process.then(|| start.plus(quanta.process))]
         })
+        .flatten()
         .min();
     e.timers.set(Timer::Quantum, quantum_end);
 }
