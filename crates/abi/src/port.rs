@@ -81,6 +81,11 @@ pub struct EngineInfo {
     pub doorbell_first: u32,
     /// Doorbells in the range.
     pub doorbell_count: u32,
+    /// Its hardware queue slots (HQDs).
+    pub hw_slots: u32,
+    /// The slots left for user queues: kernel queues are always mapped and hold theirs
+    /// statically (spec 001 "Interaction with Kernel Queues").
+    pub user_slots: u32,
 }
 
 /// `amdgpu_user_queue`: which submission models the device offers.

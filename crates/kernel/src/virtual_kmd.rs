@@ -348,6 +348,8 @@ impl Kmd for VirtualKmd {
                     // Each engine owns an equal slice of every doorbell page.
                     doorbell_first: i as u32 * per,
                     doorbell_count: per,
+                    hw_slots: g.slots(EngineId(i as u32)).map_or(0, |s| s.0),
+                    user_slots: g.slots(EngineId(i as u32)).map_or(0, |(all, kernel)| all - kernel),
                 })
                 .collect(),
             doorbell_bytes: self.doorbell_bytes,

@@ -276,3 +276,50 @@ fn a_secure_queue_is_refused_where_the_device_has_no_protected_content() {
     assert_eq!(sys.census().queues, 0);
     p.create(p.desc(0)).unwrap();
 }
+
+/// "Kernel queues are always mapped so any work that goes into kernel queues will take
+/// priority. This limits the available HQD slots for user queues." A kernel queue holds a slot
+/// from creation, idle or not, taking it from a user queue if it must; INFO reports the slots
+/// left for user queues.
+#[test]
+fn kernel_queues_are_always_mapped_and_info_reports_the_slots_left_for_user_queues() {
+    let sys = common::sim_with(SystemConfig {
+        gpu: gpu::GpuConfig { hw_slots: 2, ..gpu::GpuConfig::default() },
+        ..SystemConfig::default()
+    });
+    let c = common::client(&sys);
+    let compute = c.ctx.engine();
+    let slots = |_: &kernel::System| {
+        let info = c.port.adapter_info();
+        let e = info.engines.iter().find(|e| e.id == compute).copied().unwrap();
+        (e.hw_slots, e.user_slots)
+    };
+    assert_eq!(slots(&sys), (2, 2));
+    // Two busy user queues hold both slots.
+    let gate = c.buf.va() + 0x100;
+    let mut users: Vec<umd::Queue> = (0..2).map(|_| c.user_queue()).collect();
+    for (i, q) in users.iter_mut().enumerate() {
+        let mut cb = CommandBuffer::new();
+        cb.wait(gate, 1).write_u32(c.buf.va() + 4 * i as u64, 1);
+        q.submit(&cb).unwrap();
+    }
+    sys.settle();
+    assert!(users.iter().all(|q| q.status().unwrap().state == abi::QueueState::Mapped));
+    // A kernel queue with no work takes a slot at once, from a user queue.
+    let kq = c.kernel_queue();
+    sys.settle();
+    assert_eq!(kq.status().unwrap().state, abi::QueueState::Mapped, "mapped with no work");
+    assert_eq!(slots(&sys), (2, 1), "one slot left for user queues");
+    let mapped = users.iter().filter(|q| q.status().unwrap().state == abi::QueueState::Mapped).count();
+    assert_eq!(mapped, 1, "a user queue gave its slot up");
+    // Idle, it keeps it while the user queues take turns on the other; all the work runs.
+    c.buf.write_u64(0x100, 1).unwrap();
+    for q in &users {
+        q.finish(T).unwrap();
+        assert_eq!(kq.status().unwrap().state, abi::QueueState::Mapped);
+    }
+    assert_eq!((c.buf.read_u32(0).unwrap(), c.buf.read_u32(4).unwrap()), (1, 1));
+    drop(kq);
+    sys.settle();
+    assert_eq!(slots(&sys), (2, 2), "the slot comes back with the kernel queue");
+}

@@ -650,6 +650,13 @@ impl Firmware {
 
     /// Replaces the queue's fence log `index` (0 waits, 1 signals); `false` if the queue has
     /// no fence logs (a kernel-mode queue).
+    /// An engine's hardware slots, and how many its kernel queues hold (always mapped).
+    pub(crate) fn slots(&self, engine: EngineId) -> Result<(u32, u32), GpuError> {
+        let e = self.engines.get(engine.0 as usize).ok_or(GpuError::BadEngine(engine.0))?;
+        let kernel = e.run_list.iter().filter(|id| self.queues.get(id.0).is_ok_and(|q| q.cfg.privileged)).count();
+        Ok((e.hw_slots as u32, kernel.min(e.hw_slots) as u32))
+    }
+
     pub(crate) fn optimized_interrupts(&self) -> bool {
         self.optimized_interrupts
     }
