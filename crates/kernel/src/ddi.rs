@@ -138,6 +138,9 @@ pub struct QueueCreate {
     pub fence_logs: Option<[Arc<Shm>; 2]>,
     /// A kernel-mode queue (may select an address space in `INDIRECT_BUFFER`).
     pub privileged: bool,
+    /// The context save area the application allocated (validated by the OS); `None`: the
+    /// KMD allocates its own.
+    pub context_save: Option<Arc<Shm>>,
     /// Priority.
     pub priority: Priority,
 }

@@ -429,7 +429,10 @@ impl Kmd for VirtualKmd {
         let vmid = self.vmid(desc.process)?;
         // Kernel-owned, never mapped for the client (like the MQD): where an interrupted
         // DISPATCH keeps its state between slices.
-        let context_save = self.context_saves.alloc(gpu::compute::CONTEXT_SAVE_BYTES as usize)?;
+        let context_save = match desc.context_save.clone() {
+            Some(app) => app,
+            None => self.context_saves.alloc(gpu::compute::CONTEXT_SAVE_BYTES as usize)?,
+        };
         let cfg = QueueConfig {
             vmid,
             engine: desc.engine,
