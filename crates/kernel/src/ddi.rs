@@ -457,6 +457,15 @@ pub trait Kmd: Send {
     fn read_gpu_u64(&self, _process: ProcessId, _va: u64) -> Option<u64> {
         None
     }
+    /// `D3DKMDT_FENCESTORAGESURFACEDATA` (spec 002 "DDI to support placement of native fence
+    /// values in local memory"): the memory segments a fence of `kind` keeps its CurrentValue
+    /// and MonitoredValue in. The default: system memory for both.
+    fn native_fence_storage(
+        &self,
+        _kind: abi::port::NativeFenceType,
+    ) -> (abi::port::MemoryDomain, abi::port::MemoryDomain) {
+        (abi::port::MemoryDomain::System, abi::port::MemoryDomain::System)
+    }
     /// Maps the process's doorbell BAR page `page` into its own GPU address space at `va`, so
     /// its queues can ring each other's doorbells from the GPU (spec 001). Refused where a
     /// GPU store cannot ring a doorbell (the default).
@@ -764,5 +773,11 @@ impl Kmd for Traced {
     }
     fn map_doorbell_page(&mut self, process: ProcessId, va: u64, page: u32) -> Result<GpuMapping, DdiError> {
         self.inner.map_doorbell_page(process, va, page)
+    }
+    fn native_fence_storage(
+        &self,
+        kind: abi::port::NativeFenceType,
+    ) -> (abi::port::MemoryDomain, abi::port::MemoryDomain) {
+        self.inner.native_fence_storage(kind)
     }
 }

@@ -854,6 +854,18 @@ impl Kmd for VirtualKmd {
         Ok(())
     }
 
+    fn native_fence_storage(
+        &self,
+        kind: abi::port::NativeFenceType,
+    ) -> (abi::port::MemoryDomain, abi::port::MemoryDomain) {
+        use abi::port::MemoryDomain::{Local, System};
+        match kind {
+            // An IntraGpu fence is the GPU's own: both values in local memory.
+            abi::port::NativeFenceType::IntraGpu => (Local, Local),
+            _ => (System, System),
+        }
+    }
+
     fn map_doorbell_page(&mut self, process: ProcessId, va: u64, page: u32) -> Result<GpuMapping, DdiError> {
         // A store rings only a dedicated doorbell of the process's own page, watched as it is:
         // not a bit page (the GPU cannot OR), not a pool (the page is not the queue's), not
