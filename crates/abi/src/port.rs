@@ -28,6 +28,7 @@ use crate::packet::DecodeError;
 use crate::queue::{EngineId, EngineKind, FaultRecord, Priority, QueueDescriptor, QueueState};
 
 /// Where an allocation lives.
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum MemoryDomain {
     /// System memory (CPU-visible).
@@ -37,6 +38,7 @@ pub enum MemoryDomain {
 }
 
 /// What to allocate.
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AllocationDesc {
     /// Size in bytes (rounded up to 4 KiB pages).
@@ -55,6 +57,7 @@ impl AllocationDesc {
 }
 
 /// A created allocation.
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AllocationInfo {
     /// Its handle.
@@ -66,6 +69,7 @@ pub struct AllocationInfo {
 }
 
 /// One engine as the adapter reports it (amdgpu INFO: which IPs take user and kernel queues).
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct EngineInfo {
     /// Its id.
@@ -89,6 +93,7 @@ pub struct EngineInfo {
 }
 
 /// `amdgpu_user_queue`: which submission models the device offers.
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[repr(u32)]
 pub enum UserQueueMode {
@@ -102,6 +107,7 @@ pub enum UserQueueMode {
 }
 
 /// Sizes of what the kernel allocates per queue (amdgpu INFO: the metadata a queue needs).
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct QueueMetadataSizes {
     /// The context save area (an interrupted `DISPATCH`'s state).
@@ -113,6 +119,7 @@ pub struct QueueMetadataSizes {
 }
 
 /// What the adapter reports.
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AdapterInfo {
     /// Engines.
@@ -140,6 +147,7 @@ pub struct AdapterInfo {
 }
 
 /// How a hardware queue takes work.
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SubmissionMode {
     /// `UserModeSubmission`: the client writes the ring and rings a doorbell.
@@ -149,6 +157,7 @@ pub enum SubmissionMode {
 }
 
 /// What to create.
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HwQueueDesc {
     /// Submission model.
@@ -172,6 +181,7 @@ pub struct HwQueueInfo {
 }
 
 /// `D3DKMT_CREATE_DOORBELL`.
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CreateDoorbell {
     /// The user-mode queue.
@@ -231,6 +241,7 @@ impl core::fmt::Debug for DoorbellInfo {
 pub const FENCE_ALWAYS_SIGNALED: u64 = u64::MAX;
 
 /// `D3DDDI_NATIVEFENCE_TYPE`: where a native fence's CurrentValue lives.
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum NativeFenceType {
     /// System memory, readable by the CPU (user mode reads it; only the kernel writes it).
@@ -243,6 +254,7 @@ pub enum NativeFenceType {
 }
 
 /// What native fence to create.
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct NativeFenceDesc {
     /// Initial CurrentValue.
@@ -289,6 +301,7 @@ pub struct NativeFenceInfo {
 }
 
 /// How a multi-fence wait is satisfied.
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WaitMode {
     /// Every fence reaches its value.
@@ -298,6 +311,7 @@ pub enum WaitMode {
 }
 
 /// How a wait ended.
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WaitOutcome {
     /// The value was reached; carries the completed value seen.
@@ -307,6 +321,7 @@ pub enum WaitOutcome {
 }
 
 /// `USERQ QUERY_STATUS`.
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct QueueStatus {
     /// State.
@@ -331,6 +346,7 @@ pub const QUEUE_STATUS_HUNG: u32 = 1 << 0;
 pub const QUEUE_STATUS_VRAM_LOST: u32 = 1 << 1;
 
 /// Why a handle was refused.
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum HandleProblem {
     /// It belongs to another process.
@@ -356,6 +372,7 @@ impl core::fmt::Display for HandleProblem {
 
 /// Why an argument was refused, as data. `Display` is the sentence the error message uses
 /// after the field and value (`` `field` = value: <reason> ``).
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Invalid {
     /// An allocation size outside 1 byte ..= `max` bytes.
@@ -369,7 +386,7 @@ pub enum Invalid {
         engines: usize,
     },
     /// The engine does not offer this (`"user-mode queues"`, `"kernel-mode queues"`).
-    Unsupported(&'static str),
+    Unsupported(#[cfg_attr(feature = "serde", serde(deserialize_with = "crate::serde_str::de"))] crate::StaticStr),
     /// An address not aligned as required.
     Misaligned {
         /// The required alignment in bytes.
@@ -411,7 +428,8 @@ pub enum Invalid {
     /// The allocation does not hold the queue's `what` at `va`.
     DoesNotHold {
         /// What it should hold ("ring", "rptr", ...).
-        what: &'static str,
+        #[cfg_attr(feature = "serde", serde(deserialize_with = "crate::serde_str::de"))]
+        what: crate::StaticStr,
         /// Where.
         va: u64,
     },
@@ -428,7 +446,7 @@ pub enum Invalid {
     /// A field that must be zero.
     MustBeZero,
     /// `DISPATCH` dimensions the ISA refuses (the reason).
-    Dims(&'static str),
+    Dims(#[cfg_attr(feature = "serde", serde(deserialize_with = "crate::serde_str::de"))] crate::StaticStr),
     /// A kernel-mode submission's length outside 1 ..= `max_dwords`.
     SubmissionSize {
         /// The largest allowed.
@@ -462,7 +480,8 @@ pub enum Invalid {
     /// A setting outside the range it may take.
     OutOfRange {
         /// The range it may take.
-        expected: &'static str,
+        #[cfg_attr(feature = "serde", serde(deserialize_with = "crate::serde_str::de"))]
+        expected: crate::StaticStr,
     },
     /// The device (its kernel-mode driver) refused, with its reason.
     Device(DeviceRefusal),
@@ -537,6 +556,7 @@ impl core::fmt::Display for Invalid {
 /// What a device (its kernel-mode driver) can refuse, as data in the kernel's terms: the
 /// driver translates its device's errors into these, so no device type crosses the driver
 /// boundary. [`Invalid::Device`] carries one after the field and value it concerns.
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum DeviceRefusal {
     /// The device does not know the queue (never created there, or destroyed).
@@ -559,7 +579,8 @@ pub enum DeviceRefusal {
         /// Length.
         bytes: u64,
         /// Why.
-        why: &'static str,
+        #[cfg_attr(feature = "serde", serde(deserialize_with = "crate::serde_str::de"))]
+        why: crate::StaticStr,
     },
     /// A queue's memory does not resolve in its address space.
     QueueMemory(crate::queue::FaultKind),
@@ -605,8 +626,19 @@ pub enum DeviceRefusal {
         /// Which call of the DDI failed (1-based).
         call: u32,
     },
+    /// The queue is not held off its engine for the kernel (never preempted, or hung).
+    NotHeld,
+    /// A take-back of a kernel ring's work outside what the engine allows.
+    BadTakeBack {
+        /// The wptr asked for.
+        wptr: u64,
+        /// The lowest allowed (the packet the queue resumes at, or just past it).
+        floor: u64,
+        /// The highest allowed (the last wptr the engine accepted).
+        accepted: u64,
+    },
     /// The device does not support what was asked.
-    Unsupported(&'static str),
+    Unsupported(#[cfg_attr(feature = "serde", serde(deserialize_with = "crate::serde_str::de"))] crate::StaticStr),
 }
 
 impl core::fmt::Display for DeviceRefusal {
@@ -637,12 +669,17 @@ impl core::fmt::Display for DeviceRefusal {
             VictimKeptDoorbell => f.write_str("the victim's doorbell did not come back"),
             NotANativeFence => f.write_str("is not a native fence of this device"),
             Injected { call } => write!(f, "failed (injected fault, call {call})"),
+            NotHeld => f.write_str("is not held off its engine for the kernel"),
+            BadTakeBack { wptr, floor, accepted } => {
+                write!(f, "take back to wptr {wptr:#x}: allowed from {floor:#x} to {accepted:#x} on a kernel ring")
+            }
             Unsupported(what) => write!(f, "the device does not support {what}"),
         }
     }
 }
 
 /// Why a queue can run no more work, as data: the fault record, or what else ended it.
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum LostReason {
     /// The device faulted it (the record the status query returns).
@@ -652,6 +689,12 @@ pub enum LostReason {
     /// Its doorbell was aborted (`DisconnectedAbort`: process termination, device loss)
     /// while the queue was in this state.
     DoorbellAborted(QueueState),
+    /// The buffer at `va` holding its ring, rptr, wptr or last-queued word lost its GPU
+    /// mapping (a failed migration): the queue reports `InvalidVa` and runs no more work.
+    InvalidVa {
+        /// The buffer's GPU VA.
+        va: u64,
+    },
 }
 
 impl core::fmt::Display for LostReason {
@@ -660,11 +703,13 @@ impl core::fmt::Display for LostReason {
             LostReason::Fault(r) => write!(f, "{r}"),
             LostReason::Destroyed => f.write_str("destroyed"),
             LostReason::DoorbellAborted(s) => write!(f, "doorbell aborted (queue {s:?})"),
+            LostReason::InvalidVa { va } => write!(f, "its ring memory at {va:#x} lost its GPU mapping"),
         }
     }
 }
 
 /// What a refused call found still in use ([`KernelError::InUse`]).
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum InUseObject {
     /// An object of a process.
@@ -683,6 +728,7 @@ impl core::fmt::Display for InUseObject {
 }
 
 /// What holds an object in use ([`KernelError::InUse`]).
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum InUseBy {
     /// This queue runs from it (its ring, pointers or metadata live there).
@@ -745,6 +791,7 @@ mod error_display_tests {
 }
 
 /// Everything a kernel call can refuse. Each message names the field or handle and its value.
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Clone, Debug, PartialEq, Eq, Error)]
 pub enum KernelError {
     /// A foreign, stale or unknown handle.
@@ -759,7 +806,8 @@ pub enum KernelError {
     #[error("`{field}` = {value}: {reason}")]
     InvalidArgument {
         /// Field name.
-        field: &'static str,
+        #[cfg_attr(feature = "serde", serde(deserialize_with = "crate::serde_str::de"))]
+        field: crate::StaticStr,
         /// Value as text.
         value: String,
         /// Why, as data.
@@ -769,7 +817,8 @@ pub enum KernelError {
     #[error("`{field}` = {va:#x} (+{bytes:#x} bytes) does not lie inside one mapping of the process")]
     OutsideMappings {
         /// Field name.
-        field: &'static str,
+        #[cfg_attr(feature = "serde", serde(deserialize_with = "crate::serde_str::de"))]
+        field: crate::StaticStr,
         /// Address.
         va: u64,
         /// Length.
@@ -797,15 +846,18 @@ pub enum KernelError {
         /// The queue.
         queue: HwQueueHandle,
         /// What it is.
-        actual: &'static str,
+        #[cfg_attr(feature = "serde", serde(deserialize_with = "crate::serde_str::de"))]
+        actual: crate::StaticStr,
         /// What the call needs.
-        expected: &'static str,
+        #[cfg_attr(feature = "serde", serde(deserialize_with = "crate::serde_str::de"))]
+        expected: crate::StaticStr,
     },
     /// A pool ran dry.
     #[error("out of {what} ({detail})")]
     Exhausted {
         /// The pool.
-        what: &'static str,
+        #[cfg_attr(feature = "serde", serde(deserialize_with = "crate::serde_str::de"))]
+        what: crate::StaticStr,
         /// Details.
         detail: String,
     },
@@ -821,7 +873,8 @@ pub enum KernelError {
     #[error("`{field}` = {value} does not move forward from {last}")]
     NotIncreasing {
         /// Field.
-        field: &'static str,
+        #[cfg_attr(feature = "serde", serde(deserialize_with = "crate::serde_str::de"))]
+        field: crate::StaticStr,
         /// Value given.
         value: u64,
         /// Last value.
@@ -865,7 +918,8 @@ pub enum KernelError {
     #[error("adapter initialization: {feature}: the KMD advertises {kmd}, the OS has {os}")]
     FeatureMismatch {
         /// The feature (or cap).
-        feature: &'static str,
+        #[cfg_attr(feature = "serde", serde(deserialize_with = "crate::serde_str::de"))]
+        feature: crate::StaticStr,
         /// What the KMD advertised.
         kmd: String,
         /// What the OS enabled (or what the KMD's other caps imply).
@@ -1066,6 +1120,7 @@ pub struct WaitPoint {
 }
 
 /// A native fence's two values ([`KernelPort::query_native_fence`]).
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct NativeFenceValues {
     /// CurrentValue: the last value signalled.
@@ -1076,6 +1131,7 @@ pub struct NativeFenceValues {
 }
 
 /// The physical doorbell a queue holds ([`KernelPort::query_physical_doorbell`]).
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PhysicalDoorbell {
     /// A dedicated doorbell: a word of the doorbell BAR.

@@ -10,9 +10,13 @@
 //!   high-priority queue's submission of one `TIMESTAMP` until the engine starts it, while
 //!   low-priority queues keep every hardware slot busy with long dispatches; beside it
 //!   `idle_start_p50_ns`, the same submission on an idle engine (`bench submit`'s `um_p50_ns`,
-//!   measured in this run).
-//! - `preempt_overhead`: the low-priority queues' completed dispatches per second with a
-//!   preemption (and resume) every millisecond, over the same with none (1.0 = free).
+//!   measured in this run). 50 warm-up samples come first and are dropped.
+//! - `preempt_overhead`: the low-priority queues' throughput with a preemption (and resume)
+//!   every millisecond, over the same with none (1.0 = free), as wave-instructions the engine
+//!   executed per second (a command buffer is milliseconds of work: counting them is too
+//!   coarse for a one-second run): five alternating pairs of one-second runs, the median
+//!   pair's ratio (`low_prio_cb_per_s` and `low_prio_cb_per_s_preempted` are that pair's
+//!   command buffers per second).
 //! - `tdr_recover_ns`: a queue runs an endless kernel under `Dispatch` granularity over one
 //!   hardware slot, with another process's work queued behind it; the kernel's preemption
 //!   request goes unanswered, the TDR timer fires after a short `TdrDelay`, the engine is reset;
@@ -55,6 +59,10 @@ pub struct PreemptArgs {
 const GROUPS: u32 = 16;
 const GROUP: u32 = 64;
 const DISPATCHES_PER_CB: usize = 4;
+/// Alternating pairs of throughput runs (without, with preemptions) for `preempt_overhead`.
+const PAIRS: usize = 5;
+/// Start-latency samples taken and dropped before the measured ones.
+const WARM_UP: usize = 50;
 
 use umd::workloads::rounds_result as expected;
 
@@ -136,7 +144,8 @@ impl Gap {
     }
 }
 
-/// Waits for the answer to `ticket` (its latency, ns).
+/// Waits for the answer to `ticket` (its latency, ns, on the device clock: how often this
+/// looks does not change it).
 fn await_answer(sys: &System, ticket: u64) -> Result<u64, CliError> {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
@@ -145,6 +154,13 @@ fn await_answer(sys: &System, ticket: u64) -> Result<u64, CliError> {
         }
         if Instant::now() > deadline {
             return Err(CliError::Check(format!("preemption request {ticket} unanswered after 10 s")));
+        }
+        // Looking takes the kernel's lock, which the firmware thread needs to deliver the
+        // answer: a tight loop here would slow the very thing it waits for (and the engine's
+        // other work). A few microseconds between looks leave the lock free.
+        let pause = Instant::now() + Duration::from_micros(5);
+        while Instant::now() < pause {
+            std::hint::spin_loop();
         }
         std::thread::yield_now();
     }
@@ -200,6 +216,9 @@ fn high_prio_start(level: ComputeGranularity, samples: usize, rounds: u32) -> Re
     };
     top_up(&mut gap)?;
     std::thread::sleep(Duration::from_millis(5));
+    // Warm-up, as in `bench submit`: the first passes over a fresh ring and timestamp buffer
+    // touch new pages.
+    latencies(&sys, &mut hq, &buf, WARM_UP, || top_up(&mut gap))?;
     let out = latencies(&sys, &mut hq, &buf, samples, || top_up(&mut gap))?;
     for l in &lows {
         if !l.finish()? {
@@ -209,15 +228,18 @@ fn high_prio_start(level: ComputeGranularity, samples: usize, rounds: u32) -> Re
     Ok(out)
 }
 
-/// Low-priority throughput (command buffers completed per second over `window`) with a
-/// preemption and resume of each busy queue every `every` (`None`: never).
-fn throughput(every: Option<Duration>, window: Duration, rounds: u32) -> Result<f64, CliError> {
+/// Low-priority throughput over `window` with a preemption and resume of each busy queue every
+/// `every` (`None`: never): command buffers completed per second, and wave-instructions the
+/// engine executed per second (the finer measure: a command buffer is milliseconds of work).
+fn throughput(every: Option<Duration>, window: Duration, rounds: u32) -> Result<(f64, f64), CliError> {
     let sys = system(ComputeGranularity::Shader, 8, TdrConfig::default())?;
     let mut lows = (0..2).map(|_| Spinner::new(&sys, Priority::Normal, rounds)).collect::<Result<Vec<_>, _>>()?;
     for l in &mut lows {
         l.top_up()?;
     }
     let before: u64 = lows.iter().map(Spinner::completed).sum();
+    let instructions = || sys.with_gpu(|g| g.compute_stats().instructions);
+    let i0 = instructions();
     let start = Instant::now();
     let mut next = start;
     let mut k = 0usize;
@@ -238,13 +260,14 @@ fn throughput(every: Option<Duration>, window: Duration, rounds: u32) -> Result<
         std::thread::yield_now();
     }
     let done: u64 = lows.iter().map(Spinner::completed).sum::<u64>() - before;
+    let executed = instructions() - i0;
     let el = start.elapsed();
     for l in &lows {
         if !l.finish()? {
             return Err(CliError::Check("throughput run: wrong results after preemptions".into()));
         }
     }
-    Ok(done as f64 / el.as_secs_f64())
+    Ok((done as f64 / el.as_secs_f64(), executed as f64 / el.as_secs_f64()))
 }
 
 /// Timeout detection and recovery on the live driver: see the module docs. Returns the
@@ -344,10 +367,17 @@ pub fn run(a: PreemptArgs) -> Result<(), CliError> {
     let (hd50, hd99) = percentiles(high_prio_start(ComputeGranularity::DmaBuffer, coarse, a.rounds)?);
 
     progress(json, "low-priority throughput without and with a preemption every millisecond");
-    let window = Duration::from_secs(2);
-    let base = throughput(None, window, a.rounds)?;
-    let with = throughput(Some(Duration::from_millis(1)), window, a.rounds)?;
-    let overhead = with / base.max(f64::MIN_POSITIVE);
+    // Alternating pairs of runs, so that a slow stretch of the machine does not land on one
+    // side only; the overhead is the median pair's ratio, the throughputs the medians.
+    let window = Duration::from_secs(1);
+    let mut pairs = Vec::new();
+    for _ in 0..PAIRS {
+        let (base, base_i) = throughput(None, window, a.rounds)?;
+        let (with, with_i) = throughput(Some(Duration::from_millis(1)), window, a.rounds)?;
+        pairs.push((with_i / base_i.max(f64::MIN_POSITIVE), base, with));
+    }
+    pairs.sort_by(|x, y| x.0.total_cmp(&y.0));
+    let (overhead, base, with) = pairs[PAIRS / 2];
 
     progress(json, "timeout detection and recovery");
     let (tdr_ns, others_ok) = tdr_recover()?;
@@ -362,6 +392,7 @@ pub fn run(a: PreemptArgs) -> Result<(), CliError> {
         o.insert("idle_start_p50_ns".into(), idle_p50.into());
         o.insert("preempt_overhead".into(), ((overhead * 1000.0).round() / 1000.0).into());
         o.insert("low_prio_cb_per_s".into(), (base.round() as u64).into());
+        o.insert("low_prio_cb_per_s_preempted".into(), (with.round() as u64).into());
         o.insert("tdr_recover_ns".into(), tdr_ns.into());
         o.insert("others_results_ok".into(), others_ok.into());
         o.insert("floor_cacheline_rtt_ns".into(), floor_ns.into());

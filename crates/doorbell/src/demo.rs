@@ -352,7 +352,7 @@ fn gpu_work_graph() -> Result<(Vec<String>, u32, u32), CliError> {
         .filter(|e| {
             matches!(
                 e.event,
-                Event::Ddi(Ddi::SubmitCommand(_) | Ddi::ConnectDoorbell(_) | Ddi::NotifyWorkSubmission(_))
+                Event::Ddi(Ddi::SubmitCommand { .. } | Ddi::ConnectDoorbell(_) | Ddi::NotifyWorkSubmission(_))
             )
         })
         .count();

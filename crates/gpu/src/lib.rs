@@ -43,7 +43,7 @@ pub use abi::power::{EngineState, PowerState};
 pub use abi::preempt::{ComputeGranularity, CopyGranularity, PreemptionCaps, StopPoint};
 pub use abi::time::Time;
 pub use cost::{CostModel, Timing};
-pub use firmware::preempt::{Attention, AttentionGuard, EngineReset, FwEvent, FwLogEntry, Requester};
+pub use firmware::preempt::{Attention, AttentionGuard, EngineReset, FwEvent, FwLogEntry, Requester, RingPosition};
 pub use firmware::{FenceSignaled, FenceWaits, FwQueueId, Interrupt, QueueConfig, StepReport};
 pub use memory::{AddressSpace, GpuMapping, Vmid};
 
@@ -187,6 +187,24 @@ pub enum GpuError {
     /// Shared memory failed.
     #[error("shared memory: {0}")]
     Shm(#[from] shm::ShmError),
+    /// The queue is not held off the run list for the kernel (or it hung).
+    #[error("firmware queue {0} is not held for the kernel")]
+    NotHeld(FwQueueId),
+    /// A take-back below the packet the queue resumes at, above what was accepted, or on a
+    /// ring the kernel does not own.
+    #[error(
+        "take back to wptr {wptr:#x}: allowed from {floor:#x} to {accepted:#x} on a kernel-owned ring (privileged: {privileged})"
+    )]
+    BadTakeBack {
+        /// The wptr asked for.
+        wptr: u64,
+        /// The lowest allowed.
+        floor: u64,
+        /// The highest (the last accepted).
+        accepted: u64,
+        /// Whether the ring is kernel-owned.
+        privileged: bool,
+    },
 }
 
 /// Which doorbell a queue answers to, as the firmware sees it ([`Gpu::doorbell_of`]).
@@ -314,10 +332,11 @@ impl Gpu {
         self.fw.remove_queue(id)
     }
 
-    /// Takes a queue off the run list (context suspend) at once, wherever it stands between
-    /// two turns. See the firmware docs; [`Gpu::request_preempt`] is the request that
-    /// respects the engine's granularity.
-    pub fn suspend_queue(&mut self, id: FwQueueId, now: Time) -> Result<(), GpuError> {
+    /// Takes a queue off the run list (context suspend), respecting the engine's
+    /// preemption granularity: at once if it holds no slot or may stop where it stands;
+    /// otherwise at the next point it may, under a kernel preemption request whose ticket is
+    /// returned (answered by an [`Interrupt::Preempted`]).
+    pub fn suspend_queue(&mut self, id: FwQueueId, now: Time) -> Result<Option<u64>, GpuError> {
         self.fw.suspend_queue(id, now)
     }
 
@@ -343,6 +362,19 @@ impl Gpu {
     /// Returns the last progress value the engine accepted from it.
     pub fn reset_queue(&mut self, id: FwQueueId, requested_at: Time, now: Time) -> Result<u64, GpuError> {
         self.fw.reset_queue(id, requested_at, now)
+    }
+
+    /// Where a queue held off the run list for the kernel (answered preemption, suspended
+    /// context) stands in its ring.
+    pub fn held_position(&self, id: FwQueueId) -> Result<RingPosition, GpuError> {
+        self.fw.held_position(id)
+    }
+
+    /// Takes back the unstarted work of a held kernel-owned ring: its accepted wptr drops to
+    /// `wptr`, no lower than the packet it resumes at (spec 003's resubmission after
+    /// preemption). The kernel stores `wptr` in the ring's wptr word first.
+    pub fn take_back(&mut self, id: FwQueueId, wptr: u64, now: Time) -> Result<(), GpuError> {
+        self.fw.take_back(id, wptr, now)
     }
 
     /// Resets the whole adapter (`DxgkDdiResetFromTimeout`): every queue hangs, its state

@@ -301,6 +301,10 @@ fn many(n: usize, hw_slots: u32, packet_budget: u32) -> Many {
 impl Many {
     /// Adds a queue with its doorbell bound; returns its index.
     fn add(&mut self) -> usize {
+        self.add_at(Priority::Normal)
+    }
+    /// [`Many::add`] at `priority`.
+    fn add_at(&mut self, priority: Priority) -> usize {
         let i = self.queues.len();
         let ring = Shm::new("ring", RING_BYTES as usize).unwrap();
         let ring_va = MANY_RINGS + i as u64 * RING_BYTES;
@@ -320,7 +324,7 @@ impl Many {
                 context_save: Shm::new("context-save", gpu::compute::CONTEXT_SAVE_BYTES as usize).unwrap(),
                 fence_logs: None,
                 privileged: false,
-                priority: Priority::Normal,
+                priority,
             })
             .unwrap();
         self.gpu.bind_doorbell(id, i as u32).unwrap();
@@ -495,4 +499,47 @@ fn two_busy_queues_over_one_slot_keep_alternating() {
     }
     let other = 1 - first;
     assert_eq!(seen, vec![first, other, first, other, first]);
+}
+
+/// A higher-priority queue that goes idle during a step and rings again before the step ends
+/// cuts the turns still to come in that step (its doorbell becomes a sentinel as soon as it
+/// is idle, not at the next step): the cut-in costs one check, not the other holders' turns.
+#[test]
+fn a_queue_that_goes_idle_mid_step_cuts_the_rest_of_the_step_when_it_rings_again() {
+    let mut m = many(0, 3, 256);
+    let hp = m.add_at(Priority::High);
+    let (l1, l2) = (m.add_at(Priority::Low), m.add_at(Priority::Low));
+    let nops: Vec<Packet> = (0..400).map(|_| Packet::Nop { dwords: 0 }).collect();
+    m.submit(l1, &nops);
+    m.submit(l2, &nops);
+    m.submit(hp, &[Many::write(hp, 1)]);
+    m.gpu.poll_doorbells();
+    // The client's second ring, made from inside the step as soon as the first write landed
+    // (a live client rings while the firmware runs other queues' turns).
+    let (data, bar, control) = (m.data.clone(), m.gpu.bar().clone(), m.control.clone());
+    let ring = m.queues[hp].ring.clone();
+    let rung = std::cell::Cell::new(false);
+    let wptr = m.queues[hp].wptr;
+    let clock = || {
+        if !rung.get() && data.read_u64(8 * hp as u64).unwrap() == 1 {
+            rung.set(true);
+            let mut words = Vec::new();
+            Many::write(hp, 2).encode(&mut words);
+            let plan = ring::plan_write(wptr, RING_BYTES, words.len() as u64).unwrap();
+            ring::write_stream(&ring, RING_BYTES, wptr, &plan, &[&words]).unwrap();
+            let ctl = hp as u64 * MANY_CONTROL_BYTES;
+            control.atomic_u64(ctl + WPTR_OFFSET).unwrap().store(plan.new_wptr, Ordering::Release);
+            bar.atomic_u64(hp as u64 * 8).unwrap().store(plan.new_wptr, Ordering::Release);
+        }
+        Time(1_000)
+    };
+    let report = m.gpu.step_with_clock(&clock);
+    assert!(rung.get());
+    // The high-priority queue's write, then one packet of the low queue whose turn came next,
+    // cut at its first check; the other low queue did not get its turn in this step.
+    assert_eq!(report.packets, 2, "{report:?}");
+    // The next step runs the second write first.
+    m.gpu.poll_doorbells();
+    m.gpu.step(Time(2_000));
+    assert_eq!(m.word(hp), 2);
 }

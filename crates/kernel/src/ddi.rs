@@ -101,6 +101,8 @@ pub enum DdiKind {
     ConnectKernelDoorbell,
     /// [`Kmd::submit_command`].
     SubmitCommand,
+    /// [`Kmd::take_back`].
+    TakeBack,
     /// [`Kmd::create_native_fence`].
     CreateNativeFence,
     /// [`Kmd::reset_engine`] (a failed engine reset escalates to an adapter reset).
@@ -109,6 +111,8 @@ pub enum DdiKind {
     PreemptQueue,
     /// [`Kmd::reset_queue`] (a failed per-queue reset escalates to an adapter reset).
     ResetQueue,
+    /// [`Kmd::migrate_allocation`] (a failed move leaves the buffer unmapped).
+    MigrateAllocation,
 }
 
 /// A queue the OS asks the KMD to create (`DxgkDdiCreateHwQueue`; amdgpu's MQD inputs).
@@ -242,6 +246,29 @@ pub struct EngineResetOutcome {
     pub guilty: Vec<(HwQueueHandle, u64)>,
     /// Queues taken off their slots with their state saved; they keep their work.
     pub preempted: Vec<HwQueueHandle>,
+    /// How long the reset took, as the KMD measured it: the OS escalates a reset that took
+    /// longer than `TdrDdiDelay` as one that never answered.
+    pub took: std::time::Duration,
+}
+
+/// What a per-queue reset did ([`Kmd::reset_queue`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QueueResetOutcome {
+    /// The last progress value ("fence ID") the engine had accepted from the queue: the last
+    /// one the reset aborted.
+    pub aborted: u64,
+    /// How long the reset took, as the KMD measured it.
+    pub took: std::time::Duration,
+}
+
+/// A KMD misbehaving on purpose, for tests of what the OS refuses to trust
+/// ([`Traced::inject_misbehaviour`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Misbehaviour {
+    /// A reset reports an aborted fence ID far outside what the queue submitted.
+    BogusFenceId,
+    /// A reset takes this much longer than it did (a DDI that does not answer in time).
+    Slow(std::time::Duration),
 }
 
 /// A GPU mapping; dropping it unmaps (the release the KMD supplied runs once).
@@ -316,7 +343,7 @@ pub trait Kmd: Send {
     fn connect_kernel_doorbell(&mut self, queue: HwQueueHandle, index: u32) -> Result<(), DdiError>;
     /// `DxgkDdiSubmitCommand`: the kernel-mode queue's wptr was published as `wptr`; ring its
     /// doorbell.
-    fn submit_command(&mut self, queue: HwQueueHandle, wptr: u64) -> Result<(), DdiError>;
+    fn submit_command(&mut self, queue: HwQueueHandle, wptr: u64, fence_id: u64) -> Result<(), DdiError>;
     /// Where a user-mode queue with doorbell index `index` rings inside its doorbell CPU page,
     /// and how.
     fn doorbell_ring(&self, index: u32) -> (u64, RingMethod);
@@ -349,8 +376,16 @@ pub trait Kmd: Send {
     /// `DxgkDdiUpdateCurrentValuesFromCpu` with `NotificationOnly`: a shared CurrentValue
     /// moved on another adapter; queues waiting on fences re-check.
     fn notify_current_values(&mut self);
-    /// `DxgkddiSuspendContext`: take the context's queues off the scheduler's list.
-    fn suspend_context(&mut self, context: ContextHandle, queues: &[HwQueueHandle], now: Time) -> Result<(), DdiError>;
+    /// `DxgkddiSuspendContext`: take the context's queues off the scheduler's list ("KMD
+    /// preempts the context"). A queue that may not stop where it stands (its engine's
+    /// preemption granularity) runs on to the next point it may: the returned preemption
+    /// tickets are the answers still owed, which the OS times out like any other request.
+    fn suspend_context(
+        &mut self,
+        context: ContextHandle,
+        queues: &[HwQueueHandle],
+        now: Time,
+    ) -> Result<Vec<(HwQueueHandle, u64)>, DdiError>;
     /// `DxgkddiResumeContext`: put them back.
     fn resume_context(&mut self, context: ContextHandle, queues: &[HwQueueHandle]) -> Result<(), DdiError>;
     /// `DxgkDdiUpdateNativeFenceLogs`: make the queue's pending log writes visible.
@@ -379,7 +414,12 @@ pub trait Kmd: Send {
     /// amdgpu's per-queue reset (through the scheduling firmware): `queue` hangs, its
     /// neighbours are not touched. `requested_at` is when the preemption it would not answer
     /// was asked for. Returns the last progress value ("fence ID") the reset aborted.
-    fn reset_queue(&mut self, queue: HwQueueHandle, requested_at: Time, now: Time) -> Result<u64, DdiError>;
+    fn reset_queue(
+        &mut self,
+        queue: HwQueueHandle,
+        requested_at: Time,
+        now: Time,
+    ) -> Result<QueueResetOutcome, DdiError>;
     /// Moves the allocation at `[va, va + bytes)` of `process` to `domain`, updates the GPU
     /// page tables and invalidates the TLB (spec 001 migration, step 2; Windows' paging
     /// operation). The caller has preempted every queue of the process.
@@ -395,6 +435,14 @@ pub trait Kmd: Send {
     fn reset_from_timeout(&mut self, now: Time) -> Result<Vec<HwQueueHandle>, DdiError>;
     /// `DxgkDdiRestartFromTimeout`: the adapter runs again after a reset.
     fn restart_from_timeout(&mut self) -> Result<(), DdiError>;
+    /// Where a kernel-mode queue held off its engine (an answered preemption) stands in its
+    /// ring: what the preemption interrupt's last completed and preempted fence IDs tell the
+    /// OS on Windows.
+    fn held_position(&self, queue: HwQueueHandle) -> Result<HeldPosition, DdiError>;
+    /// Drops a held kernel-mode queue's unstarted work from its hardware queue, down to
+    /// `wptr` (spec 003: the OS resubmits the commands a preemption took out of the hardware
+    /// queue).
+    fn take_back(&mut self, queue: HwQueueHandle, wptr: u64, now: Time) -> Result<(), DdiError>;
     /// `DxgkDdiOpenNativeFence`: process-local handle `local` to the fence with global id `id`
     /// (the creator's own local handle too, for a shared fence). The default keeps nothing.
     fn open_native_fence(&mut self, _id: u64, _local: abi::NativeFenceHandle) -> Result<(), DdiError> {
@@ -478,6 +526,17 @@ pub trait Kmd: Send {
     }
 }
 
+/// Where a queue held off its engine stands in its ring ([`Kmd::held_position`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HeldPosition {
+    /// The top-level packet it resumes at (ring bytes).
+    pub rptr: u64,
+    /// The last wptr the engine accepted.
+    pub wptr: u64,
+    /// The packet at `rptr` has started and resumes from saved state.
+    pub started: bool,
+}
+
 /// A fault to inject: fail call number `call` (1-based, counted from when it was armed) of
 /// DDI `ddi`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -495,12 +554,17 @@ pub struct Traced {
     trace: SharedTrace,
     now: Time,
     faults: Vec<(DdiFault, u32)>,
+    /// Misbehaviours armed for the next call of a DDI.
+    misbehaviours: Vec<(DdiKind, Misbehaviour)>,
     /// Notifications a test injects (delivered before the device's).
     injected: std::collections::VecDeque<Notification>,
     /// The device's next `NativeFenceSignaled` notifications to drop (a test's collapsed
     /// interrupts).
     drop_fence_signals: u32,
 }
+
+/// How far outside the submitted range [`Misbehaviour::BogusFenceId`] reports.
+const BOGUS_FENCE_OFFSET: u64 = 1 << 40;
 
 impl Traced {
     /// Wraps `inner`, logging into `trace` (which the OS shares).
@@ -510,9 +574,20 @@ impl Traced {
             trace,
             now: Time::ZERO,
             faults: Vec::new(),
+            misbehaviours: Vec::new(),
             injected: std::collections::VecDeque::new(),
             drop_fence_signals: 0,
         }
+    }
+    /// Makes the next call of `ddi` (a reset: [`DdiKind::ResetEngine`] or
+    /// [`DdiKind::ResetQueue`]) misbehave as `m`.
+    pub fn inject_misbehaviour(&mut self, ddi: DdiKind, m: Misbehaviour) {
+        self.misbehaviours.push((ddi, m));
+    }
+    /// Takes the misbehaviour armed for this call of `ddi`, if any.
+    fn misbehaviour(&mut self, ddi: DdiKind) -> Option<Misbehaviour> {
+        let at = self.misbehaviours.iter().position(|&(d, _)| d == ddi)?;
+        Some(self.misbehaviours.remove(at).1)
     }
     /// Test hook: delivers `n` to the OS's next interrupt service, as if the KMD raised it.
     pub fn inject_notification(&mut self, n: Notification) {
@@ -605,10 +680,10 @@ impl Kmd for Traced {
         self.gate(DdiKind::ConnectKernelDoorbell)?;
         self.inner.connect_kernel_doorbell(queue, index)
     }
-    fn submit_command(&mut self, queue: HwQueueHandle, wptr: u64) -> Result<(), DdiError> {
-        self.log(Ddi::SubmitCommand(queue));
+    fn submit_command(&mut self, queue: HwQueueHandle, wptr: u64, fence_id: u64) -> Result<(), DdiError> {
+        self.log(Ddi::SubmitCommand { queue, fence_id });
         self.gate(DdiKind::SubmitCommand)?;
-        self.inner.submit_command(queue, wptr)
+        self.inner.submit_command(queue, wptr, fence_id)
     }
     fn doorbell_ring(&self, index: u32) -> (u64, RingMethod) {
         self.inner.doorbell_ring(index)
@@ -657,7 +732,12 @@ impl Kmd for Traced {
     fn notify_current_values(&mut self) {
         self.inner.notify_current_values()
     }
-    fn suspend_context(&mut self, context: ContextHandle, queues: &[HwQueueHandle], now: Time) -> Result<(), DdiError> {
+    fn suspend_context(
+        &mut self,
+        context: ContextHandle,
+        queues: &[HwQueueHandle],
+        now: Time,
+    ) -> Result<Vec<(HwQueueHandle, u64)>, DdiError> {
         self.log(Ddi::SuspendContext(context));
         self.inner.suspend_context(context, queues, now)
     }
@@ -705,12 +785,29 @@ impl Kmd for Traced {
     fn reset_engine(&mut self, engine: EngineId, now: Time) -> Result<EngineResetOutcome, DdiError> {
         self.log(Ddi::ResetEngine(engine));
         self.gate(DdiKind::ResetEngine)?;
-        self.inner.reset_engine(engine, now)
+        let mut out = self.inner.reset_engine(engine, now)?;
+        match self.misbehaviour(DdiKind::ResetEngine) {
+            Some(Misbehaviour::BogusFenceId) => out.guilty.iter_mut().for_each(|g| g.1 += BOGUS_FENCE_OFFSET),
+            Some(Misbehaviour::Slow(d)) => out.took += d,
+            None => {}
+        }
+        Ok(out)
     }
-    fn reset_queue(&mut self, queue: HwQueueHandle, requested_at: Time, now: Time) -> Result<u64, DdiError> {
+    fn reset_queue(
+        &mut self,
+        queue: HwQueueHandle,
+        requested_at: Time,
+        now: Time,
+    ) -> Result<QueueResetOutcome, DdiError> {
         self.log(Ddi::ResetQueue(queue));
         self.gate(DdiKind::ResetQueue)?;
-        self.inner.reset_queue(queue, requested_at, now)
+        let mut out = self.inner.reset_queue(queue, requested_at, now)?;
+        match self.misbehaviour(DdiKind::ResetQueue) {
+            Some(Misbehaviour::BogusFenceId) => out.aborted += BOGUS_FENCE_OFFSET,
+            Some(Misbehaviour::Slow(d)) => out.took += d,
+            None => {}
+        }
+        Ok(out)
     }
     fn migrate_allocation(
         &mut self,
@@ -720,6 +817,7 @@ impl Kmd for Traced {
         domain: abi::port::MemoryDomain,
     ) -> Result<(), DdiError> {
         self.log(Ddi::MigrateAllocation { va, domain });
+        self.gate(DdiKind::MigrateAllocation)?;
         self.inner.migrate_allocation(process, va, bytes, domain)
     }
     fn reset_from_timeout(&mut self, now: Time) -> Result<Vec<HwQueueHandle>, DdiError> {
@@ -729,6 +827,14 @@ impl Kmd for Traced {
     fn restart_from_timeout(&mut self) -> Result<(), DdiError> {
         self.log(Ddi::RestartFromTimeout);
         self.inner.restart_from_timeout()
+    }
+    fn held_position(&self, queue: HwQueueHandle) -> Result<HeldPosition, DdiError> {
+        self.inner.held_position(queue)
+    }
+    fn take_back(&mut self, queue: HwQueueHandle, wptr: u64, now: Time) -> Result<(), DdiError> {
+        self.log(Ddi::TakeBack { queue, wptr });
+        self.gate(DdiKind::TakeBack)?;
+        self.inner.take_back(queue, wptr, now)
     }
     fn open_native_fence(&mut self, id: u64, local: abi::NativeFenceHandle) -> Result<(), DdiError> {
         self.log(Ddi::OpenNativeFence(local));

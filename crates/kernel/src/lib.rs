@@ -27,6 +27,7 @@ pub mod cross;
 pub mod ddi;
 pub mod os;
 mod pool;
+mod spin;
 pub mod system;
 mod table;
 pub mod trace;

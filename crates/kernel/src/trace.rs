@@ -52,8 +52,13 @@ pub enum Ddi {
     SuspendContext(ContextHandle),
     /// `DxgkddiResumeContext`.
     ResumeContext(ContextHandle),
-    /// `DxgkDdiSubmitCommand` (the kernel-mode path).
-    SubmitCommand(HwQueueHandle),
+    /// `DxgkDdiSubmitCommand` (the kernel-mode path), with the buffer's submission fence ID.
+    SubmitCommand {
+        /// The kernel-mode queue.
+        queue: HwQueueHandle,
+        /// Its fence ID (per engine; a resubmitted paging buffer keeps its own).
+        fence_id: u64,
+    },
     /// `DxgkDdiCreateNativeFence`, with the global id.
     CreateNativeFence(u64),
     /// `DxgkDdiOpenNativeFence`: a process's local handle to a shared fence.
@@ -91,6 +96,13 @@ pub enum Ddi {
     ResetFromTimeout,
     /// `DxgkDdiRestartFromTimeout`.
     RestartFromTimeout,
+    /// A held kernel-mode queue's unstarted buffers leave its hardware queue ([`crate::ddi::Kmd::take_back`]).
+    TakeBack {
+        /// The queue.
+        queue: HwQueueHandle,
+        /// Its accepted wptr after.
+        wptr: u64,
+    },
 }
 
 /// A callback from the KMD into the OS.
@@ -194,6 +206,33 @@ pub enum Event {
         ticket: u64,
         /// From the request to the answer, on the device clock (ns).
         latency_ns: u64,
+    },
+    /// A preempted kernel-mode queue's unstarted buffers left its hardware queue, to be
+    /// resubmitted: paging buffers with these same fence IDs, the others with new ones.
+    Unsubmitted {
+        /// The queue.
+        queue: HwQueueHandle,
+        /// Fence IDs of its paging buffers taken back.
+        paging: Vec<u64>,
+        /// Fence IDs of its other buffers taken back.
+        other: Vec<u64>,
+    },
+    /// A migration failed: the buffer's GPU mapping was taken out, and the queues whose rings
+    /// lie in it report `InvalidVa`.
+    MappingLost {
+        /// The buffer.
+        allocation: abi::AllocationHandle,
+        /// Its GPU VA.
+        va: u64,
+        /// What the KMD answered.
+        error: String,
+    },
+    /// A reset DDI took longer than `TdrDdiDelay`: treated as no answer, recovery escalates.
+    DdiTimeout {
+        /// The DDI.
+        ddi: crate::ddi::DdiKind,
+        /// How long it took (ms).
+        took_ms: u64,
     },
     /// A preemption request went unanswered for `TdrDelay`: recovery starts (spec 003).
     TdrTimeout {
@@ -308,6 +347,16 @@ impl core::fmt::Display for Event {
             Event::Preempted { queue, ticket, latency_ns } => {
                 write!(f, "{queue}: preempted (request {ticket}, answered in {latency_ns} ns)")
             }
+            Event::Unsubmitted { queue, paging, other } => {
+                write!(
+                    f,
+                    "{queue}: preempted buffers taken back (paging, same fence IDs: {paging:?}; others, new IDs: {other:?})"
+                )
+            }
+            Event::MappingLost { allocation, va, error } => {
+                write!(f, "{allocation} at {va:#x}: migration failed ({error}), GPU mapping taken out")
+            }
+            Event::DdiTimeout { ddi, took_ms } => write!(f, "{ddi:?} took {took_ms} ms, past TdrDdiDelay: escalating"),
             Event::TdrTimeout { queue, engine } => {
                 write!(f, "{queue} on {engine}: TDR timeout, no answer to preemption")
             }

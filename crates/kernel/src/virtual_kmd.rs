@@ -74,6 +74,32 @@ pub trait DeviceWaker: Send + Sync {
     fn wake(&self);
 }
 
+/// The device lock held for a DDI, with the attention register raised ([`VirtualKmd::device`]).
+/// Fields drop in order: the lock is released before the attention is lowered.
+struct Device<'a> {
+    gpu: parking_lot::MutexGuard<'a, Gpu>,
+    _attention: gpu::AttentionGuard<'a>,
+}
+
+/// [`VirtualKmd::device`], from the two fields (for callers holding another field mutably).
+fn lock_device<'a>(gpu: &'a Mutex<Gpu>, attention: &'a gpu::Attention) -> Device<'a> {
+    let attention = attention.raise();
+    Device { gpu: crate::spin::lock_soon(gpu), _attention: attention }
+}
+
+impl std::ops::Deref for Device<'_> {
+    type Target = Gpu;
+    fn deref(&self) -> &Gpu {
+        &self.gpu
+    }
+}
+
+impl std::ops::DerefMut for Device<'_> {
+    fn deref_mut(&mut self) -> &mut Gpu {
+        &mut self.gpu
+    }
+}
+
 /// The KMD of doorbell's virtual GPU.
 pub struct VirtualKmd {
     gpu: Arc<Mutex<Gpu>>,
@@ -221,7 +247,7 @@ impl VirtualKmd {
         if let Doorbells::Global = self.doorbells {
             return false;
         }
-        let top = self.gpu.lock().doorbell_count() / abi::doorbell::DOORBELLS_PER_PAGE;
+        let top = self.device().doorbell_count() / abi::doorbell::DOORBELLS_PER_PAGE;
         // Keep page 0 (kernel queues) and at least one process page.
         let count = count.clamp(1, top.saturating_sub(2).max(1));
         self.doorbells = Doorbells::Pool(DoorbellPool {
@@ -238,6 +264,21 @@ impl VirtualKmd {
         ConnectStep { page_offset: page as u64 * abi::doorbell::DOORBELL_PAGE_BYTES, notify: self.notify_on_submit }
     }
 
+    /// The device lock, for a DDI. The attention register is raised first
+    /// ([`gpu::Attention`]): the firmware thread ends its turn at its next safe point and
+    /// keeps off the lock until the guard drops, so a DDI waits for a check (microseconds),
+    /// not for a whole step, and the firmware thread, which only ever tries the lock, never
+    /// sleeps on it.
+    fn device(&self) -> Device<'_> {
+        lock_device(&self.gpu, &self.attention)
+    }
+
+    /// The device's clock (the live one), or the OS's `now` on the deterministic driver,
+    /// where a DDI takes no time.
+    fn device_now(&self, now: Time) -> Time {
+        self.clock.as_ref().map_or(now, |c| c())
+    }
+
     fn fw(&self, q: HwQueueHandle) -> Result<FwQueueId, DdiError> {
         self.queues.get(&q).copied().ok_or(DdiError::UnknownQueue(q))
     }
@@ -249,7 +290,7 @@ impl VirtualKmd {
     /// Unbinds `q`'s physical doorbell and frees its pool doorbell, if it holds one.
     fn unbind(&mut self, q: HwQueueHandle) -> Result<(), DdiError> {
         let fw = self.fw(q)?;
-        self.gpu.lock().unbind_doorbell(fw).map_err(refused("queue", q))?;
+        self.device().unbind_doorbell(fw).map_err(refused("queue", q))?;
         self.release_pool_doorbell(q);
         Ok(())
     }
@@ -323,6 +364,8 @@ pub(crate) fn refused(field: &'static str, value: impl ToString) -> impl FnOnce(
             G::NoGlobalDoorbell { model } => R::NoGlobalDoorbell { model },
             G::BadDoorbell { index, count } => R::BadDoorbell { index, count },
             G::Shm(e) => return DdiError::Shm(e),
+            G::NotHeld(_) => R::NotHeld,
+            G::BadTakeBack { wptr, floor, accepted, .. } => R::BadTakeBack { wptr, floor, accepted },
         };
         DdiError::Refused { field, value: value.to_string(), reason }
     }
@@ -331,7 +374,7 @@ pub(crate) fn refused(field: &'static str, value: impl ToString) -> impl FnOnce(
 impl Kmd for VirtualKmd {
     fn adapter_info(&self) -> AdapterInfo {
         use abi::port::UserQueueMode;
-        let g = self.gpu.lock();
+        let g = self.device();
         let kinds = g.engines();
         let n = kinds.len().max(1) as u32;
         let per = abi::doorbell::DOORBELLS_PER_PAGE / n;
@@ -376,18 +419,18 @@ impl Kmd for VirtualKmd {
     }
 
     fn doorbell_bar(&self) -> Arc<Shm> {
-        self.gpu.lock().bar().clone()
+        self.device().bar().clone()
     }
 
     fn create_address_space(&mut self, process: ProcessId) -> Result<(), DdiError> {
-        let vmid = self.gpu.lock().create_vm();
+        let vmid = self.device().create_vm();
         self.vms.insert(process, vmid);
         Ok(())
     }
 
     fn destroy_address_space(&mut self, process: ProcessId) -> Result<(), DdiError> {
         let vmid = self.vms.remove(&process).ok_or(DdiError::UnknownAddressSpace(process))?;
-        self.gpu.lock().destroy_vm(vmid).map_err(refused("process", process))
+        self.device().destroy_vm(vmid).map_err(refused("process", process))
     }
 
     fn map_gpu(
@@ -420,7 +463,7 @@ impl Kmd for VirtualKmd {
     fn vm_access(&self, process: ProcessId, va: u64, bytes: u64, access: Access) -> Result<(), FaultKind> {
         let outside = FaultKind::OutsideMappings { va, bytes, access };
         let vmid = self.vmid(process).map_err(|_| outside.clone())?;
-        let g = self.gpu.lock();
+        let g = self.device();
         let vm = g.vm(vmid).map_err(|_| outside)?;
         vm.translate(va, bytes, access).map(|_| ())
     }
@@ -448,7 +491,7 @@ impl Kmd for VirtualKmd {
             priority: desc.priority,
         };
         let ring = desc.ring_va;
-        let fw = self.gpu.lock().add_queue(cfg).map_err(refused("queue memory", format!("ring at {ring:#x}")))?;
+        let fw = self.device().add_queue(cfg).map_err(refused("queue memory", format!("ring at {ring:#x}")))?;
         self.queues.insert(queue, fw);
         self.by_fw.insert(fw, queue);
         Ok(())
@@ -460,7 +503,7 @@ impl Kmd for VirtualKmd {
         self.kernel_doorbells.remove(&queue);
         self.queues.remove(&queue);
         self.by_fw.remove(&fw);
-        self.gpu.lock().remove_queue(fw).map(|_| ()).map_err(refused("queue", queue))
+        self.device().remove_queue(fw).map(|_| ()).map_err(refused("queue", queue))
     }
 
     fn connect_doorbell(
@@ -483,7 +526,9 @@ impl Kmd for VirtualKmd {
             }
             Doorbells::PerProcess => {
                 let bar_index = process_page * per_page + index;
-                self.gpu.lock().bind_doorbell(fw, bar_index).map_err(refused("doorbell BAR index", bar_index))?;
+                lock_device(&self.gpu, &self.attention)
+                    .bind_doorbell(fw, bar_index)
+                    .map_err(refused("doorbell BAR index", bar_index))?;
                 process_page
             }
             Doorbells::Pool(pool) => {
@@ -493,7 +538,7 @@ impl Kmd for VirtualKmd {
                         // Victimize a doorbell as the policy says: the OS's callback first
                         // (the victim's CPU VA to the dummy page, DisconnectedRetry), then the
                         // physical disconnect, whose wptr re-read loses nothing.
-                        let victim = pool.victim(&self.gpu.lock(), &self.queues);
+                        let victim = pool.victim(&lock_device(&self.gpu, &self.attention), &self.queues);
                         let victim = victim.ok_or_else(|| DdiError::Refused {
                             field: "doorbell pool",
                             value: e.to_string(),
@@ -513,7 +558,9 @@ impl Kmd for VirtualKmd {
                 let Doorbells::Pool(pool) = &mut self.doorbells else { unreachable!("still a pool") };
                 let page = pool.first_page + lease.index();
                 let bar_index = page * per_page;
-                self.gpu.lock().bind_doorbell(fw, bar_index).map_err(refused("doorbell BAR index", bar_index))?;
+                lock_device(&self.gpu, &self.attention)
+                    .bind_doorbell(fw, bar_index)
+                    .map_err(refused("doorbell BAR index", bar_index))?;
                 pool.connected.push_back((queue, lease));
                 page
             }
@@ -523,7 +570,7 @@ impl Kmd for VirtualKmd {
 
     fn connect_kernel_doorbell(&mut self, queue: HwQueueHandle, index: u32) -> Result<(), DdiError> {
         let fw = self.fw(queue)?;
-        let mut g = self.gpu.lock();
+        let mut g = self.device();
         let word = Word::new(g.bar(), index as u64 * abi::doorbell::DOORBELL_BYTES)?;
         g.bind_doorbell(fw, index).map_err(refused("kernel doorbell", index))?;
         drop(g);
@@ -531,7 +578,7 @@ impl Kmd for VirtualKmd {
         Ok(())
     }
 
-    fn submit_command(&mut self, queue: HwQueueHandle, wptr: u64) -> Result<(), DdiError> {
+    fn submit_command(&mut self, queue: HwQueueHandle, wptr: u64, _fence_id: u64) -> Result<(), DdiError> {
         let word = self.kernel_doorbells.get(&queue).ok_or(DdiError::UnknownQueue(queue))?;
         // Release: the packets and the published wptr are visible before the firmware
         // latches the ring.
@@ -549,7 +596,7 @@ impl Kmd for VirtualKmd {
     }
 
     fn aggregated_doorbell(&self, engine: EngineId) -> Option<(u64, u64)> {
-        if !self.gpu.lock().misses_unmapped_doorbells() {
+        if !self.device().misses_unmapped_doorbells() {
             return None;
         }
         match RingMethod::bit(engine.0) {
@@ -559,11 +606,11 @@ impl Kmd for VirtualKmd {
     }
 
     fn watch_aggregated_page(&mut self, page: u32) -> Result<(), DdiError> {
-        self.gpu.lock().watch_aggregated_doorbell(page).map_err(refused("aggregated doorbell page", page))
+        self.device().watch_aggregated_doorbell(page).map_err(refused("aggregated doorbell page", page))
     }
 
     fn unwatch_aggregated_page(&mut self, page: u32) {
-        self.gpu.lock().unwatch_aggregated_doorbell(page);
+        self.device().unwatch_aggregated_doorbell(page);
     }
 
     fn reserved_doorbell_pages(&self) -> std::ops::Range<u32> {
@@ -586,11 +633,11 @@ impl Kmd for VirtualKmd {
 
     fn update_monitored(&mut self, queue: HwQueueHandle, value: u64) -> Result<(), DdiError> {
         let fw = self.fw(queue)?;
-        self.gpu.lock().set_monitored(fw, value).map_err(refused("queue", queue))
+        self.device().set_monitored(fw, value).map_err(refused("queue", queue))
     }
 
     fn set_power(&mut self, engine: EngineId, state: PowerState, now: Time) -> Result<PowerState, DdiError> {
-        let mut g = self.gpu.lock();
+        let mut g = self.device();
         match state {
             PowerState::F0 => {
                 g.request_f0(engine, now).map_err(refused("engine", engine))?;
@@ -611,7 +658,7 @@ impl Kmd for VirtualKmd {
         let waits = if self.native_fences { gpu::FenceWaits::Park } else { gpu::FenceWaits::Poll };
         // Checked here, once: `update_current_value` stores through it.
         Word::new(&current.0, current.1)?;
-        self.gpu.lock().register_native_fence((&current.0, current.1), monitored.clone(), id, waits);
+        self.device().register_native_fence((&current.0, current.1), monitored.clone(), id, waits);
         self.fences.insert(id, current);
         self.monitored.insert(id, monitored);
         Ok(())
@@ -621,7 +668,7 @@ impl Kmd for VirtualKmd {
         self.monitored.remove(&id);
         self.system_vas.remove(&id);
         if let Some((shm, offset)) = self.fences.remove(&id) {
-            self.gpu.lock().unregister_native_fence((&shm, offset));
+            self.device().unregister_native_fence((&shm, offset));
         }
     }
 
@@ -640,7 +687,7 @@ impl Kmd for VirtualKmd {
 
     fn notify_current_values(&mut self) {
         // The firmware re-checks the queues parked on fence WAITs; wake its thread to do it.
-        self.gpu.lock().notify_fences();
+        self.device().notify_fences();
         self.waker.wake();
     }
 
@@ -649,18 +696,24 @@ impl Kmd for VirtualKmd {
         _context: ContextHandle,
         queues: &[HwQueueHandle],
         now: Time,
-    ) -> Result<(), DdiError> {
+    ) -> Result<Vec<(HwQueueHandle, u64)>, DdiError> {
         let fws = queues.iter().map(|&q| self.fw(q)).collect::<Result<Vec<_>, _>>()?;
-        let mut g = self.gpu.lock();
-        for (fw, q) in fws.into_iter().zip(queues) {
-            g.suspend_queue(fw, now).map_err(refused("queue", q))?;
+        let mut g = self.device();
+        let mut owed = Vec::new();
+        for (fw, &q) in fws.into_iter().zip(queues) {
+            if let Some(ticket) = g.suspend_queue(fw, now).map_err(refused("queue", q))? {
+                owed.push((q, ticket));
+            }
         }
-        Ok(())
+        drop(g);
+        // A sleeping firmware thread must see the requests (and raise their answers).
+        self.waker.wake();
+        Ok(owed)
     }
 
     fn resume_context(&mut self, _context: ContextHandle, queues: &[HwQueueHandle]) -> Result<(), DdiError> {
         let fws = queues.iter().map(|&q| self.fw(q)).collect::<Result<Vec<_>, _>>()?;
-        let mut g = self.gpu.lock();
+        let mut g = self.device();
         for (fw, q) in fws.into_iter().zip(queues) {
             g.resume_queue(fw).map_err(refused("queue", q))?;
         }
@@ -672,7 +725,7 @@ impl Kmd for VirtualKmd {
     fn flush_fence_logs(&mut self, _queue: HwQueueHandle) {
         // The virtual engine's log writes are complete when its step returns; taking the
         // device lock orders them before the OS's reads, and the fence makes it explicit.
-        let _g = self.gpu.lock();
+        let _g = self.device();
         std::sync::atomic::fence(Ordering::SeqCst);
     }
 
@@ -706,15 +759,15 @@ impl Kmd for VirtualKmd {
     }
 
     fn power(&self, engine: EngineId) -> PowerState {
-        self.gpu.lock().power(engine).unwrap_or(PowerState::F0)
+        self.device().power(engine).unwrap_or(PowerState::F0)
     }
 
     fn queue_has_work(&self, queue: HwQueueHandle) -> bool {
-        self.fw(queue).is_ok_and(|fw| self.gpu.lock().queue_has_work(fw).unwrap_or(false))
+        self.fw(queue).is_ok_and(|fw| self.device().queue_has_work(fw).unwrap_or(false))
     }
 
     fn queue_state(&self, queue: HwQueueHandle) -> Option<QueueState> {
-        self.gpu.lock().queue_state(self.fw(queue).ok()?).ok()
+        self.device().queue_state(self.fw(queue).ok()?).ok()
     }
 
     fn live_mappings(&self) -> usize {
@@ -724,8 +777,7 @@ impl Kmd for VirtualKmd {
     fn preempt_queue(&mut self, queue: HwQueueHandle, now: Time) -> Result<u64, DdiError> {
         let fw = self.fw(queue)?;
         // Engines end their turns at the next safe point and hand the lock over.
-        let _attention = self.attention.raise();
-        let mut g = self.gpu.lock();
+        let mut g = self.device();
         // The device's clock when the request reaches it (after the lock hand-over).
         let arrived = self.clock.as_ref().map_or(now, |c| c());
         let ticket = g.request_preempt(fw, now, arrived).map_err(refused("queue", &queue))?;
@@ -736,8 +788,8 @@ impl Kmd for VirtualKmd {
     }
 
     fn reset_engine(&mut self, engine: EngineId, now: Time) -> Result<crate::ddi::EngineResetOutcome, DdiError> {
-        let _attention = self.attention.raise();
-        let mut g = self.gpu.lock();
+        let started = self.device_now(now);
+        let mut g = self.device();
         let r = g.reset_engine(engine, now).map_err(refused("engine", &engine))?;
         let h = |fw: &FwQueueId| self.by_fw.get(fw).copied();
         // The last fence ID each guilty queue's reset aborted: the last progress value the
@@ -746,15 +798,21 @@ impl Kmd for VirtualKmd {
         let preempted = r.preempted.iter().filter_map(h).collect();
         drop(g);
         self.waker.wake();
-        Ok(crate::ddi::EngineResetOutcome { guilty, preempted })
+        let took = self.device_now(now).since(started);
+        Ok(crate::ddi::EngineResetOutcome { guilty, preempted, took })
     }
 
-    fn reset_queue(&mut self, queue: HwQueueHandle, requested_at: Time, now: Time) -> Result<u64, DdiError> {
+    fn reset_queue(
+        &mut self,
+        queue: HwQueueHandle,
+        requested_at: Time,
+        now: Time,
+    ) -> Result<crate::ddi::QueueResetOutcome, DdiError> {
         let fw = self.fw(queue)?;
-        let _attention = self.attention.raise();
-        let aborted = self.gpu.lock().reset_queue(fw, requested_at, now).map_err(refused("queue", &queue))?;
+        let started = self.device_now(now);
+        let aborted = self.device().reset_queue(fw, requested_at, now).map_err(refused("queue", &queue))?;
         self.waker.wake();
-        Ok(aborted)
+        Ok(crate::ddi::QueueResetOutcome { aborted, took: self.device_now(now).since(started) })
     }
 
     fn migrate_allocation(
@@ -769,7 +827,7 @@ impl Kmd for VirtualKmd {
         // put back (no engine runs the process meanwhile), and no translation outlives it (the
         // engines cache none across turns), which is the TLB invalidation.
         let vmid = self.vmid(process)?;
-        let mut g = self.gpu.lock();
+        let mut g = self.device();
         let vm = g.vm_mut(vmid).map_err(refused("process", process))?;
         let m = vm.unmap(va).ok_or(DdiError::Refused {
             field: "va",
@@ -780,7 +838,7 @@ impl Kmd for VirtualKmd {
     }
 
     fn reset_from_timeout(&mut self, now: Time) -> Result<Vec<HwQueueHandle>, DdiError> {
-        let lost = self.gpu.lock().reset_adapter(now);
+        let lost = self.device().reset_adapter(now);
         Ok(lost.iter().filter_map(|fw| self.by_fw.get(fw).copied()).collect())
     }
 
@@ -789,9 +847,25 @@ impl Kmd for VirtualKmd {
         Ok(())
     }
 
+    fn held_position(&self, queue: HwQueueHandle) -> Result<crate::ddi::HeldPosition, DdiError> {
+        let p = self.device().held_position(self.fw(queue)?).map_err(refused("queue", &queue))?;
+        Ok(crate::ddi::HeldPosition { rptr: p.rptr, wptr: p.wptr, started: p.started })
+    }
+
+    fn take_back(&mut self, queue: HwQueueHandle, wptr: u64, now: Time) -> Result<(), DdiError> {
+        let fw = self.fw(queue)?;
+        self.device().take_back(fw, wptr, now).map_err(refused("wptr", format!("{wptr:#x}")))?;
+        // The kernel doorbell holds the last wptr rung: the next ring must differ from it.
+        if let Some(word) = self.kernel_doorbells.get(&queue) {
+            // Release: ordered after the firmware's new wptr, as any ring.
+            word.get().store(wptr, Ordering::Release);
+        }
+        Ok(())
+    }
+
     fn physical_doorbell(&self, queue: HwQueueHandle) -> Option<abi::port::PhysicalDoorbell> {
         use abi::port::PhysicalDoorbell;
-        match self.gpu.lock().doorbell_of(self.fw(queue).ok()?).ok()?? {
+        match self.device().doorbell_of(self.fw(queue).ok()?).ok()?? {
             gpu::BoundDoorbell::Word { index, .. } => Some(PhysicalDoorbell::BarIndex(index)),
             gpu::BoundDoorbell::Bit { page, bit } => Some(PhysicalDoorbell::Bit { page, bit }),
         }
@@ -805,7 +879,7 @@ impl Kmd for VirtualKmd {
     ) -> Result<(), DdiError> {
         let fw = self.fw(queue)?;
         let index = kind as usize;
-        if self.gpu.lock().set_fence_log(fw, index, log).map_err(refused("queue", queue))? {
+        if self.device().set_fence_log(fw, index, log).map_err(refused("queue", queue))? {
             Ok(())
         } else {
             Err(DdiError::Refused {
@@ -822,7 +896,7 @@ impl Kmd for VirtualKmd {
 
     fn native_fence_caps(&self) -> abi::port::NativeFenceCaps {
         let supported = self.adapter_info().native_fences;
-        let optimized = self.gpu.lock().optimized_fence_interrupts();
+        let optimized = self.device().optimized_fence_interrupts();
         abi::port::NativeFenceCaps {
             supported,
             optimized_interrupt: supported && optimized,
@@ -870,7 +944,7 @@ impl Kmd for VirtualKmd {
         // A store rings only a dedicated doorbell of the process's own page, watched as it is:
         // not a bit page (the GPU cannot OR), not a pool (the page is not the queue's), not
         // with the aggregated doorbell (its bit would have to be OR-ed in too).
-        let misses = self.gpu.lock().misses_unmapped_doorbells();
+        let misses = self.device().misses_unmapped_doorbells();
         if !matches!(self.doorbells, Doorbells::PerProcess) || misses {
             return Err(DdiError::Refused {
                 field: "page",
@@ -879,7 +953,7 @@ impl Kmd for VirtualKmd {
             });
         }
         let vmid = self.vmid(process)?;
-        let bar = self.gpu.lock().bar().clone();
+        let bar = self.device().bar().clone();
         let offset = page as u64 * abi::doorbell::DOORBELL_PAGE_BYTES;
         self.gpu
             .lock()
@@ -899,7 +973,7 @@ impl Kmd for VirtualKmd {
 
     fn read_gpu_u64(&self, process: ProcessId, va: u64) -> Option<u64> {
         let vmid = self.vmid(process).ok()?;
-        let g = self.gpu.lock();
+        let g = self.device();
         let r = g.vm(vmid).ok()?.translate_aligned(va, 8, Access::Read).ok()?;
         // Acquire: as the device's own reads of fence words.
         r.shm.load_u64(r.offset, Ordering::Acquire).ok()

@@ -15,7 +15,7 @@ use abi::preempt::{ComputeGranularity, CopyGranularity, PreemptionCaps, StopPoin
 use abi::queue::FaultKind;
 use abi::{DoorbellStatus, EngineKind, QueueState};
 use gpu::{CostModel, FwEvent, GpuConfig};
-use kernel::ddi::{DdiFault, DdiKind};
+use kernel::ddi::{DdiFault, DdiKind, Misbehaviour};
 use kernel::trace::{Ddi, Event};
 use kernel::{System, SystemConfig, TdrConfig};
 use umd::{Buffer, CommandBuffer, UmdError};
@@ -406,6 +406,7 @@ fn bad_tdr_settings_are_refused_with_the_field_named() {
         (TdrConfig { delay: Duration::ZERO, ..TdrConfig::default() }, "tdr.delay"),
         (TdrConfig { limit_time: Duration::from_secs(1 << 20), ..TdrConfig::default() }, "tdr.limit_time"),
         (TdrConfig { limit_count: 0, ..TdrConfig::default() }, "tdr.limit_count"),
+        (TdrConfig { ddi_delay: Duration::ZERO, ..TdrConfig::default() }, "tdr.ddi_delay"),
     ] {
         let e = System::sim(SystemConfig { tdr: cfg, ..SystemConfig::default() }).err().expect("refused");
         assert_eq!(common::refusal(&e).map(|r| r.0), Some(field), "{e}");
@@ -721,5 +722,385 @@ fn a_queue_that_will_not_yield_to_a_migration_is_reset_and_the_migration_complet
     let reset = evs.iter().position(|e| matches!(e, Event::Ddi(Ddi::ResetEngine(_)))).expect("engine reset");
     let moved = evs.iter().position(|e| matches!(e, Event::Ddi(Ddi::MigrateAllocation { .. }))).expect("moved");
     assert!(reset < moved);
+    assert_eq!(q.status().unwrap().state, QueueState::Hung);
+}
+
+/// The fence IDs `DxgkDdiSubmitCommand` gave each kernel-mode buffer of `q`, in order.
+fn fence_ids(ev: &[Event], q: abi::HwQueueHandle) -> Vec<u64> {
+    ev.iter()
+        .filter_map(|e| match e {
+            Event::Ddi(Ddi::SubmitCommand { queue, fence_id }) if *queue == q => Some(*fence_id),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Preempts kernel-mode queue `q` and lets the OS act on the answer; returns the events
+/// from the request on, and what the OS took back (paging fence IDs, other fence IDs).
+/// What the OS took back from a preempted kernel-mode queue: (paging fence IDs, other IDs).
+type TakenBack = Option<(Vec<u64>, Vec<u64>)>;
+
+fn preempt_and_take_back(sys: &System, q: abi::HwQueueHandle) -> (Vec<Event>, TakenBack) {
+    let mark = common::events(sys).len();
+    let ticket = sys.preempt_queue(q.owner(), q).unwrap();
+    assert!(answer(sys, ticket, Duration::from_millis(10)).is_some());
+    sys.run_for(Duration::from_micros(200));
+    let ev = common::events_from(sys, mark);
+    let taken = ev.iter().find_map(|e| match e {
+        Event::Unsubmitted { paging, other, .. } => Some((paging.clone(), other.clone())),
+        _ => None,
+    });
+    (ev, taken)
+}
+
+/// Spec 003's resubmission rules for kernel-mode buffers a preemption took out of the
+/// hardware queue: paging buffers come back with the **same** fence IDs and move before any
+/// other buffer on the engine; the others come back with **new** fence IDs. Nothing runs
+/// twice and nothing is lost.
+#[test]
+fn preempted_kernel_buffers_are_resubmitted_paging_first_with_their_fence_ids() {
+    let sys = common::sim();
+    let c = common::client(&sys);
+    let pid = c.port.process();
+    let mut other = c.kernel_queue();
+    // The paging queue on a second context: without the rule, the first context's buffers
+    // would move first.
+    let paging_ctx = c.context(EngineKind::Compute);
+    let mut paging = paging_ctx.create_queue(umd::QueueOptions::kernel_mode()).unwrap();
+    sys.set_paging_queue(pid, paging.handle()).unwrap();
+    let flag = c.buf.va() + 0x1000;
+    for i in 0..3u32 {
+        let mut cb = CommandBuffer::new();
+        cb.wait(flag, 1).write_u32(c.buf.va() + 4 * i as u64, 100 + i);
+        other.submit(&cb).unwrap();
+    }
+    for i in 0..2u32 {
+        let mut cb = CommandBuffer::new();
+        cb.wait(flag, 1).write_u32(c.buf.va() + 0x100 + 4 * i as u64, 200 + i);
+        paging.submit(&cb).unwrap();
+    }
+    sys.run_for(Duration::from_micros(200));
+    let ev = common::events(&sys);
+    let (first_paging, first_other) = (fence_ids(&ev, paging.handle()), fence_ids(&ev, other.handle()));
+    assert_eq!(first_paging.len(), 2, "{ev:?}");
+    assert_eq!(first_other.len(), 3, "{ev:?}");
+    // Both block in their first buffer's WAIT, which is preemptible: nothing has started.
+    let mark = ev.len();
+    let t_other = sys.preempt_queue(pid, other.handle()).unwrap();
+    let t_paging = sys.preempt_queue(pid, paging.handle()).unwrap();
+    assert!(answer(&sys, t_other, Duration::from_millis(10)).is_some());
+    assert!(answer(&sys, t_paging, Duration::from_millis(10)).is_some());
+    sys.run_for(Duration::from_micros(200));
+    let ev = common::events_from(&sys, mark);
+    // Each answer, then its take-back, then the buffers it took back.
+    let taken = |q: abi::HwQueueHandle| {
+        ev.iter()
+            .find_map(|e| match e {
+                Event::Unsubmitted { queue, paging, other } if *queue == q => Some((paging.clone(), other.clone())),
+                _ => None,
+            })
+            .unwrap_or_else(|| panic!("{q} not taken back: {ev:?}"))
+    };
+    assert_eq!(taken(paging.handle()), (first_paging.clone(), vec![]));
+    assert_eq!(taken(other.handle()), (vec![], first_other.clone()));
+    for q in [paging.handle(), other.handle()] {
+        let at = |want: &dyn Fn(&Event) -> bool| ev.iter().position(want).unwrap();
+        let answered = at(&|e| matches!(e, Event::Preempted { queue, .. } if *queue == q));
+        let take = at(&|e| matches!(e, Event::Ddi(Ddi::TakeBack { queue, .. }) if *queue == q));
+        let listed = at(&|e| matches!(e, Event::Unsubmitted { queue, .. } if *queue == q));
+        let resubmitted = at(&|e| matches!(e, Event::Ddi(Ddi::SubmitCommand { queue, .. }) if *queue == q));
+        assert!(answered < take && take < listed && listed < resubmitted, "{q}: {ev:?}");
+    }
+    // Paging: the same fence IDs. The others: new ones, above every ID given before.
+    assert_eq!(fence_ids(&ev, paging.handle()), first_paging);
+    let again = fence_ids(&ev, other.handle());
+    assert_eq!(again.len(), 3);
+    let highest = *first_paging.iter().chain(&first_other).max().unwrap();
+    assert!(again.iter().all(|&id| id > highest), "{again:?} after {first_other:?}");
+    assert!(again.windows(2).all(|w| w[0] < w[1]));
+    // Paging buffers move before any other buffer on the engine.
+    let last_paging =
+        ev.iter().rposition(|e| matches!(e, Event::Ddi(Ddi::SubmitCommand { queue, .. }) if *queue == paging.handle()));
+    let first_non_paging =
+        ev.iter().position(|e| matches!(e, Event::Ddi(Ddi::SubmitCommand { queue, .. }) if *queue == other.handle()));
+    assert!(last_paging < first_non_paging, "{ev:?}");
+    // Held queues run nothing until resumed; then everything runs once.
+    assert_eq!(c.buf.read_u32(0).unwrap(), 0);
+    c.buf.write_u64(0x1000, 1).unwrap();
+    sys.resume_queue(pid, paging.handle()).unwrap();
+    sys.resume_queue(pid, other.handle()).unwrap();
+    other.finish(T).unwrap();
+    paging.finish(T).unwrap();
+    for i in 0..3u32 {
+        assert_eq!(c.buf.read_u32(4 * i as u64).unwrap(), 100 + i);
+    }
+    for i in 0..2u32 {
+        assert_eq!(c.buf.read_u32(0x100 + 4 * i as u64).unwrap(), 200 + i);
+    }
+    assert_eq!((other.completed(), paging.completed()), (3, 2));
+}
+
+/// A kernel-mode buffer preempted in the middle (a split DMA buffer) is not resubmitted: it
+/// resumes from its saved state, so its packets that already wrote memory never run again;
+/// only the buffers after it are taken back.
+#[test]
+fn a_kernel_buffer_preempted_inside_resumes_and_only_later_ones_are_resubmitted() {
+    let sys = common::sim_with(compute(ComputeGranularity::Dispatch));
+    let c = common::client(&sys);
+    let pid = c.port.process();
+    let mut q = c.kernel_queue();
+    let (a, b, flag) = (c.buf.va(), c.buf.va() + 0x100, c.buf.va() + 0x1000);
+    c.buf.write_u64(0, 7).unwrap();
+    // Copy a to b, then overwrite a, then wait: run twice, b would end up 0xffffffff.
+    let mut first = CommandBuffer::new();
+    first.copy(a, b, 8).fill(a, 8, 0xffff_ffff).wait(flag, 1);
+    q.submit(&first).unwrap();
+    for i in 0..2u32 {
+        let mut cb = CommandBuffer::new();
+        cb.write_u32(c.buf.va() + 0x200 + 4 * i as u64, 300 + i);
+        q.submit(&cb).unwrap();
+    }
+    sys.run_for(Duration::from_micros(200));
+    let before = fence_ids(&common::events(&sys), q.handle());
+    assert_eq!(before.len(), 3);
+    let (ev, taken) = preempt_and_take_back(&sys, q.handle());
+    assert_eq!(taken, Some((vec![], before[1..].to_vec())), "{ev:?}");
+    assert_eq!(fence_ids(&ev, q.handle()).len(), 2);
+    c.buf.write_u64(0x1000, 1).unwrap();
+    sys.resume_queue(pid, q.handle()).unwrap();
+    q.finish(T).unwrap();
+    assert_eq!(c.buf.read_u64(0x100).unwrap(), 7, "the copy ran once, before the fill");
+    assert_eq!(c.buf.read_u64(0).unwrap(), u64::MAX);
+    assert_eq!((c.buf.read_u32(0x200).unwrap(), c.buf.read_u32(0x204).unwrap()), (300, 301));
+    assert_eq!(q.completed(), 3);
+}
+
+/// A paging queue is chosen before its first submission, and only among kernel-mode queues.
+#[test]
+fn a_paging_queue_is_chosen_before_its_first_submission() {
+    let sys = common::sim();
+    let c = common::client(&sys);
+    let pid = c.port.process();
+    let user = c.user_queue();
+    let e = sys.set_paging_queue(pid, user.handle()).unwrap_err();
+    assert!(matches!(e, abi::port::KernelError::WrongQueueMode { .. }), "{e}");
+    let mut km = c.kernel_queue();
+    let mut cb = CommandBuffer::new();
+    cb.write_u32(c.buf.va(), 1);
+    km.submit(&cb).unwrap();
+    km.finish(T).unwrap();
+    let e = sys.set_paging_queue(pid, km.handle()).unwrap_err();
+    assert_eq!(common::refusal(&e).map(|r| r.0), Some("queue"), "{e}");
+}
+
+/// A buffer stopped inside its first packet (a bulk `FILL` at a chunk boundary) has started
+/// though the engine stands at the buffer's first byte: it resumes from the saved chunk and
+/// is not resubmitted; the buffer after it is.
+#[test]
+fn a_kernel_buffer_stopped_inside_its_first_packet_is_not_resubmitted() {
+    let sys = common::sim();
+    let c = common::client(&sys);
+    let pid = c.port.process();
+    let ctx = c.context(EngineKind::Copy);
+    let mut q = ctx.create_queue(umd::QueueOptions::kernel_mode()).unwrap();
+    const BIG: u64 = 4 << 20;
+    let big = c.device.allocate(BIG).unwrap();
+    let mut first = CommandBuffer::new();
+    first.fill(big.va(), BIG, 0xabab_abab).write_u32(c.buf.va(), 1);
+    q.submit(&first).unwrap();
+    let mut second = CommandBuffer::new();
+    second.write_u32(c.buf.va() + 4, 2);
+    q.submit(&second).unwrap();
+    // Part-way through the fill (4 MiB at the default 32 GB/s is about 130 µs).
+    sys.run_for(Duration::from_micros(30));
+    let ids = fence_ids(&common::events(&sys), q.handle());
+    assert_eq!(ids.len(), 2);
+    let (ev, taken) = preempt_and_take_back(&sys, q.handle());
+    assert_eq!(saved_at(&sys), Some(StopPoint::Chunk));
+    assert_eq!(taken, Some((vec![], vec![ids[1]])), "{ev:?}");
+    assert!(!ev.iter().any(|e| matches!(e, Event::DriverBug { .. })), "{ev:?}");
+    sys.resume_queue(pid, q.handle()).unwrap();
+    q.finish(T).unwrap();
+    let mut bytes = vec![0u8; BIG as usize];
+    big.read(0, &mut bytes).unwrap();
+    assert!(bytes.iter().all(|&b| b == 0xab));
+    assert_eq!((c.buf.read_u32(0).unwrap(), c.buf.read_u32(4).unwrap()), (1, 2));
+    assert_eq!(q.completed(), 2);
+}
+
+/// An engine reset whose report a test corrupts or delays, and what the OS makes of it:
+/// the events after the timeout.
+struct ResetRun {
+    evs: Vec<Event>,
+    q: umd::Queue,
+    nq: umd::Queue,
+    _keep: (System, common::Client, Buffer, common::Client),
+}
+
+fn engine_reset_that(m: Option<Misbehaviour>) -> ResetRun {
+    let sys = common::sim_with(slow(ComputeGranularity::Dispatch, TdrConfig::default()));
+    if let Some(m) = m {
+        sys.inject_misbehaviour(DdiKind::ResetEngine, m);
+    }
+    let (c, q, _spin) = hog(&sys);
+    let n = common::client(&sys);
+    let nq = n.user_queue();
+    sys.run_for(Duration::from_millis(20));
+    let before = common::events(&sys).len();
+    sys.preempt_queue(c.port.process(), q.handle()).unwrap();
+    sys.run_for(Duration::from_millis(2100));
+    let evs = common::events_from(&sys, before);
+    ResetRun { evs, q, nq, _keep: (sys, c, _spin, n) }
+}
+
+/// A reset that reports an aborted fence ID outside what the queue submitted is a driver bug
+/// (spec 003's TDR, Windows' refusal of a bad `DxgkDdiResetEngine` report): refused loudly
+/// in the trace, never trusted, and recovery escalates to the adapter.
+#[test]
+fn a_bogus_fence_id_from_an_engine_reset_is_refused_and_the_adapter_is_reset() {
+    let ResetRun { evs, q, nq, _keep } = engine_reset_that(Some(Misbehaviour::BogusFenceId));
+    let pos = |f: &dyn Fn(&Event) -> bool| evs.iter().position(f).unwrap_or_else(|| panic!("missing in {evs:#?}"));
+    let reset = pos(&|e| matches!(e, Event::Ddi(Ddi::ResetEngine(_))));
+    let bug = pos(&|e| matches!(e, Event::DriverBug { what } if what.contains(&q.handle().to_string())));
+    let adapter = pos(&|e| matches!(e, Event::Ddi(Ddi::ResetFromTimeout)));
+    assert!(reset < bug && bug < adapter, "{evs:#?}");
+    assert!(evs.iter().any(|e| matches!(e, Event::Recovered { engine: None, .. })));
+    // Nothing was decided from the report: every queue is lost with the adapter.
+    assert_eq!(nq.doorbell_status().unwrap(), DoorbellStatus::DisconnectedAbort);
+    assert_eq!(q.status().unwrap().state, QueueState::Hung);
+}
+
+/// The same for a per-queue reset (the hang timer's path).
+#[test]
+fn a_bogus_fence_id_from_a_queue_reset_is_refused_and_the_adapter_is_reset() {
+    let tdr = TdrConfig {
+        delay: Duration::from_millis(100),
+        hang_compute: Some(Duration::from_millis(400)),
+        ..TdrConfig::default()
+    };
+    let sys = common::sim_with(slow(ComputeGranularity::Dispatch, tdr));
+    sys.inject_misbehaviour(DdiKind::ResetQueue, Misbehaviour::BogusFenceId);
+    let (_c, q, _spin) = hog(&sys);
+    sys.run_for(Duration::from_secs(2));
+    let evs = common::events(&sys);
+    let pos = |f: &dyn Fn(&Event) -> bool| evs.iter().position(f).unwrap_or_else(|| panic!("missing in {evs:#?}"));
+    let reset = pos(&|e| matches!(e, Event::Ddi(Ddi::ResetQueue(_))));
+    let bug = pos(&|e| matches!(e, Event::DriverBug { .. }));
+    let adapter = pos(&|e| matches!(e, Event::Ddi(Ddi::ResetFromTimeout)));
+    assert!(reset < bug && bug < adapter, "{evs:#?}");
+    assert_eq!(q.status().unwrap().state, QueueState::Hung);
+}
+
+/// A reset DDI that answers after `TdrDdiDelay` (5 s) is treated as one that never
+/// answered: recovery escalates to the adapter. One that answers within it is used.
+#[test]
+fn a_reset_slower_than_tdr_ddi_delay_escalates_to_the_adapter() {
+    let ResetRun { evs, _keep, .. } = engine_reset_that(Some(Misbehaviour::Slow(Duration::from_secs(6))));
+    let pos = |f: &dyn Fn(&Event) -> bool| evs.iter().position(f).unwrap_or_else(|| panic!("missing in {evs:#?}"));
+    let reset = pos(&|e| matches!(e, Event::Ddi(Ddi::ResetEngine(_))));
+    let late = pos(&|e| matches!(e, Event::DdiTimeout { ddi: DdiKind::ResetEngine, took_ms: 6000 }));
+    let adapter = pos(&|e| matches!(e, Event::Ddi(Ddi::ResetFromTimeout)));
+    assert!(reset < late && late < adapter, "{evs:#?}");
+
+    let ResetRun { evs, q, nq, _keep } = engine_reset_that(Some(Misbehaviour::Slow(Duration::from_secs(4))));
+    assert!(!evs.iter().any(|e| matches!(e, Event::DdiTimeout { .. } | Event::Ddi(Ddi::ResetFromTimeout))), "{evs:#?}");
+    assert!(evs.iter().any(|e| matches!(e, Event::Recovered { engine: Some(_), .. })));
+    assert_eq!(q.status().unwrap().state, QueueState::Hung);
+    assert_ne!(nq.doorbell_status().unwrap(), DoorbellStatus::DisconnectedAbort, "the neighbour is untouched");
+}
+
+/// A migration whose move fails takes the buffer's mapping out: a queue whose ring lies in
+/// it reports `InvalidVa` (amdgpu's `AMDGPU_USERQ_STATE_INVALID_VA`), its doorbell is aborted
+/// and it is not resumed; a queue of the same process whose ring lies elsewhere resumes and
+/// runs.
+#[test]
+fn a_failed_migration_leaves_the_queues_in_the_buffer_invalid_va_and_the_others_running() {
+    let sys = common::sim();
+    let p = common::RawProc::open(&sys);
+    let pid = p.port.process();
+    let uq = p.create(p.desc(abi::queue::DOORBELL_INDEX_ANY)).unwrap().handle;
+    p.doorbell(uq).unwrap();
+    let kq = p.create_kernel().unwrap().handle;
+    sys.inject_ddi_fault(DdiFault { ddi: DdiKind::MigrateAllocation, call: 1 });
+    let before = common::events(&sys).len();
+    sys.migrate_allocation(pid, p.ring.handle, abi::port::MemoryDomain::Local).unwrap();
+    sys.run_for(Duration::from_micros(100));
+    let evs = common::events_from(&sys, before);
+    let pos = |f: &dyn Fn(&Event) -> bool| evs.iter().position(f).unwrap_or_else(|| panic!("missing in {evs:#?}"));
+    let moved = pos(&|e| matches!(e, Event::Ddi(Ddi::MigrateAllocation { .. })));
+    let lost = pos(&|e| matches!(e, Event::MappingLost { allocation, .. } if *allocation == p.ring.handle));
+    let abort =
+        pos(&|e| matches!(e, Event::Status { queue, status: DoorbellStatus::DisconnectedAbort } if *queue == uq));
+    assert!(moved < lost && lost < abort, "{evs:#?}");
+    assert!(!evs.iter().any(|e| matches!(e, Event::Residency { .. })), "nothing moved");
+    let st = p.port.query_queue(uq).unwrap();
+    assert_eq!((st.state, st.fault, st.guilty), (QueueState::InvalidVa, None, false));
+    // The kernel-mode queue (its ring is the kernel's own) runs on.
+    p.port.submit_command(kq, &abi::packet::progress_fence_words(1)).unwrap();
+    sys.run_for(Duration::from_micros(100));
+    assert_eq!(p.port.query_queue(kq).unwrap().completed, 1);
+    let e = p.port.submit_command(uq, &abi::packet::progress_fence_words(1)).unwrap_err();
+    let va = p.ring.va;
+    assert!(
+        matches!(e, abi::port::KernelError::QueueLost { reason: abi::port::LostReason::InvalidVa { va: v }, .. } if v == va),
+        "{e}"
+    );
+}
+
+/// A context suspend (`DxgkddiSuspendContext`: "KMD preempts the context") respects the
+/// engine's granularity: under `DmaBuffer` a queue in the middle of a command buffer runs it
+/// to its end, then leaves, and the next one waits for the resume; under `Shader` it leaves
+/// at once, part-way through the dispatch. Either way it resumes bit-exact.
+#[test]
+fn a_context_suspend_stops_each_queue_where_its_granularity_allows() {
+    let want = expected(ITERS);
+    for level in [ComputeGranularity::DmaBuffer, ComputeGranularity::Shader] {
+        let sys = common::sim_with(compute(level));
+        let r = Rounds::start(&sys);
+        sys.run_for(Duration::from_micros(300));
+        assert!(r.results().iter().filter(|&&x| x == want).count() < THREADS, "still running");
+        let before = common::events(&sys).len();
+        sys.suspend_context(r.pid(), r.c.ctx.handle()).unwrap();
+        sys.run_for(Duration::from_millis(10));
+        let done = r.results().iter().filter(|&&x| x == want).count();
+        match level {
+            ComputeGranularity::DmaBuffer => {
+                assert_eq!(r.flags(), (1, 0), "the command buffer ran to its end, not the next");
+                // The answer it owed came, and was traced.
+                let evs = common::events_from(&sys, before);
+                assert!(evs.iter().any(|e| matches!(e, Event::Preempted { queue, .. } if *queue == r.q.handle())));
+            }
+            _ => {
+                assert!(done < THREADS, "it left part-way through the dispatch");
+                assert_eq!(r.flags(), (0, 0));
+            }
+        }
+        let frozen = r.results();
+        sys.run_for(Duration::from_millis(5));
+        assert_eq!(r.results(), frozen, "{level}: a suspended context runs nothing");
+        sys.resume_context(r.pid(), r.c.ctx.handle()).unwrap();
+        r.q.wait(r.v, T).unwrap();
+        assert_eq!(r.results(), vec![want; THREADS], "{level}");
+        assert_eq!(r.flags(), (1, 2));
+    }
+}
+
+/// A suspend owed an answer that never comes (an endless kernel under `DmaBuffer`) is timed
+/// out like any preemption request: after `TdrDelay` the engine is reset and only that queue
+/// hangs.
+#[test]
+fn a_suspend_that_is_never_answered_is_recovered_by_tdr() {
+    let sys =
+        common::sim_with(slow(ComputeGranularity::DmaBuffer, TdrConfig { hang_compute: None, ..TdrConfig::default() }));
+    let (c, q, _spin) = hog(&sys);
+    sys.run_for(Duration::from_millis(20));
+    sys.suspend_context(c.port.process(), c.ctx.handle()).unwrap();
+    sys.run_for(Duration::from_millis(1900));
+    assert!(!common::events(&sys).iter().any(|e| matches!(e, Event::TdrTimeout { .. })), "not before TdrDelay");
+    sys.run_for(Duration::from_millis(200));
+    let evs = common::events(&sys);
+    let timeout = evs.iter().position(|e| matches!(e, Event::TdrTimeout { queue, .. } if *queue == q.handle()));
+    let reset = evs.iter().position(|e| matches!(e, Event::Ddi(Ddi::ResetEngine(_))));
+    assert!(timeout.is_some() && timeout < reset, "{evs:#?}");
     assert_eq!(q.status().unwrap().state, QueueState::Hung);
 }

@@ -232,7 +232,11 @@ fn a_queue_that_falls_back_to_kernel_mode_on_disconnected_abort_runs_the_submiss
             |e| matches!(e, Event::QueueCreated { queue, user_mode: false, .. } if *queue == q.handle()),
             "the kernel-mode queue",
         );
-        let submitted = at(&ev, |e| *e == Event::Ddi(Ddi::SubmitCommand(q.handle())), "SubmitCommand");
+        let submitted = at(
+            &ev,
+            |e| matches!(e, Event::Ddi(Ddi::SubmitCommand { queue, .. }) if *queue == q.handle()),
+            "SubmitCommand",
+        );
         assert!(destroyed < created && created < submitted, "{ev:#?}");
         assert!(ev.contains(&Event::Ddi(Ddi::CreateHwQueue(c.ctx.handle()))), "on the same context");
         // The faulting submission was lost with the user-mode queue: a wait for it says so.

@@ -129,7 +129,7 @@ impl Env<'_> {
 
 /// Wave-instructions between two checks of [`Env::interrupted`] inside a `DISPATCH`: a few
 /// hundred nanoseconds of interpretation, against a load or two per check.
-pub(super) const INTERRUPT_CHECK_INSTRUCTIONS: u64 = 256;
+pub(super) const INTERRUPT_CHECK_INSTRUCTIONS: u64 = 64;
 
 impl Firmware {
     pub(crate) fn step(&mut self, clock: &dyn Fn() -> Time, vms: &[Option<AddressSpace>]) -> StepReport {
@@ -171,9 +171,15 @@ impl Firmware {
             let mut order: Vec<FwQueueId> = (0..n).map(|k| e.hqd[(e.cursor + k) % n]).collect();
             order.sort_by_key(|id| std::cmp::Reverse(queues.get(id.0).map_or(Priority::Low, |q| q.cfg.priority)));
             let mut cut = false;
-            for id in order {
+            for (k, id) in order.into_iter().enumerate() {
                 if cut {
                     break;
+                }
+                if k > 0 {
+                    // A queue that went idle in an earlier turn of this step (a high-priority
+                    // queue that just finished) is watched from now on: its next ring must
+                    // cut the turns still to come, not wait for the step to end.
+                    watch_sentinels(e, queues);
                 }
                 let Ok(q) = queues.get_mut(id.0) else { continue };
                 if !q.pending || q.state != QueueState::Mapped {

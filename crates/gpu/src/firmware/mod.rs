@@ -599,13 +599,32 @@ impl Firmware {
         Ok(id)
     }
 
-    /// Takes a queue off its engine's run list (`DxgkDdiSuspendContext`): it stops at a packet
-    /// boundary (or a dispatch slice, whose state is already in the save area) and is not
-    /// scheduled until resumed. Its doorbell stays connected; rings are remembered.
-    pub(crate) fn suspend_queue(&mut self, id: FwQueueId, now: Time) -> Result<(), GpuError> {
-        let Firmware { engines, queues, log, irqs, .. } = self;
+    /// Takes a queue off its engine's run list (`DxgkDdiSuspendContext`: "KMD preempts the
+    /// context and removes it from its HW run list"), respecting the engine's granularity: a
+    /// queue without a slot, or standing where its engine may stop it, leaves at once (its
+    /// state is in the save area between turns); one in a slot that may not stop where it
+    /// stands keeps running to the next point it may, under a kernel preemption request, and
+    /// leaves then. Returns that request's ticket (its answer is an [`Interrupt::Preempted`]),
+    /// or `None` when it left at once. Its doorbell stays connected; rings are remembered.
+    pub(crate) fn suspend_queue(&mut self, id: FwQueueId, now: Time) -> Result<Option<u64>, GpuError> {
+        let caps = self.preemption;
+        let Firmware { engines, queues, log, irqs, next_ticket, .. } = self;
         let q = queues.get_mut(id.0).map_err(|_| GpuError::StaleQueue(id))?;
         let e = engines.get_mut(q.cfg.engine.0 as usize).ok_or(GpuError::BadEngine(q.cfg.engine.0))?;
+        let in_slot = e.hqd.contains(&id) && q.state == QueueState::Mapped;
+        if in_slot && !q.may_stop_now(Engine::stop_rule(e.kind, caps)) {
+            // It runs on to an allowed point; a request the kernel made already stands.
+            return Ok(Some(match q.preempt {
+                Some(r) if r.by == preempt::Requester::Os => r.ticket,
+                _ => {
+                    *next_ticket += 1;
+                    let ticket = *next_ticket;
+                    log.push(now, preempt::FwEvent::PreemptRequested { queue: id, ticket, by: preempt::Requester::Os });
+                    q.preempt = Some(preempt::PreemptRequest { ticket, at: now, by: preempt::Requester::Os });
+                    ticket
+                }
+            }));
+        }
         // A request still owed an answer gets it: the queue stops here.
         if q.preempt.is_some() {
             let point = q.standing_point();
@@ -616,7 +635,7 @@ impl Firmware {
         if q.state != QueueState::Hung {
             q.state = QueueState::Unmapped;
         }
-        Ok(())
+        Ok(None)
     }
 
     /// Puts a suspended queue back on the run list (`DxgkDdiResumeContext`) and looks for the

@@ -140,6 +140,27 @@ pub enum FwEvent {
     },
     /// The adapter was reset: every queue's state is lost.
     AdapterReset,
+    /// The kernel took back the work of a held kernel queue that had not started: its
+    /// accepted wptr dropped from `from` to `to` ([`Firmware::take_back`]).
+    TakenBack {
+        /// The queue.
+        queue: FwQueueId,
+        /// The accepted wptr before.
+        from: u64,
+        /// And after.
+        to: u64,
+    },
+}
+
+/// Where a queue held for the kernel stands in its ring ([`crate::Gpu::held_position`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RingPosition {
+    /// The top-level packet it resumes at.
+    pub rptr: u64,
+    /// The last wptr the firmware accepted.
+    pub wptr: u64,
+    /// That packet has started (its state is saved): it resumes, never restarts.
+    pub started: bool,
 }
 
 /// A timed [`FwEvent`].
@@ -179,6 +200,11 @@ pub struct EngineReset {
 }
 
 impl FwQueue {
+    /// The packet at rptr is part-way done (an indirect buffer, a dispatch, a bulk copy).
+    pub(super) fn has_partial_packet(&self) -> bool {
+        self.ib.is_some() || self.dispatch_active || self.bulk_done.is_some()
+    }
+
     /// Where the queue stands between two of its turns: the point it would stop at if it
     /// stopped now (`None`: in the middle of something no level can cut, which never happens
     /// between turns, or with work and no state).
@@ -309,6 +335,37 @@ impl Firmware {
         e.resched = true;
         log.push(now, FwEvent::EngineReset { engine, guilty: out.guilty.clone() });
         Ok(out)
+    }
+
+    /// Where a queue held off the run list for the kernel stands in its ring: the packet it
+    /// resumes at (`rptr`), whether that packet has started (an indirect buffer part-way
+    /// through, a dispatch or bulk copy with saved state), and the last wptr accepted.
+    pub(crate) fn held_position(&self, id: FwQueueId) -> Result<RingPosition, GpuError> {
+        let q = self.queue(id)?;
+        if q.on_run_list || q.preempt.is_some() || q.state == QueueState::Hung {
+            return Err(GpuError::NotHeld(id));
+        }
+        Ok(RingPosition { rptr: q.rptr, wptr: q.wptr, started: q.has_partial_packet() })
+    }
+
+    /// Takes back the work a held kernel queue has not started: its accepted wptr drops to
+    /// `wptr` (spec 003: after a preemption the scheduler resubmits the commands that were
+    /// preempted in the hardware queue). Only for privileged (kernel-owned) rings, and only
+    /// down to the packet it resumes at — past it when that packet has started, since a
+    /// started packet resumes from its saved state and is never fetched again. The kernel
+    /// stores the same value in the ring's wptr word first.
+    pub(crate) fn take_back(&mut self, id: FwQueueId, wptr: u64, now: Time) -> Result<(), GpuError> {
+        let pos = self.held_position(id)?;
+        let Firmware { queues, log, .. } = self;
+        let q = queues.get_mut(id.0).map_err(|_| GpuError::StaleQueue(id))?;
+        let floor = if pos.started { pos.rptr + 4 } else { pos.rptr };
+        if !q.cfg.privileged || !wptr.is_multiple_of(4) || wptr < floor || wptr > pos.wptr {
+            return Err(GpuError::BadTakeBack { wptr, floor, accepted: pos.wptr, privileged: q.cfg.privileged });
+        }
+        q.wptr = wptr;
+        q.pending = q.has_work();
+        log.push(now, FwEvent::TakenBack { queue: id, from: pos.wptr, to: wptr });
+        Ok(())
     }
 
     /// Resets one queue (amdgpu: the per-queue reset through the scheduling firmware): it

@@ -16,13 +16,20 @@
 //! Work a client submits meanwhile is not lost: its queue is off the run list, its doorbell
 //! stays connected and its rings are remembered, so the work runs after step 3. Freeing or
 //! unmapping an allocation a queue uses is refused, as always.
+//!
+//! A move that fails leaves the OS unable to trust the buffer's page-table entries: it takes
+//! the mapping out, and every queue whose ring, rptr, wptr or last-queued word lies in the
+//! buffer reports `InvalidVa` (amdgpu's `AMDGPU_USERQ_STATE_INVALID_VA`) and is not
+//! resumed; its waits and submissions end with `QueueLost`, its doorbell is disconnected with
+//! `DisconnectedAbort`, and the UMD recreates it on new memory. Other queues of the process
+//! resume.
 
 use std::collections::HashSet;
 
 use abi::port::{KernelError, MemoryDomain};
 use abi::{AllocationHandle, HwQueueHandle, ProcessId, Time};
 
-use super::Os;
+use super::{Os, Pin, QueueLife};
 use crate::ddi::Kmd;
 use crate::trace::Event;
 
@@ -96,13 +103,28 @@ impl Os {
     /// Steps 2 and 3.
     fn finish_migration(&mut self, m: Migration, now: Time) {
         self.at(now);
-        let Ok(obj) = self.proc(m.pid).and_then(|p| p.allocations.get_mut(m.allocation)) else { return };
+        let Ok(obj) = self.proc(m.pid).and_then(|p| p.allocations.get(m.allocation)) else { return };
         let (va, bytes) = (obj.va, obj.bytes);
-        obj.domain = m.to;
-        obj.evicted = false;
         // 2. Move, update the page tables, invalidate.
-        let _ = self.ddi.migrate_allocation(m.pid, va, bytes, m.to);
-        self.trace.push(now, Event::Residency { allocation: m.allocation, resident: m.to == MemoryDomain::Local });
+        let moved = self.ddi.migrate_allocation(m.pid, va, bytes, m.to);
+        let Ok(obj) = self.proc(m.pid).and_then(|p| p.allocations.get_mut(m.allocation)) else { return };
+        match moved {
+            Ok(()) => {
+                obj.domain = m.to;
+                obj.evicted = false;
+                self.trace
+                    .push(now, Event::Residency { allocation: m.allocation, resident: m.to == MemoryDomain::Local });
+            }
+            Err(e) => {
+                obj.mapping = None;
+                let users: Vec<HwQueueHandle> =
+                    obj.pins.iter().filter_map(|p| if let Pin::Queue(q) = *p { Some(q) } else { None }).collect();
+                self.trace.push(now, Event::MappingLost { allocation: m.allocation, va, error: e.to_string() });
+                for q in users {
+                    self.end_queue(m.pid, q, QueueLife::InvalidVa { va }, now);
+                }
+            }
+        }
         // 3. Resume the queues it preempted.
         for q in m.queues {
             let Ok(qo) = self.queue(m.pid, q) else { continue };

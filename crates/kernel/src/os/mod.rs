@@ -191,8 +191,9 @@ struct AllocObj {
     domain: MemoryDomain,
     /// A local allocation evicted to system memory for D3 (contents preserved).
     evicted: bool,
-    /// Its GPU mapping (unmapped when the allocation goes).
-    _mapping: GpuMapping,
+    /// Its GPU mapping (unmapped when the allocation goes); `None` once a failed migration
+    /// took it out ([`migrate`]).
+    mapping: Option<GpuMapping>,
 }
 
 impl AllocObj {
@@ -242,6 +243,9 @@ impl QueueObj {
             QueueLife::Hung(fault) => {
                 Err(KernelError::QueueLost { queue: h, reason: abi::port::LostReason::Fault(fault.clone()) })
             }
+            &QueueLife::InvalidVa { va } => {
+                Err(KernelError::QueueLost { queue: h, reason: abi::port::LostReason::InvalidVa { va } })
+            }
         }
     }
     fn user_desc(&self) -> Option<&QueueDescriptor> {
@@ -267,6 +271,12 @@ enum QueueLife {
     Live,
     /// Hung, with the record of why. Final: a hung queue runs no more work.
     Hung(FaultRecord),
+    /// Its ring, rptr, wptr or last-queued word lies in a buffer whose GPU mapping went away
+    /// (amdgpu's `AMDGPU_USERQ_STATE_INVALID_VA`): it runs no more work; the UMD recreates it.
+    InvalidVa {
+        /// The start of the buffer that lost its mapping.
+        va: u64,
+    },
 }
 
 impl QueueLife {
@@ -275,6 +285,7 @@ impl QueueLife {
         match self {
             QueueLife::Live => QueueState::Mapped,
             QueueLife::Hung(_) => QueueState::Hung,
+            QueueLife::InvalidVa { .. } => QueueState::InvalidVa,
         }
     }
 
@@ -284,6 +295,7 @@ impl QueueLife {
         match self {
             QueueLife::Live => (residency().unwrap_or(QueueState::Unmapped), None),
             QueueLife::Hung(fault) => (QueueState::Hung, Some(fault.clone())),
+            QueueLife::InvalidVa { .. } => (QueueState::InvalidVa, None),
         }
     }
 }
@@ -360,6 +372,9 @@ pub struct Os {
     kernel_doorbells: Pool,
     stats: OsStats,
     km_queued: usize,
+    /// The next submission fence ID per engine for kernel-mode buffers (Windows'
+    /// `SubmissionFenceId`, [`submit`]).
+    km_fence_ids: HashMap<EngineId, u64>,
     next_fence_id: u64,
     /// Every local instance of each fence, by global id (one for a private fence; one per
     /// opening process for a shared one).
@@ -475,6 +490,7 @@ impl Os {
             kernel_doorbells,
             stats: OsStats::default(),
             km_queued: 0,
+            km_fence_ids: HashMap::new(),
             next_fence_id: 1,
             fence_index: HashMap::new(),
             km_gen: 0,
@@ -515,6 +531,11 @@ impl Os {
     /// Arms a DDI fault (see [`crate::ddi::Traced`]).
     pub fn inject_ddi_fault(&mut self, fault: crate::ddi::DdiFault) {
         self.ddi.inject(fault);
+    }
+
+    /// Arms a misbehaviour of the next call of `ddi` (see [`crate::ddi::Misbehaviour`]).
+    pub fn inject_misbehaviour(&mut self, ddi: crate::ddi::DdiKind, m: crate::ddi::Misbehaviour) {
+        self.ddi.inject_misbehaviour(ddi, m);
     }
 
     /// Test hook: the KMD "raises" `n` (see [`crate::ddi::Traced::inject_notification`]); the
@@ -705,5 +726,9 @@ mod tests {
         assert_eq!(QueueLife::Live.status(|| Some(QueueState::Preempted)), (QueueState::Preempted, None));
         assert_eq!(QueueLife::Live.status(|| None), (QueueState::Unmapped, None));
         assert_eq!(QueueLife::Live.published(), QueueState::Mapped);
+        // A queue whose memory lost its mapping answers InvalidVa without asking the device.
+        let lost = QueueLife::InvalidVa { va: 0x1000 };
+        assert_eq!(lost.status(|| unreachable!("not asked")), (QueueState::InvalidVa, None));
+        assert_eq!(lost.published(), QueueState::InvalidVa);
     }
 }

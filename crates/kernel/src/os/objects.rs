@@ -172,7 +172,7 @@ impl Os {
             pins: Vec::new(),
             domain: desc.domain,
             evicted: false,
-            _mapping: mapping,
+            mapping: Some(mapping),
         });
         Ok(AllocationInfo { handle, va, bytes })
     }

@@ -54,7 +54,9 @@ impl Os {
             for c in self.proc(pid)?.contexts.handles() {
                 if !self.proc(pid)?.contexts.get(c)?.suspended {
                     let queues = self.context_queues(pid, c)?;
-                    self.ddi.suspend_context(c, &queues, now)?;
+                    // (Idle, so nothing is owed: every queue stops where it stands.)
+                    let owed = self.ddi.suspend_context(c, &queues, now)?;
+                    self.await_suspend(owed, now);
                     self.power_suspended.push((pid, c));
                 }
             }
@@ -167,6 +169,8 @@ impl Os {
         });
         self.wake_engine(engine, now)?;
         self.ddi.resume_context(c, &queues)?;
+        // The device withdrew any request a suspend left owed.
+        self.forget_preemptions(&queues);
         Ok(())
     }
 
@@ -182,7 +186,8 @@ impl Os {
         }
         ctx.suspended = true;
         let queues = self.context_queues(pid, c)?;
-        self.ddi.suspend_context(c, &queues, now)?;
+        let owed = self.ddi.suspend_context(c, &queues, now)?;
+        self.await_suspend(owed, now);
         Ok(())
     }
 

@@ -56,6 +56,11 @@ pub(super) struct KernelRing {
     /// The kernel's own wptr and last-queued progress value.
     pub(super) wptr: u64,
     pub(super) last_queued: u64,
+    /// The kernel's own paging queue: every buffer on it is a paging buffer (spec 003's
+    /// resubmission rule keeps their fence IDs and runs them first).
+    pub(super) paging: bool,
+    /// Buffers on the ring not yet known complete, oldest first ([`super::submit`]).
+    pub(super) inflight: std::collections::VecDeque<super::submit::InFlight>,
     _mappings: [GpuMapping; 2],
 }
 
@@ -271,6 +276,8 @@ impl Os {
                     doorbell,
                     wptr: 0,
                     last_queued: 0,
+                    paging: false,
+                    inflight: Default::default(),
                     _mappings: [ring_map, control_map],
                 };
                 (QueueMode::Kernel(kr), create)

@@ -21,8 +21,11 @@
 //! 3. each guilty queue is hung and reported (doorbell `DisconnectedAbort`, its status, its
 //!    device's fences AlwaysSignaled as for a device error); every other queue on the engine
 //!    was preempted with its state saved and keeps its work;
-//! 4. without engine reset, or when it fails or is refused: `DxgkDdiResetFromTimeout` then
-//!    `DxgkDdiRestartFromTimeout`, and every device on the adapter is lost.
+//! 4. without engine reset, or when it fails, is refused, or takes longer than `TdrDdiDelay`
+//!    ([`TdrConfig::ddi_delay`]; the DDIs are synchronous here, so a reset that returns late
+//!    stands for one that never answered, and its report is not used):
+//!    `DxgkDdiResetFromTimeout` then `DxgkDdiRestartFromTimeout`, and every device on the
+//!    adapter is lost.
 //!
 //! More than `TdrLimitCount` recoveries within `TdrLimitTime` is fatal: every device is lost
 //! and the adapter refuses new work with [`KernelError::AdapterLost`].
@@ -40,7 +43,7 @@ use abi::queue::{FaultKind, FaultRecord};
 use abi::{DeviceHandle, DoorbellStatus, EngineId, HwQueueHandle, ProcessId, Time};
 
 use super::{Os, QueueLife, invalid};
-use crate::ddi::Kmd;
+use crate::ddi::{DdiKind, Kmd};
 use crate::trace::Event;
 
 /// Timeout detection and recovery settings (Windows' `TdrDelay`, `TdrLimitCount`,
@@ -58,6 +61,9 @@ pub struct TdrConfig {
     /// The KMD resets single engines (`DxgkDdiResetEngine`); otherwise every recovery resets
     /// the adapter.
     pub engine_reset: bool,
+    /// How long a reset DDI may take (`TdrDdiDelay`, default 5 s): an engine or queue reset
+    /// that takes longer is treated as one that never answered, and the adapter is reset.
+    pub ddi_delay: Duration,
     /// amdgpu's per-queue hang timer on compute queues (default 2 s; `None`: off): a queue
     /// with work outstanding whose progress fence has not moved for this long is asked to
     /// preempt; if it answers it was only busy or waiting, and runs on; if it does not answer
@@ -74,6 +80,7 @@ impl Default for TdrConfig {
             limit_count: 5,
             limit_time: Duration::from_secs(60),
             engine_reset: true,
+            ddi_delay: Duration::from_secs(5),
             hang_compute: Some(Duration::from_secs(2)),
             hang_copy: Some(Duration::from_secs(2)),
         }
@@ -96,6 +103,7 @@ impl TdrConfig {
         };
         range("tdr.delay", self.delay)?;
         range("tdr.limit_time", self.limit_time)?;
+        range("tdr.ddi_delay", self.ddi_delay)?;
         if let Some(d) = self.hang_compute {
             range("tdr.hang_compute", d)?;
         }
@@ -134,6 +142,10 @@ enum Cause {
     /// A memory migration ([`super::migrate`]): the last answer lets it proceed, and it
     /// resumes the queue; no answer in time means an engine reset, as for a request.
     Migration,
+    /// A context suspend (`DxgkddiSuspendContext`) that found the queue where its engine may
+    /// not stop it: it leaves at its next allowed point; no answer in time means an engine
+    /// reset, as for a request.
+    Suspend,
 }
 
 /// The OS's recovery state.
@@ -226,6 +238,21 @@ impl Os {
         }
     }
 
+    /// Keeps the preemption answers a context suspend is owed (`owed`, from
+    /// [`Kmd::suspend_context`]), so that one that never comes starts recovery.
+    pub(super) fn await_suspend(&mut self, owed: Vec<(HwQueueHandle, u64)>, now: Time) {
+        for (queue, ticket) in owed {
+            let Ok(engine) = self.queue(queue.owner(), queue).map(|q| q.engine) else { continue };
+            self.recovery.pending.insert(ticket, Pending { queue, engine, at: now, cause: Cause::Suspend });
+        }
+    }
+
+    /// Forgets the answers owed by `queues`: they were resumed (the device withdrew its
+    /// requests) or are gone.
+    pub(super) fn forget_preemptions(&mut self, queues: &[HwQueueHandle]) {
+        self.recovery.pending.retain(|_, p| !queues.contains(&p.queue));
+    }
+
     /// Asks queue `q` to preempt for a memory migration.
     pub(super) fn preempt_for_migration(
         &mut self,
@@ -287,6 +314,10 @@ impl Os {
         }
         self.recovery.answers.push_back((ticket, latency_ns));
         self.trace.push(answered, Event::Preempted { queue, ticket, latency_ns });
+        if p.cause != Cause::HangCheck {
+            // Held off its engine: a kernel-mode queue's unstarted buffers are resubmitted.
+            self.take_back_unstarted(queue.owner(), queue, now);
+        }
         if p.cause == Cause::Migration {
             self.migration_answered(queue, now);
         }
@@ -329,11 +360,11 @@ impl Os {
         for p in due {
             match p.cause {
                 Cause::HangCheck => self.recover_queue(p, now),
-                Cause::Request | Cause::Migration if !engines.contains(&p.engine) => {
+                Cause::Request | Cause::Migration | Cause::Suspend if !engines.contains(&p.engine) => {
                     engines.push(p.engine);
                     self.recover(p.engine, p.queue, now);
                 }
-                Cause::Request | Cause::Migration => {}
+                Cause::Request | Cause::Migration | Cause::Suspend => {}
             }
         }
         // Migrations whose queues were recovered or went away proceed.
@@ -397,7 +428,8 @@ impl Os {
         let submitted = self.last_queued(pid, p.queue);
         let completed = self.queue(pid, p.queue).map_or(0, |q| q.completed());
         let done = match self.ddi.reset_queue(p.queue, p.at, now) {
-            Ok(aborted) if completed <= aborted && aborted <= submitted => {
+            Ok(out) if self.ddi_too_slow(DdiKind::ResetQueue, out.took, now) => false,
+            Ok(crate::ddi::QueueResetOutcome { aborted, .. }) if completed <= aborted && aborted <= submitted => {
                 let fault = FaultRecord {
                     kind: FaultKind::PreemptTimeout { waited_ms: now.since(p.at).as_millis() as u64 },
                     rptr: 0,
@@ -407,7 +439,7 @@ impl Os {
                 self.fault_queue(pid, p.queue, fault, now);
                 true
             }
-            Ok(aborted) => {
+            Ok(crate::ddi::QueueResetOutcome { aborted, .. }) => {
                 self.driver_bug(p.queue, aborted, completed, submitted, now);
                 false
             }
@@ -417,6 +449,16 @@ impl Os {
             self.reset_adapter(now);
         }
         self.count_recovery(done.then_some(p.engine), now);
+    }
+
+    /// A reset DDI that took longer than `TdrDdiDelay` counts as one that never answered:
+    /// its report is not used, and recovery escalates to the adapter.
+    fn ddi_too_slow(&mut self, ddi: DdiKind, took: Duration, now: Time) -> bool {
+        if took <= self.recovery.cfg.ddi_delay {
+            return false;
+        }
+        self.trace.push(now, Event::DdiTimeout { ddi, took_ms: took.as_millis() as u64 });
+        true
     }
 
     fn driver_bug(&mut self, q: HwQueueHandle, aborted: u64, completed: u64, submitted: u64, now: Time) {
@@ -461,6 +503,9 @@ impl Os {
     /// caller then resets the adapter).
     fn reset_engine(&mut self, engine: EngineId, snapshot: &[(ProcessId, HwQueueHandle, u64, u64)], now: Time) -> bool {
         let Ok(outcome) = self.ddi.reset_engine(engine, now) else { return false };
+        if self.ddi_too_slow(DdiKind::ResetEngine, outcome.took, now) {
+            return false;
+        }
         // Every guilty queue's last aborted fence ID lies in what it submitted and had not
         // completed; anything else is a driver bug, never trusted.
         for &(q, aborted) in &outcome.guilty {

@@ -8,10 +8,22 @@
 //! legacy, CPU-mediated path of spec 002): the submission stays back until the fence passes,
 //! and the scheduler registers as a waiter so the fence's interrupt wakes it.
 //!
+//! **Fence IDs and resubmission** (spec 003, "Allow paging command fence IDs to be
+//! reused"). Each buffer moved onto a ring gets a submission fence ID from its engine's
+//! counter (`DxgkDdiSubmitCommand`'s `SubmissionFenceId`), and stays in its queue's in-flight
+//! list until the engine's rptr passes it. When a kernel-mode queue answers a preemption the
+//! OS asked for, the buffers it had not started are taken back out of the hardware queue
+//! ([`Kmd::take_back`]) and resubmitted: those of a paging queue (the kernel's own copy work,
+//! [`Os::set_paging_queue`]) with the **same** fence IDs, and moved before any other buffer
+//! on that engine; every other one with a **new** fence ID. The buffer the queue stopped
+//! inside is not resubmitted: it resumes from its saved state (a split DMA buffer), so no
+//! packet that writes memory runs twice.
+//!
 //! Invariants: a submission is at most half the ring, so a write plan always exists; a
 //! submission leaves its software queue only when its packets are on the ring and wptr is
 //! published — or, should that invariant ever break, the queue is faulted with a typed
-//! record rather than stalled.
+//! record rather than stalled. A queue's in-flight buffers are contiguous on its ring, in
+//! submission order, ending at its wptr.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -20,12 +32,13 @@ use abi::packet::Packet;
 use abi::port::{Invalid, KernelError};
 use abi::queue::{Access, FaultKind, FaultRecord};
 use abi::ring;
-use abi::{ContextHandle, HwQueueHandle, ProcessId, Time};
+use abi::{ContextHandle, EngineId, HwQueueHandle, ProcessId, Time};
 
 use super::fence::FenceWait;
 use super::queues::QueueMode;
 use super::{Os, SchedulerPass, invalid};
 use crate::ddi::Kmd;
+use crate::trace::Event;
 
 /// Size of a kernel-mode queue's kernel-owned ring.
 pub const KERNEL_RING_BYTES: u64 = 64 * 1024;
@@ -38,6 +51,24 @@ pub(super) struct KmSubmission {
     waits: Vec<(abi::NativeFenceHandle, u64)>,
     /// The scheduler's registration on those fences while it waits.
     pending: Option<Arc<FenceWait>>,
+    /// A paging buffer (the kernel's own copy work): moved before any non-paging buffer on
+    /// its engine.
+    paging: bool,
+    /// The fence ID it keeps (a resubmitted paging buffer); `None`: a new one when it moves.
+    fence_id: Option<u64>,
+}
+
+/// A kernel-mode buffer on its queue's ring, not yet known complete.
+pub(super) struct InFlight {
+    /// Its submission fence ID.
+    fence_id: u64,
+    /// A paging buffer.
+    paging: bool,
+    /// Where it lies on the ring (byte offsets, like rptr and wptr).
+    start: u64,
+    end: u64,
+    /// Its packets, for a resubmission.
+    words: Vec<u32>,
 }
 
 /// What one kernel-mode scheduling attempt did.
@@ -136,8 +167,8 @@ impl Os {
         let p = self.proc(pid)?;
         let qo = p.queues.get(q)?;
         qo.live(q)?;
-        let (ctx, last) = match &qo.mode {
-            QueueMode::Kernel(k) => (qo.context, k.last_queued),
+        let (ctx, last, paging) = match &qo.mode {
+            QueueMode::Kernel(k) => (qo.context, k.last_queued, k.paging),
             QueueMode::User { .. } => {
                 return Err(KernelError::WrongQueueMode { queue: q, actual: "user-mode", expected: "kernel-mode" });
             }
@@ -157,6 +188,8 @@ impl Os {
             words: words.to_vec(),
             waits,
             pending: None,
+            paging,
+            fence_id: None,
         });
         self.km_queued += 1;
         self.stats.km_submissions += 1;
@@ -164,8 +197,30 @@ impl Os {
         Ok(())
     }
 
+    /// Makes kernel-mode queue `q` the kernel's paging queue: its buffers are paging buffers
+    /// (the copy work of eviction and migration), which a preemption resubmits with their own
+    /// fence IDs, first on their engine (spec 003). Only before its first submission.
+    pub fn set_paging_queue(&mut self, pid: ProcessId, q: HwQueueHandle) -> Result<(), KernelError> {
+        let p = self.proc(pid)?;
+        let qo = p.queues.get_mut(q)?;
+        qo.live(q)?;
+        match &mut qo.mode {
+            QueueMode::Kernel(k) if k.wptr == 0 && k.inflight.is_empty() => {
+                k.paging = true;
+                Ok(())
+            }
+            QueueMode::Kernel(_) => {
+                Err(invalid("queue", q, Invalid::Unsupported("a paging queue is chosen before its first submission")))
+            }
+            QueueMode::User { .. } => {
+                Err(KernelError::WrongQueueMode { queue: q, actual: "user-mode", expected: "kernel-mode" })
+            }
+        }
+    }
+
     /// Runs the kernel-mode scheduler once: moves software-queue submissions onto kernel
-    /// rings. Returns what it did, and the work generation it saw.
+    /// rings, paging buffers first (spec 003: resubmitted paging buffers run "before any
+    /// other commands on that engine"). Returns what it did, and the work generation it saw.
     pub fn run_scheduler(&mut self, now: Time) -> SchedulerPass {
         self.at(now);
         let (mut moved, mut ring_full) = (false, false);
@@ -175,20 +230,85 @@ impl Os {
                 .iter()
                 .flat_map(|(&pid, p)| p.contexts.handles().into_iter().map(move |c| (pid, c)))
                 .collect();
-            for (pid, c) in contexts {
-                loop {
-                    match self.move_one(pid, c, now) {
-                        Move::Moved => moved = true,
-                        Move::NoSpace => {
-                            ring_full = true;
+            // Engines where a paging buffer could not move: nothing else moves there yet.
+            let mut held: Vec<EngineId> = Vec::new();
+            for paging_pass in [true, false] {
+                for &(pid, c) in &contexts {
+                    while let Some((engine, paging)) = self.head(pid, c) {
+                        if paging != paging_pass || (!paging && held.contains(&engine)) {
                             break;
                         }
-                        Move::FenceWait | Move::Empty => break,
+                        match self.move_one(pid, c, now) {
+                            Move::Moved => moved = true,
+                            Move::NoSpace => {
+                                ring_full = true;
+                                if paging {
+                                    held.push(engine);
+                                }
+                                break;
+                            }
+                            Move::FenceWait | Move::Empty => break,
+                        }
                     }
                 }
             }
         }
         SchedulerPass { moved, ring_full, generation: self.km_gen }
+    }
+
+    /// The engine of the submission at the head of a context's software queue, and whether
+    /// it is a paging buffer.
+    fn head(&self, pid: ProcessId, c: ContextHandle) -> Option<(EngineId, bool)> {
+        let p = self.processes.get(&pid)?;
+        let sub = p.contexts.get(c).ok()?.software_queue.front()?;
+        Some((p.queues.get(sub.queue).ok()?.engine, sub.paging))
+    }
+
+    /// A kernel-mode queue answered a preemption the OS holds it for: the buffers it had not
+    /// started leave its hardware queue and are resubmitted, paging ones with their fence
+    /// IDs, the others with new ones (spec 003). The buffer it stopped inside stays: it
+    /// resumes from its saved state.
+    pub(super) fn take_back_unstarted(&mut self, pid: ProcessId, q: HwQueueHandle, now: Time) {
+        let Ok(pos) = self.ddi.held_position(q) else { return };
+        let Some(p) = self.processes.get_mut(&pid) else { return };
+        let Ok(qo) = p.queues.get_mut(q) else { return };
+        let context = qo.context;
+        let QueueMode::Kernel(k) = &mut qo.mode else { return };
+        // Finished buffers first (the engine is past them).
+        while k.inflight.front().is_some_and(|f| f.end <= pos.rptr) {
+            k.inflight.pop_front();
+        }
+        let unstarted = |f: &InFlight| f.start > pos.rptr || (f.start == pos.rptr && !pos.started);
+        let Some(first) = k.inflight.iter().position(unstarted) else { return };
+        let to = k.inflight[first].start;
+        // The ring's wptr word first (kernel-owned), then the engine: it never sees a word
+        // above what it accepted.
+        // Release: as any wptr publication.
+        k.control.wptr().store(to, Ordering::Release);
+        if let Err(e) = self.ddi.take_back(q, to, now) {
+            // The engine keeps them: they run where they are, with the fence IDs they have.
+            k.control.wptr().store(k.wptr, Ordering::Release);
+            self.trace.push(now, Event::DriverBug { what: format!("take back of {q} to {to:#x} refused: {e}") });
+            return;
+        }
+        k.wptr = to;
+        let taken: Vec<InFlight> = k.inflight.drain(first..).collect();
+        let ids = |paging: bool| taken.iter().filter(|f| f.paging == paging).map(|f| f.fence_id).collect();
+        self.trace.push(now, Event::Unsubmitted { queue: q, paging: ids(true), other: ids(false) });
+        let Ok(ctx) = p.contexts.get_mut(context) else { return };
+        for f in taken.into_iter().rev() {
+            ctx.software_queue.push_front(KmSubmission {
+                queue: q,
+                words: f.words,
+                waits: Vec::new(),
+                pending: None,
+                paging: f.paging,
+                // Paging buffers keep their fence IDs; the others get new ones.
+                fence_id: f.paging.then_some(f.fence_id),
+            });
+            self.km_queued += 1;
+        }
+        self.kick_scheduler();
     }
 
     /// Holds the head of a context's software queue back while its native-fence `WAIT`s are
@@ -244,6 +364,9 @@ impl Os {
         let QueueMode::Kernel(k) = &mut qo.mode else { return Move::Empty };
         // Acquire: the engine has finished reading the ring bytes below rptr.
         let rptr = k.control.rptr().load(Ordering::Acquire);
+        while k.inflight.front().is_some_and(|f| f.end <= rptr) {
+            k.inflight.pop_front();
+        }
         let written = match ring::plan_write(k.wptr, KERNEL_RING_BYTES, sub.words.len() as u64) {
             // rptr is the engine's (kernel-owned memory); saturating all the same.
             Some(plan) if plan.new_wptr.saturating_sub(rptr) > KERNEL_RING_BYTES => return Move::NoSpace,
@@ -267,13 +390,20 @@ impl Os {
                 return Move::Moved;
             }
         };
+        let start = k.wptr;
         k.wptr = new_wptr;
         // Release: the packets are visible before the firmware acquires wptr.
         k.control.wptr().store(new_wptr, Ordering::Release);
-        ctx.software_queue.pop_front();
+        let Some(sub) = ctx.software_queue.pop_front() else { return Move::Empty };
         self.km_queued -= 1;
+        let fence_id = sub.fence_id.unwrap_or_else(|| {
+            let next = self.km_fence_ids.entry(engine).or_insert(1);
+            *next += 1;
+            *next - 1
+        });
+        k.inflight.push_back(InFlight { fence_id, paging: sub.paging, start, end: new_wptr, words: sub.words });
         // DxgkDdiSubmitCommand, on an awake engine: the KMD rings the kernel doorbell.
-        let rung = self.wake_engine(engine, now).and_then(|()| Ok(self.ddi.submit_command(qh, new_wptr)?));
+        let rung = self.wake_engine(engine, now).and_then(|()| Ok(self.ddi.submit_command(qh, new_wptr, fence_id)?));
         if rung.is_err() {
             // The wptr is published, but nothing will ring for it: the queue faults, named.
             let record = FaultRecord {

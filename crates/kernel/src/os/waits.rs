@@ -142,7 +142,14 @@ impl Os {
         }
         self.stats.faults += 1;
         self.trace.push(now, Event::QueueFault { queue: q, fault: fault.clone() });
-        self.set_state(pid, q, QueueLife::Hung(fault));
+        self.end_queue(pid, q, QueueLife::Hung(fault), now);
+    }
+
+    /// Ends queue `q` with `life` (hung, or its memory's mapping lost): its waiters end with
+    /// `QueueLost`, its pending kernel-mode submissions are dropped, and its doorbell is
+    /// disconnected with `DisconnectedAbort`.
+    pub(super) fn end_queue(&mut self, pid: ProcessId, q: HwQueueHandle, life: QueueLife, now: Time) {
+        self.set_state(pid, q, life);
         let Ok(qo) = self.queue(pid, q) else { return };
         let Err(err) = qo.live(q) else { return };
         let (waiters, context) = (std::mem::take(&mut qo.waiters), qo.context);

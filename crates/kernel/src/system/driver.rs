@@ -235,7 +235,7 @@ impl Inner {
     pub(crate) fn call<T>(&self, f: impl FnOnce(&mut Os, Time) -> T) -> T {
         let mut outputs = Vec::new();
         let r = {
-            let mut os = self.os.lock();
+            let mut os = crate::spin::lock_soon(&self.os);
             let now = self.clock.now();
             os.at(now);
             let r = f(&mut os, now);
@@ -290,7 +290,13 @@ impl Inner {
             return Pump { work: true, asleep: false };
         }
         let (report, asleep, raised) = {
-            let mut g = self.gpu.lock();
+            // Only tried: a holder is a DDI (which raised the attention and is about to be
+            // done) or a tool; parking on the lock would cost a wake-up, tens of microseconds
+            // of the engines' time on every DDI.
+            let Some(mut g) = self.gpu.try_lock() else {
+                std::hint::spin_loop();
+                return Pump { work: true, asleep: false };
+            };
             g.poll_doorbells();
             // Timestamps read the clock as they execute (after the doorbell was latched).
             let clock = || self.clock.now();

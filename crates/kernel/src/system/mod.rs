@@ -278,6 +278,12 @@ impl System {
         self.inner.os.lock().inject_ddi_fault(fault);
     }
 
+    /// Makes the next call of a reset DDI misbehave (a bogus fence ID, a late answer), to
+    /// test that the OS does not trust it.
+    pub fn inject_misbehaviour(&self, ddi: crate::ddi::DdiKind, m: crate::ddi::Misbehaviour) {
+        self.inner.os.lock().inject_misbehaviour(ddi, m);
+    }
+
     /// An engine's power state.
     pub fn power(&self, engine: EngineId) -> PowerState {
         self.inner.os.lock().power(engine)
@@ -448,6 +454,14 @@ impl System {
     /// timeout detection and recovery after `TdrDelay`.
     pub fn preempt_queue(&self, pid: ProcessId, q: abi::HwQueueHandle) -> Result<u64, KernelError> {
         self.inner.call_as(pid, |os, now| os.preempt_queue(pid, q, now))
+    }
+
+    /// Makes kernel-mode queue `q` of process `pid` a paging queue, whose buffers stand for
+    /// the kernel's own copy work (eviction, migration): a preemption resubmits them with
+    /// their fence IDs, before any other buffer on their engine (spec 003). Only before the
+    /// queue's first submission.
+    pub fn set_paging_queue(&self, pid: ProcessId, q: abi::HwQueueHandle) -> Result<(), KernelError> {
+        self.inner.call_as(pid, |os, _| os.set_paging_queue(pid, q))
     }
 
     /// The answer to preemption request `ticket`, once it came: its latency from the request
