@@ -1092,6 +1092,7 @@ pub trait KernelPort: Send + Sync {
 /// or a queue's progress fence — a kernel-mode queue's included, which is how user and kernel
 /// queues interoperate.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub enum SyncWait {
     /// A native fence reaching `value`.
     Fence {
@@ -1112,6 +1113,7 @@ pub enum SyncWait {
 /// What `USERQ_WAIT` answers for one sync object: the GPU VA the queue's `WAIT` packet reads
 /// and the value it waits for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct WaitPoint {
     /// GPU VA of the 64-bit value (readable by the queue's engine).
     pub va: u64,

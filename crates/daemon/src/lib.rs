@@ -714,6 +714,13 @@ fn handle(shared: &Arc<Shared>, client: &Arc<Client>, req: Request) -> (Response
             Request::QueryPhysicalDoorbell(q) => Reply::PhysicalDoorbell(port.query_physical_doorbell(q)?),
             Request::Status => Reply::Status(Box::new(status::collect(shared))),
             Request::Goodbye => Reply::Unit,
+            Request::UserqSignal(q, point, fences) => {
+                port.userq_signal(q, point, &fences)?;
+                Reply::Unit
+            }
+            Request::UserqWait(q, objects) => Reply::WaitPoints(port.userq_wait(q, &objects)?),
+            // The progress fence goes with its queue: the ledger's queue accounts for it.
+            Request::OpenProgressFence(q) => Reply::NativeFence(wire_fence(port.open_progress_fence(q)?, &mut keep)),
         })
     })();
     if resp.is_err() {

@@ -399,6 +399,27 @@ impl KernelPort for RemotePort {
         };
         Ok(p)
     }
+    fn userq_signal(
+        &self,
+        queue: HwQueueHandle,
+        point: u64,
+        fences: &[(NativeFenceHandle, u64)],
+    ) -> Result<(), KernelError> {
+        self.unit(Request::UserqSignal(queue, point, fences.to_vec()))
+    }
+    fn userq_wait(
+        &self,
+        queue: HwQueueHandle,
+        objects: &[abi::port::SyncWait],
+    ) -> Result<Vec<abi::port::WaitPoint>, KernelError> {
+        let Reply::WaitPoints(p) = self.call(&Request::UserqWait(queue, objects.to_vec()))?.0 else {
+            return Err(self.unexpected());
+        };
+        Ok(p)
+    }
+    fn open_progress_fence(&self, queue: HwQueueHandle) -> Result<NativeFenceInfo, KernelError> {
+        self.fence(Request::OpenProgressFence(queue))
+    }
 }
 
 /// Asks the daemon at `path` for its status (an observer connection: no process is opened).

@@ -68,7 +68,7 @@ pub use status::DaemonStatus;
 /// The first four bytes of every [`Hello`]: "DBL\x01".
 pub const MAGIC: u32 = u32::from_le_bytes(*b"DBL\x01");
 /// This format's version. Bumped on any change to a message's encoding.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 /// The largest frame payload, in bytes. A `SOCK_SEQPACKET` packet must fit the socket's send
 /// buffer (about 208 KiB by default), so frames stay well below it.
 pub const MAX_FRAME: usize = 128 << 10;
@@ -659,6 +659,12 @@ pub enum Request {
     /// The orderly close: the process ends with spec 000's normal termination (its queued
     /// work runs out first), then the daemon answers and closes the connection.
     Goodbye,
+    /// `userq_signal` (amdgpu `USERQ_SIGNAL`).
+    UserqSignal(HwQueueHandle, u64, Vec<(NativeFenceHandle, u64)>),
+    /// `userq_wait` (amdgpu `USERQ_WAIT`).
+    UserqWait(HwQueueHandle, Vec<abi::port::SyncWait>),
+    /// `open_progress_fence`.
+    OpenProgressFence(HwQueueHandle),
 }
 
 /// A successful answer.
@@ -697,6 +703,8 @@ pub enum Reply {
     PhysicalDoorbell(Option<PhysicalDoorbell>),
     /// `Status`.
     Status(Box<DaemonStatus>),
+    /// `userq_wait`.
+    WaitPoints(Vec<abi::port::WaitPoint>),
 }
 
 /// The answer to a [`Request`]: typed kernel errors, exactly as in embedded mode.
