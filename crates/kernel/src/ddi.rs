@@ -236,6 +236,13 @@ pub enum Notification {
         /// When the queue stopped (device time).
         answered_at: Time,
     },
+    /// A disconnected queue's doorbell was rung from the GPU (another queue of its process
+    /// wrote it through the doorbell page mapped in the process's address space): the OS
+    /// reconnects it, as the UMD would after reading `DisconnectedRetry`.
+    DisconnectedRing {
+        /// The queue.
+        queue: HwQueueHandle,
+    },
 }
 
 /// What an engine reset did (`DxgkDdiResetEngine`'s output).

@@ -751,6 +751,7 @@ impl Kmd for VirtualKmd {
                     FenceSignaled::Queues(fws) => SignaledFences::Queues(fws.into_iter().filter_map(q).collect()),
                     FenceSignaled::All => SignaledFences::All,
                 })),
+                Interrupt::DisconnectedRing { queue } => q(queue).map(|queue| Notification::DisconnectedRing { queue }),
             };
             if n.is_some() {
                 return n;

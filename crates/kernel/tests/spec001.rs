@@ -377,3 +377,34 @@ fn an_application_allocated_context_save_area_is_validated_and_used() {
     p.port.destroy_hw_queue(q.handle).unwrap();
     p.port.free(csa.handle).expect("free once its queue is gone");
 }
+
+/// A GPU ring on a queue whose engine went to F1 (its doorbell disconnected, nobody watching
+/// the word) is still heard: the firmware sees the disconnected word change and the kernel
+/// reconnects the doorbell — waking the engine — as the UMD would on `DisconnectedRetry`.
+#[test]
+fn a_gpu_ring_on_a_queue_whose_engine_is_in_f1_wakes_it() {
+    use kernel::trace::{Ddi, Event};
+    let idle = Duration::from_millis(2);
+    let sys = common::sim_with(common::idle_config(idle));
+    let c = common::client(&sys);
+    let copy = c.context(EngineKind::Copy);
+    let mut a = c.user_queue();
+    let mut b = copy.create_queue(QueueOptions::user_mode()).unwrap();
+    let mut work = CommandBuffer::new();
+    work.write_u32(c.buf.va() + 64, 0xF1);
+    let kb = b.prepare(&work).unwrap();
+    sys.run_for(idle * 5);
+    assert_eq!(sys.power(copy.engine()), gpu::PowerState::F1, "the copy engine is asleep");
+    assert_eq!(b.doorbell_status().unwrap(), abi::DoorbellStatus::DisconnectedRetry);
+    let mark = sys.trace().0.len();
+    let mut cb = CommandBuffer::new();
+    cb.kick(&kb);
+    a.submit(&cb).unwrap();
+    b.wait(kb.value, T).unwrap();
+    assert_eq!(c.buf.read_u32(64).unwrap(), 0xF1);
+    let ev = common::events_from(&sys, mark);
+    let rang = ev.iter().position(|e| *e == Event::DisconnectedRing { queue: b.handle() }).expect("heard");
+    let connect = ev.iter().position(|e| *e == Event::Ddi(Ddi::ConnectDoorbell(b.handle()))).expect("reconnected");
+    assert!(rang < connect, "{ev:#?}");
+    assert_eq!(b.doorbell_status().unwrap(), abi::DoorbellStatus::Connected);
+}
