@@ -531,6 +531,11 @@ pub trait Kmd: Send {
             reason: DeviceRefusal::Unsupported("doorbells rung from the GPU"),
         })
     }
+    /// The device's own number for `queue` (the virtual GPU's firmware queue id), for tools
+    /// that observe the device directly (the simulator); `None` if the KMD has none.
+    fn device_queue_id(&self, _queue: HwQueueHandle) -> Option<u64> {
+        None
+    }
 }
 
 /// Where a queue held off its engine stands in its ring ([`Kmd::held_position`]).
@@ -892,5 +897,8 @@ impl Kmd for Traced {
         kind: abi::port::NativeFenceType,
     ) -> (abi::port::MemoryDomain, abi::port::MemoryDomain) {
         self.inner.native_fence_storage(kind)
+    }
+    fn device_queue_id(&self, queue: HwQueueHandle) -> Option<u64> {
+        self.inner.device_queue_id(queue)
     }
 }
