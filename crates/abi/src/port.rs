@@ -85,6 +85,11 @@ pub struct EngineInfo {
     pub doorbell_first: u32,
     /// Doorbells in the range.
     pub doorbell_count: u32,
+    /// Its hardware queue slots (HQDs).
+    pub hw_slots: u32,
+    /// The slots left for user queues: kernel queues are always mapped and hold theirs
+    /// statically (spec 001 "Interaction with Kernel Queues").
+    pub user_slots: u32,
 }
 
 /// `amdgpu_user_queue`: which submission models the device offers.
@@ -1086,8 +1091,8 @@ pub trait KernelPort: Send + Sync {
 /// A sync object a user-mode queue waits on through `USERQ_WAIT` (spec 001): a native fence,
 /// or a queue's progress fence — a kernel-mode queue's included, which is how user and kernel
 /// queues interoperate.
-#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub enum SyncWait {
     /// A native fence reaching `value`.
     Fence {
@@ -1107,8 +1112,8 @@ pub enum SyncWait {
 
 /// What `USERQ_WAIT` answers for one sync object: the GPU VA the queue's `WAIT` packet reads
 /// and the value it waits for.
-#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct WaitPoint {
     /// GPU VA of the 64-bit value (readable by the queue's engine).
     pub va: u64,

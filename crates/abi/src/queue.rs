@@ -159,6 +159,11 @@ pub struct QueueDescriptor {
     pub flags: u32,
     /// Must be 0.
     pub reserved: u32,
+    /// GPU VA of a context save area the application allocated (spec 001: "it allocates the
+    /// necessary buffers for the queue (ring buffer, wptr and rptr, context save areas,
+    /// etc.)"): the start of one of its allocations, GPU-writable, at least INFO's
+    /// `context_save_bytes`. 0: the kernel allocates one of its own.
+    pub context_save_va: u64,
 }
 
 /// `doorbell_index` value asking the kernel to choose a free doorbell in the process's page.
@@ -172,7 +177,8 @@ pub const QUEUE_FLAG_SECURE: u32 = 1 << 0;
 pub const QUEUE_FLAGS_KNOWN: u32 = QUEUE_FLAG_SECURE;
 
 const _: () = {
-    assert!(size_of::<QueueDescriptor>() == 56);
+    assert!(size_of::<QueueDescriptor>() == 64);
+    assert!(offset_of!(QueueDescriptor, context_save_va) == 56);
     assert!(offset_of!(QueueDescriptor, last_queued_va) == 32);
     assert!(offset_of!(QueueDescriptor, doorbell_index) == 40);
     assert!(offset_of!(QueueDescriptor, flags) == 48);

@@ -308,10 +308,10 @@ fn explain(trace: &[TraceEntry], i: usize) -> Option<&'static str> {
 /// Spec 001's "the GPU [can] submit work to itself": a work graph across the compute and copy
 /// engines — compute fills, copy copies, compute writes a marker — where each stage submits
 /// the next from the GPU (it writes the next queue's wptr and rings its doorbell, mapped in the
-/// process's own address space). One CPU submission starts it; no kernel call follows. A live
-/// system of its own whose engines stay awake (a GPU ring on a doorbell the kernel disconnected
-/// for F1 is not heard: only a CPU submission reconnects). Returns what to say, the CPU
-/// submissions it made and the checks.
+/// process's own address space). One CPU submission starts it; no submission reaches the
+/// kernel after it. A live system of its own whose engines stay awake, so the run shows the
+/// graph alone (a GPU ring on a doorbell disconnected for F1 is heard too, but then the kernel
+/// reconnects it). Returns what to say, the CPU submissions it made and the checks.
 fn gpu_work_graph() -> Result<(Vec<String>, u32, u32), CliError> {
     let sys = System::live(SystemConfig {
         gpu: GpuConfig { idle_period: Duration::from_secs(3600), ..GpuConfig::default() },

@@ -811,3 +811,37 @@ fn another_process_gpu_va_reaches_only_the_offender() {
     let a_faults = s.processes.iter().filter(|p| p.pid == a_pid).flat_map(|p| &p.queues).filter(|q| q.fault.is_some());
     assert_eq!(a_faults.count(), 0, "{s:?}");
 }
+
+/// Spec 001's `USERQ_SIGNAL` and `USERQ_WAIT`, and spec 002's native progress fence, from a
+/// client process: the same calls as embedded, across the socket.
+#[test]
+fn userq_signal_and_wait_and_the_progress_fence_cross_the_socket() {
+    let dir = scratch("userq");
+    let d = Daemon::start(&dir, None);
+    let dev = Device::connect(&d.socket).unwrap();
+    let ctx = dev.create_context(dev.engine(EngineKind::Compute).unwrap()).unwrap();
+    let mut uq = ctx.create_queue(QueueOptions::user_mode()).unwrap();
+    let mut kq = ctx.create_queue(QueueOptions::kernel_mode()).unwrap();
+    let buf = dev.allocate(4096).unwrap();
+    let f = dev.create_fence(0, NativeFenceType::Default).unwrap();
+    // user -> kernel: the kernel queue waits for the fence the user queue's work signals.
+    let mut cb = CommandBuffer::new();
+    cb.write_u32(buf.va(), 1);
+    let v = uq.submit(&cb).unwrap();
+    uq.userq_signal(v, &[(&f, 5)]).unwrap();
+    let mut cb = CommandBuffer::new();
+    cb.wait_fence(&f, 5).write_u32(buf.va() + 4, 2);
+    let kv = kq.submit(&cb).unwrap();
+    kq.wait(kv, Some(T)).unwrap();
+    assert_eq!((buf.read_u32(0).unwrap(), buf.read_u32(4).unwrap(), f.value().unwrap()), (1, 2, 5));
+    // kernel -> user: the user queue waits for the kernel queue's progress fence.
+    let points = uq.userq_wait(&[abi::port::SyncWait::QueueProgress { queue: kq.handle(), value: kv }]).unwrap();
+    assert_eq!(points, [abi::port::WaitPoint { va: kq.progress_va(), value: kv }]);
+    let mut cb = CommandBuffer::new();
+    cb.wait_points(&points).write_u32(buf.va() + 8, 3);
+    let v2 = uq.submit(&cb).unwrap();
+    // The user queue's progress fence as a native fence, waited on from the CPU.
+    let pf = uq.progress_fence().unwrap();
+    pf.wait(v2, Some(T)).unwrap();
+    assert_eq!(buf.read_u32(8).unwrap(), 3);
+}

@@ -259,6 +259,12 @@ impl Gpu {
         self.fw.misses_unmapped()
     }
 
+    /// An engine's hardware slots and how many its kernel queues hold: kernel queues are
+    /// always mapped, so the rest is what user queues share (amdgpu INFO).
+    pub fn slots(&self, engine: abi::EngineId) -> Result<(u32, u32), GpuError> {
+        self.fw.kernel_slots(engine)
+    }
+
     /// Whether a logged fence signal's interrupt names the queue
     /// (`OptimizedNativeFenceSignaledInterrupt`).
     pub fn optimized_fence_interrupts(&self) -> bool {

@@ -142,6 +142,9 @@ pub struct QueueCreate {
     pub fence_logs: Option<[Arc<Shm>; 2]>,
     /// A kernel-mode queue (may select an address space in `INDIRECT_BUFFER`).
     pub privileged: bool,
+    /// The context save area the application allocated (validated by the OS); `None`: the
+    /// KMD allocates its own.
+    pub context_save: Option<Arc<Shm>>,
     /// Priority.
     pub priority: Priority,
 }
@@ -232,6 +235,13 @@ pub enum Notification {
         requested_at: Time,
         /// When the queue stopped (device time).
         answered_at: Time,
+    },
+    /// A disconnected queue's doorbell was rung from the GPU (another queue of its process
+    /// wrote it through the doorbell page mapped in the process's address space): the OS
+    /// reconnects it, as the UMD would after reading `DisconnectedRetry`.
+    DisconnectedRing {
+        /// The queue.
+        queue: HwQueueHandle,
     },
 }
 
@@ -501,6 +511,15 @@ pub trait Kmd: Send {
     /// included), as the device would: for tests and tools. `None` where the device could not.
     fn read_gpu_u64(&self, _process: ProcessId, _va: u64) -> Option<u64> {
         None
+    }
+    /// `D3DKMDT_FENCESTORAGESURFACEDATA` (spec 002 "DDI to support placement of native fence
+    /// values in local memory"): the memory segments a fence of `kind` keeps its CurrentValue
+    /// and MonitoredValue in. The default: system memory for both.
+    fn native_fence_storage(
+        &self,
+        _kind: abi::port::NativeFenceType,
+    ) -> (abi::port::MemoryDomain, abi::port::MemoryDomain) {
+        (abi::port::MemoryDomain::System, abi::port::MemoryDomain::System)
     }
     /// Maps the process's doorbell BAR page `page` into its own GPU address space at `va`, so
     /// its queues can ring each other's doorbells from the GPU (spec 001). Refused where a
@@ -820,6 +839,12 @@ impl Kmd for Traced {
     fn restart_from_timeout(&mut self) -> Result<(), DdiError> {
         self.log(Ddi::RestartFromTimeout);
         self.inner.restart_from_timeout()
+    }
+    fn native_fence_storage(
+        &self,
+        kind: abi::port::NativeFenceType,
+    ) -> (abi::port::MemoryDomain, abi::port::MemoryDomain) {
+        self.inner.native_fence_storage(kind)
     }
     fn device_queue_id(&self, queue: HwQueueHandle) -> Option<u64> {
         self.inner.device_queue_id(queue)

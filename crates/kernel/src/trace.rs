@@ -310,6 +310,11 @@ pub enum Event {
         /// Entries lost.
         lost: u64,
     },
+    /// A disconnected queue's doorbell was rung from the GPU: the OS reconnects it.
+    DisconnectedRing {
+        /// The queue.
+        queue: HwQueueHandle,
+    },
     /// The OS recreated a queue's fence log (`DxgkDdiSetNativeFenceLogBuffer` follows).
     FenceLogRecreated {
         /// The queue.
@@ -375,6 +380,9 @@ impl core::fmt::Display for Event {
             }
             Event::FenceLogOverrun { queue, lost } => write!(f, "{queue}: fence log overrun, {lost} events lost"),
             Event::FenceLogRecreated { queue, kind } => write!(f, "{queue}: {kind:?} fence log recreated"),
+            Event::DisconnectedRing { queue } => {
+                write!(f, "{queue}: rung from the GPU while disconnected, reconnecting")
+            }
             Event::TerminationWaitDone { queue, reached } => {
                 write!(f, "{queue}: termination wait {}", if *reached { "satisfied" } else { "failed" })
             }

@@ -391,6 +391,8 @@ impl Kmd for VirtualKmd {
                     // Each engine owns an equal slice of every doorbell page.
                     doorbell_first: i as u32 * per,
                     doorbell_count: per,
+                    hw_slots: g.slots(EngineId(i as u32)).map_or(0, |s| s.0),
+                    user_slots: g.slots(EngineId(i as u32)).map_or(0, |(all, kernel)| all - kernel),
                 })
                 .collect(),
             doorbell_bytes: self.doorbell_bytes,
@@ -470,7 +472,10 @@ impl Kmd for VirtualKmd {
         let vmid = self.vmid(desc.process)?;
         // Kernel-owned, never mapped for the client (like the MQD): where an interrupted
         // DISPATCH keeps its state between slices.
-        let context_save = self.context_saves.alloc(gpu::compute::CONTEXT_SAVE_BYTES as usize)?;
+        let context_save = match desc.context_save.clone() {
+            Some(app) => app,
+            None => self.context_saves.alloc(gpu::compute::CONTEXT_SAVE_BYTES as usize)?,
+        };
         let cfg = QueueConfig {
             vmid,
             engine: desc.engine,
@@ -746,6 +751,7 @@ impl Kmd for VirtualKmd {
                     FenceSignaled::Queues(fws) => SignaledFences::Queues(fws.into_iter().filter_map(q).collect()),
                     FenceSignaled::All => SignaledFences::All,
                 })),
+                Interrupt::DisconnectedRing { queue } => q(queue).map(|queue| Notification::DisconnectedRing { queue }),
             };
             if n.is_some() {
                 return n;
@@ -925,6 +931,18 @@ impl Kmd for VirtualKmd {
         self.create_native_fence(id, current, monitored)?;
         self.system_vas.insert(id, system);
         Ok(())
+    }
+
+    fn native_fence_storage(
+        &self,
+        kind: abi::port::NativeFenceType,
+    ) -> (abi::port::MemoryDomain, abi::port::MemoryDomain) {
+        use abi::port::MemoryDomain::{Local, System};
+        match kind {
+            // An IntraGpu fence is the GPU's own: both values in local memory.
+            abi::port::NativeFenceType::IntraGpu => (Local, Local),
+            _ => (System, System),
+        }
     }
 
     fn map_doorbell_page(&mut self, process: ProcessId, va: u64, page: u32) -> Result<GpuMapping, DdiError> {

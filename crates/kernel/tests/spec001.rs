@@ -276,3 +276,135 @@ fn a_secure_queue_is_refused_where_the_device_has_no_protected_content() {
     assert_eq!(sys.census().queues, 0);
     p.create(p.desc(0)).unwrap();
 }
+
+/// "Kernel queues are always mapped so any work that goes into kernel queues will take
+/// priority. This limits the available HQD slots for user queues." A kernel queue holds a slot
+/// from creation, idle or not, taking it from a user queue if it must; INFO reports the slots
+/// left for user queues.
+#[test]
+fn kernel_queues_are_always_mapped_and_info_reports_the_slots_left_for_user_queues() {
+    let sys = common::sim_with(SystemConfig {
+        gpu: gpu::GpuConfig { hw_slots: 2, ..gpu::GpuConfig::default() },
+        ..SystemConfig::default()
+    });
+    let c = common::client(&sys);
+    let compute = c.ctx.engine();
+    let slots = |_: &kernel::System| {
+        let info = c.port.adapter_info();
+        let e = info.engines.iter().find(|e| e.id == compute).copied().unwrap();
+        (e.hw_slots, e.user_slots)
+    };
+    assert_eq!(slots(&sys), (2, 2));
+    // Two busy user queues hold both slots.
+    let gate = c.buf.va() + 0x100;
+    let mut users: Vec<umd::Queue> = (0..2).map(|_| c.user_queue()).collect();
+    for (i, q) in users.iter_mut().enumerate() {
+        let mut cb = CommandBuffer::new();
+        cb.wait(gate, 1).write_u32(c.buf.va() + 4 * i as u64, 1);
+        q.submit(&cb).unwrap();
+    }
+    sys.settle();
+    assert!(users.iter().all(|q| q.status().unwrap().state == abi::QueueState::Mapped));
+    // A kernel queue with no work takes a slot at once, from a user queue.
+    let kq = c.kernel_queue();
+    sys.settle();
+    assert_eq!(kq.status().unwrap().state, abi::QueueState::Mapped, "mapped with no work");
+    assert_eq!(slots(&sys), (2, 1), "one slot left for user queues");
+    let mapped = users.iter().filter(|q| q.status().unwrap().state == abi::QueueState::Mapped).count();
+    assert_eq!(mapped, 1, "a user queue gave its slot up");
+    // Idle, it keeps it while the user queues take turns on the other; all the work runs.
+    c.buf.write_u64(0x100, 1).unwrap();
+    for q in &users {
+        q.finish(T).unwrap();
+        assert_eq!(kq.status().unwrap().state, abi::QueueState::Mapped);
+    }
+    assert_eq!((c.buf.read_u32(0).unwrap(), c.buf.read_u32(4).unwrap()), (1, 1));
+    drop(kq);
+    sys.settle();
+    assert_eq!(slots(&sys), (2, 2), "the slot comes back with the kernel queue");
+}
+
+/// "When an application wants to create a user queue, it allocates the necessary buffers for
+/// the queue (ring buffer, wptr and rptr, context save areas, etc.)": a context save area the
+/// application allocated is validated, pinned while its queue lives, and is where the engine
+/// saves an interrupted dispatch.
+#[test]
+fn an_application_allocated_context_save_area_is_validated_and_used() {
+    use abi::port::{AllocationDesc, KernelPort};
+    let sys = common::sim();
+    let p = common::RawProc::open(&sys);
+    let need = p.port.adapter_info().queue_metadata.context_save_bytes;
+    let small = p.port.allocate(p.dev, &AllocationDesc::system(4096)).unwrap();
+    let csa = p.port.allocate(p.dev, &AllocationDesc::system(need)).unwrap();
+    // Too small, not an allocation's start, outside every mapping: refused, naming the field.
+    for va in [small.va, csa.va + 4096, 0x7000_0000] {
+        let e = p.create(abi::QueueDescriptor { context_save_va: va, ..p.desc(0) }).unwrap_err();
+        assert!(
+            matches!(
+                &e,
+                KernelError::InvalidArgument { field: "context_save_va", .. }
+                    | KernelError::OutsideMappings { field: "context_save_va", .. }
+            ),
+            "{va:#x}: {e}"
+        );
+    }
+    let q = p.create(abi::QueueDescriptor { context_save_va: csa.va, ..p.desc(0) }).unwrap();
+    let db = p.doorbell(q.handle).unwrap();
+    p.port.connect_doorbell(q.handle).unwrap();
+    assert!(p.port.free(csa.handle).is_err(), "pinned while the queue lives");
+    // A dispatch that never ends is sliced: its state goes to the application's save area.
+    let kernel = p.port.allocate(p.dev, &AllocationDesc::system(4096)).unwrap();
+    p.port.map_allocation(kernel.handle).unwrap().write(0, &common::forever()).unwrap();
+    let mut cb = CommandBuffer::new();
+    cb.dispatch(kernel.va, [1, 1, 1], [32, 1, 1], kernel.va);
+    let mut words = cb.words().to_vec();
+    words.extend_from_slice(&abi::packet::progress_fence_words(1));
+    let ring = p.port.map_allocation(p.ring.handle).unwrap();
+    let ctl = p.port.map_allocation(p.ctl.handle).unwrap();
+    ring.write_u32s(0, &words).unwrap();
+    ctl.write_u64(abi::ring::LAST_QUEUED_OFFSET, 1).unwrap();
+    let wptr = words.len() as u64 * 4;
+    ctl.write_u64(abi::ring::WPTR_OFFSET, wptr).unwrap();
+    shm::Word::new(&db.cpu_page, db.offset).unwrap().get().store(wptr, std::sync::atomic::Ordering::Release);
+    let saved = p.port.map_allocation(csa.handle).unwrap();
+    let mut before = vec![0u8; need as usize];
+    saved.read(0, &mut before).unwrap();
+    assert!(before.iter().all(|&b| b == 0));
+    sys.run_for(Duration::from_millis(1));
+    let mut after = vec![0u8; need as usize];
+    saved.read(0, &mut after).unwrap();
+    assert!(after.iter().any(|&b| b != 0), "the engine saved the dispatch's state in the application's area");
+    p.port.destroy_hw_queue(q.handle).unwrap();
+    p.port.free(csa.handle).expect("free once its queue is gone");
+}
+
+/// A GPU ring on a queue whose engine went to F1 (its doorbell disconnected, nobody watching
+/// the word) is still heard: the firmware sees the disconnected word change and the kernel
+/// reconnects the doorbell — waking the engine — as the UMD would on `DisconnectedRetry`.
+#[test]
+fn a_gpu_ring_on_a_queue_whose_engine_is_in_f1_wakes_it() {
+    use kernel::trace::{Ddi, Event};
+    let idle = Duration::from_millis(2);
+    let sys = common::sim_with(common::idle_config(idle));
+    let c = common::client(&sys);
+    let copy = c.context(EngineKind::Copy);
+    let mut a = c.user_queue();
+    let mut b = copy.create_queue(QueueOptions::user_mode()).unwrap();
+    let mut work = CommandBuffer::new();
+    work.write_u32(c.buf.va() + 64, 0xF1);
+    let kb = b.prepare(&work).unwrap();
+    sys.run_for(idle * 5);
+    assert_eq!(sys.power(copy.engine()), gpu::PowerState::F1, "the copy engine is asleep");
+    assert_eq!(b.doorbell_status().unwrap(), abi::DoorbellStatus::DisconnectedRetry);
+    let mark = sys.trace().0.len();
+    let mut cb = CommandBuffer::new();
+    cb.kick(&kb);
+    a.submit(&cb).unwrap();
+    b.wait(kb.value, T).unwrap();
+    assert_eq!(c.buf.read_u32(64).unwrap(), 0xF1);
+    let ev = common::events_from(&sys, mark);
+    let rang = ev.iter().position(|e| *e == Event::DisconnectedRing { queue: b.handle() }).expect("heard");
+    let connect = ev.iter().position(|e| *e == Event::Ddi(Ddi::ConnectDoorbell(b.handle()))).expect("reconnected");
+    assert!(rang < connect, "{ev:#?}");
+    assert_eq!(b.doorbell_status().unwrap(), abi::DoorbellStatus::Connected);
+}

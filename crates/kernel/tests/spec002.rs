@@ -330,3 +330,19 @@ fn a_queues_progress_fence_is_a_native_fence() {
     drop(q);
     assert!(c.port.query_native_fence(h).is_err(), "destroyed with its queue");
 }
+
+/// Spec 002 "DDI to support placement of native fence values in local memory": the OS places a
+/// fence's values in the segments the KMD names for its type (`IntraGpu`: local memory), and a
+/// cross-adapter fence's CurrentValue always in system memory.
+#[test]
+fn fence_values_are_placed_where_the_kmd_says() {
+    use abi::port::MemoryDomain::{Local, System};
+    let sys = common::sim();
+    let c = common::client(&sys);
+    let pid = c.port.process();
+    let d = c.device.create_fence(0, NativeFenceType::Default).unwrap();
+    let g = c.device.create_fence(0, NativeFenceType::IntraGpu).unwrap();
+    assert_eq!(sys.native_fence_storage(pid, d.handle()).unwrap(), (System, System));
+    assert_eq!(sys.native_fence_storage(pid, g.handle()).unwrap(), (Local, Local));
+    assert!(g.value().is_err(), "local memory: no CPU access");
+}

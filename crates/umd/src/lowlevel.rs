@@ -305,6 +305,7 @@ impl UserQueue {
             priority: priority as u32,
             flags: 0,
             reserved: 0,
+            context_save_va: 0,
         };
         let info = port.create_hw_queue(ctx.handle, &HwQueueDesc { mode: SubmissionMode::UserMode(desc), priority })?;
         let hw = HwQueue::new(ctx.device.clone(), info)?;

@@ -57,8 +57,18 @@ pub(super) struct Watch {
     pub(super) last_used: u64,
 }
 
+/// A disconnected queue's BAR word, watched for rings from the GPU ([`Firmware::dormant`]).
+pub(super) struct Dormant {
+    pub(super) index: u32,
+    pub(super) word: Word,
+    pub(super) queue: FwQueueId,
+    pub(super) last: u64,
+}
+
 impl Firmware {
     pub(crate) fn bind_doorbell(&mut self, id: FwQueueId, index: u32) -> Result<(), GpuError> {
+        // The word is someone's live doorbell again (or this queue's): no longer dormant.
+        self.dormant.retain(|d| d.index != index && d.queue != id);
         // Reset the word to the queue's wptr as the firmware last validated it: a ring is a
         // change of the word, and every value a client can write except that one is a
         // change — the next wptr moves forward, and a bad one (backwards, misaligned,
@@ -167,6 +177,15 @@ impl Firmware {
 
     pub(crate) fn unbind_doorbell(&mut self, id: FwQueueId) -> Result<(), GpuError> {
         let binding = self.queue(id)?.doorbell;
+        if let Some(Binding::Word(index)) = binding
+            && let Ok(word) = self.bar.doorbell(index)
+        {
+            // Relaxed: a snapshot to compare later loads against; the re-read below finds
+            // whatever was published before it.
+            let last = word.get().load(Ordering::Relaxed);
+            self.dormant.retain(|d| d.index != index && d.queue != id);
+            self.dormant.push(Dormant { index, word, queue: id, last });
+        }
         self.forget_bit(id, binding);
         let (e, q) = self.engine_and_queue(id)?;
         forget_watch(e, id);
@@ -180,6 +199,16 @@ impl Firmware {
     pub(crate) fn poll_doorbells(&mut self) -> bool {
         let misses = self.misses_unmapped;
         let mut rang = false;
+        // Disconnected doorbells rung from the GPU: the kernel reconnects them.
+        for d in &mut self.dormant {
+            // Acquire: as for a watched word.
+            let v = d.word.get().load(Ordering::Acquire);
+            if v != d.last {
+                d.last = v;
+                self.irqs.push_back(Interrupt::DisconnectedRing { queue: d.queue });
+                rang = true;
+            }
+        }
         // Dedicated doorbells: a watched word that changed.
         for e in self.engines.iter_mut().filter(|e| e.power == PowerState::F0) {
             for k in 0..e.watches.len() {

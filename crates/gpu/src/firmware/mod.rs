@@ -171,6 +171,14 @@ pub enum Interrupt {
         /// The value written.
         value: u64,
     },
+    /// A disconnected queue's BAR doorbell word changed: a ring the CPU cannot have made (its
+    /// doorbell CPU VA shows the dummy page), so another queue rang it from the GPU (spec 001
+    /// "the GPU [can] submit work to itself"). Nobody watches the word until the kernel
+    /// reconnects the doorbell, which it does on this interrupt (and the bind re-reads wptr).
+    DisconnectedRing {
+        /// The queue.
+        queue: FwQueueId,
+    },
 }
 
 /// What a `NativeFenceSignaled` interrupt tells the kernel.
@@ -434,6 +442,10 @@ pub(crate) struct Firmware {
     /// Bumped at every doorbell bind and every ring seen on a watched BAR word: the clock of
     /// each doorbell's `last_used` (`doorbells::Watch`).
     use_seq: u64,
+    /// BAR doorbell words of queues the kernel disconnected (unbound), still theirs until
+    /// another binding takes the word: a change is a ring from the GPU, raised as
+    /// [`Interrupt::DisconnectedRing`] (`doorbells::Dormant`).
+    dormant: Vec<doorbells::Dormant>,
     /// Where engines may stop work for a preemption (`D3DKMDT_PREEMPTION_CAPS`).
     preemption: abi::preempt::PreemptionCaps,
     /// The last preemption ticket handed out.
@@ -555,6 +567,7 @@ impl Firmware {
             misses_unmapped: cfg.misses_unmapped_doorbells,
             fence_epoch: 0,
             use_seq: 0,
+            dormant: Vec::new(),
             preemption: cfg.preemption,
             next_ticket: 0,
             log: FwLog::default(),
@@ -702,6 +715,7 @@ impl Firmware {
     }
 
     pub(crate) fn remove_queue(&mut self, id: FwQueueId) -> Result<u64, GpuError> {
+        self.dormant.retain(|d| d.queue != id);
         let (e, q) = self.engine_and_queue(id)?;
         doorbells::forget_watch(e, id);
         schedule::leave_run_list(e, q, id);
@@ -711,12 +725,19 @@ impl Firmware {
         Ok(q.rptr)
     }
 
-    /// Replaces the queue's fence log `index` (0 waits, 1 signals); `false` if the queue has
-    /// no fence logs (a kernel-mode queue).
+    /// An engine's hardware slots, and how many its kernel queues hold (always mapped).
+    pub(crate) fn kernel_slots(&self, engine: EngineId) -> Result<(u32, u32), GpuError> {
+        let e = self.engines.get(engine.0 as usize).ok_or(GpuError::BadEngine(engine.0))?;
+        let kernel = e.run_list.iter().filter(|id| self.queues.get(id.0).is_ok_and(|q| q.cfg.privileged)).count();
+        Ok((e.hw_slots as u32, kernel.min(e.hw_slots) as u32))
+    }
+
     pub(crate) fn optimized_interrupts(&self) -> bool {
         self.optimized_interrupts
     }
 
+    /// Replaces the queue's fence log `index` (0 waits, 1 signals); `false` if the queue has
+    /// no fence logs (a kernel-mode queue).
     pub(crate) fn set_fence_log(&mut self, id: FwQueueId, index: usize, log: Arc<Shm>) -> Result<bool, GpuError> {
         let q = self.queue_mut(id)?;
         match (&mut q.cfg.fence_logs, index) {

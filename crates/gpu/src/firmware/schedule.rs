@@ -131,10 +131,13 @@ pub(super) struct Seat {
 
 impl Seat {
     /// Whether the queue belongs in its engine's waiting set: on the run list, with work
-    /// (pending), not hung, and not in a hardware slot (`Mapped` is exactly "in `hqd`" for a
-    /// queue that is not hung).
+    /// (pending) — or a kernel queue, which is always mapped (spec 001: "Kernel queues are
+    /// always mapped so any work that goes into kernel queues will take priority") — not hung,
+    /// and not in a hardware slot (`Mapped` is exactly "in `hqd`" for a queue that is not hung).
     pub(super) fn should_wait(&self) -> bool {
-        self.on_run_list && self.pending && !matches!(self.state, QueueState::Mapped | QueueState::Hung)
+        self.on_run_list
+            && (self.pending || !self.class.user)
+            && !matches!(self.state, QueueState::Mapped | QueueState::Hung)
     }
 }
 
@@ -351,6 +354,10 @@ pub(super) fn schedule<Q: Schedulable>(
                     let (_, pending, privileged, prio, vm, start) = get(queues, id)?;
                     if privileged && !w_priv {
                         return None;
+                    }
+                    // A kernel queue takes its slot from any user queue.
+                    if w_priv && !privileged {
+                        return Some((0, prio, start, id));
                     }
                     let quantum = if vm == w_vm { quanta.gang } else { quanta.process };
                     let rank = if !pending {

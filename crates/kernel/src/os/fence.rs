@@ -110,6 +110,10 @@ pub(crate) struct FenceObj {
     /// A queue's progress fence: only its engine writes it (no CPU signal, no
     /// AlwaysSignaled write).
     engine_only: bool,
+    /// Where CurrentValue and MonitoredValue live (the KMD's
+    /// `D3DKMDT_FENCESTORAGESURFACEDATA`; a cross-adapter CurrentValue is always in system
+    /// memory).
+    storage_domains: (abi::port::MemoryDomain, abi::port::MemoryDomain),
 }
 
 impl FenceObj {
@@ -212,6 +216,7 @@ impl Os {
             (Some((x, me)), true) => Some(x.create(*me, id, current.clone(), coff)),
             _ => None,
         };
+        let storage_domains = self.fence_storage(desc.kind, desc.cross_adapter);
         let handle = self.proc(pid)?.fences.insert(FenceObj {
             device,
             id,
@@ -229,6 +234,7 @@ impl Os {
             system,
             _system_mapping: own_sys,
             engine_only: false,
+            storage_domains,
         });
         if desc.shareable
             && let Err(e) = self.ddi.open_native_fence(id, handle)
@@ -288,6 +294,7 @@ impl Os {
         let id = self.next_fence_id;
         self.next_fence_id += 1;
         self.ddi.create_native_fence(id, (current.clone(), coff), monitored.clone())?;
+        let storage_domains = self.fence_storage(kind, true);
         let h = self.proc(pid)?.fences.insert(FenceObj {
             device,
             id,
@@ -305,6 +312,7 @@ impl Os {
             system: None,
             _system_mapping: None,
             engine_only: false,
+            storage_domains,
         });
         self.fence_index.insert(id, vec![(pid, h)]);
         x.opened(handle, me, id);
@@ -384,8 +392,8 @@ impl Os {
         _now: Time,
     ) -> Result<NativeFenceInfo, KernelError> {
         let o = self.proc(opid)?.fences.get(oh)?;
-        let (id, kind, current, coff, value, monitored, cross) =
-            (o.id, o.kind, o.storage.clone(), o.coff, o.value.clone(), o.monitored.clone(), o.cross);
+        let (id, kind, current, coff, value, monitored, cross, storage_domains) =
+            (o.id, o.kind, o.storage.clone(), o.coff, o.value.clone(), o.monitored.clone(), o.cross, o.storage_domains);
         let va = self.proc(pid)?.take_va(4096);
         let mapping = self.ddi.map_gpu(pid, va, 4096, current.clone(), true)?;
         let handle = self.proc(pid)?.fences.insert(FenceObj {
@@ -405,6 +413,7 @@ impl Os {
             system: None,
             _system_mapping: None,
             engine_only: false,
+            storage_domains,
         });
         if let Err(e) = self.ddi.open_native_fence(id, handle) {
             let _ = self.proc(pid)?.fences.remove(handle);
@@ -527,6 +536,28 @@ impl Os {
         // The CMP reads MonitoredValue; only the KMD writes it.
         let m = self.ddi.map_gpu(super::SYSTEM_PROCESS, mva, 4096, monitored.clone(), false)?;
         Ok(Some(SystemMapping { current_va: cva, monitored_va: mva, _mappings: [c, m] }))
+    }
+
+    /// Where fence `kind`'s values live: the KMD's segments (spec 002 "DDI to support
+    /// placement of native fence values in local memory"), except that a cross-adapter
+    /// fence's CurrentValue is always in system memory (spec 002: "Current value for cross
+    /// adapter fences is always in system memory").
+    fn fence_storage(
+        &self,
+        kind: NativeFenceType,
+        cross_adapter: bool,
+    ) -> (abi::port::MemoryDomain, abi::port::MemoryDomain) {
+        let (current, monitored) = self.ddi.native_fence_storage(kind);
+        (if cross_adapter { abi::port::MemoryDomain::System } else { current }, monitored)
+    }
+
+    /// Where a fence's CurrentValue and MonitoredValue live.
+    pub fn native_fence_storage(
+        &mut self,
+        pid: ProcessId,
+        h: NativeFenceHandle,
+    ) -> Result<(abi::port::MemoryDomain, abi::port::MemoryDomain), KernelError> {
+        Ok(self.proc(pid)?.fences.get(h)?.storage_domains)
     }
 
     /// A fence's CurrentValue and MonitoredValue VAs in the GPU system process, when the KMD
@@ -660,6 +691,7 @@ impl Os {
                     system: None,
                     _system_mapping: None,
                     engine_only: true,
+                    storage_domains: (abi::port::MemoryDomain::System, abi::port::MemoryDomain::System),
                 });
                 p.queues.get_mut(q)?.progress_fence = Some(h);
                 self.fence_index.insert(id, vec![(pid, h)]);

@@ -135,6 +135,34 @@ impl Os {
         Priority::from_u32(d.priority).ok_or_else(|| invalid("priority", d.priority, Invalid::PriorityRange))
     }
 
+    /// The context save area the application allocated for a queue (spec 001), validated: the
+    /// start of one of the process's allocations (the engine saves from offset 0), at least
+    /// INFO's `context_save_bytes`, writable by the GPU. `None` when the descriptor leaves it
+    /// to the kernel (0).
+    fn app_context_save(
+        &mut self,
+        pid: ProcessId,
+        d: &QueueDescriptor,
+        _engine: abi::EngineId,
+    ) -> Result<Option<Arc<Shm>>, KernelError> {
+        if d.context_save_va == 0 {
+            return Ok(None);
+        }
+        let need = self.ddi.adapter_info().queue_metadata.context_save_bytes;
+        let va = d.context_save_va;
+        self.check_access(pid, "context_save_va", va, need, Access::Write, 4096)?;
+        let p = self.proc(pid)?;
+        let a = p.allocations.iter().find(|(_, a)| a.va == va).map(|(_, a)| (a.shm.clone(), a.bytes));
+        match a {
+            Some((shm, bytes)) if bytes >= need => Ok(Some(shm)),
+            _ => Err(invalid(
+                "context_save_va",
+                format!("{va:#x}"),
+                Invalid::DoesNotHold { what: "context save area (an allocation's start)", va },
+            )),
+        }
+    }
+
     /// `D3DKMTCreateHwQueue` / USERQ CREATE.
     pub fn create_hw_queue(
         &mut self,
@@ -207,6 +235,7 @@ impl Os {
                     fence_logs: logs.clone(),
                     privileged: false,
                     priority: desc.priority,
+                    context_save: self.app_context_save(pid, &d, einfo.id)?,
                 };
                 let last_queued = self.proc(pid)?.allocations.iter().find_map(|(_, a)| {
                     a.holds(d.last_queued_va, 8)
@@ -242,6 +271,7 @@ impl Os {
                     fence_logs: None,
                     privileged: true,
                     priority: desc.priority,
+                    context_save: None,
                 };
                 let kr = KernelRing {
                     ring,
@@ -292,8 +322,9 @@ impl Os {
         // destroyed: the engine reads and writes them.
         let p = self.proc(pid)?;
         if let Some(desc) = p.queues.get(handle)?.user_desc().copied() {
+            let csa = if desc.context_save_va != 0 { (desc.context_save_va, 1) } else { (desc.ring_va, 1) };
             let words =
-                [(desc.ring_va, desc.ring_bytes), (desc.rptr_va, 8), (desc.wptr_va, 8), (desc.last_queued_va, 8)];
+                [(desc.ring_va, desc.ring_bytes), (desc.rptr_va, 8), (desc.wptr_va, 8), (desc.last_queued_va, 8), csa];
             for h in p.allocations.handles() {
                 let a = p.allocations.get_mut(h)?;
                 if words.iter().any(|&(va, n)| a.holds(va, n)) {

@@ -130,6 +130,13 @@ impl Os {
             Notification::Preempted { queue, ticket, requested_at, answered_at } => {
                 self.handle_preempted(queue, ticket, requested_at, answered_at, now)
             }
+            Notification::DisconnectedRing { queue } => {
+                // What the UMD's loop does on `DisconnectedRetry`, done for the GPU that rang:
+                // connect (waking its engine from F1); the bind re-reads wptr and finds the
+                // work. A queue gone, hung or suspended-in-D3 refuses, which is its answer.
+                self.trace.push(now, Event::DisconnectedRing { queue });
+                let _ = self.connect_doorbell(queue.owner(), queue, now);
+            }
         }
     }
 

@@ -374,6 +374,16 @@ impl System {
         self.inner.os.lock().native_fence_system_vas(pid, fence)
     }
 
+    /// Where a fence's CurrentValue and MonitoredValue live (the KMD's
+    /// `D3DKMDT_FENCESTORAGESURFACEDATA`).
+    pub fn native_fence_storage(
+        &self,
+        pid: ProcessId,
+        fence: NativeFenceHandle,
+    ) -> Result<(abi::port::MemoryDomain, abi::port::MemoryDomain), KernelError> {
+        self.inner.os.lock().native_fence_storage(pid, fence)
+    }
+
     /// Reads a word through the GPU system process's address space, as the CMP would.
     pub fn read_system_process_u64(&self, va: u64) -> Option<u64> {
         self.inner.os.lock().read_system_process_u64(va)

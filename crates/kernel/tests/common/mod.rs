@@ -478,6 +478,7 @@ impl RawProc {
             priority: abi::Priority::Normal as u32,
             flags: 0,
             reserved: 0,
+            context_save_va: 0,
         }
     }
     /// Creates a user-mode queue.
