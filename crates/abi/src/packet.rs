@@ -93,6 +93,9 @@ pub enum Opcode {
     Interrupt = 9,
     /// Run a compute kernel.
     Dispatch = 10,
+    /// Occupy the engine for a given device time without executing anything (the
+    /// simulator's synthetic kernel: a dispatch whose duration is given, not interpreted).
+    Synthetic = 11,
 }
 
 impl Opcode {
@@ -110,6 +113,7 @@ impl Opcode {
             8 => Opcode::ProgressFence,
             9 => Opcode::Interrupt,
             10 => Opcode::Dispatch,
+            11 => Opcode::Synthetic,
             _ => return None,
         })
     }
@@ -119,7 +123,7 @@ impl Opcode {
         match self {
             Opcode::WriteData | Opcode::Fill => Some(6),
             Opcode::Copy => Some(7),
-            Opcode::Timestamp | Opcode::ProgressFence => Some(3),
+            Opcode::Timestamp | Opcode::ProgressFence | Opcode::Synthetic => Some(3),
             Opcode::IndirectBuffer | Opcode::Signal | Opcode::Wait => Some(5),
             Opcode::Interrupt => Some(2),
             Opcode::Dispatch => Some(11),
@@ -141,6 +145,7 @@ impl Opcode {
             Opcode::ProgressFence => "PROGRESS_FENCE",
             Opcode::Interrupt => "INTERRUPT",
             Opcode::Dispatch => "DISPATCH",
+            Opcode::Synthetic => "SYNTHETIC",
         }
     }
 }
@@ -337,6 +342,13 @@ pub enum Packet {
         /// GPU VA of the argument buffer.
         args: u64,
     },
+    /// `SYNTHETIC`: the engine is busy for `ns` nanoseconds of device time and writes no
+    /// memory. Resumable like a bulk copy: a turn runs as much of it as the turn has time
+    /// for, and a preemption stops it where the engine stops a bulk copy's chunks.
+    Synthetic {
+        /// Device time the packet occupies its engine (ns).
+        ns: u64,
+    },
 }
 
 /// Why a dword sequence is not a valid packet.
@@ -438,6 +450,7 @@ impl Packet {
             Packet::ProgressFence { .. } => Opcode::ProgressFence,
             Packet::Interrupt { .. } => Opcode::Interrupt,
             Packet::Dispatch { .. } => Opcode::Dispatch,
+            Packet::Synthetic { .. } => Opcode::Synthetic,
         }
     }
 
@@ -494,6 +507,7 @@ impl Packet {
             }
             Packet::ProgressFence { value } => out.extend_from_slice(&progress_fence_words(value)[1..]),
             Packet::Interrupt { id } => out.push(id),
+            Packet::Synthetic { ns } => push_u64(out, ns),
             Packet::Dispatch { kernel, grid, group, args } => {
                 push_u64(out, kernel);
                 out.extend_from_slice(&grid);
@@ -550,6 +564,7 @@ impl Packet {
             Opcode::Wait => Packet::Wait { va: u64_at(w, 1), value: u64_at(w, 3) },
             Opcode::ProgressFence => Packet::ProgressFence { value: u64_at(w, 1) },
             Opcode::Interrupt => Packet::Interrupt { id: w[1] },
+            Opcode::Synthetic => Packet::Synthetic { ns: u64_at(w, 1) },
             Opcode::Dispatch => Packet::Dispatch {
                 kernel: u64_at(w, 1),
                 grid: [w[3], w[4], w[5]],
@@ -598,6 +613,7 @@ mod tests {
             Packet::ProgressFence { value: 42 },
             Packet::Interrupt { id: 7 },
             Packet::Dispatch { kernel: 0x1000, grid: [4, 2, 1], group: [64, 1, 1], args: 0x2000 },
+            Packet::Synthetic { ns: 1_234_567_890_123 },
         ]
     }
 

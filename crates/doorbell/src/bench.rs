@@ -61,6 +61,10 @@ pub enum BenchCommand {
     /// The consumer side of `bench submit --daemon`'s peer measurements (run as a child).
     #[command(hide = true)]
     Peer(crate::bench_daemon::PeerArgs),
+    /// The simulator at scale: 10,000 user-mode queues over 8 slots, synthetic kernels, in
+    /// virtual time; events, submissions and simulated seconds per wall second, beside the
+    /// live driver's submissions per second for the same workload scaled down.
+    Sim(crate::sim_cmd::BenchSimArgs),
 }
 
 #[derive(Args)]
@@ -123,6 +127,7 @@ pub fn run(cmd: BenchCommand) -> Result<(), CliError> {
         BenchCommand::Preempt(a) => crate::bench_preempt::run(a),
         BenchCommand::Pgo(a) => crate::bench_pgo::run(a),
         BenchCommand::Peer(a) => crate::bench_daemon::peer(a),
+        BenchCommand::Sim(a) => crate::sim_cmd::bench_sim(a),
     }
 }
 

@@ -24,6 +24,7 @@ mod examples;
 mod num;
 mod run;
 mod serve;
+mod sim_cmd;
 mod trace;
 
 use clap::{Parser, Subcommand};
@@ -79,6 +80,10 @@ enum Command {
     /// Ask a running daemon what it holds: adapters, engines (power, slots), processes and
     /// their queues (state, priority, doorbell, completed), doorbell use, faults.
     Status(serve::StatusArgs),
+    /// Deterministic simulation: run a scenario file on the real stack in virtual time and
+    /// write summary.json, queues.csv, trace.json, plots and report.html; or `sweep`,
+    /// `merge`, `calibrate` (see docs/sim.md).
+    Sim(sim_cmd::SimArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -92,6 +97,7 @@ fn main() -> std::process::ExitCode {
         Command::Bench(b) => bench::run(b),
         Command::Serve(a) => serve::serve(a),
         Command::Status(a) => serve::status(a),
+        Command::Sim(a) => sim_cmd::run(a),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -230,12 +230,20 @@ fn the_demo_says_what_it_does() {
 fn the_docs_point_only_inside_the_repository_and_name_the_public_documents() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let mut files = vec![root.join("README.md")];
-    for dir in ["docs", "examples"] {
-        for e in std::fs::read_dir(root.join(dir)).unwrap() {
-            files.push(e.unwrap().path());
+    // Every file under docs/ and examples/, subdirectories (examples/sim, examples/cluster)
+    // included.
+    let mut dirs = vec![root.join("docs"), root.join("examples")];
+    while let Some(dir) = dirs.pop() {
+        for e in std::fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() { dirs.push(p) } else { files.push(p) }
         }
     }
     for f in &files {
+        // Images (a plot the README shows) are not text.
+        if f.extension().is_some_and(|e| e == "png") {
+            continue;
+        }
         let text = std::fs::read_to_string(f).unwrap();
         for outside in ["../shared", "shared/spec", "BRIEF"] {
             assert!(!text.contains(outside), "{} points outside the repository: {outside}", f.display());
@@ -309,4 +317,70 @@ fn bench_pgo_reports_both_kernels_with_identical_results() {
         assert!(v[f].as_u64().is_some(), "{f} missing: {v}");
     }
     assert!(v["foreground_slowdown"].as_f64().is_some());
+}
+
+#[test]
+fn sim_runs_a_scenario_and_refuses_a_bad_one_by_file_line_key_and_value() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let out = std::env::temp_dir().join(format!("doorbell-sim-{}", std::process::id()));
+    let scenario = root.join("examples/sim/trace.toml");
+    let st = doorbell()
+        .args(["sim", scenario.to_str().unwrap(), "--quiet", "--out", out.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(st.status.success(), "{}", String::from_utf8_lossy(&st.stderr));
+    for f in ["summary.json", "queues.csv", "trace.json", "report.html", "latency_cdf.svg", "latency_cdf.png"] {
+        assert!(out.join(f).exists(), "{f} missing");
+    }
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    // examples/sim/trace.csv has six rows.
+    assert_eq!(summary["submissions"], 6);
+    assert_eq!(summary["lost"], 0);
+    let bad = out.join("bad.toml");
+    std::fs::write(&bad, "duration_ms = 1\n[device]\nslots = 0\n[[group]]\nname = \"a\"\n").unwrap();
+    let st =
+        doorbell().args(["sim", bad.to_str().unwrap(), "--quiet", "--out", out.to_str().unwrap()]).output().unwrap();
+    assert!(!st.status.success());
+    let err = String::from_utf8_lossy(&st.stderr);
+    assert!(err.contains("bad.toml:3: device.slots = 0: must be 1..=64"), "{err}");
+    std::fs::remove_dir_all(&out).ok();
+}
+
+/// `sim calibrate` measures the live driver: live threads, so behind `--ignored` (CI's live
+/// step runs it).
+#[test]
+#[ignore = "live run: `cargo test -- --ignored` (CI runs it separately)"]
+fn sim_calibrate_writes_a_cost_section_a_scenario_accepts() {
+    let dir = std::env::temp_dir().join(format!("doorbell-cal-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cost = dir.join("cost.toml");
+    let st = doorbell().args(["sim", "calibrate", "--out", cost.to_str().unwrap()]).output().unwrap();
+    assert!(st.status.success(), "{}", String::from_utf8_lossy(&st.stderr));
+    let text = std::fs::read_to_string(&cost).unwrap();
+    let scenario = format!("duration_ms = 1\n[[group]]\nname = \"a\"\n{text}");
+    let path = dir.join("s.toml");
+    std::fs::write(&path, &scenario).unwrap();
+    let st = doorbell()
+        .args(["sim", path.to_str().unwrap(), "--quiet", "--out", dir.join("out").to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(st.status.success(), "{scenario}\n{}", String::from_utf8_lossy(&st.stderr));
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// `bench sim --json` prints every field it promises (a short run; live part included, so
+/// behind `--ignored`).
+#[test]
+#[ignore = "live run: `cargo test -- --ignored` (CI runs it separately)"]
+fn bench_sim_reports_every_field() {
+    let st = doorbell()
+        .args(["bench", "sim", "--json", "--queues", "1000", "--ms", "2", "--live-seconds", "0.2"])
+        .output()
+        .unwrap();
+    assert!(st.status.success(), "{}", String::from_utf8_lossy(&st.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&st.stdout).unwrap();
+    for k in ["events", "events_per_s", "submissions_per_s", "sim_seconds_per_wall_second", "live_submissions_per_s"] {
+        assert!(v[k].as_f64().is_some_and(|x| x > 0.0), "{k}: {v}");
+    }
 }

@@ -44,7 +44,7 @@ pub use abi::preempt::{ComputeGranularity, CopyGranularity, PreemptionCaps, Stop
 pub use abi::time::Time;
 pub use cost::{CostModel, Timing};
 pub use firmware::preempt::{Attention, AttentionGuard, EngineReset, FwEvent, FwLogEntry, Requester, RingPosition};
-pub use firmware::{FenceSignaled, FenceWaits, FwQueueId, Interrupt, QueueConfig, StepReport};
+pub use firmware::{Completion, FenceSignaled, FenceWaits, FwQueueId, Interrupt, QueueConfig, StepReport};
 pub use memory::{AddressSpace, GpuMapping, Vmid};
 
 /// Device configuration.
@@ -509,6 +509,13 @@ impl Gpu {
         self.fw.poll_doorbells()
     }
 
+    /// [`Gpu::poll_doorbells`] limited to the dedicated doorbells of `queues` (and every
+    /// global-doorbell page and aggregated doorbell): for a driver that knows which clients
+    /// may have rung since the last poll. Returns whether any doorbell changed.
+    pub fn poll_doorbells_of(&mut self, queues: &[FwQueueId]) -> bool {
+        self.fw.poll_doorbells_of(queues)
+    }
+
     /// Lets every F0 engine run its pending queues for one round, at time `now` (timestamps
     /// written in this round all read `now`: the deterministic driver's case).
     pub fn step(&mut self, now: Time) -> StepReport {
@@ -566,5 +573,25 @@ impl Gpu {
     /// The next interrupt on the line.
     pub fn poll_interrupt(&mut self) -> Option<Interrupt> {
         self.fw.poll_interrupt()
+    }
+
+    /// Starts (`true`) or stops recording every `PROGRESS_FENCE` the engines execute, with
+    /// its queue, value and end time: how a simulator observes completions without reading
+    /// every queue's memory after every step. Off by default.
+    pub fn record_completions(&mut self, on: bool) {
+        self.fw.completions = on.then(Vec::new);
+    }
+
+    /// Queues holding a hardware slot on `engine` now, and how many times a queue was mapped
+    /// into one of its slots so far; `None` for an engine that does not exist.
+    pub fn slot_occupancy(&self, engine: abi::EngineId) -> Option<(usize, u64)> {
+        self.fw.slots(engine)
+    }
+
+    /// Moves the completions recorded since the last call into `out` (in execution order).
+    pub fn take_completions(&mut self, out: &mut Vec<Completion>) {
+        if let Some(c) = self.fw.completions.as_mut() {
+            out.append(c);
+        }
     }
 }

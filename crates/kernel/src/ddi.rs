@@ -512,6 +512,11 @@ pub trait Kmd: Send {
             reason: DeviceRefusal::Unsupported("doorbells rung from the GPU"),
         })
     }
+    /// The device's own number for `queue` (the virtual GPU's firmware queue id), for tools
+    /// that observe the device directly (the simulator); `None` if the KMD has none.
+    fn device_queue_id(&self, _queue: HwQueueHandle) -> Option<u64> {
+        None
+    }
 }
 
 /// Where a queue held off its engine stands in its ring ([`Kmd::held_position`]).
@@ -867,5 +872,8 @@ impl Kmd for Traced {
     }
     fn map_doorbell_page(&mut self, process: ProcessId, va: u64, page: u32) -> Result<GpuMapping, DdiError> {
         self.inner.map_doorbell_page(process, va, page)
+    }
+    fn device_queue_id(&self, queue: HwQueueHandle) -> Option<u64> {
+        self.inner.device_queue_id(queue)
     }
 }

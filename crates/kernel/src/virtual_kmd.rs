@@ -981,4 +981,8 @@ impl Kmd for VirtualKmd {
         abi::protocol::monitored_barrier();
         Ok(())
     }
+
+    fn device_queue_id(&self, queue: HwQueueHandle) -> Option<u64> {
+        self.fw(queue).ok().map(|id| id.to_bits())
+    }
 }

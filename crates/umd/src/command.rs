@@ -132,6 +132,12 @@ impl CommandBuffer {
         self.packet(Packet::Interrupt { id })
     }
 
+    /// `SYNTHETIC`: occupies the engine for `ns` nanoseconds of device time, writing nothing
+    /// (the simulator's synthetic kernel).
+    pub fn synthetic(&mut self, ns: u64) -> &mut Self {
+        self.packet(Packet::Synthetic { ns })
+    }
+
     /// Raw dwords, unchecked: for tests that feed the device malformed streams.
     pub fn raw(&mut self, words: &[u32]) -> &mut Self {
         self.words.extend_from_slice(words);

@@ -73,8 +73,9 @@ impl Firmware {
         self.use_seq += 1;
         let last_used = self.use_seq;
         let (e, q) = self.engine_and_queue(id)?;
-        e.watches.retain(|w| w.queue != id);
-        e.watches.push(Watch { word, queue: id, last, last_used });
+        forget_watch(e, id);
+        e.watches.push(Some(Watch { word, queue: id, last, last_used }));
+        e.watch_at.insert(id, e.watches.len() - 1);
         e.resched = true;
         q.doorbell = Some(Binding::Word(index));
         // Work published while disconnected rang the dummy page: find it through wptr.
@@ -149,7 +150,8 @@ impl Firmware {
         Ok(q.doorbell.map(|b| match b {
             Binding::Bit { page, bit } => crate::BoundDoorbell::Bit { page, bit },
             Binding::Word(index) => {
-                let watch = self.engines[q.cfg.engine.0 as usize].watches.iter().find(|w| w.queue == id);
+                let e = &self.engines[q.cfg.engine.0 as usize];
+                let watch = e.watch_at.get(&id).and_then(|&k| e.watches.get(k)).and_then(Option::as_ref);
                 crate::BoundDoorbell::Word { index, last_used: watch.map_or(0, |w| w.last_used) }
             }
         }))
@@ -167,7 +169,7 @@ impl Firmware {
         let binding = self.queue(id)?.doorbell;
         self.forget_bit(id, binding);
         let (e, q) = self.engine_and_queue(id)?;
-        e.watches.retain(|w| w.queue != id);
+        forget_watch(e, id);
         e.resched = true;
         q.doorbell = None;
         // A ring that raced the disconnect may never be seen on the BAR: re-read wptr.
@@ -181,23 +183,37 @@ impl Firmware {
         // Dedicated doorbells: a watched word that changed.
         for e in self.engines.iter_mut().filter(|e| e.power == PowerState::F0) {
             for k in 0..e.watches.len() {
-                let w = &mut e.watches[k];
-                // Acquire: pairs with the client's release store of the doorbell, so the wptr it
-                // stored before ringing is visible to the wptr load that follows. (With a
-                // relaxed load the firmware could see the ring yet read the old wptr, and
-                // conclude the queue is idle.)
-                let v = w.word.get().load(Ordering::Acquire);
-                if v != w.last {
-                    w.last = v;
-                    self.use_seq += 1;
-                    w.last_used = self.use_seq;
-                    let id = w.queue;
-                    if let Ok(q) = self.queues.get_mut(id.0) {
-                        rang |= latch_ring(e, q, id, misses);
-                    }
-                }
+                rang |= check_watch(e, k, &mut self.queues, &mut self.use_seq, misses);
             }
         }
+        rang | self.poll_shared_doorbells()
+    }
+
+    /// [`Firmware::poll_doorbells`] for a driver that knows which queues' clients may have
+    /// rung since the last poll (the deterministic driver, whose clients run between its
+    /// steps): only those queues' dedicated doorbells are looked at, in the order given, then
+    /// every global-doorbell bit page and aggregated doorbell (a few words per process).
+    /// Unknown or unbound queues are skipped.
+    pub(crate) fn poll_doorbells_of(&mut self, ids: &[FwQueueId]) -> bool {
+        let misses = self.misses_unmapped;
+        let mut rang = false;
+        for &id in ids {
+            let Ok(q) = self.queues.get(id.0) else { continue };
+            let Some(e) = self.engines.get_mut(q.cfg.engine.0 as usize) else { continue };
+            if e.power != PowerState::F0 {
+                continue;
+            }
+            if let Some(&k) = e.watch_at.get(&id) {
+                rang |= check_watch(e, k, &mut self.queues, &mut self.use_seq, misses);
+            }
+        }
+        rang | self.poll_shared_doorbells()
+    }
+
+    /// The global-doorbell bit pages and the aggregated doorbells.
+    fn poll_shared_doorbells(&mut self) -> bool {
+        let misses = self.misses_unmapped;
+        let mut rang = false;
         // Global-doorbell bit pages: each set bit names a queue of that page's process. A bit
         // of a queue whose engine is in F1 goes back (the engine is not watching); a bit that
         // names no queue is dropped. Either way a bit only ever makes the firmware re-read one
@@ -258,6 +274,44 @@ impl Firmware {
             }
         }
         rang
+    }
+}
+
+/// Looks at watch `k` of `e`: a word that changed is a ring, latched for its queue.
+fn check_watch(e: &mut Engine, k: usize, queues: &mut Slab<FwQueue>, use_seq: &mut u64, misses: bool) -> bool {
+    let Some(w) = e.watches[k].as_mut() else { return false };
+    // Acquire: pairs with the client's release store of the doorbell, so the wptr it
+    // stored before ringing is visible to the wptr load that follows. (With a
+    // relaxed load the firmware could see the ring yet read the old wptr, and
+    // conclude the queue is idle.)
+    let v = w.word.get().load(Ordering::Acquire);
+    if v == w.last {
+        return false;
+    }
+    w.last = v;
+    *use_seq += 1;
+    w.last_used = *use_seq;
+    let id = w.queue;
+    match queues.get_mut(id.0) {
+        Ok(q) => latch_ring(e, q, id, misses),
+        Err(_) => false,
+    }
+}
+
+/// Drops queue `id`'s watch from `e`, if it has one, keeping the others in order: its place
+/// is emptied, and the list is compacted (and the index rebuilt) once half of it is empty,
+/// so removing every queue one by one costs linear time, not quadratic.
+pub(super) fn forget_watch(e: &mut Engine, id: FwQueueId) {
+    let Some(k) = e.watch_at.remove(&id) else { return };
+    e.watches[k] = None;
+    if e.watch_at.len() * 2 <= e.watches.len() {
+        e.watches.retain(Option::is_some);
+        e.watch_at.clear();
+        for (k, w) in e.watches.iter().enumerate() {
+            if let Some(w) = w {
+                e.watch_at.insert(w.queue, k);
+            }
+        }
     }
 }
 

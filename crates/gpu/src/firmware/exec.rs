@@ -85,6 +85,9 @@ pub(super) struct Env<'a> {
     pub(super) sentinels: &'a [(Word, u64)],
     /// The turn was cut short by [`Env::interrupted`]: the step ends here for this engine.
     pub(super) cut: bool,
+    /// Where executed `PROGRESS_FENCE`s are recorded, if anyone asked
+    /// ([`crate::Gpu::record_completions`]).
+    pub(super) completions: Option<&'a mut Vec<super::Completion>>,
 }
 
 impl Env<'_> {
@@ -151,6 +154,7 @@ impl Firmware {
             timing,
             log,
             attention,
+            completions,
             ..
         } = self;
         let modelled = *timing == crate::cost::Timing::Modelled;
@@ -217,6 +221,7 @@ impl Firmware {
                     attention,
                     sentinels: &e.sentinels,
                     cut: false,
+                    completions: completions.as_mut(),
                 };
                 let (packets, stopped) = run_queue(q, id, vms, *budget, &mut env);
                 report.packets += packets;
@@ -393,12 +398,12 @@ pub(super) fn run_queue(
 /// (no sentinels) on an engine with more than [`preempt::MAX_SENTINEL_WATCHES`] doorbells.
 fn watch_sentinels(e: &mut Engine, queues: &Slab<FwQueue>) {
     e.sentinels.clear();
-    if e.watches.len() > preempt::MAX_SENTINEL_WATCHES {
+    if e.watch_at.len() > preempt::MAX_SENTINEL_WATCHES {
         return;
     }
     let busy = |id: &FwQueueId| queues.get(id.0).ok().filter(|q| q.pending && q.state == QueueState::Mapped);
     let Some(lowest) = e.hqd.iter().filter_map(busy).map(|q| q.cfg.priority).min() else { return };
-    for w in &e.watches {
+    for w in e.watches.iter().flatten() {
         if queues.get(w.queue.0).is_ok_and(|q| !q.pending && q.cfg.priority > lowest && q.state != QueueState::Hung) {
             e.sentinels.push((w.word.clone(), w.last));
         }
@@ -498,8 +503,14 @@ fn exec_packet(
     // misdirected WRITE_DATA — so every writing packet counts as a fence change. That costs an
     // increment, and parking can never lose a wake-up to this device's own writes: only writes
     // from outside (the CPU, another adapter) need the KMD's notification.
-    if !matches!(p, Packet::Nop { .. } | Packet::Wait { .. } | Packet::Interrupt { .. } | Packet::IndirectBuffer { .. })
-    {
+    if !matches!(
+        p,
+        Packet::Nop { .. }
+            | Packet::Wait { .. }
+            | Packet::Interrupt { .. }
+            | Packet::IndirectBuffer { .. }
+            | Packet::Synthetic { .. }
+    ) {
         *env.fence_epoch += 1;
     }
     match p {
@@ -681,11 +692,19 @@ fn exec_packet(
                 None => word.get().store(value, Ordering::Release),
             }
             q.completed = value;
+            if env.completions.is_some() {
+                // The packet ends once its own cost (charged after it executes) is spent.
+                let at = env.now().plus(env.cost.packet);
+                if let Some(c) = env.completions.as_deref_mut() {
+                    c.push(super::Completion { queue: id, value, at });
+                }
+            }
             if value > q.monitored {
                 env.irqs.push_back(Interrupt::ProgressFence { queue: id, value });
             }
         }
         Packet::Interrupt { id: user } => env.irqs.push_back(Interrupt::User { queue: id, id: user }),
+        Packet::Synthetic { ns } => return synthetic(q, env, ns),
         Packet::Dispatch { kernel, grid, group, args } => {
             if env.kind != EngineKind::Compute {
                 return Err(FaultKind::BadDispatch { why: "only compute engines run kernels" });
@@ -732,6 +751,33 @@ fn exec_packet(
                 }
             }
         }
+    }
+    Ok(Flow::Next)
+}
+
+/// Runs a `SYNTHETIC` packet of `total` ns of device time from where an earlier turn left it
+/// (kept, like a bulk copy's offset, in `bulk_done`): as much as the turn has time for (at
+/// least 1 ns), then it yields, or stops for a preemption where the engine stops a bulk
+/// copy's chunks. It reads and writes no memory. With modelled timing the slice is charged;
+/// with real timing (the live driver) the engine also spins for it.
+fn synthetic(q: &mut FwQueue, env: &mut Env<'_>, total: u64) -> Result<Flow, FaultKind> {
+    let mut done = q.bulk_done.take().unwrap_or(0).min(total);
+    let n = env.turn_left().max(1).min(total - done);
+    if env.timing == crate::cost::Timing::Real {
+        // The live driver: the engine is really busy for the slice (a kernel that takes time).
+        let until = (env.clock)().plus(std::time::Duration::from_nanos(n));
+        while (env.clock)() < until {
+            std::hint::spin_loop();
+        }
+    }
+    env.charge(n);
+    done += n;
+    if done < total {
+        q.bulk_done = Some(done);
+        if q.preempt.is_some() && env.stop.allows(StopPoint::Chunk) {
+            return Ok(Flow::Stopped(StopPoint::Chunk));
+        }
+        return Ok(Flow::Yield);
     }
     Ok(Flow::Next)
 }

@@ -71,6 +71,19 @@ use schedule::{Quanta, Waiting, join_run_list, mark_pending, sync_waiting};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct FwQueueId(Key);
 
+impl FwQueueId {
+    /// The id as one number (generation in the high half, entry in the low half), for tools
+    /// that key their own tables by it.
+    pub fn to_bits(self) -> u64 {
+        (self.0.generation() as u64) << 32 | self.0.index() as u64
+    }
+
+    /// The id [`FwQueueId::to_bits`] gave (a stale one names nothing; lookups say so).
+    pub fn from_bits(bits: u64) -> FwQueueId {
+        FwQueueId(Key::from_parts(bits as u32, (bits >> 32) as u32))
+    }
+}
+
 impl core::fmt::Display for FwQueueId {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         write!(f, "fwq{}.g{}", self.0.index(), self.0.generation())
@@ -358,7 +371,11 @@ struct Engine {
     /// The queues in hardware slots (HQDs): at most `hw_slots`; only these execute.
     hqd: Vec<FwQueueId>,
     hw_slots: usize,
-    watches: Vec<Watch>,
+    /// The watched dedicated doorbells, in bind order (`None`: a removed one, until the list
+    /// is compacted; see `doorbells::forget_watch`).
+    watches: Vec<Option<Watch>>,
+    /// Where each queue's watch is in `watches`.
+    watch_at: std::collections::HashMap<FwQueueId, usize>,
     cursor: usize,
     /// Whether the slot assignment must be recomputed: set by everything that can change who
     /// deserves a slot (a queue added, removed, suspended, resumed, (dis)connected; an
@@ -379,6 +396,8 @@ struct Engine {
     /// is mapped and runs at once. Rebuilt by each scheduling pass; empty past
     /// [`preempt::MAX_SENTINEL_WATCHES`] watched doorbells.
     sentinels: Vec<(Word, u64)>,
+    /// Queues mapped into a hardware slot so far (slot changes, for the simulator's counts).
+    slot_maps: u64,
 }
 
 /// The firmware state machine. See the module docs.
@@ -423,6 +442,28 @@ pub(crate) struct Firmware {
     log: FwLog,
     /// Raised by the kernel while it waits for the device lock ([`preempt::Attention`]).
     attention: preempt::Attention,
+    /// Every `PROGRESS_FENCE` executed, with its modelled end, when a tool asked for them
+    /// ([`crate::Gpu::record_completions`]; the simulator's observation point).
+    pub(crate) completions: Option<Vec<Completion>>,
+}
+
+impl Firmware {
+    /// Queues holding a hardware slot on `engine` now, and queues mapped into one so far.
+    pub(crate) fn slots(&self, engine: EngineId) -> Option<(usize, u64)> {
+        self.engines.get(engine.0 as usize).map(|e| (e.hqd.len(), e.slot_maps))
+    }
+}
+
+/// A `PROGRESS_FENCE` the engine executed: which queue, the value it wrote, and the device
+/// time at which the packet ended (its modelled end with [`crate::Timing::Modelled`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Completion {
+    /// The queue.
+    pub queue: FwQueueId,
+    /// The progress value written.
+    pub value: u64,
+    /// When the packet ended.
+    pub at: Time,
 }
 
 /// A native fence the firmware knows (`DxgkDdiCreateNativeFence`).
@@ -463,12 +504,14 @@ impl Engine {
             hqd: Vec::new(),
             hw_slots: hw_slots.max(1) as usize,
             watches: Vec::new(),
+            watch_at: std::collections::HashMap::new(),
             cursor: 0,
             resched: true,
             waiting: Waiting::default(),
             next_seq: 0,
             stop,
             sentinels: Vec::new(),
+            slot_maps: 0,
         }
     }
 
@@ -516,6 +559,7 @@ impl Firmware {
             next_ticket: 0,
             log: FwLog::default(),
             attention: preempt::Attention::default(),
+            completions: None,
         }
     }
 
@@ -659,7 +703,7 @@ impl Firmware {
 
     pub(crate) fn remove_queue(&mut self, id: FwQueueId) -> Result<u64, GpuError> {
         let (e, q) = self.engine_and_queue(id)?;
-        e.watches.retain(|w| w.queue != id);
+        doorbells::forget_watch(e, id);
         schedule::leave_run_list(e, q, id);
         let binding = q.doorbell.take();
         self.forget_bit(id, binding);

@@ -213,6 +213,7 @@ pub(super) fn admit<Q: Schedulable>(e: &mut Engine, q: &mut Q, id: FwQueueId) {
     e.resched = true;
     if e.hqd.len() < e.hw_slots {
         e.hqd.push(id);
+        e.slot_maps += 1;
         q.set_state(QueueState::Mapped);
     }
     sync_waiting(e, q, id);
@@ -389,6 +390,7 @@ pub(super) fn schedule<Q: Schedulable>(
             }
         }
         e.hqd.push(w);
+        e.slot_maps += 1;
         placed.push(w);
         let q = queues.get_mut(w.0).expect("a waiting queue exists");
         q.set_state(QueueState::Mapped);

@@ -107,6 +107,13 @@ impl Os {
         Ok(self.ddi.physical_doorbell(q))
     }
 
+    /// The device's own number for queue `q` ([`crate::ddi::Kmd::device_queue_id`]), for
+    /// tools that observe the device directly.
+    pub fn device_queue_id(&mut self, pid: ProcessId, q: HwQueueHandle) -> Result<Option<u64>, KernelError> {
+        self.queue(pid, q)?;
+        Ok(self.ddi.device_queue_id(q))
+    }
+
     /// `D3DKMTCreateDoorbell`: the doorbell starts disconnected, its CPU page on the dummy
     /// page; the kernel takes its references on the ring allocations.
     pub fn create_doorbell(

@@ -180,8 +180,11 @@ impl Os {
                 let p = self.proc(pid)?;
                 if d.doorbell_index == abi::queue::DOORBELL_INDEX_ANY {
                     let range = einfo.doorbell_first..einfo.doorbell_first + einfo.doorbell_count;
+                    // The indices in use, gathered once (not one scan of the queues per index).
+                    let used: std::collections::BTreeSet<u32> =
+                        p.queues.iter().filter_map(|(_, q)| q.user_desc().map(|o| o.doorbell_index)).collect();
                     d.doorbell_index =
-                        range.clone().find(|&i| owner_of(p, i).is_none()).ok_or_else(|| KernelError::Exhausted {
+                        range.clone().find(|i| !used.contains(i)).ok_or_else(|| KernelError::Exhausted {
                             what: "doorbells",
                             detail: format!(
                                 "all doorbells {}..{} of the {} engine's range are in use",

@@ -100,7 +100,7 @@ impl Os {
             let r = |field, va, bytes, align| self.check_access(pid, field, va, bytes, Access::Read, align);
             let w = |field, va, bytes, align| self.check_access(pid, field, va, bytes, Access::Write, align);
             match p {
-                Packet::Nop { .. } | Packet::Interrupt { .. } => {}
+                Packet::Nop { .. } | Packet::Interrupt { .. } | Packet::Synthetic { .. } => {}
                 Packet::WriteData { width, va, .. } => w("WRITE_DATA.va", va, width.bytes(), width.bytes())?,
                 Packet::Copy { src, dst, bytes } => {
                     r("COPY.src", src, bytes, 1)?;

@@ -482,4 +482,55 @@ impl System {
     pub fn with_gpu<T>(&self, f: impl FnOnce(&mut Gpu) -> T) -> T {
         f(&mut self.inner.gpu.lock())
     }
+
+    /// The device's own number for queue `q` of process `pid` (see
+    /// [`crate::ddi::Kmd::device_queue_id`]; the virtual GPU's [`gpu::FwQueueId::to_bits`]),
+    /// so a tool reading [`gpu::Gpu::take_completions`] can tell whose they are.
+    pub fn device_queue_id(&self, pid: ProcessId, q: HwQueueHandle) -> Result<Option<u64>, KernelError> {
+        self.inner.call_as(pid, |os, _| os.device_queue_id(pid, q))
+    }
+
+    /// Sim: steps the world until nothing more happens at the current instant (no time
+    /// passes). Returns the number of steps that did something. Live: does nothing.
+    pub fn run_instant(&self) -> usize {
+        match &self.inner.driver {
+            Driver::Sim { world } => world.settle_now(),
+            Driver::Live { .. } => 0,
+        }
+    }
+
+    /// Sim: [`System::run_instant`] for a driver that knows which queues its clients may have
+    /// rung since the last step (`rang`: [`System::device_queue_id`]s of this adapter): the
+    /// device looks at those queues' doorbells only, instead of every doorbell it watches
+    /// (later steps of the instant look at all of them again only after the kernel-mode
+    /// scheduler rang one of its own). A queue left out of `rang` is heard at the next full
+    /// poll, so only a caller that runs every client itself may use it. Live: does nothing.
+    pub fn run_instant_after(&self, rang: &[u64]) -> usize {
+        match &self.inner.driver {
+            Driver::Sim { world } => {
+                let ids: Vec<gpu::FwQueueId> = rang.iter().map(|&b| gpu::FwQueueId::from_bits(b)).collect();
+                self.inner.gpu.lock().poll_doorbells_of(&ids);
+                world.settle_now_from(false)
+            }
+            Driver::Live { .. } => 0,
+        }
+    }
+
+    /// Sim: the time of the next event any adapter of the world waits for (an engine's
+    /// modelled work ending, a device or kernel timer), if any. Live: `None`.
+    pub fn next_event(&self) -> Option<Time> {
+        match &self.inner.driver {
+            Driver::Sim { world } => world.next_timer(),
+            Driver::Live { .. } => None,
+        }
+    }
+
+    /// Sim: moves the virtual clock forward to `t` without running anything (a driver that
+    /// steps event by event: [`System::next_event`], then [`System::run_instant`]). The clock
+    /// never goes back: an earlier `t` leaves it where it is. Live: does nothing.
+    pub fn advance_to(&self, t: Time) {
+        if let Driver::Sim { world } = &self.inner.driver {
+            world.clock.set(t);
+        }
+    }
 }

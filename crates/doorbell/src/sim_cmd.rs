@@ -1,0 +1,357 @@
+//! `doorbell sim`: scenarios, sweeps, shard merges and calibration (the `sim` crate's front
+//! end), and `doorbell bench sim`.
+//!
+//! `doorbell sim SCENARIO.toml [--seed N] [--out DIR] [--quiet]` runs one scenario and writes
+//! its outputs; `doorbell sim sweep SWEEP.toml --out DIR [--shard I/N]` runs a sweep (or one
+//! deterministic slice of it); `doorbell sim merge DIR... --out DIR` joins shards;
+//! `doorbell sim calibrate [--out FILE]` measures the live driver and writes a `[cost]`
+//! section a scenario can include. A progress bar (indicatif) shows on a terminal unless
+//! `--quiet`.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use abi::port::KernelPort;
+use abi::{EngineKind, Priority};
+use clap::{Args, Subcommand};
+use gpu::GpuConfig;
+use indicatif::{ProgressBar, ProgressStyle};
+use kernel::{System, SystemConfig};
+use umd::{CommandBuffer, Device, QueueOptions};
+
+use crate::CliError;
+
+#[derive(Args)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct SimArgs {
+    #[command(subcommand)]
+    cmd: Option<SimCommand>,
+    /// The scenario file (see docs/sim.md).
+    scenario: Option<PathBuf>,
+    /// The seed (default: the scenario's `seed`).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// The output directory.
+    #[arg(long, default_value = "sim-out")]
+    out: PathBuf,
+    /// No progress bar, and only the output directory is printed.
+    #[arg(long)]
+    quiet: bool,
+}
+
+#[derive(Subcommand)]
+enum SimCommand {
+    /// Run a base scenario over axes of values and seeds, in parallel (or one shard of it).
+    Sweep {
+        /// The sweep file.
+        sweep: PathBuf,
+        /// The output directory.
+        #[arg(long)]
+        out: PathBuf,
+        /// Run only shard I of N (0-based): runs whose number mod N is I.
+        #[arg(long, value_parser = parse_shard)]
+        shard: Option<(usize, usize)>,
+        /// No progress bar.
+        #[arg(long)]
+        quiet: bool,
+    },
+    /// Join shard directories into the outputs one local sweep writes.
+    Merge {
+        /// Shard directories.
+        #[arg(required = true)]
+        dirs: Vec<PathBuf>,
+        /// Where the merged outputs go.
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Measure this machine's live driver and write a `[cost]` section for scenarios.
+    Calibrate {
+        /// The cost file to write.
+        #[arg(long, default_value = "cost.toml")]
+        out: PathBuf,
+    },
+}
+
+fn parse_shard(s: &str) -> Result<(usize, usize), String> {
+    let (i, n) = s.split_once('/').ok_or_else(|| format!("--shard {s}: expected I/N, for example 0/4"))?;
+    let i: usize = i.parse().map_err(|_| format!("--shard {s}: I is not a number"))?;
+    let n: usize = n.parse().map_err(|_| format!("--shard {s}: N is not a number"))?;
+    if n == 0 || i >= n {
+        return Err(format!("--shard {s}: needs 0 <= I < N"));
+    }
+    Ok((i, n))
+}
+
+impl From<sim::SimError> for CliError {
+    fn from(e: sim::SimError) -> Self {
+        CliError::Input(e.to_string())
+    }
+}
+
+fn bar(len: u64, quiet: bool) -> ProgressBar {
+    if quiet || !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let b = ProgressBar::new(len);
+    b.set_style(
+        ProgressStyle::with_template("{spinner} [{elapsed_precise}] {wide_bar} {pos}/{len} {msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    b
+}
+
+pub fn run(a: SimArgs) -> Result<(), CliError> {
+    match a.cmd {
+        Some(SimCommand::Sweep { sweep, out, shard, quiet }) => {
+            let s = sim::sweep::Sweep::load(&sweep)?;
+            let (i, n) = shard.unwrap_or((0, 1));
+            let total = (0..s.runs()).filter(|k| k % n == i).count();
+            let pb = bar(total as u64, quiet);
+            let t = Instant::now();
+            let rows = sim::sweep::run_to_dir(&s, i, n, &out, &|done, _| pb.set_position(done as u64))?;
+            pb.finish_and_clear();
+            if !quiet {
+                println!(
+                    "{} runs (shard {i}/{n} of {}) in {:.1} s -> {}",
+                    rows.len(),
+                    s.runs(),
+                    t.elapsed().as_secs_f64(),
+                    out.display()
+                );
+            }
+            Ok(())
+        }
+        Some(SimCommand::Merge { dirs, out }) => {
+            let n = sim::sweep::merge(&dirs, &out)?;
+            println!("merged {n} runs from {} shards -> {}", dirs.len(), out.display());
+            Ok(())
+        }
+        Some(SimCommand::Calibrate { out }) => calibrate(&out),
+        None => {
+            let Some(path) = a.scenario else {
+                return Err(CliError::Input("doorbell sim: give a scenario file (or sweep, merge, calibrate)".into()));
+            };
+            let plan = sim::Scenario::load(&path).map_err(sim::SimError::from)?;
+            let seed = a.seed.unwrap_or(plan.seed);
+            let pb = bar(1000, a.quiet);
+            let (o, summary) = sim::run_to_dir(&plan, seed, &a.out, &mut |f| pb.set_position((f * 1000.0) as u64))?;
+            pb.finish_and_clear();
+            if a.quiet {
+                println!("{}", a.out.display());
+            } else {
+                println!(
+                    "{} (seed {seed}): {} queues, {} submissions, {} completions, {} lost, {:.3} ms of virtual time in {:.2} s",
+                    plan.name,
+                    o.queues.len(),
+                    summary["submissions"],
+                    summary["completions"],
+                    summary["lost"],
+                    o.end as f64 / 1e6,
+                    o.wall_seconds
+                );
+                println!("outputs: {} (report.html, summary.json, queues.csv, trace.json, plots)", a.out.display());
+            }
+            Ok(())
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// bench sim
+
+#[derive(Args)]
+pub struct BenchSimArgs {
+    /// Print one JSON object.
+    #[arg(long)]
+    json: bool,
+    /// User-mode queues.
+    #[arg(long, default_value_t = 10_000, value_parser = crate::num::within(1u32, 1_000_000))]
+    queues: u32,
+    /// Virtual milliseconds to simulate.
+    #[arg(long, default_value_t = 1000.0)]
+    ms: f64,
+    /// Wall seconds of the live run.
+    #[arg(long, default_value_t = 1.0)]
+    live_seconds: f64,
+}
+
+/// The fixed scenario: `queues` user-mode queues on one compute engine with 8 slots, each a
+/// closed loop of 2 outstanding command buffers holding a 2 µs synthetic kernel.
+pub fn bench_scenario(queues: u32, ms: f64) -> String {
+    format!(
+        r#"name = "bench-sim"
+duration_ms = {ms}
+drain_ms = 0
+[device]
+engines = ["compute"]
+slots = 8
+[[group]]
+name = "q"
+count = {queues}
+[group.workload]
+outstanding = 2
+[group.commands]
+synthetic = {{ us = 2 }}
+"#
+    )
+}
+
+pub fn bench_sim(a: BenchSimArgs) -> Result<(), CliError> {
+    if !(a.ms > 0.0 && a.ms <= 10_000.0 && a.live_seconds > 0.0 && a.live_seconds <= 600.0) {
+        return Err(CliError::Input("--ms must be in (0, 10000], --live-seconds in (0, 600]".into()));
+    }
+    let plan = sim::Scenario::parse(std::path::Path::new("bench-sim.toml"), &bench_scenario(a.queues, a.ms))
+        .map_err(sim::SimError::from)?;
+    if !a.json {
+        eprintln!("simulating {} queues for {} ms of virtual time", a.queues, a.ms);
+    }
+    let o = sim::run(&plan, 1, &mut |_| {}).map_err(sim::SimError::from)?;
+    // Rates are over the event loop; building 10,000 queues is reported apart.
+    let wall = o.run_seconds.max(1e-9);
+    let submissions: u64 = o.queues.iter().map(|q| q.submitted).sum();
+    let completions: u64 = o.queues.iter().map(|q| q.completed).sum();
+    if !a.json {
+        eprintln!("live run: the same workload scaled down to 64 queues for {} s", a.live_seconds);
+    }
+    let live = live_rate(64, a.live_seconds)?;
+    let o = serde_json::json!({
+        "queues": a.queues,
+        "slots": 8,
+        "virtual_ms": a.ms,
+        "setup_s": (o.setup_seconds * 1e3).round() / 1e3,
+        "wall_s": (wall * 1e3).round() / 1e3,
+        "events": o.events,
+        "events_per_s": (o.events as f64 / wall).round() as u64,
+        "submissions": submissions,
+        "completions": completions,
+        "submissions_per_s": (submissions as f64 / wall).round() as u64,
+        "sim_seconds_per_wall_second": ((o.end as f64 / 1e9) / wall * 1e6).round() / 1e6,
+        "live_queues": 64,
+        "live_submissions_per_s": live.round() as u64,
+    });
+    if a.json {
+        println!("{o}");
+    } else {
+        println!("{o:#}");
+    }
+    Ok(())
+}
+
+/// Submissions per second the live driver completes for `queues` closed-loop user-mode
+/// queues (2 outstanding each, a 2 µs synthetic kernel) over `seconds`.
+fn live_rate(queues: u32, seconds: f64) -> Result<f64, CliError> {
+    let gpu =
+        GpuConfig { engines: vec![EngineKind::Compute], idle_period: Duration::from_secs(3600), ..Default::default() };
+    let sys = System::live(SystemConfig { gpu, ..Default::default() })?;
+    let port: Arc<dyn KernelPort> = sys.open_process()?;
+    let dev = Device::open(port)?;
+    let engine = dev.engine(EngineKind::Compute)?;
+    let ctx = dev.create_context(engine)?;
+    let mut qs = Vec::new();
+    for _ in 0..queues {
+        let mut q = ctx.create_queue(QueueOptions {
+            ring_bytes: 4096,
+            priority: Priority::Normal,
+            ..QueueOptions::user_mode()
+        })?;
+        q.set_spin(0);
+        qs.push((q, std::collections::VecDeque::new()));
+    }
+    let mut cb = CommandBuffer::new();
+    cb.synthetic(2_000);
+    let start = Instant::now();
+    let end = start + Duration::from_secs_f64(seconds);
+    let mut completed = 0u64;
+    while Instant::now() < end {
+        for (q, out) in qs.iter_mut() {
+            let done = q.completed();
+            while out.front().is_some_and(|&v| v <= done) {
+                out.pop_front();
+                completed += 1;
+            }
+            while out.len() < 2 {
+                out.push_back(q.submit(&cb)?);
+            }
+        }
+    }
+    let rate = completed as f64 / start.elapsed().as_secs_f64();
+    for (q, _) in &qs {
+        q.finish(Some(Duration::from_secs(30)))?;
+    }
+    Ok(rate)
+}
+
+// ---------------------------------------------------------------------------------------
+// calibrate
+
+/// Measures the live driver with device timestamps around known work and writes a `[cost]`
+/// section: the per-packet cost (1,000 `WRITE_DATA`s), the bulk bandwidth (a 16 MiB `FILL`)
+/// and the cost of one wave-instruction (an ALU-bound kernel, by the device's instruction
+/// count).
+fn calibrate(out: &std::path::Path) -> Result<(), CliError> {
+    let sys = System::live(SystemConfig::default())?;
+    let port: Arc<dyn KernelPort> = sys.open_process()?;
+    let dev = Device::open(port)?;
+    let engine = dev.engine(EngineKind::Compute)?;
+    let ctx = dev.create_context(engine)?;
+    let mut q = ctx.create_queue(QueueOptions::user_mode())?;
+    let buf = dev.allocate(16 << 20)?;
+    let ts = dev.allocate(4096)?;
+    let timed = |q: &mut umd::Queue, body: &dyn Fn(&mut CommandBuffer)| -> Result<u64, CliError> {
+        let mut cb = CommandBuffer::new();
+        cb.timestamp(ts.va());
+        body(&mut cb);
+        cb.timestamp(ts.va() + 8);
+        let v = q.submit(&cb)?;
+        q.wait(v, Some(Duration::from_secs(30)))?;
+        let (a, b) = (ts.read_u64(0)?, ts.read_u64(8)?);
+        Ok(b.saturating_sub(a))
+    };
+    let best = |q: &mut umd::Queue, body: &dyn Fn(&mut CommandBuffer)| -> Result<u64, CliError> {
+        let mut m = u64::MAX;
+        for _ in 0..5 {
+            m = m.min(timed(q, body)?);
+        }
+        Ok(m)
+    };
+    let packets = 1000u64;
+    let packet_ns = best(&mut q, &|cb| {
+        for i in 0..packets {
+            cb.write_u32(buf.va() + 4 * i, i as u32);
+        }
+    })? as f64
+        / packets as f64;
+    let fill_ns = best(&mut q, &|cb| {
+        cb.fill(buf.va(), 16 << 20, 0x1234_5678);
+    })?;
+    let bulk_bytes_per_us = (16u64 << 20) as f64 / (fill_ns.max(1) as f64 / 1e3);
+    // The `rounds` kernel (about five wave-instructions a round): the device counts the
+    // wave-instructions it ran.
+    let kernel = dev.upload(&umd::workloads::rounds().to_bytes())?;
+    let out_buf = dev.allocate(4 * 1024)?;
+    let args = dev.upload(&umd::workloads::rounds_args(out_buf.va(), 2_000))?;
+    let mut wave_ns = f64::MAX;
+    let mut waves = 0;
+    for _ in 0..5 {
+        let before = sys.with_gpu(|g| g.compute_stats().instructions);
+        let ns = timed(&mut q, &|cb| {
+            cb.dispatch(kernel.va(), [4, 1, 1], [256, 1, 1], args.va());
+        })?;
+        waves = sys.with_gpu(|g| g.compute_stats().instructions) - before;
+        wave_ns = wave_ns.min(ns as f64 / waves.max(1) as f64);
+    }
+    let text = format!(
+        "# Measured by `doorbell sim calibrate` on this machine's live driver (minimum of 5 runs).\n\
+         # Include it in a scenario as its [cost] section.\n\
+         [cost]\n\
+         packet_ns = {packet_ns:.1}\n\
+         bulk_bytes_per_us = {bulk_bytes_per_us:.0}\n\
+         wave_instruction_ns = {wave_ns:.3}\n\
+         # from {packets} WRITE_DATA packets, a 16 MiB FILL and {waves} wave-instructions\n"
+    );
+    std::fs::write(out, &text).map_err(|e| CliError::Input(format!("{}: {e}", out.display())))?;
+    print!("{text}");
+    Ok(())
+}

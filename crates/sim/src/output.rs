@@ -1,0 +1,163 @@
+//! What a run writes: `summary.json`, `queues.csv`, `trace.json`.
+//!
+//! Every figure is derived from the [`Outcome`] alone, with integer or fixed-precision
+//! formatting and sorted keys, so the same outcome gives the same bytes. The wall-clock time
+//! a run took is the one figure that is not deterministic; it is never written here (the CLI
+//! prints it).
+
+use std::fmt::Write as _;
+
+use serde_json::{Map, Value, json};
+
+use crate::run::Outcome;
+use crate::scenario::Plan;
+
+/// Percentiles of a sample (nearest rank), in ns.
+pub fn percentile(sorted: &[u64], p: f64) -> u64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+/// Jain's fairness index: 1 when all are equal, 1/n when one has everything.
+pub fn jain(xs: &[u64]) -> f64 {
+    let n = xs.len() as f64;
+    let sum: f64 = xs.iter().map(|&x| x as f64).sum();
+    let sq: f64 = xs.iter().map(|&x| (x as f64) * (x as f64)).sum();
+    if sq == 0.0 { 0.0 } else { sum * sum / (n * sq) }
+}
+
+/// Rounds to 4 decimals (stable text).
+fn r4(x: f64) -> Value {
+    json!((x * 1e4).round() / 1e4)
+}
+
+fn lat_obj(sorted: &[u64]) -> Value {
+    json!({
+        "samples": sorted.len(),
+        "p50_ns": percentile(sorted, 50.0),
+        "p90_ns": percentile(sorted, 90.0),
+        "p99_ns": percentile(sorted, 99.0),
+        "p999_ns": percentile(sorted, 99.9),
+        "max_ns": sorted.last().copied().unwrap_or(0),
+    })
+}
+
+/// The summary object.
+pub fn summary(plan: &Plan, o: &Outcome) -> Value {
+    let submitted: u64 = o.queues.iter().map(|q| q.submitted).sum();
+    let completed: u64 = o.queues.iter().map(|q| q.completed).sum();
+    let in_window: u64 = o.queues.iter().map(|q| q.completed_in_window).sum();
+    let reconnects: u64 = o.queues.iter().map(|q| q.reconnects).sum();
+    let window_s = o.window_end.max(1) as f64 / 1e9;
+    let mut per_class = Map::new();
+    let mut per_prio: std::collections::BTreeMap<String, Vec<u64>> = Default::default();
+    for (gi, g) in plan.groups.iter().enumerate() {
+        let mut l = o.latencies[gi].clone();
+        l.sort_unstable();
+        let fair: Vec<u64> = o.queues.iter().filter(|q| q.group == gi).map(|q| q.completed_in_window).collect();
+        let mut obj = lat_obj(&l);
+        obj["queues"] = json!(g.count);
+        obj["jain_fairness"] = r4(jain(&fair));
+        obj["completed"] = json!(o.queues.iter().filter(|q| q.group == gi).map(|q| q.completed).sum::<u64>());
+        per_class.insert(g.name.clone(), obj);
+        per_prio.entry(format!("{:?}", g.priority).to_lowercase()).or_default().extend_from_slice(&o.latencies[gi]);
+    }
+    let mut prio = Map::new();
+    for (k, mut v) in per_prio {
+        v.sort_unstable();
+        prio.insert(k, lat_obj(&v));
+    }
+    let all: Vec<u64> = o.queues.iter().map(|q| q.completed_in_window).collect();
+    let occupancy: Vec<Value> = (0..o.engines.len())
+        .map(|e| {
+            let n = o.samples.len().max(1) as f64;
+            let mean = o.samples.iter().map(|s| s.slots_held.get(e).copied().unwrap_or(0) as f64).sum::<f64>() / n;
+            json!({ "engine": o.engines[e], "mean_slots_held": r4(mean), "slots": o.slots })
+        })
+        .collect();
+    json!({
+        "scenario": plan.name,
+        "seed": o.seed,
+        "queues": o.queues.len(),
+        "window_ns": o.window_end,
+        "end_ns": o.end,
+        "submissions": submitted,
+        "completions": completed,
+        "lost": submitted - completed,
+        "queues_ended": o.queues.iter().filter(|q| q.ended.is_some()).count(),
+        "throughput_per_s": r4(in_window as f64 / window_s),
+        "latency_by_priority": Value::Object(prio),
+        "latency_by_class": Value::Object(per_class),
+        "jain_fairness": r4(jain(&all)),
+        "slot_occupancy": occupancy,
+        "slot_changes": o.slot_changes,
+        "victimizations": o.victimizations,
+        "reconnects": reconnects,
+        "connects": o.connects,
+        "interrupts": o.interrupts,
+        "preemptions": o.preemptions,
+        "recoveries": o.recoveries,
+        "faults": o.faults,
+        "events": o.events,
+        "packets": o.packets,
+    })
+}
+
+/// `queues.csv`: one row per queue.
+pub fn queues_csv(plan: &Plan, o: &Outcome) -> String {
+    let mut s = String::from(
+        "queue,group,index,engine,priority,submitted,completed,completed_in_window,lost,mean_latency_ns,max_latency_ns,reconnects,ended\n",
+    );
+    for (i, q) in o.queues.iter().enumerate() {
+        let g = &plan.groups[q.group];
+        let mean = q.latency_sum.checked_div(q.completed).unwrap_or(0);
+        let _ = writeln!(
+            s,
+            "{i},{},{},{},{},{},{},{},{},{mean},{},{},{}",
+            g.name,
+            q.index,
+            o.engines.get(g.engine).map_or("?", String::as_str),
+            format!("{:?}", g.priority).to_lowercase(),
+            q.submitted,
+            q.completed,
+            q.completed_in_window,
+            q.submitted - q.completed,
+            q.latency_max,
+            q.reconnects,
+            q.ended.as_deref().unwrap_or("").replace(',', ";"),
+        );
+    }
+    s
+}
+
+/// `trace.json`: Chrome/Perfetto trace events — a track per sampled queue (each command
+/// buffer a slice from submission to completion) and a counter track per engine (hardware
+/// slots held).
+pub fn trace_json(plan: &Plan, o: &Outcome) -> String {
+    let mut ev = Vec::new();
+    ev.push(json!({"name": "process_name", "ph": "M", "pid": 1, "args": {"name": format!("sim: {}", plan.name)}}));
+    for &q in &o.traced_queues {
+        let r = &o.queues[q];
+        let name = format!("{}[{}]", plan.groups[r.group].name, r.index);
+        ev.push(json!({"name": "thread_name", "ph": "M", "pid": 1, "tid": q + 1, "args": {"name": name}}));
+    }
+    for s in &o.spans {
+        ev.push(json!({
+            "name": "cb", "ph": "X", "pid": 1, "tid": s.queue + 1,
+            "ts": s.submit as f64 / 1e3, "dur": (s.end - s.submit) as f64 / 1e3,
+        }));
+    }
+    for s in &o.samples {
+        for (e, held) in s.slots_held.iter().enumerate() {
+            ev.push(json!({
+                "name": format!("slots held: {}", o.engines[e]), "ph": "C", "pid": 1,
+                "ts": s.t as f64 / 1e3, "args": {"held": held},
+            }));
+        }
+    }
+    let v = json!({ "traceEvents": ev, "displayTimeUnit": "ns" });
+    v.to_string()
+}

@@ -1,0 +1,827 @@
+//! The runner: a checked scenario ([`Plan`]) played on the real stack in virtual time.
+//!
+//! One thread plays every client. It opens processes on a [`kernel::System::sim`], creates
+//! devices, contexts and queues through `umd` (user-mode queues ring doorbells, kernel-mode
+//! ones call the kernel), and submits command buffers with `umd::Queue::submit`, the spec's
+//! submission loop. The firmware, engines and kernel that run the live system run here,
+//! stepped by the deterministic driver on its virtual clock.
+//!
+//! The loop interleaves two event sources in time order: the clients' own (a submission due,
+//! a timed event) and the world's (an engine's modelled work ending, a device or kernel
+//! timer). At each instant it runs the world until nothing moves ([`System::run_instant`]),
+//! reads the completions the device recorded ([`gpu::Gpu::take_completions`]: each
+//! `PROGRESS_FENCE` with its modelled end), retires them (latency = end − submit time; a
+//! closed loop schedules its next submission at end + think time), then runs the client
+//! events due, then moves the clock to the earliest next event of either side.
+//!
+//! Invariants: everything is ordered by (time, sequence number) and every random draw comes
+//! from a per-queue ChaCha stream seeded by (seed, queue index), so the same plan and seed
+//! give the same run, byte for byte. A queue never has more command buffers outstanding than
+//! its ring holds (open-loop submissions beyond that wait in a client-side backlog, and their
+//! latency counts the wait), so a submission never blocks the single client thread.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
+use std::sync::Arc;
+
+use abi::Time;
+use abi::port::KernelPort;
+use kernel::{ProcessPort, System, Termination};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use umd::{CommandBuffer, Device, NativeFence, Queue, QueueOptions};
+
+use crate::scenario::{Action, Duration as Dist, Load, Plan};
+
+/// Why a run failed (the scenario was valid, but the stack refused something).
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// The kernel refused (system construction, process, etc.).
+    #[error("kernel: {0}")]
+    Kernel(#[from] abi::port::KernelError),
+    /// The UMD refused.
+    #[error("umd: {0}")]
+    Umd(#[from] umd::UmdError),
+    /// Something the runner checks.
+    #[error("{0}")]
+    Check(String),
+}
+
+/// A hung kernel: a synthetic dispatch this long (ns) never ends within any run.
+pub const HUNG_NS: u64 = u64::MAX / 4;
+
+/// What happened to one queue.
+#[derive(Clone, Debug, Default)]
+pub struct QueueResult {
+    /// Its group.
+    pub group: usize,
+    /// Its index in the group.
+    pub index: u32,
+    /// Command buffers submitted.
+    pub submitted: u64,
+    /// Completed.
+    pub completed: u64,
+    /// Completed inside the submission window.
+    pub completed_in_window: u64,
+    /// Doorbell reconnects.
+    pub reconnects: u64,
+    /// Latency sum (ns) and max.
+    pub latency_sum: u64,
+    /// Max latency (ns).
+    pub latency_max: u64,
+    /// Lost: the queue ended (killed, hung, lost) with work outstanding.
+    pub ended: Option<String>,
+}
+
+/// A sample of the time series.
+#[derive(Clone, Debug, Default)]
+pub struct Sample {
+    /// Bucket start (ns).
+    pub t: u64,
+    /// Completions in the bucket.
+    pub completions: u64,
+    /// Per engine: slots held at the bucket's start.
+    pub slots_held: Vec<usize>,
+}
+
+/// One traced command buffer (for trace.json).
+#[derive(Clone, Copy, Debug)]
+pub struct Span {
+    /// The queue (global index).
+    pub queue: usize,
+    /// Submitted (ns).
+    pub submit: u64,
+    /// Completed (ns).
+    pub end: u64,
+}
+
+/// Everything a run measured.
+#[derive(Clone, Debug, Default)]
+pub struct Outcome {
+    /// Plan name.
+    pub name: String,
+    /// Seed used.
+    pub seed: u64,
+    /// Per queue.
+    pub queues: Vec<QueueResult>,
+    /// Latencies (ns) per group.
+    pub latencies: Vec<Vec<u64>>,
+    /// Virtual time submission stopped (ns).
+    pub window_end: u64,
+    /// Virtual time the run ended (ns).
+    pub end: u64,
+    /// Time series, at `bucket` ns.
+    pub samples: Vec<Sample>,
+    /// Bucket width (ns).
+    pub bucket: u64,
+    /// Slots per engine.
+    pub slots: u32,
+    /// Engine names.
+    pub engines: Vec<String>,
+    /// Kernel counters.
+    pub interrupts: u64,
+    /// Victimizations.
+    pub victimizations: u64,
+    /// Connects.
+    pub connects: u64,
+    /// Preemption requests answered (firmware log).
+    pub preemptions: u64,
+    /// Recoveries (queue, engine and adapter resets).
+    pub recoveries: u64,
+    /// Queue faults seen by the kernel.
+    pub faults: u64,
+    /// Events (doorbell rings, packets executed, slot changes, interrupts, fence signals,
+    /// completions).
+    pub events: u64,
+    /// Packets executed in completed command buffers.
+    pub packets: u64,
+    /// Slot changes.
+    pub slot_changes: u64,
+    /// Sampled spans for the trace.
+    pub spans: Vec<Span>,
+    /// Queues the trace shows.
+    pub traced_queues: Vec<usize>,
+    /// Wall-clock seconds the run took (not part of any deterministic output).
+    pub wall_seconds: f64,
+    /// Of which building the system, processes and queues.
+    pub setup_seconds: f64,
+    /// Of which the event loop (from the first submission to the end of the drain).
+    pub run_seconds: f64,
+}
+
+/// The most queues trace.json shows, and the most spans it holds.
+const TRACE_QUEUES: usize = 32;
+const TRACE_SPANS: usize = 200_000;
+
+struct Client {
+    port: Arc<ProcessPort>,
+    dev: Device,
+    ctx: umd::Context,
+    scratch: Option<umd::Buffer>,
+    alive: bool,
+}
+
+struct SimQ {
+    group: usize,
+    index: u32,
+    client: usize,
+    q: Option<Queue>,
+    outstanding: VecDeque<(u64, u64, u32)>,
+    backlog: VecDeque<(u64, Option<u64>)>,
+    cap: usize,
+    rng: ChaCha8Rng,
+    /// The fence this queue signals with each command buffer's progress value (when a
+    /// group depends on it), and the upstream fence it waits on (opened in its device).
+    signal: Option<NativeFence>,
+    upstream: Option<(usize, NativeFence)>,
+    hang_next: bool,
+    res: QueueResult,
+    traced: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Ev {
+    /// A submission of queue `q` due (intended time is the key's time); `Some(ns)`: its
+    /// synthetic duration (trace rows).
+    Submit(usize, Option<u64>),
+    /// The next arrival of an open-loop queue.
+    Arrival(usize),
+    /// Timed event `i`.
+    Timed(usize),
+    /// Resume the context of queue `q`.
+    Resume(usize),
+}
+
+/// Runs `plan` with `seed`; `progress(done_fraction)` is called now and then.
+pub fn run(plan: &Plan, seed: u64, progress: &mut dyn FnMut(f64)) -> Result<Outcome, RunError> {
+    let wall = std::time::Instant::now();
+    let sys = System::sim(plan.system.clone())?;
+    sys.with_gpu(|g| g.record_completions(true));
+    let engines: Vec<String> = plan.system.gpu.engines.iter().map(|e| format!("{e:?}").to_lowercase()).collect();
+
+    // Build clients and queues, group by group.
+    let mut clients: Vec<Client> = Vec::new();
+    let mut qs: Vec<SimQ> = Vec::new();
+    let mut group_first = Vec::new();
+    // Device queue id -> our queue, by the id's table entry (the low half), checked against
+    // the whole id (a stale generation names nothing).
+    let mut fw_map: Vec<Option<(u64, usize)>> = Vec::new();
+    for (gi, g) in plan.groups.iter().enumerate() {
+        group_first.push(qs.len());
+        let mut left = g.count;
+        let mut index = 0u32;
+        while left > 0 {
+            let port = sys.open_process()?;
+            let kport: Arc<dyn KernelPort> = port.clone();
+            let dev =
+                Device::open_with(kport, umd::DeviceOptions { background_processing: false, ..Default::default() })?;
+            let engine = dev.info().engines.get(g.engine).map(|e| (e.id, e.doorbell_count)).ok_or_else(|| {
+                RunError::Check(format!("group {}: engine {} missing from the adapter", g.name, g.engine))
+            })?;
+            let fit = if g.kernel_mode { 64 } else { engine.1.max(1) };
+            let n = if g.per_process > 0 { g.per_process.min(fit) } else { fit }.min(left);
+            let ctx = dev.create_context(engine.0)?;
+            let scratch_bytes = 8 * n as u64 + g.fill_bytes + 2 * g.copy_bytes;
+            let scratch = if g.write_data > 0 || g.fill_bytes > 0 || g.copy_bytes > 0 {
+                Some(dev.allocate(scratch_bytes.next_multiple_of(4096))?)
+            } else {
+                None
+            };
+            let client = clients.len();
+            clients.push(Client { port, dev, ctx, scratch, alive: true });
+            for _ in 0..n {
+                let opts = QueueOptions {
+                    kind: if g.kernel_mode { umd::SubmissionKind::KernelMode } else { umd::SubmissionKind::UserMode },
+                    ring_bytes: g.ring_bytes,
+                    priority: g.priority,
+                    ..QueueOptions::user_mode()
+                };
+                let mut q = clients[client].ctx.create_queue(opts)?;
+                q.set_spin(0);
+                let id = qs.len();
+                let pid = clients[client].port.process();
+                let fw = sys
+                    .device_queue_id(pid, q.handle())?
+                    .ok_or_else(|| RunError::Check("the KMD names no device queue".into()))?;
+                let slot = (fw & 0xffff_ffff) as usize;
+                if fw_map.len() <= slot {
+                    fw_map.resize(slot + 1, None);
+                }
+                fw_map[slot] = Some((fw, id));
+                let mut rng = ChaCha8Rng::seed_from_u64(seed);
+                rng.set_stream(id as u64);
+                qs.push(SimQ {
+                    group: gi,
+                    index,
+                    client,
+                    q: Some(q),
+                    outstanding: VecDeque::new(),
+                    backlog: VecDeque::new(),
+                    cap: 1,
+                    rng,
+                    signal: None,
+                    upstream: None,
+                    hang_next: false,
+                    res: QueueResult { group: gi, index, ..Default::default() },
+                    traced: false,
+                });
+                index += 1;
+            }
+            left -= n;
+        }
+    }
+    // Fence dependencies: the upstream queue signals a shareable fence; the downstream one
+    // opens it in its own device.
+    for (gi, g) in plan.groups.iter().enumerate() {
+        let Some(up) = g.after else { continue };
+        for k in 0..g.count as usize {
+            let me = group_first[gi] + k;
+            let them = group_first[up] + k % plan.groups[up].count as usize;
+            if qs[them].signal.is_none() {
+                let desc = abi::port::NativeFenceDesc {
+                    shareable: true,
+                    ..abi::port::NativeFenceDesc::new(0, abi::port::NativeFenceType::Default)
+                };
+                let f = clients[qs[them].client].dev.create_fence_with(&desc)?;
+                qs[them].signal = Some(f);
+            }
+            let global = qs[them]
+                .signal
+                .as_ref()
+                .and_then(NativeFence::global)
+                .ok_or_else(|| RunError::Check("a shareable fence has no global handle".into()))?;
+            let opened = clients[qs[me].client].dev.open_fence(global)?;
+            qs[me].upstream = Some((them, opened));
+        }
+    }
+    // Ring capacity: outstanding command buffers a ring holds with room to spare (packets
+    // never straddle the end, so up to one command buffer's worth is padding).
+    for q in qs.iter_mut() {
+        let g = &plan.groups[q.group];
+        let dwords = cb_dwords(g, q.signal.is_some(), q.upstream.is_some());
+        q.cap = ((g.ring_bytes / 4) as usize / dwords).saturating_sub(2).max(1);
+        if let Load::Closed { n, .. } = g.load {
+            q.cap = q.cap.min(n as usize);
+        }
+    }
+    // Trace sampling: up to TRACE_QUEUES queues spread evenly over all.
+    let stride = qs.len().div_ceil(TRACE_QUEUES).max(1);
+    let mut traced_queues = Vec::new();
+    for (i, q) in qs.iter_mut().enumerate() {
+        if i % stride == 0 {
+            q.traced = true;
+            traced_queues.push(i);
+        }
+    }
+
+    let setup_seconds = wall.elapsed().as_secs_f64();
+    let run_start = std::time::Instant::now();
+    let t0 = sys.now().0;
+    let window_end = plan.duration.map(|d| t0 + d);
+    let mut heap: BinaryHeap<Reverse<(u64, u64, Ev)>> = BinaryHeap::new();
+    let mut seq = 0u64;
+    let mut push = |heap: &mut BinaryHeap<Reverse<(u64, u64, Ev)>>, t: u64, e: Ev| {
+        seq += 1;
+        heap.push(Reverse((t, seq, e)));
+    };
+    for (i, q) in qs.iter_mut().enumerate() {
+        let g = &plan.groups[q.group];
+        match &g.load {
+            Load::Closed { n, .. } => {
+                for _ in 0..*n {
+                    push(&mut heap, t0, Ev::Submit(i, None));
+                }
+            }
+            Load::Periodic(p) => {
+                // Phases spread over one period, so the queues do not all ring at once.
+                let phase = p * q.index as u64 / g.count as u64;
+                push(&mut heap, t0 + phase, Ev::Arrival(i));
+            }
+            Load::Poisson(rate) => {
+                let dt = exp_ns(&mut q.rng, 1e9 / rate);
+                push(&mut heap, t0 + dt, Ev::Arrival(i));
+            }
+            Load::Bursts { period, .. } => {
+                let phase = period * q.index as u64 / g.count as u64;
+                push(&mut heap, t0 + phase, Ev::Arrival(i));
+            }
+            Load::Trace(rows) => {
+                for &(at, qi, size) in rows {
+                    if qi == q.index {
+                        push(&mut heap, t0 + at, Ev::Submit(i, Some(size)));
+                    }
+                }
+            }
+        }
+    }
+    for (k, (at, _)) in plan.events.iter().enumerate() {
+        push(&mut heap, t0 + at, Ev::Timed(k));
+    }
+
+    // Time series buckets: fixed width when the window is known, otherwise doubling.
+    let samples_wanted = plan.samples as u64;
+    let mut bucket = match plan.duration {
+        Some(d) => (d / samples_wanted).max(1),
+        None => 1_000_000,
+    };
+    let mut series: Vec<Sample> = Vec::new();
+    // Completions per bucket, by completion time.
+    let mut counts: Vec<u64> = Vec::new();
+    let slots_held = |sys: &System| -> Vec<usize> {
+        sys.with_gpu(|g| {
+            (0..engines.len()).map(|e| g.slot_occupancy(abi::EngineId(e as u32)).map_or(0, |s| s.0)).collect()
+        })
+    };
+
+    let mut latencies: Vec<Vec<u64>> = vec![Vec::new(); plan.groups.len()];
+    let mut spans = Vec::new();
+    let mut comps = Vec::new();
+    let mut cb = CommandBuffer::new();
+    let mut submitted_total = 0u64;
+    let mut stopped = false;
+    let mut stop_time = u64::MAX;
+    let mut rings = 0u64;
+    let mut packets = 0u64;
+    let mut completions_total = 0u64;
+    let mut fence_signals = 0u64;
+    let mut last_completion = 0u64;
+    // Device ids of the queues submitted to since the world last ran (each rang its doorbell).
+    let mut rang_since: Vec<u64> = Vec::new();
+    let fw_of: Vec<u64> = {
+        let mut v = vec![0u64; qs.len()];
+        for &(fw, i) in fw_map.iter().flatten() {
+            v[i] = fw;
+        }
+        v
+    };
+    let mut last_progress = 0.0f64;
+    loop {
+        let now = sys.now().0;
+        // Series: open buckets up to now.
+        while series.last().is_none_or(|s| s.t + bucket <= now) {
+            let t = series.last().map_or(t0, |s| s.t + bucket);
+            series.push(Sample { t, completions: 0, slots_held: slots_held(&sys) });
+            if plan.duration.is_none() && series.len() as u64 > 2 * samples_wanted {
+                // Merge pairs: the bucket doubles.
+                let old = std::mem::take(&mut series);
+                series.extend(old.chunks(2).map(|pair| pair[0].clone()));
+                counts = counts.chunks(2).map(|pair| pair.iter().sum()).collect();
+                bucket *= 2;
+            }
+        }
+        // Only the queues submitted to since the last instant can have rung.
+        sys.run_instant_after(&rang_since);
+        rang_since.clear();
+        // Completions recorded by the device.
+        sys.with_gpu(|g| g.take_completions(&mut comps));
+        for c in comps.drain(..) {
+            let bits = c.queue.to_bits();
+            let Some(Some((fw, i))) = fw_map.get((bits & 0xffff_ffff) as usize).copied() else { continue };
+            if fw != bits {
+                continue;
+            }
+            let q = &mut qs[i];
+            let at = c.at.0;
+            last_completion = last_completion.max(at);
+            while let Some(&(v, t, np)) = q.outstanding.front() {
+                if v > c.value {
+                    break;
+                }
+                q.outstanding.pop_front();
+                let lat = at.saturating_sub(t);
+                q.res.completed += 1;
+                completions_total += 1;
+                packets += np as u64;
+                if window_end.is_none_or(|w| at <= w) && !stopped_before(stop_time, at) {
+                    q.res.completed_in_window += 1;
+                }
+                q.res.latency_sum += lat;
+                q.res.latency_max = q.res.latency_max.max(lat);
+                latencies[q.group].push(lat);
+                if q.traced && spans.len() < TRACE_SPANS {
+                    spans.push(Span { queue: i, submit: t, end: at });
+                }
+                // Its bucket by its own time (it may lie ahead of the clock: the engine ran it
+                // from the step's start).
+                let b = ((at - t0) / bucket) as usize;
+                if counts.len() <= b {
+                    counts.resize(b + 1, 0);
+                }
+                counts[b] += 1;
+                if let Load::Closed { think, .. } = plan.groups[q.group].load
+                    && !stopped
+                {
+                    push(&mut heap, at + think, Ev::Submit(i, None));
+                }
+            }
+            // Space freed: a backlog submission goes now (at the completion's time).
+            if !q.backlog.is_empty() && q.outstanding.len() < q.cap {
+                push(&mut heap, at, Ev::Submit(i, None));
+            }
+        }
+        // Client events due now.
+        let now = sys.now().0;
+        let mut ran = false;
+        while let Some(&Reverse((t, _, ev))) = heap.peek() {
+            if t > now {
+                break;
+            }
+            heap.pop();
+            ran = true;
+            match ev {
+                Ev::Arrival(i) => {
+                    if stopped {
+                        continue;
+                    }
+                    let g = &plan.groups[qs[i].group];
+                    let (n, next) = match &g.load {
+                        Load::Periodic(p) => (1, t + p),
+                        Load::Poisson(rate) => (1, t + exp_ns(&mut qs[i].rng, 1e9 / rate).max(1)),
+                        Load::Bursts { size, period } => (*size, t + period),
+                        _ => (0, u64::MAX),
+                    };
+                    for _ in 0..n {
+                        qs[i].backlog.push_back((t, None));
+                    }
+                    push(&mut heap, next, Ev::Arrival(i));
+                    push(&mut heap, t, Ev::Submit(i, None));
+                }
+                Ev::Submit(i, size) => {
+                    if stopped {
+                        continue;
+                    }
+                    let closed = matches!(plan.groups[qs[i].group].load, Load::Closed { .. });
+                    if closed || size.is_some() {
+                        qs[i].backlog.push_back((t, size));
+                    }
+                    // Submit from the backlog while the ring has room.
+                    while qs[i].outstanding.len() < qs[i].cap && !stopped {
+                        let Some((intended, size)) = qs[i].backlog.pop_front() else { break };
+                        rang_since.push(fw_of[i]);
+                        let r = submit_one(plan, &mut qs, &clients, i, intended, size, &mut cb);
+                        match r {
+                            Ok(Some((np, signals))) => {
+                                submitted_total += 1;
+                                rings += 1;
+                                fence_signals += signals;
+                                let _ = np;
+                                if plan.submissions.is_some_and(|n| submitted_total >= n) {
+                                    stopped = true;
+                                    stop_time = now;
+                                }
+                            }
+                            Ok(None) => break,
+                            Err(e) => {
+                                // The queue is gone (lost, its process killed): it ends here.
+                                qs[i].res.ended.get_or_insert_with(|| e.to_string());
+                                qs[i].backlog.clear();
+                                break;
+                            }
+                        }
+                    }
+                }
+                Ev::Timed(k) => apply_event(&sys, plan, &mut qs, &mut clients, &group_first, k, t, &mut |t, e| {
+                    push(&mut heap, t, e)
+                })?,
+                Ev::Resume(i) => {
+                    let c = &clients[qs[i].client];
+                    if c.alive {
+                        let _ = sys.resume_context(c.port.process(), c.ctx.handle());
+                    }
+                }
+            }
+        }
+        if ran {
+            continue;
+        }
+        // Stop submitting at the end of the window.
+        if !stopped && window_end.is_some_and(|w| now >= w) {
+            stopped = true;
+            stop_time = now;
+        }
+        if stopped
+            && (now >= stop_time.saturating_add(plan.drain)
+                || qs.iter().all(|q| q.q.is_none() || q.outstanding.is_empty()))
+        {
+            break;
+        }
+        // Progress.
+        let frac = match (window_end, plan.submissions) {
+            (Some(w), _) => (now - t0) as f64 / (w - t0).max(1) as f64,
+            (None, Some(n)) => submitted_total as f64 / n as f64,
+            _ => 0.0,
+        }
+        .min(1.0);
+        if frac - last_progress >= 0.01 {
+            last_progress = frac;
+            progress(frac);
+        }
+        // Next event of either side.
+        let mut next = sys.next_event().map_or(u64::MAX, |t| t.0);
+        if let Some(&Reverse((t, _, _))) = heap.peek() {
+            next = next.min(t);
+        }
+        if let Some(w) = window_end
+            && !stopped
+        {
+            next = next.min(w);
+        }
+        if stopped {
+            next = next.min(stop_time.saturating_add(plan.drain));
+        }
+        if next == u64::MAX {
+            if stopped {
+                break;
+            }
+            // Nothing will ever happen again (every queue ended).
+            stopped = true;
+            stop_time = now;
+            continue;
+        }
+        sys.advance_to(Time(next.max(now + 1)));
+    }
+    progress(1.0);
+    let run_seconds = run_start.elapsed().as_secs_f64();
+    for (i, s) in series.iter_mut().enumerate() {
+        s.completions = counts.get(i).copied().unwrap_or(0);
+    }
+    // Completions past the last sample (the drain's tail) go to the last bucket.
+    if let Some(s) = series.last_mut() {
+        s.completions += counts.iter().skip(series_len_before(&counts, s.t, t0, bucket)).sum::<u64>();
+    }
+    // The run ends when the last event did: the clock, or a completion's modelled end.
+    let end = sys.now().0.max(last_completion);
+    // Lost work: whatever is still outstanding.
+    for q in qs.iter_mut() {
+        if !q.outstanding.is_empty() && q.res.ended.is_none() {
+            q.res.ended = Some("work outstanding at the end of the drain".into());
+        }
+        if let Some(queue) = &q.q {
+            q.res.reconnects = queue.reconnects();
+        }
+    }
+    let stats = sys.stats();
+    let fw_log = sys.with_gpu(|g| g.firmware_log());
+    let preemptions = fw_log.iter().filter(|e| matches!(e.event, gpu::FwEvent::PreemptAnswered { .. })).count() as u64;
+    let recoveries = fw_log
+        .iter()
+        .filter(|e| {
+            matches!(
+                e.event,
+                gpu::FwEvent::QueueReset { .. } | gpu::FwEvent::EngineReset { .. } | gpu::FwEvent::AdapterReset
+            )
+        })
+        .count() as u64;
+    let slot_changes: u64 = sys
+        .with_gpu(|g| (0..engines.len()).map(|e| g.slot_occupancy(abi::EngineId(e as u32)).map_or(0, |s| s.1)).sum());
+    let reconnect_rings: u64 = qs.iter().map(|q| q.res.reconnects).sum();
+    let events =
+        rings + reconnect_rings + packets + slot_changes + stats.interrupts + fence_signals + completions_total;
+    // Tear down quickly: abnormal termination skips waiting for anything.
+    let mut queues_out = Vec::with_capacity(qs.len());
+    for q in qs.iter_mut() {
+        q.q = None;
+        q.signal = None;
+        q.upstream = None;
+        queues_out.push(std::mem::take(&mut q.res));
+    }
+    for c in clients.iter() {
+        if c.alive {
+            c.port.terminate(Termination::Abnormal);
+        }
+    }
+    drop(clients);
+    Ok(Outcome {
+        name: plan.name.clone(),
+        seed,
+        queues: queues_out,
+        latencies,
+        window_end: window_end.unwrap_or(if stop_time == u64::MAX { end } else { stop_time }) - t0,
+        end: end - t0,
+        samples: series,
+        bucket,
+        slots: plan.system.gpu.hw_slots,
+        engines,
+        interrupts: stats.interrupts,
+        victimizations: stats.victimizations,
+        connects: stats.connects,
+        preemptions,
+        recoveries,
+        faults: stats.faults,
+        events,
+        packets,
+        slot_changes,
+        spans,
+        traced_queues,
+        wall_seconds: wall.elapsed().as_secs_f64(),
+        setup_seconds,
+        run_seconds,
+    })
+}
+
+/// The index of the first bucket after the one starting at `t`.
+fn series_len_before(_counts: &[u64], t: u64, t0: u64, bucket: u64) -> usize {
+    ((t - t0) / bucket) as usize + 1
+}
+
+fn stopped_before(stop_time: u64, at: u64) -> bool {
+    at > stop_time
+}
+
+/// Dwords of one command buffer of group `g` (the progress fence included).
+fn cb_dwords(g: &crate::scenario::GroupPlan, signals: bool, waits: bool) -> usize {
+    let mut n = 3; // PROGRESS_FENCE
+    n += 6 * g.write_data as usize;
+    n += if g.fill_bytes > 0 { 6 } else { 0 };
+    n += if g.copy_bytes > 0 { 7 } else { 0 };
+    n += if g.synthetic.is_some() { 3 } else { 0 };
+    n += if signals { 5 } else { 0 };
+    n += if waits { 5 } else { 0 };
+    // A hang replaces nothing but adds a SYNTHETIC.
+    n + 3
+}
+
+/// Submits one command buffer on queue `i`; returns (packets, fence signals), or `None` if
+/// the queue is gone.
+fn submit_one(
+    plan: &Plan,
+    qs: &mut [SimQ],
+    clients: &[Client],
+    i: usize,
+    intended: u64,
+    size: Option<u64>,
+    cb: &mut CommandBuffer,
+) -> Result<Option<(u32, u64)>, RunError> {
+    let g = &plan.groups[qs[i].group];
+    if qs[i].q.is_none() || !clients[qs[i].client].alive {
+        return Ok(None);
+    }
+    cb.clear();
+    let mut np = 1u32; // the progress fence
+    if let Some((them, f)) = &qs[i].upstream {
+        let v = qs[*them].q.as_ref().map_or(0, Queue::last_submitted);
+        if v > 0 {
+            cb.wait_fence(f, v);
+            np += 1;
+        }
+    }
+    if let Some(buf) = &clients[qs[i].client].scratch {
+        let slot = buf.va() + 8 * (qs[i].index as u64 % (buf.len() / 8).max(1));
+        for k in 0..g.write_data {
+            cb.write_u32(slot, k.wrapping_add(qs[i].res.submitted as u32));
+            np += 1;
+        }
+        let base = buf.va() + (buf.len() - g.fill_bytes - 2 * g.copy_bytes) / 8 * 8;
+        let base = base.min(buf.va() + buf.len());
+        if g.fill_bytes > 0 {
+            cb.fill(base, g.fill_bytes, 0x5a5a_5a5a);
+            np += 1;
+        }
+        if g.copy_bytes > 0 {
+            let src = base + g.fill_bytes;
+            cb.copy(src, src + g.copy_bytes, g.copy_bytes);
+            np += 1;
+        }
+    }
+    let dur = match (size, g.synthetic) {
+        (Some(ns), _) => Some(ns),
+        (None, Some(d)) => Some(sample(&mut qs[i].rng, d)),
+        (None, None) => None,
+    };
+    if let Some(ns) = dur {
+        cb.synthetic(ns);
+        np += 1;
+    }
+    if qs[i].hang_next {
+        qs[i].hang_next = false;
+        cb.synthetic(HUNG_NS);
+        np += 1;
+    }
+    let mut signals = 0;
+    let next_value = qs[i].q.as_ref().map_or(0, Queue::last_submitted) + 1;
+    if let Some(f) = &qs[i].signal {
+        cb.signal_fence(f, next_value);
+        np += 1;
+        signals += 1;
+    }
+    let q = qs[i].q.as_mut().expect("checked above");
+    let v = q.submit(cb)?;
+    debug_assert_eq!(v, next_value);
+    qs[i].outstanding.push_back((v, intended, np));
+    qs[i].res.submitted += 1;
+    Ok(Some((np, signals)))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn apply_event(
+    sys: &System,
+    plan: &Plan,
+    qs: &mut [SimQ],
+    clients: &mut [Client],
+    group_first: &[usize],
+    k: usize,
+    t: u64,
+    push: &mut dyn FnMut(u64, Ev),
+) -> Result<(), RunError> {
+    match plan.events[k].1 {
+        Action::Kill { group, queue } => {
+            let i = group_first[group] + queue as usize;
+            let c = qs[i].client;
+            if clients[c].alive {
+                clients[c].alive = false;
+                clients[c].port.terminate(Termination::Abnormal);
+                for q in qs.iter_mut().filter(|q| q.client == c) {
+                    if !q.outstanding.is_empty() || !q.backlog.is_empty() {
+                        q.res.ended.get_or_insert_with(|| "process killed".into());
+                    }
+                    q.q = None;
+                    q.backlog.clear();
+                }
+            }
+        }
+        Action::Hang { group, queue } => {
+            let i = group_first[group] + queue as usize;
+            qs[i].hang_next = true;
+            // The hung kernel goes out with the queue's next submission; a queue that
+            // submits only on completion gets one now.
+            push(t, Ev::Submit(i, Some(0)));
+        }
+        Action::D3 => {
+            // Refused when work is outstanding (the kernel says why): the run goes on.
+            let _ = sys.enter_d3();
+        }
+        Action::Suspend { group, queue, for_ns } => {
+            let i = group_first[group] + queue as usize;
+            let c = &clients[qs[i].client];
+            if c.alive {
+                sys.suspend_context(c.port.process(), c.ctx.handle())?;
+                if let Some(d) = for_ns {
+                    push(t + d, Ev::Resume(i));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// An exponential draw with this mean (ns).
+fn exp_ns(rng: &mut ChaCha8Rng, mean: f64) -> u64 {
+    let u: f64 = rng.random::<f64>();
+    (-(1.0 - u).ln() * mean).round() as u64
+}
+
+/// A duration draw (ns).
+fn sample(rng: &mut ChaCha8Rng, d: Dist) -> u64 {
+    match d {
+        Dist::Constant(v) => v.round() as u64,
+        Dist::Uniform(lo, hi) => (lo + (hi - lo) * rng.random::<f64>()).round() as u64,
+        Dist::Exponential(mean) => exp_ns(rng, mean),
+        Dist::LogNormal(median, sigma) => {
+            // Box-Muller for one standard normal.
+            let u1: f64 = 1.0 - rng.random::<f64>();
+            let u2: f64 = rng.random::<f64>();
+            let z = (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos();
+            (median * (sigma * z).exp()).round().min(1e15) as u64
+        }
+    }
+}

@@ -1,0 +1,246 @@
+//! Runs on the real stack: the cost model's hand-computed completion times, determinism,
+//! and each workload kind, dependency and event doing what it says.
+
+use std::path::Path;
+
+use sim::{Scenario, run, run_to_dir};
+
+fn plan(text: &str) -> sim::Plan {
+    Scenario::parse(Path::new("test.toml"), text).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// One queue, one command buffer outstanding, a 10 µs synthetic kernel; packets cost 50 ns.
+/// Each command buffer is SYNTHETIC (10,000 ns + 50 ns) then PROGRESS_FENCE (50 ns): it ends
+/// 10,100 ns after it starts, and the next starts when it ends (no think time). So the k-th
+/// completes at k × 10,100 ns, and every latency is 10,100 ns.
+#[test]
+fn the_cost_model_gives_hand_computed_completion_times() {
+    let p = plan(
+        r#"
+submissions = 3
+[cost]
+packet_ns = 50
+[[group]]
+name = "q"
+[group.commands]
+synthetic = { us = 10 }
+"#,
+    );
+    let o = run(&p, 1, &mut |_| {}).unwrap();
+    assert_eq!(o.latencies[0], vec![10_100, 10_100, 10_100]);
+    assert_eq!(o.end, 30_300);
+    // Two outstanding, a 2 µs think time: the first two run back to back (10,100 and 20,200),
+    // the third is submitted at 10,100 + 2,000 = 12,100 and starts when the second ends
+    // (20,200), ending at 30,300: latency 18,200.
+    let p = plan(
+        r#"
+submissions = 3
+[cost]
+packet_ns = 50
+[[group]]
+name = "q"
+[group.workload]
+outstanding = 2
+think_us = 2
+[group.commands]
+synthetic = { us = 10 }
+"#,
+    );
+    let o = run(&p, 1, &mut |_| {}).unwrap();
+    assert_eq!(o.latencies[0], vec![10_100, 20_200, 18_200]);
+    // A FILL of 64,000 bytes at 32,000 bytes/µs costs 2,000 ns + 50; with the fence, 2,100.
+    let p = plan(
+        r#"
+submissions = 2
+[[group]]
+name = "q"
+[group.commands]
+fill_bytes = 64000
+"#,
+    );
+    let o = run(&p, 1, &mut |_| {}).unwrap();
+    assert_eq!(o.latencies[0], vec![2_100, 2_100]);
+}
+
+/// A turn is 100 µs: a 250 µs synthetic kernel runs in three turns, but with one queue the
+/// engine goes straight on, so it still ends at 250,000 + 3 × 50 (the packet is paid per
+/// slice) + 50 (the fence).
+#[test]
+fn a_long_synthetic_kernel_runs_in_turns() {
+    let p = plan(
+        r#"
+submissions = 1
+[[group]]
+name = "q"
+[group.commands]
+synthetic = { us = 250 }
+"#,
+    );
+    let o = run(&p, 1, &mut |_| {}).unwrap();
+    assert_eq!(o.latencies[0], vec![250_200]);
+}
+
+const MIXED: &str = r#"
+name = "mixed"
+duration_ms = 2
+[device]
+doorbell_pool = 3
+[[group]]
+name = "closed"
+count = 4
+[group.workload]
+outstanding = 2
+[group.commands]
+synthetic = { dist = "exponential", us = 15 }
+write_data = 1
+[[group]]
+name = "poisson"
+count = 3
+priority = "high"
+after = "closed"
+[group.workload]
+kind = "poisson"
+rate_per_s = 20000
+[group.commands]
+synthetic = { dist = "uniform", min_us = 1, max_us = 5 }
+[[group]]
+name = "km"
+path = "kernel"
+engine = "copy"
+[group.workload]
+kind = "bursts"
+burst_size = 3
+burst_period_us = 300
+[group.commands]
+fill_bytes = 4096
+"#;
+
+#[test]
+fn the_same_scenario_and_seed_give_byte_identical_outputs() {
+    let p = plan(MIXED);
+    let a = tempfile::tempdir().unwrap();
+    let b = tempfile::tempdir().unwrap();
+    let c = tempfile::tempdir().unwrap();
+    run_to_dir(&p, 5, a.path(), &mut |_| {}).unwrap();
+    run_to_dir(&p, 5, b.path(), &mut |_| {}).unwrap();
+    run_to_dir(&p, 6, c.path(), &mut |_| {}).unwrap();
+    let mut names: Vec<_> = std::fs::read_dir(a.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    names.sort();
+    for n in ["summary.json", "queues.csv", "trace.json"] {
+        assert!(names.iter().any(|x| x == n), "{n} missing from {names:?}");
+    }
+    for n in &names {
+        let x = std::fs::read(a.path().join(n)).unwrap();
+        let y = std::fs::read(b.path().join(n)).unwrap();
+        assert!(x == y, "{n:?} differs between two runs with the same seed");
+    }
+    // Another seed draws other durations.
+    let x = std::fs::read(a.path().join("queues.csv")).unwrap();
+    let z = std::fs::read(c.path().join("queues.csv")).unwrap();
+    assert_ne!(x, z, "seed 6 gave the same run as seed 5");
+}
+
+#[test]
+fn every_workload_kind_completes_without_loss() {
+    let p = plan(MIXED);
+    let o = run(&p, 1, &mut |_| {}).unwrap();
+    let s = sim::output::summary(&p, &o);
+    assert_eq!(s["lost"], 0, "{s:#}");
+    for g in ["closed", "poisson", "km"] {
+        assert!(s["latency_by_class"][g]["completed"].as_u64().unwrap() > 0, "{g}: {s:#}");
+    }
+    // Poisson at 20,000/s for 2 ms: about 40 per queue.
+    let poisson: u64 = o.queues.iter().filter(|q| q.group == 1).map(|q| q.submitted).sum();
+    assert!((60..=200).contains(&poisson), "{poisson}");
+    // Bursts of 3 every 300 µs over 2 ms: 7 bursts.
+    assert_eq!(o.queues.iter().filter(|q| q.group == 2).map(|q| q.submitted).sum::<u64>(), 21);
+    // A pool of 3 doorbells for 7 user-mode queues: victimization happens.
+    assert!(s["victimizations"].as_u64().unwrap() > 0, "{s:#}");
+}
+
+#[test]
+fn a_trace_file_drives_submissions() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("t.csv"), "at_us,queue,synthetic_us\n0,0,5\n30,1,5\n10,0,7\n").unwrap();
+    let path = dir.path().join("s.toml");
+    let text =
+        "duration_ms = 1\n[[group]]\nname = \"t\"\ncount = 2\n[group.workload]\nkind = \"trace\"\nfile = \"t.csv\"\n";
+    std::fs::write(&path, text).unwrap();
+    let p = Scenario::load(&path).unwrap();
+    let o = run(&p, 1, &mut |_| {}).unwrap();
+    assert_eq!(o.queues[0].submitted, 2);
+    assert_eq!(o.queues[1].submitted, 1);
+    // Queue 1 alone at 30 µs: 5,000 + 50 + 50; queue 0's second, alone at 10 µs: 7,100.
+    assert_eq!(o.queues[1].latency_max, 5_100);
+    assert_eq!(o.latencies[0], vec![5_100, 7_100, 5_100]);
+    // A row naming a queue outside the group is refused with the file and line.
+    std::fs::write(dir.path().join("t.csv"), "0,0,5\n1,9,5\n").unwrap();
+    let e = Scenario::load(&path).unwrap_err().to_string();
+    assert!(e.contains("t.csv:2") && e.contains("1,9,5"), "{e}");
+}
+
+#[test]
+fn a_killed_process_loses_only_its_own_work() {
+    let p = plan(
+        r#"
+duration_ms = 1
+[[group]]
+name = "a"
+count = 2
+queues_per_process = 1
+[group.workload]
+outstanding = 4
+[group.commands]
+synthetic = { us = 20 }
+[[event]]
+at_ms = 0.3
+action = "kill"
+group = "a"
+queue = 1
+"#,
+    );
+    let o = run(&p, 1, &mut |_| {}).unwrap();
+    assert!(o.queues[1].ended.as_deref() == Some("process killed"), "{:?}", o.queues[1]);
+    assert!(o.queues[0].ended.is_none(), "{:?}", o.queues[0]);
+    assert_eq!(o.queues[0].submitted, o.queues[0].completed);
+    assert!(o.queues[1].submitted > o.queues[1].completed);
+}
+
+/// A hung kernel among healthy queues at `dma_buffer` granularity: the hang timer's
+/// preemption request is not answered, TDR resets, the hung queue ends, the others finish.
+#[test]
+fn a_hung_kernel_is_recovered_by_tdr_and_the_others_finish() {
+    let p = plan(
+        r#"
+duration_ms = 30
+drain_ms = 50
+[device]
+slots = 2
+preemption_compute = "dma_buffer"
+[device.tdr]
+delay_ms = 5
+hang_compute_ms = 5
+[[group]]
+name = "healthy"
+count = 3
+[group.commands]
+synthetic = { us = 50 }
+[[group]]
+name = "victim"
+[group.commands]
+synthetic = { us = 50 }
+[[event]]
+at_ms = 1
+action = "hang"
+group = "victim"
+"#,
+    );
+    let o = run(&p, 1, &mut |_| {}).unwrap();
+    let s = sim::output::summary(&p, &o);
+    assert!(s["recoveries"].as_u64().unwrap() >= 1, "{s:#}");
+    assert!(o.queues[3].ended.is_some(), "{:?}", o.queues[3]);
+    for q in &o.queues[..3] {
+        assert_eq!(q.submitted, q.completed, "{q:?}");
+        assert!(q.completed > 100, "{q:?}");
+    }
+}
