@@ -78,6 +78,7 @@ impl DoorbellBar {
 }
 
 /// Spec 000's doorbell models.
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum DoorbellModel {
     /// One doorbell per queue, from a possibly limited pool (virtualized by victimization).
@@ -97,6 +98,7 @@ impl core::fmt::Display for DoorbellModel {
 }
 
 /// How a client rings its doorbell word.
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum RingMethod {
     /// Store the queue's new wptr (dedicated doorbells).
@@ -116,6 +118,7 @@ impl RingMethod {
 }
 
 /// `D3DDDI_DOORBELL_STATUS`: the value the kernel stores in a doorbell's status word.
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[repr(u64)]
 pub enum DoorbellStatus {

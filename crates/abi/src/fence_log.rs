@@ -182,6 +182,7 @@ pub struct LogRead {
 }
 
 /// Why a log cannot be trusted.
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum LogError {
     /// The header's index is out of range.

@@ -12,6 +12,7 @@ use core::marker::PhantomData;
 
 /// A process known to the kernel. In the embedded mode a "process" is a kernel-side object the
 /// client opens; in the later multi-process mode it is a real OS process.
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ProcessId(pub u32);
 
@@ -32,6 +33,7 @@ pub trait HandleKind: 'static {
 macro_rules! kinds {
     ($($(#[$m:meta])* $kind:ident => $alias:ident, $ty:ident, $name:literal;)*) => {
         /// A handle's kind as a value (what [`AnyHandle`] keeps of the type parameter).
+        #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
         pub enum HandleType {$(
             $(#[$m])*
@@ -111,6 +113,21 @@ impl<K: HandleKind> PartialEq for Handle<K> {
     }
 }
 impl<K: HandleKind> Eq for Handle<K> {}
+/// On the daemon socket a handle is its `(owner, index, generation)`; the receiver's object
+/// table checks all three, so a forged one is refused like any foreign or stale handle.
+#[cfg(feature = "serde")]
+impl<K: HandleKind> serde::Serialize for Handle<K> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        serde::Serialize::serialize(&(self.owner.0, self.index, self.generation), s)
+    }
+}
+#[cfg(feature = "serde")]
+impl<'de, K: HandleKind> serde::Deserialize<'de> for Handle<K> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let (owner, index, generation): (u32, u32, u32) = serde::Deserialize::deserialize(d)?;
+        Ok(Handle::new(ProcessId(owner), index, generation))
+    }
+}
 impl<K: HandleKind> Hash for Handle<K> {
     fn hash<H: Hasher>(&self, h: &mut H) {
         (self.owner, self.index, self.generation).hash(h)
@@ -129,6 +146,7 @@ impl<K: HandleKind> fmt::Debug for Handle<K> {
 
 /// A handle of any kind, as data: what an error keeps of the handle it refuses. Built from a
 /// typed handle with `From`; `Display` is the typed handle's (`queue#3.g7@p2`).
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct AnyHandle {
     /// What it names.

@@ -510,6 +510,7 @@ impl Inst {
 }
 
 /// Why a kernel binary is refused.
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum KernelErrorKind {
     /// Wrong magic.
@@ -523,20 +524,21 @@ pub enum KernelErrorKind {
     /// Unknown opcode byte.
     UnknownOpcode(u8),
     /// A register index out of range (field name, index).
-    BadRegister(&'static str, u8),
+    BadRegister(#[cfg_attr(feature = "serde", serde(deserialize_with = "crate::serde_str::de"))] crate::StaticStr, u8),
     /// A builtin code out of range.
     BadBuiltin(u32),
     /// A branch target outside the program or not its matching instruction.
     BadTarget(u32),
     /// Unbalanced structure (an `ENDIF` without `IF`, an unterminated `LOOP`, ...).
-    Unbalanced(&'static str),
+    Unbalanced(#[cfg_attr(feature = "serde", serde(deserialize_with = "crate::serde_str::de"))] crate::StaticStr),
     /// Nesting deeper than [`MAX_NESTING`].
     TooDeep,
     /// A field the instruction's form does not use is not 0 (field name, value).
-    UnusedField(&'static str, u32),
+    UnusedField(#[cfg_attr(feature = "serde", serde(deserialize_with = "crate::serde_str::de"))] crate::StaticStr, u32),
 }
 
 /// A refused kernel, with the instruction index.
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KernelError {
     /// Instruction index (0 for header errors).

@@ -51,6 +51,13 @@ pub mod slab;
 pub mod sync;
 pub mod time;
 
+/// `&'static str` fields across the daemon socket: the bounded interner of `shm`.
+#[cfg(feature = "serde")]
+#[doc(hidden)]
+pub mod serde_str {
+    pub use shm::serde_str::de;
+}
+
 pub use doorbell::DoorbellStatus;
 pub use handle::{
     AllocationHandle, ContextHandle, DeviceHandle, DoorbellHandle, Handle, HwQueueHandle, NativeFenceHandle, ProcessId,
@@ -58,4 +65,6 @@ pub use handle::{
 pub use packet::{Opcode, Packet};
 pub use power::{EngineState, PowerState};
 pub use queue::{EngineId, EngineKind, Priority, QueueDescriptor, QueueState};
+/// `&'static str`, as typed errors spell their field names (see [`shm::StaticStr`]).
+pub use shm::StaticStr;
 pub use time::Time;

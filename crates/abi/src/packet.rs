@@ -67,6 +67,7 @@ pub const FLAG_LOG: u32 = 2;
 pub const MAX_FIXED_PACKET_DWORDS: usize = 11;
 
 /// Packet opcodes of version 1.
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[repr(u8)]
 pub enum Opcode {
@@ -351,6 +352,7 @@ pub enum Packet {
 }
 
 /// Why a dword sequence is not a valid packet.
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Error)]
 pub enum DecodeError {
     /// Not enough dwords for the header's length.
@@ -387,13 +389,15 @@ pub enum DecodeError {
     #[error("{opcode}: length 0 dwords")]
     ZeroLength {
         /// Opcode name.
-        opcode: &'static str,
+        #[cfg_attr(feature = "serde", serde(deserialize_with = "crate::serde_str::de"))]
+        opcode: crate::StaticStr,
     },
     /// Wrong length for a fixed-size packet.
     #[error("{opcode}: length {len} dwords, expected {expected}")]
     BadLength {
         /// Opcode name.
-        opcode: &'static str,
+        #[cfg_attr(feature = "serde", serde(deserialize_with = "crate::serde_str::de"))]
+        opcode: crate::StaticStr,
         /// Length found.
         len: usize,
         /// Length required.
@@ -403,9 +407,11 @@ pub enum DecodeError {
     #[error("{opcode}: field `{field}` = {value:#x} is invalid")]
     BadField {
         /// Opcode name.
-        opcode: &'static str,
+        #[cfg_attr(feature = "serde", serde(deserialize_with = "crate::serde_str::de"))]
+        opcode: crate::StaticStr,
         /// Field name.
-        field: &'static str,
+        #[cfg_attr(feature = "serde", serde(deserialize_with = "crate::serde_str::de"))]
+        field: crate::StaticStr,
         /// Value found.
         value: u64,
     },

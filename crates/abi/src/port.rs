@@ -28,6 +28,7 @@ use crate::packet::DecodeError;
 use crate::queue::{EngineId, EngineKind, FaultRecord, Priority, QueueDescriptor, QueueState};
 
 /// Where an allocation lives.
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum MemoryDomain {
     /// System memory (CPU-visible).
@@ -37,6 +38,7 @@ pub enum MemoryDomain {
 }
 
 /// What to allocate.
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AllocationDesc {
     /// Size in bytes (rounded up to 4 KiB pages).
@@ -55,6 +57,7 @@ impl AllocationDesc {
 }
 
 /// A created allocation.
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AllocationInfo {
     /// Its handle.
@@ -66,6 +69,7 @@ pub struct AllocationInfo {
 }
 
 /// One engine as the adapter reports it (amdgpu INFO: which IPs take user and kernel queues).
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct EngineInfo {
     /// Its id.
@@ -84,6 +88,7 @@ pub struct EngineInfo {
 }
 
 /// `amdgpu_user_queue`: which submission models the device offers.
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[repr(u32)]
 pub enum UserQueueMode {
@@ -97,6 +102,7 @@ pub enum UserQueueMode {
 }
 
 /// Sizes of what the kernel allocates per queue (amdgpu INFO: the metadata a queue needs).
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct QueueMetadataSizes {
     /// The context save area (an interrupted `DISPATCH`'s state).
@@ -108,6 +114,7 @@ pub struct QueueMetadataSizes {
 }
 
 /// What the adapter reports.
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AdapterInfo {
     /// Engines.
@@ -135,6 +142,7 @@ pub struct AdapterInfo {
 }
 
 /// How a hardware queue takes work.
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SubmissionMode {
     /// `UserModeSubmission`: the client writes the ring and rings a doorbell.
@@ -144,6 +152,7 @@ pub enum SubmissionMode {
 }
 
 /// What to create.
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HwQueueDesc {
     /// Submission model.
@@ -167,6 +176,7 @@ pub struct HwQueueInfo {
 }
 
 /// `D3DKMT_CREATE_DOORBELL`.
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CreateDoorbell {
     /// The user-mode queue.
@@ -226,6 +236,7 @@ impl core::fmt::Debug for DoorbellInfo {
 pub const FENCE_ALWAYS_SIGNALED: u64 = u64::MAX;
 
 /// `D3DDDI_NATIVEFENCE_TYPE`: where a native fence's CurrentValue lives.
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum NativeFenceType {
     /// System memory, readable by the CPU (user mode reads it; only the kernel writes it).
@@ -238,6 +249,7 @@ pub enum NativeFenceType {
 }
 
 /// What native fence to create.
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct NativeFenceDesc {
     /// Initial CurrentValue.
@@ -284,6 +296,7 @@ pub struct NativeFenceInfo {
 }
 
 /// How a multi-fence wait is satisfied.
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WaitMode {
     /// Every fence reaches its value.
@@ -293,6 +306,7 @@ pub enum WaitMode {
 }
 
 /// How a wait ended.
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WaitOutcome {
     /// The value was reached; carries the completed value seen.
@@ -302,6 +316,7 @@ pub enum WaitOutcome {
 }
 
 /// `USERQ QUERY_STATUS`.
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct QueueStatus {
     /// State.
@@ -326,6 +341,7 @@ pub const QUEUE_STATUS_HUNG: u32 = 1 << 0;
 pub const QUEUE_STATUS_VRAM_LOST: u32 = 1 << 1;
 
 /// Why a handle was refused.
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum HandleProblem {
     /// It belongs to another process.
@@ -351,6 +367,7 @@ impl core::fmt::Display for HandleProblem {
 
 /// Why an argument was refused, as data. `Display` is the sentence the error message uses
 /// after the field and value (`` `field` = value: <reason> ``).
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Invalid {
     /// An allocation size outside 1 byte ..= `max` bytes.
@@ -364,7 +381,7 @@ pub enum Invalid {
         engines: usize,
     },
     /// The engine does not offer this (`"user-mode queues"`, `"kernel-mode queues"`).
-    Unsupported(&'static str),
+    Unsupported(#[cfg_attr(feature = "serde", serde(deserialize_with = "crate::serde_str::de"))] crate::StaticStr),
     /// An address not aligned as required.
     Misaligned {
         /// The required alignment in bytes.
@@ -406,7 +423,8 @@ pub enum Invalid {
     /// The allocation does not hold the queue's `what` at `va`.
     DoesNotHold {
         /// What it should hold ("ring", "rptr", ...).
-        what: &'static str,
+        #[cfg_attr(feature = "serde", serde(deserialize_with = "crate::serde_str::de"))]
+        what: crate::StaticStr,
         /// Where.
         va: u64,
     },
@@ -423,7 +441,7 @@ pub enum Invalid {
     /// A field that must be zero.
     MustBeZero,
     /// `DISPATCH` dimensions the ISA refuses (the reason).
-    Dims(&'static str),
+    Dims(#[cfg_attr(feature = "serde", serde(deserialize_with = "crate::serde_str::de"))] crate::StaticStr),
     /// A kernel-mode submission's length outside 1 ..= `max_dwords`.
     SubmissionSize {
         /// The largest allowed.
@@ -457,7 +475,8 @@ pub enum Invalid {
     /// A setting outside the range it may take.
     OutOfRange {
         /// The range it may take.
-        expected: &'static str,
+        #[cfg_attr(feature = "serde", serde(deserialize_with = "crate::serde_str::de"))]
+        expected: crate::StaticStr,
     },
     /// The device (its kernel-mode driver) refused, with its reason.
     Device(DeviceRefusal),
@@ -532,6 +551,7 @@ impl core::fmt::Display for Invalid {
 /// What a device (its kernel-mode driver) can refuse, as data in the kernel's terms: the
 /// driver translates its device's errors into these, so no device type crosses the driver
 /// boundary. [`Invalid::Device`] carries one after the field and value it concerns.
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum DeviceRefusal {
     /// The device does not know the queue (never created there, or destroyed).
@@ -554,7 +574,8 @@ pub enum DeviceRefusal {
         /// Length.
         bytes: u64,
         /// Why.
-        why: &'static str,
+        #[cfg_attr(feature = "serde", serde(deserialize_with = "crate::serde_str::de"))]
+        why: crate::StaticStr,
     },
     /// A queue's memory does not resolve in its address space.
     QueueMemory(crate::queue::FaultKind),
@@ -612,7 +633,7 @@ pub enum DeviceRefusal {
         accepted: u64,
     },
     /// The device does not support what was asked.
-    Unsupported(&'static str),
+    Unsupported(#[cfg_attr(feature = "serde", serde(deserialize_with = "crate::serde_str::de"))] crate::StaticStr),
 }
 
 impl core::fmt::Display for DeviceRefusal {
@@ -653,6 +674,7 @@ impl core::fmt::Display for DeviceRefusal {
 }
 
 /// Why a queue can run no more work, as data: the fault record, or what else ended it.
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum LostReason {
     /// The device faulted it (the record the status query returns).
@@ -682,6 +704,7 @@ impl core::fmt::Display for LostReason {
 }
 
 /// What a refused call found still in use ([`KernelError::InUse`]).
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum InUseObject {
     /// An object of a process.
@@ -700,6 +723,7 @@ impl core::fmt::Display for InUseObject {
 }
 
 /// What holds an object in use ([`KernelError::InUse`]).
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum InUseBy {
     /// This queue runs from it (its ring, pointers or metadata live there).
@@ -762,6 +786,7 @@ mod error_display_tests {
 }
 
 /// Everything a kernel call can refuse. Each message names the field or handle and its value.
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Clone, Debug, PartialEq, Eq, Error)]
 pub enum KernelError {
     /// A foreign, stale or unknown handle.
@@ -776,7 +801,8 @@ pub enum KernelError {
     #[error("`{field}` = {value}: {reason}")]
     InvalidArgument {
         /// Field name.
-        field: &'static str,
+        #[cfg_attr(feature = "serde", serde(deserialize_with = "crate::serde_str::de"))]
+        field: crate::StaticStr,
         /// Value as text.
         value: String,
         /// Why, as data.
@@ -786,7 +812,8 @@ pub enum KernelError {
     #[error("`{field}` = {va:#x} (+{bytes:#x} bytes) does not lie inside one mapping of the process")]
     OutsideMappings {
         /// Field name.
-        field: &'static str,
+        #[cfg_attr(feature = "serde", serde(deserialize_with = "crate::serde_str::de"))]
+        field: crate::StaticStr,
         /// Address.
         va: u64,
         /// Length.
@@ -814,15 +841,18 @@ pub enum KernelError {
         /// The queue.
         queue: HwQueueHandle,
         /// What it is.
-        actual: &'static str,
+        #[cfg_attr(feature = "serde", serde(deserialize_with = "crate::serde_str::de"))]
+        actual: crate::StaticStr,
         /// What the call needs.
-        expected: &'static str,
+        #[cfg_attr(feature = "serde", serde(deserialize_with = "crate::serde_str::de"))]
+        expected: crate::StaticStr,
     },
     /// A pool ran dry.
     #[error("out of {what} ({detail})")]
     Exhausted {
         /// The pool.
-        what: &'static str,
+        #[cfg_attr(feature = "serde", serde(deserialize_with = "crate::serde_str::de"))]
+        what: crate::StaticStr,
         /// Details.
         detail: String,
     },
@@ -838,7 +868,8 @@ pub enum KernelError {
     #[error("`{field}` = {value} does not move forward from {last}")]
     NotIncreasing {
         /// Field.
-        field: &'static str,
+        #[cfg_attr(feature = "serde", serde(deserialize_with = "crate::serde_str::de"))]
+        field: crate::StaticStr,
         /// Value given.
         value: u64,
         /// Last value.
@@ -882,7 +913,8 @@ pub enum KernelError {
     #[error("adapter initialization: {feature}: the KMD advertises {kmd}, the OS has {os}")]
     FeatureMismatch {
         /// The feature (or cap).
-        feature: &'static str,
+        #[cfg_attr(feature = "serde", serde(deserialize_with = "crate::serde_str::de"))]
+        feature: crate::StaticStr,
         /// What the KMD advertised.
         kmd: String,
         /// What the OS enabled (or what the KMD's other caps imply).
@@ -1083,6 +1115,7 @@ pub struct WaitPoint {
 }
 
 /// A native fence's two values ([`KernelPort::query_native_fence`]).
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct NativeFenceValues {
     /// CurrentValue: the last value signalled.
@@ -1093,6 +1126,7 @@ pub struct NativeFenceValues {
 }
 
 /// The physical doorbell a queue holds ([`KernelPort::query_physical_doorbell`]).
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PhysicalDoorbell {
     /// A dedicated doorbell: a word of the doorbell BAR.

@@ -25,6 +25,7 @@
 use core::fmt;
 
 /// Where a compute engine can stop (`D3DKMDT_COMPUTE_PREEMPTION_GRANULARITY`), coarsest first.
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 #[repr(u32)]
 pub enum ComputeGranularity {
@@ -44,6 +45,7 @@ pub enum ComputeGranularity {
 }
 
 /// Where a copy engine can stop, coarsest first.
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 #[repr(u32)]
 pub enum CopyGranularity {
@@ -58,6 +60,7 @@ pub enum CopyGranularity {
 
 /// The device's preemption capabilities (`D3DKMDT_PREEMPTION_CAPS`), reported by the INFO
 /// query and set per device.
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub struct PreemptionCaps {
     /// Compute engines.

@@ -24,6 +24,7 @@ use core::mem::{offset_of, size_of};
 use crate::ring::CacheLine;
 
 /// Index of an engine of the device.
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct EngineId(pub u32);
 
@@ -34,6 +35,7 @@ impl fmt::Display for EngineId {
 }
 
 /// What an engine is.
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum EngineKind {
     /// Compute engine (will also run `DISPATCH`).
@@ -68,6 +70,7 @@ impl fmt::Display for EngineKind {
 }
 
 /// Firmware priority levels (amdgpu MES: low, normal, medium, high, realtime = 0..4).
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
 #[repr(u32)]
 pub enum Priority {
@@ -99,6 +102,7 @@ impl Priority {
 }
 
 /// Queue states (`AMDGPU_USERQ_STATE_*`).
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[repr(u64)]
 pub enum QueueState {
@@ -130,6 +134,7 @@ impl QueueState {
 
 /// What a client passes to create a user-mode queue.
 #[repr(C)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct QueueDescriptor {
     /// GPU VA of the ring.
@@ -258,6 +263,7 @@ impl<W> KernelPageView<W> {
 }
 
 /// How a GPU memory access was meant.
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Access {
     /// Read.
@@ -276,6 +282,7 @@ impl fmt::Display for Access {
 }
 
 /// Why the firmware faulted a queue.
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum FaultKind {
     /// A packet could not be decoded.
@@ -357,9 +364,11 @@ pub enum FaultKind {
     #[error("`{field}`: {why}")]
     BadField {
         /// The field.
-        field: &'static str,
+        #[cfg_attr(feature = "serde", serde(deserialize_with = "crate::serde_str::de"))]
+        field: crate::StaticStr,
         /// Why.
-        why: &'static str,
+        #[cfg_attr(feature = "serde", serde(deserialize_with = "crate::serde_str::de"))]
+        why: crate::StaticStr,
     },
     /// A fence `SIGNAL` whose address is not a native fence's CurrentValue.
     #[error("SIGNAL with the native-fence flag at va {va:#x}, which is not a native fence")]
@@ -411,7 +420,8 @@ pub enum FaultKind {
     #[error("DISPATCH: {why}")]
     BadDispatch {
         /// Why.
-        why: &'static str,
+        #[cfg_attr(feature = "serde", serde(deserialize_with = "crate::serde_str::de"))]
+        why: crate::StaticStr,
     },
     /// A kernel instruction's memory access faulted.
     #[error("kernel instruction {pc}: {fault}")]
@@ -425,17 +435,20 @@ pub enum FaultKind {
     #[error("context save area: {why}")]
     BadSaveArea {
         /// Why.
-        why: &'static str,
+        #[cfg_attr(feature = "serde", serde(deserialize_with = "crate::serde_str::de"))]
+        why: crate::StaticStr,
     },
     /// An indirect buffer inside an indirect buffer, or one on a bad vmid.
     #[error("INDIRECT_BUFFER: {why}")]
     BadIndirect {
         /// Reason.
-        why: &'static str,
+        #[cfg_attr(feature = "serde", serde(deserialize_with = "crate::serde_str::de"))]
+        why: crate::StaticStr,
     },
 }
 
 /// A fault as the firmware recorded it.
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FaultRecord {
     /// What went wrong.

@@ -98,6 +98,7 @@ impl RingControlView {
 }
 
 /// Why a ring size is refused.
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum RingSizeError {
     /// Not a power of two.

@@ -58,6 +58,9 @@ pub enum BenchCommand {
     /// specialized dispatch time of two sample kernels, commit to completion event, and the
     /// foreground submit p99 with background compiles running vs disabled.
     Pgo(crate::bench_pgo::PgoArgs),
+    /// The consumer side of `bench submit --daemon`'s peer measurements (run as a child).
+    #[command(hide = true)]
+    Peer(crate::bench_daemon::PeerArgs),
     /// The simulator at scale: 10,000 user-mode queues over 8 slots, synthetic kernels, in
     /// virtual time; events, submissions and simulated seconds per wall second, beside the
     /// live driver's submissions per second for the same workload scaled down.
@@ -107,6 +110,11 @@ pub struct SubmitArgs {
     /// Command buffers in the throughput run (1 to 1,000,000,000).
     #[arg(long, default_value_t = 2_000_000, value_parser = num::within(1u64, 1_000_000_000))]
     throughput_count: u64,
+    /// Submit from this process to a daemon it starts (`doorbell serve`), and measure the
+    /// embedded figure and the two-process peers (shared-memory ring, Unix socket, futex,
+    /// io_uring with SQPOLL) in the same run.
+    #[arg(long)]
+    daemon: bool,
 }
 
 pub fn run(cmd: BenchCommand) -> Result<(), CliError> {
@@ -118,6 +126,7 @@ pub fn run(cmd: BenchCommand) -> Result<(), CliError> {
         BenchCommand::Neighbour(a) => crate::bench_neighbour::run(a),
         BenchCommand::Preempt(a) => crate::bench_preempt::run(a),
         BenchCommand::Pgo(a) => crate::bench_pgo::run(a),
+        BenchCommand::Peer(a) => crate::bench_daemon::peer(a),
         BenchCommand::Sim(a) => crate::sim_cmd::bench_sim(a),
     }
 }
@@ -220,6 +229,10 @@ pub(crate) fn latencies(
 }
 
 fn submit(a: SubmitArgs) -> Result<(), CliError> {
+    if a.daemon {
+        let (json, samples, throughput_count) = (a.json, a.samples, a.throughput_count);
+        return crate::bench_daemon::submit(crate::bench_daemon::DaemonSubmitArgs { json, samples, throughput_count });
+    }
     let json = a.json;
     progress(json, "measuring the floor: cache-line round trip between two threads");
     let floor = cacheline_rtt_ns();

@@ -11,16 +11,19 @@
 //! `run`'s arguments against the slots the kernel reads.
 
 mod bench;
+mod bench_daemon;
 mod bench_fences;
 mod bench_neighbour;
 mod bench_oversub;
 mod bench_pgo;
 mod bench_preempt;
 mod demo;
+mod demo_daemon;
 mod demo_pgo;
 mod examples;
 mod num;
 mod run;
+mod serve;
 mod sim_cmd;
 mod trace;
 
@@ -47,7 +50,14 @@ enum Command {
         /// Print only the summary.
         #[arg(long)]
         quiet: bool,
+        /// Instead: start a daemon (doorbell serve) and two client processes that share a
+        /// native fence across it, with doorbell status in between.
+        #[arg(long)]
+        daemon: bool,
     },
+    /// One client of `demo --daemon` (run as a child process).
+    #[command(hide = true)]
+    DemoClient(demo_daemon::DemoClientArgs),
     /// Assemble a kernel (.dbk) and run it on the compute engine; print a summary of its
     /// buffers.
     ///
@@ -63,6 +73,13 @@ enum Command {
     /// Benchmarks. Each prints a table, or one JSON object with --json.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// Run the daemon: the kernel and the virtual GPU in this process, serving client
+    /// processes over a Unix socket (umd::Device::connect, DOORBELL_SOCKET). Stops on SIGINT
+    /// or SIGTERM; every client then sees its device lost.
+    Serve(serve::ServeArgs),
+    /// Ask a running daemon what it holds: adapters, engines (power, slots), processes and
+    /// their queues (state, priority, doorbell, completed), doorbell use, faults.
+    Status(serve::StatusArgs),
     /// Deterministic simulation: run a scenario file on the real stack in virtual time and
     /// write summary.json, queues.csv, trace.json, plots and report.html; or `sweep`,
     /// `merge`, `calibrate` (see docs/sim.md).
@@ -72,10 +89,14 @@ enum Command {
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Demo { quiet } => demo::run(quiet),
+        Command::Demo { quiet, daemon: false } => demo::run(quiet),
+        Command::Demo { quiet, daemon: true } => demo_daemon::run(quiet),
+        Command::DemoClient(a) => demo_daemon::client(a),
         Command::Run(a) => run::run(a),
         Command::Trace(a) => trace::run(a),
         Command::Bench(b) => bench::run(b),
+        Command::Serve(a) => serve::serve(a),
+        Command::Status(a) => serve::status(a),
         Command::Sim(a) => sim_cmd::run(a),
     };
     match result {
@@ -102,6 +123,9 @@ pub enum CliError {
     /// A background commit's completion event did not come.
     #[error(transparent)]
     CommitWait(#[from] umd::pgo::workflow::WaitTimedOut),
+    /// Shared memory failed.
+    #[error(transparent)]
+    Shm(#[from] shm::ShmError),
     /// A check failed.
     #[error("check failed: {0}")]
     Check(String),

@@ -821,9 +821,6 @@ impl Kmd for Traced {
         self.log(Ddi::RestartFromTimeout);
         self.inner.restart_from_timeout()
     }
-    fn device_queue_id(&self, queue: HwQueueHandle) -> Option<u64> {
-        self.inner.device_queue_id(queue)
-    }
     fn held_position(&self, queue: HwQueueHandle) -> Result<HeldPosition, DdiError> {
         self.inner.held_position(queue)
     }
@@ -875,5 +872,8 @@ impl Kmd for Traced {
     }
     fn map_doorbell_page(&mut self, process: ProcessId, va: u64, page: u32) -> Result<GpuMapping, DdiError> {
         self.inner.map_doorbell_page(process, va, page)
+    }
+    fn device_queue_id(&self, queue: HwQueueHandle) -> Option<u64> {
+        self.inner.device_queue_id(queue)
     }
 }

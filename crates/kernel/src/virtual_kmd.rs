@@ -866,10 +866,6 @@ impl Kmd for VirtualKmd {
         }
     }
 
-    fn device_queue_id(&self, queue: HwQueueHandle) -> Option<u64> {
-        self.fw(queue).ok().map(|id| id.to_bits())
-    }
-
     fn set_native_fence_log_buffer(
         &mut self,
         queue: HwQueueHandle,
@@ -984,5 +980,9 @@ impl Kmd for VirtualKmd {
         // One barrier for the batch: the device's later signals compare against these values.
         abi::protocol::monitored_barrier();
         Ok(())
+    }
+
+    fn device_queue_id(&self, queue: HwQueueHandle) -> Option<u64> {
+        self.fw(queue).ok().map(|id| id.to_bits())
     }
 }

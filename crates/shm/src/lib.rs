@@ -85,6 +85,9 @@ use rustix::mm::{MapFlags, ProtFlags};
 
 mod arena;
 pub mod sched;
+#[cfg(feature = "serde")]
+#[doc(hidden)]
+pub mod serde_str;
 mod word;
 
 pub use arena::{PoolConfig, PoolStats, ShmPool};
@@ -92,17 +95,25 @@ pub use word::{ReadWord, Region, Word};
 
 use arena::{Arena, Lease};
 
+/// `&'static str` under another name, for the field names and reasons typed errors carry:
+/// serde's derive would borrow a field spelled `&str` from its input (so it could only be
+/// deserialized from `'static` bytes); under this name it takes the field's
+/// `deserialize_with` instead, which interns the text (`serde_str`). The same type.
+pub type StaticStr = &'static str;
+
 /// The page size the whole stack assumes (doorbell pages, mapping granularity).
 pub const PAGE_SIZE: usize = 4096;
 
 /// Errors from creating or accessing shared memory.
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
 pub enum ShmError {
     /// A system call failed.
     #[error("memfd_create/ftruncate/mmap failed for {what}: {errno}")]
     Os {
         /// Which operation failed.
-        what: &'static str,
+        #[cfg_attr(feature = "serde", serde(deserialize_with = "crate::serde_str::de"))]
+        what: StaticStr,
         /// The error as reported by the OS.
         errno: String,
     },
@@ -147,11 +158,13 @@ pub enum ShmError {
         /// The offending size.
         size: u64,
         /// Why it is invalid.
-        why: &'static str,
+        #[cfg_attr(feature = "serde", serde(deserialize_with = "crate::serde_str::de"))]
+        why: StaticStr,
     },
 }
 
 /// Protection of a [`Mapping`].
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Prot {
     /// Readable and writable.
@@ -661,33 +674,126 @@ impl std::ops::Deref for Shm {
     }
 }
 
+/// One page of a region's read-write mapping showing a page of another region instead
+/// ([`Shm::alias_page`]); the page shows its own backing again when this drops.
+///
+/// What the daemon uses to hand a client one doorbell page without handing it the whole
+/// BAR file: the BAR page the firmware reads is replaced, in the daemon's address space, by
+/// a page of a memfd of its own, whose descriptor the client gets. Undoing it cuts the client
+/// off: its later writes land in a file nothing reads.
+#[derive(Debug)]
+pub struct PageAlias {
+    target: Arc<Shm>,
+    page_offset: u64,
+    source: Arc<Shm>,
+}
+
+impl PageAlias {
+    /// The region whose page now shows through.
+    pub fn source(&self) -> &Arc<Shm> {
+        &self.source
+    }
+
+    /// The aliased page's offset in the target region.
+    pub fn page_offset(&self) -> u64 {
+        self.page_offset
+    }
+
+    fn map(&self, page: &Shm, page_offset: u64) -> Result<(), ShmError> {
+        let b = Backing::of(page, page_offset)?;
+        let addr = self.target.map.ptr.as_ptr().wrapping_add(self.page_offset as usize);
+        let flags = MapFlags::SHARED | MapFlags::FIXED;
+        // SAFETY: `addr` is a whole page inside the target region's read-write mapping
+        // (checked in `alias_page`), which the `Arc<Shm>` held here keeps mapped. MAP_FIXED
+        // replaces that page only, read-write before and after, so every reference into the
+        // region stays valid; only the memory behind the page changes, which the crate's
+        // contract (shared bytes are only reached atomically or volatilely) allows.
+        let r = unsafe {
+            rustix::mm::mmap(addr.cast(), PAGE_SIZE, rw_flags(Prot::ReadWrite), flags, b.fd(), b.file_offset())
+        };
+        r.map(|_| ()).map_err(os("mmap(MAP_FIXED) alias"))
+    }
+}
+
+impl Drop for PageAlias {
+    fn drop(&mut self) {
+        let (target, offset) = (self.target.clone(), self.page_offset);
+        if self.map(&target, offset).is_err() {
+            // The page may be unmapped now, under live references: do not go on.
+            std::process::abort();
+        }
+    }
+}
+
+impl Shm {
+    /// Makes the page at `page_offset` of this region show page 0 of `source` (its contents
+    /// copied there first), until the returned guard drops. `source` must be a read-write
+    /// region of at least one page. The caller keeps one alias per page at a time.
+    pub fn alias_page(self: &Arc<Self>, page_offset: u64, source: Arc<Shm>) -> Result<PageAlias, ShmError> {
+        check_page(self, page_offset)?;
+        check_page(&source, 0)?;
+        let mut buf = [0u8; PAGE_SIZE];
+        self.read(page_offset, &mut buf)?;
+        source.write(0, &buf)?;
+        let alias = PageAlias { target: self.clone(), page_offset, source };
+        // On failure the guard drops and maps the page's own backing back (or aborts).
+        alias.map(&alias.source, 0)?;
+        Ok(alias)
+    }
+}
+
 /// Checks that `[page_offset, page_offset + PAGE_SIZE)` is a whole page of `shm`.
 fn check_page(shm: &Shm, page_offset: u64) -> Result<(), ShmError> {
     in_bounds(page_offset, PAGE_SIZE as u64, shm.len() as u64)?;
     aligned(page_offset, PAGE_SIZE as u64)
 }
 
-/// What a [`RotatingPage`] shows: a page of a region, whose pages it holds.
+/// What a [`RotatingPage`] shows: a page of a region, whose pages it holds, or a page of a
+/// file received as a descriptor (a client of the daemon), whose file it holds.
 #[derive(Debug)]
 struct Backing {
-    lease: Arc<Lease>,
+    keep: Keep,
     id: u64,
     page_offset: u64,
+}
+
+/// What keeps a [`Backing`]'s page alive.
+#[derive(Debug)]
+enum Keep {
+    /// A region's pages.
+    Lease(Arc<Lease>),
+    /// A file, at this page-aligned offset.
+    File(Arc<File>, u64),
 }
 
 impl Backing {
     fn of(shm: &Shm, page_offset: u64) -> Result<Backing, ShmError> {
         check_page(shm, page_offset)?;
-        Ok(Backing { lease: shm.lease().clone(), id: shm.id(), page_offset })
+        Ok(Backing { keep: Keep::Lease(shm.lease().clone()), id: shm.id(), page_offset })
+    }
+
+    /// The page at `file_offset` of the file `fd` (checked to lie inside it); its id is 0.
+    fn of_fd(fd: BorrowedFd<'_>, file_offset: u64) -> Result<Backing, ShmError> {
+        aligned(file_offset, PAGE_SIZE as u64)?;
+        let st = rustix::fs::fstat(fd).map_err(os("fstat"))?;
+        in_bounds(file_offset, PAGE_SIZE as u64, u64::try_from(st.st_size).unwrap_or(0))?;
+        let file = Arc::new(File::new(dup(fd)?)?);
+        Ok(Backing { keep: Keep::File(file, file_offset), id: 0, page_offset: file_offset })
     }
 
     fn fd(&self) -> BorrowedFd<'_> {
-        self.lease.arena().fd()
+        match &self.keep {
+            Keep::Lease(lease) => lease.arena().fd(),
+            Keep::File(file, _) => file.fd.as_fd(),
+        }
     }
 
     /// The page's offset in its file.
     fn file_offset(&self) -> u64 {
-        self.lease.offset() as u64 + self.page_offset
+        match &self.keep {
+            Keep::Lease(lease) => lease.offset() as u64 + self.page_offset,
+            Keep::File(_, offset) => *offset,
+        }
     }
 }
 
@@ -720,7 +826,17 @@ impl RotatingPage {
     /// `mmap(MAP_FIXED)`. Concurrent accessors see either the old or the new page; callers
     /// that need an access to land on a particular page must synchronize with the rotation.
     pub fn rotate_to(&self, target: &Shm, page_offset: u64) -> Result<(), ShmError> {
-        let new = Backing::of(target, page_offset)?;
+        self.rotate(Backing::of(target, page_offset)?)
+    }
+
+    /// Like [`rotate_to`](Self::rotate_to), to the page at page-aligned `file_offset` of the
+    /// file `fd` (a descriptor received from the daemon); [`current`](Self::current) then
+    /// reports id 0 and that offset. The page is mapped read-write, so `fd` must be.
+    pub fn rotate_to_fd(&self, fd: BorrowedFd<'_>, file_offset: u64) -> Result<(), ShmError> {
+        self.rotate(Backing::of_fd(fd, file_offset)?)
+    }
+
+    fn rotate(&self, new: Backing) -> Result<(), ShmError> {
         let mut backing = self.backing.lock().unwrap_or_else(PoisonError::into_inner);
         let remap = |b: &Backing| {
             let (addr, flags) = (self.ptr.as_ptr().cast(), MapFlags::SHARED | MapFlags::FIXED);
@@ -762,5 +878,45 @@ impl Drop for RotatingPage {
         // SAFETY: this page was mapped in `new`, and no view into it outlives `self`.
         let r = unsafe { rustix::mm::munmap(self.ptr.as_ptr().cast(), PAGE_SIZE) };
         debug_assert!(r.is_ok(), "munmap failed: {r:?}");
+    }
+}
+
+#[cfg(test)]
+mod alias_tests {
+    use super::*;
+
+    /// A page alias shows the source page through the target's mapping (words written either
+    /// way meet), and dropping it shows the target's own page again, untouched meanwhile.
+    #[test]
+    fn alias_page_shows_source_until_dropped() {
+        let bar = Shm::new("bar", 2 * PAGE_SIZE).unwrap();
+        bar.write_u64(PAGE_SIZE as u64 + 8, 7).unwrap();
+        let page = Shm::new("page", PAGE_SIZE).unwrap();
+        let alias = bar.alias_page(PAGE_SIZE as u64, page.clone()).unwrap();
+        assert_eq!(page.read_u64(8).unwrap(), 7, "contents copied to the source first");
+        page.write_u64(16, 9).unwrap();
+        assert_eq!(bar.read_u64(PAGE_SIZE as u64 + 16).unwrap(), 9);
+        bar.write_u64(PAGE_SIZE as u64 + 24, 11).unwrap();
+        assert_eq!(page.read_u64(24).unwrap(), 11);
+        drop(alias);
+        assert_eq!(bar.read_u64(PAGE_SIZE as u64 + 16).unwrap(), 0, "own page again");
+        page.write_u64(32, 5).unwrap();
+        assert_eq!(bar.read_u64(PAGE_SIZE as u64 + 32).unwrap(), 0, "the source is cut off");
+        assert!(bar.alias_page(3 * PAGE_SIZE as u64, page).is_err());
+    }
+
+    /// A rotating page can show a page of a file known only by its descriptor.
+    #[test]
+    fn rotating_page_over_a_descriptor() {
+        let dummy = Shm::new("dummy", PAGE_SIZE).unwrap();
+        let file = Shm::new("file", 2 * PAGE_SIZE).unwrap();
+        let page = RotatingPage::new(&dummy, 0).unwrap();
+        page.rotate_to_fd(file.fd(), PAGE_SIZE as u64).unwrap();
+        page.atomic_u64(8).unwrap().store(3, Ordering::Relaxed);
+        assert_eq!(file.read_u64(PAGE_SIZE as u64 + 8).unwrap(), 3);
+        assert_eq!(page.current(), (0, PAGE_SIZE as u64));
+        assert!(page.rotate_to_fd(file.fd(), 2 * PAGE_SIZE as u64).is_err(), "outside the file");
+        page.rotate_to(&dummy, 0).unwrap();
+        assert_eq!(page.atomic_u64(8).unwrap().load(Ordering::Relaxed), 0);
     }
 }

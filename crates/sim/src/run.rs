@@ -236,7 +236,7 @@ pub fn run(plan: &Plan, seed: u64, progress: &mut dyn FnMut(f64)) -> Result<Outc
                     kind: if g.kernel_mode { umd::SubmissionKind::KernelMode } else { umd::SubmissionKind::UserMode },
                     ring_bytes: g.ring_bytes,
                     priority: g.priority,
-                    ..QueueOptions::default()
+                    ..QueueOptions::user_mode()
                 };
                 let mut q = clients[client].ctx.create_queue(opts)?;
                 q.set_spin(0);

@@ -17,6 +17,9 @@
 //!   them on a device against their CPU references; [`workloads`]: long deterministic kernels
 //!   and an endless one, for preemption studies, benchmarks and tests.
 //!
+//! - [`remote`]: the [`abi::port::KernelPort`] of a client process of a doorbell daemon
+//!   (`doorbell serve`), over its Unix socket; [`Device::connect`] opens a device on it.
+//!
 //! - Background processing (spec 004): [`background`] is the runtime's half (a pool of
 //!   low-priority threads, modes, commits, exactly-once tasks); [`pgo`] is the UMD's use of it
 //!   (dispatch measurement and profile-guided kernel specialization, [`pgo::Pipeline`]).
@@ -34,6 +37,7 @@ mod kernel;
 pub mod lowlevel;
 pub mod pgo;
 mod queue;
+pub mod remote;
 pub mod verify;
 pub mod workloads;
 
@@ -110,6 +114,9 @@ pub enum UmdError {
     /// Shared memory access failed (an offset outside a buffer).
     #[error("shared memory: {0}")]
     Shm(#[from] shm::ShmError),
+    /// The daemon could not be reached or refused the connection ([`Device::connect`]).
+    #[error(transparent)]
+    Connect(#[from] wire::ConnectError),
 }
 
 impl From<KernelError> for UmdError {

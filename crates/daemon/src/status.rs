@@ -1,0 +1,92 @@
+//! `doorbell status`: what the daemon holds, collected from the kernel's counters and each
+//! client's ledger (queue states come from the kernel's status query, as a client sees them).
+
+use std::sync::Arc;
+
+use abi::QueueState;
+use abi::port::KernelPort;
+use wire::status::{AdapterStatus, EngineStatus, ProcessStatus, QueueLine};
+use wire::{DaemonStatus, PROTOCOL_VERSION};
+
+use crate::Shared;
+
+pub(crate) fn collect(shared: &Arc<Shared>) -> DaemonStatus {
+    let sys = &shared.sys;
+    let census = sys.census();
+    let stats = sys.stats();
+    let (trace, trace_dropped) = sys.trace();
+    let count = |f: fn(&kernel::trace::Event) -> bool| trace.iter().filter(|e| f(&e.event)).count() as u64;
+    let recoveries = count(|e| matches!(e, kernel::trace::Event::Recovered { .. }));
+    let tdr_timeouts = count(|e| matches!(e, kernel::trace::Event::TdrTimeout { .. }));
+    let clients: Vec<_> = shared.clients.lock().values().cloned().collect();
+    let mut processes = Vec::new();
+    let mut mapped = std::collections::HashMap::<u32, u32>::new();
+    for c in &clients {
+        let ledger = c.ledger.lock();
+        let mut queues = Vec::new();
+        for (q, meta) in &ledger.queues {
+            let st = c.port.query_queue(*q).ok();
+            let state = st.as_ref().map(|s| s.state);
+            if state == Some(QueueState::Mapped) {
+                *mapped.entry(meta.engine.0).or_default() += 1;
+            }
+            queues.push(QueueLine {
+                handle: q.to_string(),
+                engine: meta.engine.0,
+                mode: if meta.user.is_some() { "user" } else { "kernel" }.into(),
+                state: state.map_or("gone".into(), |s| format!("{s:?}")),
+                priority: format!("{:?}", meta.priority),
+                doorbell: meta.user,
+                completed: st.as_ref().map_or(0, |s| s.completed),
+                fault: st.and_then(|s| s.fault).map(|f| f.to_string()),
+            });
+        }
+        queues.sort_by(|a, b| a.handle.cmp(&b.handle));
+        processes.push(ProcessStatus {
+            pid: c.pid.0,
+            os_pid: c.os_pid,
+            name: c.name.clone(),
+            allocations: ledger.allocations.len() as u32,
+            bytes: ledger.bytes(),
+            queues,
+        });
+    }
+    processes.sort_by_key(|p| p.pid);
+    let cfg = &shared.config.system;
+    let engines = cfg
+        .gpu
+        .engines
+        .iter()
+        .enumerate()
+        .map(|(i, kind)| EngineStatus {
+            id: i as u32,
+            kind: kind.to_string(),
+            power: format!("{:?}", sys.power(abi::EngineId(i as u32))),
+            slots: cfg.gpu.hw_slots,
+            slots_used: mapped.get(&(i as u32)).copied().unwrap_or(0).min(cfg.gpu.hw_slots),
+        })
+        .collect();
+    DaemonStatus {
+        daemon_pid: std::process::id(),
+        socket: shared.socket.display().to_string(),
+        uptime_s: shared.started.elapsed().as_secs(),
+        protocol_version: PROTOCOL_VERSION,
+        adapters: vec![AdapterStatus {
+            index: 0,
+            doorbell_model: cfg.gpu.doorbell_model.to_string(),
+            doorbell_pool: cfg.doorbell_pool,
+            doorbell_pages_used: census.doorbell_pages as u64,
+            exported_doorbell_pages: shared.exports.lock().len() as u64,
+            doorbells: census.doorbells as u64,
+            connects: stats.connects,
+            victimizations: stats.victimizations,
+            faults: stats.faults,
+            interrupts: stats.interrupts,
+            recoveries,
+            tdr_timeouts,
+            trace_dropped,
+            engines,
+        }],
+        processes,
+    }
+}

@@ -1,0 +1,413 @@
+//! The kernel port of a client process: [`KernelPort`] over the daemon's socket.
+//!
+//! `doorbell serve` runs the kernel and the virtual GPU in a daemon; a client process opens a
+//! [`crate::Device`] with [`crate::Device::connect`] and gets the same API as the embedded
+//! mode. Every control-path call is one request and one reply on a Unix socket (crate `wire`),
+//! and the reply's typed [`KernelError`] is the one the kernel returned. Shared memory arrives
+//! as descriptors with the reply that hands it out, and is mapped here with
+//! [`shm::Mapping::new`], read-only where the daemon sent a read-only descriptor (the queue's
+//! kernel page with the progress fence and doorbell status, fence CurrentValue pages): such a
+//! mapping cannot be made writable, not even with `mprotect`, because the descriptor is not.
+//!
+//! The data path never comes here: packets, wptr and the doorbell write go to memory this
+//! port mapped once, so a submission on a connected queue makes no system call.
+//!
+//! # Doorbell pages
+//!
+//! A doorbell's CPU page is a [`RotatingPage`] of this process: it shows a private dummy page
+//! until the daemon connects the doorbell, then the memfd page the daemon handed out for that
+//! BAR page, and the dummy page again when the doorbell is destroyed. The daemon does not rely
+//! on this (it withdraws the page on its side when the process ends, see the `daemon` crate).
+//!
+//! # Connections
+//!
+//! The first connection owns the kernel process: closing it without the orderly goodbye (a
+//! crash, SIGKILL) ends the process abnormally. A call made while another thread is inside a
+//! call (a blocking wait, say) goes over a further connection attached to the same process
+//! by its token, so one thread's wait never holds up another's calls.
+//!
+//! # Device lost
+//!
+//! If the daemon goes away, every call fails with [`KernelError::DeviceLost`] (naming the
+//! process's first device) without blocking, and waits in progress end the same way.
+
+use std::collections::HashMap;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use abi::port::{
+    AdapterInfo, AggregatedDoorbell, AllocationDesc, AllocationInfo, CreateDoorbell, DoorbellInfo, HwQueueDesc,
+    HwQueueInfo, Invalid, KernelError, KernelPort, NativeFenceDesc, NativeFenceInfo, NativeFenceValues,
+    PhysicalDoorbell, QueueStatus, WaitMode, WaitOutcome,
+};
+use abi::{
+    AllocationHandle, ContextHandle, DeviceHandle, DoorbellHandle, EngineId, HwQueueHandle, NativeFenceHandle,
+    ProcessId, Time,
+};
+use shm::{Mapping, Prot, RotatingPage, Shm};
+use std::sync::Mutex;
+use wire::{
+    Accepted, Channel, ConnectError, HelloKind, Limits, PROTOCOL_VERSION, Reply, Request, Response, WireError,
+    WireMapping,
+};
+
+/// A client process's connection to a doorbell daemon.
+pub struct RemotePort {
+    path: PathBuf,
+    primary: Mutex<Channel>,
+    /// Attached connections not in use.
+    spare: Mutex<Vec<Channel>>,
+    accepted: Accepted,
+    process: ProcessId,
+    info: AdapterInfo,
+    dummy: Arc<Shm>,
+    doorbells: Mutex<HashMap<HwQueueHandle, Arc<RotatingPage>>>,
+    doorbell_queues: Mutex<HashMap<DoorbellHandle, HwQueueHandle>>,
+    devices: Mutex<Vec<DeviceHandle>>,
+    lost: AtomicBool,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn monotonic_ns() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+}
+
+impl RemotePort {
+    /// Connects to the daemon at `path` as a new client process.
+    pub fn connect(path: &Path) -> Result<RemotePort, ConnectError> {
+        Self::connect_as(path, PROTOCOL_VERSION)
+    }
+
+    /// Like [`connect`](Self::connect), speaking protocol `version`: for tests of the
+    /// daemon's refusal of another version.
+    #[doc(hidden)]
+    pub fn connect_as(path: &Path, version: u32) -> Result<RemotePort, ConnectError> {
+        let name = std::env::args().next().unwrap_or_default();
+        let kind = HelloKind::Open { os_pid: std::process::id(), name };
+        let (chan, accepted) = wire::connect(path, kind, version)?;
+        let lost = |error| ConnectError::Wire { path: path.display().to_string(), error };
+        let process = accepted.process.ok_or(lost(WireError::Closed))?;
+        chan.send(&Request::AdapterInfo, &[]).map_err(lost)?;
+        let (resp, _) = chan.recv::<Response>("response").map_err(lost)?;
+        let info = match resp {
+            Ok(Reply::AdapterInfo(i)) => i,
+            _ => return Err(lost(WireError::Malformed { what: "adapter info", why: "unexpected reply".into() })),
+        };
+        let dummy = Shm::new("doorbell-client-dummy", shm::PAGE_SIZE)
+            .map_err(|e| lost(WireError::Io { what: "dummy page", errno: e.to_string() }))?;
+        Ok(RemotePort {
+            path: path.to_owned(),
+            primary: Mutex::new(chan),
+            spare: Mutex::new(Vec::new()),
+            accepted,
+            process,
+            info,
+            dummy,
+            doorbells: Mutex::new(HashMap::new()),
+            doorbell_queues: Mutex::new(HashMap::new()),
+            devices: Mutex::new(Vec::new()),
+            lost: AtomicBool::new(false),
+        })
+    }
+
+    /// The daemon's per-process limits.
+    pub fn limits(&self) -> Limits {
+        self.accepted.limits
+    }
+
+    /// Device time now, read from this process's clock (no call): what a `TIMESTAMP` packet
+    /// executed now would write.
+    pub fn device_now(&self) -> Time {
+        Time(monotonic_ns().saturating_sub(self.accepted.device_epoch_ns))
+    }
+
+    /// Whether the daemon has gone away (every call now fails with device lost).
+    pub fn is_lost(&self) -> bool {
+        // Relaxed: a sticky flag; each call re-learns it from its own transport error anyway.
+        self.lost.load(Ordering::Relaxed)
+    }
+
+    fn device_lost(&self) -> KernelError {
+        // Relaxed: see `is_lost`.
+        self.lost.store(true, Ordering::Relaxed);
+        let device = lock(&self.devices).first().copied().unwrap_or(DeviceHandle::new(self.process, 0, 0));
+        KernelError::DeviceLost { device }
+    }
+
+    /// One request and its reply, with the descriptors that came with it.
+    fn call(&self, req: &Request) -> Result<(Reply, Vec<Option<OwnedFd>>), KernelError> {
+        if self.is_lost() {
+            return Err(self.device_lost());
+        }
+        let exchange = |chan: &Channel| -> Result<(Response, Vec<OwnedFd>), WireError> {
+            chan.send(req, &[])?;
+            chan.recv::<Response>("response")
+        };
+        let result = match self.primary.try_lock() {
+            Ok(chan) => exchange(&chan),
+            Err(_) => {
+                let spare = lock(&self.spare).pop();
+                let chan = match spare {
+                    Some(c) => c,
+                    None => {
+                        let kind = HelloKind::Attach { token: self.accepted.token };
+                        match wire::connect(&self.path, kind, PROTOCOL_VERSION) {
+                            Ok((c, _)) => c,
+                            Err(_) => return Err(self.device_lost()),
+                        }
+                    }
+                };
+                let r = exchange(&chan);
+                if r.is_ok() {
+                    lock(&self.spare).push(chan);
+                }
+                r
+            }
+        };
+        match result {
+            Ok((Ok(reply), fds)) => Ok((reply, fds.into_iter().map(Some).collect())),
+            Ok((Err(e), _)) => Err(e),
+            Err(WireError::Oversized { len, .. }) => Err(KernelError::InvalidArgument {
+                field: "request",
+                value: format!("{len} bytes"),
+                reason: Invalid::OutOfRange { expected: "at most wire::MAX_FRAME bytes encoded" },
+            }),
+            Err(_) => Err(self.device_lost()),
+        }
+    }
+
+    fn unexpected(&self) -> KernelError {
+        // A reply of the wrong kind is a daemon of another build: treat it as gone.
+        self.device_lost()
+    }
+
+    fn map(&self, m: WireMapping, fds: &mut [Option<OwnedFd>]) -> Result<Mapping, KernelError> {
+        let fd = wire::take_fd(fds, m.fd, "mapping").map_err(|_| self.unexpected())?;
+        let prot = if m.read_only { Prot::ReadOnly } else { Prot::ReadWrite };
+        Ok(Mapping::new(fd.as_fd(), m.file_offset, m.len as usize, prot)?)
+    }
+
+    fn unit(&self, req: Request) -> Result<(), KernelError> {
+        match self.call(&req)?.0 {
+            Reply::Unit => Ok(()),
+            _ => Err(self.unexpected()),
+        }
+    }
+
+    fn fence(&self, req: Request) -> Result<NativeFenceInfo, KernelError> {
+        let (reply, mut fds) = self.call(&req)?;
+        let Reply::NativeFence(f) = reply else { return Err(self.unexpected()) };
+        let cpu = match f.cpu {
+            Some(m) => Some(self.map(m, &mut fds)?),
+            None => None,
+        };
+        Ok(NativeFenceInfo {
+            handle: f.handle,
+            va: f.va,
+            cpu,
+            offset: f.offset,
+            global: f.global,
+            kind: f.kind,
+            cross_adapter: f.cross_adapter,
+        })
+    }
+
+    fn wait(&self, req: Request) -> Result<WaitOutcome, KernelError> {
+        match self.call(&req)?.0 {
+            Reply::Wait(w) => Ok(w),
+            _ => Err(self.unexpected()),
+        }
+    }
+}
+
+impl Drop for RemotePort {
+    /// The orderly close: spec 000's normal termination of the process (its queued work runs
+    /// out), then the connection closes.
+    fn drop(&mut self) {
+        if !self.is_lost() {
+            let chan = self.primary.get_mut().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if chan.send(&Request::Goodbye, &[]).is_ok() {
+                let _ = chan.recv::<Response>("goodbye");
+            }
+        }
+    }
+}
+
+fn nanos(t: Option<Duration>) -> Option<u64> {
+    t.map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+}
+
+impl KernelPort for RemotePort {
+    fn process(&self) -> ProcessId {
+        self.process
+    }
+    fn adapter_info(&self) -> AdapterInfo {
+        self.info.clone()
+    }
+    fn create_device(&self) -> Result<DeviceHandle, KernelError> {
+        let Reply::Device(d) = self.call(&Request::CreateDevice)?.0 else { return Err(self.unexpected()) };
+        lock(&self.devices).push(d);
+        Ok(d)
+    }
+    fn destroy_device(&self, device: DeviceHandle) -> Result<(), KernelError> {
+        self.unit(Request::DestroyDevice(device))?;
+        lock(&self.devices).retain(|d| *d != device);
+        Ok(())
+    }
+    fn allocate(&self, device: DeviceHandle, desc: &AllocationDesc) -> Result<AllocationInfo, KernelError> {
+        let Reply::Allocation(a) = self.call(&Request::Allocate(device, *desc))?.0 else {
+            return Err(self.unexpected());
+        };
+        Ok(a)
+    }
+    fn map_allocation(&self, allocation: AllocationHandle) -> Result<Mapping, KernelError> {
+        let (reply, mut fds) = self.call(&Request::MapAllocation(allocation))?;
+        let Reply::Mapping(m) = reply else { return Err(self.unexpected()) };
+        self.map(m, &mut fds)
+    }
+    fn free(&self, allocation: AllocationHandle) -> Result<(), KernelError> {
+        self.unit(Request::Free(allocation))
+    }
+    fn create_context(&self, device: DeviceHandle, engine: EngineId) -> Result<ContextHandle, KernelError> {
+        let Reply::Context(c) = self.call(&Request::CreateContext(device, engine))?.0 else {
+            return Err(self.unexpected());
+        };
+        Ok(c)
+    }
+    fn destroy_context(&self, context: ContextHandle) -> Result<(), KernelError> {
+        self.unit(Request::DestroyContext(context))
+    }
+    fn create_hw_queue(&self, context: ContextHandle, desc: &HwQueueDesc) -> Result<HwQueueInfo, KernelError> {
+        let (reply, mut fds) = self.call(&Request::CreateHwQueue(context, *desc))?;
+        let Reply::HwQueue(q) = reply else { return Err(self.unexpected()) };
+        let kernel_page = self.map(q.kernel_page, &mut fds)?;
+        Ok(HwQueueInfo { handle: q.handle, engine: q.engine, kernel_page, kernel_page_va: q.kernel_page_va })
+    }
+    fn destroy_hw_queue(&self, queue: HwQueueHandle) -> Result<(), KernelError> {
+        self.unit(Request::DestroyHwQueue(queue))?;
+        if let Some(page) = lock(&self.doorbells).remove(&queue) {
+            let _ = page.rotate_to(&self.dummy, 0);
+        }
+        Ok(())
+    }
+    fn create_doorbell(&self, args: &CreateDoorbell) -> Result<DoorbellInfo, KernelError> {
+        let (reply, mut fds) = self.call(&Request::CreateDoorbell(*args))?;
+        let Reply::Doorbell(d) = reply else { return Err(self.unexpected()) };
+        let page = Arc::new(RotatingPage::new(&self.dummy, 0)?);
+        let aggregated = match d.aggregated {
+            Some((p, offset, mask)) => {
+                let fd = wire::take_fd(&mut fds, p.fd, "aggregated doorbell").map_err(|_| self.unexpected())?;
+                let agg = Arc::new(RotatingPage::new(&self.dummy, 0)?);
+                agg.rotate_to_fd(fd.as_fd(), p.file_offset)?;
+                Some(AggregatedDoorbell { page: agg, offset, mask })
+            }
+            None => None,
+        };
+        lock(&self.doorbells).insert(args.queue, page.clone());
+        lock(&self.doorbell_queues).insert(d.handle, args.queue);
+        Ok(DoorbellInfo {
+            handle: d.handle,
+            cpu_page: page,
+            offset: d.offset,
+            ring: d.ring,
+            aggregated,
+            gpu_va: d.gpu_va,
+        })
+    }
+    fn connect_doorbell(&self, queue: HwQueueHandle) -> Result<(), KernelError> {
+        let (reply, mut fds) = self.call(&Request::ConnectDoorbell(queue))?;
+        let Reply::Connected(p) = reply else { return Err(self.unexpected()) };
+        // `None`: disconnected again already; the dummy page stays and the status says retry.
+        if let Some(p) = p {
+            let fd = wire::take_fd(&mut fds, p.fd, "doorbell page").map_err(|_| self.unexpected())?;
+            if let Some(page) = lock(&self.doorbells).get(&queue) {
+                page.rotate_to_fd(fd.as_fd(), p.file_offset)?;
+            }
+        }
+        Ok(())
+    }
+    fn destroy_doorbell(&self, doorbell: DoorbellHandle) -> Result<(), KernelError> {
+        self.unit(Request::DestroyDoorbell(doorbell))?;
+        if let Some(q) = lock(&self.doorbell_queues).remove(&doorbell)
+            && let Some(page) = lock(&self.doorbells).remove(&q)
+        {
+            let _ = page.rotate_to(&self.dummy, 0);
+        }
+        Ok(())
+    }
+    fn notify_work_submission(&self, doorbell: DoorbellHandle) -> Result<(), KernelError> {
+        self.unit(Request::NotifyWorkSubmission(doorbell))
+    }
+    fn submit_command(&self, queue: HwQueueHandle, words: &[u32]) -> Result<(), KernelError> {
+        self.unit(Request::SubmitCommand(queue, words.to_vec()))
+    }
+    fn wait_progress(
+        &self,
+        queue: HwQueueHandle,
+        value: u64,
+        timeout: Option<Duration>,
+    ) -> Result<WaitOutcome, KernelError> {
+        self.wait(Request::WaitProgress(queue, value, nanos(timeout)))
+    }
+    fn query_queue(&self, queue: HwQueueHandle) -> Result<QueueStatus, KernelError> {
+        let Reply::QueueStatus(s) = self.call(&Request::QueryQueue(queue))?.0 else { return Err(self.unexpected()) };
+        Ok(s)
+    }
+    fn create_native_fence(
+        &self,
+        device: DeviceHandle,
+        desc: &NativeFenceDesc,
+    ) -> Result<NativeFenceInfo, KernelError> {
+        self.fence(Request::CreateNativeFence(device, *desc))
+    }
+    fn open_native_fence(&self, device: DeviceHandle, global: u64) -> Result<NativeFenceInfo, KernelError> {
+        self.fence(Request::OpenNativeFence(device, global))
+    }
+    fn open_cross_adapter_fence(&self, device: DeviceHandle, handle: u64) -> Result<NativeFenceInfo, KernelError> {
+        self.fence(Request::OpenCrossAdapterFence(device, handle))
+    }
+    fn destroy_native_fence(&self, fence: NativeFenceHandle) -> Result<(), KernelError> {
+        self.unit(Request::DestroyNativeFence(fence))
+    }
+    fn signal_native_fence(&self, fence: NativeFenceHandle, value: u64) -> Result<(), KernelError> {
+        self.unit(Request::SignalNativeFence(fence, value))
+    }
+    fn wait_native_fences(
+        &self,
+        fences: &[(NativeFenceHandle, u64)],
+        mode: WaitMode,
+        timeout: Option<Duration>,
+    ) -> Result<WaitOutcome, KernelError> {
+        self.wait(Request::WaitNativeFences(fences.to_vec(), mode, nanos(timeout)))
+    }
+    fn query_native_fence(&self, fence: NativeFenceHandle) -> Result<NativeFenceValues, KernelError> {
+        let Reply::FenceValues(v) = self.call(&Request::QueryNativeFence(fence))?.0 else {
+            return Err(self.unexpected());
+        };
+        Ok(v)
+    }
+    fn query_physical_doorbell(&self, queue: HwQueueHandle) -> Result<Option<PhysicalDoorbell>, KernelError> {
+        let Reply::PhysicalDoorbell(p) = self.call(&Request::QueryPhysicalDoorbell(queue))?.0 else {
+            return Err(self.unexpected());
+        };
+        Ok(p)
+    }
+}
+
+/// Asks the daemon at `path` for its status (an observer connection: no process is opened).
+pub fn daemon_status(path: &Path) -> Result<wire::DaemonStatus, ConnectError> {
+    let (chan, _) = wire::connect(path, HelloKind::Observe, PROTOCOL_VERSION)?;
+    let err = |error| ConnectError::Wire { path: path.display().to_string(), error };
+    chan.send(&Request::Status, &[]).map_err(err)?;
+    match chan.recv::<Response>("status").map_err(err)?.0 {
+        Ok(Reply::Status(s)) => Ok(*s),
+        _ => Err(err(WireError::Malformed { what: "status", why: "unexpected reply".into() })),
+    }
+}
