@@ -273,6 +273,29 @@ impl VirtualKmd {
         lock_device(&self.gpu, &self.attention)
     }
 
+    /// Maps `bytes` of `backing` (a region and its offset) at `va` in address space `vmid`;
+    /// the returned mapping unmaps it when dropped (unless the address space is gone already:
+    /// process teardown destroys it whole, and the mapping with it).
+    fn map_into(
+        &self,
+        vmid: Vmid,
+        va: u64,
+        bytes: u64,
+        backing: (Arc<Shm>, u64),
+        writable: bool,
+    ) -> Result<GpuMapping, gpu::GpuError> {
+        self.device().vm_mut(vmid).and_then(|vm| vm.map(va, bytes, backing.0, backing.1, writable))?;
+        let (gpu, live) = (self.gpu.clone(), self.mappings.clone());
+        // Relaxed: a statistic; the mapping itself is ordered by the device lock.
+        live.fetch_add(1, Ordering::Relaxed);
+        Ok(GpuMapping::new(va, move || {
+            if let Ok(vm) = gpu.lock().vm_mut(vmid) {
+                vm.unmap(va);
+            }
+            live.fetch_sub(1, Ordering::Relaxed);
+        }))
+    }
+
     /// The device's clock (the live one), or the OS's `now` on the deterministic driver,
     /// where a DDI takes no time.
     fn device_now(&self, now: Time) -> Time {
@@ -442,22 +465,7 @@ impl Kmd for VirtualKmd {
         writable: bool,
     ) -> Result<GpuMapping, DdiError> {
         let vmid = self.vmid(process)?;
-        self.gpu
-            .lock()
-            .vm_mut(vmid)
-            .and_then(|vm| vm.map(va, bytes, shm, 0, writable))
-            .map_err(refused("va", format!("{va:#x}+{bytes:#x}")))?;
-        let (gpu, live) = (self.gpu.clone(), self.mappings.clone());
-        // Relaxed: a statistic; the mapping itself is ordered by the device lock.
-        live.fetch_add(1, Ordering::Relaxed);
-        Ok(GpuMapping::new(va, move || {
-            // The address space may be gone already (process teardown destroys it whole):
-            // then so is the mapping, and there is nothing left to undo.
-            if let Ok(vm) = gpu.lock().vm_mut(vmid) {
-                vm.unmap(va);
-            }
-            live.fetch_sub(1, Ordering::Relaxed);
-        }))
+        self.map_into(vmid, va, bytes, (shm, 0), writable).map_err(refused("va", format!("{va:#x}+{bytes:#x}")))
     }
 
     fn vm_access(&self, process: ProcessId, va: u64, bytes: u64, access: Access) -> Result<(), FaultKind> {
@@ -518,8 +526,7 @@ impl Kmd for VirtualKmd {
         let page = match &mut self.doorbells {
             Doorbells::Global => {
                 // Every queue shares the one doorbell: nothing to victimize.
-                self.gpu
-                    .lock()
+                lock_device(&self.gpu, &self.attention)
                     .bind_global_doorbell(fw, process_page, index)
                     .map_err(refused("doorbell index", index))?;
                 process_page
@@ -960,20 +967,8 @@ impl Kmd for VirtualKmd {
         let vmid = self.vmid(process)?;
         let bar = self.device().bar().clone();
         let offset = page as u64 * abi::doorbell::DOORBELL_PAGE_BYTES;
-        self.gpu
-            .lock()
-            .vm_mut(vmid)
-            .and_then(|vm| vm.map(va, abi::doorbell::DOORBELL_PAGE_BYTES, bar, offset, true))
-            .map_err(refused("va", format!("{va:#x}")))?;
-        let (gpu, live) = (self.gpu.clone(), self.mappings.clone());
-        // Relaxed: a statistic; the mapping itself is ordered by the device lock.
-        live.fetch_add(1, Ordering::Relaxed);
-        Ok(GpuMapping::new(va, move || {
-            if let Ok(vm) = gpu.lock().vm_mut(vmid) {
-                vm.unmap(va);
-            }
-            live.fetch_sub(1, Ordering::Relaxed);
-        }))
+        self.map_into(vmid, va, abi::doorbell::DOORBELL_PAGE_BYTES, (bar, offset), true)
+            .map_err(refused("va", format!("{va:#x}")))
     }
 
     fn read_gpu_u64(&self, process: ProcessId, va: u64) -> Option<u64> {
