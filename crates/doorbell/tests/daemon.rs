@@ -21,6 +21,8 @@ fn doorbell() -> Command {
     Command::new(env!("CARGO_BIN_EXE_doorbell"))
 }
 
+/// A fresh directory for one test's daemon: `name` must be unique among the tests of this
+/// file (they run in parallel, and each removes its directory first).
 fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("doorbell-daemon-test-{}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -816,7 +818,7 @@ fn another_process_gpu_va_reaches_only_the_offender() {
 /// client process: the same calls as embedded, across the socket.
 #[test]
 fn userq_signal_and_wait_and_the_progress_fence_cross_the_socket() {
-    let dir = scratch("userq");
+    let dir = scratch("userq-fences");
     let d = Daemon::start(&dir, None);
     let dev = Device::connect(&d.socket).unwrap();
     let ctx = dev.create_context(dev.engine(EngineKind::Compute).unwrap()).unwrap();
