@@ -116,6 +116,13 @@ struct QueueMeta {
 }
 
 impl Ledger {
+    /// Refuses one more object (allocation or fence) past the process's limit.
+    fn check_objects(&self, limits: &Limits) -> Result<(), KernelError> {
+        if self.objects() >= limits.allocations as usize {
+            return Err(limit("allocations (per-process limit)", self.objects() as u64, limits.allocations as u64));
+        }
+        Ok(())
+    }
     fn bytes(&self) -> u64 {
         self.allocations.values().map(|a| a.1).sum()
     }
@@ -568,13 +575,7 @@ fn handle(shared: &Arc<Shared>, client: &Arc<Client>, req: Request) -> (Response
                 let bytes = desc.bytes.div_ceil(shm::PAGE_SIZE as u64).saturating_mul(shm::PAGE_SIZE as u64);
                 {
                     let l = client.ledger.lock();
-                    if l.objects() >= limits.allocations as usize {
-                        return Err(limit(
-                            "allocations (per-process limit)",
-                            l.objects() as u64,
-                            limits.allocations as u64,
-                        ));
-                    }
+                    l.check_objects(&limits)?;
                     if l.bytes().saturating_add(bytes) > limits.bytes {
                         return Err(limit("allocation bytes (per-process limit)", l.bytes(), limits.bytes));
                     }
@@ -674,16 +675,7 @@ fn handle(shared: &Arc<Shared>, client: &Arc<Client>, req: Request) -> (Response
             Request::WaitProgress(q, v, t) => Reply::Wait(port.wait_progress(q, v, timeout(t))?),
             Request::QueryQueue(q) => Reply::QueueStatus(port.query_queue(q)?),
             Request::CreateNativeFence(d, desc) => {
-                {
-                    let l = client.ledger.lock();
-                    if l.objects() >= limits.allocations as usize {
-                        return Err(limit(
-                            "allocations (per-process limit)",
-                            l.objects() as u64,
-                            limits.allocations as u64,
-                        ));
-                    }
-                }
+                client.ledger.lock().check_objects(&limits)?;
                 let info = port.create_native_fence(d, &desc)?;
                 client.ledger.lock().fences.insert(info.handle, d);
                 Reply::NativeFence(wire_fence(info, &mut keep))
@@ -720,16 +712,7 @@ fn handle(shared: &Arc<Shared>, client: &Arc<Client>, req: Request) -> (Response
             }
             Request::UserqWait(q, objects) => Reply::WaitPoints(port.userq_wait(q, &objects)?),
             Request::OpenProgressFence(q) => {
-                {
-                    let l = client.ledger.lock();
-                    if l.objects() >= limits.allocations as usize {
-                        return Err(limit(
-                            "allocations (per-process limit)",
-                            l.objects() as u64,
-                            limits.allocations as u64,
-                        ));
-                    }
-                }
+                client.ledger.lock().check_objects(&limits)?;
                 let info = port.open_progress_fence(q)?;
                 let device = client.ledger.lock().devices.iter().next().copied();
                 if let Some(d) = device {
