@@ -269,6 +269,10 @@ impl Os {
     /// IDs, the others with new ones (spec 003). The buffer it stopped inside stays: it
     /// resumes from its saved state.
     pub(super) fn take_back_unstarted(&mut self, pid: ProcessId, q: HwQueueHandle, now: Time) {
+        // User-mode queues keep their rings: nothing to ask the device.
+        if !self.queue(pid, q).is_ok_and(|qo| matches!(qo.mode, QueueMode::Kernel(_))) {
+            return;
+        }
         let Ok(pos) = self.ddi.held_position(q) else { return };
         let Some(p) = self.processes.get_mut(&pid) else { return };
         let Ok(qo) = p.queues.get_mut(q) else { return };
