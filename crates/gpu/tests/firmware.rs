@@ -402,7 +402,8 @@ fn many_queues_over_two_slots_are_served_round_robin() {
 fn a_waiting_queue_that_is_suspended_or_removed_is_never_mapped() {
     let mut m = many(5, 2, 64);
     let (a, b, w, x, y) = (0, 1, 2, 3, 4);
-    // A and B hold both slots, blocked on a flag (busy, so not idle).
+    // A and B hold both slots, and block on a flag (not idle: they give their slots up to
+    // waiting queues and sleep until the flag is set).
     let flag = DATA + 0x800;
     m.submit(a, &[Packet::Wait { va: flag, value: 1 }, Many::write(a, 1)]);
     m.submit(b, &[Packet::Wait { va: flag, value: 1 }, Many::write(b, 1)]);
@@ -421,7 +422,7 @@ fn a_waiting_queue_that_is_suspended_or_removed_is_never_mapped() {
     // the waiting order must not map it.
     let z = m.add();
     let (wid, zid) = (m.queues[w].id, m.queues[z].id);
-    // Quanta run out, Y gets a slot, the flag releases A and B: W and Z stay off the slots.
+    // Y gets a slot, the flag releases A and B: W and Z stay off the slots.
     let mut now = t0;
     for step in 0..200u64 {
         now += 500_000;
@@ -446,11 +447,13 @@ fn a_waiting_queue_that_is_suspended_or_removed_is_never_mapped() {
 /// quantum runs out against a waiting queue, and the waiting queue then gets the slot.
 #[test]
 fn poll_timeout_reports_the_quantum_expiry_and_handling_it_rotates_the_slot() {
-    let mut m = many(2, 1, 64);
+    let mut m = many(2, 1, 4);
     let (a, b) = (0, 1);
-    // A holds the only slot, blocked on a flag (busy, never idle); B waits with work.
-    let flag = DATA + 0x800;
-    m.submit(a, &[Packet::Wait { va: flag, value: 1 }, Many::write(a, 1)]);
+    // A holds the only slot, busy (a long run of packets, four a step; a queue blocked in a
+    // WAIT would give the slot up at once); B waits with work.
+    let mut work = busy();
+    work.push(Many::write(a, 1));
+    m.submit(a, &work);
     let t0 = 1_000;
     m.run(t0);
     m.submit(b, &[Many::write(b, 7)]);
@@ -466,7 +469,13 @@ fn poll_timeout_reports_the_quantum_expiry_and_handling_it_rotates_the_slot() {
     m.gpu.handle_timeout(at);
     m.run(at.0);
     assert_eq!(m.word(b), 7, "B got the slot when A's quantum ran out");
-    assert_eq!(m.word(a), 0, "A is still blocked");
+    assert_eq!(m.word(a), 0, "A has not finished");
+}
+
+/// Work that keeps a queue busy for 100 steps of four packets: 400 one-dword NOPs (a write
+/// may take at most half the ring).
+fn busy() -> Vec<Packet> {
+    (0..400).map(|_| Packet::Nop { dwords: 1 }).collect()
 }
 
 /// Two busy queues of one process over one slot keep alternating by the gang quantum: after
@@ -475,10 +484,9 @@ fn poll_timeout_reports_the_quantum_expiry_and_handling_it_rotates_the_slot() {
 /// pair swapped once and the second holder kept the slot for as long as it had work.)
 #[test]
 fn two_busy_queues_over_one_slot_keep_alternating() {
-    let mut m = many(2, 1, 64);
-    let flag = DATA + 0x800;
+    let mut m = many(2, 1, 4);
     for i in 0..2 {
-        m.submit(i, &[Packet::Wait { va: flag, value: 1 }]);
+        m.submit(i, &busy());
     }
     m.run(0);
     let gang = GpuConfig::default().gang_quantum.as_nanos() as u64;

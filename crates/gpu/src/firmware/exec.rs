@@ -44,8 +44,9 @@ impl Place {
 pub(super) enum Flow {
     /// Done; move past it.
     Next,
-    /// Cannot proceed (a `WAIT`); retry next round.
-    Blocked,
+    /// Cannot proceed (a `WAIT` on the word at `va` that has not reached `value`); retry next
+    /// round.
+    Blocked { va: u64, value: u64 },
     /// Made progress but is not done (a sliced `DISPATCH`); continue next round.
     Yield,
     /// Stopped part-way at a boundary for a preemption, its state saved ([`super::preempt`]).
@@ -164,6 +165,7 @@ impl Firmware {
             if modelled && e.timers.get(Timer::Busy).is_some_and(|t| now < t) {
                 continue;
             }
+            wake_sleepers(e, queues, vms, *fence_epoch);
             schedule::schedule(e, queues, now, *quanta, log);
             watch_sentinels(e, queues);
             let mut elapsed = 0u64;
@@ -225,6 +227,7 @@ impl Firmware {
                     cut: false,
                     completions: completions.as_mut(),
                 };
+                let was_blocked = q.blocked;
                 let (packets, stopped) = run_queue(q, id, vms, *budget, &mut env);
                 report.packets += packets;
                 let stopped_at = env.now();
@@ -241,6 +244,11 @@ impl Firmware {
                 report.instructions += compute.instructions - before;
                 if q.pending && q.state == QueueState::Mapped {
                     report.runnable += 1;
+                    // It has just blocked in a WAIT: its slot may go to a waiting queue
+                    // (`schedule`), so the next pass must not wait for a quantum.
+                    if q.blocked && (packets > 0 || !was_blocked) {
+                        e.resched = true;
+                    }
                 } else {
                     // Idle or hung: its slot may go to a waiting queue.
                     e.resched = true;
@@ -330,8 +338,9 @@ pub(super) fn run_queue(
                 }
                 let (packet, n) = fetch_indirect(ib_vm, &ib).map_err(|k| (k, None, true))?;
                 match exec(packet, q, id, ib_vm, env, true).map_err(|k| (k, Some(packet.opcode()), true))? {
-                    Flow::Blocked => {
-                        blocked(q, env, &mut stopped);
+                    Flow::Blocked { va, value } => {
+                        let vmid = ib.vmid.unwrap_or(q.cfg.vmid);
+                        blocked(q, env, &mut stopped, vmid, va, value);
                         return Ok(());
                     }
                     Flow::Yield => return Ok(()),
@@ -358,8 +367,8 @@ pub(super) fn run_queue(
             }
             let (packet, n) = fetch_ring(q).map_err(|(k, op)| (k, op, false))?;
             match exec(packet, q, id, vm, env, false).map_err(|k| (k, Some(packet.opcode()), false))? {
-                Flow::Blocked => {
-                    blocked(q, env, &mut stopped);
+                Flow::Blocked { va, value } => {
+                    blocked(q, env, &mut stopped, q.cfg.vmid, va, value);
                     return Ok(());
                 }
                 Flow::Yield => return Ok(()),
@@ -395,6 +404,45 @@ pub(super) fn run_queue(
     (done, stopped)
 }
 
+/// Wakes the queues of `e` asleep on a `WAIT` whose condition now holds
+/// ([`schedule::wake`]: they wait for a slot again), and drops the entries of queues that no
+/// longer sleep. A queue waiting on a native fence whose changes the device hears of is only
+/// re-checked when the fence epoch moved since the last check; one waiting on plain memory,
+/// which anyone may write without telling, at every step (one load each). A condition that can
+/// no longer be read (its memory unmapped) wakes the queue, which faults when it runs.
+pub(super) fn wake_sleepers(e: &mut Engine, queues: &mut Slab<FwQueue>, vms: &[Option<AddressSpace>], epoch: u64) {
+    if e.asleep.is_empty() {
+        return;
+    }
+    let moved = std::mem::replace(&mut e.asleep_epoch, epoch) != epoch;
+    let mut k = 0;
+    while k < e.asleep.len() {
+        let id = e.asleep[k];
+        let Some(q) = queues.get_mut(id.0).ok().filter(|q| q.asleep) else {
+            e.asleep.swap_remove(k);
+            continue;
+        };
+        let passes = match q.wait_on {
+            Some(w) if w.park && !moved => false,
+            Some(w) => vms
+                .get(w.vmid.0 as usize)
+                .and_then(Option::as_ref)
+                .and_then(|vm| vm.translate_aligned(w.va, 8, Access::Read).ok())
+                // Acquire: pairs with the signaller's release store, as the WAIT's own read.
+                .and_then(|r| r.shm.load_u64(r.offset, Ordering::Acquire).ok())
+                .is_none_or(|v| v >= w.value),
+            None => true,
+        };
+        if passes {
+            e.asleep.swap_remove(k);
+            q.parked = None;
+            schedule::wake(e, q, id);
+        } else {
+            k += 1;
+        }
+    }
+}
+
 /// Rebuilds `e`'s sentinel doorbells ([`Engine::sentinels`]) for this step: the watched
 /// doorbells of idle queues with a higher priority than the lowest busy slot holder. Skipped
 /// (no sentinels) on an engine with more than [`preempt::MAX_SENTINEL_WATCHES`] doorbells.
@@ -412,10 +460,13 @@ fn watch_sentinels(e: &mut Engine, queues: &Slab<FwQueue>) {
     }
 }
 
-/// A `WAIT` that does not pass: the queue stays blocked, and a preemption asked of it stops it
-/// here if the engine can preempt a wait (spec 003, "signal on submit").
-fn blocked(q: &mut FwQueue, env: &Env<'_>, stopped: &mut Option<StopPoint>) {
+/// A `WAIT` on the word at `va` of `vmid` that has not reached `value`: the queue stays
+/// blocked (and remembers on what, should it sleep off its slot), and a preemption asked of it
+/// stops it here if the engine can preempt a wait (spec 003, "signal on submit").
+fn blocked(q: &mut FwQueue, env: &Env<'_>, stopped: &mut Option<StopPoint>, vmid: Vmid, va: u64, value: u64) {
     q.blocked = true;
+    // (`park_on_fence` just decided whether it parks.)
+    q.wait_on = Some(WaitOn { vmid, va, value, park: q.parked.is_some() });
     if q.preempt.is_some() && env.stop.allows_blocked_wait() {
         *stopped = Some(StopPoint::Packet);
     }
@@ -485,7 +536,7 @@ pub(super) fn exec(
     let flow = exec_packet(p, q, id, vm, env, in_indirect);
     // A WAIT that stays blocked costs nothing: it is re-checked at the next event, and it
     // must not keep its engine busy (and the deterministic clock crawling) while it waits.
-    if !matches!(flow, Ok(Flow::Blocked)) {
+    if !matches!(flow, Ok(Flow::Blocked { .. })) {
         env.charge(crate::cost::ns(env.cost.packet));
     }
     flow
@@ -603,7 +654,7 @@ fn exec_packet(
                     // Acquire: pairs with the signaller's release store.
                     if r.shm.load_u64(r.offset, Ordering::Acquire).map_err(|_| outside(va, 8))? < value {
                         park_on_fence(q, &r, env);
-                        return Ok(Flow::Blocked);
+                        return Ok(Flow::Blocked { va, value });
                     }
                     q.wait_observed = None;
                     // 1. the wait released; 2. the entry; 3. the index; 4. the barrier.
@@ -665,7 +716,7 @@ fn exec_packet(
             let v = r.shm.load_u64(r.offset, Ordering::Acquire).map_err(|_| outside(va, 8))?;
             if v < value {
                 park_on_fence(q, &r, env);
-                return Ok(Flow::Blocked);
+                return Ok(Flow::Blocked { va, value });
             }
         }
         Packet::ProgressFence { value } => {

@@ -10,7 +10,8 @@
 //! 2. [`Firmware::step`]: each pending queue in a hardware slot, in round-robin order, reads its
 //!    wptr (acquire), validates it, then fetches, decodes and executes up to `packet_budget`
 //!    packets, publishing rptr (release) as it goes. A queue with nothing left stops being
-//!    pending; a queue blocked in a `WAIT` stays pending and is re-checked next round.
+//!    pending; a queue blocked in a `WAIT` stays pending and is re-checked next round (or,
+//!    once it has given its slot up to a waiting queue, sleeps until the `WAIT` passes).
 //! 3. Interrupts (fault, engine state change, user, progress fence above the monitored value)
 //!    queue on the line for [`Firmware::poll_interrupt`].
 //!
@@ -29,7 +30,7 @@
 //! scheduler's waiting order (kernel queues, then priority, then whoever ran longest ago, then
 //! run-list order) and grouped by [`Class`] so a pass looks at one head per class. Its
 //! invariant: a queue is in the waiting set exactly when it is on the run list, pending, not
-//! hung and not in a slot ([`schedule::Seat::should_wait`]). Every `pending = true` goes through
+//! hung, not asleep on a `WAIT` and not in a slot ([`schedule::Seat::should_wait`]). Every `pending = true` goes through
 //! [`mark_pending`], and every other change of those facts (suspend, resume, remove, map,
 //! evict) through [`sync_waiting`], which keep it.
 //!
@@ -258,6 +259,14 @@ struct FwQueue {
     at_cb_boundary: bool,
     /// Its last turn ended in a `WAIT` that did not pass.
     blocked: bool,
+    /// The condition of the last `WAIT` it blocked on (what [`exec::wake_sleepers`] checks
+    /// while it sleeps off its slot).
+    wait_on: Option<WaitOn>,
+    /// Off its slot and asleep on that `WAIT` ([`schedule::unseat`]).
+    asleep: bool,
+    /// When its address space got the slot it holds (the process quantum runs from here;
+    /// see [`schedule::Seat::process_start`]).
+    process_start: Time,
     /// Preempted with its state saved at this point; the first turn after logs the restore.
     saved: Option<StopPoint>,
     /// Its place in run-list order: stamped from [`Engine::next_seq`] each time it joins the
@@ -267,6 +276,18 @@ struct FwQueue {
     /// In its engine's waiting set ([`Engine::waiting`]), under its [`schedule::Seat`]'s class
     /// and turn. Kept equal to [`schedule::Seat::should_wait`] by [`sync_waiting`].
     waiting: bool,
+}
+
+/// The condition a `WAIT` blocks on: the 64-bit word at `va` of address space `vmid` reaching
+/// `value`.
+#[derive(Clone, Copy, Debug)]
+struct WaitOn {
+    vmid: Vmid,
+    va: u64,
+    value: u64,
+    /// The word is a native fence whose changes the device hears of (`FenceWaits::Park`): it
+    /// can only have passed if the fence epoch moved.
+    park: bool,
 }
 
 impl FwQueue {
@@ -406,6 +427,12 @@ struct Engine {
     sentinels: Vec<(Word, u64)>,
     /// Queues mapped into a hardware slot so far (slot changes, for the simulator's counts).
     slot_maps: u64,
+    /// Queues asleep off their slots on a `WAIT` that did not pass ([`schedule::unseat`]),
+    /// checked at each step until it does ([`exec::wake_sleepers`]). An entry whose queue no
+    /// longer sleeps (suspended, removed, hung) is dropped at the next check.
+    asleep: Vec<FwQueueId>,
+    /// The fence epoch at the last check of `asleep`.
+    asleep_epoch: u64,
 }
 
 /// The firmware state machine. See the module docs.
@@ -524,6 +551,8 @@ impl Engine {
             stop,
             sentinels: Vec::new(),
             slot_maps: 0,
+            asleep: Vec::new(),
+            asleep_epoch: u64::MAX,
         }
     }
 
@@ -644,6 +673,9 @@ impl Firmware {
             preempt: None,
             at_cb_boundary: true,
             blocked: false,
+            wait_on: None,
+            asleep: false,
+            process_start: Time::ZERO,
             saved: None,
             seq: 0,
             waiting: false,
@@ -829,9 +861,10 @@ impl Firmware {
             if e.timers.expired(Timer::Idle, now) {
                 let busy_queue =
                     |id: &FwQueueId| queues.get(id.0).is_ok_and(|q| q.pending && q.state != QueueState::Hung);
-                // A busy queue on the run list is either in a slot or in the waiting set
-                // (pending, not hung, not in a slot): no scan of the run list.
-                if e.hqd.iter().any(busy_queue) || !e.waiting.is_empty() {
+                // A busy queue on the run list is in a slot, in the waiting set (pending, not
+                // hung, not in a slot) or asleep on a WAIT: no scan of the run list.
+                let asleep = e.asleep.iter().any(|id| queues.get(id.0).is_ok_and(|q| q.asleep));
+                if e.hqd.iter().any(busy_queue) || !e.waiting.is_empty() || asleep {
                     e.last_busy = now;
                 } else {
                     e.f1_requested = true;

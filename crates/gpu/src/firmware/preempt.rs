@@ -271,7 +271,7 @@ pub(super) fn finish(
     }
     match req.by {
         Requester::Os => schedule::leave_run_list(e, q, id),
-        Requester::Scheduler => sync_waiting(e, q, id),
+        Requester::Scheduler => schedule::unseat(e, q, id),
     }
     log.push(at, FwEvent::PreemptAnswered { queue: id, ticket: req.ticket, requested_at: req.at });
     if req.by == Requester::Os {
@@ -330,7 +330,7 @@ impl Firmware {
                     }
                 }
             }
-            sync_waiting(e, q, id);
+            schedule::unseat(e, q, id);
         }
         e.resched = true;
         log.push(now, FwEvent::EngineReset { engine, guilty: out.guilty.clone() });
@@ -434,5 +434,6 @@ fn hang(q: &mut FwQueue, kind: FaultKind) {
     q.bulk_done = None;
     q.ib = None;
     q.blocked = false;
+    q.asleep = false;
     q.fault = Some(FaultRecord { kind, rptr: q.rptr, opcode: None, in_indirect: false });
 }

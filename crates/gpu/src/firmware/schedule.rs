@@ -6,11 +6,21 @@
 //! each engine keeps a **waiting set** ([`Waiting`]), ordered like the scheduler's waiting
 //! order (kernel queues, then priority, then whoever ran longest ago, then run-list order)
 //! and grouped by [`Class`] so a pass looks at one head per class. Its invariant: a queue is
-//! in the waiting set exactly when it is on the run list, pending, not hung and not in a slot
-//! ([`Seat::should_wait`]). Every `pending = true` goes through [`mark_pending`], and every
-//! other change of those facts (admit, suspend, resume, remove, map, evict) through
-//! [`sync_waiting`], which keep it. When a holder's quantum will run out against a waiting
-//! queue, the pass arms the engine's quantum timer ([`super::Timer::Quantum`]).
+//! in the waiting set exactly when it is on the run list, pending, not hung, not asleep and not
+//! in a slot ([`Seat::should_wait`]). Every `pending = true` goes through [`mark_pending`], and
+//! every other change of those facts (admit, suspend, resume, remove, map, evict, sleep, wake)
+//! through [`sync_waiting`], which keep it. When a holder's quantum will run out against a
+//! waiting queue, the pass arms the engine's quantum timer ([`super::Timer::Quantum`]).
+//!
+//! A queue blocked in a `WAIT` that does not pass uses its slot for nothing, and spec 003 makes
+//! such a wait preemptible: a blocked holder yields its slot to any waiter, and once off its
+//! slot it *sleeps* ([`unseat`]) — out of the waiting set, in [`Engine::asleep`] — until the
+//! `WAIT`'s condition holds ([`wake`], from the step's check in [`super::exec`]). So a queue
+//! that cannot run never holds or takes a slot a queue that can run wants, and a consumer
+//! never starves the producer it waits for. Quanta are two-level, as MES's: the gang quantum
+//! between queues of one address space runs from when the holder got its slot, the process
+//! quantum from when its address space did ([`Seat::process_start`]), so a process rotating
+//! its own queues does not restart the slice another process waits out.
 //!
 //! The scheduler is a sans-IO piece of its own: it sees a queue only through [`Schedulable`]
 //! (what it reads, as a [`Seat`], and the few facts it writes), and an engine only through its
@@ -121,8 +131,18 @@ pub(super) struct Seat {
     pub(super) state: QueueState,
     /// It has work.
     pub(super) pending: bool,
-    /// When it last got a hardware slot (its quantum runs from here).
+    /// When it last got a hardware slot (its gang quantum runs from here).
     pub(super) slice_start: Time,
+    /// When its address space got the slot it holds (its process quantum runs from here): a
+    /// queue that takes the slot from a busy queue of its own address space (gang rotation)
+    /// inherits the slot's start, so rotating within a process never restarts the slice
+    /// another process's waiting queue is compared with.
+    pub(super) process_start: Time,
+    /// Its last turn ended in a `WAIT` that did not pass: in a slot, it uses it for nothing.
+    pub(super) blocked: bool,
+    /// Off its slot, blocked in a `WAIT` whose condition did not hold when last checked: it
+    /// sleeps (in [`Engine::asleep`]) instead of waiting for a slot, until the condition holds.
+    pub(super) asleep: bool,
     /// On its engine's run list (not suspended).
     pub(super) on_run_list: bool,
     /// In its engine's waiting set.
@@ -133,10 +153,12 @@ impl Seat {
     /// Whether the queue belongs in its engine's waiting set: on the run list, with work
     /// (pending) — or a kernel queue, which is always mapped (spec 001: "Kernel queues are
     /// always mapped so any work that goes into kernel queues will take priority") — not hung,
-    /// and not in a hardware slot (`Mapped` is exactly "in `hqd`" for a queue that is not hung).
+    /// not asleep on a `WAIT`, and not in a hardware slot (`Mapped` is exactly "in `hqd`" for a
+    /// queue that is not hung).
     pub(super) fn should_wait(&self) -> bool {
         self.on_run_list
             && (self.pending || !self.class.user)
+            && !self.asleep
             && !matches!(self.state, QueueState::Mapped | QueueState::Hung)
     }
 }
@@ -149,8 +171,11 @@ pub(super) trait Schedulable {
     fn set_state(&mut self, state: QueueState);
     /// It has work (only [`mark_pending`] sets it).
     fn set_pending(&mut self);
-    /// It got a slot at `now`: its quantum starts.
-    fn set_slice_start(&mut self, now: Time);
+    /// It got a slot at `now`: its gang quantum starts, and its process quantum at
+    /// `process_start` (`now`, or the slot's start in its address space).
+    fn set_slice_start(&mut self, now: Time, process_start: Time);
+    /// It sleeps off its slot on a `WAIT` (or no longer does).
+    fn set_asleep(&mut self, asleep: bool);
     /// Whether it is in its engine's waiting set (only [`sync_waiting`] sets it).
     fn set_waiting(&mut self, waiting: bool);
     /// It joined its engine's run list (or left it, `seq` `None`); `seq` is its place in
@@ -179,6 +204,9 @@ impl Schedulable for FwQueue {
             state: self.state,
             pending: self.pending,
             slice_start: self.slice_start,
+            process_start: self.process_start,
+            blocked: self.blocked,
+            asleep: self.asleep,
             on_run_list: self.on_run_list,
             waiting: self.waiting,
         }
@@ -189,8 +217,12 @@ impl Schedulable for FwQueue {
     fn set_pending(&mut self) {
         self.pending = true;
     }
-    fn set_slice_start(&mut self, now: Time) {
+    fn set_slice_start(&mut self, now: Time, process_start: Time) {
         self.slice_start = now;
+        self.process_start = process_start;
+    }
+    fn set_asleep(&mut self, asleep: bool) {
+        self.asleep = asleep;
     }
     fn set_waiting(&mut self, waiting: bool) {
         self.waiting = waiting;
@@ -246,6 +278,31 @@ pub(super) fn leave_run_list<Q: Schedulable>(e: &mut Engine, q: &mut Q, id: FwQu
     e.hqd.retain(|&q| q != id);
     e.resched = true;
     q.set_run_list(None);
+    // (Its entry in `asleep`, if any, is dropped at the next wake-up check.)
+    q.set_asleep(false);
+    sync_waiting(e, q, id);
+}
+
+/// Queue `id` (`q`) has just left its slot on `e` with work left (evicted by a pass, stopped
+/// for the scheduler's request, taken off by an engine reset). If its last turn ended in a
+/// `WAIT` that did not pass, it sleeps: it is kept out of the waiting set, so it takes no slot
+/// from a queue that can use one, until [`wake`] finds the condition holds (panthor keeps
+/// groups blocked on a sync object off its runnable lists the same way, until a sync update
+/// unblocks them). Otherwise it waits for a slot again.
+pub(super) fn unseat<Q: Schedulable>(e: &mut Engine, q: &mut Q, id: FwQueueId) {
+    let seat = q.seat();
+    if seat.blocked && seat.pending && seat.on_run_list && seat.state != QueueState::Hung {
+        q.set_asleep(true);
+        e.asleep.push(id);
+    }
+    sync_waiting(e, q, id);
+}
+
+/// The `WAIT` sleeping queue `id` (`q`) is blocked on may pass now: it waits for a slot again
+/// (in its old turn: it has waited since it last ran), and a pass looks at once.
+pub(super) fn wake<Q: Schedulable>(e: &mut Engine, q: &mut Q, id: FwQueueId) {
+    q.set_asleep(false);
+    e.resched = true;
     sync_waiting(e, q, id);
 }
 
@@ -288,10 +345,12 @@ pub(super) fn sync_waiting<Q: Schedulable>(e: &mut Engine, q: &mut Q, id: FwQueu
 /// dynamically maps and unmaps queues based on priority and time quanta"). Every queue on
 /// the run list with work wants a slot; in order of priority (kernel queues first, then the
 /// highest level, then the longest-waiting), each takes a free slot, or evicts a holder:
-/// an idle one first, else one of lower priority (so a realtime queue evicts at once), else
-/// one of equal priority that has used up its quantum. An evicted queue with work left is
-/// `Preempted` — stopped at a packet boundary or a dispatch slice, state saved — and rings
-/// on an unmapped queue are remembered: it runs when it gets a slot back.
+/// an idle one first, else one blocked in a `WAIT` (where its engine can stop a wait), else
+/// one of lower priority (so a realtime queue evicts at once), else one of equal priority
+/// that has used up its quantum (gang or process: see the module docs). An evicted queue with
+/// work left is `Preempted` — stopped at a packet boundary or a dispatch slice, state saved —
+/// and rings on an unmapped queue are remembered: it runs when it gets a slot back (a blocked
+/// one sleeps until its `WAIT` passes first).
 ///
 /// The waiting queues come from [`Engine::waiting`], never from a scan of the run list. Whether
 /// a holder can be evicted for a waiter depends only on the waiter's [`Class`], and within a
@@ -322,13 +381,11 @@ pub(super) fn schedule<Q: Schedulable>(
     }
     e.resched = false;
     e.timers.set(Timer::Quantum, None);
-    let get = |queues: &Slab<Q>, id: FwQueueId| {
-        queues.get(id.0).ok().map(Q::seat).map(|q| {
-            let c = q.class;
-            (q.state, q.pending, !c.user, c.priority.0, c.vmid, q.slice_start)
-        })
-    };
-    e.hqd.retain(|&id| get(queues, id).is_some_and(|(st, ..)| st == QueueState::Mapped));
+    let seat = |queues: &Slab<Q>, id: FwQueueId| queues.get(id.0).ok().map(Q::seat);
+    e.hqd.retain(|&id| seat(queues, id).is_some_and(|q| q.state == QueueState::Mapped));
+    // A holder blocked in a `WAIT` that does not pass uses its slot for nothing, and may be
+    // stopped there at every granularity but `None` (spec 003): it yields to any waiter.
+    let blocked_yields = e.stop.allows_blocked_wait();
     if e.waiting.is_empty() {
         return;
     }
@@ -341,6 +398,9 @@ pub(super) fn schedule<Q: Schedulable>(
     // Kernel queues first, then priority, then whoever ran longest ago (then run-list order).
     while let Some((class, w)) = e.waiting.first(&unplaced) {
         let (w_priv, w_prio, w_vm) = (!class.user, class.priority.0, class.vmid);
+        // When its address space got this slot: now, unless it takes the slot from a busy
+        // queue of its own address space (gang rotation), whose start it keeps.
+        let mut process_start = now;
         if e.hqd.len() >= e.hw_slots {
             // Pick a holder to evict: idle first, then lower priority (lowest first), then an
             // equal-priority one past its quantum (longest-running first). Kernel queues keep
@@ -351,21 +411,28 @@ pub(super) fn schedule<Q: Schedulable>(
                 .copied()
                 .filter(|id| !placed.contains(id))
                 .filter_map(|id| {
-                    let (_, pending, privileged, prio, vm, start) = get(queues, id)?;
+                    let h = seat(queues, id)?;
+                    let (privileged, prio, vm) = (!h.class.user, h.class.priority.0, h.class.vmid);
                     if privileged && !w_priv {
                         return None;
                     }
                     // A kernel queue takes its slot from any user queue.
                     if w_priv && !privileged {
-                        return Some((0, prio, start, id));
+                        return Some((0, prio, h.slice_start, id));
                     }
-                    let quantum = if vm == w_vm { quanta.gang } else { quanta.process };
-                    let rank = if !pending {
+                    // Within one address space the gang quantum applies, from when this queue
+                    // got the slot; between two, the process quantum, from when its address
+                    // space did (gang rotation does not restart it).
+                    let (quantum, start) =
+                        if vm == w_vm { (quanta.gang, h.slice_start) } else { (quanta.process, h.process_start) };
+                    let rank = if !h.pending {
                         0
-                    } else if prio < w_prio {
+                    } else if h.blocked && blocked_yields {
                         1
-                    } else if prio == w_prio && now.since(start) >= quantum {
+                    } else if prio < w_prio {
                         2
+                    } else if prio == w_prio && now.since(start) >= quantum {
+                        3
                     } else {
                         return None;
                     };
@@ -399,7 +466,10 @@ pub(super) fn schedule<Q: Schedulable>(
             }
             e.hqd.retain(|&id| id != v);
             if let Ok(q) = queues.get_mut(v.0) {
-                let pending = q.seat().pending;
+                let (pending, vm, start) = (q.seat().pending, q.seat().class.vmid, q.seat().process_start);
+                if pending && vm == w_vm {
+                    process_start = start;
+                }
                 q.set_state(if pending { QueueState::Preempted } else { QueueState::Unmapped });
                 if pending {
                     // Stopped where it stands (an allowed point): request, save and answer at once.
@@ -417,12 +487,12 @@ pub(super) fn schedule<Q: Schedulable>(
         placed.push(w);
         let q = queues.get_mut(w.0).expect("a waiting queue exists");
         q.set_state(QueueState::Mapped);
-        q.set_slice_start(now);
+        q.set_slice_start(now, process_start);
         sync_waiting(e, q, w);
     }
     for v in evicted {
         if let Ok(q) = queues.get_mut(v.0) {
-            sync_waiting(e, q, v);
+            unseat(e, q, v);
         }
     }
     // Look again when the first holder's quantum runs out against a class still waiting (it
@@ -449,11 +519,11 @@ pub(super) fn schedule<Q: Schedulable>(
     let quantum_end = e
         .hqd
         .iter()
-        .filter_map(|&id| get(queues, id))
-        .filter(|&(_, pending, ..)| pending)
-        .flat_map(|(_, _, privileged, prio, vm, start)| {
-            let (gang, process) = contenders(prio, privileged, vm);
-            [gang.then(|| start.plus(quanta.gang)), process.then(|| start.plus(quanta.process))]
+        .filter_map(|&id| seat(queues, id))
+        .filter(|h| h.pending)
+        .flat_map(|h| {
+            let (gang, process) = contenders(h.class.priority.0, !h.class.user, h.class.vmid);
+            [gang.then(|| h.slice_start.plus(quanta.gang)), process.then(|| h.process_start.plus(quanta.process))]
         })
         .flatten()
         .min();
@@ -485,8 +555,12 @@ mod tests {
         fn set_pending(&mut self) {
             self.0.pending = true;
         }
-        fn set_slice_start(&mut self, now: Time) {
+        fn set_slice_start(&mut self, now: Time, process_start: Time) {
             self.0.slice_start = now;
+            self.0.process_start = process_start;
+        }
+        fn set_asleep(&mut self, asleep: bool) {
+            self.0.asleep = asleep;
         }
         fn set_waiting(&mut self, waiting: bool) {
             self.0.waiting = waiting;
@@ -548,6 +622,9 @@ mod tests {
                 state: QueueState::Unmapped,
                 pending: false,
                 slice_start: Time::ZERO,
+                process_start: Time::ZERO,
+                blocked: false,
+                asleep: false,
                 on_run_list: false,
                 waiting: false,
             }));
@@ -572,6 +649,23 @@ mod tests {
             assert_eq!(q.0.state, QueueState::Mapped, "only a holder runs");
             q.0.pending = false;
             self.e.resched = true;
+        }
+
+        /// A holder's turn ends in a `WAIT` that does not pass, as execution reports it.
+        fn block(&mut self, id: FwQueueId) {
+            let q = self.queues.get_mut(id.0).unwrap();
+            assert_eq!(q.0.state, QueueState::Mapped, "only a holder runs");
+            q.0.blocked = true;
+            self.e.resched = true;
+        }
+
+        /// The `WAIT` a sleeping queue is blocked on passes, as the step's check finds it.
+        fn wake(&mut self, id: FwQueueId) {
+            assert!(self.e.asleep.contains(&id), "{id} is not asleep");
+            self.e.asleep.retain(|&a| a != id);
+            let q = self.queues.get_mut(id.0).unwrap();
+            q.0.blocked = false;
+            wake(&mut self.e, q, id);
         }
 
         /// One pass at `now`; the pending holders then run (their turn moves to now).
@@ -703,6 +797,56 @@ mod tests {
         sync_waiting(&mut b.e, q, suspended);
         b.e.resched = true;
         assert_eq!(b.pass(), vec![suspended]);
+    }
+
+    /// Spec 003: a `WAIT` that does not pass is preemptible. A holder blocked in one yields
+    /// its slot to any waiting queue, even one of lower priority, and sleeps off its slot (not
+    /// waiting, so it takes nobody's slot) until its condition holds; then its priority counts
+    /// again. (Before, a blocked holder kept its slot as a busy one: consumers waiting on
+    /// producers could hold every slot while the producers never got one.)
+    #[test]
+    fn a_holder_blocked_in_a_wait_yields_its_slot_and_sleeps_until_the_wait_passes() {
+        let mut b = Bench::new(1);
+        let high = b.add(Kind::User(Priority::High, 1));
+        let low = b.add(Kind::User(Priority::Low, 2));
+        b.ring(high);
+        assert_eq!(b.pass(), vec![high]);
+        b.block(high);
+        b.ring(low);
+        assert_eq!(b.pass(), vec![low], "the blocked holder gave its slot to a lower band");
+        assert_eq!(b.state(high), QueueState::Preempted, "stopped at its WAIT with work left");
+        assert!(b.e.waiting.is_empty(), "asleep, not waiting for a slot");
+        assert_eq!(b.e.asleep, vec![high]);
+        assert_eq!(b.pass_at(100 * MS), vec![low], "asleep, it takes nobody's slot");
+        b.wake(high);
+        assert_eq!(b.pass_at(101 * MS), vec![high], "once its WAIT passes its priority counts again");
+        assert_eq!(b.state(low), QueueState::Preempted);
+    }
+
+    /// MES process and gang quanta: queues of one process rotate among themselves by the gang
+    /// quantum, but the process quantum another process is compared with runs from when the
+    /// process got the slot. Here process A has three busy queues over two slots and process B
+    /// one: A's rotation used to restart its holders' slices every millisecond, so B, whose
+    /// turn needs a holder 10 ms into its slice, never got a slot.
+    #[test]
+    fn gang_rotation_does_not_restart_another_process_s_quantum() {
+        let mut b = Bench::new(2);
+        let a: Vec<_> = (0..3).map(|_| b.add(Kind::User(Priority::Normal, 1))).collect();
+        let other = b.add(Kind::User(Priority::Normal, 2));
+        for &q in a.iter().chain([&other]) {
+            b.ring(q);
+        }
+        let mut rotated = false;
+        let mut first = None;
+        for k in 0..=30 {
+            let holders = b.pass_at(k * MS);
+            rotated |= holders.contains(&a[2]);
+            if holders.contains(&other) {
+                first.get_or_insert(k);
+            }
+        }
+        assert!(rotated, "A's third queue got a slot by the gang quantum");
+        assert_eq!(first, Some(10), "B got a slot at A's process quantum");
     }
 
     /// BRIEF §5 says "the normal band yields 10 % to lower bands". This scheduler does not
