@@ -43,7 +43,9 @@ pub use abi::power::{EngineState, PowerState};
 pub use abi::preempt::{ComputeGranularity, CopyGranularity, PreemptionCaps, StopPoint};
 pub use abi::time::Time;
 pub use cost::{CostModel, Timing};
-pub use firmware::preempt::{Attention, AttentionGuard, EngineReset, FwEvent, FwLogEntry, Requester, RingPosition};
+pub use firmware::preempt::{
+    Attention, AttentionGuard, EngineReset, FwEvent, FwLogEntry, Requester, RingPosition, Suspension,
+};
 pub use firmware::{Completion, FenceSignaled, FenceWaits, FwQueueId, Interrupt, QueueConfig, StepReport};
 pub use memory::{AddressSpace, GpuMapping, Vmid};
 
@@ -332,11 +334,11 @@ impl Gpu {
         self.fw.remove_queue(id)
     }
 
-    /// Takes a queue off the run list (context suspend), respecting the engine's
-    /// preemption granularity: at once if it holds no slot or may stop where it stands;
-    /// otherwise at the next point it may, under a kernel preemption request whose ticket is
-    /// returned (answered by an [`Interrupt::Preempted`]).
-    pub fn suspend_queue(&mut self, id: FwQueueId, now: Time) -> Result<Option<u64>, GpuError> {
+    /// Takes a queue off the run list (context suspend) as a kernel preemption request,
+    /// respecting the engine's preemption granularity: answered at once (in the returned
+    /// [`Suspension`] and the firmware log) if it holds no slot or may stop where it stands;
+    /// otherwise at the next point it may, by an [`Interrupt::Preempted`] with the ticket.
+    pub fn suspend_queue(&mut self, id: FwQueueId, now: Time) -> Result<Suspension, GpuError> {
         self.fw.suspend_queue(id, now)
     }
 

@@ -703,19 +703,18 @@ impl Kmd for VirtualKmd {
         _context: ContextHandle,
         queues: &[HwQueueHandle],
         now: Time,
-    ) -> Result<Vec<(HwQueueHandle, u64)>, DdiError> {
+    ) -> Result<Vec<crate::ddi::Suspended>, DdiError> {
         let fws = queues.iter().map(|&q| self.fw(q)).collect::<Result<Vec<_>, _>>()?;
         let mut g = self.device();
-        let mut owed = Vec::new();
-        for (fw, &q) in fws.into_iter().zip(queues) {
-            if let Some(ticket) = g.suspend_queue(fw, now).map_err(refused("queue", q))? {
-                owed.push((q, ticket));
-            }
+        let mut out = Vec::with_capacity(queues.len());
+        for (fw, &queue) in fws.into_iter().zip(queues) {
+            let s = g.suspend_queue(fw, now).map_err(refused("queue", queue))?;
+            out.push(crate::ddi::Suspended { queue, ticket: s.ticket, answered: s.answered });
         }
         drop(g);
-        // A sleeping firmware thread must see the requests (and raise their answers).
+        // A sleeping firmware thread must see the requests (and raise the answers owed).
         self.waker.wake();
-        Ok(owed)
+        Ok(out)
     }
 
     fn resume_context(&mut self, _context: ContextHandle, queues: &[HwQueueHandle]) -> Result<(), DdiError> {

@@ -1104,3 +1104,195 @@ fn a_suspend_that_is_never_answered_is_recovered_by_tdr() {
     assert!(timeout.is_some() && timeout < reset, "{evs:#?}");
     assert_eq!(q.status().unwrap().state, QueueState::Hung);
 }
+
+/// The device's own id for queue `q` of process `pid` (its firmware log names queues so).
+fn fw_id(sys: &System, pid: abi::ProcessId, q: abi::HwQueueHandle) -> gpu::FwQueueId {
+    gpu::FwQueueId::from_bits(sys.device_queue_id(pid, q).unwrap().expect("the queue is on the device"))
+}
+
+/// Asserts that the firmware log holds a preemption of `queue` asked by `by` and answered —
+/// request, then (if `saved`) its state saved, then the answer — and returns the positions of
+/// the request and the answer, and the ticket.
+fn asked_and_answered(
+    log: &[gpu::FwLogEntry],
+    queue: gpu::FwQueueId,
+    by: gpu::Requester,
+    saved: bool,
+) -> (usize, usize, u64) {
+    let request = log
+        .iter()
+        .position(|e| matches!(e.event, FwEvent::PreemptRequested { queue: q, by: b, .. } if q == queue && b == by))
+        .unwrap_or_else(|| panic!("no request of {queue} by {by:?} in {log:#?}"));
+    let FwEvent::PreemptRequested { ticket, .. } = log[request].event else { unreachable!() };
+    let answer = request
+        + log[request..]
+            .iter()
+            .position(|e| matches!(e.event, FwEvent::PreemptAnswered { queue: q, ticket: t, .. } if q == queue && t == ticket))
+            .unwrap_or_else(|| panic!("request of {queue} (ticket {ticket}) never answered: {log:#?}"));
+    let save =
+        log[request..answer].iter().any(|e| matches!(e.event, FwEvent::StateSaved { queue: q, .. } if q == queue));
+    assert_eq!(save, saved, "{queue}: state saved between request and answer? {log:#?}");
+    (request, answer, ticket)
+}
+
+/// The kernel trace's answer to ticket `ticket` on queue `q`, after position `after`.
+fn traced_answer(evs: &[Event], q: abi::HwQueueHandle, ticket: u64, after: usize) -> usize {
+    evs.iter()
+        .position(|e| matches!(e, Event::Preempted { queue, ticket: t, .. } if *queue == q && *t == ticket))
+        .filter(|&p| p > after)
+        .unwrap_or_else(|| panic!("no traced answer to {ticket} on {q} after {after}: {evs:#?}"))
+}
+
+/// Issue 11: every cause of a preemption — a higher priority, a spent quantum, a context
+/// suspend, D3, a memory migration (and teardown, below) — goes through a request and an
+/// answer, in the firmware log in that order (with the state saved between them when the
+/// queue leaves a slot with work), and for the kernel's causes also in the kernel trace after
+/// the DDI that asked. (Before, a suspend — and so D3 and teardown — that found the queue where
+/// it could stop took it off at once, with nothing in either log.)
+#[test]
+fn every_preemption_cause_is_a_request_then_an_answer_in_the_log() {
+    use gpu::Requester::{Os, Scheduler};
+    let one_slot = |level| {
+        let mut cfg = compute(level);
+        cfg.gpu.hw_slots = 1;
+        common::sim_with(cfg)
+    };
+
+    // A higher priority: the low holder is stopped mid-dispatch, and restored afterwards.
+    let sys = one_slot(ComputeGranularity::Shader);
+    let low = Rounds::start_at(&sys, abi::Priority::Low);
+    sys.run_for(Duration::from_micros(300));
+    let h = common::client(&sys);
+    let mut hq = h
+        .ctx
+        .create_queue(umd::QueueOptions { priority: abi::Priority::High, ..umd::QueueOptions::user_mode() })
+        .unwrap();
+    let mut cb = CommandBuffer::new();
+    cb.write_u32(h.buf.va(), 1);
+    let v = hq.submit(&cb).unwrap();
+    hq.wait(v, T).unwrap();
+    low.q.wait(low.v, T).unwrap();
+    let log = sys.with_gpu(|g| g.firmware_log());
+    let id = fw_id(&sys, low.pid(), low.q.handle());
+    let (_, answer, _) = asked_and_answered(&log, id, Scheduler, true);
+    assert!(log[answer..].iter().any(|e| matches!(e.event, FwEvent::Restored { queue, .. } if queue == id)));
+
+    // A spent quantum: two processes' long kernels over one slot.
+    let sys = one_slot(ComputeGranularity::Shader);
+    let (a, b) = (common::client(&sys), common::client(&sys));
+    let (mut qa, mut qb) = (a.user_queue(), b.user_queue());
+    for q in [&mut qa, &mut qb] {
+        let mut cb = CommandBuffer::new();
+        cb.synthetic(30_000_000);
+        q.submit(&cb).unwrap();
+    }
+    sys.run_for(Duration::from_millis(15));
+    let log = sys.with_gpu(|g| g.firmware_log());
+    asked_and_answered(&log, fw_id(&sys, a.port.process(), qa.handle()), Scheduler, true);
+
+    // A context suspend: stopped at an instruction, answered at once, traced after the DDI.
+    let sys = common::sim_with(compute(ComputeGranularity::Shader));
+    let r = Rounds::start(&sys);
+    sys.run_for(Duration::from_micros(300));
+    let before = common::events(&sys).len();
+    sys.suspend_context(r.pid(), r.c.ctx.handle()).unwrap();
+    let log = sys.with_gpu(|g| g.firmware_log());
+    let (request, _, ticket) = asked_and_answered(&log, fw_id(&sys, r.pid(), r.q.handle()), Os, true);
+    assert!(matches!(log[request + 1].event, FwEvent::StateSaved { point: StopPoint::Instruction, .. }));
+    let evs = common::events_from(&sys, before);
+    let suspend = evs.iter().position(|e| matches!(e, Event::Ddi(Ddi::SuspendContext(_)))).unwrap();
+    traced_answer(&evs, r.q.handle(), ticket, suspend);
+
+    // D3 (an idle device): every queue is asked and answers, nothing to save, before its
+    // doorbell is disconnected.
+    let sys = common::sim();
+    let c = common::client(&sys);
+    let mut q = c.user_queue();
+    let mut cb = CommandBuffer::new();
+    cb.write_u32(c.buf.va(), 1);
+    let v = q.submit(&cb).unwrap();
+    q.wait(v, T).unwrap();
+    let before = common::events(&sys).len();
+    sys.enter_d3().unwrap();
+    let log = sys.with_gpu(|g| g.firmware_log());
+    let (_, _, ticket) = asked_and_answered(&log, fw_id(&sys, c.port.process(), q.handle()), Os, false);
+    let evs = common::events_from(&sys, before);
+    let d3 = evs.iter().position(|e| matches!(e, Event::DevicePower { d3: true })).unwrap();
+    let suspend = evs.iter().position(|e| matches!(e, Event::Ddi(Ddi::SuspendContext(_)))).unwrap();
+    let answer = traced_answer(&evs, q.handle(), ticket, suspend);
+    let retry = evs
+        .iter()
+        .position(
+            |e| matches!(e, Event::Status { queue, status: DoorbellStatus::DisconnectedRetry } if *queue == q.handle()),
+        )
+        .unwrap();
+    assert!(d3 < suspend && answer < retry, "{evs:#?}");
+
+    // A memory migration: asked, answered once the dispatch ends (`Dispatch`), then moved.
+    let sys = common::sim_with(compute(ComputeGranularity::Dispatch));
+    let r = Rounds::start(&sys);
+    sys.run_for(Duration::from_micros(300));
+    let before = common::events(&sys).len();
+    sys.migrate_allocation(r.pid(), r.c.buf.handle(), abi::port::MemoryDomain::Local).unwrap();
+    r.q.wait(r.v, T).unwrap();
+    let log = sys.with_gpu(|g| g.firmware_log());
+    let (_, _, ticket) = asked_and_answered(&log, fw_id(&sys, r.pid(), r.q.handle()), Os, true);
+    let evs = common::events_from(&sys, before);
+    let asked = evs.iter().position(|e| matches!(e, Event::Ddi(Ddi::PreemptQueue(h)) if *h == r.q.handle())).unwrap();
+    let answer = traced_answer(&evs, r.q.handle(), ticket, asked);
+    let moved = evs.iter().position(|e| matches!(e, Event::Ddi(Ddi::MigrateAllocation { .. }))).unwrap();
+    assert!(answer < moved, "{evs:#?}");
+}
+
+/// Process teardown (spec 000 abnormal termination: "KMD preempts the context and removes it
+/// from its HW run list", then the queues are destroyed) goes through the request and its
+/// answer: nothing is destroyed while the hardware may still run it. A queue that runs to the
+/// end of its command buffer first (`DmaBuffer`) is destroyed after its answer; one that never
+/// answers (an endless kernel under `Dispatch`) is recovered by TDR first, in Windows' order,
+/// and its neighbour on the engine keeps running. (Before, teardown destroyed the queues right
+/// after the suspend, answers still owed.)
+#[test]
+fn teardown_waits_for_each_queue_s_answer_or_its_recovery_before_destroying_it() {
+    // Answered at the end of the command buffer.
+    let sys = common::sim_with(compute(ComputeGranularity::DmaBuffer));
+    let r = Rounds::start(&sys);
+    sys.run_for(Duration::from_micros(300));
+    let (pid, qh) = (r.pid(), r.q.handle());
+    let id = fw_id(&sys, pid, qh);
+    let before = common::events(&sys).len();
+    sys.terminate(pid, kernel::Termination::Abnormal);
+    let evs = common::events_from(&sys, before);
+    let pos = |f: &dyn Fn(&Event) -> bool| evs.iter().position(f).unwrap_or_else(|| panic!("missing in {evs:#?}"));
+    let suspend = pos(&|e| matches!(e, Event::Ddi(Ddi::SuspendContext(_))));
+    let answer = pos(&|e| matches!(e, Event::Preempted { queue, .. } if *queue == qh));
+    let destroy = pos(&|e| matches!(e, Event::Ddi(Ddi::DestroyHwQueue(h)) if *h == qh));
+    assert!(suspend < answer && answer < destroy, "{evs:#?}");
+    let log = sys.with_gpu(|g| g.firmware_log());
+    asked_and_answered(&log, id, gpu::Requester::Os, true);
+    assert!(!evs.iter().any(|e| matches!(e, Event::TdrTimeout { .. })), "it answered: no recovery");
+
+    // Never answered: TDR first, then the destroy; the neighbour runs on.
+    let sys =
+        common::sim_with(slow(ComputeGranularity::Dispatch, TdrConfig { hang_compute: None, ..TdrConfig::default() }));
+    let n = common::client(&sys);
+    let mut nq = n.user_queue();
+    let (c, q, _spin) = hog(&sys);
+    sys.run_for(Duration::from_millis(20));
+    let (pid, qh) = (c.port.process(), q.handle());
+    let before = common::events(&sys).len();
+    let t0 = sys.now();
+    sys.terminate(pid, kernel::Termination::Abnormal);
+    let evs = common::events_from(&sys, before);
+    let pos = |f: &dyn Fn(&Event) -> bool| evs.iter().position(f).unwrap_or_else(|| panic!("missing in {evs:#?}"));
+    let suspend = pos(&|e| matches!(e, Event::Ddi(Ddi::SuspendContext(_))));
+    let timeout = pos(&|e| matches!(e, Event::TdrTimeout { queue, .. } if *queue == qh));
+    let reset = pos(&|e| matches!(e, Event::Ddi(Ddi::ResetEngine(_))));
+    let destroy = pos(&|e| matches!(e, Event::Ddi(Ddi::DestroyHwQueue(h)) if *h == qh));
+    assert!(suspend < timeout && timeout < reset && reset < destroy, "{evs:#?}");
+    assert!(sys.now().since(t0) >= TdrConfig::default().delay, "the teardown waited out TdrDelay");
+    let mut cb = CommandBuffer::new();
+    cb.write_u32(n.buf.va(), 5);
+    let v = nq.submit(&cb).unwrap();
+    nq.wait(v, T).unwrap();
+    assert_eq!(n.buf.read_u32(0).unwrap(), 5);
+}

@@ -689,21 +689,22 @@ impl Firmware {
     }
 
     /// Takes a queue off its engine's run list (`DxgkDdiSuspendContext`: "KMD preempts the
-    /// context and removes it from its HW run list"), respecting the engine's granularity: a
-    /// queue without a slot, or standing where its engine may stop it, leaves at once (its
-    /// state is in the save area between turns); one in a slot that may not stop where it
-    /// stands keeps running to the next point it may, under a kernel preemption request, and
-    /// leaves then. Returns that request's ticket (its answer is an [`Interrupt::Preempted`]),
-    /// or `None` when it left at once. Its doorbell stays connected; rings are remembered.
-    pub(crate) fn suspend_queue(&mut self, id: FwQueueId, now: Time) -> Result<Option<u64>, GpuError> {
+    /// context and removes it from its HW run list"), as a kernel preemption request with its
+    /// answer, respecting the engine's granularity. A queue without a slot, or standing where
+    /// its engine may stop it, is answered at once: request, save (if it leaves a slot with
+    /// work) and answer go to the firmware log, and the answer is this return (no interrupt).
+    /// One in a slot that may not stop where it stands keeps running to the next point it may,
+    /// and leaves then: its answer is owed, as an [`Interrupt::Preempted`]. Its doorbell stays
+    /// connected; rings are remembered.
+    pub(crate) fn suspend_queue(&mut self, id: FwQueueId, now: Time) -> Result<preempt::Suspension, GpuError> {
         let caps = self.preemption;
         let Firmware { engines, queues, log, irqs, next_ticket, .. } = self;
         let q = queues.get_mut(id.0).map_err(|_| GpuError::StaleQueue(id))?;
         let e = engines.get_mut(q.cfg.engine.0 as usize).ok_or(GpuError::BadEngine(q.cfg.engine.0))?;
-        let in_slot = e.hqd.contains(&id) && q.state == QueueState::Mapped;
+        let mut in_slot = e.hqd.contains(&id) && q.state == QueueState::Mapped;
         if in_slot && !q.may_stop_now(Engine::stop_rule(e.kind, caps)) {
             // It runs on to an allowed point; a request the kernel made already stands.
-            return Ok(Some(match q.preempt {
+            let ticket = match q.preempt {
                 Some(r) if r.by == preempt::Requester::Os => r.ticket,
                 _ => {
                     *next_ticket += 1;
@@ -712,19 +713,24 @@ impl Firmware {
                     q.preempt = Some(preempt::PreemptRequest { ticket, at: now, by: preempt::Requester::Os });
                     ticket
                 }
-            }));
+            };
+            return Ok(preempt::Suspension { ticket, answered: false });
         }
-        // A request still owed an answer gets it: the queue stops here.
+        // A request still owed an answer gets it: the queue stops here (and leaves its slot).
         if q.preempt.is_some() {
             let point = q.standing_point();
             preempt::finish(e, q, id, point, now, log, irqs);
+            in_slot = false;
         }
-        // Off the run list: it leaves the waiting set (and stays pending: rings are remembered).
-        schedule::leave_run_list(e, q, id);
-        if q.state != QueueState::Hung {
-            q.state = QueueState::Unmapped;
-        }
-        Ok(None)
+        // The suspend's own request, answered here.
+        *next_ticket += 1;
+        let ticket = *next_ticket;
+        log.push(now, preempt::FwEvent::PreemptRequested { queue: id, ticket, by: preempt::Requester::Os });
+        q.preempt = Some(preempt::PreemptRequest { ticket, at: now, by: preempt::Requester::Os });
+        // Off a slot, it stands where it last stopped, its state already saved.
+        let point = if in_slot { q.standing_point() } else { StopPoint::Idle };
+        preempt::answer(e, q, id, point, now, log);
+        Ok(preempt::Suspension { ticket, answered: true })
     }
 
     /// Puts a suspended queue back on the run list (`DxgkDdiResumeContext`) and looks for the

@@ -12,7 +12,8 @@
 //! - the kernel ([`Requester::Os`]: a context suspend, D3, memory migration, teardown, timeout
 //!   detection): the queue also leaves the run list, as a suspend does, until the kernel
 //!   resumes it; the answer is an [`Interrupt::Preempted`] carrying the request's time and the
-//!   answer's, so the kernel (and a benchmark) can measure the latency;
+//!   answer's, so the kernel (and a benchmark) can measure the latency — or, for a context
+//!   suspend that finds the queue where it may stop, the suspend's return ([`Suspension`]);
 //! - the firmware's own scheduler ([`Requester::Scheduler`]: a higher priority or a spent
 //!   quantum wants the slot): the queue goes back to waiting, and the slot changes hands at
 //!   the next pass.
@@ -253,7 +254,24 @@ pub(super) fn finish(
     log: &mut FwLog,
     irqs: &mut std::collections::VecDeque<Interrupt>,
 ) {
-    let Some(req) = q.preempt.take() else { return };
+    if let Some(req) = answer(e, q, id, point, at, log)
+        && req.by == Requester::Os
+    {
+        irqs.push_back(Interrupt::Preempted { queue: id, ticket: req.ticket, requested_at: req.at, answered_at: at });
+    }
+}
+
+/// [`finish`] without raising the answer: the caller delivers it (a suspend answered at once
+/// answers through its return value). Returns the request it answered.
+pub(super) fn answer(
+    e: &mut Engine,
+    q: &mut FwQueue,
+    id: FwQueueId,
+    point: StopPoint,
+    at: Time,
+    log: &mut FwLog,
+) -> Option<PreemptRequest> {
+    let req = q.preempt.take()?;
     e.hqd.retain(|&h| h != id);
     e.resched = true;
     // Work left is what the client published beyond rptr (a queue that stopped at the end
@@ -262,7 +280,9 @@ pub(super) fn finish(
     if !work {
         q.pending = false;
     }
-    if q.state != QueueState::Hung {
+    // (Off a slot, it keeps its state: `Preempted` since it last left one with work, or
+    // `Unmapped`.)
+    if q.state == QueueState::Mapped {
         q.state = if work { QueueState::Preempted } else { QueueState::Unmapped };
     }
     if work && point != StopPoint::Idle {
@@ -274,9 +294,18 @@ pub(super) fn finish(
         Requester::Scheduler => schedule::unseat(e, q, id),
     }
     log.push(at, FwEvent::PreemptAnswered { queue: id, ticket: req.ticket, requested_at: req.at });
-    if req.by == Requester::Os {
-        irqs.push_back(Interrupt::Preempted { queue: id, ticket: req.ticket, requested_at: req.at, answered_at: at });
-    }
+    Some(req)
+}
+
+/// A context suspend's preemption of one queue ([`crate::Gpu::suspend_queue`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Suspension {
+    /// The request's ticket (in the firmware log, and in the answer).
+    pub ticket: u64,
+    /// Answered at once (the queue held no slot, or stood where it may stop): the answer is
+    /// in the firmware log and no interrupt follows. Otherwise it is owed, as an
+    /// [`Interrupt::Preempted`] carrying the ticket.
+    pub answered: bool,
 }
 
 impl Firmware {

@@ -97,7 +97,9 @@ pub enum Termination {
     /// destroy. Waits that do not finish within 5 s of device time in all (the spec's DDI
     /// budget) turn the rest into an abnormal termination.
     Normal,
-    /// Mark the device in error, suspend every context, disconnect, destroy without waiting.
+    /// Mark the device in error, suspend every context (the KMD preempts its queues),
+    /// disconnect, wait for the preemption answers still owed (TDR recovers a queue that never
+    /// answers), then destroy.
     Abnormal,
 }
 
@@ -123,14 +125,28 @@ impl Inner {
                 self.call(|os, now| os.termination_wait_done(q, reached, now));
                 if !reached {
                     // Hung, lost, or out of time: end it abnormally.
-                    let _ = self.call_as(pid, |os, now| os.begin_abnormal_termination(pid, now));
+                    self.end_abnormally(pid);
                     break;
                 }
             }
         } else {
-            let _ = self.call_as(pid, |os, now| os.begin_abnormal_termination(pid, now));
+            self.end_abnormally(pid);
         }
         self.call(|os, now| os.finish_termination(pid, now));
+    }
+
+    /// Abnormal termination's first part: the device marked in error, every context
+    /// suspended (the KMD preempts its queues), every doorbell disconnected; then the wait for
+    /// the preemption answers still owed, so that nothing is destroyed while the hardware may
+    /// still run it. A queue that never answers is recovered by TDR meanwhile, which ends the
+    /// wait too.
+    fn end_abnormally(&self, pid: ProcessId) {
+        let _ = self.call_as(pid, |os, now| os.begin_abnormal_termination(pid, now));
+        let (start, bound) = self.call(|os, now| (os.begin_preemption_wait(pid, now), os.preemption_wait_bound()));
+        if let WaitStart::Blocked(w) = start {
+            self.block(w, Some(bound));
+            self.call(|os, now| os.end_preemption_wait(w, now));
+        }
     }
 }
 
