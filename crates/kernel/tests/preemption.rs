@@ -402,11 +402,18 @@ fn the_sixth_recovery_within_the_limit_time_is_fatal_and_the_fifth_is_not() {
 /// Zero or absurd TDR settings are refused with the field named.
 #[test]
 fn bad_tdr_settings_are_refused_with_the_field_named() {
+    let absurd = Duration::from_secs(1 << 20);
     for (cfg, field) in [
         (TdrConfig { delay: Duration::ZERO, ..TdrConfig::default() }, "tdr.delay"),
-        (TdrConfig { limit_time: Duration::from_secs(1 << 20), ..TdrConfig::default() }, "tdr.limit_time"),
+        (TdrConfig { delay: absurd, ..TdrConfig::default() }, "tdr.delay"),
+        (TdrConfig { limit_time: absurd, ..TdrConfig::default() }, "tdr.limit_time"),
+        (TdrConfig { limit_time: Duration::ZERO, ..TdrConfig::default() }, "tdr.limit_time"),
         (TdrConfig { limit_count: 0, ..TdrConfig::default() }, "tdr.limit_count"),
+        (TdrConfig { limit_count: 1 << 20, ..TdrConfig::default() }, "tdr.limit_count"),
         (TdrConfig { ddi_delay: Duration::ZERO, ..TdrConfig::default() }, "tdr.ddi_delay"),
+        (TdrConfig { ddi_delay: absurd, ..TdrConfig::default() }, "tdr.ddi_delay"),
+        (TdrConfig { hang_compute: Some(Duration::ZERO), ..TdrConfig::default() }, "tdr.hang_compute"),
+        (TdrConfig { hang_copy: Some(absurd), ..TdrConfig::default() }, "tdr.hang_copy"),
     ] {
         let e = System::sim(SystemConfig { tdr: cfg, ..SystemConfig::default() }).err().expect("refused");
         assert_eq!(common::refusal(&e).map(|r| r.0), Some(field), "{e}");
@@ -1295,4 +1302,105 @@ fn teardown_waits_for_each_queue_s_answer_or_its_recovery_before_destroying_it()
     let v = nq.submit(&cb).unwrap();
     nq.wait(v, T).unwrap();
     assert_eq!(n.buf.read_u32(0).unwrap(), 5);
+}
+
+/// Issue 11's bad inputs: a `WAIT` that never passes costs its own queue and nothing else.
+/// Where a wait is preemptible it is not a hang: its queue gives the only slot to a neighbour at
+/// once (not at the end of a quantum), answers the hang timer's check and is never reset. Under
+/// `None` it cannot be preempted: the check goes unanswered, the queue alone is reset (Hung,
+/// reported, guilty), and the neighbour then runs.
+#[test]
+fn a_wait_that_never_passes_costs_only_its_own_queue() {
+    for level in [ComputeGranularity::Shader, ComputeGranularity::None] {
+        let tdr = TdrConfig {
+            delay: Duration::from_millis(100),
+            hang_compute: Some(Duration::from_millis(400)),
+            ..TdrConfig::default()
+        };
+        let mut cfg = slow(level, tdr);
+        cfg.gpu.hw_slots = 1;
+        let sys = common::sim_with(cfg);
+        let w = common::client(&sys);
+        let mut wq = w.user_queue();
+        let mut cb = CommandBuffer::new();
+        cb.wait(w.buf.va(), 1).write_u32(w.buf.va() + 4, 1);
+        let wv = wq.submit(&cb).unwrap();
+        sys.settle();
+        let n = common::client(&sys);
+        let mut nq = n.user_queue();
+        let mut cb = CommandBuffer::new();
+        cb.write_u32(n.buf.va(), 7);
+        let t0 = sys.now();
+        let nv = nq.submit(&cb).unwrap();
+        nq.wait(nv, Some(Duration::from_secs(5))).unwrap();
+        let waited = sys.now().since(t0);
+        sys.run_for(Duration::from_secs(1));
+        let evs = common::events(&sys);
+        let reset = evs.iter().any(|e| matches!(e, Event::Ddi(Ddi::ResetQueue(h)) if *h == wq.handle()));
+        let st = wq.status().unwrap();
+        if level == ComputeGranularity::None {
+            assert!(waited >= Duration::from_millis(400), "{level}: behind the blocked queue until its reset");
+            assert!(reset, "{level}");
+            assert_eq!(st.state, QueueState::Hung);
+            assert!(st.guilty && st.flags == abi::port::QUEUE_STATUS_HUNG);
+            assert!(matches!(st.fault.unwrap().kind, FaultKind::PreemptTimeout { .. }));
+        } else {
+            assert!(waited < GpuConfig::default().gang_quantum, "{level}: served at once, after {waited:?}");
+            assert!(!reset, "{level}: a preemptible WAIT is not a hang");
+            assert_ne!(st.state, QueueState::Hung);
+            assert!(evs.iter().any(|e| matches!(e, Event::Preempted { queue, .. } if *queue == wq.handle())));
+            // Released, it finishes.
+            w.buf.write(0, &1u32.to_le_bytes()).unwrap();
+            wq.wait(wv, T).unwrap();
+            assert_eq!(w.buf.read_u32(4).unwrap(), 1);
+        }
+        assert_eq!(n.buf.read_u32(0).unwrap(), 7);
+        assert_ne!(nq.status().unwrap().state, QueueState::Hung, "{level}: the neighbour pays nothing");
+    }
+}
+
+/// Issue 11's bad inputs: an endless chain of indirect buffers — an indirect buffer that calls
+/// itself — costs its own queue only. The firmware refuses an indirect buffer inside another
+/// (no chain is longer than one), so the queue hangs at once and is reported; a neighbour on the
+/// same engine keeps bit-exact results; the reset queue's handle is refused (its submissions
+/// with `QueueLost`, then, destroyed, with `BadHandle`); the client recreates it and it works.
+#[test]
+fn an_endless_chain_of_indirect_buffers_costs_only_its_own_queue() {
+    let sys = common::sim();
+    let r = Rounds::start(&sys);
+    let c = common::client(&sys);
+    let mut q = c.user_queue();
+    let ib = c.device.allocate(4096).unwrap();
+    let mut chain = CommandBuffer::new();
+    chain.write_u32(c.buf.va(), 1).indirect(ib.va(), 0);
+    let dwords = chain.len() as u32;
+    chain.clear();
+    chain.write_u32(c.buf.va(), 1).indirect(ib.va(), dwords);
+    let bytes: Vec<u8> = chain.words().iter().flat_map(|w| w.to_le_bytes()).collect();
+    ib.write(0, &bytes).unwrap();
+    let mut cb = CommandBuffer::new();
+    cb.indirect(ib.va(), dwords).write_u32(c.buf.va() + 4, 2);
+    let v = q.submit(&cb).unwrap();
+    let e = q.wait(v, T).unwrap_err();
+    assert!(matches!(e, UmdError::QueueLost { .. }), "{e:?}");
+    let st = q.status().unwrap();
+    assert_eq!(st.state, QueueState::Hung);
+    assert!(st.guilty);
+    assert!(matches!(st.fault.unwrap().kind, FaultKind::BadIndirect { .. }));
+    assert_eq!((c.buf.read_u32(0).unwrap(), c.buf.read_u32(4).unwrap()), (1, 0), "one link ran, then the fault");
+    // The neighbour: bit-exact.
+    r.q.wait(r.v, T).unwrap();
+    assert_eq!(r.results(), vec![expected(ITERS); THREADS]);
+    assert_eq!(r.flags(), (1, 2));
+    // The reset queue's handle is refused; a recreated queue works.
+    let mut again = CommandBuffer::new();
+    again.write_u32(c.buf.va() + 8, 3);
+    assert!(matches!(q.submit(&again), Err(UmdError::QueueLost { .. })));
+    let old = q.handle();
+    drop(q);
+    assert!(matches!(c.port.query_queue(old).unwrap_err(), abi::port::KernelError::BadHandle { .. }));
+    let mut q2 = c.user_queue();
+    let v = q2.submit(&again).unwrap();
+    q2.wait(v, T).unwrap();
+    assert_eq!(c.buf.read_u32(8).unwrap(), 3);
 }

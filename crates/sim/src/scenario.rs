@@ -196,7 +196,7 @@ pub struct Tdr {
     pub delay_ms: Spanned<f64>,
     /// `TdrLimitCount` (default 5).
     #[serde(default = "default_limit_count")]
-    pub limit_count: u32,
+    pub limit_count: Spanned<u32>,
     /// `TdrLimitTime` (ms, default 60,000).
     #[serde(default = "default_limit_time")]
     pub limit_time_ms: Spanned<f64>,
@@ -220,8 +220,8 @@ fn default_tdr_delay() -> Spanned<f64> {
 fn default_ddi_delay() -> Spanned<f64> {
     Spanned::new(0..0, 5000.0)
 }
-fn default_limit_count() -> u32 {
-    5
+fn default_limit_count() -> Spanned<u32> {
+    Spanned::new(0..0, 5)
 }
 fn default_limit_time() -> Spanned<f64> {
     Spanned::new(0..0, 60_000.0)
@@ -751,16 +751,30 @@ impl Scenario {
             }
         };
         let t = &d.tdr;
+        // A TDR timeout: more than 0, at most the kernel's bound.
+        let max_ms = kernel::TdrConfig::MAX.as_millis() as f64;
+        let tdr_ms = |s: &Spanned<f64>, key: &str| -> Result<std::time::Duration, ScenarioError> {
+            let v = positive(s, key)?;
+            if v > max_ms {
+                return self.err(s.span(), key, v, format!("must be at most {max_ms} (one hour)"));
+            }
+            Ok(std::time::Duration::from_nanos(ms(v)))
+        };
         let hang = |s: &Spanned<f64>, key: &str| -> Result<Option<std::time::Duration>, ScenarioError> {
-            let v = nonneg(s, key)?;
-            Ok((v > 0.0).then(|| std::time::Duration::from_nanos(ms(v))))
+            if nonneg(s, key)? == 0.0 { Ok(None) } else { tdr_ms(s, key).map(Some) }
         };
         let tdr = kernel::TdrConfig {
-            delay: std::time::Duration::from_nanos(ms(positive(&t.delay_ms, "device.tdr.delay_ms")?)),
-            limit_count: t.limit_count,
-            limit_time: std::time::Duration::from_nanos(ms(positive(&t.limit_time_ms, "device.tdr.limit_time_ms")?)),
+            delay: tdr_ms(&t.delay_ms, "device.tdr.delay_ms")?,
+            limit_count: match *t.limit_count.get_ref() {
+                n @ 1..=kernel::TdrConfig::MAX_LIMIT_COUNT => n,
+                n => {
+                    let why = format!("must be from 1 to {}", kernel::TdrConfig::MAX_LIMIT_COUNT);
+                    return self.err(t.limit_count.span(), "device.tdr.limit_count", n, why);
+                }
+            },
+            limit_time: tdr_ms(&t.limit_time_ms, "device.tdr.limit_time_ms")?,
             engine_reset: t.engine_reset,
-            ddi_delay: std::time::Duration::from_nanos(ms(positive(&t.ddi_delay_ms, "device.tdr.ddi_delay_ms")?)),
+            ddi_delay: tdr_ms(&t.ddi_delay_ms, "device.tdr.ddi_delay_ms")?,
             hang_compute: hang(&t.hang_compute_ms, "device.tdr.hang_compute_ms")?,
             hang_copy: hang(&t.hang_copy_ms, "device.tdr.hang_copy_ms")?,
         };

@@ -87,15 +87,20 @@ impl Default for TdrConfig {
     }
 }
 
-/// The longest a TDR setting may be: past this, timeouts stop meaning anything.
-const MAX_TDR: Duration = Duration::from_secs(3600);
-
 impl TdrConfig {
+    /// The longest a TDR setting may be (one hour): past this, timeouts stop meaning
+    /// anything. Configuration front ends (the daemon's file, the simulator's scenarios) refuse
+    /// longer values under their own key names.
+    pub const MAX: Duration = Duration::from_secs(3600);
+
+    /// The most recoveries [`TdrConfig::limit_count`] may allow.
+    pub const MAX_LIMIT_COUNT: u32 = 1000;
+
     /// Refuses zero or absurd settings, naming the field and the value.
     pub fn validate(&self) -> Result<(), KernelError> {
         use abi::port::Invalid::OutOfRange;
         let range = |field: &'static str, d: Duration| {
-            if d.is_zero() || d > MAX_TDR {
+            if d.is_zero() || d > Self::MAX {
                 Err(invalid(field, format!("{d:?}"), OutOfRange { expected: "between 1 ns and 1 hour" }))
             } else {
                 Ok(())
@@ -110,7 +115,7 @@ impl TdrConfig {
         if let Some(d) = self.hang_copy {
             range("tdr.hang_copy", d)?;
         }
-        if self.limit_count == 0 || self.limit_count > 1000 {
+        if self.limit_count == 0 || self.limit_count > Self::MAX_LIMIT_COUNT {
             return Err(invalid("tdr.limit_count", self.limit_count, OutOfRange { expected: "between 1 and 1000" }));
         }
         Ok(())
