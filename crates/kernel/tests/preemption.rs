@@ -1404,3 +1404,32 @@ fn an_endless_chain_of_indirect_buffers_costs_only_its_own_queue() {
     q2.wait(v, T).unwrap();
     assert_eq!(c.buf.read_u32(8).unwrap(), 3);
 }
+
+/// Without per-engine reset (`TdrConfig::engine_reset` off), a timed-out request resets the
+/// adapter directly (`DxgkDdiResetFromTimeout`, then `DxgkDdiRestartFromTimeout`): no engine
+/// reset is tried, and every device is lost.
+#[test]
+fn without_engine_reset_a_timeout_resets_the_adapter() {
+    let tdr = TdrConfig { engine_reset: false, hang_compute: None, ..TdrConfig::default() };
+    let sys = common::sim_with(slow(ComputeGranularity::Dispatch, tdr));
+    let n = common::client(&sys);
+    let nq = n.user_queue();
+    let (c, q, _spin) = hog(&sys);
+    sys.run_for(Duration::from_millis(20));
+    let before = common::events(&sys).len();
+    sys.preempt_queue(c.port.process(), q.handle()).unwrap();
+    sys.run_for(Duration::from_millis(2100));
+    let evs = common::events_from(&sys, before);
+    let pos = |f: &dyn Fn(&Event) -> bool| evs.iter().position(f).unwrap_or_else(|| panic!("missing in {evs:#?}"));
+    let timeout = pos(&|e| matches!(e, Event::TdrTimeout { queue, .. } if *queue == q.handle()));
+    let adapter = pos(&|e| matches!(e, Event::Ddi(Ddi::ResetFromTimeout)));
+    let restart = pos(&|e| matches!(e, Event::Ddi(Ddi::RestartFromTimeout)));
+    let lost = pos(&|e| matches!(e, Event::DeviceLost { device } if *device == n.device.handle()));
+    let recovered = pos(&|e| matches!(e, Event::Recovered { engine: None, count: 1 }));
+    assert!(timeout < adapter && adapter < restart && restart < lost && lost < recovered, "{evs:#?}");
+    assert!(!evs.iter().any(|e| matches!(e, Event::Ddi(Ddi::ResetEngine(_)))), "no engine reset tried");
+    for queue in [&q, &nq] {
+        assert_eq!(queue.doorbell_status().unwrap(), DoorbellStatus::DisconnectedAbort);
+        assert_eq!(queue.status().unwrap().state, QueueState::Hung);
+    }
+}
