@@ -594,6 +594,17 @@ const SAVE_VERSION: u32 = 1;
 /// Bytes a context save area needs for the widest wave.
 pub const CONTEXT_SAVE_BYTES: u64 = 24 * 1024;
 
+/// The most [`Dispatch::save`] writes: the header (magic, version, kernel, grid and group,
+/// args, width, next group, wave flag), then a wave (group, index, pc, three masks, stack
+/// depth) with the deepest control-flow stack, its scalar registers and the widest wave's
+/// vector registers.
+const MAX_SAVE_BYTES: usize = (4 + 4 + 8 + 24 + 8 + 4 + 8 + 4)
+    + (8 + 4 + 4 + 8 * 3 + 4)
+    + MAX_NESTING * (4 + 8 + 8 + 4)
+    + SREGS * 8
+    + VREGS * MAX_WAVE * 4;
+const _: () = assert!(MAX_SAVE_BYTES as u64 <= CONTEXT_SAVE_BYTES, "every state fits a save area");
+
 struct Writer(Vec<u8>);
 impl Writer {
     fn u32(&mut self, x: u32) {

@@ -156,6 +156,14 @@ pub enum GpuError {
         /// The value found.
         wptr: u64,
     },
+    /// A context save area smaller than the largest state a dispatch saves.
+    #[error("queue memory: the context save area holds {bytes} bytes; a queue needs {need}")]
+    SaveAreaTooSmall {
+        /// Its size.
+        bytes: u64,
+        /// What a queue needs ([`compute::CONTEXT_SAVE_BYTES`]).
+        need: u64,
+    },
     /// A global-doorbell bit outside the page.
     #[error("global doorbell bit {bit} is outside the page ({bits} bits)")]
     NoGlobalDoorbellBit {

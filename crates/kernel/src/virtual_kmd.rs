@@ -382,6 +382,10 @@ pub(crate) fn refused(field: &'static str, value: impl ToString) -> impl FnOnce(
             G::BadMapping { va, bytes, why } => R::BadMapping { va, bytes, why },
             G::QueueMemory(fault) => R::QueueMemory(fault),
             G::BadStartPointer { wptr } => R::BadStartPointer { wptr },
+            // (The OS sized or checked the area first: not reached.)
+            G::SaveAreaTooSmall { .. } => {
+                R::QueueMemory(abi::queue::FaultKind::BadSaveArea { why: "smaller than a queue needs" })
+            }
             G::NoGlobalDoorbellBit { bit, bits } => R::NoGlobalDoorbellBit { bit, bits },
             G::TooManyEngines { engines, max } => R::TooManyEngines { engines, max },
             G::NoGlobalDoorbell { model } => R::NoGlobalDoorbell { model },

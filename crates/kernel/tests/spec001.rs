@@ -352,7 +352,8 @@ fn an_application_allocated_context_save_area_is_validated_and_used() {
     let db = p.doorbell(q.handle).unwrap();
     p.port.connect_doorbell(q.handle).unwrap();
     assert!(p.port.free(csa.handle).is_err(), "pinned while the queue lives");
-    // A dispatch that never ends is sliced: its state goes to the application's save area.
+    // A dispatch that never ends runs in turns, its state kept in its hardware slot; when the
+    // queue is preempted, the state goes to the application's save area.
     let kernel = p.port.allocate(p.dev, &AllocationDesc::system(4096)).unwrap();
     p.port.map_allocation(kernel.handle).unwrap().write(0, &common::forever()).unwrap();
     let mut cb = CommandBuffer::new();
@@ -372,6 +373,10 @@ fn an_application_allocated_context_save_area_is_validated_and_used() {
     assert!(before.iter().all(|&b| b == 0));
     sys.run_for(Duration::from_millis(1));
     let mut after = vec![0u8; need as usize];
+    saved.read(0, &mut after).unwrap();
+    assert!(after.iter().all(|&b| b == 0), "in its slot, the state stays on the engine");
+    sys.preempt_queue(p.port.process(), q.handle).unwrap();
+    sys.run_for(Duration::from_micros(100));
     saved.read(0, &mut after).unwrap();
     assert!(after.iter().any(|&b| b != 0), "the engine saved the dispatch's state in the application's area");
     p.port.destroy_hw_queue(q.handle).unwrap();

@@ -394,6 +394,7 @@ pub(super) fn run_queue(
         q.state = QueueState::Hung;
         q.pending = false;
         q.dispatch_active = false;
+        q.live = None;
         q.bulk_done = None;
         q.fault = Some(fault.clone());
         env.irqs.push_back(Interrupt::QueueFault { queue: id, fault });
@@ -762,13 +763,15 @@ fn exec_packet(
             if env.kind != EngineKind::Compute {
                 return Err(FaultKind::BadDispatch { why: "only compute engines run kernels" });
             }
+            // A dispatch part-way done resumes from its state — still live in the slot, or
+            // saved in the context save area when the queue left its slot since; the packet in
+            // the ring (client memory) is not read again.
+            let live = q.live.take();
             let save = &q.cfg.context_save;
-            // A dispatch part-way done resumes from its saved state; the packet in the ring
-            // (client memory) is not read again.
-            let mut d = if q.dispatch_active {
-                Dispatch::restore(vm, save, 0, env.wave_width)?
-            } else {
-                Dispatch::start(vm, kernel, grid, group, args, env.wave_width)?
+            let mut d = match live {
+                Some(d) => d,
+                None if q.dispatch_active => Box::new(Dispatch::restore(vm, save, 0, env.wave_width)?),
+                None => Box::new(Dispatch::start(vm, kernel, grid, group, args, env.wave_width)?),
             };
             // A slice runs as many wave-instructions as the turn has time for (at least one),
             // and at most the dispatch budget.
@@ -793,7 +796,8 @@ fn exec_packet(
             match progress? {
                 Progress::Done => q.dispatch_active = false,
                 Progress::Yield => {
-                    d.save(save, 0)?;
+                    // Its state stays in the slot until the queue leaves it.
+                    q.live = Some(d);
                     q.dispatch_active = true;
                     return Ok(Flow::Yield);
                 }

@@ -240,8 +240,15 @@ struct FwQueue {
     slice_start: Time,
     /// When it last executed.
     last_run: Time,
-    /// A `DISPATCH` at rptr is part-way done; its state is in the context save area.
+    /// A `DISPATCH` at rptr is part-way done: its state is in `live`, or in the context save
+    /// area.
     dispatch_active: bool,
+    /// That dispatch's state while the queue holds its hardware slot. As on hardware, a mapped
+    /// queue's waves stay on the engine between its turns; they reach the context save area
+    /// only when the queue leaves its slot ([`FwQueue::spill`]: an eviction, a preemption, a
+    /// reset that spares it). So a turn that ends, or is cut short for a higher-priority
+    /// queue, saves and restores nothing.
+    live: Option<Box<Dispatch>>,
     /// A `COPY`/`FILL` at rptr is part-way done: this many bytes of it are (a chunk
     /// boundary, [`crate::cost::CostModel::bulk_chunk`]).
     bulk_done: Option<u64>,
@@ -338,6 +345,18 @@ impl FwQueue {
         // or this re-read sees its wptr.
         let w = abi::protocol::recheck_wptr(&self.wptr_word);
         self.ib.is_some() || w != self.rptr
+    }
+
+    /// Writes the state of a dispatch kept live in the queue's slot to its context save area:
+    /// the queue is leaving its slot. Cannot fail for a queue [`Firmware::add_queue`] accepted
+    /// (its save area holds [`crate::compute::CONTEXT_SAVE_BYTES`], the most any state takes);
+    /// should it, the queue hangs with the fault and its dispatch is lost.
+    fn spill(&mut self) {
+        if let Some(d) = self.live.take()
+            && let Err(kind) = d.save(&self.cfg.context_save, 0)
+        {
+            preempt::hang(self, kind);
+        }
     }
 
     fn publish_rptr(&self) {
@@ -640,6 +659,11 @@ impl Firmware {
         let rptr_word = word(cfg.rptr_va, rptr_access)?;
         let wptr_word = word(cfg.wptr_va, Access::Read)?;
         let last_queued_word = cfg.last_queued_va.map(|va| word(va, Access::Read)).transpose()?;
+        // Every dispatch state fits a save area this large (see `FwQueue::spill`).
+        let save = cfg.context_save.len() as u64;
+        if save < crate::compute::CONTEXT_SAVE_BYTES {
+            return Err(GpuError::SaveAreaTooSmall { bytes: save, need: crate::compute::CONTEXT_SAVE_BYTES });
+        }
         // The firmware resumes from the client's current pointers: a queue starts idle. The
         // value is client memory: it must be a dword count far from overflow.
         let start = wptr_word.get().load(Ordering::Acquire);
@@ -666,6 +690,7 @@ impl Firmware {
             slice_start: Time::ZERO,
             last_run: Time::ZERO,
             dispatch_active: false,
+            live: None,
             bulk_done: None,
             wait_observed: None,
             parked: None,

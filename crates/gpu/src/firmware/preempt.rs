@@ -272,6 +272,8 @@ pub(super) fn answer(
     log: &mut FwLog,
 ) -> Option<PreemptRequest> {
     let req = q.preempt.take()?;
+    // Off its slot: a dispatch it kept live there goes to the save area.
+    q.spill();
     e.hqd.retain(|&h| h != id);
     e.resched = true;
     // Work left is what the client published beyond rptr (a queue that stopped at the end
@@ -354,6 +356,7 @@ impl Firmware {
                     let work = q.pending || q.has_work();
                     q.state = if work { QueueState::Preempted } else { QueueState::Unmapped };
                     if work {
+                        q.spill();
                         q.saved = Some(q.standing_point());
                         out.preempted.push(id);
                     }
@@ -456,10 +459,11 @@ impl Firmware {
 
 /// Hangs `q` with `kind` (a reset, not a fault it raised: no interrupt; the kernel that asked
 /// for the reset reports it).
-fn hang(q: &mut FwQueue, kind: FaultKind) {
+pub(super) fn hang(q: &mut FwQueue, kind: FaultKind) {
     q.state = QueueState::Hung;
     q.pending = false;
     q.dispatch_active = false;
+    q.live = None;
     q.bulk_done = None;
     q.ib = None;
     q.blocked = false;

@@ -237,6 +237,7 @@ impl Schedulable for FwQueue {
         FwQueue::may_stop_now(self, stop)
     }
     fn saved_at_eviction(&mut self) -> StopPoint {
+        self.spill();
         let point = self.standing_point();
         self.saved = Some(point);
         point
