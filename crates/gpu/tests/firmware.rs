@@ -510,10 +510,12 @@ fn two_busy_queues_over_one_slot_keep_alternating() {
 }
 
 /// A higher-priority queue that goes idle during a step and rings again before the step ends
-/// cuts the turns still to come in that step (its doorbell becomes a sentinel as soon as it
-/// is idle, not at the next step): the cut-in costs one check, not the other holders' turns.
+/// cuts the turn in progress at its next check (its doorbell becomes a sentinel as soon as it
+/// is idle, not at the next step), and the firmware latches the ring and runs its new work at
+/// once, in the same step: the cut-in costs one check, not the other holders' turns, nor the
+/// wait for the next step.
 #[test]
-fn a_queue_that_goes_idle_mid_step_cuts_the_rest_of_the_step_when_it_rings_again() {
+fn a_queue_that_goes_idle_mid_step_and_rings_again_cuts_in_within_the_step() {
     let mut m = many(0, 3, 256);
     let hp = m.add_at(Priority::High);
     let (l1, l2) = (m.add_at(Priority::Low), m.add_at(Priority::Low));
@@ -527,8 +529,14 @@ fn a_queue_that_goes_idle_mid_step_cuts_the_rest_of_the_step_when_it_rings_again
     let (data, bar, control) = (m.data.clone(), m.gpu.bar().clone(), m.control.clone());
     let ring = m.queues[hp].ring.clone();
     let rung = std::cell::Cell::new(false);
+    // The low queues' published rptrs when the second write is first seen.
+    let lows_at_second = std::cell::Cell::new(None);
+    let rptr = |i: usize| control.read_u64(i as u64 * MANY_CONTROL_BYTES + RPTR_OFFSET).unwrap();
     let wptr = m.queues[hp].wptr;
     let clock = || {
+        if lows_at_second.get().is_none() && data.read_u64(8 * hp as u64).unwrap() == 2 {
+            lows_at_second.set(Some((rptr(l1), rptr(l2))));
+        }
         if !rung.get() && data.read_u64(8 * hp as u64).unwrap() == 1 {
             rung.set(true);
             let mut words = Vec::new();
@@ -543,11 +551,9 @@ fn a_queue_that_goes_idle_mid_step_cuts_the_rest_of_the_step_when_it_rings_again
     };
     let report = m.gpu.step_with_clock(&clock);
     assert!(rung.get());
-    // The high-priority queue's write, then one packet of the low queue whose turn came next,
-    // cut at its first check; the other low queue did not get its turn in this step.
-    assert_eq!(report.packets, 2, "{report:?}");
-    // The next step runs the second write first.
-    m.gpu.poll_doorbells();
-    m.gpu.step(Time(2_000));
-    assert_eq!(m.word(hp), 2);
+    // The high-priority queue's first write, one packet of the low queue whose turn came next
+    // (cut at its first check), then the second write; only then the low queues' turns.
+    assert_eq!(m.word(hp), 2, "the second write ran in the same step");
+    assert_eq!(lows_at_second.get(), Some((4, 0)), "after one NOP of the first low queue, none of the second");
+    assert!(report.packets > 3, "the low queues ran their turns after it: {report:?}");
 }

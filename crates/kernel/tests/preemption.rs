@@ -563,12 +563,16 @@ fn attention_or_a_higher_priority_ring_ends_a_turn_at_the_next_check() {
     let cut = step(true);
     assert!(cut <= 512, "attention: the turn ends at the next check ({cut} instructions)");
     assert_eq!(step(false), full);
-    // The high-priority queue rings (its doorbell not latched yet): the turn ends early.
+    // The high-priority queue rings (its doorbell not latched yet): the turn ends at the next
+    // check, and the queue's TIMESTAMP runs at once, in the same step (the firmware latches the
+    // ring and takes its scheduling pass again), before the hog's next turn.
     let mut cb = CommandBuffer::new();
     cb.timestamp(h.buf.va());
     hq.submit(&cb).unwrap();
-    let cut = step(false);
-    assert!(cut <= 512, "a sentinel ring: the turn ends at the next check ({cut} instructions)");
+    step(false);
+    let ts = h.buf.read_u64(0).unwrap();
+    let per = CostModel::default().wave_instruction.as_nanos() as u64;
+    assert!(ts >= at && ts - at <= 512 * per, "a sentinel ring: the TIMESTAMP read {ts}, the step began at {at}");
 }
 
 /// amdgpu's hang timer: a queue whose progress has not moved for its timeout is asked to

@@ -327,6 +327,20 @@ fn check_watch(e: &mut Engine, k: usize, queues: &mut Slab<FwQueue>, use_seq: &m
     }
 }
 
+/// Latches the rings on `e`'s sentinel doorbells ([`Engine::sentinels`]), as
+/// [`Firmware::poll_doorbells`] would: a turn was just cut short by one. Returns whether any
+/// rang.
+pub(super) fn latch_sentinels(e: &mut Engine, queues: &mut Slab<FwQueue>, use_seq: &mut u64, misses: bool) -> bool {
+    let mut rang = false;
+    for i in 0..e.sentinels.len() {
+        let id = e.sentinels[i].queue;
+        if let Some(&k) = e.watch_at.get(&id) {
+            rang |= check_watch(e, k, queues, use_seq, misses);
+        }
+    }
+    rang
+}
+
 /// Drops queue `id`'s watch from `e`, if it has one, keeping the others in order: its place
 /// is emptied, and the list is compacted (and the index rebuilt) once half of it is empty,
 /// so removing every queue one by one costs linear time, not quadratic.

@@ -83,7 +83,7 @@ pub(super) struct Env<'a> {
     /// The device's attention register ([`preempt::Attention`]).
     pub(super) attention: &'a preempt::Attention,
     /// The engine's sentinel doorbells ([`Engine::sentinels`]).
-    pub(super) sentinels: &'a [(Word, u64)],
+    pub(super) sentinels: &'a [preempt::Sentinel],
     /// The turn was cut short by [`Env::interrupted`]: the step ends here for this engine.
     pub(super) cut: bool,
     /// Where executed `PROGRESS_FENCE`s are recorded, if anyone asked
@@ -125,7 +125,7 @@ impl Env<'_> {
             // Acquire is not needed: a changed word only ends the turn; the ring itself is
             // latched (with its acquire) by the next doorbell poll.
             self.cut = self.attention.is_raised()
-                || self.sentinels.iter().any(|(w, last)| w.get().load(Ordering::Relaxed) != *last);
+                || self.sentinels.iter().any(|s| s.word.get().load(Ordering::Relaxed) != s.last);
         }
         self.cut
     }
@@ -134,6 +134,10 @@ impl Env<'_> {
 /// Wave-instructions between two checks of [`Env::interrupted`] inside a `DISPATCH`: a few
 /// hundred nanoseconds of interpretation, against a load or two per check.
 pub(super) const INTERRUPT_CHECK_INSTRUCTIONS: u64 = 64;
+
+/// The most scheduling passes an engine takes again in one step for rings heard on its
+/// sentinel doorbells ([`Firmware::step`]).
+const MAX_CUT_IN_PASSES: u32 = 4;
 
 impl Firmware {
     pub(crate) fn step(&mut self, clock: &dyn Fn() -> Time, vms: &[Option<AddressSpace>]) -> StepReport {
@@ -156,6 +160,8 @@ impl Firmware {
             log,
             attention,
             completions,
+            use_seq,
+            misses_unmapped,
             ..
         } = self;
         let modelled = *timing == crate::cost::Timing::Modelled;
@@ -166,100 +172,127 @@ impl Firmware {
                 continue;
             }
             wake_sleepers(e, queues, vms, *fence_epoch);
-            schedule::schedule(e, queues, now, *quanta, log);
-            watch_sentinels(e, queues);
             let mut elapsed = 0u64;
-            let mut answered = Vec::new();
-            let n = e.hqd.len();
             let mut busy = false;
-            // Slot holders take their turns by priority, round-robin among equals: a queue
-            // that just cut in runs first.
-            let mut order: Vec<FwQueueId> = (0..n).map(|k| e.hqd[(e.cursor + k) % n]).collect();
-            order.sort_by_key(|id| std::cmp::Reverse(queues.get(id.0).map_or(Priority::Low, |q| q.cfg.priority)));
-            let mut cut = false;
-            for (k, id) in order.into_iter().enumerate() {
-                if cut {
-                    break;
-                }
-                if k > 0 {
-                    // A queue that went idle in an earlier turn of this step (a high-priority
-                    // queue that just finished) is watched from now on: its next ring must
-                    // cut the turns still to come, not wait for the step to end.
-                    watch_sentinels(e, queues);
-                }
-                let Ok(q) = queues.get_mut(id.0) else { continue };
-                if !q.pending || q.state != QueueState::Mapped {
-                    continue;
-                }
-                busy = true;
-                // Parked on a fence that has not changed: nothing to re-check. (It still has
-                // work, so the engine stays awake, as for any queue blocked in a WAIT.)
-                if q.parked == Some(*fence_epoch) && q.preempt.is_none() {
-                    continue;
-                }
-                q.parked = None;
-                q.last_run = now;
-                if let Some(point) = q.saved.take() {
-                    log.push(Time(now.0.saturating_add(elapsed)), preempt::FwEvent::Restored { queue: id, point });
-                    // Bringing its state back occupies the engine before the queue runs.
-                    elapsed = elapsed.saturating_add(cost.restore_ns(point));
-                }
-                let before = compute.instructions;
-                let mut env = Env {
-                    fences,
-                    optimized_interrupts: *optimized_interrupts,
-                    clock,
-                    cost: *cost,
-                    timing: *timing,
-                    start: now,
-                    elapsed,
-                    turn_end: elapsed.saturating_add(crate::cost::ns(cost.turn)),
-                    bytes: 0,
-                    kind: e.kind,
-                    wave_width: *wave_width,
-                    dispatch_budget: *dispatch_budget,
-                    stats: compute,
-                    irqs,
-                    fence_epoch,
-                    stop: e.stop,
-                    attention,
-                    sentinels: &e.sentinels,
-                    cut: false,
-                    completions: completions.as_mut(),
+            // Scheduling passes of this step: the first, and one more each time a turn is cut
+            // short by a ring on a sentinel doorbell (below).
+            let mut passes = 0;
+            loop {
+                // The device time of this pass: a pass after a cut-in starts where the cut turn
+                // ended.
+                let at = match passes {
+                    0 => now,
+                    _ if modelled => Time(now.0.saturating_add(elapsed)),
+                    _ => clock(),
                 };
-                let was_blocked = q.blocked;
-                let (packets, stopped) = run_queue(q, id, vms, *budget, &mut env);
-                report.packets += packets;
-                let stopped_at = env.now();
-                elapsed = env.elapsed;
-                cut = env.cut;
-                // A preemption is answered once the queue stopped at an allowed point, ran dry
-                // or hung.
-                // (Answered after the round: answering takes the queue out of `hqd`.)
-                if q.preempt.is_some() && (stopped.is_some() || !q.pending || q.state != QueueState::Mapped) {
-                    answered.push((id, stopped.unwrap_or(StopPoint::Idle), stopped_at));
-                    continue;
-                }
-                report.bytes += env.bytes;
-                report.instructions += compute.instructions - before;
-                if q.pending && q.state == QueueState::Mapped {
-                    report.runnable += 1;
-                    // It has just blocked in a WAIT: its slot may go to a waiting queue
-                    // (`schedule`), so the next pass must not wait for a quantum.
-                    if q.blocked && (packets > 0 || !was_blocked) {
+                passes += 1;
+                schedule::schedule(e, queues, at, *quanta, log);
+                watch_sentinels(e, queues);
+                let mut answered = Vec::new();
+                let n = e.hqd.len();
+                // Slot holders take their turns by priority, round-robin among equals: a queue
+                // that just cut in runs first.
+                let mut order: Vec<FwQueueId> = (0..n).map(|k| e.hqd[(e.cursor + k) % n]).collect();
+                order.sort_by_key(|id| std::cmp::Reverse(queues.get(id.0).map_or(Priority::Low, |q| q.cfg.priority)));
+                let mut cut = false;
+                for (k, id) in order.into_iter().enumerate() {
+                    if cut {
+                        break;
+                    }
+                    if k > 0 {
+                        // A queue that went idle in an earlier turn of this step (a high-priority
+                        // queue that just finished) is watched from now on: its next ring must
+                        // cut the turns still to come, not wait for the step to end.
+                        watch_sentinels(e, queues);
+                    }
+                    let Ok(q) = queues.get_mut(id.0) else { continue };
+                    if !q.pending || q.state != QueueState::Mapped {
+                        continue;
+                    }
+                    busy = true;
+                    // Parked on a fence that has not changed: nothing to re-check. (It still has
+                    // work, so the engine stays awake, as for any queue blocked in a WAIT.)
+                    if q.parked == Some(*fence_epoch) && q.preempt.is_none() {
+                        continue;
+                    }
+                    q.parked = None;
+                    q.last_run = at;
+                    if let Some(point) = q.saved.take() {
+                        log.push(Time(now.0.saturating_add(elapsed)), preempt::FwEvent::Restored { queue: id, point });
+                        // Bringing its state back occupies the engine before the queue runs.
+                        elapsed = elapsed.saturating_add(cost.restore_ns(point));
+                    }
+                    let before = compute.instructions;
+                    let mut env = Env {
+                        fences,
+                        optimized_interrupts: *optimized_interrupts,
+                        clock,
+                        cost: *cost,
+                        timing: *timing,
+                        start: now,
+                        elapsed,
+                        turn_end: elapsed.saturating_add(crate::cost::ns(cost.turn)),
+                        bytes: 0,
+                        kind: e.kind,
+                        wave_width: *wave_width,
+                        dispatch_budget: *dispatch_budget,
+                        stats: compute,
+                        irqs,
+                        fence_epoch,
+                        stop: e.stop,
+                        attention,
+                        sentinels: &e.sentinels,
+                        cut: false,
+                        completions: completions.as_mut(),
+                    };
+                    let was_blocked = q.blocked;
+                    let (packets, stopped) = run_queue(q, id, vms, *budget, &mut env);
+                    report.packets += packets;
+                    let stopped_at = env.now();
+                    elapsed = env.elapsed;
+                    cut = env.cut;
+                    // A preemption is answered once the queue stopped at an allowed point, ran
+                    // dry or hung.
+                    // (Answered after the round: answering takes the queue out of `hqd`.)
+                    if q.preempt.is_some() && (stopped.is_some() || !q.pending || q.state != QueueState::Mapped) {
+                        answered.push((id, stopped.unwrap_or(StopPoint::Idle), stopped_at));
+                        continue;
+                    }
+                    report.bytes += env.bytes;
+                    report.instructions += compute.instructions - before;
+                    if q.pending && q.state == QueueState::Mapped {
+                        report.runnable += 1;
+                        // It has just blocked in a WAIT: its slot may go to a waiting queue
+                        // (`schedule`), so the next pass must not wait for a quantum.
+                        if q.blocked && (packets > 0 || !was_blocked) {
+                            e.resched = true;
+                        }
+                    } else {
+                        // Idle or hung: its slot may go to a waiting queue.
                         e.resched = true;
                     }
-                } else {
-                    // Idle or hung: its slot may go to a waiting queue.
-                    e.resched = true;
                 }
-            }
-            if n > 0 {
-                e.cursor = (e.cursor + 1) % n;
-            }
-            for (id, point, at) in answered {
-                if let Ok(q) = queues.get_mut(id.0) {
-                    preempt::finish(e, q, id, point, at, log, irqs);
+                if n > 0 && passes == 1 {
+                    e.cursor = (e.cursor + 1) % n;
+                }
+                for (id, point, at) in answered {
+                    if let Ok(q) = queues.get_mut(id.0) {
+                        preempt::finish(e, q, id, point, at, log, irqs);
+                    }
+                }
+                // A turn cut short by a ring on a sentinel doorbell — a queue that would take a
+                // busy holder's slot — rather than by the kernel's attention (which wants the
+                // device lock): the ring is latched here and the scheduling pass taken again,
+                // so that queue starts now, not after the rest of the step, the driver's work
+                // between steps and the next doorbell poll (as a hardware scheduler reacts to
+                // the doorbell write itself). Bounded, so a client ringing without pause
+                // cannot hold the step.
+                if !(cut
+                    && passes <= MAX_CUT_IN_PASSES
+                    && !attention.is_raised()
+                    && doorbells::latch_sentinels(e, queues, use_seq, *misses_unmapped))
+                {
+                    break;
                 }
             }
             if busy {
@@ -456,7 +489,7 @@ fn watch_sentinels(e: &mut Engine, queues: &Slab<FwQueue>) {
     let Some(lowest) = e.hqd.iter().filter_map(busy).map(|q| q.cfg.priority).min() else { return };
     for w in e.watches.iter().flatten() {
         if queues.get(w.queue.0).is_ok_and(|q| !q.pending && q.cfg.priority > lowest && q.state != QueueState::Hung) {
-            e.sentinels.push((w.word.clone(), w.last));
+            e.sentinels.push(preempt::Sentinel { word: w.word.clone(), last: w.last, queue: w.queue });
         }
     }
 }

@@ -443,7 +443,7 @@ struct Engine {
     /// progress checks them at its safe points and ends early when one changes, so that queue
     /// is mapped and runs at once. Rebuilt by each scheduling pass; empty past
     /// [`preempt::MAX_SENTINEL_WATCHES`] watched doorbells.
-    sentinels: Vec<(Word, u64)>,
+    sentinels: Vec<preempt::Sentinel>,
     /// Queues mapped into a hardware slot so far (slot changes, for the simulator's counts).
     slot_maps: u64,
     /// Queues asleep off their slots on a `WAIT` that did not pass ([`schedule::unseat`]),

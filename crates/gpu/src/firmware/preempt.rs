@@ -69,6 +69,16 @@ impl Drop for AttentionGuard<'_> {
     }
 }
 
+/// A doorbell an engine watches during its turns for a cut-in ([`Engine::sentinels`]).
+pub(super) struct Sentinel {
+    /// The BAR word.
+    pub(super) word: Word,
+    /// Its value when the watch began (the firmware's last latch).
+    pub(super) last: u64,
+    /// The queue it belongs to.
+    pub(super) queue: FwQueueId,
+}
+
 /// The most doorbells an engine watches for a cut-in ([`Engine::sentinels`]): past this many
 /// queues on the engine, a higher-priority ring is heard at the engine's next step instead.
 pub(super) const MAX_SENTINEL_WATCHES: usize = 64;
