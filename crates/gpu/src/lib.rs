@@ -406,6 +406,16 @@ impl Gpu {
         self.fw.log().cloned().collect()
     }
 
+    /// With modelled timing (the deterministic driver): the device time at which the driver
+    /// next lets a client act (`None`: not known). A step's turns end at their first check past
+    /// it while a ring could cut into them (an engine with sentinel doorbells), as on the live
+    /// driver, where the client rings while the turn runs: so a ring made then is heard one
+    /// check later, not after the turn, which runs as one piece. Ignored when it is not after
+    /// the step's start.
+    pub fn set_horizon(&mut self, at: Option<Time>) {
+        self.fw.set_horizon(at)
+    }
+
     /// The device's attention register: raise it before taking the device lock for a
     /// request that should not wait for engines to finish their turns ([`Attention`]).
     pub fn attention(&self) -> Attention {

@@ -1437,3 +1437,45 @@ fn without_engine_reset_a_timeout_resets_the_adapter() {
         assert_eq!(queue.status().unwrap().state, QueueState::Hung);
     }
 }
+
+/// The deterministic driver steps its engines between the clients' actions, each step in one
+/// piece. A ring still cuts into a turn in progress, as on the live driver: the driver tells
+/// the device when control returns to a client (`System::run_for`'s target; the simulator's
+/// next event, `System::set_step_horizon`), and while a ring could cut in (an idle queue of
+/// a higher priority than a busy holder watches its doorbell) the engine's turn ends at its
+/// first check past that point. Here a low-priority queue runs a long SYNTHETIC kernel in
+/// 10 ms turns; a high-priority queue's TIMESTAMP submitted 2.5 ms in starts within a
+/// microsecond (before: when the 10 ms turn ended). A queue of the holder's own priority
+/// could not cut in, and waits for the turn's end as before.
+#[test]
+fn on_the_deterministic_driver_a_ring_cuts_into_a_turn_in_progress() {
+    for priority in [abi::Priority::High, abi::Priority::Low] {
+        let sys = common::sim_with(slow(
+            ComputeGranularity::Shader,
+            TdrConfig { hang_compute: None, ..TdrConfig::default() },
+        ));
+        let turn = Duration::from_millis(10); // `slow`'s turn
+        let lo = common::client(&sys);
+        let mut lq = lo
+            .ctx
+            .create_queue(umd::QueueOptions { priority: abi::Priority::Low, ..umd::QueueOptions::user_mode() })
+            .unwrap();
+        let h = common::client(&sys);
+        let mut hq = h.ctx.create_queue(umd::QueueOptions { priority, ..umd::QueueOptions::user_mode() }).unwrap();
+        let mut cb = CommandBuffer::new();
+        cb.synthetic(1_000_000_000);
+        lq.submit(&cb).unwrap();
+        sys.run_for(Duration::from_micros(2500));
+        let t0 = sys.now().as_nanos();
+        let mut cb = CommandBuffer::new();
+        cb.timestamp(h.buf.va());
+        let v = hq.submit(&cb).unwrap();
+        hq.wait(v, T).unwrap();
+        let waited = h.buf.read_u64(0).unwrap() - t0;
+        if priority == abi::Priority::High {
+            assert!(waited <= 1_000, "{priority:?}: started {waited} ns after its ring");
+        } else {
+            assert!(waited >= (turn - Duration::from_micros(2500)).as_nanos() as u64, "{priority:?}: {waited} ns");
+        }
+    }
+}

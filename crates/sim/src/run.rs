@@ -435,6 +435,11 @@ pub fn run(plan: &Plan, seed: u64, progress: &mut dyn FnMut(f64)) -> Result<Outc
         while unheard.front().is_some_and(|&(t, _)| t <= now_ns) {
             rang_since.push(unheard.pop_front().expect("checked").1);
         }
+        // The next moment a client acts (a ring heard, a submission, an event): a turn that a
+        // ring could cut into ends there, as it would on the live driver.
+        let next_client =
+            heap.peek().map(|&Reverse((t, _, _))| t).into_iter().chain(unheard.front().map(|&(t, _)| t)).min();
+        sys.set_step_horizon(next_client.map(abi::Time));
         sys.run_instant_after(&rang_since);
         rang_since.clear();
         // Completions recorded by the device.

@@ -97,6 +97,40 @@ synthetic = { us = 250 }
     assert_eq!(o.latencies[0], vec![250_200]);
 }
 
+/// The simulator tells the device when a client next acts, so a ring cuts into a turn in
+/// progress as on the live driver: a high-priority queue's 1 µs jobs, submitted every 500 µs
+/// beside a low-priority queue running 2 ms kernels in 1 ms turns, start when they are rung
+/// (a few packets' cost later), not when the low queue's turn ends.
+#[test]
+fn a_high_priority_ring_cuts_into_a_long_turn() {
+    let p = plan(
+        r#"
+duration_ms = 5
+[device]
+slots = 2
+[cost]
+turn_us = 1000
+[[group]]
+name = "low"
+priority = "low"
+[group.commands]
+synthetic = { us = 2000 }
+[[group]]
+name = "high"
+priority = "high"
+[group.workload]
+kind = "periodic"
+period_us = 500
+[group.commands]
+synthetic = { us = 1 }
+"#,
+    );
+    let o = run(&p, 1, &mut |_| {}).unwrap();
+    let high = &o.latencies[1];
+    assert!(high.len() >= 9, "{high:?}");
+    assert!(high.iter().all(|&l| l <= 2_000), "latencies (ns): {high:?}");
+}
+
 const MIXED: &str = r#"
 name = "mixed"
 duration_ms = 2

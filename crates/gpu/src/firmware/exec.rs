@@ -86,6 +86,9 @@ pub(super) struct Env<'a> {
     pub(super) sentinels: &'a [preempt::Sentinel],
     /// The turn was cut short by [`Env::interrupted`]: the step ends here for this engine.
     pub(super) cut: bool,
+    /// With modelled timing, when a client may next ring ([`crate::Gpu::set_horizon`]), if
+    /// after the step's start.
+    pub(super) horizon: Option<Time>,
     /// Where executed `PROGRESS_FENCE`s are recorded, if anyone asked
     /// ([`crate::Gpu::record_completions`]).
     pub(super) completions: Option<&'a mut Vec<super::Completion>>,
@@ -125,9 +128,18 @@ impl Env<'_> {
             // Acquire is not needed: a changed word only ends the turn; the ring itself is
             // latched (with its acquire) by the next doorbell poll.
             self.cut = self.attention.is_raised()
-                || self.sentinels.iter().any(|s| s.word.get().load(Ordering::Relaxed) != s.last);
+                || self.sentinels.iter().any(|s| s.word.get().load(Ordering::Relaxed) != s.last)
+                || self.horizon_left() == Some(0);
         }
         self.cut
+    }
+
+    /// Modelled device time left before the horizon, while a ring could cut into this turn
+    /// (the engine has sentinel doorbells): where the deterministic driver stands in for a
+    /// client that rings while the turn runs.
+    pub(super) fn horizon_left(&self) -> Option<u64> {
+        let h = self.horizon.filter(|_| !self.sentinels.is_empty())?;
+        Some(h.0.saturating_sub(self.now().0))
     }
 }
 
@@ -162,6 +174,7 @@ impl Firmware {
             completions,
             use_seq,
             misses_unmapped,
+            horizon,
             ..
         } = self;
         let modelled = *timing == crate::cost::Timing::Modelled;
@@ -243,6 +256,7 @@ impl Firmware {
                         attention,
                         sentinels: &e.sentinels,
                         cut: false,
+                        horizon: horizon.filter(|&h| modelled && h > now),
                         completions: completions.as_mut(),
                     };
                     let was_blocked = q.blocked;
@@ -852,7 +866,8 @@ fn exec_packet(
 /// with real timing (the live driver) the engine also spins for it.
 fn synthetic(q: &mut FwQueue, env: &mut Env<'_>, total: u64) -> Result<Flow, FaultKind> {
     let mut done = q.bulk_done.take().unwrap_or(0).min(total);
-    let n = env.turn_left().max(1).min(total - done);
+    // At most up to the horizon, where a ring may cut in (it is checked after the slice).
+    let n = env.turn_left().min(env.horizon_left().unwrap_or(u64::MAX)).max(1).min(total - done);
     if env.timing == crate::cost::Timing::Real {
         // The live driver: the engine is really busy for the slice (a kernel that takes time).
         let until = (env.clock)().plus(std::time::Duration::from_nanos(n));
@@ -867,6 +882,9 @@ fn synthetic(q: &mut FwQueue, env: &mut Env<'_>, total: u64) -> Result<Flow, Fau
         if q.preempt.is_some() && env.stop.allows(StopPoint::Chunk) {
             return Ok(Flow::Stopped(StopPoint::Chunk));
         }
+        // A slice ends the turn: a check, so a ring (or the horizon) met meanwhile cuts the
+        // step's remaining turns too.
+        env.interrupted();
         return Ok(Flow::Yield);
     }
     Ok(Flow::Next)

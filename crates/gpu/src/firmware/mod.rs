@@ -500,6 +500,8 @@ pub(crate) struct Firmware {
     log: FwLog,
     /// Raised by the kernel while it waits for the device lock ([`preempt::Attention`]).
     attention: preempt::Attention,
+    /// With modelled timing: when the driver next lets a client act ([`crate::Gpu::set_horizon`]).
+    horizon: Option<Time>,
     /// Every `PROGRESS_FENCE` executed, with its modelled end, when a tool asked for them
     /// ([`crate::Gpu::record_completions`]; the simulator's observation point).
     pub(crate) completions: Option<Vec<Completion>>,
@@ -620,6 +622,7 @@ impl Firmware {
             next_ticket: 0,
             log: FwLog::default(),
             attention: preempt::Attention::default(),
+            horizon: None,
             completions: None,
         }
     }
@@ -939,5 +942,9 @@ impl Firmware {
     /// adapter's signal): every parked queue re-checks.
     pub(crate) fn notify_fences(&mut self) {
         self.fence_epoch += 1;
+    }
+
+    pub(crate) fn set_horizon(&mut self, at: Option<Time>) {
+        self.horizon = at;
     }
 }

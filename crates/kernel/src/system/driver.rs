@@ -146,6 +146,9 @@ impl SimWorld {
     /// `target`: engines execute, timers fire and time moves from one to the next, whatever
     /// runs (an endless kernel included). The bounded "run for this long" of tests.
     pub(crate) fn run_until(&self, target: Time) {
+        // Control returns to the caller at `target`, where it may ring: turns that could be
+        // cut by a ring end there ([`gpu::Gpu::set_horizon`]).
+        self.set_horizon(Some(target));
         loop {
             self.settle_now();
             match self.next_timer() {
@@ -155,6 +158,13 @@ impl SimWorld {
         }
         self.clock.set(target);
         self.settle_now();
+    }
+
+    /// Tells every adapter's device when a client may next ring ([`gpu::Gpu::set_horizon`]).
+    pub(crate) fn set_horizon(&self, at: Option<Time>) {
+        for m in self.members() {
+            m.gpu.lock().set_horizon(at);
+        }
     }
 
     /// Moves the clock to `t`, and always forward: a timer that is due but was not handled

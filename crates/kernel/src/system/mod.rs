@@ -551,6 +551,17 @@ impl System {
         }
     }
 
+    /// Sim: tells the device when a client will next act (ring a doorbell), for a driver that
+    /// steps event by event and knows its next event ([`gpu::Gpu::set_horizon`]): an engine's
+    /// turns that a ring could cut into end at their first check past it, as on the live
+    /// driver, instead of running as one piece past the ring. [`System::run_for`] sets its own
+    /// target. Live: does nothing.
+    pub fn set_step_horizon(&self, at: Option<Time>) {
+        if let Driver::Sim { world } = &self.inner.driver {
+            world.set_horizon(at);
+        }
+    }
+
     /// Sim: moves the virtual clock forward to `t` without running anything (a driver that
     /// steps event by event: [`System::next_event`], then [`System::run_instant`]). The clock
     /// never goes back: an earlier `t` leaves it where it is. Live: does nothing.
