@@ -557,3 +557,49 @@ fn a_queue_that_goes_idle_mid_step_and_rings_again_cuts_in_within_the_step() {
     assert_eq!(lows_at_second.get(), Some((4, 0)), "after one NOP of the first low queue, none of the second");
     assert!(report.packets > 3, "the low queues ran their turns after it: {report:?}");
 }
+
+/// A cut-in's new scheduling pass gives a turn to the queue that rang and to the holders still
+/// owed one in this step, not a second one to a holder whose turn is over: here a high-priority
+/// queue rings twice from inside one step (after its first and its second write); the first
+/// low queue, whose turn ended between the two, does not run again in the step.
+#[test]
+fn a_cut_in_pass_gives_no_second_turn_to_a_holder_whose_turn_is_over() {
+    let mut m = many(0, 3, 128);
+    let hp = m.add_at(Priority::High);
+    let (l1, l2) = (m.add_at(Priority::Low), m.add_at(Priority::Low));
+    let nops: Vec<Packet> = (0..400).map(|_| Packet::Nop { dwords: 0 }).collect();
+    m.submit(l1, &nops);
+    m.submit(l2, &nops);
+    m.submit(hp, &[Many::write(hp, 1)]);
+    m.gpu.poll_doorbells();
+    let (data, bar, control) = (m.data.clone(), m.gpu.bar().clone(), m.control.clone());
+    let ring = m.queues[hp].ring.clone();
+    let rptr = |i: usize| control.read_u64(i as u64 * MANY_CONTROL_BYTES + RPTR_OFFSET).unwrap();
+    let wptr = std::cell::Cell::new(m.queues[hp].wptr);
+    // The client's write of `value`, rung from inside the step.
+    let ring_write = |value: u64| {
+        let mut words = Vec::new();
+        Many::write(hp, value).encode(&mut words);
+        let plan = ring::plan_write(wptr.get(), RING_BYTES, words.len() as u64).unwrap();
+        ring::write_stream(&ring, RING_BYTES, wptr.get(), &plan, &[&words]).unwrap();
+        wptr.set(plan.new_wptr);
+        let ctl = hp as u64 * MANY_CONTROL_BYTES;
+        control.atomic_u64(ctl + WPTR_OFFSET).unwrap().store(plan.new_wptr, Ordering::Release);
+        bar.atomic_u64(hp as u64 * 8).unwrap().store(plan.new_wptr, Ordering::Release);
+    };
+    let rung = std::cell::Cell::new(1u64);
+    let clock = || {
+        let seen = data.read_u64(8 * hp as u64).unwrap();
+        // The second write once the first ran; the third once the first low queue's turn
+        // after the first cut-in is over.
+        if seen == rung.get() && (seen == 1 || (seen == 2 && rptr(l1) > 4)) {
+            rung.set(seen + 1);
+            ring_write(seen + 1);
+        }
+        Time(1_000)
+    };
+    m.gpu.step_with_clock(&clock);
+    assert_eq!(m.word(hp), 3, "both rings were served in the step");
+    // Each low queue: one NOP before its cut, then one turn of 128.
+    assert_eq!((rptr(l1), rptr(l2)), (4 + 128 * 4, 4 + 128 * 4));
+}

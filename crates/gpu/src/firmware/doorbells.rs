@@ -328,14 +328,23 @@ fn check_watch(e: &mut Engine, k: usize, queues: &mut Slab<FwQueue>, use_seq: &m
 }
 
 /// Latches the rings on `e`'s sentinel doorbells ([`Engine::sentinels`]), as
-/// [`Firmware::poll_doorbells`] would: a turn was just cut short by one. Returns whether any
-/// rang.
-pub(super) fn latch_sentinels(e: &mut Engine, queues: &mut Slab<FwQueue>, use_seq: &mut u64, misses: bool) -> bool {
+/// [`Firmware::poll_doorbells`] would: a turn was just cut short by one. The queues that rang
+/// leave `had_turn` (a ring earns a new turn). Returns whether any rang.
+pub(super) fn latch_sentinels(
+    e: &mut Engine,
+    queues: &mut Slab<FwQueue>,
+    use_seq: &mut u64,
+    misses: bool,
+    had_turn: &mut Vec<FwQueueId>,
+) -> bool {
     let mut rang = false;
     for i in 0..e.sentinels.len() {
         let id = e.sentinels[i].queue;
-        if let Some(&k) = e.watch_at.get(&id) {
-            rang |= check_watch(e, k, queues, use_seq, misses);
+        if let Some(&k) = e.watch_at.get(&id)
+            && check_watch(e, k, queues, use_seq, misses)
+        {
+            had_turn.retain(|&h| h != id);
+            rang = true;
         }
     }
     rang

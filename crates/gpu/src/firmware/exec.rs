@@ -148,8 +148,10 @@ impl Env<'_> {
 pub(super) const INTERRUPT_CHECK_INSTRUCTIONS: u64 = 64;
 
 /// The most scheduling passes an engine takes again in one step for rings heard on its
-/// sentinel doorbells ([`Firmware::step`]).
-const MAX_CUT_IN_PASSES: u32 = 4;
+/// sentinel doorbells ([`Firmware::step`]). A live step gives each busy holder a turn (a
+/// hundred microseconds of device time each), so a high-priority client may ring many times
+/// within one.
+const MAX_CUT_IN_PASSES: u32 = 64;
 
 impl Firmware {
     pub(crate) fn step(&mut self, clock: &dyn Fn() -> Time, vms: &[Option<AddressSpace>]) -> StepReport {
@@ -190,6 +192,9 @@ impl Firmware {
             // Scheduling passes of this step: the first, and one more each time a turn is cut
             // short by a ring on a sentinel doorbell (below).
             let mut passes = 0;
+            // Holders whose turn in this step is over (a pass after a cut-in gives the others
+            // theirs, and a queue that rang again another).
+            let mut had_turn: Vec<FwQueueId> = Vec::new();
             loop {
                 // The device time of this pass: a pass after a cut-in starts where the cut turn
                 // ended.
@@ -223,6 +228,9 @@ impl Firmware {
                         continue;
                     }
                     busy = true;
+                    if had_turn.contains(&id) {
+                        continue;
+                    }
                     // Parked on a fence that has not changed: nothing to re-check. (It still has
                     // work, so the engine stays awake, as for any queue blocked in a WAIT.)
                     if q.parked == Some(*fence_epoch) && q.preempt.is_none() {
@@ -265,6 +273,9 @@ impl Firmware {
                     let stopped_at = env.now();
                     elapsed = env.elapsed;
                     cut = env.cut;
+                    if !cut {
+                        had_turn.push(id);
+                    }
                     // A preemption is answered once the queue stopped at an allowed point, ran
                     // dry or hung.
                     // (Answered after the round: answering takes the queue out of `hqd`.)
@@ -299,12 +310,13 @@ impl Firmware {
                 // device lock): the ring is latched here and the scheduling pass taken again,
                 // so that queue starts now, not after the rest of the step, the driver's work
                 // between steps and the next doorbell poll (as a hardware scheduler reacts to
-                // the doorbell write itself). Bounded, so a client ringing without pause
-                // cannot hold the step.
+                // the doorbell write itself). The holders whose turn is over in this step wait
+                // for the next; the queues that rang get a new turn. Bounded, so a client
+                // ringing without pause cannot hold the step.
                 if !(cut
                     && passes <= MAX_CUT_IN_PASSES
                     && !attention.is_raised()
-                    && doorbells::latch_sentinels(e, queues, use_seq, *misses_unmapped))
+                    && doorbells::latch_sentinels(e, queues, use_seq, *misses_unmapped, &mut had_turn))
                 {
                     break;
                 }
