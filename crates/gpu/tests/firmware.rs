@@ -509,14 +509,52 @@ fn two_busy_queues_over_one_slot_keep_alternating() {
     assert_eq!(seen, vec![first, other, first, other, first]);
 }
 
-/// A higher-priority queue that goes idle during a step and rings again before the step ends
-/// cuts the turn in progress at its next check (its doorbell becomes a sentinel as soon as it
-/// is idle, not at the next step), and the firmware latches the ring and runs its new work at
-/// once, in the same step: the cut-in costs one check, not the other holders' turns, nor the
-/// wait for the next step.
-#[test]
-fn a_queue_that_goes_idle_mid_step_and_rings_again_cuts_in_within_the_step() {
-    let mut m = many(0, 3, 256);
+/// The cut-in rig: over three slots, a high-priority queue with one write queued and two low
+/// ones with 400 NOPs each (`budget` packets a turn), their rings latched; and the
+/// high-priority client's handles, to ring again from inside a step (a live client rings while
+/// the firmware runs other queues' turns).
+struct CutIn {
+    m: Many,
+    hp: usize,
+    l1: usize,
+    l2: usize,
+    client: HpClient,
+}
+
+/// The high-priority client of [`CutIn`].
+struct HpClient {
+    hp: usize,
+    data: Arc<Shm>,
+    bar: Arc<Shm>,
+    control: Arc<Shm>,
+    ring: Arc<Shm>,
+    wptr: std::cell::Cell<u64>,
+}
+
+impl HpClient {
+    /// Publishes a write of `value` and rings.
+    fn write(&self, value: u64) {
+        let mut words = Vec::new();
+        Many::write(self.hp, value).encode(&mut words);
+        let plan = ring::plan_write(self.wptr.get(), RING_BYTES, words.len() as u64).unwrap();
+        ring::write_stream(&self.ring, RING_BYTES, self.wptr.get(), &plan, &[&words]).unwrap();
+        self.wptr.set(plan.new_wptr);
+        let ctl = self.hp as u64 * MANY_CONTROL_BYTES;
+        self.control.atomic_u64(ctl + WPTR_OFFSET).unwrap().store(plan.new_wptr, Ordering::Release);
+        self.bar.atomic_u64(self.hp as u64 * 8).unwrap().store(plan.new_wptr, Ordering::Release);
+    }
+    /// The last value its writes stored.
+    fn seen(&self) -> u64 {
+        self.data.read_u64(8 * self.hp as u64).unwrap()
+    }
+    /// Queue `i`'s published rptr.
+    fn rptr(&self, i: usize) -> u64 {
+        self.control.read_u64(i as u64 * MANY_CONTROL_BYTES + RPTR_OFFSET).unwrap()
+    }
+}
+
+fn cut_in(budget: u32) -> CutIn {
+    let mut m = many(0, 3, budget);
     let hp = m.add_at(Priority::High);
     let (l1, l2) = (m.add_at(Priority::Low), m.add_at(Priority::Low));
     let nops: Vec<Packet> = (0..400).map(|_| Packet::Nop { dwords: 0 }).collect();
@@ -524,33 +562,38 @@ fn a_queue_that_goes_idle_mid_step_and_rings_again_cuts_in_within_the_step() {
     m.submit(l2, &nops);
     m.submit(hp, &[Many::write(hp, 1)]);
     m.gpu.poll_doorbells();
-    // The client's second ring, made from inside the step as soon as the first write landed
-    // (a live client rings while the firmware runs other queues' turns).
-    let (data, bar, control) = (m.data.clone(), m.gpu.bar().clone(), m.control.clone());
-    let ring = m.queues[hp].ring.clone();
-    let rung = std::cell::Cell::new(false);
+    let client = HpClient {
+        hp,
+        data: m.data.clone(),
+        bar: m.gpu.bar().clone(),
+        control: m.control.clone(),
+        ring: m.queues[hp].ring.clone(),
+        wptr: std::cell::Cell::new(m.queues[hp].wptr),
+    };
+    CutIn { m, hp, l1, l2, client }
+}
+
+/// A higher-priority queue that goes idle during a step and rings again before the step ends
+/// cuts the turn in progress at its next check (its doorbell becomes a sentinel as soon as it
+/// is idle, not at the next step), and the firmware latches the ring and runs its new work at
+/// once, in the same step: the cut-in costs one check, not the other holders' turns, nor the
+/// wait for the next step.
+#[test]
+fn a_queue_that_goes_idle_mid_step_and_rings_again_cuts_in_within_the_step() {
+    let CutIn { mut m, hp, l1, l2, client } = cut_in(256);
     // The low queues' published rptrs when the second write is first seen.
     let lows_at_second = std::cell::Cell::new(None);
-    let rptr = |i: usize| control.read_u64(i as u64 * MANY_CONTROL_BYTES + RPTR_OFFSET).unwrap();
-    let wptr = m.queues[hp].wptr;
     let clock = || {
-        if lows_at_second.get().is_none() && data.read_u64(8 * hp as u64).unwrap() == 2 {
-            lows_at_second.set(Some((rptr(l1), rptr(l2))));
+        if lows_at_second.get().is_none() && client.seen() == 2 {
+            lows_at_second.set(Some((client.rptr(l1), client.rptr(l2))));
         }
-        if !rung.get() && data.read_u64(8 * hp as u64).unwrap() == 1 {
-            rung.set(true);
-            let mut words = Vec::new();
-            Many::write(hp, 2).encode(&mut words);
-            let plan = ring::plan_write(wptr, RING_BYTES, words.len() as u64).unwrap();
-            ring::write_stream(&ring, RING_BYTES, wptr, &plan, &[&words]).unwrap();
-            let ctl = hp as u64 * MANY_CONTROL_BYTES;
-            control.atomic_u64(ctl + WPTR_OFFSET).unwrap().store(plan.new_wptr, Ordering::Release);
-            bar.atomic_u64(hp as u64 * 8).unwrap().store(plan.new_wptr, Ordering::Release);
+        // The second ring as soon as the first write landed.
+        if client.seen() == 1 && client.wptr.get() == m.queues[hp].wptr {
+            client.write(2);
         }
         Time(1_000)
     };
     let report = m.gpu.step_with_clock(&clock);
-    assert!(rung.get());
     // The high-priority queue's first write, one packet of the low queue whose turn came next
     // (cut at its first check), then the second write; only then the low queues' turns.
     assert_eq!(m.word(hp), 2, "the second write ran in the same step");
@@ -564,42 +607,20 @@ fn a_queue_that_goes_idle_mid_step_and_rings_again_cuts_in_within_the_step() {
 /// low queue, whose turn ended between the two, does not run again in the step.
 #[test]
 fn a_cut_in_pass_gives_no_second_turn_to_a_holder_whose_turn_is_over() {
-    let mut m = many(0, 3, 128);
-    let hp = m.add_at(Priority::High);
-    let (l1, l2) = (m.add_at(Priority::Low), m.add_at(Priority::Low));
-    let nops: Vec<Packet> = (0..400).map(|_| Packet::Nop { dwords: 0 }).collect();
-    m.submit(l1, &nops);
-    m.submit(l2, &nops);
-    m.submit(hp, &[Many::write(hp, 1)]);
-    m.gpu.poll_doorbells();
-    let (data, bar, control) = (m.data.clone(), m.gpu.bar().clone(), m.control.clone());
-    let ring = m.queues[hp].ring.clone();
-    let rptr = |i: usize| control.read_u64(i as u64 * MANY_CONTROL_BYTES + RPTR_OFFSET).unwrap();
-    let wptr = std::cell::Cell::new(m.queues[hp].wptr);
-    // The client's write of `value`, rung from inside the step.
-    let ring_write = |value: u64| {
-        let mut words = Vec::new();
-        Many::write(hp, value).encode(&mut words);
-        let plan = ring::plan_write(wptr.get(), RING_BYTES, words.len() as u64).unwrap();
-        ring::write_stream(&ring, RING_BYTES, wptr.get(), &plan, &[&words]).unwrap();
-        wptr.set(plan.new_wptr);
-        let ctl = hp as u64 * MANY_CONTROL_BYTES;
-        control.atomic_u64(ctl + WPTR_OFFSET).unwrap().store(plan.new_wptr, Ordering::Release);
-        bar.atomic_u64(hp as u64 * 8).unwrap().store(plan.new_wptr, Ordering::Release);
-    };
+    let CutIn { mut m, hp, l1, l2, client } = cut_in(128);
     let rung = std::cell::Cell::new(1u64);
     let clock = || {
-        let seen = data.read_u64(8 * hp as u64).unwrap();
+        let seen = client.seen();
         // The second write once the first ran; the third once the first low queue's turn
         // after the first cut-in is over.
-        if seen == rung.get() && (seen == 1 || (seen == 2 && rptr(l1) > 4)) {
+        if seen == rung.get() && (seen == 1 || (seen == 2 && client.rptr(l1) > 4)) {
             rung.set(seen + 1);
-            ring_write(seen + 1);
+            client.write(seen + 1);
         }
         Time(1_000)
     };
     m.gpu.step_with_clock(&clock);
     assert_eq!(m.word(hp), 3, "both rings were served in the step");
     // Each low queue: one NOP before its cut, then one turn of 128.
-    assert_eq!((rptr(l1), rptr(l2)), (4 + 128 * 4, 4 + 128 * 4));
+    assert_eq!((client.rptr(l1), client.rptr(l2)), (4 + 128 * 4, 4 + 128 * 4));
 }

@@ -302,7 +302,7 @@ impl Firmware {
                 }
                 for (id, point, at) in answered {
                     if let Ok(q) = queues.get_mut(id.0) {
-                        preempt::finish(e, q, id, point, at, log, irqs);
+                        preempt::finish(e, q, id, point, at, log, Some(&mut *irqs));
                     }
                 }
                 // A turn cut short by a ring on a sentinel doorbell — a queue that would take a

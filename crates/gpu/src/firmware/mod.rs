@@ -747,7 +747,7 @@ impl Firmware {
         // A request still owed an answer gets it: the queue stops here (and leaves its slot).
         if q.preempt.is_some() {
             let point = q.standing_point();
-            preempt::finish(e, q, id, point, now, log, irqs);
+            preempt::finish(e, q, id, point, now, log, Some(&mut *irqs));
             in_slot = false;
         }
         // The suspend's own request, answered here.
@@ -757,7 +757,7 @@ impl Firmware {
         q.preempt = Some(preempt::PreemptRequest { ticket, at: now, by: preempt::Requester::Os });
         // Off a slot, it stands where it last stopped, its state already saved.
         let point = if in_slot { q.standing_point() } else { StopPoint::Idle };
-        preempt::answer(e, q, id, point, now, log);
+        preempt::finish(e, q, id, point, now, log, None);
         Ok(preempt::Suspension { ticket, answered: true })
     }
 

@@ -254,7 +254,9 @@ impl Engine {
 
 /// Completes the preemption of queue `id` (`q`, on engine `e`) stopped at `point`: off its
 /// slot, its state saved; held off the run list for the kernel or back to waiting for the
-/// scheduler; the answer logged (and raised, for the kernel).
+/// scheduler; the answer logged, and raised on `irqs` for the kernel (`None`: the caller
+/// delivers it, as a suspend answered at once does through its return value). Returns the
+/// request it answered.
 pub(super) fn finish(
     e: &mut Engine,
     q: &mut FwQueue,
@@ -262,24 +264,7 @@ pub(super) fn finish(
     point: StopPoint,
     at: Time,
     log: &mut FwLog,
-    irqs: &mut std::collections::VecDeque<Interrupt>,
-) {
-    if let Some(req) = answer(e, q, id, point, at, log)
-        && req.by == Requester::Os
-    {
-        irqs.push_back(Interrupt::Preempted { queue: id, ticket: req.ticket, requested_at: req.at, answered_at: at });
-    }
-}
-
-/// [`finish`] without raising the answer: the caller delivers it (a suspend answered at once
-/// answers through its return value). Returns the request it answered.
-pub(super) fn answer(
-    e: &mut Engine,
-    q: &mut FwQueue,
-    id: FwQueueId,
-    point: StopPoint,
-    at: Time,
-    log: &mut FwLog,
+    irqs: Option<&mut std::collections::VecDeque<Interrupt>>,
 ) -> Option<PreemptRequest> {
     let req = q.preempt.take()?;
     // Off its slot: a dispatch it kept live there goes to the save area.
@@ -306,6 +291,11 @@ pub(super) fn answer(
         Requester::Scheduler => schedule::unseat(e, q, id),
     }
     log.push(at, FwEvent::PreemptAnswered { queue: id, ticket: req.ticket, requested_at: req.at });
+    if req.by == Requester::Os
+        && let Some(irqs) = irqs
+    {
+        irqs.push_back(Interrupt::Preempted { queue: id, ticket: req.ticket, requested_at: req.at, answered_at: at });
+    }
     Some(req)
 }
 
@@ -340,7 +330,7 @@ impl Firmware {
         if !in_slot || q.may_stop_now(stop) {
             // (Without a slot it stands where it last stopped, its state already saved.)
             let point = q.standing_point();
-            finish(e, q, id, point, now, log, irqs);
+            finish(e, q, id, point, now, log, Some(irqs));
         }
         Ok(ticket)
     }
