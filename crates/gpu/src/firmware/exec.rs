@@ -323,6 +323,7 @@ impl Firmware {
                     break;
                 }
             }
+            spill_evicted(e, queues);
             if busy {
                 e.last_busy = now;
                 e.arm_idle();
@@ -464,6 +465,18 @@ pub(super) fn run_queue(
         q.publish_rptr();
     }
     (done, stopped)
+}
+
+/// Writes the live dispatch state of the queues evicted in this step to their save areas
+/// ([`Engine::unspilled`]), unless a later pass of the step mapped them again.
+fn spill_evicted(e: &mut Engine, queues: &mut Slab<FwQueue>) {
+    for id in e.unspilled.drain(..) {
+        if let Ok(q) = queues.get_mut(id.0)
+            && q.state != QueueState::Mapped
+        {
+            q.spill();
+        }
+    }
 }
 
 /// Wakes the queues of `e` asleep on a `WAIT` whose condition now holds

@@ -452,6 +452,12 @@ struct Engine {
     asleep: Vec<FwQueueId>,
     /// The fence epoch at the last check of `asleep`.
     asleep_epoch: u64,
+    /// Queues the scheduler evicted in this step, whose dispatch state may still be live
+    /// ([`FwQueue::live`]): written to their save areas at the end of the step
+    /// ([`exec::spill_evicted`]), so that the queue that took the slot starts first. Nobody can
+    /// look at a save area during a step (the kernel waits for the device lock), and a queue
+    /// mapped again in the same step simply keeps its state.
+    unspilled: Vec<FwQueueId>,
 }
 
 /// The firmware state machine. See the module docs.
@@ -574,6 +580,7 @@ impl Engine {
             slot_maps: 0,
             asleep: Vec::new(),
             asleep_epoch: u64::MAX,
+            unspilled: Vec::new(),
         }
     }
 

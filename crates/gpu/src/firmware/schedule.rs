@@ -187,8 +187,8 @@ pub(super) trait Schedulable {
     /// Asks it to leave its slot at its next allowed point (the scheduler's own preemption
     /// request); returns whether this is a new request.
     fn request_stop(&mut self, now: Time) -> bool;
-    /// It leaves its slot where it stands, with work left: its state is saved there; returns
-    /// the point.
+    /// It leaves its slot where it stands, with work left: its state is saved there (a
+    /// dispatch's, by the end of the step: [`Engine::unspilled`]); returns the point.
     fn saved_at_eviction(&mut self) -> StopPoint;
 }
 
@@ -237,7 +237,6 @@ impl Schedulable for FwQueue {
         FwQueue::may_stop_now(self, stop)
     }
     fn saved_at_eviction(&mut self) -> StopPoint {
-        self.spill();
         let point = self.standing_point();
         self.saved = Some(point);
         point
@@ -475,6 +474,9 @@ pub(super) fn schedule<Q: Schedulable>(
                 if pending {
                     // Stopped where it stands (an allowed point): request, save and answer at once.
                     let point = q.saved_at_eviction();
+                    // A dispatch it kept live in the slot goes to the save area at the end of
+                    // the step, after the turn the slot was taken for.
+                    e.unspilled.push(v);
                     use super::preempt::{FwEvent, Requester};
                     log.push(now, FwEvent::PreemptRequested { queue: v, ticket: 0, by: Requester::Scheduler });
                     log.push(now, FwEvent::StateSaved { queue: v, point });
