@@ -45,9 +45,10 @@ pub struct PreemptArgs {
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
-    /// Preemption samples per fine level (thread_group, thread, shader), 1 to 100,000; the
-    /// coarse levels (dispatch, dma_buffer) and the start-latency runs take at most a fifth
-    /// of them, at least 20 (each waits for a dispatch or a command buffer to end).
+    /// Samples per fine level (thread_group, thread, shader) and of the high-priority start
+    /// at the finest level, 1 to 100,000; the coarse levels (dispatch, dma_buffer, and the
+    /// start at dma_buffer) take at most a fifth of them, at least 20 (each waits for a
+    /// dispatch or a command buffer to end).
     #[arg(long, default_value_t = 500, value_parser = num::within(1u32, 100_000))]
     samples: u32,
     /// Loop rounds per thread of the long kernel (1 to 10,000,000): each dispatch is 16
@@ -362,7 +363,7 @@ pub fn run(a: PreemptArgs) -> Result<(), CliError> {
     }
 
     progress(json, "high-priority start latency, every slot busy, finest level");
-    let (hp50, hp99) = percentiles(high_prio_start(ComputeGranularity::Shader, coarse, a.rounds)?);
+    let (hp50, hp99) = percentiles(high_prio_start(ComputeGranularity::Shader, fine, a.rounds)?);
     progress(json, "high-priority start latency, every slot busy, dma_buffer level");
     let (hd50, hd99) = percentiles(high_prio_start(ComputeGranularity::DmaBuffer, coarse, a.rounds)?);
 
