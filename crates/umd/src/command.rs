@@ -106,7 +106,7 @@ impl CommandBuffer {
     }
 
     fn logged(&mut self, op: LoggedOp, va: u64, value: u64, log: FenceLogType) -> &mut Self {
-        self.packet(Packet::Logged { op, va, value, entry: 0 });
+        self.packet(Packet::Logged { op, va, value, position: 0 });
         self.logs.push((self.words.len() - 1, log));
         self
     }

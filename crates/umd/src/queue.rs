@@ -157,8 +157,10 @@ pub struct Queue {
     next_progress: u64,
     scratch: Vec<u32>,
     spin: u32,
-    /// The next entry of the wait and signal fence logs: the UMD owns the progression (spec
-    /// 002), the engine writes where it is told.
+    /// The next position in the wait and signal fence logs: the UMD owns the progression
+    /// (spec 002) as a running count of its logged operations, and the engine places each
+    /// position in the log whatever its size (`abi::fence_log`), so the OS may grow a log
+    /// under the queue.
     log_next: [u32; 2],
     /// Doorbell reconnects this queue performed.
     reconnects: u64,
@@ -362,7 +364,7 @@ impl Queue {
             for &(at, log) in cb.log_fields() {
                 let next = &mut log_next[log as usize];
                 patched[at] = *next;
-                *next = (*next + 1) % abi::fence_log::FENCE_LOG_ENTRIES;
+                *next = next.wrapping_add(1);
             }
         }
         let words: &[u32] = if logged { &patched } else { cb.words() };

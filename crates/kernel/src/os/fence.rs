@@ -870,13 +870,7 @@ impl Os {
         self.stats.fence_interrupts += 1;
         let targets: Vec<(ProcessId, NativeFenceHandle)> = match what {
             SignaledFences::Fences(ids) => ids.iter().flat_map(|&id| self.instances(id)).collect(),
-            SignaledFences::Queues(queues) => match self.read_signal_logs(&queues, true, now) {
-                Some(ids) => ids.iter().flat_map(|&id| self.instances(id)).collect(),
-                None => {
-                    self.stats.fence_log_fallbacks += 1;
-                    self.fences_with_waiters()
-                }
-            },
+            SignaledFences::Queues(queues) => self.fences_in_logs(&queues, true, now),
             SignaledFences::EngineLogs(engine) => {
                 // A NULL queue: rescan the signal logs of every queue on this engine.
                 let queues: Vec<HwQueueHandle> = self
@@ -885,13 +879,7 @@ impl Os {
                     .flat_map(|p| p.queues.iter().filter(|(_, q)| q.engine == engine && q.logs.is_some()))
                     .map(|(h, _)| h)
                     .collect();
-                match self.read_signal_logs(&queues, false, now) {
-                    Some(ids) => ids.iter().flat_map(|&id| self.instances(id)).collect(),
-                    None => {
-                        self.stats.fence_log_fallbacks += 1;
-                        self.fences_with_waiters()
-                    }
-                }
+                self.fences_in_logs(&queues, false, now)
             }
             SignaledFences::All => self.fences_with_waiters(),
             SignaledFences::AllNative => {
@@ -906,12 +894,42 @@ impl Os {
                     .collect()
             }
         };
+        self.settle_signaled(targets, now);
+    }
+
+    /// Settles `targets` and notes each as signalled.
+    fn settle_signaled(&mut self, targets: Vec<(ProcessId, NativeFenceHandle)>, now: Time) {
         self.settle_fences(&targets, now);
         for (pid, h) in targets {
             if let Ok(id) = self.proc(pid).and_then(|p| p.fences.get(h).map(|f| f.id)) {
                 self.note_signaled(id, now);
             }
         }
+    }
+
+    /// The fence instances the signal logs of `queues` name ([`Os::read_signal_logs`]), or
+    /// every fence with a waiter when the logs cannot be trusted (the fallback scan).
+    fn fences_in_logs(
+        &mut self,
+        queues: &[HwQueueHandle],
+        each_names_one: bool,
+        now: Time,
+    ) -> Vec<(ProcessId, NativeFenceHandle)> {
+        match self.read_signal_logs(queues, each_names_one, now) {
+            Some(ids) => ids.iter().flat_map(|&id| self.instances(id)).collect(),
+            None => {
+                self.stats.fence_log_fallbacks += 1;
+                self.fences_with_waiters()
+            }
+        }
+    }
+
+    /// Reads queue `q`'s signal log to its end (after the KMD's flush) and settles the fences
+    /// it names: what [`Os::recreate_fence_log`] does with the old log, so a signal written
+    /// there and not yet read is not lost with it.
+    pub(super) fn drain_signal_log(&mut self, q: HwQueueHandle, now: Time) {
+        let targets = self.fences_in_logs(&[q], false, now);
+        self.settle_signaled(targets, now);
     }
 
     /// Flushes (`DxgkDdiUpdateNativeFenceLogs`) and reads the signal logs of `queues`; returns

@@ -67,6 +67,7 @@ pub use fence::FENCE_STRIDE;
 /// The GPU system (paging) process: the address space the OS creates for the CMP when the KMD
 /// reports `MapToGpuSystemProcess` (client processes are numbered from 1).
 pub const SYSTEM_PROCESS: ProcessId = ProcessId(0);
+pub use queues::TRACED_FENCE_LOG_BYTES;
 pub use recovery::TdrConfig;
 pub use submit::KERNEL_RING_BYTES;
 
@@ -402,6 +403,8 @@ pub struct Os {
     migrations: Vec<migrate::Migration>,
     /// The KMD's native fence caps, checked at initialization.
     fence_caps: abi::port::NativeFenceCaps,
+    /// Fence-log tracing is on: user-mode queues' logs are larger ([`Os::set_fence_log_tracing`]).
+    fence_log_tracing: bool,
     /// Bytes between packed fences (the KMD's stride).
     fence_stride: u64,
     /// The next free VA of the GPU system process.
@@ -505,6 +508,7 @@ impl Os {
             recovery: recovery::Recovery::default(),
             migrations: Vec::new(),
             fence_caps: caps,
+            fence_log_tracing: false,
             fence_stride: if caps.supported { caps.current_value_stride } else { FENCE_STRIDE },
             system_next_va: 1 << 32,
         })

@@ -399,6 +399,13 @@ impl System {
         self.inner.call_as(pid, |os, now| os.recreate_fence_log(pid, queue, kind, now))
     }
 
+    /// Turns fence-log tracing on or off (see [`crate::os::Os::set_fence_log_tracing`]): while
+    /// it is on, every user-mode queue's logs are larger, so a tool reading them (`doorbell
+    /// trace`) loses no event to an overrun.
+    pub fn set_fence_log_tracing(&self, on: bool) -> Result<(), KernelError> {
+        self.inner.call(|os, now| os.set_fence_log_tracing(on, now))
+    }
+
     /// Test hook: the KMD raises notification `n` (as `DxgkCbNotifyInterrupt` would) and the
     /// OS services it at once — for interrupt forms the virtual device never raises by itself
     /// (a NULL fence array, a NULL queue in the optimized mode).
