@@ -928,7 +928,9 @@ pub enum KernelError {
 }
 
 /// `DXGK_NATIVE_FENCE_CAPS` with the related `DXGK_VIDSCHCAPS` bits: what the KMD reports
-/// about native fences (spec 002 "Native fence capabilities").
+/// about native fences (spec 002 "Native fence capabilities"), checked by the OS at adapter
+/// initialization and answered to user mode by [`KernelPort::native_fence_caps`].
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct NativeFenceCaps {
     /// `DXGK_VIDSCHCAPS::NativeGpuFence`: native fences are supported (advertised only when
@@ -970,6 +972,12 @@ pub trait KernelPort: Send + Sync {
     fn process(&self) -> ProcessId;
     /// Adapter capabilities (`DxgkDdiQueryAdapterInfo`, amdgpu INFO).
     fn adapter_info(&self) -> AdapterInfo;
+    /// The native fence caps the adapter's KMD reported and the OS accepted
+    /// ([`NativeFenceCaps`]: packing stride, the optimized signaled interrupt,
+    /// `MapToGpuSystemProcess`). The UMD reads them once when it opens a device: with the
+    /// optimized interrupt, the OS learns of a user-mode queue's signals from its signal log,
+    /// so the UMD logs every one (`umd::Queue::submit`).
+    fn native_fence_caps(&self) -> Result<NativeFenceCaps, KernelError>;
     /// `D3DKMTCreateDevice`.
     fn create_device(&self) -> Result<DeviceHandle, KernelError>;
     /// `D3DKMTDestroyDevice`: destroys everything the device owns, in the spec's order.

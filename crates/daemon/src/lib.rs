@@ -561,6 +561,7 @@ fn handle(shared: &Arc<Shared>, client: &Arc<Client>, req: Request) -> (Response
     let resp = (|| -> Response {
         Ok(match req {
             Request::AdapterInfo => Reply::AdapterInfo(port.adapter_info()),
+            Request::NativeFenceCaps => Reply::NativeFenceCaps(port.native_fence_caps()?),
             Request::CreateDevice => {
                 let d = port.create_device()?;
                 client.ledger.lock().devices.insert(d);

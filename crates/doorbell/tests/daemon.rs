@@ -746,13 +746,17 @@ fn a_blocked_wait_does_not_hold_up_other_threads() {
 }
 
 /// The calls spec fidelity added to `KernelPort` (USERQ_SIGNAL, USERQ_WAIT, native progress
-/// fences) cross the socket too.
+/// fences, the native fence caps) cross the socket too.
 #[test]
 fn userq_signal_wait_and_progress_fences_cross_the_socket() {
     let dir = scratch("userq");
     let d = Daemon::start(&dir, None);
     let port = Arc::new(RemotePort::connect(&d.socket).unwrap());
     let dev = Device::open(port.clone()).unwrap();
+    let caps = port.native_fence_caps().unwrap();
+    assert!(caps.supported);
+    assert_eq!(caps.current_value_stride, kernel::os::FENCE_STRIDE);
+    assert_eq!(dev.native_fence_caps(), caps, "the UMD asked the daemon at open");
     let ctx = dev.create_context(dev.engine(EngineKind::Compute).unwrap()).unwrap();
     let mut q = ctx.create_queue(QueueOptions::user_mode()).unwrap();
     let q2 = ctx.create_queue(QueueOptions::user_mode()).unwrap();

@@ -154,22 +154,36 @@ mod review2 {
         c.buf.write_u64(0, 1).unwrap();
         f.wait(1, T).unwrap();
         assert_eq!(sys.stats().fence_log_fallbacks, 1);
+        // The log shows a new signal, but not the one that raised the interrupt (g has no
+        // waiter; f's signal is not logged): still a scan, and f's waiter is woken.
+        let g = c.device.create_fence(0, NativeFenceType::Default).unwrap();
+        let mut cb = CommandBuffer::new();
+        cb.wait(c.buf.va(), 2).packet(Packet::SignalFence { va: f.va(), value: 2 }).signal_fence_logged(&g, 1);
+        q.submit(&cb).unwrap();
+        let pid = c.port.process();
+        let w = sys.begin_fence_wait(pid, &[(f.handle(), 2)], abi::port::WaitMode::All).unwrap().expect("blocked");
+        c.buf.write_u64(0, 2).unwrap();
+        f.wait(2, T).unwrap();
+        g.wait(1, T).unwrap();
+        assert!(w.is_done(), "the waiter is not missed");
+        assert_eq!(sys.stats().fence_log_fallbacks, 2);
+        sys.end_fence_wait(pid, &w).unwrap();
         // The same log position twice: the second is refused, and only this queue faults.
-        for v in 2..=3 {
+        for v in 3..=4 {
             let mut cb = CommandBuffer::new();
             cb.packet(Packet::Logged { op: LoggedOp::SignalFence, va: f.va(), value: v, position: 5 });
             let _ = q.submit(&cb);
         }
-        assert!(f.wait(3, T).is_err());
-        assert_eq!(f.value().unwrap(), 2);
+        assert!(f.wait(4, T).is_err());
+        assert_eq!(f.value().unwrap(), 3);
         let fault = q.status().unwrap().fault.expect("faulted");
         assert!(fault.to_string().contains("log entry"), "{fault}");
         let mut other = c.user_queue();
         let mut cb = CommandBuffer::new();
-        cb.signal_fence(&f, 3);
+        cb.signal_fence(&f, 4);
         let v = other.submit(&cb).unwrap();
         other.wait(v, T).unwrap();
-        assert_eq!(f.value().unwrap(), 3, "the other queue runs");
+        assert_eq!(f.value().unwrap(), 4, "the other queue runs");
     }
 
     /// A kernel-mode submission that signals a fence and then waits for it must not wait for

@@ -67,9 +67,9 @@ fn an_optimized_interrupt_with_a_null_queue_rescans_that_engines_logs() {
     let copy = c.context(EngineKind::Copy);
     let cq = copy.create_queue(umd::QueueOptions::user_mode()).unwrap();
     let mut cb = CommandBuffer::new();
-    // f logged (its interrupt would name the queue); g signalled without a log (its interrupt
-    // would name the fence). Both interrupts are lost.
-    cb.signal_fence_logged(&f, 1).signal_fence(&g, 1);
+    // f logged; g signalled without a log (a raw packet: the UMD would log it on this device).
+    // Both interrupts (each naming the queue) are lost.
+    cb.signal_fence_logged(&f, 1).packet(abi::Packet::SignalFence { va: g.va(), value: 1 });
     let v = q.submit(&cb).unwrap();
     q.wait(v, T).unwrap();
     assert_eq!(g.value().unwrap(), 1);
@@ -210,6 +210,63 @@ fn tracing_recreates_a_running_queues_logs_larger_in_the_specs_order_and_loses_n
     // A kernel-mode queue has no log to recreate.
     let k = c.kernel_queue();
     assert!(sys.recreate_fence_log(pid, k.handle(), FenceLogType::Wait).is_err());
+}
+
+/// The native fence caps reach the UMD through `KernelPort`, and it acts on them: where the
+/// signaled interrupt names the queue (`OptimizedNativeFenceSignaledInterrupt`), the OS learns
+/// which fences were signalled from the queue's signal log alone, so a user-mode queue logs
+/// every native fence signal — in stream order with the ones the buffer logs itself. Without
+/// the cap the interrupt names the fence and nothing is logged unasked.
+#[test]
+fn the_umd_reads_the_native_fence_caps_and_logs_every_signal_where_the_interrupt_names_the_queue() {
+    let sys = common::optimized();
+    let c = common::client(&sys);
+    let pid = c.port.process();
+    let caps = c.port.native_fence_caps().unwrap();
+    assert_eq!(caps, sys.native_fence_caps(), "what the OS accepted from the KMD");
+    assert!(caps.optimized_interrupt && caps.supported);
+    assert_eq!(c.device.native_fence_caps(), caps);
+    let f = c.device.create_fence(0, NativeFenceType::Default).unwrap();
+    let g = c.device.create_fence(0, NativeFenceType::Default).unwrap();
+    let mut q = c.user_queue();
+    let w = sys.begin_fence_wait(pid, &[(f.handle(), 3)], WaitMode::All).unwrap().expect("blocked");
+    let mut cb = CommandBuffer::new();
+    cb.signal_fence(&f, 2).signal_fence_logged(&g, 1).write_u32(c.buf.va(), 7).signal_fence(&f, 3);
+    let v = q.submit(&cb).unwrap();
+    q.wait(v, T).unwrap();
+    assert!(w.is_done(), "woken from the log");
+    assert_eq!(c.buf.read_u32(0).unwrap(), 7, "the packets around the signals are intact");
+    let st = sys.stats();
+    assert_eq!((st.fence_interrupts, st.fence_log_fallbacks), (1, 0), "one interrupt, read from the log");
+    let log = sys.read_fence_log(pid, q.handle(), FenceLogType::Signal, 0).unwrap();
+    let seen: Vec<(u64, u64)> = log.entries.iter().map(|e| (e.fence_handle, e.fence_value)).collect();
+    let (fid, gid) = (seen[0].0, seen[1].0);
+    assert!(fid != 0 && gid != 0 && fid != gid);
+    assert_eq!(seen, [(fid, 2), (gid, 1), (fid, 3)], "every signal logged, in order");
+    // A kernel-mode queue (no logs) takes a plain signal as it is.
+    let mut k = c.kernel_queue();
+    let mut cb = CommandBuffer::new();
+    cb.signal_fence(&f, 4);
+    let v = k.submit(&cb).unwrap();
+    k.wait(v, T).unwrap();
+    assert_eq!(f.value().unwrap(), 4);
+    sys.end_fence_wait(pid, &w).unwrap();
+
+    // Without the cap: the interrupt names the fence, and nothing is logged unasked.
+    let plain = common::sim();
+    let c = common::client(&plain);
+    assert!(!c.device.native_fence_caps().optimized_interrupt);
+    let f = c.device.create_fence(0, NativeFenceType::Default).unwrap();
+    let mut q = c.user_queue();
+    let w = plain.begin_fence_wait(c.port.process(), &[(f.handle(), 1)], WaitMode::All).unwrap().expect("blocked");
+    let mut cb = CommandBuffer::new();
+    cb.signal_fence(&f, 1);
+    let v = q.submit(&cb).unwrap();
+    q.wait(v, T).unwrap();
+    assert!(w.is_done());
+    assert_eq!(plain.read_fence_log(c.port.process(), q.handle(), FenceLogType::Signal, 0).unwrap().total, 0);
+    assert_eq!(plain.stats().fence_log_fallbacks, 0);
+    plain.end_fence_wait(c.port.process(), &w).unwrap();
 }
 
 /// `DxgkDdiUpdateMonitoredValues` takes a batch: one interrupt that settles several fences

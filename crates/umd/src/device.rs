@@ -15,6 +15,8 @@ pub(crate) struct DeviceInner {
     pub(crate) port: Arc<dyn KernelPort>,
     pub(crate) handle: DeviceHandle,
     pub(crate) info: AdapterInfo,
+    /// The native fence caps, asked once at open ([`KernelPort::native_fence_caps`]).
+    pub(crate) fence_caps: abi::port::NativeFenceCaps,
     pub(crate) options: DeviceOptions,
     /// The runtime's background work queue and pool (spec 004).
     pub(crate) background: Runtime,
@@ -78,6 +80,7 @@ impl Device {
 
     /// Opens a device with options (developer mode, background processing).
     pub fn open_with(port: Arc<dyn KernelPort>, options: DeviceOptions) -> Result<Device, UmdError> {
+        let fence_caps = port.native_fence_caps()?;
         let handle = port.create_device()?;
         let info = port.adapter_info();
         let background = if options.thread_priorities {
@@ -86,7 +89,7 @@ impl Device {
             Runtime::without_priorities(options.background)
         };
         let pgo = Arc::new(crate::pgo::Profiler::new());
-        Ok(Device { inner: Arc::new(DeviceInner { port, handle, info, options, background, pgo }) })
+        Ok(Device { inner: Arc::new(DeviceInner { port, handle, info, fence_caps, options, background, pgo }) })
     }
 
     /// Opens a device of a new client process of the doorbell daemon listening at `path`
@@ -176,6 +179,14 @@ impl Device {
     /// Adapter capabilities.
     pub fn info(&self) -> &AdapterInfo {
         &self.inner.info
+    }
+
+    /// The adapter's native fence caps (spec 002: `DXGK_NATIVE_FENCE_CAPS` and the optimized
+    /// signaled interrupt), as the kernel answered them when the device was opened. With
+    /// `optimized_interrupt`, user-mode queues log every native fence signal
+    /// ([`crate::Queue::submit`]).
+    pub fn native_fence_caps(&self) -> abi::port::NativeFenceCaps {
+        self.inner.fence_caps
     }
 
     /// The first engine of a kind.

@@ -162,6 +162,12 @@ pub struct Queue {
     /// position in the log whatever its size (`abi::fence_log`), so the OS may grow a log
     /// under the queue.
     log_next: [u32; 2],
+    /// Log every native fence signal: a user-mode queue on a device whose native fence
+    /// signaled interrupt names the queue (`NativeFenceCaps::optimized_interrupt`), where the
+    /// OS learns which fences were signalled from the queue's signal log alone.
+    log_every_signal: bool,
+    /// The log-entry fields of the submission being enqueued (kept for its capacity).
+    log_fields: Vec<(usize, abi::fence_log::FenceLogType)>,
     /// Doorbell reconnects this queue performed.
     reconnects: u64,
     /// Set when the queue may fall back to kernel-mode submission (user-mode queues only).
@@ -210,6 +216,8 @@ impl Queue {
             scratch: Vec::new(),
             spin: 2_000,
             log_next: [0; 2],
+            log_every_signal: kind == SubmissionKind::UserMode && ctx.device.fence_caps.optimized_interrupt,
+            log_fields: Vec::new(),
             reconnects: 0,
             fallback,
             abandoned: None,
@@ -354,19 +362,32 @@ impl Queue {
         // Logged fence operations get their log entries now (into a copy: the command buffer
         // is the caller's and may be submitted again).
         let mut patched = std::mem::take(&mut self.scratch);
-        let logged = !cb.log_fields().is_empty();
+        let mut fields = std::mem::take(&mut self.log_fields);
+        // Where the interrupt names the queue, every native fence signal is logged (see
+        // `log_every_signal`).
+        let convert = self.log_every_signal && cb.has_fence_signals();
+        if convert {
+            cb.with_signals_logged(&mut patched, &mut fields);
+        } else {
+            fields.clear();
+            fields.extend_from_slice(cb.log_fields());
+        }
+        let logged = !fields.is_empty();
         // The log positions advance only once the submission is in the ring: a refused one
         // must not leave holes (a reader would see stale entries).
         let mut log_next = self.log_next;
         if logged {
-            patched.clear();
-            patched.extend_from_slice(cb.words());
-            for &(at, log) in cb.log_fields() {
+            if !convert {
+                patched.clear();
+                patched.extend_from_slice(cb.words());
+            }
+            for &(at, log) in &fields {
                 let next = &mut log_next[log as usize];
                 patched[at] = *next;
                 *next = next.wrapping_add(1);
             }
         }
+        self.log_fields = fields;
         let words: &[u32] = if logged { &patched } else { cb.words() };
         let dwords = words.len() + fence.len();
         let (ring_bytes, wptr, plan) = {

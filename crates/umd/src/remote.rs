@@ -248,6 +248,12 @@ impl KernelPort for RemotePort {
     fn process(&self) -> ProcessId {
         self.process
     }
+    fn native_fence_caps(&self) -> Result<abi::port::NativeFenceCaps, KernelError> {
+        let Reply::NativeFenceCaps(c) = self.call(&Request::NativeFenceCaps)?.0 else {
+            return Err(self.unexpected());
+        };
+        Ok(c)
+    }
     fn adapter_info(&self) -> AdapterInfo {
         self.info.clone()
     }

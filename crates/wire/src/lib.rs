@@ -68,7 +68,7 @@ pub use status::DaemonStatus;
 /// The first four bytes of every [`Hello`]: "DBL\x01".
 pub const MAGIC: u32 = u32::from_le_bytes(*b"DBL\x01");
 /// This format's version. Bumped on any change to a message's encoding.
-pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_VERSION: u32 = 3;
 /// The largest frame payload, in bytes. A `SOCK_SEQPACKET` packet must fit the socket's send
 /// buffer (about 208 KiB by default), so frames stay well below it.
 pub const MAX_FRAME: usize = 128 << 10;
@@ -665,6 +665,8 @@ pub enum Request {
     UserqWait(HwQueueHandle, Vec<abi::port::SyncWait>),
     /// `open_progress_fence`.
     OpenProgressFence(HwQueueHandle),
+    /// `native_fence_caps`.
+    NativeFenceCaps,
 }
 
 /// A successful answer.
@@ -705,6 +707,8 @@ pub enum Reply {
     Status(Box<DaemonStatus>),
     /// `userq_wait`.
     WaitPoints(Vec<abi::port::WaitPoint>),
+    /// `native_fence_caps`.
+    NativeFenceCaps(abi::port::NativeFenceCaps),
 }
 
 /// The answer to a [`Request`]: typed kernel errors, exactly as in embedded mode.

@@ -935,10 +935,10 @@ impl Os {
     /// Flushes (`DxgkDdiUpdateNativeFenceLogs`) and reads the signal logs of `queues`; returns
     /// the fence ids they name, or `None` when the kernel must scan every fence instead.
     ///
-    /// The log is written where the client says (it chooses the entries), so the kernel
+    /// The log is written where the client says (it chooses the positions), so the kernel
     /// trusts it only to narrow the search: anything it cannot account for — a queue gone, no
     /// log, a corrupt or overrun log, or (with `each_names_one`, an interrupt that named the
-    /// queue) a log that shows no new signal — falls back to the scan. An overrun is also
+    /// queue) a log that names no fence past its MonitoredValue — falls back to the scan. An overrun is also
     /// flagged in the trace ([`Event::FenceLogOverrun`], spec 002: "the OS can emit a flag in
     /// the trace to notify a user that events were lost").
     fn read_signal_logs(&mut self, queues: &[HwQueueHandle], each_names_one: bool, now: Time) -> Option<Vec<u64>> {
@@ -967,7 +967,10 @@ impl Os {
                         self.trace.push(now, Event::FenceLogOverrun { queue: q, lost: r.lost });
                         scan_all = true;
                     }
-                    if each_names_one && named.is_empty() {
+                    // The interrupt named this queue because one of its signals passed a
+                    // MonitoredValue. If no fence the log names has, the log does not explain
+                    // it (a signal the client did not log): scan.
+                    if each_names_one && !named.iter().any(|&id| self.crossed(id)) {
                         scan_all = true;
                     }
                     ids.extend(named);
@@ -990,6 +993,14 @@ impl Os {
         ids.sort_unstable();
         ids.dedup();
         Some(ids)
+    }
+
+    /// Whether fence `id`'s CurrentValue is past its MonitoredValue: a signal of it raised an
+    /// interrupt (or would have), and its waiters are not settled yet.
+    fn crossed(&self, id: u64) -> bool {
+        let f = self.instances(id).first().and_then(|&(pid, h)| self.processes.get(&pid)?.fences.get(h).ok());
+        // Acquire: as every read of the two words (`abi::protocol`).
+        f.is_some_and(|f| f.current() > f.monitored.get().load(Ordering::Acquire))
     }
 
     /// Decides a fence wait: a thread's result is kept until it ends the wait; the

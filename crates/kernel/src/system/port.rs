@@ -50,6 +50,9 @@ impl KernelPort for ProcessPort {
     fn adapter_info(&self) -> AdapterInfo {
         self.inner.os.lock().adapter_info()
     }
+    fn native_fence_caps(&self) -> Result<abi::port::NativeFenceCaps, KernelError> {
+        Ok(self.inner.os.lock().native_fence_caps())
+    }
     fn create_device(&self) -> Result<DeviceHandle, KernelError> {
         self.inner.call_as(self.pid, |os, _| os.create_device(self.pid))
     }

@@ -302,6 +302,9 @@ impl KernelPort for TapPort {
     fn adapter_info(&self) -> AdapterInfo {
         self.inner.adapter_info()
     }
+    fn native_fence_caps(&self) -> Result<abi::port::NativeFenceCaps, KernelError> {
+        self.inner.native_fence_caps()
+    }
     fn create_device(&self) -> Result<DeviceHandle, KernelError> {
         self.log(Call::Other("create_device"));
         self.inner.create_device()
