@@ -21,8 +21,8 @@ use std::time::Duration;
 use thiserror::Error;
 
 use crate::handle::{
-    AllocationHandle, AnyHandle, ContextHandle, DeviceHandle, DoorbellHandle, HwQueueHandle, NativeFenceHandle,
-    ProcessId,
+    AllocationHandle, AnyHandle, ContextHandle, DeviceHandle, DoorbellHandle, DoorbellPageHandle, HwQueueHandle,
+    NativeFenceHandle, ProcessId,
 };
 use crate::packet::DecodeError;
 use crate::queue::{EngineId, EngineKind, FaultRecord, Priority, QueueDescriptor, QueueState};
@@ -180,6 +180,21 @@ pub struct HwQueueInfo {
     pub kernel_page_va: u64,
 }
 
+/// A doorbell page the application allocated ([`KernelPort::create_doorbell_page`]).
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DoorbellPageInfo {
+    /// Its handle.
+    pub handle: DoorbellPageHandle,
+    /// Its GPU VA in the process's address space: what [`QueueDescriptor::doorbell_page_va`]
+    /// names. Where the device lets the GPU ring doorbells the page is mapped there (a queue's
+    /// [`DoorbellInfo::gpu_va`] lies in it); elsewhere the range is reserved, as a name.
+    pub va: u64,
+    /// Doorbells in the page; each engine has its range of them, as in every page
+    /// ([`EngineInfo::doorbell_first`]).
+    pub doorbells: u32,
+}
+
 /// `D3DKMT_CREATE_DOORBELL`.
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -235,6 +250,10 @@ impl core::fmt::Debug for DoorbellInfo {
             .finish()
     }
 }
+
+/// Doorbell pages a process may hold, the one the kernel gives it at creation included: two,
+/// 1,024 doorbells (amdgpu allows a process 8 KiB of doorbells).
+pub const MAX_DOORBELL_PAGES: u32 = 2;
 
 /// The CurrentValue a fence takes when its device is in error (AlwaysSignaled): every wait
 /// passes. Reserved: the CPU cannot signal it.
@@ -492,6 +511,8 @@ pub enum Invalid {
     },
     /// An object of another process.
     OtherProcess,
+    /// A VA that is not where one of the process's doorbell pages is mapped.
+    NoDoorbellPage,
 }
 
 impl core::fmt::Display for Invalid {
@@ -503,6 +524,7 @@ impl core::fmt::Display for Invalid {
             Unsupported(what) => write!(f, "does not support {what}"),
             BeyondQueued { last_queued } => write!(f, "is past the queue's last-queued value {last_queued}"),
             OtherProcess => f.write_str("belongs to another process"),
+            NoDoorbellPage => f.write_str("names no doorbell page of the process (create_doorbell_page)"),
             Misaligned { align } => write!(f, "must be {align}-byte aligned"),
             GpuReadOnly => f.write_str("lies in a mapping the GPU may not write"),
             RingSize(why) => write!(f, "{why}"),
@@ -999,6 +1021,15 @@ pub trait KernelPort: Send + Sync {
     /// fence first to keep it). The spec's normal and abnormal process-termination sequences
     /// come with the lifecycle work (roadmap item 4).
     fn destroy_hw_queue(&self, queue: HwQueueHandle) -> Result<(), KernelError>;
+    /// Allocates a doorbell page for the process's user-mode queues (spec 001: "They would
+    /// also allocate a doorbell page for the doorbells used by the user queues"; amdgpu's
+    /// doorbell BO). A queue uses it by naming it in [`QueueDescriptor::doorbell_page_va`],
+    /// with the doorbell index it wants there. A process holds at most
+    /// [`MAX_DOORBELL_PAGES`] pages, the one the kernel gave it included.
+    fn create_doorbell_page(&self, device: DeviceHandle) -> Result<DoorbellPageInfo, KernelError>;
+    /// Frees a doorbell page; refused while a queue uses it. The page stays the process's
+    /// (cleared) until it ends, so no stale mapping of it reaches another process.
+    fn destroy_doorbell_page(&self, page: DoorbellPageHandle) -> Result<(), KernelError>;
     /// `D3DKMTCreateDoorbell`: the doorbell starts disconnected, its CPU page on the dummy page.
     fn create_doorbell(&self, args: &CreateDoorbell) -> Result<DoorbellInfo, KernelError>;
     /// `D3DKMTConnectDoorbell`: wakes the engine if needed and connects.

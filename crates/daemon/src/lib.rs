@@ -562,6 +562,13 @@ fn handle(shared: &Arc<Shared>, client: &Arc<Client>, req: Request) -> (Response
         Ok(match req {
             Request::AdapterInfo => Reply::AdapterInfo(port.adapter_info()),
             Request::NativeFenceCaps => Reply::NativeFenceCaps(port.native_fence_caps()?),
+            // A page's BAR page stays the process's until it ends (the kernel's rule), so its
+            // export, like the first page's, is withdrawn when the client ends.
+            Request::CreateDoorbellPage(d) => Reply::DoorbellPage(port.create_doorbell_page(d)?),
+            Request::DestroyDoorbellPage(p) => {
+                port.destroy_doorbell_page(p)?;
+                Reply::Unit
+            }
             Request::CreateDevice => {
                 let d = port.create_device()?;
                 client.ledger.lock().devices.insert(d);

@@ -746,7 +746,7 @@ fn a_blocked_wait_does_not_hold_up_other_threads() {
 }
 
 /// The calls spec fidelity added to `KernelPort` (USERQ_SIGNAL, USERQ_WAIT, native progress
-/// fences, the native fence caps) cross the socket too.
+/// fences, the native fence caps, application doorbell pages) cross the socket too.
 #[test]
 fn userq_signal_wait_and_progress_fences_cross_the_socket() {
     let dir = scratch("userq");
@@ -757,6 +757,24 @@ fn userq_signal_wait_and_progress_fences_cross_the_socket() {
     assert!(caps.supported);
     assert_eq!(caps.current_value_stride, kernel::os::FENCE_STRIDE);
     assert_eq!(dev.native_fence_caps(), caps, "the UMD asked the daemon at open");
+    // A doorbell page of the application's: a queue on it is rung through the daemon.
+    {
+        let page = dev.create_doorbell_page().unwrap();
+        let ctx = dev.create_context(dev.engine(EngineKind::Compute).unwrap()).unwrap();
+        let first = dev.info().engines[0].doorbell_first;
+        let opts = QueueOptions { doorbell: Some(page.doorbell(first + 9)), ..QueueOptions::user_mode() };
+        let mut q = ctx.create_queue(opts).unwrap();
+        let buf = dev.allocate(4096).unwrap();
+        let mut cb = CommandBuffer::new();
+        cb.write_u32(buf.va(), 0xd00b);
+        let v = q.submit(&cb).unwrap();
+        q.wait(v, Some(T)).unwrap();
+        assert_eq!(buf.read_u32(0).unwrap(), 0xd00b);
+        assert!(port.destroy_doorbell_page(page.handle()).is_err(), "in use by the queue");
+        drop(q);
+        drop(page); // frees it: a process holds one page of its own at a time
+        dev.create_doorbell_page().expect("the page was freed");
+    }
     let ctx = dev.create_context(dev.engine(EngineKind::Compute).unwrap()).unwrap();
     let mut q = ctx.create_queue(QueueOptions::user_mode()).unwrap();
     let q2 = ctx.create_queue(QueueOptions::user_mode()).unwrap();

@@ -263,6 +263,59 @@ impl Device {
         let handle = self.inner.port.create_context(self.inner.handle, engine)?;
         Ok(Context { device: self.inner.clone(), handle, engine })
     }
+
+    /// Allocates a doorbell page for this device's user-mode queues (spec 001: "They would
+    /// also allocate a doorbell page for the doorbells used by the user queues"). A queue
+    /// takes a doorbell of it through [`crate::QueueOptions::doorbell`].
+    pub fn create_doorbell_page(&self) -> Result<DoorbellPage, UmdError> {
+        let info = self.inner.port.create_doorbell_page(self.inner.handle)?;
+        Ok(DoorbellPage { device: self.inner.clone(), info })
+    }
+}
+
+/// A doorbell page the application allocated ([`Device::create_doorbell_page`]). Freed on
+/// drop (the kernel refuses while a queue still uses it; the device's destruction frees it
+/// then).
+pub struct DoorbellPage {
+    device: Arc<DeviceInner>,
+    info: abi::port::DoorbellPageInfo,
+}
+
+impl DoorbellPage {
+    /// The kernel handle.
+    pub fn handle(&self) -> abi::DoorbellPageHandle {
+        self.info.handle
+    }
+    /// Its GPU VA: the name a queue descriptor gives it.
+    pub fn va(&self) -> u64 {
+        self.info.va
+    }
+    /// Doorbells in it.
+    pub fn doorbells(&self) -> u32 {
+        self.info.doorbells
+    }
+    /// Doorbell `index` of this page, for [`crate::QueueOptions::doorbell`]. The kernel
+    /// checks, when the queue is created, that it lies in the queue's engine's range and no
+    /// other queue has it.
+    pub fn doorbell(&self, index: u32) -> DoorbellChoice {
+        DoorbellChoice { page_va: self.info.va, index }
+    }
+}
+
+impl Drop for DoorbellPage {
+    fn drop(&mut self) {
+        let _ = self.device.port.destroy_doorbell_page(self.info.handle);
+    }
+}
+
+/// Which doorbell a user-mode queue asks for: a page the application allocated and an index
+/// in it ([`DoorbellPage::doorbell`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DoorbellChoice {
+    /// The page's GPU VA ([`abi::QueueDescriptor::doorbell_page_va`]).
+    pub page_va: u64,
+    /// The index in it ([`abi::QueueDescriptor::doorbell_index`]).
+    pub index: u32,
 }
 
 /// GPU memory mapped into this process: a GPU VA and a CPU mapping. Freed on drop.

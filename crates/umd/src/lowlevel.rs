@@ -290,6 +290,18 @@ impl UserQueue {
     /// first ring (a ring before it reaches the dummy page, and the status says
     /// `DisconnectedRetry`). The kernel picks the doorbell index.
     pub fn create(ctx: &Context, ring_bytes: u64, priority: Priority) -> Result<UserQueue, UmdError> {
+        Self::create_with_doorbell(ctx, ring_bytes, priority, None)
+    }
+
+    /// [`UserQueue::create`] with the doorbell the application chose: an index in a doorbell
+    /// page it allocated ([`crate::Device::create_doorbell_page`], spec 001), passed in the
+    /// queue descriptor. `None`: as `create`.
+    pub fn create_with_doorbell(
+        ctx: &Context,
+        ring_bytes: u64,
+        priority: Priority,
+        doorbell: Option<crate::DoorbellChoice>,
+    ) -> Result<UserQueue, UmdError> {
         let device = crate::Device { inner: ctx.device.clone() };
         let port = &ctx.device.port;
         // Resident before the doorbell is created (spec 000 "Residency model").
@@ -301,11 +313,12 @@ impl UserQueue {
             rptr_va: control.va() + RPTR_OFFSET,
             wptr_va: control.va() + WPTR_OFFSET,
             last_queued_va: control.va() + LAST_QUEUED_OFFSET,
-            doorbell_index: abi::queue::DOORBELL_INDEX_ANY,
+            doorbell_index: doorbell.map_or(abi::queue::DOORBELL_INDEX_ANY, |d| d.index),
             priority: priority as u32,
             flags: 0,
             reserved: 0,
             context_save_va: 0,
+            doorbell_page_va: doorbell.map_or(0, |d| d.page_va),
         };
         let info = port.create_hw_queue(ctx.handle, &HwQueueDesc { mode: SubmissionMode::UserMode(desc), priority })?;
         let hw = HwQueue::new(ctx.device.clone(), info)?;

@@ -72,6 +72,10 @@ pub struct QueueOptions {
     /// with it (a wait for one reports the loss). A command buffer with logged fence
     /// operations cannot move (kernel-mode queues have no fence logs) and fails as before.
     pub fallback_to_kernel_mode: bool,
+    /// A user-mode queue's doorbell: a page the application allocated and the index it wants
+    /// there (spec 001, [`crate::DoorbellPage::doorbell`]). `None`: the kernel picks a free
+    /// doorbell in the page it gave the process.
+    pub doorbell: Option<crate::DoorbellChoice>,
 }
 
 impl Default for QueueOptions {
@@ -81,6 +85,7 @@ impl Default for QueueOptions {
             ring_bytes: 64 * 1024,
             priority: Priority::Normal,
             fallback_to_kernel_mode: false,
+            doorbell: None,
         }
     }
 }
@@ -200,7 +205,7 @@ impl Queue {
                 Hw::Kernel(HwQueue::new(ctx.device.clone(), info)?)
             }
             SubmissionKind::UserMode | SubmissionKind::Preferred => {
-                let q = UserQueue::create(ctx, opts.ring_bytes, opts.priority)?;
+                let q = UserQueue::create_with_doorbell(ctx, opts.ring_bytes, opts.priority, opts.doorbell)?;
                 q.connect()?;
                 Hw::User(Box::new(UserRing { q, wptr: 0, rptr_seen: 0, outstanding: VecDeque::new() }))
             }

@@ -303,6 +303,15 @@ impl KernelPort for RemotePort {
         }
         Ok(())
     }
+    fn create_doorbell_page(&self, device: DeviceHandle) -> Result<abi::port::DoorbellPageInfo, KernelError> {
+        let Reply::DoorbellPage(p) = self.call(&Request::CreateDoorbellPage(device))?.0 else {
+            return Err(self.unexpected());
+        };
+        Ok(p)
+    }
+    fn destroy_doorbell_page(&self, page: abi::DoorbellPageHandle) -> Result<(), KernelError> {
+        self.unit(Request::DestroyDoorbellPage(page))
+    }
     fn create_doorbell(&self, args: &CreateDoorbell) -> Result<DoorbellInfo, KernelError> {
         let (reply, mut fds) = self.call(&Request::CreateDoorbell(*args))?;
         let Reply::Doorbell(d) = reply else { return Err(self.unexpected()) };

@@ -667,6 +667,10 @@ pub enum Request {
     OpenProgressFence(HwQueueHandle),
     /// `native_fence_caps`.
     NativeFenceCaps,
+    /// `create_doorbell_page`.
+    CreateDoorbellPage(DeviceHandle),
+    /// `destroy_doorbell_page`.
+    DestroyDoorbellPage(abi::DoorbellPageHandle),
 }
 
 /// A successful answer.
@@ -709,6 +713,8 @@ pub enum Reply {
     WaitPoints(Vec<abi::port::WaitPoint>),
     /// `native_fence_caps`.
     NativeFenceCaps(abi::port::NativeFenceCaps),
+    /// `create_doorbell_page`.
+    DoorbellPage(abi::port::DoorbellPageInfo),
 }
 
 /// The answer to a [`Request`]: typed kernel errors, exactly as in embedded mode.

@@ -37,7 +37,9 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use abi::handle::{AllocationKind, ContextKind, DeviceKind, DoorbellKind, HwQueueKind, NativeFenceKind};
+use abi::handle::{
+    AllocationKind, ContextKind, DeviceKind, DoorbellKind, DoorbellPageKind, HwQueueKind, NativeFenceKind,
+};
 use abi::port::{AdapterInfo, KernelError, MemoryDomain};
 use abi::queue::{FaultRecord, QueueDescriptor};
 use abi::{
@@ -309,6 +311,17 @@ struct DoorbellObj {
     connected: bool,
 }
 
+/// A doorbell page the application allocated ([`Os::create_doorbell_page`]).
+struct DoorbellPageObj {
+    device: DeviceHandle,
+    /// Where it is named (and mapped, with `gpu`) in the process's GPU address space.
+    va: u64,
+    /// Its GPU mapping, where the device allows GPU rings. Before `lease`: unmapped first.
+    gpu: Option<GpuMapping>,
+    /// The BAR page.
+    lease: Lease,
+}
+
 struct Process {
     /// Its doorbell page mapped into its own GPU address space (VA, mapping), where the device
     /// allows queues to ring doorbells from the GPU. First, so it is unmapped before the page
@@ -316,6 +329,11 @@ struct Process {
     doorbell_gpu: Option<(u64, GpuMapping)>,
     /// Its doorbell BAR page.
     doorbell_page: Lease,
+    /// The doorbell pages it allocated (spec 001).
+    doorbell_pages: Table<DoorbellPageKind, DoorbellPageObj>,
+    /// BAR pages of doorbell pages it freed, cleared: they stay its own until it ends (a
+    /// stale mapping of one can reach only its own queues) and are given back to it first.
+    freed_doorbell_pages: Vec<Lease>,
     /// The process's aggregated doorbell page, mapped once (when the device needs one).
     aggregated: Option<(Lease, Arc<RotatingPage>)>,
     next_va: u64,

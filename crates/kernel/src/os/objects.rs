@@ -91,6 +91,8 @@ impl Os {
             Process {
                 doorbell_gpu: None,
                 doorbell_page: page,
+                doorbell_pages: Table::new(pid),
+                freed_doorbell_pages: Vec::new(),
                 aggregated,
                 next_va: VA_BASE,
                 devices: Table::new(pid),
@@ -122,8 +124,8 @@ impl Os {
         Ok(self.proc(pid)?.devices.insert(DeviceObj::default()))
     }
 
-    /// `D3DKMTDestroyDevice`: its contexts (and their queues), then its fences, then its
-    /// allocations.
+    /// `D3DKMTDestroyDevice`: its contexts (and their queues), then its doorbell pages, then
+    /// its fences, then its allocations.
     pub fn destroy_device(&mut self, pid: ProcessId, device: DeviceHandle, now: Time) -> Result<(), KernelError> {
         self.at(now);
         let p = self.proc(pid)?;
@@ -131,6 +133,11 @@ impl Os {
         let contexts: Vec<_> = p.contexts.iter().filter(|(_, c)| c.device == device).map(|(h, _)| h).collect();
         for c in contexts {
             self.destroy_context(pid, c, now)?;
+        }
+        let p = self.proc(pid)?;
+        let pages: Vec<_> = p.doorbell_pages.iter().filter(|(_, d)| d.device == device).map(|(h, _)| h).collect();
+        for d in pages {
+            self.destroy_doorbell_page(pid, d)?;
         }
         let p = self.proc(pid)?;
         let fences: Vec<_> = p.fences.iter().filter(|(_, f)| f.device == device).map(|(h, _)| h).collect();

@@ -204,15 +204,26 @@ impl Os {
                 }
                 self.validate_descriptor(pid, &d, einfo)?;
                 let mut d = d;
-                let owner_of = |p: &Process, index: u32| {
-                    p.queues.iter().find_map(|(h, q)| q.user_desc().filter(|o| o.doorbell_index == index).map(|_| h))
-                };
                 let p = self.proc(pid)?;
+                // The doorbell page: the process's own (0), or one it allocated.
+                if p.doorbell_page_at(d.doorbell_page_va).is_none() {
+                    let va = format!("{:#x}", d.doorbell_page_va);
+                    return Err(invalid("doorbell_page_va", va, Invalid::NoDoorbellPage));
+                }
+                // The doorbells in that page of the queues that exist (a hung one keeps its own).
+                let in_page = |p: &Process| {
+                    let page = d.doorbell_page_va;
+                    p.queues
+                        .iter()
+                        .filter_map(move |(h, q)| {
+                            q.user_desc().filter(|o| o.doorbell_page_va == page).map(|o| (h, o.doorbell_index))
+                        })
+                        .collect::<Vec<_>>()
+                };
                 if d.doorbell_index == abi::queue::DOORBELL_INDEX_ANY {
                     let range = einfo.doorbell_first..einfo.doorbell_first + einfo.doorbell_count;
                     // The indices in use, gathered once (not one scan of the queues per index).
-                    let used: std::collections::BTreeSet<u32> =
-                        p.queues.iter().filter_map(|(_, q)| q.user_desc().map(|o| o.doorbell_index)).collect();
+                    let used: std::collections::BTreeSet<u32> = in_page(p).into_iter().map(|(_, i)| i).collect();
                     d.doorbell_index =
                         range.clone().find(|i| !used.contains(i)).ok_or_else(|| KernelError::Exhausted {
                             what: "doorbells",
@@ -221,7 +232,7 @@ impl Os {
                                 range.start, range.end, einfo.kind
                             ),
                         })?;
-                } else if let Some(other) = owner_of(p, d.doorbell_index) {
+                } else if let Some((other, _)) = in_page(p).into_iter().find(|&(_, i)| i == d.doorbell_index) {
                     return Err(invalid("doorbell_index", d.doorbell_index, Invalid::UsedBy(other)));
                 }
                 let create = QueueCreate {

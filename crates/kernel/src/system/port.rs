@@ -80,6 +80,12 @@ impl KernelPort for ProcessPort {
     fn destroy_hw_queue(&self, queue: HwQueueHandle) -> Result<(), KernelError> {
         self.call(|os, pid, now| os.destroy_hw_queue(pid, queue, now))
     }
+    fn create_doorbell_page(&self, device: DeviceHandle) -> Result<abi::port::DoorbellPageInfo, KernelError> {
+        self.call(|os, pid, now| os.create_doorbell_page(pid, device, now))
+    }
+    fn destroy_doorbell_page(&self, page: abi::DoorbellPageHandle) -> Result<(), KernelError> {
+        self.call(|os, pid, _| os.destroy_doorbell_page(pid, page))
+    }
     fn create_doorbell(&self, args: &CreateDoorbell) -> Result<DoorbellInfo, KernelError> {
         self.call(|os, pid, now| os.create_doorbell(pid, args, now))
     }

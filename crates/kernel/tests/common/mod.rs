@@ -348,6 +348,14 @@ impl KernelPort for TapPort {
         self.log(Call::Other("destroy_hw_queue"));
         self.inner.destroy_hw_queue(queue)
     }
+    fn create_doorbell_page(&self, device: DeviceHandle) -> Result<abi::port::DoorbellPageInfo, KernelError> {
+        self.log(Call::Other("create_doorbell_page"));
+        self.inner.create_doorbell_page(device)
+    }
+    fn destroy_doorbell_page(&self, page: abi::DoorbellPageHandle) -> Result<(), KernelError> {
+        self.log(Call::Other("destroy_doorbell_page"));
+        self.inner.destroy_doorbell_page(page)
+    }
     fn create_doorbell(&self, args: &CreateDoorbell) -> Result<DoorbellInfo, KernelError> {
         self.log(Call::Other("create_doorbell"));
         let info = self.inner.create_doorbell(args)?;
@@ -482,6 +490,7 @@ impl RawProc {
             flags: 0,
             reserved: 0,
             context_save_va: 0,
+            doorbell_page_va: 0,
         }
     }
     /// Creates a user-mode queue.
