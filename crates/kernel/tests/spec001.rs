@@ -525,3 +525,49 @@ fn the_umd_creates_queues_on_its_own_doorbell_page() {
     sys.settle();
     assert_eq!((c.buf.read_u32(4).unwrap(), q.completed()), (2, k.value));
 }
+
+/// The application's doorbell page under each doorbell model: a queue on it is heard with
+/// global doorbell bits, over a victimized pool, and with the aggregated doorbell.
+#[test]
+fn an_application_doorbell_page_works_under_every_doorbell_model() {
+    use abi::doorbell::DoorbellModel;
+    let gpu = |model, misses| gpu::GpuConfig {
+        doorbell_model: model,
+        misses_unmapped_doorbells: misses,
+        hw_slots: 2,
+        ..gpu::GpuConfig::default()
+    };
+    let configs = [
+        SystemConfig { gpu: gpu(DoorbellModel::Global, false), ..SystemConfig::default() },
+        SystemConfig { gpu: gpu(DoorbellModel::Dedicated, false), doorbell_pool: Some(2), ..SystemConfig::default() },
+        SystemConfig { gpu: gpu(DoorbellModel::Dedicated, true), ..SystemConfig::default() },
+    ];
+    for cfg in configs {
+        let what = format!(
+            "{:?} pool {:?} aggregated {}",
+            cfg.gpu.doorbell_model, cfg.doorbell_pool, cfg.gpu.misses_unmapped_doorbells
+        );
+        let sys = common::sim_with(cfg);
+        let c = common::client(&sys);
+        let page = c.device.create_doorbell_page().unwrap();
+        let first = c.device.info().engines[0].doorbell_first;
+        // More queues than slots and pool doorbells: some are unmapped, some victimized.
+        let mut qs: Vec<_> = (0..4)
+            .map(|i| {
+                let opts = QueueOptions { doorbell: Some(page.doorbell(first + i)), ..QueueOptions::user_mode() };
+                c.ctx.create_queue(opts).unwrap()
+            })
+            .collect();
+        for round in 0..2u32 {
+            for (i, q) in qs.iter_mut().enumerate() {
+                let mut cb = CommandBuffer::new();
+                cb.write_u32(c.buf.va() + i as u64 * 4, round + 1);
+                let v = q.submit(&cb).unwrap();
+                q.wait(v, T).unwrap_or_else(|e| panic!("{what}: queue {i}: {e}"));
+            }
+        }
+        for i in 0..4 {
+            assert_eq!(c.buf.read_u32(i * 4).unwrap(), 2, "{what}");
+        }
+    }
+}
