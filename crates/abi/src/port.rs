@@ -222,9 +222,9 @@ pub struct DoorbellInfo {
     pub aggregated: Option<AggregatedDoorbell>,
     /// The doorbell's GPU VA in the process's own address space (spec 001: "the GPU [can]
     /// submit work to itself"): another queue of the process rings it from the GPU by
-    /// writing the new wptr there (`WRITE_DATA`), after writing the wptr word. `None` where a
-    /// plain store from the GPU cannot ring (global doorbell bits, a victimized pool, or an
-    /// engine that also needs the aggregated doorbell's bit OR-ed in).
+    /// writing the new wptr there (`WRITE_DATA`), after writing the wptr word, and then the
+    /// aggregated doorbell where there is one ([`AggregatedDoorbell::gpu_va`]). `None` where a
+    /// plain store from the GPU cannot ring (global doorbell bits, a victimized pool).
     pub gpu_va: Option<u64>,
 }
 
@@ -234,10 +234,14 @@ pub struct AggregatedDoorbell {
     /// The process's aggregated doorbell page (the kernel rotates it to a dummy page when the
     /// process ends, so a late write cannot reach the page's next owner).
     pub page: Arc<shm::RotatingPage>,
-    /// Offset of the word.
+    /// Offset of the engine's word.
     pub offset: u64,
-    /// The engine's bit.
+    /// What the CPU ORs into it (any non-zero value rings).
     pub mask: u64,
+    /// The word's GPU VA: the kernel maps the page into the process's address space too
+    /// (spec 001: "the kernel driver will map a page of aggregated doorbell space into each
+    /// GPUVM space"), where a plain store rings it. `None` where the device does not map it.
+    pub gpu_va: Option<u64>,
 }
 
 impl core::fmt::Debug for DoorbellInfo {

@@ -641,6 +641,7 @@ fn handle(shared: &Arc<Shared>, client: &Arc<Client>, req: Request) -> (Response
                     q.page = Some(cpu_page);
                 }
                 // The aggregated page is never rotated while the process lives.
+                let aggregated_gpu_va = aggregated.as_ref().and_then(|a| a.gpu_va);
                 let aggregated = match aggregated {
                     Some(a) => match export_page(shared, client.pid, &a.page)? {
                         Some(memfd) => {
@@ -651,7 +652,7 @@ fn handle(shared: &Arc<Shared>, client: &Arc<Client>, req: Request) -> (Response
                     },
                     None => None,
                 };
-                Reply::Doorbell(WireDoorbellInfo { handle, offset, ring, aggregated, gpu_va })
+                Reply::Doorbell(WireDoorbellInfo { handle, offset, ring, aggregated, gpu_va, aggregated_gpu_va })
             }
             Request::ConnectDoorbell(q) => {
                 port.connect_doorbell(q)?;

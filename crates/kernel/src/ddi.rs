@@ -531,6 +531,17 @@ pub trait Kmd: Send {
             reason: DeviceRefusal::Unsupported("doorbells rung from the GPU"),
         })
     }
+    /// Maps the process's aggregated doorbell page (BAR page `page`) into its own GPU address
+    /// space at `va` (spec 001: "the kernel driver will map a page of aggregated doorbell space
+    /// into each GPUVM space"), so a queue that submits to another from the GPU rings it as
+    /// the CPU would. Refused where a GPU store cannot ring it (the default).
+    fn map_aggregated_page(&mut self, _process: ProcessId, _va: u64, _page: u32) -> Result<GpuMapping, DdiError> {
+        Err(DdiError::Refused {
+            field: "page",
+            value: "aggregated doorbell page".into(),
+            reason: DeviceRefusal::Unsupported("aggregated doorbells rung from the GPU"),
+        })
+    }
     /// The device's own number for `queue` (the virtual GPU's firmware queue id), for tools
     /// that observe the device directly (the simulator); `None` if the KMD has none.
     fn device_queue_id(&self, _queue: HwQueueHandle) -> Option<u64> {
@@ -900,5 +911,8 @@ impl Kmd for Traced {
     }
     fn map_doorbell_page(&mut self, process: ProcessId, va: u64, page: u32) -> Result<GpuMapping, DdiError> {
         self.inner.map_doorbell_page(process, va, page)
+    }
+    fn map_aggregated_page(&mut self, process: ProcessId, va: u64, page: u32) -> Result<GpuMapping, DdiError> {
+        self.inner.map_aggregated_page(process, va, page)
     }
 }

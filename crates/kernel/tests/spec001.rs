@@ -571,3 +571,40 @@ fn an_application_doorbell_page_works_under_every_doorbell_model() {
         }
     }
 }
+
+/// "In the event that one of these options is not available, the kernel driver will map a
+/// page of aggregated doorbell space into each GPUVM space. The UMD will then update the
+/// doorbell and wptr as normal and then write to the aggregated doorbell as well." On an
+/// engine that misses rings of queues without a slot, a queue that submits to another from
+/// the GPU rings the aggregated doorbell too, through the page's mapping in the process's
+/// address space: the target, unmapped when it is rung, still runs.
+#[test]
+fn a_gpu_ring_of_an_unmapped_queue_rings_the_aggregated_doorbell_mapped_in_the_process() {
+    let mut cfg = SystemConfig {
+        gpu: gpu::GpuConfig { misses_unmapped_doorbells: true, hw_slots: 1, ..gpu::GpuConfig::default() },
+        ..SystemConfig::default()
+    };
+    // Engines never idle inside the test: no F1 round trip (whose reconnect re-reads every
+    // wptr) can find the work; only the aggregated doorbell can.
+    cfg.gpu.idle_period = Duration::from_secs(3600);
+    let sys = common::sim_with(cfg);
+    let c = common::client(&sys);
+    let mut kicker = c.user_queue();
+    let mut target = c.user_queue();
+    let mut work = CommandBuffer::new();
+    work.write_u32(c.buf.va(), 0xa99);
+    let k = target.prepare(&work).unwrap();
+    let agg = k.aggregated_va.expect("the aggregated page is mapped in the process's GPU address space");
+    assert_ne!(agg, k.doorbell_va);
+    // The kicker holds the only slot while it rings: the target has none.
+    let mut cb = CommandBuffer::new();
+    cb.kick(&k);
+    let v = kicker.submit(&cb).unwrap();
+    kicker.wait(v, T).unwrap();
+    sys.settle();
+    assert_eq!(
+        (c.buf.read_u32(0).unwrap(), target.completed()),
+        (0xa99, k.value),
+        "heard through the aggregated doorbell"
+    );
+}

@@ -40,11 +40,17 @@ impl CommandBuffer {
     }
 
     /// Submits work another queue of this process prepared ([`crate::Queue::prepare`]), from
-    /// the GPU: writes its wptr word, then its doorbell (spec 001: "the GPU [can] submit work
-    /// to itself"). The engine runs packets in order, so the firmware that sees the doorbell
-    /// also sees the wptr.
+    /// the GPU: writes its wptr word, then its doorbell, then (on a device that needs it) its
+    /// engine's aggregated doorbell word (spec 001: "the GPU [can] submit work to itself").
+    /// The engine runs packets in order, so the firmware that sees a doorbell also sees the
+    /// wptr.
     pub fn kick(&mut self, k: &crate::queue::GpuKick) -> &mut Self {
-        self.write_u64(k.wptr_va, k.wptr).write_u64(k.doorbell_va, k.wptr)
+        self.write_u64(k.wptr_va, k.wptr).write_u64(k.doorbell_va, k.wptr);
+        if let Some(va) = k.aggregated_va {
+            // Any non-zero value rings it; wptr is past the prepared work, so it is non-zero.
+            self.write_u64(va, k.wptr.max(1));
+        }
+        self
     }
 
     /// A `WAIT` for each point `USERQ_WAIT` answered ([`crate::Queue::userq_wait`]).

@@ -226,6 +226,8 @@ pub struct Doorbell {
     aggregated: Option<(Word, u64)>,
     /// Its GPU VA in the process's address space, where the device lets queues ring it.
     gpu_va: Option<u64>,
+    /// The aggregated doorbell word's GPU VA, where the device maps that page.
+    aggregated_gpu_va: Option<u64>,
 }
 
 impl Doorbell {
@@ -256,6 +258,12 @@ impl Doorbell {
     /// the GPU by writing the new wptr (spec 001); `None` where the device does not allow it.
     pub fn gpu_va(&self) -> Option<u64> {
         self.gpu_va
+    }
+    /// The aggregated doorbell word's GPU VA (spec 001: the kernel maps the aggregated page
+    /// "into each GPUVM space"), where a queue that rings this one from the GPU rings it too;
+    /// `None` without an aggregated doorbell or where the device does not map it.
+    pub fn aggregated_gpu_va(&self) -> Option<u64> {
+        self.aggregated_gpu_va
     }
     /// As [`abi::protocol`]'s ring functions take it.
     fn bell(&self) -> protocol::Bell<'_, Word> {
@@ -330,6 +338,7 @@ impl UserQueue {
         // Owned at once, so an error below destroys it (then `hw` destroys the queue).
         let handle = db.handle;
         let word = Word::new(&db.cpu_page, db.offset);
+        let aggregated_gpu_va = db.aggregated.as_ref().and_then(|a| a.gpu_va);
         let aggregated = db.aggregated.map(|a| Word::new(&a.page, a.offset).map(|w| (w, a.mask))).transpose();
         let (word, aggregated) = match (word, aggregated) {
             (Ok(w), Ok(a)) => (w, a),
@@ -346,6 +355,7 @@ impl UserQueue {
             method: db.ring,
             aggregated,
             gpu_va: db.gpu_va,
+            aggregated_gpu_va,
         };
         let view = RingControlView::new(control.mapping(), 0)?;
         Ok(UserQueue {

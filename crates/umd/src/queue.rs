@@ -115,6 +115,10 @@ pub struct GpuKick {
     /// GPU VA of the target queue's doorbell (its process's doorbell page, mapped in its own
     /// address space).
     pub doorbell_va: u64,
+    /// GPU VA of its engine's word of the aggregated doorbell, on a device that misses rings
+    /// of queues without a hardware slot (spec 001: the UMD "update[s] the doorbell and wptr
+    /// as normal and then write[s] to the aggregated doorbell as well").
+    pub aggregated_va: Option<u64>,
     /// The wptr that covers the prepared work.
     pub wptr: u64,
     /// The prepared work's progress value (wait for it like any other).
@@ -333,9 +337,21 @@ impl Queue {
                 reason: abi::port::Invalid::Unsupported("doorbells rung from the GPU"),
             }));
         };
+        let doorbell = u.q.doorbell();
+        let aggregated_va = match (doorbell.aggregated(), doorbell.aggregated_gpu_va()) {
+            (None, _) => None,
+            (Some(_), Some(va)) => Some(va),
+            (Some(_), None) => {
+                return Err(UmdError::Kernel(abi::port::KernelError::InvalidArgument {
+                    field: "doorbell",
+                    value: doorbell.handle().to_string(),
+                    reason: abi::port::Invalid::Unsupported("aggregated doorbells rung from the GPU"),
+                }));
+            }
+        };
         let wptr_va = u.q.control_va() + abi::ring::WPTR_OFFSET;
         let value = self.enqueue(cb)?;
-        Ok(GpuKick { wptr_va, doorbell_va, wptr: self.user().wptr, value })
+        Ok(GpuKick { wptr_va, doorbell_va, aggregated_va, wptr: self.user().wptr, value })
     }
 
     /// This queue's progress fence as a native fence (spec 002 "Indicating a native progress

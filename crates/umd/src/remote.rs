@@ -321,7 +321,7 @@ impl KernelPort for RemotePort {
                 let fd = wire::take_fd(&mut fds, p.fd, "aggregated doorbell").map_err(|_| self.unexpected())?;
                 let agg = Arc::new(RotatingPage::new(&self.dummy, 0)?);
                 agg.rotate_to_fd(fd.as_fd(), p.file_offset)?;
-                Some(AggregatedDoorbell { page: agg, offset, mask })
+                Some(AggregatedDoorbell { page: agg, offset, mask, gpu_va: d.aggregated_gpu_va })
             }
             None => None,
         };

@@ -580,6 +580,8 @@ pub struct WireDoorbellInfo {
     pub aggregated: Option<(WirePage, u64, u64)>,
     /// The doorbell's GPU VA in the process's own address space, where the GPU can ring it.
     pub gpu_va: Option<u64>,
+    /// The aggregated doorbell word's GPU VA, where the device maps that page for the GPU.
+    pub aggregated_gpu_va: Option<u64>,
 }
 
 /// [`abi::port::NativeFenceInfo`] with its CurrentValue page as a descriptor.

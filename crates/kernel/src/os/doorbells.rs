@@ -232,7 +232,12 @@ impl Os {
             ));
         }
         let aggregated = match (self.ddi.aggregated_doorbell(engine), &self.proc(pid)?.aggregated) {
-            (Some((offset, mask)), Some((_, page))) => Some(AggregatedDoorbell { page: page.clone(), offset, mask }),
+            (Some((offset, mask)), Some(a)) => Some(AggregatedDoorbell {
+                page: a.cpu.clone(),
+                offset,
+                mask,
+                gpu_va: a.gpu.as_ref().map(|(va, _)| va + offset),
+            }),
             _ => None,
         };
         let page = Arc::new(RotatingPage::new(&self.dummy, 0)?);

@@ -322,6 +322,17 @@ struct DoorbellPageObj {
     lease: Lease,
 }
 
+/// A process's aggregated doorbell page (spec 001): mapped once for the CPU, and into its
+/// GPU address space where the device lets the GPU ring it.
+struct AggregatedPage {
+    /// Its GPU VA and mapping. Before `lease`: unmapped first.
+    gpu: Option<(u64, GpuMapping)>,
+    /// The CPU mapping clients ring.
+    cpu: Arc<RotatingPage>,
+    /// The BAR page.
+    lease: Lease,
+}
+
 struct Process {
     /// Its doorbell page mapped into its own GPU address space (VA, mapping), where the device
     /// allows queues to ring doorbells from the GPU. First, so it is unmapped before the page
@@ -334,8 +345,8 @@ struct Process {
     /// BAR pages of doorbell pages it freed, cleared: they stay its own until it ends (a
     /// stale mapping of one can reach only its own queues) and are given back to it first.
     freed_doorbell_pages: Vec<Lease>,
-    /// The process's aggregated doorbell page, mapped once (when the device needs one).
-    aggregated: Option<(Lease, Arc<RotatingPage>)>,
+    /// The process's aggregated doorbell page (when the device needs one).
+    aggregated: Option<AggregatedPage>,
     next_va: u64,
     devices: Table<DeviceKind, DeviceObj>,
     contexts: Table<ContextKind, ContextObj>,
