@@ -20,9 +20,10 @@
 //!
 //! Either model may add the **aggregated doorbell** (amdgpu, spec 001): on a device whose
 //! engines miss doorbells of queues that are not in a hardware slot, the kernel maps a page of
-//! aggregated doorbell into each process, and the client also sets its engine's bit there
-//! after every ring, which makes the firmware look at the wptrs of that engine's unmapped
-//! queues.
+//! aggregated doorbell into each process (for the CPU, and into its GPU address space), and
+//! the client also rings its engine's word there after every ring — any non-zero store, so
+//! a queue can ring it from the GPU too — which makes the firmware look at the wptrs of that
+//! engine's unmapped queues.
 //!
 //! The kernel maps the doorbell into the client at a CPU virtual address it can *rotate*: while
 //! connected the address shows the BAR page, while disconnected it shows a dummy page where

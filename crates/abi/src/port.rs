@@ -218,7 +218,7 @@ pub struct DoorbellInfo {
     /// How to ring that word.
     pub ring: crate::doorbell::RingMethod,
     /// The aggregated doorbell, when the device needs one: the page (never rotated), the
-    /// offset of the word and this queue's engine's bit in it.
+    /// offset of this queue's engine's word in it and the value to OR in.
     pub aggregated: Option<AggregatedDoorbell>,
     /// The doorbell's GPU VA in the process's own address space (spec 001: "the GPU [can]
     /// submit work to itself"): another queue of the process rings it from the GPU by

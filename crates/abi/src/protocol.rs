@@ -32,13 +32,13 @@ use crate::doorbell::RingMethod;
 use crate::sync::{Bits, Load, Ordering, Store, fence};
 
 /// A client's doorbell: its word, how to ring it, and the aggregated doorbell to ring after
-/// it when the device needs one (word and this engine's bit).
+/// it when the device needs one (this engine's word, and the value ORed in).
 pub struct Bell<'a, W: ?Sized> {
     /// The queue's doorbell word (dedicated), or its word of the global page.
     pub word: &'a W,
     /// How to ring `word`.
     pub method: RingMethod,
-    /// The aggregated doorbell word and the engine's bit in it.
+    /// The aggregated doorbell's word for the engine, and the value ORed into it.
     pub aggregated: Option<(&'a W, u64)>,
 }
 

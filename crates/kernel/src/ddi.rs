@@ -355,7 +355,7 @@ pub trait Kmd: Send {
     /// and how.
     fn doorbell_ring(&self, index: u32) -> (u64, RingMethod);
     /// Where queues of `engine` ring their process's aggregated doorbell page, when the
-    /// device needs one: the word's offset and the engine's bit.
+    /// device needs one: the engine's word's offset, and what the CPU ORs into it.
     fn aggregated_doorbell(&self, engine: EngineId) -> Option<(u64, u64)>;
     /// The device starts watching BAR page `page` as a process's aggregated doorbell.
     fn watch_aggregated_page(&mut self, page: u32) -> Result<(), DdiError>;

@@ -221,7 +221,7 @@ pub struct Doorbell {
     page: Arc<RotatingPage>,
     word: Word,
     method: RingMethod,
-    /// The aggregated doorbell and this queue's engine's bit, rung after ours when the device
+    /// The aggregated doorbell and this queue's engine's word and value, rung after ours when the device
     /// needs it.
     aggregated: Option<(Word, u64)>,
     /// Its GPU VA in the process's address space, where the device lets queues ring it.
@@ -249,7 +249,7 @@ impl Doorbell {
     pub fn method(&self) -> RingMethod {
         self.method
     }
-    /// The aggregated doorbell word and this queue's engine's bit, when the device misses
+    /// The aggregated doorbell word and this queue's engine's word and value, when the device misses
     /// rings of queues without a hardware slot (spec 001).
     pub fn aggregated(&self) -> Option<(&Word, u64)> {
         self.aggregated.as_ref().map(|(w, mask)| (w, *mask))

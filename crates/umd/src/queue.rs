@@ -11,7 +11,7 @@
 //! 3. Write the packets into the ring, then publish wptr with a release store.
 //! 4. Ring the doorbell as the kernel said ([`abi::doorbell::RingMethod`]): store the new wptr
 //!    into a dedicated doorbell, or set the queue's bit in the global doorbell. On a device
-//!    whose engines miss unmapped queues' doorbells, also set the engine's bit in the
+//!    whose engines miss unmapped queues' doorbells, also ring the engine's word of the
 //!    aggregated doorbell (spec 001).
 //! 5. Read the doorbell status: `Connected` → done; `ConnectedNotify` → `NotifyWorkSubmission`;
 //!    `DisconnectedRetry` → connect again and go back to 4; `DisconnectedAbort` → the queue

@@ -576,7 +576,7 @@ pub struct WireDoorbellInfo {
     pub offset: u64,
     /// How to ring it.
     pub ring: abi::doorbell::RingMethod,
-    /// The aggregated doorbell: its page, the word's offset and the engine's bit.
+    /// The aggregated doorbell: its page, the engine's word's offset and the value to OR in.
     pub aggregated: Option<(WirePage, u64, u64)>,
     /// The doorbell's GPU VA in the process's own address space, where the GPU can ring it.
     pub gpu_va: Option<u64>,
