@@ -2,7 +2,8 @@
 //!
 //! A doorbell is a 64-bit word in the device's doorbell BAR (spec 001 "Writing to the doorbell
 //! wakes the firmware"). The BAR is made of 4 KiB pages of 512 doorbells; each client process
-//! owns one page, and a queue's doorbell index lies inside it. The device implements one of
+//! owns one page (and may allocate one more, spec 001), and a queue's doorbell index lies
+//! inside the page its descriptor names. The device implements one of
 //! spec 000's two models ([`DoorbellModel`]), and the kernel tells the client how to ring
 //! ([`RingMethod`]):
 //!
