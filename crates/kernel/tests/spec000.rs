@@ -269,7 +269,7 @@ fn the_doorbell_size_comes_from_the_kmds_caps() {
     let sys = common::sim_with(SystemConfig { kmd_doorbell_bytes: Some(16), ..SystemConfig::default() });
     let p = common::RawProc::open(&sys);
     let first = abi::port::KernelPort::adapter_info(&*p.port).engines[0].doorbell_first;
-    let (even, odd) = if first % 2 == 0 { (first, first + 1) } else { (first + 1, first) };
+    let (even, odd) = if first.is_multiple_of(2) { (first, first + 1) } else { (first + 1, first) };
     let q = p.create(p.desc(odd)).unwrap();
     let e = p.doorbell(q.handle).unwrap_err();
     assert!(
