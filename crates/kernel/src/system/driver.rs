@@ -208,6 +208,11 @@ pub(crate) struct Inner {
     pub(crate) driver: Driver,
     /// Signalled when CPU waits complete (the waiting threads re-check under the OS lock).
     waits_cv: Condvar,
+    /// Wakers of waits whose waiter is not (only) blocked on `waits_cv`: a daemon's client
+    /// process sleeping on a futex of its own ([`super::ProcessPort::wait_progress_waking`]).
+    /// Registered under the OS lock when the wait blocks, so no decision can precede it; woken
+    /// (and removed) by whichever thread acts on the decision.
+    wakers: Mutex<std::collections::HashMap<WaitId, std::task::Waker>>,
     /// Signalled when the kernel-mode scheduler may have work.
     km_cv: Condvar,
     /// Whether the device last reported every engine in F1 (the OS hears only changes).
@@ -248,6 +253,7 @@ impl Inner {
             clock,
             driver,
             waits_cv: Condvar::new(),
+            wakers: Mutex::new(std::collections::HashMap::new()),
             km_cv: Condvar::new(),
             was_asleep: AtomicBool::new(false),
             cross: Mutex::new(None),
@@ -289,11 +295,18 @@ impl Inner {
         let mut woke = false;
         for o in outputs {
             match o {
-                Output::WaitCompleted(_) if !woke => {
-                    woke = true;
-                    self.waits_cv.notify_all();
+                Output::WaitCompleted(id) => {
+                    // The waiter's own waker first: it sleeps in another process, and this
+                    // is the shortest path to it (the blocked thread below wakes anyway, to
+                    // end the wait and answer).
+                    if let Some(w) = self.take_waker(id) {
+                        w.wake();
+                    }
+                    if !woke {
+                        woke = true;
+                        self.waits_cv.notify_all();
+                    }
                 }
-                Output::WaitCompleted(_) => {}
                 Output::SchedulerWork => {
                     self.km_cv.notify_all();
                 }
@@ -373,6 +386,18 @@ impl Inner {
         if os.km_generation() == seen {
             self.km_cv.wait_for(&mut os, timeout);
         }
+    }
+
+    /// Registers `waker` for wait `id`: woken when the OS decides the wait. Call under the OS
+    /// lock, in the call that began the wait (so the decision cannot come first).
+    pub(crate) fn set_waker(&self, id: WaitId, waker: &std::task::Waker) {
+        self.wakers.lock().insert(id, waker.clone());
+    }
+
+    /// Removes wait `id`'s waker, if it has one still.
+    pub(crate) fn take_waker(&self, id: WaitId) -> Option<std::task::Waker> {
+        let mut w = self.wakers.lock();
+        if w.is_empty() { None } else { w.remove(&id) }
     }
 
     /// Blocks until wait `id` is decided or `timeout` passes.
