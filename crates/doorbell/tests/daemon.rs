@@ -162,6 +162,7 @@ fn role() {
         "fence-b" => role_fence_b(args.parse().unwrap()),
         "no-syscall" => role_no_syscall(),
         "wait-forever" => role_wait_forever(),
+        "wait-timeout" => role_wait_timeout(),
         other => panic!("unknown role {other}"),
     };
     println!("ROLE: {out}");
@@ -344,11 +345,44 @@ fn role_wait_forever() -> String {
     let mut cb = CommandBuffer::new();
     cb.wait(buf.va(), 1); // never satisfied
     let v = q.submit(&cb).unwrap();
-    say("blocked");
+    say(&format!("blocked {}", rustix::thread::gettid().as_raw_nonzero()));
     match q.wait(v, None) {
         Err(UmdError::Kernel(KernelError::DeviceLost { .. })) => "device lost".into(),
         other => format!("unexpected {other:?}"),
     }
+}
+
+/// A blocking wait that times out (the daemon's answer wakes the sleeper), then calls on the
+/// same connection; then a wait decided from memory before its answer arrives, then more
+/// calls (the connection reads the answer it owes first).
+fn role_wait_timeout() -> String {
+    let dev = Device::connect_default().unwrap();
+    let ctx = dev.create_context(dev.engine(EngineKind::Compute).unwrap()).unwrap();
+    let buf = dev.allocate(4096).unwrap();
+    let mut q = ctx.create_queue(QueueOptions::user_mode()).unwrap();
+    q.set_spin(0);
+    let mut cb = CommandBuffer::new();
+    cb.wait(buf.va(), 1).write_u32(buf.va() + 8, 7);
+    let v = q.submit(&cb).unwrap();
+    let timed_out = match q.wait(v, Some(Duration::from_millis(30))) {
+        Err(UmdError::Timeout { value, completed, .. }) => format!("timeout {value} {completed}"),
+        other => format!("unexpected {other:?}"),
+    };
+    assert_eq!(q.status().unwrap().completed, 0, "the connection still answers");
+    // Released from another thread of this process once this one sleeps on its wake word.
+    let tid = rustix::thread::gettid().as_raw_nonzero().get() as u32;
+    let waker = std::thread::spawn(move || {
+        until("the waiter to sleep on its wake word", || sleeps_on_shared_futex(std::process::id(), tid));
+        buf.write(0, &1u32.to_le_bytes()).unwrap();
+        buf
+    });
+    q.wait(v, Some(T)).unwrap();
+    let buf = waker.join().unwrap();
+    assert_eq!(buf.read_u32(8).unwrap(), 7);
+    for _ in 0..3 {
+        assert_eq!(q.status().unwrap().completed, v, "each call gets its own answer");
+    }
+    timed_out
 }
 
 #[test]
@@ -544,7 +578,10 @@ fn a_killed_daemon_means_device_lost_and_a_new_daemon_starts_at_once() {
     let dir = scratch("daemon-kill");
     let mut d = Daemon::start(&dir, None);
     let mut c = Client::spawn(&d.socket, "wait-forever", "");
-    assert_eq!(c.line(), "blocked");
+    let tid: u32 = c.line().strip_prefix("blocked ").unwrap().parse().unwrap();
+    // It sleeps on its wake word (a shared futex), not in a read of the socket: nobody will
+    // wake it once the daemon is gone, so its bounded sleeps must find the socket closed.
+    until("the client to sleep on its wake word", || sleeps_on_shared_futex(c.child.id(), tid));
     d.kill();
     assert_eq!(c.finish(), "device lost");
     // The same path at once: the stale socket does not block the restart.
@@ -552,12 +589,30 @@ fn a_killed_daemon_means_device_lost_and_a_new_daemon_starts_at_once() {
     assert_eq!(Client::spawn(&d2.socket, "submit", "100").finish(), "ok 100");
 }
 
+/// Whether thread `tid` of process `pid` is in `FUTEX_WAIT` without `FUTEX_PRIVATE_FLAG` (a
+/// futex shared with another process: Rust's own locks and condition variables use private
+/// ones), read from `/proc/PID/task/TID/syscall` (number, then arguments: address, op, ...).
+fn sleeps_on_shared_futex(pid: u32, tid: u32) -> bool {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/syscall")).unwrap_or_default();
+    let mut f = s.split_whitespace();
+    let nr = f.next();
+    let op = f.nth(1).and_then(|op| u64::from_str_radix(op.trim_start_matches("0x"), 16).ok());
+    nr == Some(libc::SYS_futex.to_string().as_str()) && op == Some(libc::FUTEX_WAIT as u64)
+}
+
+#[test]
+fn a_blocked_wait_times_out_wakes_from_memory_and_the_connection_stays_in_step() {
+    let dir = scratch("wait-timeout");
+    let d = Daemon::start(&dir, None);
+    assert_eq!(Client::spawn(&d.socket, "wait-timeout", "").finish(), "timeout 1 0");
+}
+
 #[test]
 fn sigterm_stops_cleanly_clients_see_device_lost_and_nothing_is_left() {
     let dir = scratch("term");
     let mut d = Daemon::start(&dir, None);
     let mut c = Client::spawn(&d.socket, "wait-forever", "");
-    assert_eq!(c.line(), "blocked");
+    assert!(c.line().starts_with("blocked "));
     // A second daemon on the same path is refused while this one runs.
     let st = doorbell().args(["serve", "--socket", d.socket.to_str().unwrap()]).output().unwrap();
     assert!(!st.status.success());
@@ -710,7 +765,7 @@ fn status_prints_processes_and_queues() {
     let dir = scratch("status");
     let d = Daemon::start(&dir, None);
     let mut c = Client::spawn(&d.socket, "wait-forever", "");
-    assert_eq!(c.line(), "blocked");
+    assert!(c.line().starts_with("blocked "));
     let st = doorbell().args(["status", "--socket", d.socket.to_str().unwrap()]).output().unwrap();
     let out = String::from_utf8_lossy(&st.stdout);
     assert!(st.status.success(), "{out}");
