@@ -133,6 +133,8 @@ pub struct RemotePort {
     doorbell_queues: Mutex<HashMap<DoorbellHandle, HwQueueHandle>>,
     devices: Mutex<Vec<DeviceHandle>>,
     lost: AtomicBool,
+    /// Whether blocking waits sleep on the wake word (the default) or read the socket.
+    wake_words: AtomicBool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -182,7 +184,16 @@ impl RemotePort {
             doorbell_queues: Mutex::new(HashMap::new()),
             devices: Mutex::new(Vec::new()),
             lost: AtomicBool::new(false),
+            wake_words: AtomicBool::new(true),
         })
+    }
+
+    /// Whether blocking waits sleep on the connection's wake word (`true`, the default) or
+    /// block reading the answer from the socket: for `doorbell bench submit --daemon`, which
+    /// measures both.
+    pub fn set_wake_words(&self, on: bool) {
+        // Relaxed: a setting read by later waits of whichever thread; nothing rides on it.
+        self.wake_words.store(on, Ordering::Relaxed);
     }
 
     /// The daemon's per-process limits.
@@ -352,7 +363,8 @@ impl RemotePort {
 
     /// A wait: an ordinary call when it only polls (`timeout` zero), else [`Self::wait_on_word`].
     fn wait(&self, req: Request, timeout: Option<Duration>, done: Condition<'_>) -> Result<WaitOutcome, KernelError> {
-        if timeout == Some(Duration::ZERO) {
+        // Relaxed: see `set_wake_words`.
+        if timeout == Some(Duration::ZERO) || !self.wake_words.load(Ordering::Relaxed) {
             return match self.call(&req)?.0 {
                 Reply::Wait(w) => Ok(w),
                 _ => Err(self.unexpected()),

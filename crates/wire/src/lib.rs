@@ -241,12 +241,12 @@ impl Channel {
     }
 
     /// Receives one frame's payload (prefix checked and removed) and its descriptors.
-    pub fn recv_frame(&self) -> Result<(Vec<u8>, Vec<OwnedFd>), WireError> {
+    pub fn recv_frame(&self) -> Result<Frame, WireError> {
         self.recv_frame_with(RecvFlags::empty()).map(|f| f.expect("a blocking receive returns a frame"))
     }
 
     /// [`recv_frame`](Self::recv_frame) with `flags`; `None`: `DONTWAIT` and nothing waiting.
-    fn recv_frame_with(&self, flags: RecvFlags) -> Result<Option<(Vec<u8>, Vec<OwnedFd>)>, WireError> {
+    fn recv_frame_with(&self, flags: RecvFlags) -> Result<Option<Frame>, WireError> {
         // One byte more than the largest frame, so an oversized packet shows as TRUNC or as
         // a length past the maximum.
         let mut buf = vec![0u8; PREFIX + MAX_FRAME + 1];
@@ -292,6 +292,9 @@ impl Channel {
         Ok(Some((buf, fds)))
     }
 }
+
+/// A received frame: its payload and the descriptors that came with it.
+type Frame = (Vec<u8>, Vec<OwnedFd>);
 
 /// A listening socket.
 #[derive(Debug)]

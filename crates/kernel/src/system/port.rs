@@ -57,7 +57,7 @@ impl ProcessPort {
             WaitStart::Done(r) => r,
             WaitStart::Blocked(w) => {
                 self.inner.block(w, timeout);
-                self.inner.take_waker(w);
+                self.after_block(w, waker);
                 self.inner.call(|os, now| os.end_wait(self.pid, queue, w, now))
             }
         }
@@ -80,9 +80,20 @@ impl ProcessPort {
             WaitStart::Done(r) => r,
             WaitStart::Blocked(w) => {
                 self.inner.block(w, timeout);
-                self.inner.take_waker(w);
+                self.after_block(w, waker);
                 self.inner.call(|os, _| os.end_fence_wait(self.pid, w))
             }
+        }
+    }
+
+    /// After a blocked wait with a waker: if the decision woke it (the waker is gone), the
+    /// sleeper in the other process is waking now, and it needs a core more than this thread
+    /// does (its answer is only the confirmation): give it the core first. On a two-core
+    /// machine whose other core runs the firmware thread, this is the difference between the
+    /// futex wake-up and a socket round trip.
+    fn after_block(&self, w: crate::os::WaitId, waker: Option<&Waker>) {
+        if self.inner.take_waker(w).is_none() && waker.is_some() {
+            std::thread::yield_now();
         }
     }
 
