@@ -143,6 +143,13 @@ impl Client {
         l
     }
 
+    /// [`finish`](Self::finish) for a role that exits by itself after its last line.
+    fn finish_with_line(mut self) -> String {
+        let l = self.line();
+        assert!(self.child.wait().unwrap().success(), "client failed: {l}");
+        l
+    }
+
     fn sigkill(&mut self) {
         self.child.kill().unwrap();
         self.child.wait().unwrap();
@@ -163,6 +170,8 @@ fn role() {
         "no-syscall" => role_no_syscall(),
         "wait-forever" => role_wait_forever(),
         "wait-timeout" => role_wait_timeout(),
+        "orphan" => role_orphan(),
+        "heir" => role_heir(),
         other => panic!("unknown role {other}"),
     };
     println!("ROLE: {out}");
@@ -589,6 +598,85 @@ fn a_killed_daemon_means_device_lost_and_a_new_daemon_starts_at_once() {
     assert_eq!(Client::spawn(&d2.socket, "submit", "100").finish(), "ok 100");
 }
 
+/// A hand-written submission on a low-level user-mode queue: `WRITE_DATA` of `value` at
+/// `va`, then a progress fence; rings and waits for it. Returns the wptr it rang with.
+fn ll_submit(q: &umd::lowlevel::UserQueue, wptr: &mut u64, progress: &mut u64, va: u64, value: u32) -> u64 {
+    let mut cb = CommandBuffer::new();
+    cb.write_u32(va, value);
+    *progress += 1;
+    let fence = abi::packet::progress_fence_words(*progress);
+    let plan = q.ring().plan(*wptr, (cb.len() + fence.len()) as u64).unwrap();
+    abi::protocol::announce_last_queued(q.control().last_queued(), *progress);
+    q.ring().write(*wptr, &plan, &[cb.words(), &fence]).unwrap();
+    *wptr = plan.new_wptr;
+    assert_eq!(q.ring_doorbell(*wptr).unwrap(), abi::DoorbellStatus::Connected);
+    q.wait_progress(*progress, Some(T)).unwrap();
+    *wptr
+}
+
+/// A low-level user-mode queue, connected, with one submission done; and its BAR page.
+fn ll_queue(dev: &Device) -> (umd::lowlevel::UserQueue, umd::Buffer, u64, u64, u32) {
+    let ctx = dev.create_context(dev.engine(EngineKind::Compute).unwrap()).unwrap();
+    let buf = dev.allocate(4096).unwrap();
+    let q = umd::lowlevel::UserQueue::create(&ctx, 1 << 16, abi::Priority::Normal).unwrap();
+    q.connect().unwrap();
+    let (mut wptr, mut progress) = (0, 0);
+    ll_submit(&q, &mut wptr, &mut progress, buf.va(), 1);
+    let Some(abi::port::PhysicalDoorbell::BarIndex(i)) = q.physical_doorbell().unwrap() else {
+        panic!("expected a dedicated doorbell")
+    };
+    std::mem::forget(ctx);
+    (q, buf, wptr, progress, i / abi::doorbell::DOORBELLS_PER_PAGE)
+}
+
+/// Connects a doorbell, submits, then ends its kernel process while its OS process lives on
+/// (it shuts its socket: the daemon sees a crash), and on `scribble` writes into every word
+/// of the doorbell page it still maps, ringing as hard as it can.
+fn role_orphan() -> String {
+    let dev = Device::connect_default().unwrap();
+    let (q, _buf, wptr, _, page) = ll_queue(&dev);
+    say(&format!("page {page}"));
+    for fd in std::fs::read_dir("/proc/self/fd").unwrap().flatten() {
+        let is_socket = std::fs::read_link(fd.path()).is_ok_and(|l| l.to_string_lossy().starts_with("socket:"));
+        if let (true, Ok(n)) = (is_socket, fd.file_name().to_string_lossy().parse::<i32>()) {
+            // SAFETY: `n` is one of this process's open descriptors, borrowed for this call
+            // only, while no other thread closes descriptors.
+            let _ =
+                rustix::net::shutdown(unsafe { std::os::fd::BorrowedFd::borrow_raw(n) }, rustix::net::Shutdown::Both);
+        }
+    }
+    say("ended");
+    assert_eq!(read_stdin_line(), "scribble");
+    let page = q.doorbell().cpu_page();
+    for round in 0..64u64 {
+        for w in 0..(shm::PAGE_SIZE as u64 / 8) {
+            let word = page.atomic_u64(w * 8).unwrap();
+            word.store(wptr + 0x1000 * (round + 1), std::sync::atomic::Ordering::Release);
+        }
+    }
+    say("scribbled");
+    std::process::exit(0);
+}
+
+/// Takes a doorbell (on the page the orphan had), then on `check` reads its doorbell word
+/// back, and submits more work, each result checked.
+fn role_heir() -> String {
+    let dev = Device::connect_default().unwrap();
+    let (q, buf, mut wptr, mut progress, page) = ll_queue(&dev);
+    say(&format!("page {page}"));
+    assert_eq!(read_stdin_line(), "check");
+    // What the firmware reads for this doorbell: only this process's last ring.
+    let rung = q.doorbell().word().get().load(std::sync::atomic::Ordering::Acquire);
+    assert_eq!(rung, wptr, "the doorbell word holds a value this process never rang");
+    for i in 0..8 {
+        ll_submit(&q, &mut wptr, &mut progress, buf.va() + 4 * i, 100 + i as u32);
+    }
+    for i in 0..8 {
+        assert_eq!(buf.read_u32(4 * i).unwrap(), 100 + i as u32);
+    }
+    format!("ok {progress}")
+}
+
 /// Whether thread `tid` of process `pid` is in `FUTEX_WAIT` without `FUTEX_PRIVATE_FLAG` (a
 /// futex shared with another process: Rust's own locks and condition variables use private
 /// ones), read from `/proc/PID/task/TID/syscall` (number, then arguments: address, op, ...).
@@ -605,6 +693,29 @@ fn a_blocked_wait_times_out_wakes_from_memory_and_the_connection_stays_in_step()
     let dir = scratch("wait-timeout");
     let d = Daemon::start(&dir, None);
     assert_eq!(Client::spawn(&d.socket, "wait-timeout", "").finish(), "timeout 1 0");
+}
+
+/// Spec 000's rotation to the dummy page across processes: a client whose kernel process has
+/// ended (its OS process alive, its doorbell page still mapped) writes every word of that
+/// page while another client's doorbell sits on the same BAR page; none of it reaches the
+/// page the firmware reads for the other client. (Fails if the daemon keeps the ended
+/// client's page alias: checked by removing the withdrawal in `end_client`.)
+#[test]
+fn writes_from_an_ended_client_reach_no_engine() {
+    let dir = scratch("orphan");
+    let d = Daemon::start(&dir, None);
+    let mut a = Client::spawn(&d.socket, "orphan", "");
+    let page_a = a.line();
+    assert_eq!(a.line(), "ended");
+    until("the orphan's kernel process to end", || d.status().processes.is_empty());
+    let mut b = Client::spawn(&d.socket, "heir", "");
+    assert_eq!(b.line(), page_a, "the heir's doorbell is on the BAR page the orphan had");
+    a.say("scribble");
+    assert_eq!(a.finish_with_line(), "scribbled");
+    b.say("check");
+    assert_eq!(b.finish(), "ok 9");
+    let s = d.status();
+    assert_eq!(s.adapters[0].faults, 0, "no queue faulted");
 }
 
 #[test]
