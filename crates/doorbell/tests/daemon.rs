@@ -5,6 +5,7 @@
 //! a generous deadline; nothing sleeps for a fixed time to let something happen.
 
 use std::io::{BufRead, BufReader, Write};
+use std::os::fd::FromRawFd;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::Arc;
@@ -171,6 +172,7 @@ fn role() {
         "wait-forever" => role_wait_forever(),
         "wait-timeout" => role_wait_timeout(),
         "orphan" => role_orphan(),
+        "batches" => role_batches(),
         "heir" => role_heir(),
         other => panic!("unknown role {other}"),
     };
@@ -677,6 +679,95 @@ fn role_heir() -> String {
     format!("ok {progress}")
 }
 
+/// On each `batch N` line: N user-mode submissions, then a spin on the progress fence in
+/// memory (no kernel call), then `done N`; ends on `end`.
+fn role_batches() -> String {
+    let dev = Device::connect_default().unwrap();
+    let ctx = dev.create_context(dev.engine(EngineKind::Compute).unwrap()).unwrap();
+    let buf = dev.allocate(4096).unwrap();
+    let mut q = ctx.create_queue(QueueOptions { ring_bytes: 1 << 20, ..QueueOptions::user_mode() }).unwrap();
+    // Ring-space waits spin in memory too.
+    q.set_spin(u32::MAX);
+    let mut cb = CommandBuffer::new();
+    let mut submit = |n: u32| {
+        let mut last = 0;
+        for i in 0..n {
+            cb.clear();
+            cb.write_u32(buf.va(), i);
+            last = q.submit(&cb).unwrap();
+        }
+        while q.completed() < last {
+            std::hint::spin_loop();
+        }
+        assert_eq!(buf.read_u32(0).unwrap(), n - 1);
+    };
+    submit(4);
+    say("ready");
+    loop {
+        let line = read_stdin_line();
+        let Some(n) = line.strip_prefix("batch ") else { break };
+        submit(n.parse().unwrap());
+        say(&format!("done {n}"));
+    }
+    "ended".into()
+}
+
+/// An exact count of one thread's system calls: a perf counter on the `raw_syscalls:sys_enter`
+/// tracepoint, attached to thread `tid` (any process: the test runs as root, as CI does).
+struct SyscallCounter {
+    fd: std::os::fd::OwnedFd,
+}
+
+impl SyscallCounter {
+    /// `None` if the thread has ended.
+    fn attach(tid: i32) -> Option<SyscallCounter> {
+        let id_path = "/sys/kernel/tracing/events/raw_syscalls/sys_enter/id";
+        if std::fs::metadata(id_path).is_err() {
+            // tracefs is not mounted here by default on every machine.
+            let _ = Command::new("mount").args(["-t", "tracefs", "nodev", "/sys/kernel/tracing"]).status();
+        }
+        let id: u64 = std::fs::read_to_string(id_path)
+            .unwrap_or_else(|e| panic!("{id_path}: {e} (tracefs is needed to count the daemon's system calls)"))
+            .trim()
+            .parse()
+            .unwrap();
+        // `struct perf_event_attr` as of PERF_ATTR_SIZE_VER0 (64 bytes): type, size, config,
+        // then fields left zero (counting, enabled, no sampling).
+        let mut attr = [0u64; 8];
+        attr[0] = 2 | (64 << 32); // PERF_TYPE_TRACEPOINT, size 64 (little-endian u32 pair)
+        attr[1] = id;
+        // SAFETY: perf_event_open reads `attr` (64 bytes, valid for the call) and returns a
+        // new descriptor or -1; no memory is retained.
+        let fd = unsafe { libc::syscall(libc::SYS_perf_event_open, attr.as_ptr(), tid, -1i32, -1i32, 0u64) };
+        let e = std::io::Error::last_os_error();
+        if fd < 0 && e.raw_os_error() == Some(libc::ESRCH) {
+            return None;
+        }
+        assert!(fd >= 0, "perf_event_open on thread {tid}: {e}");
+        // SAFETY: `fd` is a descriptor perf_event_open just returned, owned by nobody else.
+        Some(SyscallCounter { fd: unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) } })
+    }
+
+    fn count(&self) -> u64 {
+        let mut b = [0u8; 8];
+        assert_eq!(rustix::io::read(&self.fd, &mut b).unwrap(), 8);
+        u64::from_le_bytes(b)
+    }
+}
+
+/// The daemon's threads: (tid, name).
+fn threads_of(pid: i32) -> Vec<(i32, String)> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .flatten()
+        .map(|t| {
+            let tid: i32 = t.file_name().to_string_lossy().parse().unwrap();
+            let name = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default().trim().to_owned();
+            (tid, name)
+        })
+        .collect()
+}
+
 /// Whether thread `tid` of process `pid` is in `FUTEX_WAIT` without `FUTEX_PRIVATE_FLAG` (a
 /// futex shared with another process: Rust's own locks and condition variables use private
 /// ones), read from `/proc/PID/task/TID/syscall` (number, then arguments: address, op, ...).
@@ -716,6 +807,53 @@ fn writes_from_an_ended_client_reach_no_engine() {
     assert_eq!(b.finish(), "ok 9");
     let s = d.status();
     assert_eq!(s.adapters[0].faults, 0, "no queue faulted");
+}
+
+/// The daemon's side of "a user-mode submission makes no system call": over a batch of 20,000
+/// submissions (the client spinning on memory), an exact per-thread count of the daemon's
+/// system calls shows none in any thread but two: the firmware thread makes only the calls
+/// it makes on purpose whatever the work (a yield now and then while idle, which it counts
+/// itself: `firmware_thread_calls`), and the kernel-mode scheduler thread only its timed
+/// sleeps. (Fails with one `sched_yield` added per latched doorbell: checked.)
+#[test]
+fn the_daemon_makes_no_system_call_per_submission() {
+    let dir = scratch("daemon-nosys");
+    let d = Daemon::start(&dir, Some("idle_period_ms = 3600000\n"));
+    let mut c = Client::spawn(&d.socket, "batches", "");
+    assert_eq!(c.line(), "ready");
+    let deliberate = || d.status().adapters[0].firmware_thread_calls;
+    let before_status = deliberate();
+    // (The status query's connection thread may be ending: it is not counted.)
+    let (threads, counters): (Vec<_>, Vec<_>) =
+        threads_of(d.pid()).into_iter().filter_map(|t| SyscallCounter::attach(t.0).map(|c| (t, c))).unzip();
+    let start = Instant::now();
+    c.say("batch 20000");
+    assert_eq!(c.line(), "done 20000");
+    let counts: Vec<u64> = counters.iter().map(SyscallCounter::count).collect();
+    let elapsed = start.elapsed();
+    // No thread was started meanwhile (its calls would not be counted).
+    let now: Vec<_> = threads_of(d.pid()).into_iter().map(|t| t.0).collect();
+    assert!(now.iter().all(|t| threads.iter().any(|(u, _)| u == t)), "{now:?} vs {threads:?}");
+    let on_purpose = deliberate() - before_status;
+    c.say("end");
+    assert_eq!(c.finish(), "ended");
+    let report: Vec<_> = threads.iter().zip(&counts).map(|((t, n), c)| format!("{n}/{t}: {c}")).collect();
+    for ((_, name), &n) in threads.iter().zip(&counts) {
+        match name.as_str() {
+            // Its calls on purpose were counted over a span that includes the batch.
+            "doorbell-firmwa" => assert!(
+                n <= on_purpose + 16,
+                "the firmware thread made {n} calls, {on_purpose} of them on purpose: {report:?}"
+            ),
+            // Wakes every 50 ms to look for kernel-mode work, a few calls each time.
+            "doorbell-km-sch" => {
+                let periods = elapsed.as_millis() as u64 / 50 + 2;
+                assert!(n <= 8 * periods, "the scheduler thread made {n} calls in {elapsed:?}: {report:?}");
+            }
+            _ => assert_eq!(n, 0, "daemon thread {name} made system calls during the batch: {report:?}"),
+        }
+    }
+    assert!(threads.iter().any(|(_, n)| n == "doorbell-firmwa"), "{report:?}");
 }
 
 #[test]

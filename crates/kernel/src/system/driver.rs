@@ -226,6 +226,11 @@ pub(crate) struct Inner {
     /// The device's attention register: while the kernel waits for the device lock, the pump
     /// stays off it.
     attention: gpu::Attention,
+    /// The system calls the live firmware thread made on purpose: a yield now and then while
+    /// idle, a park while every engine is in F1. Its only ones: the data path (latching a
+    /// doorbell, executing, writing fences) makes none, which the daemon's tests check
+    /// against the kernel's own count of the thread's calls.
+    pub(crate) fw_calls: Arc<AtomicU64>,
 }
 
 /// What one pump did.
@@ -259,6 +264,7 @@ impl Inner {
             cross: Mutex::new(None),
             os_deadline: AtomicU64::new(u64::MAX),
             attention,
+            fw_calls: Arc::new(AtomicU64::new(0)),
         }
     }
 
@@ -476,12 +482,16 @@ impl crate::cross::Peer for Inner {
 
 pub(crate) fn firmware_thread(inner: std::sync::Weak<Inner>, stop: Arc<AtomicBool>) {
     let mut idle_spins = 0u32;
+    let Some(calls) = inner.upgrade().map(|s| s.fw_calls.clone()) else { return };
+    // Relaxed: a statistic.
+    let count_call = || calls.fetch_add(1, Ordering::Relaxed);
     // Acquire: pairs with the release store in `Inner::stop`.
     while !stop.load(Ordering::Acquire) {
         let Some(sys) = inner.upgrade() else { return };
         let p = sys.pump();
         drop(sys);
         if p.asleep {
+            count_call();
             // Every engine is in F1: sleep until a connect wakes us (an unpark that comes
             // first makes this return at once, so the wake-up cannot be lost).
             std::thread::park_timeout(Duration::from_millis(100));
@@ -492,6 +502,7 @@ pub(crate) fn firmware_thread(inner: std::sync::Weak<Inner>, stop: Arc<AtomicBoo
             idle_spins = idle_spins.saturating_add(1);
             if idle_spins.is_multiple_of(64) {
                 // Let the other threads of a 2-core machine in now and then.
+                count_call();
                 std::thread::yield_now();
             } else {
                 std::hint::spin_loop();
