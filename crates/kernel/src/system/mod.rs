@@ -261,6 +261,13 @@ impl System {
         self.inner.trace.snapshot()
     }
 
+    /// The system calls the live firmware thread made on purpose: yields while idle, parks
+    /// while every engine is in F1 (0 on the deterministic driver).
+    pub fn firmware_thread_calls(&self) -> u64 {
+        // Relaxed: a statistic.
+        self.inner.fw_calls.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Kernel counters.
     pub fn stats(&self) -> OsStats {
         self.inner.os.lock().stats()
