@@ -39,7 +39,7 @@
 //!
 //! A client thread blocked in a wait sleeps on a futex, not in a read of its socket: each
 //! connection that asks ([`Request::WakeWord`]) gets a 32-bit word in its process's wake page
-//! (one memfd page per client process, sent read-only). The connection's [`WakeSlot`] is the
+//! (one memfd page per client process, sent read-only). The connection's `WakeSlot` is the
 //! [`std::task::Waker`] its waits carry into the kernel (`ProcessPort::wait_*_waking`): when
 //! the kernel decides the wait, whichever thread acts on the decision bumps the word and
 //! `FUTEX_WAKE`s it, and the connection's thread does so again after sending the answer.
