@@ -1000,6 +1000,8 @@ fn bench_submit_daemon_json_reports_every_field() {
         "peer_spsc_ring_p50_ns",
         "peer_unix_socket_p50_ns",
         "peer_futex_wake_p50_ns",
+        "um_blocked_wakeup_futex_p50_ns",
+        "um_blocked_wakeup_socket_p50_ns",
     ] {
         assert!(v[f].as_u64().is_some_and(|x| x > 0), "{f}: {v}");
     }
