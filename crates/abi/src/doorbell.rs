@@ -2,7 +2,8 @@
 //!
 //! A doorbell is a 64-bit word in the device's doorbell BAR (spec 001 "Writing to the doorbell
 //! wakes the firmware"). The BAR is made of 4 KiB pages of 512 doorbells; each client process
-//! owns one page, and a queue's doorbell index lies inside it. The device implements one of
+//! owns one page (and may allocate one more, spec 001), and a queue's doorbell index lies
+//! inside the page its descriptor names. The device implements one of
 //! spec 000's two models ([`DoorbellModel`]), and the kernel tells the client how to ring
 //! ([`RingMethod`]):
 //!
@@ -20,9 +21,10 @@
 //!
 //! Either model may add the **aggregated doorbell** (amdgpu, spec 001): on a device whose
 //! engines miss doorbells of queues that are not in a hardware slot, the kernel maps a page of
-//! aggregated doorbell into each process, and the client also sets its engine's bit there
-//! after every ring, which makes the firmware look at the wptrs of that engine's unmapped
-//! queues.
+//! aggregated doorbell into each process (for the CPU, and into its GPU address space), and
+//! the client also rings its engine's word there after every ring — any non-zero store, so
+//! a queue can ring it from the GPU too — which makes the firmware look at the wptrs of that
+//! engine's unmapped queues.
 //!
 //! The kernel maps the doorbell into the client at a CPU virtual address it can *rotate*: while
 //! connected the address shows the BAR page, while disconnected it shows a dummy page where

@@ -1,9 +1,22 @@
 //! Native fence log buffers (spec 002 "Native fence log buffer design").
 //!
-//! The kernel gives every user-mode queue two 4 KiB logs, one for waits and one for signals,
-//! that the engine writes and the client cannot touch. A `SIGNAL` or `WAIT` carrying
-//! [`crate::packet::FLAG_LOG`] names the entry to write (the UMD chooses the progression);
-//! after the fence operation the engine writes, in the spec's order:
+//! The kernel gives every user-mode queue two logs, one for waits and one for signals, that
+//! the engine writes and the client cannot touch: 4 KiB each ([`FENCE_LOG_BYTES`],
+//! [`FENCE_LOG_ENTRIES`] entries), larger while the OS traces (spec 002: "when tracing is
+//! enabled, the OS first increases the size of the log buffer to prevent overruns"). A log's
+//! size is its memory's: the header's `num_entries` says it, and the engine and the kernel
+//! both derive it from the length of the log they were given ([`entries_in`]).
+//!
+//! A `SIGNAL` or `WAIT` carrying [`crate::packet::FLAG_LOG`] names the log **position** to
+//! write: the UMD owns the progression (spec 002: it "determines the next free entry to write
+//! to ... and programs the GPU with this information") as a running count of its logged
+//! operations, 0, 1, 2, ..., wrapping at 2^32. The engine writes position `p` at entry
+//! `p mod num_entries`. So the UMD need not know the log's size, and the OS can recreate a
+//! log of another size under a running queue: the new header starts where the old one
+//! stopped ([`init`]), and the positions go on. A position behind the header's, or a whole
+//! log or more ahead of it, is refused ([`locate`]); the engine faults the queue.
+//!
+//! After the fence operation the engine writes, in the spec's order:
 //!
 //! 1. the fence value (the signal itself, or the wait's release),
 //! 2. the log entry, with the GPU timestamps,
@@ -38,7 +51,7 @@
 use core::mem::{offset_of, size_of};
 use core::sync::atomic::AtomicU64;
 
-/// Bytes of one log.
+/// Bytes of one log as the spec sizes it ("two dedicated 4-KB log buffers per HWQueue").
 pub const FENCE_LOG_BYTES: u64 = 4096;
 
 /// The log header.
@@ -78,8 +91,22 @@ pub struct FenceLogEntry {
 pub const FENCE_LOG_HEADER_BYTES: u64 = size_of::<FenceLogHeader>() as u64;
 /// Bytes of an entry.
 pub const FENCE_LOG_ENTRY_BYTES: u64 = size_of::<FenceLogEntry>() as u64;
-/// Entries per log.
-pub const FENCE_LOG_ENTRIES: u32 = ((FENCE_LOG_BYTES - FENCE_LOG_HEADER_BYTES) / FENCE_LOG_ENTRY_BYTES) as u32;
+/// Entries in a log of [`FENCE_LOG_BYTES`].
+pub const FENCE_LOG_ENTRIES: u32 = entries_in(FENCE_LOG_BYTES);
+
+/// Entries in a log of `bytes` bytes (0 if it cannot hold the header and one entry).
+pub const fn entries_in(bytes: u64) -> u32 {
+    if bytes < FENCE_LOG_HEADER_BYTES + FENCE_LOG_ENTRY_BYTES {
+        return 0;
+    }
+    let n = (bytes - FENCE_LOG_HEADER_BYTES) / FENCE_LOG_ENTRY_BYTES;
+    if n > u32::MAX as u64 { u32::MAX } else { n as u32 }
+}
+
+/// Bytes of a log of `entries` entries.
+pub const fn log_bytes(entries: u32) -> u64 {
+    FENCE_LOG_HEADER_BYTES + entries as u64 * FENCE_LOG_ENTRY_BYTES
+}
 
 const _: () = {
     assert!(FENCE_LOG_HEADER_BYTES == 40);
@@ -133,10 +160,16 @@ pub const fn unpack_first_free(w: u64) -> (u32, u32) {
     (w as u32, (w >> 32) as u32)
 }
 
-/// Entries written since the log was created: `wraps * entries + index`.
-pub const fn total_written(w: u64) -> u64 {
+/// Positions written so far in a log of `entries` entries: `wraps * entries + index`.
+pub const fn total_written(w: u64, entries: u32) -> u64 {
     let (i, n) = unpack_first_free(w);
-    n as u64 * FENCE_LOG_ENTRIES as u64 + i as u64
+    n as u64 * entries as u64 + i as u64
+}
+
+/// The header word of a log of `entries` entries whose next free position is `total`.
+pub const fn header_at(total: u64, entries: u32) -> u64 {
+    let n = if entries == 0 { 1 } else { entries as u64 };
+    pack_first_free((total % n) as u32, (total / n) as u32)
 }
 
 /// Byte offset of entry `i`.
@@ -186,10 +219,29 @@ pub struct LogRead {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum LogError {
     /// The header's index is out of range.
-    #[error("fence log header: FirstFreeEntryIndex {index} is not below {FENCE_LOG_ENTRIES}")]
+    #[error("fence log header: FirstFreeEntryIndex {index} is not below the log's {entries} entries")]
     BadIndex {
         /// The index.
         index: u32,
+        /// Entries in the log.
+        entries: u32,
+    },
+    /// A log position the engine cannot write: behind the header's (the UMD's progression
+    /// went backwards) or a whole log or more ahead of it.
+    #[error("fence log position {position}: the next free position is {next}, and the log holds {entries} entries")]
+    BadPosition {
+        /// The position the packet named.
+        position: u32,
+        /// The header's next free position (its low 32 bits).
+        next: u32,
+        /// Entries in the log.
+        entries: u32,
+    },
+    /// A log too small to hold one entry.
+    #[error("fence log of {bytes} bytes holds no entry")]
+    TooSmall {
+        /// Its size.
+        bytes: u64,
     },
     /// The header went backwards.
     #[error("fence log header went backwards: {total} entries written, {cached} seen before")]
@@ -222,21 +274,30 @@ pub enum LogError {
     Memory(#[from] shm::ShmError),
 }
 
-/// Reads the entries written since `cached` (a previous [`LogRead::total`], 0 at first). Call
-/// after the KMD's flush (`DxgkDdiUpdateNativeFenceLogs`). Everything is validated: the log is
-/// written by another actor.
+/// Entries in `log` (from its length, as the engine sees it).
+pub fn capacity(log: &shm::Mapping) -> Result<u32, LogError> {
+    match entries_in(log.len() as u64) {
+        0 => Err(LogError::TooSmall { bytes: log.len() as u64 }),
+        n => Ok(n),
+    }
+}
+
+/// Reads the entries written since position `cached` (a previous [`LogRead::total`], 0 at
+/// first). Call after the KMD's flush (`DxgkDdiUpdateNativeFenceLogs`). Everything is
+/// validated: the log is written by another actor.
 pub fn read_since(log: &shm::Mapping, cached: u64) -> Result<LogRead, LogError> {
+    let cap = capacity(log)?;
     // Acquire: pairs with the engine's release of the index, so the entries are visible.
     let w = log.load_u64(0, core::sync::atomic::Ordering::Acquire)?;
     let (index, _) = unpack_first_free(w);
-    if index >= FENCE_LOG_ENTRIES {
-        return Err(LogError::BadIndex { index });
+    if index >= cap {
+        return Err(LogError::BadIndex { index, entries: cap });
     }
-    let total = total_written(w);
+    let total = total_written(w, cap);
     if total < cached {
         return Err(LogError::Backwards { total, cached });
     }
-    let n = FENCE_LOG_ENTRIES as u64;
+    let n = cap as u64;
     let new = total - cached;
     let lost = new.saturating_sub(n);
     let mut entries = Vec::with_capacity(new.min(n) as usize);
@@ -265,29 +326,25 @@ pub fn read_since(log: &shm::Mapping, cached: u64) -> Result<LogRead, LogError> 
     // The engine may have gone on writing while we read. Position t shares its slot with
     // t + n, so every position up to `after - n` may have been overwritten (and the one at
     // `after - n` may be mid-write now, before the header says so): drop them as lost.
-    let after = total_written(log.load_u64(0, core::sync::atomic::Ordering::Acquire)?).max(total);
+    let after = total_written(log.load_u64(0, core::sync::atomic::Ordering::Acquire)?, cap).max(total);
     let torn = (after + 1).saturating_sub(n).saturating_sub(first).min(entries.len() as u64);
     entries.drain(..torn as usize);
     Ok(LogRead { entries, lost: lost + torn, total })
 }
 
-/// The header's total (entries written since creation), for a reader that must resynchronize.
+/// The header's total (positions written since creation), for a reader that must
+/// resynchronize, or the OS recreating the log.
 pub fn header_total(log: &shm::Mapping) -> Result<u64, LogError> {
-    Ok(total_written(log.load_u64(0, core::sync::atomic::Ordering::Acquire)?))
-}
-
-/// The engine's write (spec 002 "Order of operations", steps 2 and 3): entry `entry`, then
-/// the header's FirstFreeEntryIndex moved past it (wrapping to 0 with WraparoundCount + 1).
-/// The caller issues the barrier. A log too small for the entry is left alone (the kernel
-/// made it; it never is).
-pub fn append(log: &shm::Mapping, entry: u32, e: FenceLogEntry) {
-    append_to(log, entry, e)
+    let entries = capacity(log)?;
+    Ok(total_written(log.load_u64(0, core::sync::atomic::Ordering::Acquire)?, entries))
 }
 
 /// The memory a log lives in, as the engine writes it: plain entry words, and the header's
 /// atomic word. [`append_to`] is written against it so a test can record the order of the
 /// writes (`abi::fence_log` tests: value, entry, index, then the interrupt check).
 pub trait LogMemory {
+    /// Entries the log holds.
+    fn entries(&self) -> u32;
     /// A plain store of an entry word at byte `offset`.
     fn write_word(&self, offset: u64, value: u64);
     /// The header word (FirstFreeEntryIndex and WraparoundCount).
@@ -295,6 +352,9 @@ pub trait LogMemory {
 }
 
 impl LogMemory for shm::Mapping {
+    fn entries(&self) -> u32 {
+        entries_in(self.len() as u64)
+    }
     fn write_word(&self, offset: u64, value: u64) {
         let _ = self.write_u64(offset, value);
     }
@@ -303,31 +363,66 @@ impl LogMemory for shm::Mapping {
     }
 }
 
+/// Where the engine writes a log position ([`locate`]): the entry, and the header word that
+/// follows the write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Slot {
+    /// The entry.
+    pub entry: u32,
+    /// The header after the write: FirstFreeEntryIndex past the entry, WraparoundCount + 1
+    /// when it wraps.
+    pub header: u64,
+}
+
+/// Where position `position` of the UMD's progression goes in `log`: at or past the header's
+/// next free position, by less than a whole log. The engine checks it before the fence
+/// operation, so a refused position changes nothing. Positions are 32-bit and wrap; the
+/// header's count is extended by the distance between them.
+pub fn locate<L: LogMemory + ?Sized>(log: &L, position: u32) -> Result<Slot, LogError> {
+    let entries = log.entries();
+    let h = log.header().ok_or(LogError::TooSmall { bytes: 0 })?;
+    if entries == 0 {
+        return Err(LogError::TooSmall { bytes: 0 });
+    }
+    // Relaxed: the engine is the header's only writer.
+    let total = total_written(h.load(core::sync::atomic::Ordering::Relaxed), entries);
+    let ahead = position.wrapping_sub(total as u32);
+    if ahead >= entries {
+        return Err(LogError::BadPosition { position, next: total as u32, entries });
+    }
+    let at = total + ahead as u64;
+    Ok(Slot { entry: (at % entries as u64) as u32, header: header_at(at + 1, entries) })
+}
+
+/// The engine's write (spec 002 "Order of operations", steps 2 and 3): the entry at `slot`,
+/// then the header moved past it. The caller issues the barrier.
+pub fn append(log: &shm::Mapping, slot: Slot, e: FenceLogEntry) {
+    append_to(log, slot, e)
+}
+
 /// [`append`] over any [`LogMemory`]: the entry's words, then the header.
-pub fn append_to<L: LogMemory + ?Sized>(log: &L, entry: u32, e: FenceLogEntry) {
-    let base = entry_offset(entry);
+pub fn append_to<L: LogMemory + ?Sized>(log: &L, slot: Slot, e: FenceLogEntry) {
+    let base = entry_offset(slot.entry);
     for (k, w) in e.to_words().iter().enumerate() {
         log.write_word(base + k as u64 * 8, *w);
     }
     if let Some(h) = log.header() {
-        // Relaxed load: the engine is the header's only writer.
-        let (_, wraps) = unpack_first_free(h.load(core::sync::atomic::Ordering::Relaxed));
-        let next = entry + 1;
-        let packed = if next >= FENCE_LOG_ENTRIES {
-            pack_first_free(0, wraps.wrapping_add(1))
-        } else {
-            pack_first_free(next, wraps)
-        };
         // Release: the entry's words are visible to a reader that acquires the new index.
-        h.store(packed, core::sync::atomic::Ordering::Release);
+        h.store(slot.header, core::sync::atomic::Ordering::Release);
     }
 }
 
-/// Writes a fresh header (index 0, no wraps) for a log of `kind`.
-pub fn init(log: &shm::Mapping, kind: FenceLogType) -> Result<(), shm::ShmError> {
-    log.write_u64(0, 0)?;
+/// Writes a fresh header for a log of `kind`, sized by its memory, whose next free position
+/// is `start` (0 for a new queue; where the old log stopped when the OS recreates one, so the
+/// UMD's positions go on).
+pub fn init(log: &shm::Mapping, kind: FenceLogType, start: u64) -> Result<(), shm::ShmError> {
+    let entries = capacity(log)
+        .map_err(|_| shm::ShmError::BadSize { size: log.len() as u64, why: "a fence log holds no entry" })?;
     log.write_u32(8, kind as u32)?;
-    log.write_u32(12, FENCE_LOG_ENTRIES)
+    log.write_u32(12, entries)?;
+    // Release: the type and size are visible with the position.
+    log.atomic_u64(0)?.store(header_at(start, entries), core::sync::atomic::Ordering::Release);
+    Ok(())
 }
 
 #[cfg(test)]
@@ -338,7 +433,9 @@ mod tests {
     fn header_packing_and_totals() {
         let w = pack_first_free(83, 2);
         assert_eq!(unpack_first_free(w), (83, 2));
-        assert_eq!(total_written(w), 2 * 84 + 83);
+        assert_eq!(total_written(w, 84), 2 * 84 + 83);
+        assert_eq!(header_at(2 * 84 + 83, 84), w);
+        assert_eq!((entries_in(4096), entries_in(log_bytes(340)), entries_in(40)), (84, 340, 0));
         assert_eq!(entry_offset(0), 40);
         assert_eq!(entry_offset(83) + 48, 4072);
         let e =
@@ -357,7 +454,7 @@ mod tests {
     #[test]
     fn zero_timestamps_are_accepted_but_real_ones_never_go_backwards() {
         let shm = shm::Shm::new("log", 4096).unwrap();
-        init(&shm, FenceLogType::Signal).unwrap();
+        init(&shm, FenceLogType::Signal, 0).unwrap();
         put(&shm, 0, 10, pack_first_free(1, 0));
         put(&shm, 1, 0, pack_first_free(2, 0)); // an empty timestamp (a skipped write)
         put(&shm, 2, 10, pack_first_free(3, 0)); // repeated
@@ -399,6 +496,9 @@ mod tests {
         }
         struct Log<'a>(&'a RefCell<Vec<W>>, AtomicU64);
         impl LogMemory for Log<'_> {
+            fn entries(&self) -> u32 {
+                FENCE_LOG_ENTRIES
+            }
             fn write_word(&self, _: u64, _: u64) {
                 self.0.borrow_mut().push(W::Entry);
             }
@@ -412,8 +512,11 @@ mod tests {
         let current = Rec(&seen, W::Value, AtomicU64::new(0));
         let monitored = Rec(&seen, W::InterruptCheck, AtomicU64::new(4));
         let log = Log(&seen, AtomicU64::new(0));
+        // The engine places the position before the operation (a read); the writes follow.
+        let slot = locate(&log, 0).unwrap();
+        seen.borrow_mut().clear();
         let e = FenceLogEntry { fence_value: 5, end_timestamp: 1, ..Default::default() };
-        let interrupt = crate::protocol::signal_fence(&current, &monitored, 5, || append_to(&log, 0, e));
+        let interrupt = crate::protocol::signal_fence(&current, &monitored, 5, || append_to(&log, slot, e));
         assert!(interrupt, "5 > MonitoredValue 4");
         assert_eq!(unpack_first_free(log.1.load(O::Relaxed)), (1, 0), "the index moved past the entry");
         let mut order = seen.borrow().clone();
@@ -424,7 +527,7 @@ mod tests {
     #[test]
     fn reads_new_entries_detects_overrun_and_refuses_corrupt_logs() {
         let shm = shm::Shm::new("log", 4096).unwrap();
-        init(&shm, FenceLogType::Signal).unwrap();
+        init(&shm, FenceLogType::Signal, 0).unwrap();
         put(&shm, 0, 10, pack_first_free(1, 0));
         put(&shm, 1, 20, pack_first_free(2, 0));
         let r = read_since(&shm, 0).unwrap();
@@ -443,10 +546,55 @@ mod tests {
         assert_eq!(r.entries.first().unwrap().end_timestamp, 100 + 19);
         // Corruption: an index out of range, a header going backwards, time going backwards.
         shm.write_u64(0, pack_first_free(90, 0)).unwrap();
-        assert!(matches!(read_since(&shm, 0), Err(LogError::BadIndex { index: 90 })));
+        assert!(matches!(read_since(&shm, 0), Err(LogError::BadIndex { index: 90, entries: 84 })));
         shm.write_u64(0, pack_first_free(1, 0)).unwrap();
         assert!(matches!(read_since(&shm, 5), Err(LogError::Backwards { .. })));
         put(&shm, 1, 5, pack_first_free(2, 0));
         assert!(matches!(read_since(&shm, 0), Err(LogError::TimeBackwards { index: 1, .. })));
+    }
+
+    /// The UMD's positions go on whatever the log's size: a log recreated larger starts where
+    /// the old one stopped, and the engine places each position in it.
+    #[test]
+    fn positions_continue_across_a_recreated_log_of_another_size() {
+        let small = shm::Shm::new("log", 4096).unwrap();
+        init(&small, FenceLogType::Signal, 0).unwrap();
+        let e = |v| FenceLogEntry { fence_value: v, end_timestamp: v, ..Default::default() };
+        for p in 0..100u32 {
+            append(&small, locate::<shm::Mapping>(&small, p).unwrap(), e(p as u64 + 1));
+        }
+        assert_eq!(header_total(&small).unwrap(), 100);
+        assert_eq!(unpack_first_free(small.load_u64(0, core::sync::atomic::Ordering::Relaxed).unwrap()), (16, 1));
+        // Recreated with 340 entries, starting at position 100.
+        let big = shm::Shm::new("log", log_bytes(340) as usize).unwrap();
+        init(&big, FenceLogType::Signal, 100).unwrap();
+        assert_eq!((capacity(&big).unwrap(), big.read_u32(12).unwrap()), (340, 340), "num_entries in the header");
+        assert_eq!(header_total(&big).unwrap(), 100);
+        for p in 100..300u32 {
+            append(&big, locate::<shm::Mapping>(&big, p).unwrap(), e(p as u64 + 1));
+        }
+        let r = read_since(&big, 100).unwrap();
+        assert_eq!((r.entries.len(), r.lost, r.total), (200, 0, 300), "nothing lost: the log is large enough");
+        assert_eq!(r.entries[0].fence_value, 101);
+        // Behind the header, or a whole log ahead: refused, and nothing written.
+        assert_eq!(
+            locate::<shm::Mapping>(&big, 299),
+            Err(LogError::BadPosition { position: 299, next: 300, entries: 340 })
+        );
+        assert!(locate::<shm::Mapping>(&big, 300 + 340).is_err());
+        assert_eq!(locate::<shm::Mapping>(&big, 300 + 339).unwrap().entry, (300 + 339) % 340);
+        assert_eq!(header_total(&big).unwrap(), 300);
+    }
+
+    /// Positions are 32-bit and wrap; the header's count goes on.
+    #[test]
+    fn positions_wrap_at_two_to_the_32() {
+        let log = shm::Shm::new("log", 4096).unwrap();
+        let start = u32::MAX as u64 - 1;
+        init(&log, FenceLogType::Wait, start).unwrap();
+        for p in [u32::MAX - 1, u32::MAX, 0, 1] {
+            append(&log, locate::<shm::Mapping>(&log, p).unwrap(), FenceLogEntry::default());
+        }
+        assert_eq!(header_total(&log).unwrap(), start + 4);
     }
 }

@@ -72,6 +72,8 @@ kinds! {
     DoorbellKind => DoorbellHandle, Doorbell, "doorbell";
     /// A native GPU fence (spec 002).
     NativeFenceKind => NativeFenceHandle, NativeFence, "fence";
+    /// A doorbell page the application allocated (spec 001; amdgpu's doorbell BO).
+    DoorbellPageKind => DoorbellPageHandle, DoorbellPage, "doorbell page";
 }
 
 /// A typed, generation-checked handle. Cheap to copy; meaningless outside its owner.

@@ -60,7 +60,8 @@ pub mod serde_str {
 
 pub use doorbell::DoorbellStatus;
 pub use handle::{
-    AllocationHandle, ContextHandle, DeviceHandle, DoorbellHandle, Handle, HwQueueHandle, NativeFenceHandle, ProcessId,
+    AllocationHandle, ContextHandle, DeviceHandle, DoorbellHandle, DoorbellPageHandle, Handle, HwQueueHandle,
+    NativeFenceHandle, ProcessId,
 };
 pub use packet::{Opcode, Packet};
 pub use power::{EngineState, PowerState};

@@ -31,8 +31,9 @@
 //! Flags: `SIGNAL` may carry [`FLAG_NATIVE_FENCE`]: `va` is then a native fence's
 //! CurrentValue, and after the store the engine makes the conditional-interrupt check against
 //! the fence's MonitoredValue (spec 002). That is [`Packet::SignalFence`]. `SIGNAL` and `WAIT`
-//! may carry [`FLAG_LOG`]: one more dword, the entry of the queue's fence log to write once the
-//! operation completes (`crate::fence_log`); the packet is then 6 dwords ([`Packet::Logged`]).
+//! may carry [`FLAG_LOG`]: one more dword, the position in the queue's fence log to write once
+//! the operation completes (`crate::fence_log`: the UMD's running count of logged operations;
+//! the engine places it in the log); the packet is then 6 dwords ([`Packet::Logged`]).
 //! Every other flag bit is reserved and refused.
 //!
 //! `DISPATCH` runs the kernel binary at `kernel` ([`crate::isa`]) over a grid of `grid`
@@ -60,7 +61,8 @@ pub const MAX_PACKET_DWORDS: usize = u16::MAX as usize;
 /// `SIGNAL` flag: the address is a native fence's CurrentValue.
 pub const FLAG_NATIVE_FENCE: u32 = 1;
 /// `SIGNAL`/`WAIT` flag: after the operation, write a fence log entry. The packet grows by one
-/// dword, the entry index (below [`crate::fence_log::FENCE_LOG_ENTRIES`]).
+/// dword, the log position ([`crate::fence_log::locate`] places it; the engine refuses one it
+/// cannot).
 pub const FLAG_LOG: u32 = 2;
 
 /// Longest fixed-size packet in dwords: a decoder never needs more to decode a non-NOP.
@@ -198,7 +200,7 @@ impl Header {
         if self.dwords() == 0 {
             return Err(DecodeError::ZeroLength { opcode: op.name() });
         }
-        // A logged SIGNAL or WAIT carries one more dword: the log entry.
+        // A logged SIGNAL or WAIT carries one more dword: the log position.
         let extra = (self.flags() & FLAG_LOG != 0) as usize;
         match op.fixed_dwords() {
             Some(n) if n + extra != self.dwords() => {
@@ -311,8 +313,8 @@ pub enum Packet {
         va: u64,
         /// Value signalled or waited for.
         value: u64,
-        /// Log entry to write.
-        entry: u32,
+        /// Log position to write (the UMD's progression, [`crate::fence_log`]).
+        position: u32,
     },
     /// `WAIT`.
     Wait {
@@ -496,10 +498,10 @@ impl Packet {
                 out.push(dwords);
                 out.push(vmid);
             }
-            Packet::Logged { va, value, entry, .. } => {
+            Packet::Logged { va, value, position, .. } => {
                 push_u64(out, va);
                 push_u64(out, value);
-                out.push(entry);
+                out.push(position);
             }
             Packet::Signal { va, value } | Packet::SignalFence { va, value } | Packet::Wait { va, value } => {
                 push_u64(out, va);
@@ -551,11 +553,7 @@ impl Packet {
                     (_, true) => LoggedOp::SignalFence,
                     _ => LoggedOp::Signal,
                 };
-                let entry = w[5];
-                if entry >= crate::fence_log::FENCE_LOG_ENTRIES {
-                    return Err(DecodeError::BadField { opcode: op.name(), field: "log entry", value: entry as u64 });
-                }
-                Packet::Logged { op: lop, va: u64_at(w, 1), value: u64_at(w, 3), entry }
+                Packet::Logged { op: lop, va: u64_at(w, 1), value: u64_at(w, 3), position: w[5] }
             }
             Opcode::Signal if header.flags() & FLAG_NATIVE_FENCE != 0 => {
                 Packet::SignalFence { va: u64_at(w, 1), value: u64_at(w, 3) }
@@ -606,9 +604,9 @@ mod tests {
             Packet::IndirectBuffer { va: 0x1000, dwords: 12, vmid: 0 },
             Packet::Signal { va: 0x50, value: 9 },
             Packet::SignalFence { va: 0x60, value: 10 },
-            Packet::Logged { op: LoggedOp::SignalFence, va: 0x60, value: 11, entry: 83 },
-            Packet::Logged { op: LoggedOp::Signal, va: 0x68, value: 1, entry: 0 },
-            Packet::Logged { op: LoggedOp::Wait, va: 0x60, value: 11, entry: 5 },
+            Packet::Logged { op: LoggedOp::SignalFence, va: 0x60, value: 11, position: 83 },
+            Packet::Logged { op: LoggedOp::Signal, va: 0x68, value: 1, position: 0 },
+            Packet::Logged { op: LoggedOp::Wait, va: 0x60, value: 11, position: 5 },
             Packet::Wait { va: 0x58, value: 10 },
             Packet::ProgressFence { value: 42 },
             Packet::Interrupt { id: 7 },

@@ -21,8 +21,8 @@ use std::time::Duration;
 use thiserror::Error;
 
 use crate::handle::{
-    AllocationHandle, AnyHandle, ContextHandle, DeviceHandle, DoorbellHandle, HwQueueHandle, NativeFenceHandle,
-    ProcessId,
+    AllocationHandle, AnyHandle, ContextHandle, DeviceHandle, DoorbellHandle, DoorbellPageHandle, HwQueueHandle,
+    NativeFenceHandle, ProcessId,
 };
 use crate::packet::DecodeError;
 use crate::queue::{EngineId, EngineKind, FaultRecord, Priority, QueueDescriptor, QueueState};
@@ -180,6 +180,21 @@ pub struct HwQueueInfo {
     pub kernel_page_va: u64,
 }
 
+/// A doorbell page the application allocated ([`KernelPort::create_doorbell_page`]).
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DoorbellPageInfo {
+    /// Its handle.
+    pub handle: DoorbellPageHandle,
+    /// Its GPU VA in the process's address space: what [`QueueDescriptor::doorbell_page_va`]
+    /// names. Where the device lets the GPU ring doorbells the page is mapped there (a queue's
+    /// [`DoorbellInfo::gpu_va`] lies in it); elsewhere the range is reserved, as a name.
+    pub va: u64,
+    /// Doorbells in the page; each engine has its range of them, as in every page
+    /// ([`EngineInfo::doorbell_first`]).
+    pub doorbells: u32,
+}
+
 /// `D3DKMT_CREATE_DOORBELL`.
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -203,13 +218,13 @@ pub struct DoorbellInfo {
     /// How to ring that word.
     pub ring: crate::doorbell::RingMethod,
     /// The aggregated doorbell, when the device needs one: the page (never rotated), the
-    /// offset of the word and this queue's engine's bit in it.
+    /// offset of this queue's engine's word in it and the value to OR in.
     pub aggregated: Option<AggregatedDoorbell>,
     /// The doorbell's GPU VA in the process's own address space (spec 001: "the GPU [can]
     /// submit work to itself"): another queue of the process rings it from the GPU by
-    /// writing the new wptr there (`WRITE_DATA`), after writing the wptr word. `None` where a
-    /// plain store from the GPU cannot ring (global doorbell bits, a victimized pool, or an
-    /// engine that also needs the aggregated doorbell's bit OR-ed in).
+    /// writing the new wptr there (`WRITE_DATA`), after writing the wptr word, and then the
+    /// aggregated doorbell where there is one ([`AggregatedDoorbell::gpu_va`]). `None` where a
+    /// plain store from the GPU cannot ring (global doorbell bits, a victimized pool).
     pub gpu_va: Option<u64>,
 }
 
@@ -219,10 +234,14 @@ pub struct AggregatedDoorbell {
     /// The process's aggregated doorbell page (the kernel rotates it to a dummy page when the
     /// process ends, so a late write cannot reach the page's next owner).
     pub page: Arc<shm::RotatingPage>,
-    /// Offset of the word.
+    /// Offset of the engine's word.
     pub offset: u64,
-    /// The engine's bit.
+    /// What the CPU ORs into it (any non-zero value rings).
     pub mask: u64,
+    /// The word's GPU VA: the kernel maps the page into the process's address space too
+    /// (spec 001: "the kernel driver will map a page of aggregated doorbell space into each
+    /// GPUVM space"), where a plain store rings it. `None` where the device does not map it.
+    pub gpu_va: Option<u64>,
 }
 
 impl core::fmt::Debug for DoorbellInfo {
@@ -235,6 +254,10 @@ impl core::fmt::Debug for DoorbellInfo {
             .finish()
     }
 }
+
+/// Doorbell pages a process may hold, the one the kernel gives it at creation included: two,
+/// 1,024 doorbells (amdgpu allows a process 8 KiB of doorbells).
+pub const MAX_DOORBELL_PAGES: u32 = 2;
 
 /// The CurrentValue a fence takes when its device is in error (AlwaysSignaled): every wait
 /// passes. Reserved: the CPU cannot signal it.
@@ -492,6 +515,8 @@ pub enum Invalid {
     },
     /// An object of another process.
     OtherProcess,
+    /// A VA that is not where one of the process's doorbell pages is mapped.
+    NoDoorbellPage,
 }
 
 impl core::fmt::Display for Invalid {
@@ -503,6 +528,7 @@ impl core::fmt::Display for Invalid {
             Unsupported(what) => write!(f, "does not support {what}"),
             BeyondQueued { last_queued } => write!(f, "is past the queue's last-queued value {last_queued}"),
             OtherProcess => f.write_str("belongs to another process"),
+            NoDoorbellPage => f.write_str("names no doorbell page of the process (create_doorbell_page)"),
             Misaligned { align } => write!(f, "must be {align}-byte aligned"),
             GpuReadOnly => f.write_str("lies in a mapping the GPU may not write"),
             RingSize(why) => write!(f, "{why}"),
@@ -928,7 +954,9 @@ pub enum KernelError {
 }
 
 /// `DXGK_NATIVE_FENCE_CAPS` with the related `DXGK_VIDSCHCAPS` bits: what the KMD reports
-/// about native fences (spec 002 "Native fence capabilities").
+/// about native fences (spec 002 "Native fence capabilities"), checked by the OS at adapter
+/// initialization and answered to user mode by [`KernelPort::native_fence_caps`].
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct NativeFenceCaps {
     /// `DXGK_VIDSCHCAPS::NativeGpuFence`: native fences are supported (advertised only when
@@ -970,6 +998,12 @@ pub trait KernelPort: Send + Sync {
     fn process(&self) -> ProcessId;
     /// Adapter capabilities (`DxgkDdiQueryAdapterInfo`, amdgpu INFO).
     fn adapter_info(&self) -> AdapterInfo;
+    /// The native fence caps the adapter's KMD reported and the OS accepted
+    /// ([`NativeFenceCaps`]: packing stride, the optimized signaled interrupt,
+    /// `MapToGpuSystemProcess`). The UMD reads them once when it opens a device: with the
+    /// optimized interrupt, the OS learns of a user-mode queue's signals from its signal log,
+    /// so the UMD logs every one (`umd::Queue::submit`).
+    fn native_fence_caps(&self) -> Result<NativeFenceCaps, KernelError>;
     /// `D3DKMTCreateDevice`.
     fn create_device(&self) -> Result<DeviceHandle, KernelError>;
     /// `D3DKMTDestroyDevice`: destroys everything the device owns, in the spec's order.
@@ -991,6 +1025,15 @@ pub trait KernelPort: Send + Sync {
     /// fence first to keep it). The spec's normal and abnormal process-termination sequences
     /// come with the lifecycle work (roadmap item 4).
     fn destroy_hw_queue(&self, queue: HwQueueHandle) -> Result<(), KernelError>;
+    /// Allocates a doorbell page for the process's user-mode queues (spec 001: "They would
+    /// also allocate a doorbell page for the doorbells used by the user queues"; amdgpu's
+    /// doorbell BO). A queue uses it by naming it in [`QueueDescriptor::doorbell_page_va`],
+    /// with the doorbell index it wants there. A process holds at most
+    /// [`MAX_DOORBELL_PAGES`] pages, the one the kernel gave it included.
+    fn create_doorbell_page(&self, device: DeviceHandle) -> Result<DoorbellPageInfo, KernelError>;
+    /// Frees a doorbell page; refused while a queue uses it. The page stays the process's
+    /// (cleared) until it ends, so no stale mapping of it reaches another process.
+    fn destroy_doorbell_page(&self, page: DoorbellPageHandle) -> Result<(), KernelError>;
     /// `D3DKMTCreateDoorbell`: the doorbell starts disconnected, its CPU page on the dummy page.
     fn create_doorbell(&self, args: &CreateDoorbell) -> Result<DoorbellInfo, KernelError>;
     /// `D3DKMTConnectDoorbell`: wakes the engine if needed and connects.

@@ -27,18 +27,31 @@
 //! pair makes the wptr stored before the ring visible to the re-read. `loom_global_doorbell`
 //! checks two clients racing the firmware; its twin, where a client stores its bit instead
 //! of OR-ing it (last writer wins, the bug class of emulated global doorbells), must fail.
+//!
+//! # Wake word versus condition: a client process sleeping on the daemon
+//!
+//! A client process blocked in a wait sleeps on a futex: a 32-bit wake word in a page the
+//! daemon writes and the client maps read-only. The daemon makes the client's condition true
+//! (a fence passes, the wait's answer is sent), then [`bump_wake_word`]s (release) and wakes
+//! the word's sleepers. The client [`read_wake_word`]s (acquire) *before* it checks its
+//! condition, and sleeps only while the word still holds what it read (`FUTEX_WAIT` compares
+//! under the futex's own lock). So a bump the client's check missed has not happened when it
+//! read the word, and either changes the word before the client sleeps (the sleep returns at
+//! once) or finds the client asleep and wakes it. `loom_wake_word_never_loses_a_wakeup`
+//! checks it with a model futex; its twin, which checks the condition before reading the
+//! word, must deadlock.
 
 use crate::doorbell::RingMethod;
-use crate::sync::{Bits, Load, Ordering, Store, fence};
+use crate::sync::{Bits, Bump32, Load, Load32, Ordering, Store, fence};
 
 /// A client's doorbell: its word, how to ring it, and the aggregated doorbell to ring after
-/// it when the device needs one (word and this engine's bit).
+/// it when the device needs one (this engine's word, and the value ORed in).
 pub struct Bell<'a, W: ?Sized> {
     /// The queue's doorbell word (dedicated), or its word of the global page.
     pub word: &'a W,
     /// How to ring `word`.
     pub method: RingMethod,
-    /// The aggregated doorbell word and the engine's bit in it.
+    /// The aggregated doorbell's word for the engine, and the value ORed into it.
     pub aggregated: Option<(&'a W, u64)>,
 }
 
@@ -198,4 +211,25 @@ pub fn read_wptr_and_last_queued<W: Load + ?Sized, Q: Load + ?Sized>(wptr: &W, l
     let w = wptr.load(Ordering::Acquire);
     // Acquire, after the wptr's acquire: pairs with `announce_last_queued`.
     (w, last_queued.load(Ordering::Acquire))
+}
+
+// # Wake word (see the module docs)
+
+/// Client, before sleeping on a wake word: read the word, then run `check` (the condition it
+/// waits for). `Ok` with what `check` found, or `Err(seen)`: sleep while the word holds `seen`.
+#[inline]
+pub fn read_wake_word<W: Load32 + ?Sized, T>(word: &W, check: impl FnOnce() -> Option<T>) -> Result<T, u32> {
+    // Acquire: pairs with the waker's release bump, so whatever it made true before a bump
+    // this load sees is visible to `check`.
+    let seen = word.load(Ordering::Acquire);
+    check().ok_or(seen)
+}
+
+/// Waker (the daemon), after making a sleeper's condition true and before waking the word's
+/// sleepers: bump the word.
+#[inline]
+pub fn bump_wake_word<W: Bump32 + ?Sized>(word: &W) {
+    // Release: what was made true before the bump is visible to a client that reads the bumped
+    // value. Wrapping: only a change matters.
+    word.fetch_add(1, Ordering::Release);
 }

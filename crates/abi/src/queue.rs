@@ -149,8 +149,8 @@ pub struct QueueDescriptor {
     /// before each submission and the kernel reads (spec 000
     /// `HwQueueProgressFenceLastQueuedValueCPUVirtualAddress`).
     pub last_queued_va: u64,
-    /// Doorbell index in the process's doorbell page (0..512), or [`DOORBELL_INDEX_ANY`] to
-    /// let the kernel pick a free one.
+    /// Doorbell index in the doorbell page (0..512, inside the engine's range of it), or
+    /// [`DOORBELL_INDEX_ANY`] to let the kernel pick a free one.
     pub doorbell_index: u32,
     /// [`Priority`] level.
     pub priority: u32,
@@ -164,6 +164,11 @@ pub struct QueueDescriptor {
     /// etc.)"): the start of one of its allocations, GPU-writable, at least INFO's
     /// `context_save_bytes`. 0: the kernel allocates one of its own.
     pub context_save_va: u64,
+    /// GPU VA of a doorbell page the application allocated (spec 001: "They would also
+    /// allocate a doorbell page for the doorbells used by the user queues",
+    /// [`crate::port::KernelPort::create_doorbell_page`]), which `doorbell_index` indexes.
+    /// 0: the page the kernel gave the process.
+    pub doorbell_page_va: u64,
 }
 
 /// `doorbell_index` value asking the kernel to choose a free doorbell in the process's page.
@@ -176,9 +181,13 @@ pub const QUEUE_FLAG_SECURE: u32 = 1 << 0;
 /// Every flag this ABI defines.
 pub const QUEUE_FLAGS_KNOWN: u32 = QUEUE_FLAG_SECURE;
 
+// 72 bytes and no implicit padding: the u32 fields come in pairs (`reserved` pairs `flags`,
+// checked zero, room for one more attribute), so every u64 is 8-aligned. The descriptor is a
+// creation-time argument, never on the submission path: its size costs nothing there.
 const _: () = {
-    assert!(size_of::<QueueDescriptor>() == 64);
+    assert!(size_of::<QueueDescriptor>() == 72);
     assert!(offset_of!(QueueDescriptor, context_save_va) == 56);
+    assert!(offset_of!(QueueDescriptor, doorbell_page_va) == 64);
     assert!(offset_of!(QueueDescriptor, last_queued_va) == 32);
     assert!(offset_of!(QueueDescriptor, doorbell_index) == 40);
     assert!(offset_of!(QueueDescriptor, flags) == 48);

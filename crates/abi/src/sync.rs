@@ -32,6 +32,60 @@ pub trait Bits: Load {
     fn swap(&self, value: u64, order: Ordering) -> u64;
 }
 
+/// A 32-bit wake word (a futex) that we may read (and sleep on).
+pub trait Load32 {
+    /// Atomic load.
+    fn load(&self, order: Ordering) -> u32;
+}
+
+/// A 32-bit wake word that we bump.
+pub trait Bump32 {
+    /// Atomic wrapping add; returns the previous value.
+    fn fetch_add(&self, value: u32, order: Ordering) -> u32;
+}
+
+impl Load32 for std::sync::atomic::AtomicU32 {
+    #[inline]
+    fn load(&self, order: Ordering) -> u32 {
+        std::sync::atomic::AtomicU32::load(self, order)
+    }
+}
+
+impl Bump32 for std::sync::atomic::AtomicU32 {
+    #[inline]
+    fn fetch_add(&self, value: u32, order: Ordering) -> u32 {
+        std::sync::atomic::AtomicU32::fetch_add(self, value, order)
+    }
+}
+
+impl Load32 for shm::ReadFutex {
+    #[inline]
+    fn load(&self, order: Ordering) -> u32 {
+        shm::ReadFutex::load(self, order)
+    }
+}
+
+impl Bump32 for shm::Futex {
+    #[inline]
+    fn fetch_add(&self, value: u32, order: Ordering) -> u32 {
+        self.get().fetch_add(value, order)
+    }
+}
+
+#[cfg(loom)]
+impl Load32 for loom::sync::atomic::AtomicU32 {
+    fn load(&self, order: Ordering) -> u32 {
+        loom::sync::atomic::AtomicU32::load(self, order)
+    }
+}
+
+#[cfg(loom)]
+impl Bump32 for loom::sync::atomic::AtomicU32 {
+    fn fetch_add(&self, value: u32, order: Ordering) -> u32 {
+        loom::sync::atomic::AtomicU32::fetch_add(self, value, order)
+    }
+}
+
 impl Bits for std::sync::atomic::AtomicU64 {
     #[inline]
     fn fetch_or(&self, bits: u64, order: Ordering) -> u64 {

@@ -219,3 +219,89 @@ fn loom_wptr_before_last_queued_is_caught() {
         announce_last_queued(q, 1);
     });
 }
+
+use abi::protocol::{bump_wake_word, read_wake_word};
+use loom::sync::Mutex;
+use loom::sync::atomic::AtomicU32;
+
+/// A model of a shared futex. `FUTEX_WAIT` compares the word with what the sleeper read under
+/// the futex's lock and sleeps only if they are equal; `FUTEX_WAKE` takes the same lock and
+/// wakes every sleeper (the kernel's hash-bucket lock and its barriers). Sleeping is recorded
+/// rather than done (loom cannot unwind out of a real deadlock): `(asleep, woken)`. A sleeper
+/// never woken is a lost wake-up; with no timeout it would sleep forever.
+struct ModelFutex {
+    word: AtomicU32,
+    sleep: Mutex<(bool, bool)>,
+}
+
+impl ModelFutex {
+    /// `FUTEX_WAIT(seen)`: whether the caller went to sleep (else: the word changed, look again).
+    fn wait(&self, seen: u32) -> bool {
+        let mut s = self.sleep.lock().unwrap();
+        if self.word.load(Ordering::SeqCst) == seen {
+            s.0 = true;
+        }
+        s.0
+    }
+    fn wake_all(&self) {
+        let mut s = self.sleep.lock().unwrap();
+        if s.0 {
+            s.1 = true;
+        }
+    }
+}
+
+/// A client process sleeps until a fence reaches 1 while the daemon signals it, bumps the
+/// wake word and wakes the word's sleepers. `turn` is the client's "read the word, check the
+/// fence" step under test (`Err(seen)`: sleep on `seen`).
+fn wake_word_model(turn: fn(&AtomicU32, &AtomicU64) -> Result<(), u32>) {
+    loom::model(move || {
+        let futex = Arc::new(ModelFutex { word: AtomicU32::new(0), sleep: Mutex::new((false, false)) });
+        let fence = Arc::new(AtomicU64::new(0));
+        let daemon = {
+            let (futex, fence) = (futex.clone(), fence.clone());
+            loom::thread::spawn(move || {
+                fence.store(1, Ordering::Release);
+                bump_wake_word(&futex.word);
+                futex.wake_all();
+            })
+        };
+        // At most two turns: the word changes once.
+        while let Err(seen) = turn(&futex.word, &fence) {
+            if futex.wait(seen) {
+                break;
+            }
+        }
+        daemon.join().unwrap();
+        let (asleep, woken) = *futex.sleep.lock().unwrap();
+        assert!(!asleep || woken, "wake-up lost: the client sleeps on the wake word and nobody will wake it");
+    });
+}
+
+#[test]
+fn loom_wake_word_never_loses_a_wakeup() {
+    wake_word_model(|word, fence| read_wake_word(word, || (fence.load(Ordering::Acquire) >= 1).then_some(())));
+}
+
+/// Its twin: the fence checked before the word is read. A signal, bump and wake between the
+/// two leave the client asleep on the bumped value: loom must find the lost wake-up.
+#[test]
+#[should_panic(expected = "wake-up lost")]
+fn loom_wake_word_read_after_the_check_loses_a_wakeup() {
+    wake_word_model(|word, fence| {
+        let done = fence.load(Ordering::Acquire) >= 1;
+        let seen = word.load(Ordering::Acquire);
+        if done { Ok(()) } else { Err(seen) }
+    });
+}
+
+/// Its other twin: the word read relaxed. The client can read the bumped value yet not see
+/// the fence the daemon stored before bumping, and sleep on a value nobody will change again.
+#[test]
+#[should_panic(expected = "wake-up lost")]
+fn loom_wake_word_read_relaxed_loses_a_wakeup() {
+    wake_word_model(|word, fence| {
+        let seen = word.load(Ordering::Relaxed);
+        if fence.load(Ordering::Acquire) >= 1 { Ok(()) } else { Err(seen) }
+    });
+}

@@ -35,6 +35,17 @@
 //! With a doorbell pool, pool pages hold several processes' doorbells; such a page is shared
 //! by the processes bound to it (documented limit).
 //!
+//! ## Wake words
+//!
+//! A client thread blocked in a wait sleeps on a futex, not in a read of its socket: each
+//! connection that asks ([`Request::WakeWord`]) gets a 32-bit word in its process's wake page
+//! (one memfd page per client process, sent read-only). The connection's `WakeSlot` is the
+//! [`std::task::Waker`] its waits carry into the kernel (`ProcessPort::wait_*_waking`): when
+//! the kernel decides the wait, whichever thread acts on the decision bumps the word and
+//! `FUTEX_WAKE`s it, and the connection's thread does so again after sending the answer.
+//! The client can neither write the page nor make the daemon do more than one wake per wait
+//! it asked for. The protocol, and why no wake-up is lost, is in `abi::protocol`.
+//!
 //! ## Limits
 //!
 //! Per process ([`wire::Limits`]): live allocations (and native fences), their bytes, and
@@ -155,6 +166,80 @@ struct Client {
     /// Attached connections, shut down when the process ends.
     attached: Mutex<Vec<Arc<Channel>>>,
     ended: AtomicBool,
+    /// The process's wake page, made on the first [`Request::WakeWord`].
+    wake: Mutex<Option<WakePage>>,
+}
+
+/// A client process's wake page: one 32-bit futex word per connection that asked for one
+/// ([`Request::WakeWord`]), each on its own 32 bytes; the client maps the page read-only.
+struct WakePage {
+    page: Arc<Shm>,
+    /// Which slots are taken.
+    used: u128,
+}
+
+/// Bytes between two wake words: 128 slots in a page, for at most `MAX_ATTACHED + 1`
+/// connections.
+const WAKE_STRIDE: u64 = 32;
+const _: () = assert!((MAX_ATTACHED as u64 + 1) * WAKE_STRIDE <= shm::PAGE_SIZE as u64 && MAX_ATTACHED < 128);
+
+/// One connection's wake word: the [`std::task::Waker`] the kernel wakes when a wait of this
+/// connection is decided (and the connection's thread once more after the answer is sent).
+struct WakeSlot {
+    futex: shm::Futex,
+}
+
+impl std::task::Wake for WakeSlot {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+    /// Bump, then `FUTEX_WAKE` (abi::protocol's wake-word protocol).
+    fn wake_by_ref(self: &Arc<Self>) {
+        abi::protocol::bump_wake_word(&self.futex);
+        self.futex.wake_all();
+    }
+}
+
+/// What a connection holds besides its socket.
+#[derive(Default)]
+struct Conn {
+    /// Its wake word: slot and waker.
+    wake: Option<(u32, std::task::Waker)>,
+}
+
+impl Conn {
+    fn waker(&self) -> Option<&std::task::Waker> {
+        self.wake.as_ref().map(|w| &w.1)
+    }
+
+    /// Gives this connection a wake word (once): its slot's byte offset.
+    fn take_wake_word(&mut self, client: &Client) -> Result<u64, KernelError> {
+        if let Some((slot, _)) = &self.wake {
+            return Ok(u64::from(*slot) * WAKE_STRIDE);
+        }
+        let mut wake = client.wake.lock();
+        if wake.is_none() {
+            *wake = Some(WakePage { page: Shm::new("doorbell-wake", shm::PAGE_SIZE)?, used: 0 });
+        }
+        let w = wake.as_mut().expect("made above");
+        let slot = (!w.used).trailing_zeros();
+        if slot as u64 * WAKE_STRIDE >= shm::PAGE_SIZE as u64 {
+            return Err(limit("wake words (connections per process)", w.used.count_ones() as u64, 128));
+        }
+        let futex = shm::Futex::new(&w.page, u64::from(slot) * WAKE_STRIDE)?;
+        w.used |= 1 << slot;
+        self.wake = Some((slot, std::task::Waker::from(Arc::new(WakeSlot { futex }))));
+        Ok(u64::from(slot) * WAKE_STRIDE)
+    }
+
+    /// Gives the slot back (the connection ended).
+    fn release(&mut self, client: &Client) {
+        if let Some((slot, _)) = self.wake.take()
+            && let Some(w) = client.wake.lock().as_mut()
+        {
+            w.used &= !(1 << slot);
+        }
+    }
 }
 
 /// A BAR page shown to clients through a memfd of its own.
@@ -346,6 +431,7 @@ fn serve_connection(shared: &Arc<Shared>, chan: Arc<Channel>) {
         }
     };
     let pid = client.pid;
+    let mut conn = Conn::default();
     let orderly = loop {
         let (req, fds) = match chan.recv::<Request>("request") {
             Ok(x) => x,
@@ -366,13 +452,19 @@ fn serve_connection(shared: &Arc<Shared>, chan: Arc<Channel>) {
             let _ = chan.send(&Response::Ok(Reply::Unit), &[]);
             break true;
         }
-        let (resp, keep) = handle(shared, &client, req);
+        let wait = matches!(req, Request::WaitProgress(..) | Request::WaitNativeFences(..));
+        let (resp, keep) = handle(shared, &client, &mut conn, req);
         let fds: Vec<BorrowedFd<'_>> = keep.iter().map(|k| k.fd()).collect();
         if let Err(e) = chan.send(&resp, &fds) {
             debug!(%pid, error = %e, "reply not delivered");
             break false;
         }
+        // A client sleeping on its wake word rather than in a read: the answer is there.
+        if wait && let Some(w) = conn.waker() {
+            w.wake_by_ref();
+        }
     };
+    conn.release(&client);
     if primary && !orderly {
         info!(%pid, os_pid, "client gone: abnormal termination");
         end_client(shared, &client, Termination::Abnormal);
@@ -445,6 +537,7 @@ fn handshake(shared: &Arc<Shared>, chan: &Arc<Channel>, os_pid: u32) -> Result<O
                 ledger: Mutex::new(Ledger::default()),
                 attached: Mutex::new(Vec::new()),
                 ended: AtomicBool::new(false),
+                wake: Mutex::new(None),
             });
             shared.clients.lock().insert(pid, client.clone());
             info!(%pid, os_pid, name = %client.name, "client process opened");
@@ -553,7 +646,7 @@ fn wire_fence(info: NativeFenceInfo, keep: &mut Vec<Keep>) -> WireNativeFenceInf
 }
 
 /// One request of a client process.
-fn handle(shared: &Arc<Shared>, client: &Arc<Client>, req: Request) -> (Response, Vec<Keep>) {
+fn handle(shared: &Arc<Shared>, client: &Arc<Client>, conn: &mut Conn, req: Request) -> (Response, Vec<Keep>) {
     let port = &client.port;
     let limits: Limits = shared.config.limits;
     let timeout = |ns: Option<u64>| ns.map(Duration::from_nanos);
@@ -561,6 +654,14 @@ fn handle(shared: &Arc<Shared>, client: &Arc<Client>, req: Request) -> (Response
     let resp = (|| -> Response {
         Ok(match req {
             Request::AdapterInfo => Reply::AdapterInfo(port.adapter_info()),
+            Request::NativeFenceCaps => Reply::NativeFenceCaps(port.native_fence_caps()?),
+            // A page's BAR page stays the process's until it ends (the kernel's rule), so its
+            // export, like the first page's, is withdrawn when the client ends.
+            Request::CreateDoorbellPage(d) => Reply::DoorbellPage(port.create_doorbell_page(d)?),
+            Request::DestroyDoorbellPage(p) => {
+                port.destroy_doorbell_page(p)?;
+                Reply::Unit
+            }
             Request::CreateDevice => {
                 let d = port.create_device()?;
                 client.ledger.lock().devices.insert(d);
@@ -633,6 +734,7 @@ fn handle(shared: &Arc<Shared>, client: &Arc<Client>, req: Request) -> (Response
                     q.page = Some(cpu_page);
                 }
                 // The aggregated page is never rotated while the process lives.
+                let aggregated_gpu_va = aggregated.as_ref().and_then(|a| a.gpu_va);
                 let aggregated = match aggregated {
                     Some(a) => match export_page(shared, client.pid, &a.page)? {
                         Some(memfd) => {
@@ -643,7 +745,7 @@ fn handle(shared: &Arc<Shared>, client: &Arc<Client>, req: Request) -> (Response
                     },
                     None => None,
                 };
-                Reply::Doorbell(WireDoorbellInfo { handle, offset, ring, aggregated, gpu_va })
+                Reply::Doorbell(WireDoorbellInfo { handle, offset, ring, aggregated, gpu_va, aggregated_gpu_va })
             }
             Request::ConnectDoorbell(q) => {
                 port.connect_doorbell(q)?;
@@ -672,7 +774,7 @@ fn handle(shared: &Arc<Shared>, client: &Arc<Client>, req: Request) -> (Response
                 port.submit_command(q, &words)?;
                 Reply::Unit
             }
-            Request::WaitProgress(q, v, t) => Reply::Wait(port.wait_progress(q, v, timeout(t))?),
+            Request::WaitProgress(q, v, t) => Reply::Wait(port.wait_progress_waking(q, v, timeout(t), conn.waker())?),
             Request::QueryQueue(q) => Reply::QueueStatus(port.query_queue(q)?),
             Request::CreateNativeFence(d, desc) => {
                 client.ledger.lock().check_objects(&limits)?;
@@ -700,7 +802,7 @@ fn handle(shared: &Arc<Shared>, client: &Arc<Client>, req: Request) -> (Response
                 Reply::Unit
             }
             Request::WaitNativeFences(fences, mode, t) => {
-                Reply::Wait(port.wait_native_fences(&fences, mode, timeout(t))?)
+                Reply::Wait(port.wait_native_fences_waking(&fences, mode, timeout(t), conn.waker())?)
             }
             Request::QueryNativeFence(f) => Reply::FenceValues(port.query_native_fence(f)?),
             Request::QueryPhysicalDoorbell(q) => Reply::PhysicalDoorbell(port.query_physical_doorbell(q)?),
@@ -719,6 +821,14 @@ fn handle(shared: &Arc<Shared>, client: &Arc<Client>, req: Request) -> (Response
                     client.ledger.lock().fences.insert(info.handle, d);
                 }
                 Reply::NativeFence(wire_fence(info, &mut keep))
+            }
+            Request::WakeWord => {
+                let offset = conn.take_wake_word(client)?;
+                let page = client.wake.lock().as_ref().map(|w| w.page.clone()).expect("made by take_wake_word");
+                Reply::WakeWord(
+                    wire_mapping(page.map_range(0, shm::PAGE_SIZE, shm::Prot::ReadOnly)?, &mut keep),
+                    offset,
+                )
             }
         })
     })();

@@ -86,6 +86,7 @@ pub(crate) fn collect(shared: &Arc<Shared>) -> DaemonStatus {
             tdr_timeouts,
             trace_dropped,
             engines,
+            firmware_thread_calls: shared.sys.firmware_thread_calls(),
         }],
         processes,
     }

@@ -7,6 +7,9 @@
 //!   daemon's epoch, no call), from this process to the daemon's engine;
 //! - `um_roundtrip_p50_ns`: submit until this process sees the progress fence complete;
 //! - `km_p50_ns`: the kernel-mode path, which now crosses the socket;
+//! - `um_blocked_wakeup_futex_p50_ns`, `um_blocked_wakeup_socket_p50_ns`: a client thread
+//!   blocked in a wait (no spin), from the engine passing the progress fence to the thread
+//!   running again, sleeping on its wake word (the default) and reading the socket instead;
 //! - `um_throughput_per_s`: tiny command buffers on one queue, until the last completes;
 //! - `embedded_um_p50_ns`: `um_p50_ns` of the embedded mode, same run;
 //! - `floor_cacheline_rtt_ns`: one cache line bounced between two threads;
@@ -310,6 +313,46 @@ fn remote_latencies(port: &RemotePort, q: &mut umd::Queue, buf: &umd::Buffer, n:
     Ok(out)
 }
 
+/// Wake-up latency of a client thread blocked in a wait (no spin): the queue `WAIT`s on a flag,
+/// writes a `TIMESTAMP` and passes its progress fence once this process raises the flag; the
+/// waiter reads the device clock as soon as its wait returns. Each sample: from the engine's
+/// timestamp just before the fence to the blocked thread running again.
+fn blocked_wakeups(port: &RemotePort, q: &mut umd::Queue, buf: &umd::Buffer, n: usize) -> Result<Vec<u64>, CliError> {
+    q.set_spin(0);
+    let (flag, ts) = (buf.va(), buf.va() + 64);
+    let mut out = Vec::with_capacity(n);
+    let mut cb = CommandBuffer::new();
+    let base = buf.read_u64(0)?;
+    for i in 0..n as u64 {
+        let k = base + i + 1;
+        cb.clear();
+        cb.wait(flag, k).timestamp(ts);
+        let v = q.submit(&cb)?;
+        let q = &*q;
+        let woke = std::thread::scope(|s| {
+            let waiter = s.spawn(move || -> Result<u64, CliError> {
+                q.wait(v, Some(Duration::from_secs(10)))?;
+                Ok(port.device_now().as_nanos())
+            });
+            // Long enough for the waiter to send its wait and fall asleep (in FUTEX_WAIT or in
+            // a read of the socket): what is measured is a wake-up. Asleep, not spinning: on
+            // two cores the daemon's firmware thread holds one, and the waiter needs the other.
+            std::thread::sleep(Duration::from_millis(1));
+            // Then keep this core awake for a moment (an idle virtual CPU takes tens of
+            // microseconds to wake; the peers' consumers never get that far), and block in the
+            // join right after raising the flag, which leaves the core to the waiter.
+            let until = Instant::now() + Duration::from_micros(30);
+            while Instant::now() < until {
+                std::hint::spin_loop();
+            }
+            buf.write(0, &k.to_le_bytes())?;
+            waiter.join().map_err(|_| CliError::Check("the waiting thread panicked".into()))?
+        })?;
+        out.push(woke.saturating_sub(buf.read_u64(64)?));
+    }
+    Ok(out)
+}
+
 pub struct DaemonSubmitArgs {
     pub json: bool,
     pub samples: u32,
@@ -369,6 +412,17 @@ pub fn submit(a: DaemonSubmitArgs) -> Result<(), CliError> {
         }
     }
     let um_rt = percentiles(rt).0;
+    progress(json, "blocked client wake-up: futex on the wake word, then a read of the socket");
+    let wake_n = (samples / 10).clamp(50, 2_000);
+    let mut wq = ctx.create_queue(QueueOptions::user_mode())?;
+    let wbuf = dev.allocate(4096)?;
+    blocked_wakeups(&port, &mut wq, &wbuf, 50)?;
+    let wake_futex = percentiles(blocked_wakeups(&port, &mut wq, &wbuf, wake_n)?).0;
+    port.set_wake_words(false);
+    blocked_wakeups(&port, &mut wq, &wbuf, 50)?;
+    let wake_socket = percentiles(blocked_wakeups(&port, &mut wq, &wbuf, wake_n)?).0;
+    port.set_wake_words(true);
+    drop((wq, wbuf));
     progress(json, "kernel-mode latency over the socket");
     let mut kq = ctx.create_queue(QueueOptions::kernel_mode())?;
     kq.set_spin(0);
@@ -403,6 +457,8 @@ pub fn submit(a: DaemonSubmitArgs) -> Result<(), CliError> {
             "um_p99_ns": um_p99,
             "um_roundtrip_p50_ns": um_rt,
             "km_p50_ns": km_p50,
+            "um_blocked_wakeup_futex_p50_ns": wake_futex,
+            "um_blocked_wakeup_socket_p50_ns": wake_socket,
             "um_throughput_per_s": throughput,
             "floor_cacheline_rtt_ns": floor,
             "embedded_um_p50_ns": embedded,
@@ -426,6 +482,8 @@ pub fn submit(a: DaemonSubmitArgs) -> Result<(), CliError> {
         println!("{:<48} {:>9} ns", "daemon user-mode p99", um_p99);
         println!("{:<48} {:>9} ns", "daemon user-mode round trip p50", um_rt);
         println!("{:<48} {:>9} ns", "daemon kernel-mode p50 (over the socket)", km_p50);
+        println!("{:<48} {:>9} ns", "blocked client wake-up p50, futex", wake_futex);
+        println!("{:<48} {:>9} ns", "blocked client wake-up p50, socket read", wake_socket);
         println!("{:<48} {:>9} /s", "daemon user-mode throughput", throughput);
         println!("{:<48} {:>9} ns", "peer: SPSC shared-memory handoff p50", spsc);
         println!("{:<48} {:>9} ns", "peer: Unix socket p50", socket);

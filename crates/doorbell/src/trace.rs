@@ -5,7 +5,8 @@
 //! logged. The trace has one track per queue, and for every signal or wait a box from when
 //! the UMD queued it (CPU time, recorded at submission — spec 002's "fence queued" event) to
 //! when the engine executed it (GPU time, from the queue's fence log). Both clocks are the
-//! device clock, so the boxes line up. The output is Chrome trace-event JSON, which
+//! device clock, so the boxes line up. Fence-log tracing is on, so the logs are the OS's
+//! traced size and hold every round. The output is Chrome trace-event JSON, which
 //! ui.perfetto.dev and chrome://tracing open.
 //!
 //! The producer also dispatches a sample kernel through a `umd::pgo::Pipeline`, measured in
@@ -32,9 +33,10 @@ use crate::{CliError, num};
 pub struct TraceArgs {
     /// Where to write the trace JSON.
     out: PathBuf,
-    /// Rounds of the pipeline (each logs a signal or a wait on every queue). At most 80, so no
-    /// log overruns between reads.
-    #[arg(long, default_value_t = 20, value_parser = num::within(1u32, 80))]
+    /// Rounds of the pipeline (each logs a signal or a wait on every queue). At most 320: the
+    /// trace turns fence-log tracing on, so each log holds 340 entries and none overruns
+    /// before it is read.
+    #[arg(long, default_value_t = 20, value_parser = num::within(1u32, 320))]
     rounds: u32,
 }
 
@@ -48,6 +50,8 @@ struct Queued {
 
 pub fn run(a: TraceArgs) -> Result<(), CliError> {
     let sys = System::live(SystemConfig::default())?;
+    // Spec 002: "when tracing is enabled, the OS first increases the size of the log buffer".
+    sys.set_fence_log_tracing(true)?;
     let port: Arc<dyn KernelPort> = sys.open_process()?;
     let pid = port.process();
     let dev = Device::open(port)?;

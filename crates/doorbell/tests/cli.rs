@@ -109,7 +109,7 @@ fn numbers_out_of_range_name_the_flag_the_value_and_the_range_before_reaching_th
         (&["run", SAXPY, "--grid", "4x"], &["--grid", "not a whole number"]),
         (&["run", SAXPY, "--show=-1"], &["--show", "out of range"]),
         (&["run", SAXPY, "--timeout", "0s"], &["--timeout", "out of range"]),
-        (&["trace", "unused.json", "--rounds", "81"], &["--rounds", "81", "out of range", "1 to 80"]),
+        (&["trace", "unused.json", "--rounds", "321"], &["--rounds", "321", "out of range", "1 to 320"]),
     ];
     for (args, want) in cases {
         let (ok, out, err) = doorbell_with(args);

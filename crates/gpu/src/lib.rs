@@ -172,7 +172,7 @@ pub enum GpuError {
         /// Bits in the page.
         bits: u32,
     },
-    /// More engines than an aggregated doorbell word has bits.
+    /// More engines than an aggregated doorbell page has words.
     #[error("{engines} engines: an aggregated doorbell names at most {max}")]
     TooManyEngines {
         /// Engines configured.
@@ -247,8 +247,9 @@ pub struct Gpu {
 impl Gpu {
     /// Creates a device. Address space 0 is created for the kernel.
     pub fn new(cfg: GpuConfig) -> Result<Gpu, GpuError> {
-        if cfg.misses_unmapped_doorbells && cfg.engines.len() > 64 {
-            return Err(GpuError::TooManyEngines { engines: cfg.engines.len(), max: 64 });
+        let per_page = abi::doorbell::DOORBELLS_PER_PAGE as usize;
+        if cfg.misses_unmapped_doorbells && cfg.engines.len() > per_page {
+            return Err(GpuError::TooManyEngines { engines: cfg.engines.len(), max: per_page });
         }
         // The kernel's page and at least one process page.
         let pages = cfg.doorbell_pages.max(2);
@@ -456,8 +457,8 @@ impl Gpu {
         self.fw.bind_global_doorbell(id, page, bit)
     }
 
-    /// Watches BAR page `page` as a process's aggregated doorbell: engine `e` rings bit `e` of
-    /// its first word, and the firmware then polls the wptrs of that engine's queues.
+    /// Watches BAR page `page` as a process's aggregated doorbell: engine `e` rings word `e`
+    /// (any store), and the firmware then polls the wptrs of that engine's queues.
     pub fn watch_aggregated_doorbell(&mut self, page: u32) -> Result<(), GpuError> {
         self.fw.watch_aggregated(page)
     }

@@ -367,7 +367,7 @@ pub trait Kmd: Send {
     /// and how.
     fn doorbell_ring(&self, index: u32) -> (u64, RingMethod);
     /// Where queues of `engine` ring their process's aggregated doorbell page, when the
-    /// device needs one: the word's offset and the engine's bit.
+    /// device needs one: the engine's word's offset, and what the CPU ORs into it.
     fn aggregated_doorbell(&self, engine: EngineId) -> Option<(u64, u64)>;
     /// The device starts watching BAR page `page` as a process's aggregated doorbell.
     fn watch_aggregated_page(&mut self, page: u32) -> Result<(), DdiError>;
@@ -542,6 +542,17 @@ pub trait Kmd: Send {
             field: "page",
             value: "doorbell page".into(),
             reason: DeviceRefusal::Unsupported("doorbells rung from the GPU"),
+        })
+    }
+    /// Maps the process's aggregated doorbell page (BAR page `page`) into its own GPU address
+    /// space at `va` (spec 001: "the kernel driver will map a page of aggregated doorbell space
+    /// into each GPUVM space"), so a queue that submits to another from the GPU rings it as
+    /// the CPU would. Refused where a GPU store cannot ring it (the default).
+    fn map_aggregated_page(&mut self, _process: ProcessId, _va: u64, _page: u32) -> Result<GpuMapping, DdiError> {
+        Err(DdiError::Refused {
+            field: "page",
+            value: "aggregated doorbell page".into(),
+            reason: DeviceRefusal::Unsupported("aggregated doorbells rung from the GPU"),
         })
     }
     /// The device's own number for `queue` (the virtual GPU's firmware queue id), for tools
@@ -913,5 +924,8 @@ impl Kmd for Traced {
     }
     fn map_doorbell_page(&mut self, process: ProcessId, va: u64, page: u32) -> Result<GpuMapping, DdiError> {
         self.inner.map_doorbell_page(process, va, page)
+    }
+    fn map_aggregated_page(&mut self, process: ProcessId, va: u64, page: u32) -> Result<GpuMapping, DdiError> {
+        self.inner.map_aggregated_page(process, va, page)
     }
 }

@@ -321,6 +321,13 @@ pub enum Event {
         queue: HwQueueHandle,
         /// Which log.
         kind: abi::fence_log::FenceLogType,
+        /// Entries the new log holds.
+        entries: u32,
+    },
+    /// The OS turned fence-log tracing on or off (its logs grow while it traces).
+    FenceLogTracing {
+        /// On or off.
+        on: bool,
     },
 }
 
@@ -379,7 +386,10 @@ impl core::fmt::Display for Event {
                 write!(f, "{queue}: termination waits for progress {value} (completed {completed})")
             }
             Event::FenceLogOverrun { queue, lost } => write!(f, "{queue}: fence log overrun, {lost} events lost"),
-            Event::FenceLogRecreated { queue, kind } => write!(f, "{queue}: {kind:?} fence log recreated"),
+            Event::FenceLogRecreated { queue, kind, entries } => {
+                write!(f, "{queue}: {kind:?} fence log recreated ({entries} entries)")
+            }
+            Event::FenceLogTracing { on } => write!(f, "fence-log tracing {}", if *on { "on" } else { "off" }),
             Event::DisconnectedRing { queue } => {
                 write!(f, "{queue}: rung from the GPU while disconnected, reconnecting")
             }

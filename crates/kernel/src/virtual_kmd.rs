@@ -273,6 +273,15 @@ impl VirtualKmd {
         lock_device(&self.gpu, &self.attention)
     }
 
+    /// Maps BAR page `page` into `process`'s address space at `va`, writable.
+    fn map_bar_page(&self, process: ProcessId, va: u64, page: u32) -> Result<GpuMapping, DdiError> {
+        let vmid = self.vmid(process)?;
+        let bar = self.device().bar().clone();
+        let offset = page as u64 * abi::doorbell::DOORBELL_PAGE_BYTES;
+        self.map_into(vmid, va, abi::doorbell::DOORBELL_PAGE_BYTES, (bar, offset), true)
+            .map_err(refused("va", format!("{va:#x}")))
+    }
+
     /// Maps `bytes` of `backing` (a region and its offset) at `va` in address space `vmid`;
     /// the returned mapping unmaps it when dropped (unless the address space is gone already:
     /// process teardown destroys it whole, and the mapping with it).
@@ -610,10 +619,8 @@ impl Kmd for VirtualKmd {
         if !self.device().misses_unmapped_doorbells() {
             return None;
         }
-        match RingMethod::bit(engine.0) {
-            (offset, RingMethod::SetBit { mask }) => Some((offset, mask)),
-            (_, RingMethod::WriteWptr) => None,
-        }
+        // Word `engine` of the page (the firmware takes any non-zero value as a ring).
+        Some((engine.0 as u64 * abi::doorbell::DOORBELL_BYTES, 1))
     }
 
     fn watch_aggregated_page(&mut self, page: u32) -> Result<(), DdiError> {
@@ -957,21 +964,20 @@ impl Kmd for VirtualKmd {
 
     fn map_doorbell_page(&mut self, process: ProcessId, va: u64, page: u32) -> Result<GpuMapping, DdiError> {
         // A store rings only a dedicated doorbell of the process's own page, watched as it is:
-        // not a bit page (the GPU cannot OR), not a pool (the page is not the queue's), not
-        // with the aggregated doorbell (its bit would have to be OR-ed in too).
-        let misses = self.device().misses_unmapped_doorbells();
-        if !matches!(self.doorbells, Doorbells::PerProcess) || misses {
+        // not a bit page (the GPU cannot OR), not a pool (the page is not the queue's).
+        if !matches!(self.doorbells, Doorbells::PerProcess) {
             return Err(DdiError::Refused {
                 field: "page",
                 value: page.to_string(),
                 reason: DeviceRefusal::Unsupported("doorbells rung from the GPU with this doorbell model"),
             });
         }
-        let vmid = self.vmid(process)?;
-        let bar = self.device().bar().clone();
-        let offset = page as u64 * abi::doorbell::DOORBELL_PAGE_BYTES;
-        self.map_into(vmid, va, abi::doorbell::DOORBELL_PAGE_BYTES, (bar, offset), true)
-            .map_err(refused("va", format!("{va:#x}")))
+        self.map_bar_page(process, va, page)
+    }
+
+    fn map_aggregated_page(&mut self, process: ProcessId, va: u64, page: u32) -> Result<GpuMapping, DdiError> {
+        // A word per engine: a plain store from the GPU rings it (`aggregated_doorbell`).
+        self.map_bar_page(process, va, page)
     }
 
     fn read_gpu_u64(&self, process: ProcessId, va: u64) -> Option<u64> {

@@ -136,24 +136,54 @@ mod review2 {
 
     const T: Option<Duration> = Some(Duration::from_millis(50));
 
-    /// A client that logs the same entry twice must not make the optimized interrupt miss a
-    /// waiter: a log that shows no new signal means "scan everything".
+    /// With the optimized interrupt every fence signal of a user-mode queue names the queue,
+    /// so a signal the client did not log leaves nothing new in the log: the optimized
+    /// interrupt must not miss the waiter — a log that shows no new signal means "scan
+    /// everything". (Once the log was made to skip an entry; now the engine places every
+    /// position, and a client naming the same position twice only faults its own queue.)
     #[test]
     fn a_log_that_does_not_advance_falls_back_to_a_scan() {
         let sys = common::optimized();
         let c = common::client(&sys);
         let f = c.device.create_fence(0, NativeFenceType::Default).unwrap();
         let mut q = c.user_queue();
-        for v in 1..=2 {
-            let mut cb = CommandBuffer::new();
-            cb.wait(c.buf.va(), v).packet(Packet::Logged { op: LoggedOp::SignalFence, va: f.va(), value: v, entry: 5 });
-            q.submit(&cb).unwrap();
-        }
+        let mut cb = CommandBuffer::new();
+        // Raw: the UMD would log it on this device (it asks the caps).
+        cb.wait(c.buf.va(), 1).packet(Packet::SignalFence { va: f.va(), value: 1 });
+        q.submit(&cb).unwrap();
         c.buf.write_u64(0, 1).unwrap();
         f.wait(1, T).unwrap();
+        assert_eq!(sys.stats().fence_log_fallbacks, 1);
+        // The log shows a new signal, but not the one that raised the interrupt (g has no
+        // waiter; f's signal is not logged): still a scan, and f's waiter is woken.
+        let g = c.device.create_fence(0, NativeFenceType::Default).unwrap();
+        let mut cb = CommandBuffer::new();
+        cb.wait(c.buf.va(), 2).packet(Packet::SignalFence { va: f.va(), value: 2 }).signal_fence_logged(&g, 1);
+        q.submit(&cb).unwrap();
+        let pid = c.port.process();
+        let w = sys.begin_fence_wait(pid, &[(f.handle(), 2)], abi::port::WaitMode::All).unwrap().expect("blocked");
         c.buf.write_u64(0, 2).unwrap();
         f.wait(2, T).unwrap();
-        assert!(sys.stats().fence_log_fallbacks >= 1);
+        g.wait(1, T).unwrap();
+        assert!(w.is_done(), "the waiter is not missed");
+        assert_eq!(sys.stats().fence_log_fallbacks, 2);
+        sys.end_fence_wait(pid, &w).unwrap();
+        // The same log position twice: the second is refused, and only this queue faults.
+        for v in 3..=4 {
+            let mut cb = CommandBuffer::new();
+            cb.packet(Packet::Logged { op: LoggedOp::SignalFence, va: f.va(), value: v, position: 5 });
+            let _ = q.submit(&cb);
+        }
+        assert!(f.wait(4, T).is_err());
+        assert_eq!(f.value().unwrap(), 3);
+        let fault = q.status().unwrap().fault.expect("faulted");
+        assert!(fault.to_string().contains("log entry"), "{fault}");
+        let mut other = c.user_queue();
+        let mut cb = CommandBuffer::new();
+        cb.signal_fence(&f, 4);
+        let v = other.submit(&cb).unwrap();
+        other.wait(v, T).unwrap();
+        assert_eq!(f.value().unwrap(), 4, "the other queue runs");
     }
 
     /// A kernel-mode submission that signals a fence and then waits for it must not wait for

@@ -263,6 +263,21 @@ fn the_doorbell_size_comes_from_the_kmds_caps() {
             Ok(_) => panic!("{bad}: accepted"),
         }
     }
+    // The OS places each doorbell by the reported size, not a constant: with 16-byte
+    // doorbells, a KMD that puts one at an 8-byte offset is refused (naming the index), and
+    // one at a 16-byte offset works.
+    let sys = common::sim_with(SystemConfig { kmd_doorbell_bytes: Some(16), ..SystemConfig::default() });
+    let p = common::RawProc::open(&sys);
+    let first = abi::port::KernelPort::adapter_info(&*p.port).engines[0].doorbell_first;
+    let (even, odd) = if first.is_multiple_of(2) { (first, first + 1) } else { (first + 1, first) };
+    let q = p.create(p.desc(odd)).unwrap();
+    let e = p.doorbell(q.handle).unwrap_err();
+    assert!(
+        matches!(&e, KernelError::InvalidArgument { field: "doorbell_index", value, .. } if *value == odd.to_string()),
+        "{e}"
+    );
+    let q = p.create(p.desc(even)).unwrap();
+    p.doorbell(q.handle).expect("a 16-byte doorbell at a 16-byte offset");
     // A reported size the page holds works end to end (and INFO reports it).
     let sys = common::sim_with(SystemConfig { kmd_doorbell_bytes: Some(8), ..SystemConfig::default() });
     let c = common::client(&sys);

@@ -455,3 +455,203 @@ fn a_gpu_ring_on_a_queue_whose_engine_is_in_f1_wakes_it() {
     assert!(rang < connect, "{ev:#?}");
     assert_eq!(b.doorbell_status().unwrap(), abi::DoorbellStatus::Connected);
 }
+
+/// "They would also allocate a doorbell page for the doorbells used by the user queues. The
+/// application would then populate the MQD ... with the GPU virtual addresses and doorbell
+/// index they want to use. ... The kernel driver then validates the MQD": a doorbell page the
+/// application allocated is named in the descriptor with the index it wants; the kernel
+/// checks that the page is the process's, the index lies in it and in the engine's range, and
+/// no other queue has it; the queue pins the page and rings the doorbell it chose.
+#[test]
+fn an_application_allocated_doorbell_page_is_validated_pinned_and_rung() {
+    use abi::port::{InUseBy, KernelPort, PhysicalDoorbell};
+    let sys = common::sim();
+    let start = sys.census();
+    let p = common::RawProc::open(&sys);
+    let engine = p.port.adapter_info().engines[0];
+    let (first, end) = (engine.doorbell_first, engine.doorbell_first + engine.doorbell_count);
+    let page = p.port.create_doorbell_page(p.dev).unwrap();
+    assert_eq!(page.doorbells, 512);
+    let index = first + 3;
+    let on_page = |index| abi::QueueDescriptor { doorbell_page_va: page.va, ..p.desc(index) };
+    // Not one of the process's doorbell pages (an allocation; another process's page; any VA).
+    // (VAs are per process: another process's page is named in its own address space, and
+    // the same number in this one names whatever this process has there.)
+    let other = common::RawProc::open(&sys);
+    other.port.allocate(other.dev, &abi::port::AllocationDesc::system(4096)).unwrap();
+    let foreign = other.port.create_doorbell_page(other.dev).unwrap();
+    assert_ne!(foreign.va, page.va);
+    for va in [p.ring.va, foreign.va, 0x7000_0000] {
+        let e = p.create(abi::QueueDescriptor { doorbell_page_va: va, ..p.desc(index) }).unwrap_err();
+        assert_eq!(common::refusal(&e), Some(("doorbell_page_va", &Invalid::NoDoorbellPage)), "{va:#x}: {e}");
+        assert!(e.to_string().contains(&format!("{va:#x}")), "names the value: {e}");
+    }
+    assert!(matches!(p.port.destroy_doorbell_page(foreign.handle), Err(KernelError::BadHandle { .. })));
+    // Outside the engine's range of the page, outside the page.
+    let e = p.create(on_page(end)).unwrap_err();
+    assert!(matches!(common::refusal(&e), Some(("doorbell_index", Invalid::OutsideEngineDoorbells { .. }))), "{e}");
+    let e = p.create(on_page(512)).unwrap_err();
+    assert!(matches!(common::refusal(&e), Some(("doorbell_index", Invalid::OutsideDoorbellPage { .. }))), "{e}");
+    // Taken: by a queue on the same page only.
+    let q = p.create(on_page(index)).unwrap().handle;
+    let e = p.create(on_page(index)).unwrap_err();
+    assert_eq!(common::refusal(&e), Some(("doorbell_index", &Invalid::UsedBy(q))), "{e}");
+    let same_index_own_page = p.create(p.desc(index)).expect("another page, another doorbell").handle;
+    // Pinned while its queue lives.
+    let e = p.port.destroy_doorbell_page(page.handle).unwrap_err();
+    assert!(matches!(e, KernelError::InUse { by: InUseBy::Queue(by), .. } if by == q), "{e}");
+    // The queue rings the doorbell it chose: that index of that page.
+    let db = p.doorbell(q).unwrap();
+    let gpu = db.gpu_va.expect("the page is mapped for GPU rings");
+    assert!((page.va..page.va + 4096).contains(&gpu) && gpu - page.va == index as u64 * 8, "{gpu:#x}");
+    p.port.connect_doorbell(q).unwrap();
+    let _ = p.doorbell(same_index_own_page).unwrap();
+    p.port.connect_doorbell(same_index_own_page).unwrap();
+    let (Some(PhysicalDoorbell::BarIndex(a)), Some(PhysicalDoorbell::BarIndex(b))) =
+        (p.port.query_physical_doorbell(q).unwrap(), p.port.query_physical_doorbell(same_index_own_page).unwrap())
+    else {
+        panic!("dedicated doorbells")
+    };
+    assert_eq!((a % 512, b % 512), (index, index));
+    assert_ne!(a / 512, b / 512, "two pages");
+    p.port.destroy_hw_queue(same_index_own_page).unwrap();
+    let mut cb = CommandBuffer::new();
+    cb.write_u32(p.ctl.va + 1024, 0xd00b);
+    let mut words = cb.words().to_vec();
+    words.extend_from_slice(&abi::packet::progress_fence_words(1));
+    let ring = p.port.map_allocation(p.ring.handle).unwrap();
+    let ctl = p.port.map_allocation(p.ctl.handle).unwrap();
+    ring.write_u32s(0, &words).unwrap();
+    ctl.write_u64(abi::ring::LAST_QUEUED_OFFSET, 1).unwrap();
+    let wptr = words.len() as u64 * 4;
+    ctl.write_u64(abi::ring::WPTR_OFFSET, wptr).unwrap();
+    shm::Word::new(&db.cpu_page, db.offset).unwrap().get().store(wptr, std::sync::atomic::Ordering::Release);
+    sys.settle();
+    assert_eq!(ctl.read_u32(1024).unwrap(), 0xd00b, "the doorbell of the application's page was heard");
+    // One page of its own besides the kernel's: 1,024 doorbells.
+    let e = p.port.create_doorbell_page(p.dev).unwrap_err();
+    assert!(matches!(e, KernelError::Exhausted { what: "doorbell pages", .. }), "{e}");
+    p.port.destroy_hw_queue(q).unwrap();
+    p.port.destroy_doorbell_page(page.handle).expect("free once its queue is gone");
+    // The process may allocate one again; its device's destruction frees it.
+    let again = p.port.create_doorbell_page(p.dev).unwrap();
+    p.port.destroy_device(p.dev).unwrap();
+    assert!(matches!(p.port.destroy_doorbell_page(again.handle), Err(KernelError::BadHandle { .. })));
+    drop((p, other));
+    sys.settle();
+    assert_eq!(sys.census(), start, "every page back once the processes end");
+}
+
+/// The UMD side: a queue takes a doorbell of a page the application allocated
+/// (`QueueOptions::doorbell`), submits through it, and is rung from the GPU through it.
+#[test]
+fn the_umd_creates_queues_on_its_own_doorbell_page() {
+    let sys = common::sim();
+    let c = common::client(&sys);
+    let page = c.device.create_doorbell_page().unwrap();
+    let first = c.device.info().engines[0].doorbell_first;
+    let opts = QueueOptions { doorbell: Some(page.doorbell(first + 7)), ..QueueOptions::user_mode() };
+    let mut q = c.ctx.create_queue(opts).unwrap();
+    let mut cb = CommandBuffer::new();
+    cb.write_u32(c.buf.va(), 1);
+    let v = q.submit(&cb).unwrap();
+    q.wait(v, T).unwrap();
+    assert_eq!(c.buf.read_u32(0).unwrap(), 1);
+    match c.ctx.create_queue(opts) {
+        Err(e) => assert!(e.to_string().contains("already used by"), "{e}"),
+        Ok(_) => panic!("the same doorbell twice"),
+    }
+    // Rung from the GPU, through the page's mapping in the process's address space.
+    let mut kicked = CommandBuffer::new();
+    kicked.write_u32(c.buf.va() + 4, 2);
+    let k = q.prepare(&kicked).unwrap();
+    let mut other = c.user_queue();
+    let mut cb = CommandBuffer::new();
+    cb.kick(&k);
+    other.submit(&cb).unwrap();
+    sys.settle();
+    assert_eq!((c.buf.read_u32(4).unwrap(), q.completed()), (2, k.value));
+}
+
+/// The application's doorbell page under each doorbell model: a queue on it is heard with
+/// global doorbell bits, over a victimized pool, and with the aggregated doorbell.
+#[test]
+fn an_application_doorbell_page_works_under_every_doorbell_model() {
+    use abi::doorbell::DoorbellModel;
+    let gpu = |model, misses| gpu::GpuConfig {
+        doorbell_model: model,
+        misses_unmapped_doorbells: misses,
+        hw_slots: 2,
+        ..gpu::GpuConfig::default()
+    };
+    let configs = [
+        SystemConfig { gpu: gpu(DoorbellModel::Global, false), ..SystemConfig::default() },
+        SystemConfig { gpu: gpu(DoorbellModel::Dedicated, false), doorbell_pool: Some(2), ..SystemConfig::default() },
+        SystemConfig { gpu: gpu(DoorbellModel::Dedicated, true), ..SystemConfig::default() },
+    ];
+    for cfg in configs {
+        let what = format!(
+            "{:?} pool {:?} aggregated {}",
+            cfg.gpu.doorbell_model, cfg.doorbell_pool, cfg.gpu.misses_unmapped_doorbells
+        );
+        let sys = common::sim_with(cfg);
+        let c = common::client(&sys);
+        let page = c.device.create_doorbell_page().unwrap();
+        let first = c.device.info().engines[0].doorbell_first;
+        // More queues than slots and pool doorbells: some are unmapped, some victimized.
+        let mut qs: Vec<_> = (0..4)
+            .map(|i| {
+                let opts = QueueOptions { doorbell: Some(page.doorbell(first + i)), ..QueueOptions::user_mode() };
+                c.ctx.create_queue(opts).unwrap()
+            })
+            .collect();
+        for round in 0..2u32 {
+            for (i, q) in qs.iter_mut().enumerate() {
+                let mut cb = CommandBuffer::new();
+                cb.write_u32(c.buf.va() + i as u64 * 4, round + 1);
+                let v = q.submit(&cb).unwrap();
+                q.wait(v, T).unwrap_or_else(|e| panic!("{what}: queue {i}: {e}"));
+            }
+        }
+        for i in 0..4 {
+            assert_eq!(c.buf.read_u32(i * 4).unwrap(), 2, "{what}");
+        }
+    }
+}
+
+/// "In the event that one of these options is not available, the kernel driver will map a
+/// page of aggregated doorbell space into each GPUVM space. The UMD will then update the
+/// doorbell and wptr as normal and then write to the aggregated doorbell as well." On an
+/// engine that misses rings of queues without a slot, a queue that submits to another from
+/// the GPU rings the aggregated doorbell too, through the page's mapping in the process's
+/// address space: the target, unmapped when it is rung, still runs.
+#[test]
+fn a_gpu_ring_of_an_unmapped_queue_rings_the_aggregated_doorbell_mapped_in_the_process() {
+    let mut cfg = SystemConfig {
+        gpu: gpu::GpuConfig { misses_unmapped_doorbells: true, hw_slots: 1, ..gpu::GpuConfig::default() },
+        ..SystemConfig::default()
+    };
+    // Engines never idle inside the test: no F1 round trip (whose reconnect re-reads every
+    // wptr) can find the work; only the aggregated doorbell can.
+    cfg.gpu.idle_period = Duration::from_secs(3600);
+    let sys = common::sim_with(cfg);
+    let c = common::client(&sys);
+    let mut kicker = c.user_queue();
+    let mut target = c.user_queue();
+    let mut work = CommandBuffer::new();
+    work.write_u32(c.buf.va(), 0xa99);
+    let k = target.prepare(&work).unwrap();
+    let agg = k.aggregated_va.expect("the aggregated page is mapped in the process's GPU address space");
+    assert_ne!(agg, k.doorbell_va);
+    // The kicker holds the only slot while it rings: the target has none.
+    let mut cb = CommandBuffer::new();
+    cb.kick(&k);
+    let v = kicker.submit(&cb).unwrap();
+    kicker.wait(v, T).unwrap();
+    sys.settle();
+    assert_eq!(
+        (c.buf.read_u32(0).unwrap(), target.completed()),
+        (0xa99, k.value),
+        "heard through the aggregated doorbell"
+    );
+}

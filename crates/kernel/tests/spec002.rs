@@ -1,6 +1,7 @@
 //! Spec 002 (native fences): the DDIs and interrupt forms the other fence tests did not reach —
-//! the batched `DxgkDdiUpdateMonitoredValues`, a log overrun's trace flag,
-//! `DxgkDdiSetNativeFenceLogBuffer` recreating a log, the optimized interrupt with a NULL
+//! the batched `DxgkDdiUpdateMonitoredValues`, a log overrun's trace flag and the traced log
+//! that grows to prevent it, `DxgkDdiSetNativeFenceLogBuffer` recreating a log, the optimized
+//! interrupt with a NULL
 //! queue (rescan that engine's logs), and the NULL fence array with and without
 //! `EvaluateLegacyMonitoredFences`. Interrupt forms the virtual device never raises by itself
 //! are injected (`System::inject_notification`) after the device's own are dropped
@@ -66,9 +67,9 @@ fn an_optimized_interrupt_with_a_null_queue_rescans_that_engines_logs() {
     let copy = c.context(EngineKind::Copy);
     let cq = copy.create_queue(umd::QueueOptions::user_mode()).unwrap();
     let mut cb = CommandBuffer::new();
-    // f logged (its interrupt would name the queue); g signalled without a log (its interrupt
-    // would name the fence). Both interrupts are lost.
-    cb.signal_fence_logged(&f, 1).signal_fence(&g, 1);
+    // f logged; g signalled without a log (a raw packet: the UMD would log it on this device).
+    // Both interrupts (each naming the queue) are lost.
+    cb.signal_fence_logged(&f, 1).packet(abi::Packet::SignalFence { va: g.va(), value: 1 });
     let v = q.submit(&cb).unwrap();
     q.wait(v, T).unwrap();
     assert_eq!(g.value().unwrap(), 1);
@@ -94,10 +95,11 @@ fn an_optimized_interrupt_with_a_null_queue_rescans_that_engines_logs() {
     sys.end_fence_wait(pid, &wg).unwrap();
 }
 
-#[test]
-fn an_overrun_log_is_flagged_in_the_trace() {
-    let sys = common::optimized();
-    let c = common::client(&sys);
+/// The same burst of logged signals, nobody reading the log until the last one: 91 entries.
+/// Returns the overrun flags in the trace, the fallback scans, and the signal log as read
+/// afterwards.
+fn logged_burst(sys: &kernel::System) -> (Vec<u64>, u64, abi::fence_log::LogRead) {
+    let c = common::client(sys);
     let a = c.device.create_fence(0, NativeFenceType::Default).unwrap();
     let b = c.device.create_fence(0, NativeFenceType::Default).unwrap();
     let mut q = c.user_queue();
@@ -110,21 +112,53 @@ fn an_overrun_log_is_flagged_in_the_trace() {
     q.submit(&cb).unwrap();
     c.buf.write_u64(0, 1).unwrap();
     b.wait(1, T).unwrap();
-    let flagged: Vec<u64> = common::events(&sys)
+    let flags = common::events(sys)
         .into_iter()
         .filter_map(|e| match e {
             Event::FenceLogOverrun { queue, lost } if queue == q.handle() => Some(lost),
             _ => None,
         })
         .collect();
-    assert_eq!(flagged, [8], "one flag, with the events lost");
+    let read = sys.read_fence_log(c.port.process(), q.handle(), FenceLogType::Signal, 0).unwrap();
+    (flags, sys.stats().fence_log_fallbacks, read)
+}
+
+/// Spec 002 "Log buffer overrun is permitted": untraced, a burst longer than the log overruns
+/// it — the OS falls back to a scan and flags the lost events in the trace. "When tracing is
+/// enabled, the OS first increases the size of the log buffer to prevent overruns in the
+/// first place": traced, the same burst loses nothing.
+#[test]
+fn an_overrun_log_is_flagged_and_a_traced_log_is_large_enough_to_lose_nothing() {
+    let (flags, fallbacks, read) = logged_burst(&common::optimized());
+    assert_eq!(flags, [8], "one flag, with the events lost");
+    assert_eq!(fallbacks, 1, "the overrun log cannot be trusted: scan");
+    assert_eq!((read.entries.len(), read.lost, read.total), (83, 8, 91));
+
+    let traced = common::optimized();
+    traced.set_fence_log_tracing(true).unwrap();
+    let (flags, fallbacks, read) = logged_burst(&traced);
+    assert_eq!((flags, fallbacks), (vec![], 0), "no overrun, no fallback");
+    assert_eq!((read.entries.len(), read.lost, read.total), (91, 0, 91), "every event kept");
+    assert_eq!(read.entries.iter().map(|e| e.fence_value).take(3).collect::<Vec<_>>(), [1, 2, 3]);
+    let created = common::events(&traced)
+        .into_iter()
+        .filter_map(|e| match e {
+            Event::FenceLogRecreated { entries, .. } => Some(entries),
+            _ => None,
+        })
+        .count();
+    assert_eq!(created, 0, "a queue created while tracing gets large logs at once");
 }
 
 /// "Dxgkrnl can destroy and recreate a log buffer. Each time it does, it calls
-/// DxgkDdiSetNativeFenceLogBuffer to inform KMD of the new location."
+/// DxgkDdiSetNativeFenceLogBuffer to inform KMD of the new location." Turning tracing on
+/// recreates a running queue's logs larger, in the order `Os::recreate_fence_log` gives: the
+/// new log (starting at the old one's next position), the DDI, then the old signal log
+/// flushed and read to its end — so a signal still unread in it is not lost — and the UMD's
+/// positions go on in the new log.
 #[test]
-fn a_recreated_log_is_handed_to_the_kmd_and_the_engine_writes_the_new_one() {
-    let sys = common::sim();
+fn tracing_recreates_a_running_queues_logs_larger_in_the_specs_order_and_loses_nothing() {
+    let sys = common::optimized();
     let c = common::client(&sys);
     let pid = c.port.process();
     let f = c.device.create_fence(0, NativeFenceType::Default).unwrap();
@@ -133,35 +167,106 @@ fn a_recreated_log_is_handed_to_the_kmd_and_the_engine_writes_the_new_one() {
     let sets =
         common::events(&sys).iter().filter(|e| **e == Event::Ddi(Ddi::SetNativeFenceLogBuffer(q.handle()))).count();
     assert_eq!(sets, 2, "waits and signals");
+    // f = 1, logged; its interrupt is lost, so the entry waits unread in the old log.
+    let w = sys.begin_fence_wait(pid, &[(f.handle(), 1)], WaitMode::All).unwrap().expect("blocked");
+    sys.drop_fence_signals(1);
     let mut cb = CommandBuffer::new();
     cb.signal_fence_logged(&f, 1);
     let v = q.submit(&cb).unwrap();
     q.wait(v, T).unwrap();
-    assert_eq!(sys.read_fence_log(pid, q.handle(), FenceLogType::Signal, 0).unwrap().total, 1);
+    assert!(!w.is_done(), "its interrupt was lost");
+
     let mark = sys.trace().0.len();
-    sys.recreate_fence_log(pid, q.handle(), FenceLogType::Signal).unwrap();
+    sys.set_fence_log_tracing(true).unwrap();
     let ev = common::events_from(&sys, mark);
+    assert_eq!(ev.first(), Some(&Event::FenceLogTracing { on: true }));
+    let h = q.handle();
     common::find_run(
         &ev,
         &[
-            Event::FenceLogRecreated { queue: q.handle(), kind: FenceLogType::Signal },
-            Event::Ddi(Ddi::SetNativeFenceLogBuffer(q.handle())),
+            Event::FenceLogRecreated { queue: h, kind: FenceLogType::Wait, entries: 340 },
+            Event::Ddi(Ddi::SetNativeFenceLogBuffer(h)),
+            Event::FenceLogRecreated { queue: h, kind: FenceLogType::Signal, entries: 340 },
+            Event::Ddi(Ddi::SetNativeFenceLogBuffer(h)),
+            Event::Ddi(Ddi::UpdateNativeFenceLogs(h)),
         ],
     );
-    let fresh = sys.read_fence_log(pid, q.handle(), FenceLogType::Signal, 0).unwrap();
-    assert_eq!((fresh.total, fresh.entries.len()), (0, 0), "the new log starts empty");
-    // The engine writes the new log (the UMD's progression goes on at entry 1).
+    assert!(w.is_done(), "the old log's unread signal was read before the log was dropped");
+    assert_eq!(sys.stats().fence_log_fallbacks, 0, "from the log, not a scan");
+    let fresh = sys.read_fence_log(pid, h, FenceLogType::Signal, 1).unwrap();
+    assert_eq!((fresh.total, fresh.entries.len()), (1, 0), "the new log starts where the old one stopped");
+    // The UMD's next position (1) lands in the new, larger log.
     let mut cb = CommandBuffer::new();
     cb.signal_fence_logged(&f, 2);
     let v = q.submit(&cb).unwrap();
     q.wait(v, T).unwrap();
-    let r = sys.read_fence_log(pid, q.handle(), FenceLogType::Signal, 0).unwrap();
-    assert_eq!(r.total, 2, "entry 1 written in the new log");
-    assert_eq!(r.entries[1].fence_value, 2);
-    assert_eq!(r.entries[0].end_timestamp, 0, "entry 0 of the new log is empty (a zero timestamp is accepted)");
+    let r = sys.read_fence_log(pid, h, FenceLogType::Signal, 1).unwrap();
+    assert_eq!((r.total, r.lost), (2, 0));
+    assert_eq!(r.entries.iter().map(|e| e.fence_value).collect::<Vec<_>>(), [2]);
+    sys.end_fence_wait(pid, &w).unwrap();
+    // Off again: logs of the spec's size, positions still going on.
+    sys.set_fence_log_tracing(false).unwrap();
+    assert_eq!(sys.read_fence_log(pid, h, FenceLogType::Signal, 2).unwrap().total, 2);
     // A kernel-mode queue has no log to recreate.
     let k = c.kernel_queue();
     assert!(sys.recreate_fence_log(pid, k.handle(), FenceLogType::Wait).is_err());
+}
+
+/// The native fence caps reach the UMD through `KernelPort`, and it acts on them: where the
+/// signaled interrupt names the queue (`OptimizedNativeFenceSignaledInterrupt`), the OS learns
+/// which fences were signalled from the queue's signal log alone, so a user-mode queue logs
+/// every native fence signal — in stream order with the ones the buffer logs itself. Without
+/// the cap the interrupt names the fence and nothing is logged unasked.
+#[test]
+fn the_umd_reads_the_native_fence_caps_and_logs_every_signal_where_the_interrupt_names_the_queue() {
+    let sys = common::optimized();
+    let c = common::client(&sys);
+    let pid = c.port.process();
+    let caps = c.port.native_fence_caps().unwrap();
+    assert_eq!(caps, sys.native_fence_caps(), "what the OS accepted from the KMD");
+    assert!(caps.optimized_interrupt && caps.supported);
+    assert_eq!(c.device.native_fence_caps(), caps);
+    let f = c.device.create_fence(0, NativeFenceType::Default).unwrap();
+    let g = c.device.create_fence(0, NativeFenceType::Default).unwrap();
+    let mut q = c.user_queue();
+    let w = sys.begin_fence_wait(pid, &[(f.handle(), 3)], WaitMode::All).unwrap().expect("blocked");
+    let mut cb = CommandBuffer::new();
+    cb.signal_fence(&f, 2).signal_fence_logged(&g, 1).write_u32(c.buf.va(), 7).signal_fence(&f, 3);
+    let v = q.submit(&cb).unwrap();
+    q.wait(v, T).unwrap();
+    assert!(w.is_done(), "woken from the log");
+    assert_eq!(c.buf.read_u32(0).unwrap(), 7, "the packets around the signals are intact");
+    let st = sys.stats();
+    assert_eq!((st.fence_interrupts, st.fence_log_fallbacks), (1, 0), "one interrupt, read from the log");
+    let log = sys.read_fence_log(pid, q.handle(), FenceLogType::Signal, 0).unwrap();
+    let seen: Vec<(u64, u64)> = log.entries.iter().map(|e| (e.fence_handle, e.fence_value)).collect();
+    let (fid, gid) = (seen[0].0, seen[1].0);
+    assert!(fid != 0 && gid != 0 && fid != gid);
+    assert_eq!(seen, [(fid, 2), (gid, 1), (fid, 3)], "every signal logged, in order");
+    // A kernel-mode queue (no logs) takes a plain signal as it is.
+    let mut k = c.kernel_queue();
+    let mut cb = CommandBuffer::new();
+    cb.signal_fence(&f, 4);
+    let v = k.submit(&cb).unwrap();
+    k.wait(v, T).unwrap();
+    assert_eq!(f.value().unwrap(), 4);
+    sys.end_fence_wait(pid, &w).unwrap();
+
+    // Without the cap: the interrupt names the fence, and nothing is logged unasked.
+    let plain = common::sim();
+    let c = common::client(&plain);
+    assert!(!c.device.native_fence_caps().optimized_interrupt);
+    let f = c.device.create_fence(0, NativeFenceType::Default).unwrap();
+    let mut q = c.user_queue();
+    let w = plain.begin_fence_wait(c.port.process(), &[(f.handle(), 1)], WaitMode::All).unwrap().expect("blocked");
+    let mut cb = CommandBuffer::new();
+    cb.signal_fence(&f, 1);
+    let v = q.submit(&cb).unwrap();
+    q.wait(v, T).unwrap();
+    assert!(w.is_done());
+    assert_eq!(plain.read_fence_log(c.port.process(), q.handle(), FenceLogType::Signal, 0).unwrap().total, 0);
+    assert_eq!(plain.stats().fence_log_fallbacks, 0);
+    plain.end_fence_wait(c.port.process(), &w).unwrap();
 }
 
 /// `DxgkDdiUpdateMonitoredValues` takes a batch: one interrupt that settles several fences

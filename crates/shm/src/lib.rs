@@ -91,7 +91,7 @@ pub mod serde_str;
 mod word;
 
 pub use arena::{PoolConfig, PoolStats, ShmPool};
-pub use word::{ReadWord, Region, Word};
+pub use word::{Futex, ReadFutex, ReadWord, Region, Word};
 
 use arena::{Arena, Lease};
 

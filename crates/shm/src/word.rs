@@ -9,13 +9,18 @@
 //!
 //! - [`Word`]: a word the holder may write (its region is mapped read-write).
 //! - [`ReadWord`]: a word the holder may only read (a client's read-only kernel page, say).
+//! - [`Futex`] and [`ReadFutex`]: a 32-bit wake word across processes (a shared futex): the
+//!   writer bumps it and wakes its sleepers, a reader sleeps on it. The protocol around them
+//!   (read the word, then the condition, then sleep on what was read) is
+//!   `abi::protocol::read_wake_word`'s.
 //!
 //! Typed layouts (`abi::ring::RingControlView`, `abi::queue::KernelPageView`, ...) are built
 //! from these, so no caller handles a raw offset.
 
 use std::ptr::NonNull;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
 
 use crate::{Mapping, Prot, RotatingPage, Shm, ShmError, aligned, in_bounds};
 
@@ -65,17 +70,22 @@ impl Region {
     /// The address of the 8-aligned word at `offset`, after checking it lies inside the region;
     /// and whether the region may be written.
     fn word_ptr(&self, offset: u64) -> Result<(NonNull<AtomicU64>, bool), ShmError> {
-        aligned(offset, 8)?;
+        self.ptr_of(offset, 8).map(|(p, w)| (p.cast(), w))
+    }
+
+    /// The address of the `size`-aligned `size`-byte word at `offset`, checked as above.
+    fn ptr_of(&self, offset: u64, size: u64) -> Result<(NonNull<u8>, bool), ShmError> {
+        aligned(offset, size)?;
         let (base, len, writable) = match self {
             Region::Shm(s) => (s.map.ptr, s.map.len, true),
             Region::Mapping(m) => (m.ptr, m.len, m.prot == Prot::ReadWrite),
             Region::Rotating(p) => (p.ptr, crate::PAGE_SIZE, true),
         };
-        in_bounds(offset, 8, len as u64)?;
-        // SAFETY: `offset + 8 <= len`, so the result stays inside the mapping; the mapping is
-        // page-aligned and `offset` 8-aligned, so the word is 8-aligned.
+        in_bounds(offset, size, len as u64)?;
+        // SAFETY: `offset + size <= len`, so the result stays inside the mapping; the mapping
+        // is page-aligned and `offset` `size`-aligned, so the word is `size`-aligned.
         let ptr = unsafe { base.add(offset as usize) };
-        Ok((ptr.cast(), writable))
+        Ok((ptr, writable))
     }
 }
 
@@ -171,5 +181,89 @@ impl ReadWord {
     /// Its byte offset in the region.
     pub fn offset(&self) -> u64 {
         self.offset
+    }
+}
+
+/// A 32-bit wake word its holder writes: bumped, then its sleepers woken (`FUTEX_WAKE`,
+/// shared: the sleepers are in other processes). See the module docs.
+#[derive(Clone, Debug)]
+pub struct Futex {
+    ptr: NonNull<AtomicU32>,
+    _region: Region,
+}
+
+// SAFETY: as for `Word`: only atomic operations and futex calls on a word kept mapped.
+unsafe impl Send for Futex {}
+// SAFETY: as for `Send`.
+unsafe impl Sync for Futex {}
+
+impl Futex {
+    /// The 4-aligned word at `offset` of `region`, which must be mapped read-write.
+    pub fn new(region: impl Into<Region>, offset: u64) -> Result<Futex, ShmError> {
+        let region = region.into();
+        let (ptr, writable) = region.ptr_of(offset, 4)?;
+        if !writable {
+            return Err(ShmError::ReadOnly);
+        }
+        Ok(Futex { ptr: ptr.cast(), _region: region })
+    }
+
+    /// The word.
+    #[inline]
+    pub fn get(&self) -> &AtomicU32 {
+        // SAFETY: `new` checked the word is in bounds, 4-aligned and writable; the region is
+        // kept alive by `_region`; every actor reaches it only atomically.
+        unsafe { self.ptr.as_ref() }
+    }
+
+    /// Wakes every thread, in any process, sleeping on the word. Returns how many woke.
+    pub fn wake_all(&self) -> usize {
+        // Shared (no FUTEX_PRIVATE_FLAG): the sleepers map the same file in other processes.
+        rustix::thread::futex::wake(self.get(), rustix::thread::futex::Flags::empty(), i32::MAX as u32).unwrap_or(0)
+    }
+}
+
+/// A 32-bit wake word its holder may only read and sleep on (the mapping may be read-only:
+/// `FUTEX_WAIT` only reads). See the module docs.
+#[derive(Clone, Debug)]
+pub struct ReadFutex {
+    ptr: NonNull<AtomicU32>,
+    _region: Region,
+}
+
+// SAFETY: as for `ReadWord`.
+unsafe impl Send for ReadFutex {}
+// SAFETY: as for `Send`.
+unsafe impl Sync for ReadFutex {}
+
+impl ReadFutex {
+    /// The 4-aligned word at `offset` of `region` (read-only or read-write).
+    pub fn new(region: impl Into<Region>, offset: u64) -> Result<ReadFutex, ShmError> {
+        let region = region.into();
+        let (ptr, _) = region.ptr_of(offset, 4)?;
+        Ok(ReadFutex { ptr: ptr.cast(), _region: region })
+    }
+
+    /// An atomic load.
+    #[inline]
+    pub fn load(&self, order: Ordering) -> u32 {
+        // SAFETY: as in `ReadWord::load`: in bounds, aligned, kept mapped; an atomic load of a
+        // lock-free word does not write, so a read-only mapping is fine.
+        unsafe { self.ptr.as_ref() }.load(order)
+    }
+
+    /// Sleeps while the word still holds `seen`, for at most `timeout`: returns at once if it
+    /// does not, when woken, on a signal, or at the timeout (the caller re-checks whatever it
+    /// waits for in every case).
+    pub fn wait(&self, seen: u32, timeout: Duration) {
+        let ts = rustix::thread::futex::Timespec {
+            tv_sec: timeout.as_secs().min(i64::MAX as u64) as i64,
+            tv_nsec: i64::from(timeout.subsec_nanos()),
+        };
+        // SAFETY: as in `load`; the kernel only reads the word.
+        let word = unsafe { self.ptr.as_ref() };
+        // Shared, as in `Futex::wake_all`. Every outcome (woken, EAGAIN, ETIMEDOUT, EINTR)
+        // means "look again".
+        let _ = rustix::thread::futex::wait(word, rustix::thread::futex::Flags::empty(), seen, Some(&ts));
     }
 }

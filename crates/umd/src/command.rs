@@ -11,6 +11,10 @@ pub struct CommandBuffer {
     /// Logged fence operations: (dword index of the log-entry field, which log). The queue
     /// fills the entries in at submission, since it owns the log's progression.
     logs: Vec<(usize, FenceLogType)>,
+    /// Unlogged native fence signals ([`CommandBuffer::signal_fence`]): the packet's dword
+    /// range, the fence's VA and the value. A user-mode queue of a device with the optimized
+    /// interrupt logs them at submission ([`CommandBuffer::with_signals_logged`]).
+    fence_signals: Vec<(std::ops::Range<usize>, u64, u64)>,
 }
 
 impl CommandBuffer {
@@ -36,11 +40,17 @@ impl CommandBuffer {
     }
 
     /// Submits work another queue of this process prepared ([`crate::Queue::prepare`]), from
-    /// the GPU: writes its wptr word, then its doorbell (spec 001: "the GPU [can] submit work
-    /// to itself"). The engine runs packets in order, so the firmware that sees the doorbell
-    /// also sees the wptr.
+    /// the GPU: writes its wptr word, then its doorbell, then (on a device that needs it) its
+    /// engine's aggregated doorbell word (spec 001: "the GPU [can] submit work to itself").
+    /// The engine runs packets in order, so the firmware that sees a doorbell also sees the
+    /// wptr.
     pub fn kick(&mut self, k: &crate::queue::GpuKick) -> &mut Self {
-        self.write_u64(k.wptr_va, k.wptr).write_u64(k.doorbell_va, k.wptr)
+        self.write_u64(k.wptr_va, k.wptr).write_u64(k.doorbell_va, k.wptr);
+        if let Some(va) = k.aggregated_va {
+            // Any non-zero value rings it; wptr is past the prepared work, so it is non-zero.
+            self.write_u64(va, k.wptr.max(1));
+        }
+        self
     }
 
     /// A `WAIT` for each point `USERQ_WAIT` answered ([`crate::Queue::userq_wait`]).
@@ -83,8 +93,17 @@ impl CommandBuffer {
 
     /// `SIGNAL` a native fence: write its CurrentValue, and interrupt only if a CPU waits for
     /// it (CurrentValue > MonitoredValue).
+    ///
+    /// On a user-mode queue of a device with the optimized signaled interrupt
+    /// ([`crate::Device::native_fence_caps`]) it is submitted as [`Self::signal_fence_logged`]:
+    /// there the interrupt names the queue and the OS reads which fences were signalled from
+    /// the queue's signal log (spec 002), so a signal not logged would cost it a scan of every
+    /// fence.
     pub fn signal_fence(&mut self, fence: &crate::NativeFence, value: u64) -> &mut Self {
-        self.packet(Packet::SignalFence { va: fence.va(), value })
+        let start = self.words.len();
+        self.packet(Packet::SignalFence { va: fence.va(), value });
+        self.fence_signals.push((start..self.words.len(), fence.va(), value));
+        self
     }
 
     /// `WAIT` until a native fence reaches `value`: blocks only this queue, without the CPU
@@ -106,7 +125,7 @@ impl CommandBuffer {
     }
 
     fn logged(&mut self, op: LoggedOp, va: u64, value: u64, log: FenceLogType) -> &mut Self {
-        self.packet(Packet::Logged { op, va, value, entry: 0 });
+        self.packet(Packet::Logged { op, va, value, position: 0 });
         self.logs.push((self.words.len() - 1, log));
         self
     }
@@ -114,6 +133,37 @@ impl CommandBuffer {
     /// The logged operations' entry fields (dword index, log).
     pub(crate) fn log_fields(&self) -> &[(usize, FenceLogType)] {
         &self.logs
+    }
+
+    /// Whether it holds unlogged native fence signals ([`Self::signal_fence`]).
+    pub(crate) fn has_fence_signals(&self) -> bool {
+        !self.fence_signals.is_empty()
+    }
+
+    /// The stream with every [`Self::signal_fence`] written as a logged signal, into `out`;
+    /// `fields` gets every log-entry field of it (the buffer's own logged operations, moved
+    /// by the dwords inserted before them, and the new ones), in stream order.
+    pub(crate) fn with_signals_logged(&self, out: &mut Vec<u32>, fields: &mut Vec<(usize, FenceLogType)>) {
+        out.clear();
+        fields.clear();
+        let mut logs = self.logs.iter().copied().peekable();
+        let mut from = 0;
+        // The buffer's own fields in `[from, end)`, moved to where `out` puts those words.
+        let mut carry = |out: &Vec<u32>, from: usize, end: usize, fields: &mut Vec<_>| {
+            let moved = out.len() - from;
+            while let Some((at, log)) = logs.next_if(|&(at, _)| at < end) {
+                fields.push((at + moved, log));
+            }
+        };
+        for (range, va, value) in &self.fence_signals {
+            carry(out, from, range.start, fields);
+            out.extend_from_slice(&self.words[from..range.start]);
+            Packet::Logged { op: LoggedOp::SignalFence, va: *va, value: *value, position: 0 }.encode(out);
+            fields.push((out.len() - 1, FenceLogType::Signal));
+            from = range.end;
+        }
+        carry(out, from, usize::MAX, fields);
+        out.extend_from_slice(&self.words[from..]);
     }
 
     /// `WAIT` until `*va >= value`.
@@ -163,5 +213,6 @@ impl CommandBuffer {
     pub fn clear(&mut self) {
         self.words.clear();
         self.logs.clear();
+        self.fence_signals.clear();
     }
 }

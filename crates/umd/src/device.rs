@@ -15,6 +15,8 @@ pub(crate) struct DeviceInner {
     pub(crate) port: Arc<dyn KernelPort>,
     pub(crate) handle: DeviceHandle,
     pub(crate) info: AdapterInfo,
+    /// The native fence caps, asked once at open ([`KernelPort::native_fence_caps`]).
+    pub(crate) fence_caps: abi::port::NativeFenceCaps,
     pub(crate) options: DeviceOptions,
     /// The runtime's background work queue and pool (spec 004).
     pub(crate) background: Runtime,
@@ -78,6 +80,7 @@ impl Device {
 
     /// Opens a device with options (developer mode, background processing).
     pub fn open_with(port: Arc<dyn KernelPort>, options: DeviceOptions) -> Result<Device, UmdError> {
+        let fence_caps = port.native_fence_caps()?;
         let handle = port.create_device()?;
         let info = port.adapter_info();
         let background = if options.thread_priorities {
@@ -86,7 +89,7 @@ impl Device {
             Runtime::without_priorities(options.background)
         };
         let pgo = Arc::new(crate::pgo::Profiler::new());
-        Ok(Device { inner: Arc::new(DeviceInner { port, handle, info, options, background, pgo }) })
+        Ok(Device { inner: Arc::new(DeviceInner { port, handle, info, fence_caps, options, background, pgo }) })
     }
 
     /// Opens a device of a new client process of the doorbell daemon listening at `path`
@@ -178,6 +181,14 @@ impl Device {
         &self.inner.info
     }
 
+    /// The adapter's native fence caps (spec 002: `DXGK_NATIVE_FENCE_CAPS` and the optimized
+    /// signaled interrupt), as the kernel answered them when the device was opened. With
+    /// `optimized_interrupt`, user-mode queues log every native fence signal
+    /// ([`crate::Queue::submit`]).
+    pub fn native_fence_caps(&self) -> abi::port::NativeFenceCaps {
+        self.inner.fence_caps
+    }
+
     /// The first engine of a kind.
     pub fn engine(&self, kind: EngineKind) -> Result<EngineId, UmdError> {
         self.inner
@@ -252,6 +263,59 @@ impl Device {
         let handle = self.inner.port.create_context(self.inner.handle, engine)?;
         Ok(Context { device: self.inner.clone(), handle, engine })
     }
+
+    /// Allocates a doorbell page for this device's user-mode queues (spec 001: "They would
+    /// also allocate a doorbell page for the doorbells used by the user queues"). A queue
+    /// takes a doorbell of it through [`crate::QueueOptions::doorbell`].
+    pub fn create_doorbell_page(&self) -> Result<DoorbellPage, UmdError> {
+        let info = self.inner.port.create_doorbell_page(self.inner.handle)?;
+        Ok(DoorbellPage { device: self.inner.clone(), info })
+    }
+}
+
+/// A doorbell page the application allocated ([`Device::create_doorbell_page`]). Freed on
+/// drop (the kernel refuses while a queue still uses it; the device's destruction frees it
+/// then).
+pub struct DoorbellPage {
+    device: Arc<DeviceInner>,
+    info: abi::port::DoorbellPageInfo,
+}
+
+impl DoorbellPage {
+    /// The kernel handle.
+    pub fn handle(&self) -> abi::DoorbellPageHandle {
+        self.info.handle
+    }
+    /// Its GPU VA: the name a queue descriptor gives it.
+    pub fn va(&self) -> u64 {
+        self.info.va
+    }
+    /// Doorbells in it.
+    pub fn doorbells(&self) -> u32 {
+        self.info.doorbells
+    }
+    /// Doorbell `index` of this page, for [`crate::QueueOptions::doorbell`]. The kernel
+    /// checks, when the queue is created, that it lies in the queue's engine's range and no
+    /// other queue has it.
+    pub fn doorbell(&self, index: u32) -> DoorbellChoice {
+        DoorbellChoice { page_va: self.info.va, index }
+    }
+}
+
+impl Drop for DoorbellPage {
+    fn drop(&mut self) {
+        let _ = self.device.port.destroy_doorbell_page(self.info.handle);
+    }
+}
+
+/// Which doorbell a user-mode queue asks for: a page the application allocated and an index
+/// in it ([`DoorbellPage::doorbell`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DoorbellChoice {
+    /// The page's GPU VA ([`abi::QueueDescriptor::doorbell_page_va`]).
+    pub page_va: u64,
+    /// The index in it ([`abi::QueueDescriptor::doorbell_index`]).
+    pub index: u32,
 }
 
 /// GPU memory mapped into this process: a GPU VA and a CPU mapping. Freed on drop.

@@ -42,7 +42,7 @@ pub mod verify;
 pub mod workloads;
 
 pub use command::CommandBuffer;
-pub use device::{Buffer, Context, Device, DeviceOptions, FeatureSupport};
+pub use device::{Buffer, Context, Device, DeviceOptions, DoorbellChoice, DoorbellPage, FeatureSupport};
 pub use fence::NativeFence;
 pub use kernel::{
     AsmError, BuildError, Imm, KernelBinary, KernelBuilder, Operand, S, V, assemble, assemble_with_lines, disassemble,

@@ -221,11 +221,13 @@ pub struct Doorbell {
     page: Arc<RotatingPage>,
     word: Word,
     method: RingMethod,
-    /// The aggregated doorbell and this queue's engine's bit, rung after ours when the device
+    /// The aggregated doorbell and this queue's engine's word and value, rung after ours when the device
     /// needs it.
     aggregated: Option<(Word, u64)>,
     /// Its GPU VA in the process's address space, where the device lets queues ring it.
     gpu_va: Option<u64>,
+    /// The aggregated doorbell word's GPU VA, where the device maps that page.
+    aggregated_gpu_va: Option<u64>,
 }
 
 impl Doorbell {
@@ -247,7 +249,7 @@ impl Doorbell {
     pub fn method(&self) -> RingMethod {
         self.method
     }
-    /// The aggregated doorbell word and this queue's engine's bit, when the device misses
+    /// The aggregated doorbell word and this queue's engine's word and value, when the device misses
     /// rings of queues without a hardware slot (spec 001).
     pub fn aggregated(&self) -> Option<(&Word, u64)> {
         self.aggregated.as_ref().map(|(w, mask)| (w, *mask))
@@ -256,6 +258,12 @@ impl Doorbell {
     /// the GPU by writing the new wptr (spec 001); `None` where the device does not allow it.
     pub fn gpu_va(&self) -> Option<u64> {
         self.gpu_va
+    }
+    /// The aggregated doorbell word's GPU VA (spec 001: the kernel maps the aggregated page
+    /// "into each GPUVM space"), where a queue that rings this one from the GPU rings it too;
+    /// `None` without an aggregated doorbell or where the device does not map it.
+    pub fn aggregated_gpu_va(&self) -> Option<u64> {
+        self.aggregated_gpu_va
     }
     /// As [`abi::protocol`]'s ring functions take it.
     fn bell(&self) -> protocol::Bell<'_, Word> {
@@ -290,6 +298,18 @@ impl UserQueue {
     /// first ring (a ring before it reaches the dummy page, and the status says
     /// `DisconnectedRetry`). The kernel picks the doorbell index.
     pub fn create(ctx: &Context, ring_bytes: u64, priority: Priority) -> Result<UserQueue, UmdError> {
+        Self::create_with_doorbell(ctx, ring_bytes, priority, None)
+    }
+
+    /// [`UserQueue::create`] with the doorbell the application chose: an index in a doorbell
+    /// page it allocated ([`crate::Device::create_doorbell_page`], spec 001), passed in the
+    /// queue descriptor. `None`: as `create`.
+    pub fn create_with_doorbell(
+        ctx: &Context,
+        ring_bytes: u64,
+        priority: Priority,
+        doorbell: Option<crate::DoorbellChoice>,
+    ) -> Result<UserQueue, UmdError> {
         let device = crate::Device { inner: ctx.device.clone() };
         let port = &ctx.device.port;
         // Resident before the doorbell is created (spec 000 "Residency model").
@@ -301,11 +321,12 @@ impl UserQueue {
             rptr_va: control.va() + RPTR_OFFSET,
             wptr_va: control.va() + WPTR_OFFSET,
             last_queued_va: control.va() + LAST_QUEUED_OFFSET,
-            doorbell_index: abi::queue::DOORBELL_INDEX_ANY,
+            doorbell_index: doorbell.map_or(abi::queue::DOORBELL_INDEX_ANY, |d| d.index),
             priority: priority as u32,
             flags: 0,
             reserved: 0,
             context_save_va: 0,
+            doorbell_page_va: doorbell.map_or(0, |d| d.page_va),
         };
         let info = port.create_hw_queue(ctx.handle, &HwQueueDesc { mode: SubmissionMode::UserMode(desc), priority })?;
         let hw = HwQueue::new(ctx.device.clone(), info)?;
@@ -317,6 +338,7 @@ impl UserQueue {
         // Owned at once, so an error below destroys it (then `hw` destroys the queue).
         let handle = db.handle;
         let word = Word::new(&db.cpu_page, db.offset);
+        let aggregated_gpu_va = db.aggregated.as_ref().and_then(|a| a.gpu_va);
         let aggregated = db.aggregated.map(|a| Word::new(&a.page, a.offset).map(|w| (w, a.mask))).transpose();
         let (word, aggregated) = match (word, aggregated) {
             (Ok(w), Ok(a)) => (w, a),
@@ -333,6 +355,7 @@ impl UserQueue {
             method: db.ring,
             aggregated,
             gpu_va: db.gpu_va,
+            aggregated_gpu_va,
         };
         let view = RingControlView::new(control.mapping(), 0)?;
         Ok(UserQueue {

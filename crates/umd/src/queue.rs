@@ -11,7 +11,7 @@
 //! 3. Write the packets into the ring, then publish wptr with a release store.
 //! 4. Ring the doorbell as the kernel said ([`abi::doorbell::RingMethod`]): store the new wptr
 //!    into a dedicated doorbell, or set the queue's bit in the global doorbell. On a device
-//!    whose engines miss unmapped queues' doorbells, also set the engine's bit in the
+//!    whose engines miss unmapped queues' doorbells, also ring the engine's word of the
 //!    aggregated doorbell (spec 001).
 //! 5. Read the doorbell status: `Connected` → done; `ConnectedNotify` → `NotifyWorkSubmission`;
 //!    `DisconnectedRetry` → connect again and go back to 4; `DisconnectedAbort` → the queue
@@ -72,6 +72,10 @@ pub struct QueueOptions {
     /// with it (a wait for one reports the loss). A command buffer with logged fence
     /// operations cannot move (kernel-mode queues have no fence logs) and fails as before.
     pub fallback_to_kernel_mode: bool,
+    /// A user-mode queue's doorbell: a page the application allocated and the index it wants
+    /// there (spec 001, [`crate::DoorbellPage::doorbell`]). `None`: the kernel picks a free
+    /// doorbell in the page it gave the process.
+    pub doorbell: Option<crate::DoorbellChoice>,
 }
 
 impl Default for QueueOptions {
@@ -81,6 +85,7 @@ impl Default for QueueOptions {
             ring_bytes: 64 * 1024,
             priority: Priority::Normal,
             fallback_to_kernel_mode: false,
+            doorbell: None,
         }
     }
 }
@@ -110,6 +115,10 @@ pub struct GpuKick {
     /// GPU VA of the target queue's doorbell (its process's doorbell page, mapped in its own
     /// address space).
     pub doorbell_va: u64,
+    /// GPU VA of its engine's word of the aggregated doorbell, on a device that misses rings
+    /// of queues without a hardware slot (spec 001: the UMD "update[s] the doorbell and wptr
+    /// as normal and then write[s] to the aggregated doorbell as well").
+    pub aggregated_va: Option<u64>,
     /// The wptr that covers the prepared work.
     pub wptr: u64,
     /// The prepared work's progress value (wait for it like any other).
@@ -157,9 +166,17 @@ pub struct Queue {
     next_progress: u64,
     scratch: Vec<u32>,
     spin: u32,
-    /// The next entry of the wait and signal fence logs: the UMD owns the progression (spec
-    /// 002), the engine writes where it is told.
+    /// The next position in the wait and signal fence logs: the UMD owns the progression
+    /// (spec 002) as a running count of its logged operations, and the engine places each
+    /// position in the log whatever its size (`abi::fence_log`), so the OS may grow a log
+    /// under the queue.
     log_next: [u32; 2],
+    /// Log every native fence signal: a user-mode queue on a device whose native fence
+    /// signaled interrupt names the queue (`NativeFenceCaps::optimized_interrupt`), where the
+    /// OS learns which fences were signalled from the queue's signal log alone.
+    log_every_signal: bool,
+    /// The log-entry fields of the submission being enqueued (kept for its capacity).
+    log_fields: Vec<(usize, abi::fence_log::FenceLogType)>,
     /// Doorbell reconnects this queue performed.
     reconnects: u64,
     /// Set when the queue may fall back to kernel-mode submission (user-mode queues only).
@@ -192,7 +209,7 @@ impl Queue {
                 Hw::Kernel(HwQueue::new(ctx.device.clone(), info)?)
             }
             SubmissionKind::UserMode | SubmissionKind::Preferred => {
-                let q = UserQueue::create(ctx, opts.ring_bytes, opts.priority)?;
+                let q = UserQueue::create_with_doorbell(ctx, opts.ring_bytes, opts.priority, opts.doorbell)?;
                 q.connect()?;
                 Hw::User(Box::new(UserRing { q, wptr: 0, rptr_seen: 0, outstanding: VecDeque::new() }))
             }
@@ -208,6 +225,8 @@ impl Queue {
             scratch: Vec::new(),
             spin: 2_000,
             log_next: [0; 2],
+            log_every_signal: kind == SubmissionKind::UserMode && ctx.device.fence_caps.optimized_interrupt,
+            log_fields: Vec::new(),
             reconnects: 0,
             fallback,
             abandoned: None,
@@ -318,9 +337,21 @@ impl Queue {
                 reason: abi::port::Invalid::Unsupported("doorbells rung from the GPU"),
             }));
         };
+        let doorbell = u.q.doorbell();
+        let aggregated_va = match (doorbell.aggregated(), doorbell.aggregated_gpu_va()) {
+            (None, _) => None,
+            (Some(_), Some(va)) => Some(va),
+            (Some(_), None) => {
+                return Err(UmdError::Kernel(abi::port::KernelError::InvalidArgument {
+                    field: "doorbell",
+                    value: doorbell.handle().to_string(),
+                    reason: abi::port::Invalid::Unsupported("aggregated doorbells rung from the GPU"),
+                }));
+            }
+        };
         let wptr_va = u.q.control_va() + abi::ring::WPTR_OFFSET;
         let value = self.enqueue(cb)?;
-        Ok(GpuKick { wptr_va, doorbell_va, wptr: self.user().wptr, value })
+        Ok(GpuKick { wptr_va, doorbell_va, aggregated_va, wptr: self.user().wptr, value })
     }
 
     /// This queue's progress fence as a native fence (spec 002 "Indicating a native progress
@@ -352,19 +383,32 @@ impl Queue {
         // Logged fence operations get their log entries now (into a copy: the command buffer
         // is the caller's and may be submitted again).
         let mut patched = std::mem::take(&mut self.scratch);
-        let logged = !cb.log_fields().is_empty();
+        let mut fields = std::mem::take(&mut self.log_fields);
+        // Where the interrupt names the queue, every native fence signal is logged (see
+        // `log_every_signal`).
+        let convert = self.log_every_signal && cb.has_fence_signals();
+        if convert {
+            cb.with_signals_logged(&mut patched, &mut fields);
+        } else {
+            fields.clear();
+            fields.extend_from_slice(cb.log_fields());
+        }
+        let logged = !fields.is_empty();
         // The log positions advance only once the submission is in the ring: a refused one
         // must not leave holes (a reader would see stale entries).
         let mut log_next = self.log_next;
         if logged {
-            patched.clear();
-            patched.extend_from_slice(cb.words());
-            for &(at, log) in cb.log_fields() {
+            if !convert {
+                patched.clear();
+                patched.extend_from_slice(cb.words());
+            }
+            for &(at, log) in &fields {
                 let next = &mut log_next[log as usize];
                 patched[at] = *next;
-                *next = (*next + 1) % abi::fence_log::FENCE_LOG_ENTRIES;
+                *next = next.wrapping_add(1);
             }
         }
+        self.log_fields = fields;
         let words: &[u32] = if logged { &patched } else { cb.words() };
         let dwords = words.len() + fence.len();
         let (ring_bytes, wptr, plan) = {

@@ -26,6 +26,24 @@
 //! call (a blocking wait, say) goes over a further connection attached to the same process
 //! by its token, so one thread's wait never holds up another's calls.
 //!
+//! # Blocking waits: a futex, not a read
+//!
+//! A blocking wait (what the UMD asks for once its memory spin gives up) is sent like any
+//! call, but the client does not then block reading the answer. Each connection has a wake
+//! word in a page the daemon writes and this process maps read-only ([`Request::WakeWord`],
+//! asked once per connection). The daemon bumps it and `FUTEX_WAKE`s it as soon as the kernel
+//! decides the wait (from the thread that handled the interrupt or the signal) and again
+//! once the answer is sent. The client reads the word, then checks its condition in memory
+//! (the progress value or the fences' CurrentValues it maps anyway) and the socket (without
+//! blocking), and sleeps on the word only while it still holds what it read:
+//! `abi::protocol::read_wake_word`, model-checked with loom. A wait whose condition shows in
+//! memory returns without its answer, one thread hop sooner than the answer could arrive; the
+//! connection owes that answer, and reads and drops it before its next request. Timeouts,
+//! errors and a device in error (AlwaysSignaled) come as the answer. Sleeps are bounded
+//! ([`DAEMON_CHECK`]): a daemon that died never bumps its word again, and the next look at
+//! the socket reports it gone. The daemon trusts nothing here: the page is read-only to the
+//! client, and all a client decides is where it sleeps.
+//!
 //! # Device lost
 //!
 //! If the daemon goes away, every call fails with [`KernelError::DeviceLost`] (naming the
@@ -47,19 +65,66 @@ use abi::{
     AllocationHandle, ContextHandle, DeviceHandle, DoorbellHandle, EngineId, HwQueueHandle, NativeFenceHandle,
     ProcessId, Time,
 };
-use shm::{Mapping, Prot, RotatingPage, Shm};
+use shm::{Mapping, Prot, ReadFutex, ReadWord, RotatingPage, Shm};
 use std::sync::Mutex;
 use wire::{
     Accepted, Channel, ConnectError, HelloKind, Limits, PROTOCOL_VERSION, Reply, Request, Response, WireError,
     WireMapping,
 };
 
+/// The longest a blocked wait sleeps on its wake word before it looks at the socket: how long
+/// a client may take to notice that its daemon died (nobody will bump a dead daemon's word).
+pub const DAEMON_CHECK: Duration = Duration::from_millis(20);
+
+/// One connection to the daemon and what this process keeps about it.
+struct Conn {
+    chan: Channel,
+    /// Its wake word, once asked for.
+    wake: Option<ReadFutex>,
+    /// Answers of waits that returned from memory first: read and dropped before the next
+    /// request.
+    owed: u32,
+}
+
+impl Conn {
+    fn new(chan: Channel) -> Conn {
+        Conn { chan, wake: None, owed: 0 }
+    }
+
+    /// Reads the answers this connection owes (they are sent, or about to be).
+    fn settle(&mut self) -> Result<(), WireError> {
+        while self.owed > 0 {
+            // Dropped: memory already decided that wait.
+            let _answer = self.chan.recv::<Response>("owed wait answer")?;
+            self.owed -= 1;
+        }
+        Ok(())
+    }
+
+    /// One request and its answer.
+    fn exchange(&mut self, req: &Request) -> Result<(Response, Vec<OwnedFd>), WireError> {
+        self.settle()?;
+        self.chan.send(req, &[])?;
+        self.chan.recv::<Response>("response")
+    }
+}
+
+/// What a wait waits for, read from memory this process maps: `Some(outcome)` once decided.
+/// `None` forever for what memory cannot tell (then only the answer ends the wait).
+type Condition<'a> = &'a dyn Fn() -> Option<WaitOutcome>;
+
 /// A client process's connection to a doorbell daemon.
 pub struct RemotePort {
     path: PathBuf,
-    primary: Mutex<Channel>,
+    primary: Mutex<Conn>,
     /// Attached connections not in use.
-    spare: Mutex<Vec<Channel>>,
+    spare: Mutex<Vec<Conn>>,
+    /// The process's wake page (read-only), mapped once.
+    wake_page: Mutex<Option<Arc<Mapping>>>,
+    /// Each user-mode queue's completed progress value, for waits (read-only kernel pages).
+    progress: Mutex<HashMap<HwQueueHandle, ReadWord>>,
+    /// Each CPU-visible fence's CurrentValue, for waits.
+    currents: Mutex<HashMap<NativeFenceHandle, ReadWord>>,
     accepted: Accepted,
     process: ProcessId,
     info: AdapterInfo,
@@ -68,6 +133,8 @@ pub struct RemotePort {
     doorbell_queues: Mutex<HashMap<DoorbellHandle, HwQueueHandle>>,
     devices: Mutex<Vec<DeviceHandle>>,
     lost: AtomicBool,
+    /// Whether blocking waits sleep on the wake word (the default) or read the socket.
+    wake_words: AtomicBool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -104,8 +171,11 @@ impl RemotePort {
             .map_err(|e| lost(WireError::Io { what: "dummy page", errno: e.to_string() }))?;
         Ok(RemotePort {
             path: path.to_owned(),
-            primary: Mutex::new(chan),
+            primary: Mutex::new(Conn::new(chan)),
             spare: Mutex::new(Vec::new()),
+            wake_page: Mutex::new(None),
+            progress: Mutex::new(HashMap::new()),
+            currents: Mutex::new(HashMap::new()),
             accepted,
             process,
             info,
@@ -114,7 +184,16 @@ impl RemotePort {
             doorbell_queues: Mutex::new(HashMap::new()),
             devices: Mutex::new(Vec::new()),
             lost: AtomicBool::new(false),
+            wake_words: AtomicBool::new(true),
         })
+    }
+
+    /// Whether blocking waits sleep on the connection's wake word (`true`, the default) or
+    /// block reading the answer from the socket: for `doorbell bench submit --daemon`, which
+    /// measures both.
+    pub fn set_wake_words(&self, on: bool) {
+        // Relaxed: a setting read by later waits of whichever thread; nothing rides on it.
+        self.wake_words.store(on, Ordering::Relaxed);
     }
 
     /// The daemon's per-process limits.
@@ -141,39 +220,35 @@ impl RemotePort {
         KernelError::DeviceLost { device }
     }
 
-    /// One request and its reply, with the descriptors that came with it.
-    fn call(&self, req: &Request) -> Result<(Reply, Vec<Option<OwnedFd>>), KernelError> {
+    /// Runs `f` on a free connection: the primary one, else a spare attached one, else a new
+    /// one attached to this process by its token.
+    fn with_conn<T>(&self, f: impl FnOnce(&mut Conn) -> Result<T, WireError>) -> Result<T, KernelError> {
         if self.is_lost() {
             return Err(self.device_lost());
         }
-        let exchange = |chan: &Channel| -> Result<(Response, Vec<OwnedFd>), WireError> {
-            chan.send(req, &[])?;
-            chan.recv::<Response>("response")
-        };
         let result = match self.primary.try_lock() {
-            Ok(chan) => exchange(&chan),
+            Ok(mut conn) => f(&mut conn),
             Err(_) => {
                 let spare = lock(&self.spare).pop();
-                let chan = match spare {
+                let mut conn = match spare {
                     Some(c) => c,
                     None => {
                         let kind = HelloKind::Attach { token: self.accepted.token };
                         match wire::connect(&self.path, kind, PROTOCOL_VERSION) {
-                            Ok((c, _)) => c,
+                            Ok((c, _)) => Conn::new(c),
                             Err(_) => return Err(self.device_lost()),
                         }
                     }
                 };
-                let r = exchange(&chan);
+                let r = f(&mut conn);
                 if r.is_ok() {
-                    lock(&self.spare).push(chan);
+                    lock(&self.spare).push(conn);
                 }
                 r
             }
         };
         match result {
-            Ok((Ok(reply), fds)) => Ok((reply, fds.into_iter().map(Some).collect())),
-            Ok((Err(e), _)) => Err(e),
+            Ok(t) => Ok(t),
             Err(WireError::Oversized { len, .. }) => Err(KernelError::InvalidArgument {
                 field: "request",
                 value: format!("{len} bytes"),
@@ -181,6 +256,64 @@ impl RemotePort {
             }),
             Err(_) => Err(self.device_lost()),
         }
+    }
+
+    /// One request and its reply, with the descriptors that came with it.
+    fn call(&self, req: &Request) -> Result<(Reply, Vec<Option<OwnedFd>>), KernelError> {
+        Self::answer(self.with_conn(|c| c.exchange(req))?)
+    }
+
+    fn answer((resp, fds): (Response, Vec<OwnedFd>)) -> Result<(Reply, Vec<Option<OwnedFd>>), KernelError> {
+        Ok((resp?, fds.into_iter().map(Some).collect()))
+    }
+
+    /// A blocking wait (see the module docs): sent, then a sleep on the connection's wake
+    /// word until `done` shows in memory or the answer arrives.
+    fn wait_on_word(&self, req: &Request, done: Condition<'_>) -> Result<WaitOutcome, KernelError> {
+        let (resp, _) = self.with_conn(|c| {
+            c.settle()?;
+            let Some(word) = self.wake_word(c)? else { return c.exchange(req) };
+            c.chan.send(req, &[])?;
+            loop {
+                // The word first, then memory and the socket (abi::protocol's order).
+                match abi::protocol::read_wake_word(&word, done) {
+                    Ok(outcome) => {
+                        c.owed += 1;
+                        return Ok((Ok(Reply::Wait(outcome)), Vec::new()));
+                    }
+                    Err(seen) => {
+                        if let Some(answer) = c.chan.try_recv::<Response>("response")? {
+                            return Ok(answer);
+                        }
+                        word.wait(seen, DAEMON_CHECK);
+                    }
+                }
+            }
+        })?;
+        match resp? {
+            Reply::Wait(w) => Ok(w),
+            _ => Err(self.unexpected()),
+        }
+    }
+
+    /// The connection's wake word, asked for the first time it waits; `None` if the daemon
+    /// has none to give (the wait is then an ordinary call).
+    fn wake_word(&self, c: &mut Conn) -> Result<Option<ReadFutex>, WireError> {
+        if c.wake.is_none() {
+            let (resp, fds) = c.exchange(&Request::WakeWord)?;
+            let Ok(Reply::WakeWord(m, offset)) = resp else { return Ok(None) };
+            let mut page = lock(&self.wake_page);
+            if page.is_none() {
+                let mut fds: Vec<_> = fds.into_iter().map(Some).collect();
+                let fd = wire::take_fd(&mut fds, m.fd, "wake page")?;
+                let map = Mapping::new(fd.as_fd(), m.file_offset, m.len as usize, Prot::ReadOnly)
+                    .map_err(|e| WireError::Io { what: "wake page", errno: e.to_string() })?;
+                *page = Some(Arc::new(map));
+            }
+            let region = page.as_ref().expect("mapped above").clone();
+            c.wake = ReadFutex::new(region, offset).ok();
+        }
+        Ok(c.wake.clone())
     }
 
     fn unexpected(&self) -> KernelError {
@@ -208,6 +341,10 @@ impl RemotePort {
             Some(m) => Some(self.map(m, &mut fds)?),
             None => None,
         };
+        // A window of the same mapping (no call) for this port's waits.
+        if let Some(word) = cpu.as_ref().and_then(|m| Self::word_in(m, f.offset)) {
+            lock(&self.currents).insert(f.handle, word);
+        }
         Ok(NativeFenceInfo {
             handle: f.handle,
             va: f.va,
@@ -219,11 +356,21 @@ impl RemotePort {
         })
     }
 
-    fn wait(&self, req: Request) -> Result<WaitOutcome, KernelError> {
-        match self.call(&req)?.0 {
-            Reply::Wait(w) => Ok(w),
-            _ => Err(self.unexpected()),
+    /// A read-only word at `offset` of a window onto `m` (no call).
+    fn word_in(m: &Mapping, offset: u64) -> Option<ReadWord> {
+        ReadWord::new(Arc::new(m.window(0, m.len()).ok()?), offset).ok()
+    }
+
+    /// A wait: an ordinary call when it only polls (`timeout` zero), else [`Self::wait_on_word`].
+    fn wait(&self, req: Request, timeout: Option<Duration>, done: Condition<'_>) -> Result<WaitOutcome, KernelError> {
+        // Relaxed: see `set_wake_words`.
+        if timeout == Some(Duration::ZERO) || !self.wake_words.load(Ordering::Relaxed) {
+            return match self.call(&req)?.0 {
+                Reply::Wait(w) => Ok(w),
+                _ => Err(self.unexpected()),
+            };
         }
+        self.wait_on_word(&req, done)
     }
 }
 
@@ -232,10 +379,8 @@ impl Drop for RemotePort {
     /// out), then the connection closes.
     fn drop(&mut self) {
         if !self.is_lost() {
-            let chan = self.primary.get_mut().unwrap_or_else(std::sync::PoisonError::into_inner);
-            if chan.send(&Request::Goodbye, &[]).is_ok() {
-                let _ = chan.recv::<Response>("goodbye");
-            }
+            let conn = self.primary.get_mut().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let _ = conn.exchange(&Request::Goodbye);
         }
     }
 }
@@ -247,6 +392,12 @@ fn nanos(t: Option<Duration>) -> Option<u64> {
 impl KernelPort for RemotePort {
     fn process(&self) -> ProcessId {
         self.process
+    }
+    fn native_fence_caps(&self) -> Result<abi::port::NativeFenceCaps, KernelError> {
+        let Reply::NativeFenceCaps(c) = self.call(&Request::NativeFenceCaps)?.0 else {
+            return Err(self.unexpected());
+        };
+        Ok(c)
     }
     fn adapter_info(&self) -> AdapterInfo {
         self.info.clone()
@@ -288,14 +439,27 @@ impl KernelPort for RemotePort {
         let (reply, mut fds) = self.call(&Request::CreateHwQueue(context, *desc))?;
         let Reply::HwQueue(q) = reply else { return Err(self.unexpected()) };
         let kernel_page = self.map(q.kernel_page, &mut fds)?;
+        if let Some(word) = Self::word_in(&kernel_page, abi::queue::PROGRESS_COMPLETED_OFFSET) {
+            lock(&self.progress).insert(q.handle, word);
+        }
         Ok(HwQueueInfo { handle: q.handle, engine: q.engine, kernel_page, kernel_page_va: q.kernel_page_va })
     }
     fn destroy_hw_queue(&self, queue: HwQueueHandle) -> Result<(), KernelError> {
         self.unit(Request::DestroyHwQueue(queue))?;
+        lock(&self.progress).remove(&queue);
         if let Some(page) = lock(&self.doorbells).remove(&queue) {
             let _ = page.rotate_to(&self.dummy, 0);
         }
         Ok(())
+    }
+    fn create_doorbell_page(&self, device: DeviceHandle) -> Result<abi::port::DoorbellPageInfo, KernelError> {
+        let Reply::DoorbellPage(p) = self.call(&Request::CreateDoorbellPage(device))?.0 else {
+            return Err(self.unexpected());
+        };
+        Ok(p)
+    }
+    fn destroy_doorbell_page(&self, page: abi::DoorbellPageHandle) -> Result<(), KernelError> {
+        self.unit(Request::DestroyDoorbellPage(page))
     }
     fn create_doorbell(&self, args: &CreateDoorbell) -> Result<DoorbellInfo, KernelError> {
         let (reply, mut fds) = self.call(&Request::CreateDoorbell(*args))?;
@@ -306,7 +470,7 @@ impl KernelPort for RemotePort {
                 let fd = wire::take_fd(&mut fds, p.fd, "aggregated doorbell").map_err(|_| self.unexpected())?;
                 let agg = Arc::new(RotatingPage::new(&self.dummy, 0)?);
                 agg.rotate_to_fd(fd.as_fd(), p.file_offset)?;
-                Some(AggregatedDoorbell { page: agg, offset, mask })
+                Some(AggregatedDoorbell { page: agg, offset, mask, gpu_va: d.aggregated_gpu_va })
             }
             None => None,
         };
@@ -354,7 +518,13 @@ impl KernelPort for RemotePort {
         value: u64,
         timeout: Option<Duration>,
     ) -> Result<WaitOutcome, KernelError> {
-        self.wait(Request::WaitProgress(queue, value, nanos(timeout)))
+        let word = lock(&self.progress).get(&queue).cloned();
+        let done = || {
+            // Acquire: pairs with the engine's release of the progress value.
+            let done = word.as_ref()?.load(Ordering::Acquire);
+            (done >= value).then_some(WaitOutcome::Reached(done))
+        };
+        self.wait(Request::WaitProgress(queue, value, nanos(timeout)), timeout, &done)
     }
     fn query_queue(&self, queue: HwQueueHandle) -> Result<QueueStatus, KernelError> {
         let Reply::QueueStatus(s) = self.call(&Request::QueryQueue(queue))?.0 else { return Err(self.unexpected()) };
@@ -374,7 +544,9 @@ impl KernelPort for RemotePort {
         self.fence(Request::OpenCrossAdapterFence(device, handle))
     }
     fn destroy_native_fence(&self, fence: NativeFenceHandle) -> Result<(), KernelError> {
-        self.unit(Request::DestroyNativeFence(fence))
+        self.unit(Request::DestroyNativeFence(fence))?;
+        lock(&self.currents).remove(&fence);
+        Ok(())
     }
     fn signal_native_fence(&self, fence: NativeFenceHandle, value: u64) -> Result<(), KernelError> {
         self.unit(Request::SignalNativeFence(fence, value))
@@ -385,7 +557,26 @@ impl KernelPort for RemotePort {
         mode: WaitMode,
         timeout: Option<Duration>,
     ) -> Result<WaitOutcome, KernelError> {
-        self.wait(Request::WaitNativeFences(fences.to_vec(), mode, nanos(timeout)))
+        let words: Option<Vec<ReadWord>> = {
+            let currents = lock(&self.currents);
+            fences.iter().map(|(f, _)| currents.get(f).cloned()).collect()
+        };
+        // The kernel's own evaluation, from memory; AlwaysSignaled (a device in error) is the
+        // answer's to report.
+        let done = || {
+            let words = words.as_ref()?;
+            // Acquire: pairs with the signaller's release of CurrentValue.
+            let values: Vec<u64> = words.iter().map(|w| w.load(Ordering::Acquire)).collect();
+            if values.contains(&abi::port::FENCE_ALWAYS_SIGNALED) {
+                return None;
+            }
+            let mut reached = values.iter().zip(fences).map(|(v, (_, want))| v >= want);
+            match mode {
+                WaitMode::Any => reached.position(|r| r).map(|i| WaitOutcome::Reached(i as u64)),
+                WaitMode::All => reached.all(|r| r).then_some(WaitOutcome::Reached(0)),
+            }
+        };
+        self.wait(Request::WaitNativeFences(fences.to_vec(), mode, nanos(timeout)), timeout, &done)
     }
     fn query_native_fence(&self, fence: NativeFenceHandle) -> Result<NativeFenceValues, KernelError> {
         let Reply::FenceValues(v) = self.call(&Request::QueryNativeFence(fence))?.0 else {

@@ -68,7 +68,7 @@ pub use status::DaemonStatus;
 /// The first four bytes of every [`Hello`]: "DBL\x01".
 pub const MAGIC: u32 = u32::from_le_bytes(*b"DBL\x01");
 /// This format's version. Bumped on any change to a message's encoding.
-pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_VERSION: u32 = 4;
 /// The largest frame payload, in bytes. A `SOCK_SEQPACKET` packet must fit the socket's send
 /// buffer (about 208 KiB by default), so frames stay well below it.
 pub const MAX_FRAME: usize = 128 << 10;
@@ -233,8 +233,20 @@ impl Channel {
         Ok((msg, fds))
     }
 
+    /// [`recv`](Self::recv) without blocking: `None` if no frame is waiting.
+    pub fn try_recv<T: DeserializeOwned>(&self, what: &'static str) -> Result<Option<(T, Vec<OwnedFd>)>, WireError> {
+        let Some((bytes, fds)) = self.recv_frame_with(RecvFlags::DONTWAIT)? else { return Ok(None) };
+        let msg = postcard::from_bytes(&bytes).map_err(|e| WireError::Malformed { what, why: e.to_string() })?;
+        Ok(Some((msg, fds)))
+    }
+
     /// Receives one frame's payload (prefix checked and removed) and its descriptors.
-    pub fn recv_frame(&self) -> Result<(Vec<u8>, Vec<OwnedFd>), WireError> {
+    pub fn recv_frame(&self) -> Result<Frame, WireError> {
+        self.recv_frame_with(RecvFlags::empty()).map(|f| f.expect("a blocking receive returns a frame"))
+    }
+
+    /// [`recv_frame`](Self::recv_frame) with `flags`; `None`: `DONTWAIT` and nothing waiting.
+    fn recv_frame_with(&self, flags: RecvFlags) -> Result<Option<Frame>, WireError> {
         // One byte more than the largest frame, so an oversized packet shows as TRUNC or as
         // a length past the maximum.
         let mut buf = vec![0u8; PREFIX + MAX_FRAME + 1];
@@ -242,9 +254,10 @@ impl Channel {
         let mut control = RecvAncillaryBuffer::new(&mut space);
         let got = loop {
             let mut iov = [IoSliceMut::new(&mut buf)];
-            match rustix::net::recvmsg(&self.fd, &mut iov, &mut control, RecvFlags::CMSG_CLOEXEC) {
+            match rustix::net::recvmsg(&self.fd, &mut iov, &mut control, RecvFlags::CMSG_CLOEXEC | flags) {
                 Ok(m) => break m,
                 Err(rustix::io::Errno::INTR) => continue,
+                Err(rustix::io::Errno::AGAIN) if flags.contains(RecvFlags::DONTWAIT) => return Ok(None),
                 Err(rustix::io::Errno::CONNRESET) => return Err(WireError::Closed),
                 Err(e) => return Err(io("recvmsg")(e)),
             }
@@ -276,9 +289,12 @@ impl Channel {
         }
         buf.truncate(got.bytes);
         buf.drain(..PREFIX);
-        Ok((buf, fds))
+        Ok(Some((buf, fds)))
     }
 }
+
+/// A received frame: its payload and the descriptors that came with it.
+type Frame = (Vec<u8>, Vec<OwnedFd>);
 
 /// A listening socket.
 #[derive(Debug)]
@@ -576,10 +592,12 @@ pub struct WireDoorbellInfo {
     pub offset: u64,
     /// How to ring it.
     pub ring: abi::doorbell::RingMethod,
-    /// The aggregated doorbell: its page, the word's offset and the engine's bit.
+    /// The aggregated doorbell: its page, the engine's word's offset and the value to OR in.
     pub aggregated: Option<(WirePage, u64, u64)>,
     /// The doorbell's GPU VA in the process's own address space, where the GPU can ring it.
     pub gpu_va: Option<u64>,
+    /// The aggregated doorbell word's GPU VA, where the device maps that page for the GPU.
+    pub aggregated_gpu_va: Option<u64>,
 }
 
 /// [`abi::port::NativeFenceInfo`] with its CurrentValue page as a descriptor.
@@ -665,6 +683,17 @@ pub enum Request {
     UserqWait(HwQueueHandle, Vec<abi::port::SyncWait>),
     /// `open_progress_fence`.
     OpenProgressFence(HwQueueHandle),
+    /// `native_fence_caps`.
+    NativeFenceCaps,
+    /// `create_doorbell_page`.
+    CreateDoorbellPage(DeviceHandle),
+    /// `destroy_doorbell_page`.
+    DestroyDoorbellPage(abi::DoorbellPageHandle),
+    /// This connection's wake word (since version 3): the daemon bumps it and wakes its
+    /// sleepers (a shared futex) when a wait this connection asks for is decided, and again
+    /// once the wait's answer is sent; the client sleeps on it instead of in a read of the
+    /// socket. Asked once per connection.
+    WakeWord,
 }
 
 /// A successful answer.
@@ -705,6 +734,13 @@ pub enum Reply {
     Status(Box<DaemonStatus>),
     /// `userq_wait`.
     WaitPoints(Vec<abi::port::WaitPoint>),
+    /// `native_fence_caps`.
+    NativeFenceCaps(abi::port::NativeFenceCaps),
+    /// `create_doorbell_page`.
+    DoorbellPage(abi::port::DoorbellPageInfo),
+    /// [`Request::WakeWord`]: the process's wake page (read-only) and the byte offset of this
+    /// connection's 32-bit word in it.
+    WakeWord(WireMapping, u64),
 }
 
 /// The answer to a [`Request`]: typed kernel errors, exactly as in embedded mode.

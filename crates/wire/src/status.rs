@@ -52,6 +52,9 @@ pub struct AdapterStatus {
     pub trace_dropped: u64,
     /// Engines.
     pub engines: Vec<EngineStatus>,
+    /// The system calls the firmware thread made on purpose so far: a yield now and then
+    /// while idle, a park while every engine is in F1 (the data path makes none).
+    pub firmware_thread_calls: u64,
 }
 
 /// One engine.

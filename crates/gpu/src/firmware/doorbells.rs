@@ -139,11 +139,15 @@ impl Firmware {
         }
     }
 
-    /// Starts watching BAR page `page` as an aggregated doorbell (one per process).
+    /// Starts watching BAR page `page` as an aggregated doorbell (one per process): word `e`
+    /// for engine `e`, so any store rings it — a client's OR from the CPU, or a plain write
+    /// from the GPU (a queue submitting to another, spec 001) — and no store erases another
+    /// engine's ring.
     pub(crate) fn watch_aggregated(&mut self, page: u32) -> Result<(), GpuError> {
-        if !self.aggregated.iter().any(|&(p, _)| p == page) {
-            let word = self.bar.page_word(page, 0)?;
-            self.aggregated.push((page, word));
+        if !self.aggregated.iter().any(|(p, _)| *p == page) {
+            let words =
+                (0..self.engines.len() as u32).map(|e| self.bar.page_word(page, e)).collect::<Result<_, _>>()?;
+            self.aggregated.push((page, words));
         }
         Ok(())
     }
@@ -274,19 +278,18 @@ impl Firmware {
                 }
             }
         }
-        // Aggregated doorbells (one page per process): bit `e` says some queue of engine `e`
-        // rang, perhaps one without a slot whose own ring was missed. Poll the wptrs of that
-        // engine's queues; bits of engines in F1 go back.
+        // Aggregated doorbells (one page per process): word `e` set says some queue of engine
+        // `e` rang, perhaps one without a slot whose own ring was missed. Poll the wptrs of
+        // that engine's queues; a ring of an engine in F1 goes back.
         let Firmware { aggregated, engines, queues, .. } = self;
-        for (_, word) in aggregated.iter() {
-            let bits = protocol::take_rings(word);
-            if bits == 0 {
-                continue;
-            }
-            let mut back = 0;
-            for e in engines.iter_mut().filter(|e| bits & (1 << e.id.0) != 0) {
+        for (_, words) in aggregated.iter() {
+            for (e, word) in engines.iter_mut().zip(words) {
+                let rung = protocol::take_rings(word);
+                if rung == 0 {
+                    continue;
+                }
                 if e.power != PowerState::F0 {
-                    back |= 1 << e.id.0;
+                    word.get().fetch_or(rung, Ordering::Release);
                     continue;
                 }
                 for k in 0..e.run_list.len() {
@@ -297,9 +300,6 @@ impl Firmware {
                         rang = true;
                     }
                 }
-            }
-            if back != 0 {
-                word.get().fetch_or(back, Ordering::Release);
             }
         }
         rang

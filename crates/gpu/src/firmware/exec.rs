@@ -593,6 +593,20 @@ pub(super) fn decode_at(m: &Mapping, offset: u64, header: Header, op: Opcode) ->
     Packet::decode(words).map_err(FaultKind::BadPacket)
 }
 
+/// What a native fence signal's interrupt names (spec 002 "Optimized native fence signaled
+/// interrupt"): with the optimized interrupt, the queue that ran it — "instead of filling out
+/// an array of fence handles that got signaled, the GPU should only mention the KMD handle of
+/// the HWQueue" — and the kernel reads that queue's signal log (a signal the UMD did not log
+/// is not there: the kernel falls back to a scan). A queue without logs (kernel-mode), and a
+/// device without the optimization, name the fence.
+fn signaled(q: &FwQueue, id: FwQueueId, fence: u64, env: &Env<'_>) -> FenceSignaled {
+    if env.optimized_interrupts && q.cfg.fence_logs.is_some() {
+        FenceSignaled::Queues(vec![id])
+    } else {
+        FenceSignaled::Fences(vec![fence])
+    }
+}
+
 pub(super) fn outside(va: u64, bytes: u64) -> FaultKind {
     FaultKind::OutsideMappings { va, bytes, access: Access::Read }
 }
@@ -694,7 +708,7 @@ fn exec_packet(
                 Some(f) => {
                     let monitored = &f.monitored;
                     if abi::protocol::signal_fence(word, monitored, value, || {}) {
-                        env.irqs.push_back(Interrupt::NativeFenceSignaled(FenceSignaled::Fences(vec![f.id])));
+                        env.irqs.push_back(Interrupt::NativeFenceSignaled(signaled(q, id, f.id, env)));
                     }
                 }
                 // Release: everything the queue wrote before the signal is visible to whoever
@@ -709,15 +723,22 @@ fn exec_packet(
             let monitored = &f.monitored;
             // Store CurrentValue, barrier, read MonitoredValue (spec 002, `abi::protocol`).
             if abi::protocol::signal_fence(current, monitored, value, || {}) {
-                env.irqs.push_back(Interrupt::NativeFenceSignaled(FenceSignaled::Fences(vec![f.id])));
+                env.irqs.push_back(Interrupt::NativeFenceSignaled(signaled(q, id, f.id, env)));
             }
         }
-        Packet::Logged { op, va, value, entry } => {
+        Packet::Logged { op, va, value, position } => {
             let logs = q
                 .cfg
                 .fence_logs
                 .clone()
                 .ok_or(FaultKind::BadField { field: "log entry", why: "this queue has no fence log" })?;
+            // Where the position goes, checked before the operation: a refused one changes
+            // nothing but its queue's state.
+            let log = &logs[if op == LoggedOp::Wait { 0 } else { 1 }];
+            let slot = fence_log::locate::<shm::Mapping>(log, position).map_err(|_| FaultKind::BadField {
+                field: "log entry",
+                why: "the position is behind the log's next free one, or a whole log ahead of it",
+            })?;
             let fence =
                 vm.translate_aligned(va, 8, Access::Read).ok().and_then(|r| env.fences.get(&(r.shm.id(), r.offset)));
             let handle = fence.map_or(0, |f| f.id);
@@ -734,8 +755,8 @@ fn exec_packet(
                     q.wait_observed = None;
                     // 1. the wait released; 2. the entry; 3. the index; 4. the barrier.
                     fence_log::append(
-                        &logs[0],
-                        entry,
+                        log,
+                        slot,
                         FenceLogEntry {
                             fence_value: value,
                             fence_handle: handle,
@@ -761,7 +782,7 @@ fn exec_packet(
                     };
                     if op == LoggedOp::Signal && fence.is_none() {
                         current.store(value, Ordering::Release);
-                        fence_log::append(&logs[1], entry, entry_of(handle));
+                        fence_log::append(log, slot, entry_of(handle));
                         std::sync::atomic::fence(Ordering::SeqCst);
                     } else {
                         // A fence signal (flagged, or a plain one landing on a fence).
@@ -770,16 +791,10 @@ fn exec_packet(
                         // 1. value; 2. entry; 3. index — inside the protocol, before its barrier
                         // (4) and the interrupt check (5): spec 002 "Order of operations".
                         let interrupt = abi::protocol::signal_fence(current, monitored, value, || {
-                            fence_log::append(&logs[1], entry, entry_of(f.id))
+                            fence_log::append(log, slot, entry_of(f.id))
                         });
                         if interrupt {
-                            // Optimized: name the queue; the kernel reads its signal log.
-                            let what = if env.optimized_interrupts {
-                                FenceSignaled::Queues(vec![id])
-                            } else {
-                                FenceSignaled::Fences(vec![f.id])
-                            };
-                            env.irqs.push_back(Interrupt::NativeFenceSignaled(what));
+                            env.irqs.push_back(Interrupt::NativeFenceSignaled(signaled(q, id, f.id, env)));
                         }
                     }
                 }

@@ -482,7 +482,7 @@ pub(crate) struct Firmware {
     /// The global model's bit pages, by BAR page.
     bit_pages: std::collections::BTreeMap<u32, BitPage>,
     /// Aggregated doorbell pages being watched (when engines miss unmapped queues' doorbells).
-    aggregated: Vec<(u32, Word)>,
+    aggregated: Vec<(u32, Vec<Word>)>,
     /// The doorbell BAR the engines watch.
     bar: abi::doorbell::DoorbellBar,
     /// Engines drop rings of queues without a hardware slot.

@@ -17,6 +17,10 @@
 //!   `DxgkDdiDisconnectDoorbell`; the firmware re-reads the queue's wptr so no racing ring is
 //!   lost.
 //!
+//! - **Doorbell pages** (spec 001): besides the page the kernel gives every process, a
+//!   process may allocate one of its own ([`Os::create_doorbell_page`]) and name it in a
+//!   queue descriptor with the index it wants there; the queue pins it.
+//!
 //! Invariant: a doorbell's CPU page shows the BAR exactly while it is `connected`; every
 //! status change goes through [`publish_status`] (SeqCst, the Dekker pairing with the
 //! client's ring).
@@ -25,12 +29,15 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use abi::port::{AggregatedDoorbell, CreateDoorbell, DoorbellInfo, Invalid, KernelError};
-use abi::{DoorbellHandle, DoorbellStatus, HwQueueHandle, ProcessId, Time};
+use abi::port::{
+    AggregatedDoorbell, CreateDoorbell, DoorbellInfo, DoorbellPageInfo, InUseBy, InUseObject, Invalid, KernelError,
+    MAX_DOORBELL_PAGES,
+};
+use abi::{DoorbellHandle, DoorbellPageHandle, DoorbellStatus, HwQueueHandle, ProcessId, Time};
 use shm::{RotatingPage, Shm, Word};
 
 use super::queues::QueueMode;
-use super::{DoorbellObj, Os, Pin, Process, invalid};
+use super::{DoorbellObj, DoorbellPageObj, Os, Pin, Process, invalid};
 use crate::ddi::{DdiError, DisconnectCallback, Kmd};
 use crate::pool::Reset;
 use crate::trace::{Callback, Ddi, Event, PageTarget, SharedTrace};
@@ -38,15 +45,31 @@ use crate::trace::{Callback, Ddi, Event, PageTarget, SharedTrace};
 /// What a returned doorbell page goes back as: cleared, so its next owner starts with no
 /// stale value or bit.
 pub(super) fn clear_page(bar: Arc<Shm>) -> Reset {
-    Box::new(move |page| {
-        let base = page as u64 * abi::doorbell::DOORBELL_PAGE_BYTES;
-        for w in 0..abi::doorbell::DOORBELLS_PER_PAGE as u64 {
-            if let Ok(word) = bar.atomic_u64(base + w * 8) {
-                // Relaxed: the page has no user left; the next owner's mapping is created after.
-                word.store(0, Ordering::Relaxed);
-            }
+    Box::new(move |page| clear_bar_page(&bar, page))
+}
+
+/// Zeroes BAR page `page`.
+fn clear_bar_page(bar: &Shm, page: u32) {
+    let base = page as u64 * abi::doorbell::DOORBELL_PAGE_BYTES;
+    for w in 0..abi::doorbell::DOORBELLS_PER_PAGE as u64 {
+        if let Ok(word) = bar.atomic_u64(base + w * 8) {
+            // Relaxed: the page has no user left; its next user's mapping is created after.
+            word.store(0, Ordering::Relaxed);
         }
-    })
+    }
+}
+
+impl Process {
+    /// The doorbell page a queue descriptor names by `va` (0: the page the kernel gave the
+    /// process): its BAR page, and its GPU VA where the device maps it for GPU rings. `None`
+    /// if `va` names none of the process's pages.
+    pub(super) fn doorbell_page_at(&self, va: u64) -> Option<(u32, Option<u64>)> {
+        if va == 0 {
+            return Some((self.doorbell_page.index(), self.doorbell_gpu.as_ref().map(|(va, _)| *va)));
+        }
+        let (_, d) = self.doorbell_pages.iter().find(|(_, d)| d.va == va)?;
+        Some((d.lease.index(), d.gpu.as_ref().map(|_| d.va)))
+    }
 }
 
 /// Publishes a queue's doorbell status and logs it.
@@ -96,6 +119,57 @@ impl DisconnectCallback for Victimizer<'_> {
 }
 
 impl Os {
+    /// Allocates a doorbell page for process `pid` on `device`
+    /// ([`abi::port::KernelPort::create_doorbell_page`], spec 001): a BAR page of its own
+    /// (one it freed before, else a free one), named by a GPU VA and mapped there where the
+    /// device lets the GPU ring doorbells, as the process's first page is.
+    pub fn create_doorbell_page(
+        &mut self,
+        pid: ProcessId,
+        device: abi::DeviceHandle,
+        now: Time,
+    ) -> Result<DoorbellPageInfo, KernelError> {
+        self.at(now);
+        self.adapter_alive()?;
+        let p = self.proc(pid)?;
+        p.devices.get(device)?;
+        let held = 1 + p.doorbell_pages.len() as u32;
+        if held >= MAX_DOORBELL_PAGES {
+            return Err(KernelError::Exhausted {
+                what: "doorbell pages",
+                detail: format!(
+                    "the process holds {held} doorbell pages, its own included; at most {MAX_DOORBELL_PAGES} (1,024 doorbells)"
+                ),
+            });
+        }
+        let lease = match p.freed_doorbell_pages.pop() {
+            Some(lease) => lease,
+            None => self.doorbell_pages.take()?,
+        };
+        let va = self.proc(pid)?.take_va(abi::doorbell::DOORBELL_PAGE_BYTES);
+        let gpu = self.ddi.map_doorbell_page(pid, va, lease.index()).ok();
+        let handle = self.proc(pid)?.doorbell_pages.insert(DoorbellPageObj { device, va, gpu, lease });
+        Ok(DoorbellPageInfo { handle, va, doorbells: abi::doorbell::DOORBELLS_PER_PAGE })
+    }
+
+    /// Frees a doorbell page ([`abi::port::KernelPort::destroy_doorbell_page`]); refused while
+    /// a queue uses it. Its GPU mapping goes; the BAR page, cleared, stays the process's
+    /// until it ends (a daemon client's mapping of it cannot be revoked, so it must never
+    /// show another process's doorbells), and the process's next page takes it first.
+    pub fn destroy_doorbell_page(&mut self, pid: ProcessId, page: DoorbellPageHandle) -> Result<(), KernelError> {
+        let p = self.proc(pid)?;
+        let va = p.doorbell_pages.get(page)?.va;
+        let user = p.queues.iter().find(|(_, q)| q.user_desc().is_some_and(|d| d.doorbell_page_va == va));
+        if let Some((q, _)) = user {
+            return Err(KernelError::InUse { object: InUseObject::Handle(page.into()), by: InUseBy::Queue(q) });
+        }
+        let DoorbellPageObj { gpu, lease, .. } = p.doorbell_pages.remove(page)?;
+        drop(gpu);
+        clear_bar_page(&self.bar, lease.index());
+        self.proc(pid)?.freed_doorbell_pages.push(lease);
+        Ok(())
+    }
+
     /// The physical doorbell the device has queue `q` bound to now
     /// ([`abi::port::KernelPort::query_physical_doorbell`]); `None` while it is disconnected.
     pub fn query_physical_doorbell(
@@ -158,7 +232,12 @@ impl Os {
             ));
         }
         let aggregated = match (self.ddi.aggregated_doorbell(engine), &self.proc(pid)?.aggregated) {
-            (Some((offset, mask)), Some((_, page))) => Some(AggregatedDoorbell { page: page.clone(), offset, mask }),
+            (Some((offset, mask)), Some(a)) => Some(AggregatedDoorbell {
+                page: a.cpu.clone(),
+                offset,
+                mask,
+                gpu_va: a.gpu.as_ref().map(|(va, _)| va + offset),
+            }),
             _ => None,
         };
         let page = Arc::new(RotatingPage::new(&self.dummy, 0)?);
@@ -175,8 +254,9 @@ impl Os {
         p.allocations.get_mut(args.ring_control)?.pins.push(Pin::Doorbell(d));
         p.queues.get_mut(q)?.doorbell = Some(d);
         self.trace.push(now, Event::Ddi(Ddi::CreateDoorbell(q)));
-        let gpu_va = match (ring, &self.proc(pid)?.doorbell_gpu) {
-            (abi::doorbell::RingMethod::WriteWptr, Some((va, _))) => Some(va + offset),
+        let page_gpu = self.proc(pid)?.doorbell_page_at(desc.doorbell_page_va).and_then(|(_, gpu)| gpu);
+        let gpu_va = match (ring, page_gpu) {
+            (abi::doorbell::RingMethod::WriteWptr, Some(va)) => Some(va + offset),
             _ => None,
         };
         Ok(DoorbellInfo { handle: d, cpu_page: page, offset, ring, aggregated, gpu_va })
@@ -231,7 +311,10 @@ impl Os {
         let engine = qo.engine;
         let d = qo.doorbell.ok_or_else(|| invalid("queue", q, Invalid::NoDoorbell))?;
         let p = self.proc(pid)?;
-        let process_page = p.doorbell_page.index();
+        // The page the descriptor named (validated at creation; the queue pins it).
+        let (process_page, _) = p.doorbell_page_at(desc.doorbell_page_va).ok_or_else(|| {
+            invalid("doorbell_page_va", format!("{:#x}", desc.doorbell_page_va), Invalid::NoDoorbellPage)
+        })?;
         let dobj = p.doorbells.get(d)?;
         if dobj.connected {
             return Ok(());

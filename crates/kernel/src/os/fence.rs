@@ -870,13 +870,7 @@ impl Os {
         self.stats.fence_interrupts += 1;
         let targets: Vec<(ProcessId, NativeFenceHandle)> = match what {
             SignaledFences::Fences(ids) => ids.iter().flat_map(|&id| self.instances(id)).collect(),
-            SignaledFences::Queues(queues) => match self.read_signal_logs(&queues, true, now) {
-                Some(ids) => ids.iter().flat_map(|&id| self.instances(id)).collect(),
-                None => {
-                    self.stats.fence_log_fallbacks += 1;
-                    self.fences_with_waiters()
-                }
-            },
+            SignaledFences::Queues(queues) => self.fences_in_logs(&queues, true, now),
             SignaledFences::EngineLogs(engine) => {
                 // A NULL queue: rescan the signal logs of every queue on this engine.
                 let queues: Vec<HwQueueHandle> = self
@@ -885,13 +879,7 @@ impl Os {
                     .flat_map(|p| p.queues.iter().filter(|(_, q)| q.engine == engine && q.logs.is_some()))
                     .map(|(h, _)| h)
                     .collect();
-                match self.read_signal_logs(&queues, false, now) {
-                    Some(ids) => ids.iter().flat_map(|&id| self.instances(id)).collect(),
-                    None => {
-                        self.stats.fence_log_fallbacks += 1;
-                        self.fences_with_waiters()
-                    }
-                }
+                self.fences_in_logs(&queues, false, now)
             }
             SignaledFences::All => self.fences_with_waiters(),
             SignaledFences::AllNative => {
@@ -906,6 +894,11 @@ impl Os {
                     .collect()
             }
         };
+        self.settle_signaled(targets, now);
+    }
+
+    /// Settles `targets` and notes each as signalled.
+    fn settle_signaled(&mut self, targets: Vec<(ProcessId, NativeFenceHandle)>, now: Time) {
         self.settle_fences(&targets, now);
         for (pid, h) in targets {
             if let Ok(id) = self.proc(pid).and_then(|p| p.fences.get(h).map(|f| f.id)) {
@@ -914,13 +907,38 @@ impl Os {
         }
     }
 
+    /// The fence instances the signal logs of `queues` name ([`Os::read_signal_logs`]), or
+    /// every fence with a waiter when the logs cannot be trusted (the fallback scan).
+    fn fences_in_logs(
+        &mut self,
+        queues: &[HwQueueHandle],
+        each_names_one: bool,
+        now: Time,
+    ) -> Vec<(ProcessId, NativeFenceHandle)> {
+        match self.read_signal_logs(queues, each_names_one, now) {
+            Some(ids) => ids.iter().flat_map(|&id| self.instances(id)).collect(),
+            None => {
+                self.stats.fence_log_fallbacks += 1;
+                self.fences_with_waiters()
+            }
+        }
+    }
+
+    /// Reads queue `q`'s signal log to its end (after the KMD's flush) and settles the fences
+    /// it names: what [`Os::recreate_fence_log`] does with the old log, so a signal written
+    /// there and not yet read is not lost with it.
+    pub(super) fn drain_signal_log(&mut self, q: HwQueueHandle, now: Time) {
+        let targets = self.fences_in_logs(&[q], false, now);
+        self.settle_signaled(targets, now);
+    }
+
     /// Flushes (`DxgkDdiUpdateNativeFenceLogs`) and reads the signal logs of `queues`; returns
     /// the fence ids they name, or `None` when the kernel must scan every fence instead.
     ///
-    /// The log is written where the client says (it chooses the entries), so the kernel
+    /// The log is written where the client says (it chooses the positions), so the kernel
     /// trusts it only to narrow the search: anything it cannot account for — a queue gone, no
     /// log, a corrupt or overrun log, or (with `each_names_one`, an interrupt that named the
-    /// queue) a log that shows no new signal — falls back to the scan. An overrun is also
+    /// queue) a log that names no fence past its MonitoredValue — falls back to the scan. An overrun is also
     /// flagged in the trace ([`Event::FenceLogOverrun`], spec 002: "the OS can emit a flag in
     /// the trace to notify a user that events were lost").
     fn read_signal_logs(&mut self, queues: &[HwQueueHandle], each_names_one: bool, now: Time) -> Option<Vec<u64>> {
@@ -949,7 +967,10 @@ impl Os {
                         self.trace.push(now, Event::FenceLogOverrun { queue: q, lost: r.lost });
                         scan_all = true;
                     }
-                    if each_names_one && named.is_empty() {
+                    // The interrupt named this queue because one of its signals passed a
+                    // MonitoredValue. If no fence the log names has, the log does not explain
+                    // it (a signal the client did not log): scan.
+                    if each_names_one && !named.iter().any(|&id| self.crossed(id)) {
                         scan_all = true;
                     }
                     ids.extend(named);
@@ -972,6 +993,14 @@ impl Os {
         ids.sort_unstable();
         ids.dedup();
         Some(ids)
+    }
+
+    /// Whether fence `id`'s CurrentValue is past its MonitoredValue: a signal of it raised an
+    /// interrupt (or would have), and its waiters are not settled yet.
+    fn crossed(&self, id: u64) -> bool {
+        let f = self.instances(id).first().and_then(|&(pid, h)| self.processes.get(&pid)?.fences.get(h).ok());
+        // Acquire: as every read of the two words (`abi::protocol`).
+        f.is_some_and(|f| f.current() > f.monitored.get().load(Ordering::Acquire))
     }
 
     /// Decides a fence wait: a thread's result is kept until it ends the wait; the

@@ -37,7 +37,9 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use abi::handle::{AllocationKind, ContextKind, DeviceKind, DoorbellKind, HwQueueKind, NativeFenceKind};
+use abi::handle::{
+    AllocationKind, ContextKind, DeviceKind, DoorbellKind, DoorbellPageKind, HwQueueKind, NativeFenceKind,
+};
 use abi::port::{AdapterInfo, KernelError, MemoryDomain};
 use abi::queue::{FaultRecord, QueueDescriptor};
 use abi::{
@@ -67,6 +69,7 @@ pub use fence::FENCE_STRIDE;
 /// The GPU system (paging) process: the address space the OS creates for the CMP when the KMD
 /// reports `MapToGpuSystemProcess` (client processes are numbered from 1).
 pub const SYSTEM_PROCESS: ProcessId = ProcessId(0);
+pub use queues::TRACED_FENCE_LOG_BYTES;
 pub use recovery::TdrConfig;
 pub use submit::KERNEL_RING_BYTES;
 
@@ -308,6 +311,28 @@ struct DoorbellObj {
     connected: bool,
 }
 
+/// A doorbell page the application allocated ([`Os::create_doorbell_page`]).
+struct DoorbellPageObj {
+    device: DeviceHandle,
+    /// Where it is named (and mapped, with `gpu`) in the process's GPU address space.
+    va: u64,
+    /// Its GPU mapping, where the device allows GPU rings. Before `lease`: unmapped first.
+    gpu: Option<GpuMapping>,
+    /// The BAR page.
+    lease: Lease,
+}
+
+/// A process's aggregated doorbell page (spec 001): mapped once for the CPU, and into its
+/// GPU address space where the device lets the GPU ring it.
+struct AggregatedPage {
+    /// Its GPU VA and mapping. Before `lease`: unmapped first.
+    gpu: Option<(u64, GpuMapping)>,
+    /// The CPU mapping clients ring.
+    cpu: Arc<RotatingPage>,
+    /// The BAR page.
+    lease: Lease,
+}
+
 struct Process {
     /// Its doorbell page mapped into its own GPU address space (VA, mapping), where the device
     /// allows queues to ring doorbells from the GPU. First, so it is unmapped before the page
@@ -315,8 +340,13 @@ struct Process {
     doorbell_gpu: Option<(u64, GpuMapping)>,
     /// Its doorbell BAR page.
     doorbell_page: Lease,
-    /// The process's aggregated doorbell page, mapped once (when the device needs one).
-    aggregated: Option<(Lease, Arc<RotatingPage>)>,
+    /// The doorbell pages it allocated (spec 001).
+    doorbell_pages: Table<DoorbellPageKind, DoorbellPageObj>,
+    /// BAR pages of doorbell pages it freed, cleared: they stay its own until it ends (a
+    /// stale mapping of one can reach only its own queues) and are given back to it first.
+    freed_doorbell_pages: Vec<Lease>,
+    /// The process's aggregated doorbell page (when the device needs one).
+    aggregated: Option<AggregatedPage>,
     next_va: u64,
     devices: Table<DeviceKind, DeviceObj>,
     contexts: Table<ContextKind, ContextObj>,
@@ -402,6 +432,8 @@ pub struct Os {
     migrations: Vec<migrate::Migration>,
     /// The KMD's native fence caps, checked at initialization.
     fence_caps: abi::port::NativeFenceCaps,
+    /// Fence-log tracing is on: user-mode queues' logs are larger ([`Os::set_fence_log_tracing`]).
+    fence_log_tracing: bool,
     /// Bytes between packed fences (the KMD's stride).
     fence_stride: u64,
     /// The next free VA of the GPU system process.
@@ -505,6 +537,7 @@ impl Os {
             recovery: recovery::Recovery::default(),
             migrations: Vec::new(),
             fence_caps: caps,
+            fence_log_tracing: false,
             fence_stride: if caps.supported { caps.current_value_stride } else { FENCE_STRIDE },
             system_next_va: 1 << 32,
         })

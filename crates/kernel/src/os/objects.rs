@@ -27,7 +27,7 @@ use abi::port::{AllocationDesc, AllocationInfo, InUseBy, InUseObject, Invalid, K
 use abi::{AllocationHandle, ContextHandle, DeviceHandle, EngineId, ProcessId, Time};
 use shm::{PoolConfig, Prot, RotatingPage, ShmPool};
 
-use super::{AllocObj, ContextObj, DeviceObj, Os, Pin, Process, invalid};
+use super::{AggregatedPage, AllocObj, ContextObj, DeviceObj, Os, Pin, Process, invalid};
 use crate::ddi::Kmd;
 use crate::table::Table;
 
@@ -73,15 +73,15 @@ impl Os {
             let map =
                 Arc::new(RotatingPage::new(&self.bar, lease.index() as u64 * abi::doorbell::DOORBELL_PAGE_BYTES)?);
             self.ddi.watch_aggregated_page(lease.index())?;
-            Some((lease, map))
+            Some(AggregatedPage { gpu: None, cpu: map, lease })
         } else {
             None
         };
         let pid = ProcessId(self.next_pid);
         let memory = ProcessMemory::new(pid);
         if let Err(e) = self.ddi.create_address_space(pid) {
-            if let Some((lease, _)) = &aggregated {
-                self.ddi.unwatch_aggregated_page(lease.index());
+            if let Some(a) = &aggregated {
+                self.ddi.unwatch_aggregated_page(a.lease.index());
             }
             return Err(e.into());
         }
@@ -91,6 +91,8 @@ impl Os {
             Process {
                 doorbell_gpu: None,
                 doorbell_page: page,
+                doorbell_pages: Table::new(pid),
+                freed_doorbell_pages: Vec::new(),
                 aggregated,
                 next_va: VA_BASE,
                 devices: Table::new(pid),
@@ -113,6 +115,17 @@ impl Os {
         if let Ok(m) = self.ddi.map_doorbell_page(pid, va, index) {
             self.proc(pid)?.doorbell_gpu = Some((va, m));
         }
+        // The aggregated page too ("into each GPUVM space"): a queue that submits to another
+        // from the GPU rings it as the CPU would.
+        let p = self.proc(pid)?;
+        if let Some(index) = p.aggregated.as_ref().map(|a| a.lease.index()) {
+            let va = p.take_va(abi::doorbell::DOORBELL_PAGE_BYTES);
+            if let Ok(m) = self.ddi.map_aggregated_page(pid, va, index)
+                && let Some(a) = &mut self.proc(pid)?.aggregated
+            {
+                a.gpu = Some((va, m));
+            }
+        }
         Ok(pid)
     }
 
@@ -122,8 +135,8 @@ impl Os {
         Ok(self.proc(pid)?.devices.insert(DeviceObj::default()))
     }
 
-    /// `D3DKMTDestroyDevice`: its contexts (and their queues), then its fences, then its
-    /// allocations.
+    /// `D3DKMTDestroyDevice`: its contexts (and their queues), then its doorbell pages, then
+    /// its fences, then its allocations.
     pub fn destroy_device(&mut self, pid: ProcessId, device: DeviceHandle, now: Time) -> Result<(), KernelError> {
         self.at(now);
         let p = self.proc(pid)?;
@@ -131,6 +144,11 @@ impl Os {
         let contexts: Vec<_> = p.contexts.iter().filter(|(_, c)| c.device == device).map(|(h, _)| h).collect();
         for c in contexts {
             self.destroy_context(pid, c, now)?;
+        }
+        let p = self.proc(pid)?;
+        let pages: Vec<_> = p.doorbell_pages.iter().filter(|(_, d)| d.device == device).map(|(h, _)| h).collect();
+        for d in pages {
+            self.destroy_doorbell_page(pid, d)?;
         }
         let p = self.proc(pid)?;
         let fences: Vec<_> = p.fences.iter().filter(|(_, f)| f.device == device).map(|(h, _)| h).collect();
@@ -244,12 +262,12 @@ impl Os {
             let _ = self.destroy_native_fence(pid, f, now);
         }
         let Some(p) = self.processes.remove(&pid) else { return };
-        if let Some((lease, map)) = &p.aggregated {
+        if let Some(a) = &p.aggregated {
             // Like its doorbells: a late write from the ended process lands on the dummy page,
             // never on the page's next owner. (Should the remap fail, the page is still
             // cleared on its way back, and the ended process has no thread left to write.)
-            let _ = map.rotate_to(&self.dummy, 0);
-            self.ddi.unwatch_aggregated_page(lease.index());
+            let _ = a.cpu.rotate_to(&self.dummy, 0);
+            self.ddi.unwatch_aggregated_page(a.lease.index());
         }
         // The allocations' and fence pages' mappings go first (dropped with the process),
         // then the address space; the page leases return cleared.

@@ -27,6 +27,10 @@ use abi::{ContextHandle, DoorbellStatus, HwQueueHandle, Priority, ProcessId, Que
 use shm::{Prot, Shm};
 
 use super::submit::KERNEL_RING_BYTES;
+
+/// Bytes of each fence log while the OS traces ([`Os::set_fence_log_tracing`]): four times
+/// the spec's 4 KiB, 340 entries instead of 84.
+pub const TRACED_FENCE_LOG_BYTES: u64 = 4 * abi::fence_log::FENCE_LOG_BYTES;
 use super::{Os, Pin, Process, QueueLife, QueueObj, invalid};
 use crate::ddi::{GpuMapping, Kmd, QueueCreate};
 use crate::pool::Lease;
@@ -187,12 +191,10 @@ impl Os {
         // Two fence logs for a user-mode queue (spec 002): the engine writes them, the client
         // cannot see them, the kernel reads them. Kernel-mode queues log nothing.
         let logs = match desc.mode {
-            SubmissionMode::UserMode(_) => {
-                let (w, sg) = (memory.private.alloc(4096)?, memory.private.alloc(4096)?);
-                abi::fence_log::init(&w, abi::fence_log::FenceLogType::Wait)?;
-                abi::fence_log::init(&sg, abi::fence_log::FenceLogType::Signal)?;
-                Some([w, sg])
-            }
+            SubmissionMode::UserMode(_) => Some([
+                self.new_fence_log(pid, FenceLogType::Wait, 0)?,
+                self.new_fence_log(pid, FenceLogType::Signal, 0)?,
+            ]),
             SubmissionMode::KernelMode => None,
         };
         let (mode, create) = match desc.mode {
@@ -202,15 +204,26 @@ impl Os {
                 }
                 self.validate_descriptor(pid, &d, einfo)?;
                 let mut d = d;
-                let owner_of = |p: &Process, index: u32| {
-                    p.queues.iter().find_map(|(h, q)| q.user_desc().filter(|o| o.doorbell_index == index).map(|_| h))
-                };
                 let p = self.proc(pid)?;
+                // The doorbell page: the process's own (0), or one it allocated.
+                if p.doorbell_page_at(d.doorbell_page_va).is_none() {
+                    let va = format!("{:#x}", d.doorbell_page_va);
+                    return Err(invalid("doorbell_page_va", va, Invalid::NoDoorbellPage));
+                }
+                // The doorbells in that page of the queues that exist (a hung one keeps its own).
+                let in_page = |p: &Process| {
+                    let page = d.doorbell_page_va;
+                    p.queues
+                        .iter()
+                        .filter_map(move |(h, q)| {
+                            q.user_desc().filter(|o| o.doorbell_page_va == page).map(|o| (h, o.doorbell_index))
+                        })
+                        .collect::<Vec<_>>()
+                };
                 if d.doorbell_index == abi::queue::DOORBELL_INDEX_ANY {
                     let range = einfo.doorbell_first..einfo.doorbell_first + einfo.doorbell_count;
                     // The indices in use, gathered once (not one scan of the queues per index).
-                    let used: std::collections::BTreeSet<u32> =
-                        p.queues.iter().filter_map(|(_, q)| q.user_desc().map(|o| o.doorbell_index)).collect();
+                    let used: std::collections::BTreeSet<u32> = in_page(p).into_iter().map(|(_, i)| i).collect();
                     d.doorbell_index =
                         range.clone().find(|i| !used.contains(i)).ok_or_else(|| KernelError::Exhausted {
                             what: "doorbells",
@@ -219,7 +232,7 @@ impl Os {
                                 range.start, range.end, einfo.kind
                             ),
                         })?;
-                } else if let Some(other) = owner_of(p, d.doorbell_index) {
+                } else if let Some((other, _)) = in_page(p).into_iter().find(|&(_, i)| i == d.doorbell_index) {
                     return Err(invalid("doorbell_index", d.doorbell_index, Invalid::UsedBy(other)));
                 }
                 let create = QueueCreate {
@@ -390,10 +403,62 @@ impl Os {
         Ok(())
     }
 
-    /// Destroys and recreates a user-mode queue's fence log of `kind` (spec 002: "Dxgkrnl can
-    /// destroy and recreate a log buffer. Each time it does, it calls
-    /// DxgkDdiSetNativeFenceLogBuffer to inform KMD of the new location"). The new log starts
-    /// empty; the OS's read position restarts with it. A kernel-mode queue has no logs.
+    /// A fence log of `kind` in the process's private memory, of the size the OS gives logs
+    /// now ([`Os::fence_log_bytes`]), whose next free position is `start`.
+    fn new_fence_log(&mut self, pid: ProcessId, kind: FenceLogType, start: u64) -> Result<Arc<Shm>, KernelError> {
+        let bytes = self.fence_log_bytes();
+        let log = self.proc(pid)?.memory.private.alloc(bytes as usize)?;
+        abi::fence_log::init(&log, kind, start)?;
+        Ok(log)
+    }
+
+    /// Bytes of the fence logs the OS gives a user-mode queue: the spec's 4 KiB
+    /// ([`abi::fence_log::FENCE_LOG_BYTES`]), or [`TRACED_FENCE_LOG_BYTES`] while it traces.
+    pub(super) fn fence_log_bytes(&self) -> u64 {
+        if self.fence_log_tracing { TRACED_FENCE_LOG_BYTES } else { abi::fence_log::FENCE_LOG_BYTES }
+    }
+
+    /// Turns fence-log tracing on or off. Spec 002 "Log buffer overrun is permitted": "when
+    /// tracing is enabled, the OS first increases the size of the log buffer to prevent
+    /// overruns in the first place" — so turning it on recreates every user-mode queue's two
+    /// logs at [`TRACED_FENCE_LOG_BYTES`] ([`Os::recreate_fence_log`]: nothing is lost), and
+    /// new queues get logs of that size; turning it off gives them the spec's 4 KiB again.
+    /// An overrun that still happens is flagged in the trace ([`Event::FenceLogOverrun`]).
+    pub fn set_fence_log_tracing(&mut self, on: bool, now: Time) -> Result<(), KernelError> {
+        self.at(now);
+        if self.fence_log_tracing == on {
+            return Ok(());
+        }
+        self.fence_log_tracing = on;
+        self.trace.push(now, Event::FenceLogTracing { on });
+        let mut queues: Vec<HwQueueHandle> = self
+            .processes
+            .values()
+            .flat_map(|p| p.queues.iter().filter(|(_, q)| q.logs.is_some()).map(|(h, _)| h))
+            .collect();
+        queues.sort_unstable_by_key(|h| (h.owner(), h.index()));
+        for q in queues {
+            for kind in [FenceLogType::Wait, FenceLogType::Signal] {
+                self.recreate_fence_log(q.owner(), q, kind, now)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Destroys and recreates a user-mode queue's fence log of `kind`, at the size the OS
+    /// gives logs now (spec 002: "Dxgkrnl can destroy and recreate a log buffer. Each time it
+    /// does, it calls DxgkDdiSetNativeFenceLogBuffer to inform KMD of the new location").
+    /// Nothing written is lost, in this order:
+    ///
+    /// 1. the new log is made, its header starting at the old log's next free position (the
+    ///    UMD's positions go on, whatever the new size: `abi::fence_log`);
+    /// 2. `DxgkDdiSetNativeFenceLogBuffer`: from its return the engine writes the new log;
+    /// 3. the old signal log is flushed (`DxgkDdiUpdateNativeFenceLogs`) and read to its end,
+    ///    and the fences it names are settled, as an interrupt's read would (the new log's
+    ///    read position is where the old one ended);
+    /// 4. the old log is dropped.
+    ///
+    /// A kernel-mode queue has no logs.
     pub fn recreate_fence_log(
         &mut self,
         pid: ProcessId,
@@ -402,19 +467,23 @@ impl Os {
         now: Time,
     ) -> Result<(), KernelError> {
         self.at(now);
-        if self.queue(pid, q)?.logs.is_none() {
-            return Err(invalid("queue", q, Invalid::NoFenceLog));
-        }
-        let log = self.proc(pid)?.memory.private.alloc(abi::fence_log::FENCE_LOG_BYTES as usize)?;
-        abi::fence_log::init(&log, kind)?;
-        self.trace.push(now, Event::FenceLogRecreated { queue: q, kind });
+        let old = self.queue(pid, q)?.logs.as_ref().map(|l| l[kind as usize].clone());
+        let old = old.ok_or_else(|| invalid("queue", q, Invalid::NoFenceLog))?;
+        let start =
+            abi::fence_log::header_total(&old).map_err(|reason| KernelError::CorruptLog { queue: q, reason })?;
+        // 1.
+        let log = self.new_fence_log(pid, kind, start)?;
+        let entries = abi::fence_log::entries_in(log.len() as u64);
+        self.trace.push(now, Event::FenceLogRecreated { queue: q, kind, entries });
+        // 2.
         self.ddi.set_native_fence_log_buffer(q, kind, log.clone())?;
-        let qo = self.queue(pid, q)?;
-        if let Some(logs) = &mut qo.logs {
-            logs[kind as usize] = log;
-        }
+        // 3. `read_signal_logs` reads the queue's log, which is still the old one.
         if kind == FenceLogType::Signal {
-            qo.signal_log_seen = 0;
+            self.drain_signal_log(q, now);
+        }
+        // 4.
+        if let Some(logs) = &mut self.queue(pid, q)?.logs {
+            logs[kind as usize] = log;
         }
         Ok(())
     }

@@ -218,6 +218,11 @@ pub(crate) struct Inner {
     pub(crate) driver: Driver,
     /// Signalled when CPU waits complete (the waiting threads re-check under the OS lock).
     waits_cv: Condvar,
+    /// Wakers of waits whose waiter is not (only) blocked on `waits_cv`: a daemon's client
+    /// process sleeping on a futex of its own ([`super::ProcessPort::wait_progress_waking`]).
+    /// Registered under the OS lock when the wait blocks, so no decision can precede it; woken
+    /// (and removed) by whichever thread acts on the decision.
+    wakers: Mutex<std::collections::HashMap<WaitId, std::task::Waker>>,
     /// Signalled when the kernel-mode scheduler may have work.
     km_cv: Condvar,
     /// Whether the device last reported every engine in F1 (the OS hears only changes).
@@ -231,6 +236,11 @@ pub(crate) struct Inner {
     /// The device's attention register: while the kernel waits for the device lock, the pump
     /// stays off it.
     attention: gpu::Attention,
+    /// The system calls the live firmware thread made on purpose: a yield now and then while
+    /// idle, a park while every engine is in F1. Its only ones: the data path (latching a
+    /// doorbell, executing, writing fences) makes none, which the daemon's tests check
+    /// against the kernel's own count of the thread's calls.
+    pub(crate) fw_calls: Arc<AtomicU64>,
 }
 
 /// What one pump did.
@@ -258,11 +268,13 @@ impl Inner {
             clock,
             driver,
             waits_cv: Condvar::new(),
+            wakers: Mutex::new(std::collections::HashMap::new()),
             km_cv: Condvar::new(),
             was_asleep: AtomicBool::new(false),
             cross: Mutex::new(None),
             os_deadline: AtomicU64::new(u64::MAX),
             attention,
+            fw_calls: Arc::new(AtomicU64::new(0)),
         }
     }
 
@@ -299,11 +311,18 @@ impl Inner {
         let mut woke = false;
         for o in outputs {
             match o {
-                Output::WaitCompleted(_) if !woke => {
-                    woke = true;
-                    self.waits_cv.notify_all();
+                Output::WaitCompleted(id) => {
+                    // The waiter's own waker first: it sleeps in another process, and this
+                    // is the shortest path to it (the blocked thread below wakes anyway, to
+                    // end the wait and answer).
+                    if let Some(w) = self.take_waker(id) {
+                        w.wake();
+                    }
+                    if !woke {
+                        woke = true;
+                        self.waits_cv.notify_all();
+                    }
                 }
-                Output::WaitCompleted(_) => {}
                 Output::SchedulerWork => {
                     self.km_cv.notify_all();
                 }
@@ -385,6 +404,18 @@ impl Inner {
         }
     }
 
+    /// Registers `waker` for wait `id`: woken when the OS decides the wait. Call under the OS
+    /// lock, in the call that began the wait (so the decision cannot come first).
+    pub(crate) fn set_waker(&self, id: WaitId, waker: &std::task::Waker) {
+        self.wakers.lock().insert(id, waker.clone());
+    }
+
+    /// Removes wait `id`'s waker, if it has one still.
+    pub(crate) fn take_waker(&self, id: WaitId) -> Option<std::task::Waker> {
+        let mut w = self.wakers.lock();
+        if w.is_empty() { None } else { w.remove(&id) }
+    }
+
     /// Blocks until wait `id` is decided or `timeout` passes.
     pub(crate) fn block(&self, id: WaitId, timeout: Option<Duration>) {
         match &self.driver {
@@ -461,12 +492,16 @@ impl crate::cross::Peer for Inner {
 
 pub(crate) fn firmware_thread(inner: std::sync::Weak<Inner>, stop: Arc<AtomicBool>) {
     let mut idle_spins = 0u32;
+    let Some(calls) = inner.upgrade().map(|s| s.fw_calls.clone()) else { return };
+    // Relaxed: a statistic.
+    let count_call = || calls.fetch_add(1, Ordering::Relaxed);
     // Acquire: pairs with the release store in `Inner::stop`.
     while !stop.load(Ordering::Acquire) {
         let Some(sys) = inner.upgrade() else { return };
         let p = sys.pump();
         drop(sys);
         if p.asleep {
+            count_call();
             // Every engine is in F1: sleep until a connect wakes us (an unpark that comes
             // first makes this return at once, so the wake-up cannot be lost).
             std::thread::park_timeout(Duration::from_millis(100));
@@ -477,6 +512,7 @@ pub(crate) fn firmware_thread(inner: std::sync::Weak<Inner>, stop: Arc<AtomicBoo
             idle_spins = idle_spins.saturating_add(1);
             if idle_spins.is_multiple_of(64) {
                 // Let the other threads of a 2-core machine in now and then.
+                count_call();
                 std::thread::yield_now();
             } else {
                 std::hint::spin_loop();

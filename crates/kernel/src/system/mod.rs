@@ -277,6 +277,13 @@ impl System {
         self.inner.trace.snapshot()
     }
 
+    /// The system calls the live firmware thread made on purpose: yields while idle, parks
+    /// while every engine is in F1 (0 on the deterministic driver).
+    pub fn firmware_thread_calls(&self) -> u64 {
+        // Relaxed: a statistic.
+        self.inner.fw_calls.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Kernel counters.
     pub fn stats(&self) -> OsStats {
         self.inner.os.lock().stats()
@@ -413,6 +420,13 @@ impl System {
         kind: abi::fence_log::FenceLogType,
     ) -> Result<(), KernelError> {
         self.inner.call_as(pid, |os, now| os.recreate_fence_log(pid, queue, kind, now))
+    }
+
+    /// Turns fence-log tracing on or off (see [`crate::os::Os::set_fence_log_tracing`]): while
+    /// it is on, every user-mode queue's logs are larger, so a tool reading them (`doorbell
+    /// trace`) loses no event to an overrun.
+    pub fn set_fence_log_tracing(&self, on: bool) -> Result<(), KernelError> {
+        self.inner.call(|os, now| os.set_fence_log_tracing(on, now))
     }
 
     /// Test hook: the KMD raises notification `n` (as `DxgkCbNotifyInterrupt` would) and the

@@ -2,6 +2,7 @@
 //! the embedded mode. Each call is one input of the OS through [`Inner::call_as`].
 
 use std::sync::Arc;
+use std::task::Waker;
 use std::time::Duration;
 
 use abi::port::{
@@ -36,6 +37,74 @@ impl ProcessPort {
     }
 }
 
+impl ProcessPort {
+    /// [`KernelPort::wait_progress`], and `waker` is woken as soon as the OS decides the wait
+    /// (before this thread wakes to end it): how a daemon wakes a client process that sleeps
+    /// on a futex of its own instead of on this call's answer.
+    pub fn wait_progress_waking(
+        &self,
+        queue: HwQueueHandle,
+        value: u64,
+        timeout: Option<Duration>,
+        waker: Option<&Waker>,
+    ) -> Result<WaitOutcome, KernelError> {
+        let start = self.call(|os, pid, now| {
+            let s = os.begin_wait(pid, queue, value, now);
+            self.register(&s, waker);
+            s
+        })?;
+        match start {
+            WaitStart::Done(r) => r,
+            WaitStart::Blocked(w) => {
+                self.inner.block(w, timeout);
+                self.after_block(w, waker);
+                self.inner.call(|os, now| os.end_wait(self.pid, queue, w, now))
+            }
+        }
+    }
+
+    /// [`KernelPort::wait_native_fences`] with a waker, as [`Self::wait_progress_waking`].
+    pub fn wait_native_fences_waking(
+        &self,
+        fences: &[(NativeFenceHandle, u64)],
+        mode: WaitMode,
+        timeout: Option<Duration>,
+        waker: Option<&Waker>,
+    ) -> Result<WaitOutcome, KernelError> {
+        let start = self.call(|os, pid, now| {
+            let s = os.begin_fence_wait(pid, fences, mode, now);
+            self.register(&s, waker);
+            s
+        })?;
+        match start {
+            WaitStart::Done(r) => r,
+            WaitStart::Blocked(w) => {
+                self.inner.block(w, timeout);
+                self.after_block(w, waker);
+                self.inner.call(|os, _| os.end_fence_wait(self.pid, w))
+            }
+        }
+    }
+
+    /// After a blocked wait with a waker: if the decision woke it (the waker is gone), the
+    /// sleeper in the other process is waking now, and it needs a core more than this thread
+    /// does (its answer is only the confirmation): give it the core first. On a two-core
+    /// machine whose other core runs the firmware thread, this is the difference between the
+    /// futex wake-up and a socket round trip.
+    fn after_block(&self, w: crate::os::WaitId, waker: Option<&Waker>) {
+        if self.inner.take_waker(w).is_none() && waker.is_some() {
+            std::thread::yield_now();
+        }
+    }
+
+    /// Under the OS lock: a blocked wait's waker is known before anything can decide it.
+    fn register(&self, start: &Result<WaitStart, KernelError>, waker: Option<&Waker>) {
+        if let (Ok(WaitStart::Blocked(w)), Some(waker)) = (start, waker) {
+            self.inner.set_waker(*w, waker);
+        }
+    }
+}
+
 impl Drop for ProcessPort {
     /// The process exits: a normal termination (it waits for the work already queued).
     fn drop(&mut self) {
@@ -49,6 +118,9 @@ impl KernelPort for ProcessPort {
     }
     fn adapter_info(&self) -> AdapterInfo {
         self.inner.os.lock().adapter_info()
+    }
+    fn native_fence_caps(&self) -> Result<abi::port::NativeFenceCaps, KernelError> {
+        Ok(self.inner.os.lock().native_fence_caps())
     }
     fn create_device(&self) -> Result<DeviceHandle, KernelError> {
         self.inner.call_as(self.pid, |os, _| os.create_device(self.pid))
@@ -77,6 +149,12 @@ impl KernelPort for ProcessPort {
     fn destroy_hw_queue(&self, queue: HwQueueHandle) -> Result<(), KernelError> {
         self.call(|os, pid, now| os.destroy_hw_queue(pid, queue, now))
     }
+    fn create_doorbell_page(&self, device: DeviceHandle) -> Result<abi::port::DoorbellPageInfo, KernelError> {
+        self.call(|os, pid, now| os.create_doorbell_page(pid, device, now))
+    }
+    fn destroy_doorbell_page(&self, page: abi::DoorbellPageHandle) -> Result<(), KernelError> {
+        self.call(|os, pid, _| os.destroy_doorbell_page(pid, page))
+    }
     fn create_doorbell(&self, args: &CreateDoorbell) -> Result<DoorbellInfo, KernelError> {
         self.call(|os, pid, now| os.create_doorbell(pid, args, now))
     }
@@ -98,13 +176,7 @@ impl KernelPort for ProcessPort {
         value: u64,
         timeout: Option<Duration>,
     ) -> Result<WaitOutcome, KernelError> {
-        match self.call(|os, pid, now| os.begin_wait(pid, queue, value, now))? {
-            WaitStart::Done(r) => r,
-            WaitStart::Blocked(w) => {
-                self.inner.block(w, timeout);
-                self.inner.call(|os, now| os.end_wait(self.pid, queue, w, now))
-            }
-        }
+        self.wait_progress_waking(queue, value, timeout, None)
     }
     fn query_queue(&self, queue: HwQueueHandle) -> Result<QueueStatus, KernelError> {
         self.call(|os, pid, _| os.query_queue(pid, queue))
@@ -134,13 +206,7 @@ impl KernelPort for ProcessPort {
         mode: WaitMode,
         timeout: Option<Duration>,
     ) -> Result<WaitOutcome, KernelError> {
-        match self.call(|os, pid, now| os.begin_fence_wait(pid, fences, mode, now))? {
-            WaitStart::Done(r) => r,
-            WaitStart::Blocked(w) => {
-                self.inner.block(w, timeout);
-                self.inner.call(|os, _| os.end_fence_wait(self.pid, w))
-            }
-        }
+        self.wait_native_fences_waking(fences, mode, timeout, None)
     }
     fn query_native_fence(&self, fence: NativeFenceHandle) -> Result<abi::port::NativeFenceValues, KernelError> {
         self.call(|os, pid, _| os.query_native_fence(pid, fence))

@@ -302,6 +302,9 @@ impl KernelPort for TapPort {
     fn adapter_info(&self) -> AdapterInfo {
         self.inner.adapter_info()
     }
+    fn native_fence_caps(&self) -> Result<abi::port::NativeFenceCaps, KernelError> {
+        self.inner.native_fence_caps()
+    }
     fn create_device(&self) -> Result<DeviceHandle, KernelError> {
         self.log(Call::Other("create_device"));
         self.inner.create_device()
@@ -344,6 +347,14 @@ impl KernelPort for TapPort {
     fn destroy_hw_queue(&self, queue: HwQueueHandle) -> Result<(), KernelError> {
         self.log(Call::Other("destroy_hw_queue"));
         self.inner.destroy_hw_queue(queue)
+    }
+    fn create_doorbell_page(&self, device: DeviceHandle) -> Result<abi::port::DoorbellPageInfo, KernelError> {
+        self.log(Call::Other("create_doorbell_page"));
+        self.inner.create_doorbell_page(device)
+    }
+    fn destroy_doorbell_page(&self, page: abi::DoorbellPageHandle) -> Result<(), KernelError> {
+        self.log(Call::Other("destroy_doorbell_page"));
+        self.inner.destroy_doorbell_page(page)
     }
     fn create_doorbell(&self, args: &CreateDoorbell) -> Result<DoorbellInfo, KernelError> {
         self.log(Call::Other("create_doorbell"));
@@ -479,6 +490,7 @@ impl RawProc {
             flags: 0,
             reserved: 0,
             context_save_va: 0,
+            doorbell_page_va: 0,
         }
     }
     /// Creates a user-mode queue.
