@@ -1173,15 +1173,7 @@ fn every_preemption_cause_is_a_request_then_an_answer_in_the_log() {
     let sys = one_slot(ComputeGranularity::Shader);
     let low = Rounds::start_at(&sys, abi::Priority::Low);
     sys.run_for(Duration::from_micros(300));
-    let h = common::client(&sys);
-    let mut hq = h
-        .ctx
-        .create_queue(umd::QueueOptions { priority: abi::Priority::High, ..umd::QueueOptions::user_mode() })
-        .unwrap();
-    let mut cb = CommandBuffer::new();
-    cb.write_u32(h.buf.va(), 1);
-    let v = hq.submit(&cb).unwrap();
-    hq.wait(v, T).unwrap();
+    common::high_priority_write(&sys);
     low.q.wait(low.v, T).unwrap();
     let log = sys.with_gpu(|g| g.firmware_log());
     let id = fw_id(&sys, low.pid(), low.q.handle());

@@ -324,6 +324,22 @@ fn kernel_queues_are_always_mapped_and_info_reports_the_slots_left_for_user_queu
     assert_eq!(slots(&sys), (2, 2), "the slot comes back with the kernel queue");
 }
 
+/// Submits `cb` and its progress fence 1 on raw process `p`'s empty ring, and rings `db`
+/// with the new wptr: the submission loop by hand. Returns the ring-control view.
+fn raw_submit(p: &common::RawProc, db: &abi::port::DoorbellInfo, cb: &CommandBuffer) -> shm::Mapping {
+    use abi::port::KernelPort;
+    let mut words = cb.words().to_vec();
+    words.extend_from_slice(&abi::packet::progress_fence_words(1));
+    let ring = p.port.map_allocation(p.ring.handle).unwrap();
+    let ctl = p.port.map_allocation(p.ctl.handle).unwrap();
+    ring.write_u32s(0, &words).unwrap();
+    ctl.write_u64(abi::ring::LAST_QUEUED_OFFSET, 1).unwrap();
+    let wptr = words.len() as u64 * 4;
+    ctl.write_u64(abi::ring::WPTR_OFFSET, wptr).unwrap();
+    shm::Word::new(&db.cpu_page, db.offset).unwrap().get().store(wptr, std::sync::atomic::Ordering::Release);
+    ctl
+}
+
 /// A user-mode queue of a new raw process over an application-allocated context save area,
 /// running a dispatch that never ends: the process, the queue, the area and a view of it.
 fn endless_dispatch_over_an_app_save_area(
@@ -340,15 +356,7 @@ fn endless_dispatch_over_an_app_save_area(
     p.port.map_allocation(kernel.handle).unwrap().write(0, &common::forever()).unwrap();
     let mut cb = CommandBuffer::new();
     cb.dispatch(kernel.va, [1, 1, 1], [32, 1, 1], kernel.va);
-    let mut words = cb.words().to_vec();
-    words.extend_from_slice(&abi::packet::progress_fence_words(1));
-    let ring = p.port.map_allocation(p.ring.handle).unwrap();
-    let ctl = p.port.map_allocation(p.ctl.handle).unwrap();
-    ring.write_u32s(0, &words).unwrap();
-    ctl.write_u64(abi::ring::LAST_QUEUED_OFFSET, 1).unwrap();
-    let wptr = words.len() as u64 * 4;
-    ctl.write_u64(abi::ring::WPTR_OFFSET, wptr).unwrap();
-    shm::Word::new(&db.cpu_page, db.offset).unwrap().get().store(wptr, std::sync::atomic::Ordering::Release);
+    raw_submit(&p, &db, &cb);
     let saved = p.port.map_allocation(csa.handle).unwrap();
     (p, q, csa, saved)
 }
@@ -410,15 +418,7 @@ fn an_evicted_dispatch_is_in_its_save_area_by_the_end_of_the_step() {
     let (p, q, _csa, saved) = endless_dispatch_over_an_app_save_area(&sys);
     sys.run_for(Duration::from_millis(1));
     assert!(!written(&saved));
-    let h = common::client(&sys);
-    let mut hq = h
-        .ctx
-        .create_queue(umd::QueueOptions { priority: abi::Priority::High, ..umd::QueueOptions::user_mode() })
-        .unwrap();
-    let mut cb = CommandBuffer::new();
-    cb.write_u32(h.buf.va(), 1);
-    let v = hq.submit(&cb).unwrap();
-    hq.wait(v, T).unwrap();
+    let h = common::high_priority_write(&sys);
     assert_eq!(h.buf.read_u32(0).unwrap(), 1, "the high-priority queue took the slot and ran");
     assert!(written(&saved), "the evicted dispatch's state is in its area");
     // (Destroyed here: a normal termination would wait out its budget for the endless kernel.)
@@ -517,15 +517,7 @@ fn an_application_allocated_doorbell_page_is_validated_pinned_and_rung() {
     p.port.destroy_hw_queue(same_index_own_page).unwrap();
     let mut cb = CommandBuffer::new();
     cb.write_u32(p.ctl.va + 1024, 0xd00b);
-    let mut words = cb.words().to_vec();
-    words.extend_from_slice(&abi::packet::progress_fence_words(1));
-    let ring = p.port.map_allocation(p.ring.handle).unwrap();
-    let ctl = p.port.map_allocation(p.ctl.handle).unwrap();
-    ring.write_u32s(0, &words).unwrap();
-    ctl.write_u64(abi::ring::LAST_QUEUED_OFFSET, 1).unwrap();
-    let wptr = words.len() as u64 * 4;
-    ctl.write_u64(abi::ring::WPTR_OFFSET, wptr).unwrap();
-    shm::Word::new(&db.cpu_page, db.offset).unwrap().get().store(wptr, std::sync::atomic::Ordering::Release);
+    let ctl = raw_submit(&p, &db, &cb);
     sys.settle();
     assert_eq!(ctl.read_u32(1024).unwrap(), 0xd00b, "the doorbell of the application's page was heard");
     // One page of its own besides the kernel's: 1,024 doorbells.
