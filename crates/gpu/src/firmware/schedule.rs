@@ -42,11 +42,14 @@ pub(super) type Turn = (Time, u64);
 pub(super) struct Waiting {
     pub(super) by_class: std::collections::BTreeMap<Class, std::collections::BTreeMap<Turn, FwQueueId>>,
     /// `(user, Reverse(priority), head's turn, class)` of every waiting class.
-    heads: std::collections::BTreeSet<(bool, std::cmp::Reverse<Priority>, Turn, Class)>,
+    heads: std::collections::BTreeSet<HeadKey>,
 }
 
+/// Where a class's head stands in waiting order: `(user, Reverse(priority), turn, class)`.
+pub(super) type HeadKey = (bool, std::cmp::Reverse<Priority>, Turn, Class);
+
 impl Waiting {
-    fn head_key(class: Class, turn: Turn) -> (bool, std::cmp::Reverse<Priority>, Turn, Class) {
+    fn head_key(class: Class, turn: Turn) -> HeadKey {
         (class.user, class.priority, turn, class)
     }
 
@@ -91,13 +94,18 @@ impl Waiting {
         self.by_class.is_empty()
     }
 
-    /// The first waiting queue, in waiting order, outside the classes in `skip`: the first
-    /// head not skipped (heads are in (privilege, priority, turn) order, so within the first
-    /// (privilege, priority) group that has one, it has the earliest turn).
-    pub(super) fn first(&self, skip: &[Class]) -> Option<(Class, FwQueueId)> {
-        let &(_, _, turn, class) = self.heads.iter().find(|h| !skip.contains(&h.3))?;
+    /// The first class head after `after` (from the start for `None`), with its class and
+    /// queue: heads are in (privilege, priority, turn) order, so within the first (privilege,
+    /// priority) group that has one, it has the earliest turn. A pass walks the heads with it
+    /// once, in order: a class it maps a queue of gets a later head (its next turn), which
+    /// the walk meets again further on; a class it leaves alone keeps its head behind the walk.
+    pub(super) fn next_head(&self, after: Option<HeadKey>) -> Option<(HeadKey, Class, FwQueueId)> {
+        use std::ops::Bound::{Excluded, Unbounded};
+        let lower = after.map_or(Unbounded, Excluded);
+        let &key = self.heads.range((lower, Unbounded)).next()?;
+        let (_, _, turn, class) = key;
         let id = *self.by_class.get(&class)?.get(&turn)?;
-        Some((class, id))
+        Some((key, class, id))
     }
 }
 
@@ -297,8 +305,8 @@ pub(super) fn sync_waiting<Q: Schedulable>(e: &mut Engine, q: &mut Q, id: FwQueu
 /// a holder can be evicted for a waiter depends only on the waiter's [`Class`], and within a
 /// pass the set of holders evictable for a class only shrinks (a queue mapped in this pass is
 /// never evicted in it): so once one queue of a class finds no victim, the rest of its class
-/// is skipped. A pass therefore takes O((slots + classes) × (slots + classes)) plus O(log n)
-/// per queue it maps, however long the run list.
+/// is skipped. A pass walks the class heads once, in order, so it takes
+/// O(classes × slots) plus O(log n) per queue it maps, however long the run list.
 ///
 /// One difference from the plain "walk every waiting queue" formulation: with a quantum of
 /// zero, a queue mapped in this pass could there be evicted again later in the same pass by
@@ -332,14 +340,16 @@ pub(super) fn schedule<Q: Schedulable>(
     if e.waiting.is_empty() {
         return;
     }
-    // Classes of waiting queues no holder can make room for.
-    let mut unplaced: Vec<Class> = Vec::new();
     // Mapped in this pass: not victims in it.
     let mut placed: Vec<FwQueueId> = Vec::new();
     // Evicted with work left: they wait again, but only from the next pass on.
     let mut evicted: Vec<FwQueueId> = Vec::new();
-    // Kernel queues first, then priority, then whoever ran longest ago (then run-list order).
-    while let Some((class, w)) = e.waiting.first(&unplaced) {
+    // Kernel queues first, then priority, then whoever ran longest ago (then run-list order):
+    // one walk over the class heads ([`Waiting::next_head`]). A class no holder can make room
+    // for is left behind the walk, so the rest of it is skipped.
+    let mut walked = None;
+    while let Some((key, class, w)) = e.waiting.next_head(walked) {
+        walked = Some(key);
         let (w_priv, w_prio, w_vm) = (!class.user, class.priority.0, class.vmid);
         if e.hqd.len() >= e.hw_slots {
             // Pick a holder to evict: idle first, then lower priority (lowest first), then an
@@ -373,7 +383,6 @@ pub(super) fn schedule<Q: Schedulable>(
                 })
                 .min_by_key(|&(rank, prio, start, _)| (rank, prio, start));
             let Some((_, _, _, v)) = victim else {
-                unplaced.push(class);
                 continue;
             };
             // A busy victim leaves its slot only at a point its engine's granularity allows:
@@ -394,7 +403,6 @@ pub(super) fn schedule<Q: Schedulable>(
                     );
                 }
                 placed.push(v);
-                unplaced.push(class);
                 continue;
             }
             e.hqd.retain(|&id| id != v);
@@ -427,7 +435,7 @@ pub(super) fn schedule<Q: Schedulable>(
     }
     // Look again when the first holder's quantum runs out against a class still waiting (it
     // lies ahead: a holder past its quantum would have been evicted above). The classes still
-    // waiting are the unplaced ones and those of the queues evicted in this pass: without the
+    // waiting are the ones the walk left behind and those of the queues evicted in this pass: without the
     // latter, two busy queues over one slot would swap once and then never again.
     let waiting = &e.waiting.by_class;
     // For a holder, the classes that contend are those of its priority (a privileged holder
