@@ -94,6 +94,13 @@ impl Waiting {
         self.by_class.is_empty()
     }
 
+    /// The greatest head key a class of `class`'s (privilege, priority) can have: a walk
+    /// that resumes after it has passed every class of that group.
+    pub(super) fn last_of_group(class: Class) -> HeadKey {
+        let last = Class { vmid: Vmid(u32::MAX), ..class };
+        (class.user, class.priority, (Time(u64::MAX), u64::MAX), last)
+    }
+
     /// The first class head after `after` (from the start for `None`), with its class and
     /// queue: heads are in (privilege, priority, turn) order, so within the first (privilege,
     /// priority) group that has one, it has the earliest turn. A pass walks the heads with it
@@ -292,6 +299,57 @@ pub(super) fn sync_waiting<Q: Schedulable>(e: &mut Engine, q: &mut Q, id: FwQueu
     q.set_waiting(want);
 }
 
+/// A slot holder as a scheduling pass sees it.
+#[derive(Clone, Copy, Debug)]
+struct Holder {
+    id: FwQueueId,
+    pending: bool,
+    privileged: bool,
+    prio: Priority,
+    vm: Vmid,
+    /// Its quantum runs from here.
+    start: Time,
+}
+
+impl Holder {
+    fn of(id: FwQueueId, seat: &Seat) -> Holder {
+        Holder {
+            id,
+            pending: seat.pending,
+            privileged: !seat.class.user,
+            prio: seat.class.priority.0,
+            vm: seat.class.vmid,
+            start: seat.slice_start,
+        }
+    }
+
+    /// Whether this holder gives its slot to a waiter of `class` (`same_space`: of its own
+    /// address space) at `now`, and how readily (the lowest rank goes first): an idle one, then
+    /// one of lower priority (lowest first), then one of equal priority past its quantum
+    /// (longest-running first). A kernel queue takes its slot from any user queue; a kernel
+    /// queue keeps its own from every user queue.
+    fn eviction_rank(&self, class: Class, same_space: bool, now: Time, quanta: Quanta) -> Option<(u8, Priority, Time)> {
+        let (w_priv, w_prio) = (!class.user, class.priority.0);
+        if self.privileged && !w_priv {
+            return None;
+        }
+        if w_priv && !self.privileged {
+            return Some((0, self.prio, self.start));
+        }
+        let quantum = if same_space { quanta.gang } else { quanta.process };
+        let rank = if !self.pending {
+            0
+        } else if self.prio < w_prio {
+            1
+        } else if self.prio == w_prio && now.since(self.start) >= quantum {
+            2
+        } else {
+            return None;
+        };
+        Some((rank, self.prio, self.start))
+    }
+}
+
 /// Chooses which queues hold this engine's hardware slots (spec 001 "the scheduling firmware
 /// dynamically maps and unmaps queues based on priority and time quanta"). Every queue on
 /// the run list with work wants a slot; in order of priority (kernel queues first, then the
@@ -330,13 +388,15 @@ pub(super) fn schedule<Q: Schedulable>(
     }
     e.resched = false;
     e.timers.set(Timer::Quantum, None);
-    let get = |queues: &Slab<Q>, id: FwQueueId| {
-        queues.get(id.0).ok().map(Q::seat).map(|q| {
-            let c = q.class;
-            (q.state, q.pending, !c.user, c.priority.0, c.vmid, q.slice_start)
-        })
-    };
-    e.hqd.retain(|&id| get(queues, id).is_some_and(|(st, ..)| st == QueueState::Mapped));
+    // The holders, read once: a hung one lingering in `hqd` leaves it here.
+    let mut holders: Vec<Holder> = Vec::with_capacity(e.hqd.len() + 1);
+    e.hqd.retain(|&id| match queues.get(id.0) {
+        Ok(q) if q.seat().state == QueueState::Mapped => {
+            holders.push(Holder::of(id, &q.seat()));
+            true
+        }
+        _ => false,
+    });
     if e.waiting.is_empty() {
         return;
     }
@@ -346,43 +406,29 @@ pub(super) fn schedule<Q: Schedulable>(
     let mut evicted: Vec<FwQueueId> = Vec::new();
     // Kernel queues first, then priority, then whoever ran longest ago (then run-list order):
     // one walk over the class heads ([`Waiting::next_head`]). A class no holder can make room
-    // for is left behind the walk, so the rest of it is skipped.
+    // for is left behind the walk, so the rest of it is skipped; when no holder would make
+    // room for any class of its (privilege, priority), the walk jumps past them all.
     let mut walked = None;
     while let Some((key, class, w)) = e.waiting.next_head(walked) {
         walked = Some(key);
-        let (w_priv, w_prio, w_vm) = (!class.user, class.priority.0, class.vmid);
         if e.hqd.len() >= e.hw_slots {
             // Pick a holder to evict: idle first, then lower priority (lowest first), then an
             // equal-priority one past its quantum (longest-running first). Kernel queues keep
             // their slots.
-            let victim = e
-                .hqd
-                .iter()
-                .copied()
-                .filter(|id| !placed.contains(id))
-                .filter_map(|id| {
-                    let (_, pending, privileged, prio, vm, start) = get(queues, id)?;
-                    if privileged && !w_priv {
-                        return None;
-                    }
-                    // A kernel queue takes its slot from any user queue.
-                    if w_priv && !privileged {
-                        return Some((0, prio, start, id));
-                    }
-                    let quantum = if vm == w_vm { quanta.gang } else { quanta.process };
-                    let rank = if !pending {
-                        0
-                    } else if prio < w_prio {
-                        1
-                    } else if prio == w_prio && now.since(start) >= quantum {
-                        2
-                    } else {
-                        return None;
-                    };
-                    Some((rank, prio, start, id))
-                })
-                .min_by_key(|&(rank, prio, start, _)| (rank, prio, start));
-            let Some((_, _, _, v)) = victim else {
+            let candidates = || holders.iter().filter(|h| !placed.contains(&h.id));
+            let victim = candidates()
+                .filter_map(|h| h.eviction_rank(class, h.vm == class.vmid, now, quanta).map(|r| (r, h.id)))
+                .min_by_key(|&(r, _)| r);
+            let Some((_, v)) = victim else {
+                // Whether a holder gives way depends on the waiter's address space only
+                // through "its own or another": if neither would take any holder's slot, no
+                // class of this (privilege, priority) will.
+                if candidates().all(|h| {
+                    h.eviction_rank(class, true, now, quanta).is_none()
+                        && h.eviction_rank(class, false, now, quanta).is_none()
+                }) {
+                    walked = Some(Waiting::last_of_group(class));
+                }
                 continue;
             };
             // A busy victim leaves its slot only at a point its engine's granularity allows:
@@ -406,6 +452,7 @@ pub(super) fn schedule<Q: Schedulable>(
                 continue;
             }
             e.hqd.retain(|&id| id != v);
+            holders.retain(|h| h.id != v);
             if let Ok(q) = queues.get_mut(v.0) {
                 let pending = q.seat().pending;
                 q.set_state(if pending { QueueState::Preempted } else { QueueState::Unmapped });
@@ -427,6 +474,7 @@ pub(super) fn schedule<Q: Schedulable>(
         q.set_state(QueueState::Mapped);
         q.set_slice_start(now);
         sync_waiting(e, q, w);
+        holders.push(Holder::of(w, &q.seat()));
     }
     for v in evicted {
         if let Ok(q) = queues.get_mut(v.0) {
@@ -435,8 +483,8 @@ pub(super) fn schedule<Q: Schedulable>(
     }
     // Look again when the first holder's quantum runs out against a class still waiting (it
     // lies ahead: a holder past its quantum would have been evicted above). The classes still
-    // waiting are the ones the walk left behind and those of the queues evicted in this pass: without the
-    // latter, two busy queues over one slot would swap once and then never again.
+    // waiting are the ones the walk left behind and those of the queues evicted in this pass:
+    // without the latter, two busy queues over one slot would swap once and then never again.
     let waiting = &e.waiting.by_class;
     // For a holder, the classes that contend are those of its priority (a privileged holder
     // only against privileged waiters); a waiter of its own address space ends its gang
@@ -454,14 +502,12 @@ pub(super) fn schedule<Q: Schedulable>(
         }
         (gang, process)
     };
-    let quantum_end = e
-        .hqd
+    let quantum_end = holders
         .iter()
-        .filter_map(|&id| get(queues, id))
-        .filter(|&(_, pending, ..)| pending)
-        .flat_map(|(_, _, privileged, prio, vm, start)| {
-            let (gang, process) = contenders(prio, privileged, vm);
-            [gang.then(|| start.plus(quanta.gang)), process.then(|| start.plus(quanta.process))]
+        .filter(|h| h.pending)
+        .flat_map(|h| {
+            let (gang, process) = contenders(h.prio, h.privileged, h.vm);
+            [gang.then(|| h.start.plus(quanta.gang)), process.then(|| h.start.plus(quanta.process))]
         })
         .flatten()
         .min();
@@ -661,6 +707,23 @@ mod tests {
         assert_eq!(b.quantum_timer(), Some(Time::ZERO.plus(2 * MS)), "armed against the evicted queue");
         assert_eq!(b.pass_at(2 * MS), vec![a]);
         assert_eq!(b.pass_at(3 * MS), vec![bq]);
+    }
+
+    /// The pass jumps past a (privilege, priority) group only when no class of it could take
+    /// a slot: here the first waiter in line (another process) cannot evict the holder before
+    /// the process quantum, but one of the holder's own process can at the gang quantum.
+    #[test]
+    fn a_waiter_behind_one_that_cannot_evict_still_takes_its_gang_turn() {
+        let mut b = Bench::new(1);
+        let holder = b.add(Kind::User(Priority::Normal, 1));
+        let other = b.add(Kind::User(Priority::Normal, 2));
+        let sibling = b.add(Kind::User(Priority::Normal, 1));
+        for q in [holder, other, sibling] {
+            b.ring(q);
+        }
+        assert_eq!(b.pass(), vec![holder]);
+        assert_eq!(b.pass_at(MS), vec![sibling], "the gang quantum ran out against its sibling");
+        assert_eq!(b.state(other), QueueState::Unmapped, "another process waits for the process quantum");
     }
 
     #[test]
