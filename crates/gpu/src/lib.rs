@@ -518,7 +518,7 @@ impl Gpu {
     /// [`Gpu::poll_doorbells`] limited to the dedicated doorbells of `queues` (and every
     /// global-doorbell page and aggregated doorbell): for a driver that knows which clients
     /// may have rung since the last poll. Returns whether any doorbell changed.
-    pub fn poll_doorbells_of(&mut self, queues: &[FwQueueId]) -> bool {
+    pub fn poll_doorbells_of(&mut self, queues: impl IntoIterator<Item = FwQueueId>) -> bool {
         self.fw.poll_doorbells_of(queues)
     }
 
@@ -550,6 +550,15 @@ impl Gpu {
     /// A driver that lets time pass only while work remains jumps its clock here.
     pub fn busy_until(&self) -> Option<Time> {
         self.fw.busy_until()
+    }
+
+    /// With [`Timing::Modelled`]: whether a [`Gpu::step`] and a [`Gpu::handle_timeout`] at
+    /// `now` would do nothing, because every engine in F0 is still busy with the modelled work
+    /// of an earlier step, no timer is due and no interrupt is waiting. Rings latched
+    /// meanwhile wait for the busy period to end either way; a driver that steps event by
+    /// event may then skip the step.
+    pub fn waits_for_busy_engines(&self, now: Time) -> bool {
+        self.fw.waits_for_busy_engines(now)
     }
 
     /// `DxgkDdiCreateNativeFence`: a `SIGNAL` with the fence flag that lands on `current`

@@ -847,6 +847,21 @@ impl Firmware {
         self.engines.iter().filter_map(|e| e.timers.earliest()).min()
     }
 
+    /// Whether the device has nothing to do at `now` but wait for its engines' modelled work
+    /// to end: timing is modelled, no interrupt waits to be raised, no timer is due, and every
+    /// engine in F0 (one at least) is busy with the work of an earlier step, which [`Self::step`]
+    /// skips. A step and a timer check at `now` would then change nothing.
+    pub(crate) fn waits_for_busy_engines(&self, now: Time) -> bool {
+        self.timing == crate::cost::Timing::Modelled
+            && self.irqs.is_empty()
+            && self.poll_timeout().is_some_and(|t| now < t)
+            && self.engines.iter().any(|e| e.power == PowerState::F0)
+            && self
+                .engines
+                .iter()
+                .all(|e| e.power != PowerState::F0 || e.timers.get(Timer::Busy).is_some_and(|t| now < t))
+    }
+
     /// The earliest modelled end of an engine's busy period.
     pub(crate) fn busy_until(&self) -> Option<Time> {
         self.engines.iter().filter_map(|e| e.timers.get(Timer::Busy)).min()

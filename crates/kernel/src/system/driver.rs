@@ -77,8 +77,22 @@ pub(crate) struct SimWorld {
 }
 
 impl SimWorld {
-    fn members(&self) -> Vec<Arc<Inner>> {
-        self.members.lock().iter().filter_map(std::sync::Weak::upgrade).collect()
+    /// Runs `f` on every live adapter of the world, in the order they joined, with the
+    /// members' lock released (a step may enter another adapter). One adapter (a
+    /// [`super::System`]) is the common case: no list is built for it.
+    fn each(&self, mut f: impl FnMut(&Arc<Inner>)) {
+        let members = self.members.lock();
+        if let [one] = members.as_slice() {
+            let one = one.upgrade();
+            drop(members);
+            if let Some(m) = one {
+                f(&m);
+            }
+            return;
+        }
+        let all: Vec<Arc<Inner>> = members.iter().filter_map(std::sync::Weak::upgrade).collect();
+        drop(members);
+        all.iter().for_each(f);
     }
 
     /// One step of every adapter (each one's device pump, then its kernel scheduler).
@@ -92,12 +106,12 @@ impl SimWorld {
     /// work (it rings kernel doorbells, which the next step must look at).
     fn step_with(&self, poll: bool) -> (bool, bool) {
         let (mut any, mut km) = (false, false);
-        for m in self.members() {
+        self.each(|m| {
             let p = m.pump_with(poll);
             let moved = m.run_scheduler().moved;
             km |= moved;
             any |= p.work || moved;
-        }
+        });
         (any, km)
     }
 
@@ -115,7 +129,20 @@ impl SimWorld {
 
     /// [`SimWorld::settle_now`]; `poll`: whether the first step looks at every doorbell (a
     /// caller that just polled the ones its clients rang passes `false`).
+    ///
+    /// Without the doorbell scan, a world in which every adapter waits for its busy engines
+    /// ([`Inner::waits_for_busy_engines`]) is not stepped at all: the step would do nothing.
+    /// That is most instants of a loaded simulation (a client's submission while the engines
+    /// run earlier work), and the step was most of their cost.
     pub(crate) fn settle_now_from(&self, poll: bool) -> usize {
+        if !poll {
+            let now = self.clock.now();
+            let mut waiting = true;
+            self.each(|m| waiting &= m.waits_for_busy_engines(now));
+            if waiting {
+                return 0;
+            }
+        }
         let mut poll = poll;
         for n in 0..SETTLE_STEPS {
             let (any, km) = self.step_with(poll);
@@ -166,12 +193,27 @@ impl SimWorld {
     /// The earliest timer of any adapter (the device's, the OS's), an engine's busy period
     /// ending included.
     pub(crate) fn next_timer(&self) -> Option<Time> {
-        self.members().iter().flat_map(|m| [m.gpu.lock().poll_timeout(), m.os.lock().poll_timeout()]).flatten().min()
+        let mut next: Option<Time> = None;
+        self.each(|m| {
+            // The OS's timer as of its last entry: only an entry changes it.
+            // Relaxed: see `Inner::os_deadline`.
+            let os = Some(m.os_deadline.load(Ordering::Relaxed)).filter(|&t| t != u64::MAX).map(Time);
+            for t in [m.gpu.lock().poll_timeout(), os].into_iter().flatten() {
+                next = Some(next.map_or(t, |n| n.min(t)));
+            }
+        });
+        next
     }
 
     /// The earliest end of an engine's modelled busy period on any adapter.
     fn next_busy(&self) -> Option<Time> {
-        self.members().iter().filter_map(|m| m.gpu.lock().busy_until()).min()
+        let mut next: Option<Time> = None;
+        self.each(|m| {
+            if let Some(t) = m.gpu.lock().busy_until() {
+                next = Some(next.map_or(t, |n| n.min(t)));
+            }
+        });
+        next
     }
 }
 
@@ -215,9 +257,13 @@ pub(crate) struct Inner {
     /// The machine's cross-adapter layer, for the OS's `Propagate` outputs.
     pub(crate) cross: Mutex<Option<(Arc<crate::cross::CrossAdapter>, crate::cross::AdapterId)>>,
     /// The OS's next timer ([`Os::poll_timeout`], ns; `u64::MAX`: none), refreshed after every
-    /// OS entry, so that a pump beside a busy engine enters the OS when a timer (the TDR timer)
-    /// is due without taking the OS lock to find out.
+    /// OS entry (nothing else changes it), so that a pump beside a busy engine enters the OS
+    /// when a timer (the TDR timer) is due, and the deterministic driver finds the next
+    /// event, without taking the OS lock to find out.
     os_deadline: AtomicU64,
+    /// Whether kernel-mode submissions wait on software queues ([`Os::has_km_work`]), refreshed
+    /// with `os_deadline`: without them a kernel-mode scheduler pass moves nothing.
+    km_work: AtomicBool,
     /// The device's attention register: while the kernel waits for the device lock, the pump
     /// stays off it.
     attention: gpu::Attention,
@@ -240,6 +286,8 @@ impl Inner {
         driver: Driver,
     ) -> Inner {
         let attention = gpu.lock().attention();
+        let os_deadline = AtomicU64::new(os.poll_timeout().map_or(u64::MAX, |t| t.0));
+        let km_work = AtomicBool::new(os.has_km_work());
         Inner {
             os: Mutex::new(os),
             trace,
@@ -251,7 +299,8 @@ impl Inner {
             km_cv: Condvar::new(),
             was_asleep: AtomicBool::new(false),
             cross: Mutex::new(None),
-            os_deadline: AtomicU64::new(u64::MAX),
+            os_deadline,
+            km_work,
             attention,
         }
     }
@@ -267,8 +316,10 @@ impl Inner {
             while let Some(o) = os.poll_output() {
                 outputs.push(o);
             }
-            // Relaxed: a hint for the pump; the timer itself is handled under the OS lock.
+            // Relaxed: hints for the pump and the deterministic driver; the timer and the
+            // software queues themselves are handled under the OS lock.
             self.os_deadline.store(os.poll_timeout().map_or(u64::MAX, |t| t.0), Ordering::Relaxed);
+            self.km_work.store(os.has_km_work(), Ordering::Relaxed);
             r
         };
         self.act(outputs);
@@ -359,6 +410,20 @@ impl Inner {
         // Progress only: a queue blocked in a WAIT re-checks every pump but moves nothing.
         let work = report.packets > 0 || report.instructions > 0 || report.bytes > 0 || raised > 0;
         Pump { work, asleep }
+    }
+
+    /// Deterministic driver: whether a step of this adapter at `now` would do nothing — the
+    /// device waits for its busy engines ([`Gpu::waits_for_busy_engines`]), no OS timer is due,
+    /// the OS was not told the device sleeps, and no kernel-mode submission waits for the
+    /// scheduler — exactly the conditions under which [`Inner::pump_with`] without a doorbell
+    /// scan and [`Inner::run_scheduler`] change nothing.
+    fn waits_for_busy_engines(&self, now: Time) -> bool {
+        // Relaxed: the deterministic driver's own hints (see the fields).
+        !self.attention.is_raised()
+            && !self.was_asleep.load(Ordering::Relaxed)
+            && now.0 < self.os_deadline.load(Ordering::Relaxed)
+            && !self.km_work.load(Ordering::Relaxed)
+            && self.gpu.try_lock().is_some_and(|g| g.waits_for_busy_engines(now))
     }
 
     /// One pass of the kernel-mode scheduler.

@@ -518,8 +518,7 @@ impl System {
     pub fn run_instant_after(&self, rang: &[u64]) -> usize {
         match &self.inner.driver {
             Driver::Sim { world } => {
-                let ids: Vec<gpu::FwQueueId> = rang.iter().map(|&b| gpu::FwQueueId::from_bits(b)).collect();
-                self.inner.gpu.lock().poll_doorbells_of(&ids);
+                self.inner.gpu.lock().poll_doorbells_of(rang.iter().map(|&b| gpu::FwQueueId::from_bits(b)));
                 world.settle_now_from(false)
             }
             Driver::Live { .. } => 0,
