@@ -383,7 +383,7 @@ struct Engine {
     /// is compacted; see `doorbells::forget_watch`).
     watches: Vec<Option<Watch>>,
     /// Where each queue's watch is in `watches`.
-    watch_at: std::collections::HashMap<FwQueueId, usize>,
+    watch_at: abi::slab::KeyMap<FwQueueId, usize>,
     cursor: usize,
     /// Whether the slot assignment must be recomputed: set by everything that can change who
     /// deserves a slot (a queue added, removed, suspended, resumed, (dis)connected; an
@@ -516,7 +516,7 @@ impl Engine {
             hqd: Vec::new(),
             hw_slots: hw_slots.max(1) as usize,
             watches: Vec::new(),
-            watch_at: std::collections::HashMap::new(),
+            watch_at: Default::default(),
             cursor: 0,
             resched: true,
             waiting: Waiting::default(),
