@@ -31,9 +31,9 @@ impl Key {
     }
 }
 
-/// A hasher for tables keyed by slab [`Key`]s (or ids wrapping them): keys are small integers
-/// the slab hands out, never chosen by a client, so a multiplicative mix (FxHash's) is enough
-/// and costs a few instructions where SipHash costs a hundred.
+/// A hasher for tables keyed by slab [`Key`]s (or ids wrapping them, or other numbers a trusted
+/// party hands out): keys no client chooses, so a multiplicative mix (FxHash's) is enough and
+/// costs a few instructions where SipHash costs a hundred.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct KeyHasher(u64);
 
@@ -54,7 +54,7 @@ impl std::hash::Hasher for KeyHasher {
     }
 }
 
-/// A hash map keyed by slab keys, with [`KeyHasher`].
+/// A hash map with [`KeyHasher`].
 pub type KeyMap<K, V> = std::collections::HashMap<K, V, std::hash::BuildHasherDefault<KeyHasher>>;
 
 /// Why a key names nothing.

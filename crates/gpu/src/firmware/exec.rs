@@ -464,7 +464,7 @@ pub(super) fn decode_at(m: &Mapping, offset: u64, header: Header, op: Opcode) ->
     let mut buf = [0u32; MAX_FIXED_PACKET_DWORDS];
     let words = &mut buf[..n.min(MAX_FIXED_PACKET_DWORDS)];
     m.read_u32s(offset, words).map_err(|_| outside(offset, n as u64 * 4))?;
-    Packet::decode(words).map_err(FaultKind::BadPacket)
+    Packet::decode_checked(header, op, words).map_err(FaultKind::BadPacket)
 }
 
 pub(super) fn outside(va: u64, bytes: u64) -> FaultKind {

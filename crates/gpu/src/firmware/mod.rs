@@ -498,7 +498,8 @@ pub enum FenceWaits {
 
 /// Native fences by where their CurrentValue lives: (backing region id, offset). Keyed by
 /// the memory rather than a VA, so every mapping of a shared fence finds the same entry.
-type FenceTable = std::collections::HashMap<(u64, u64), FenceEntry>;
+/// Its keys are the kernel's own (a region id and an offset it registered): [`abi::slab::KeyHasher`].
+type FenceTable = abi::slab::KeyMap<(u64, u64), FenceEntry>;
 
 impl Engine {
     /// An engine in F0 with `hw_slots` hardware slots (at least one), an empty run list, and
@@ -554,7 +555,7 @@ impl Firmware {
             wave_width: cfg.wave_width.clamp(1, crate::compute::MAX_WAVE as u32),
             dispatch_budget: cfg.dispatch_budget.max(1),
             compute: ComputeStats::default(),
-            fences: FenceTable::new(),
+            fences: FenceTable::default(),
             optimized_interrupts: cfg.optimized_fence_interrupts,
             quanta: Quanta { process: cfg.process_quantum, gang: cfg.gang_quantum },
             engines,
