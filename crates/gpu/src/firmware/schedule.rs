@@ -502,11 +502,21 @@ pub(super) fn schedule<Q: Schedulable>(
         }
         (gang, process)
     };
+    // Holders mostly share their priority and address space: ask once per kind of holder.
+    let mut asked: Vec<((Priority, bool, Vmid), (bool, bool))> = Vec::new();
     let quantum_end = holders
         .iter()
         .filter(|h| h.pending)
         .flat_map(|h| {
-            let (gang, process) = contenders(h.prio, h.privileged, h.vm);
+            let kind = (h.prio, h.privileged, h.vm);
+            let (gang, process) = match asked.iter().find(|(k, _)| *k == kind) {
+                Some(&(_, answer)) => answer,
+                None => {
+                    let answer = contenders(h.prio, h.privileged, h.vm);
+                    asked.push((kind, answer));
+                    answer
+                }
+            };
             [gang.then(|| h.start.plus(quanta.gang)), process.then(|| h.start.plus(quanta.process))]
         })
         .flatten()
