@@ -108,7 +108,8 @@ impl SimWorld {
         let (mut any, mut km) = (false, false);
         self.each(|m| {
             let p = m.pump_with(poll);
-            let moved = m.run_scheduler().moved;
+            // Relaxed: see `Inner::km_work`. Without kernel-mode submissions a pass moves nothing.
+            let moved = m.km_work.load(Ordering::Relaxed) && m.run_scheduler().moved;
             km |= moved;
             any |= p.work || moved;
         });
@@ -130,21 +131,16 @@ impl SimWorld {
     /// [`SimWorld::settle_now`]; `poll`: whether the first step looks at every doorbell (a
     /// caller that just polled the ones its clients rang passes `false`).
     ///
-    /// Without the doorbell scan, a world in which every adapter waits for its busy engines
-    /// ([`Inner::waits_for_busy_engines`]) is not stepped at all: the step would do nothing.
-    /// That is most instants of a loaded simulation (a client's submission while the engines
-    /// run earlier work), and the step was most of their cost.
+    /// A step without the doorbell scan in a world in which every adapter waits for its busy
+    /// engines ([`Inner::waits_for_busy_engines`]) would do nothing, so it is not taken: that
+    /// is most instants of a loaded simulation (a client's submission while the engines run
+    /// earlier work), and the step after one that started work.
     pub(crate) fn settle_now_from(&self, poll: bool) -> usize {
-        if !poll {
-            let now = self.clock.now();
-            let mut waiting = true;
-            self.each(|m| waiting &= m.waits_for_busy_engines(now));
-            if waiting {
-                return 0;
-            }
-        }
         let mut poll = poll;
         for n in 0..SETTLE_STEPS {
+            if !poll && self.waits_for_busy_engines() {
+                return n;
+            }
             let (any, km) = self.step_with(poll);
             if !any {
                 return n;
@@ -152,6 +148,14 @@ impl SimWorld {
             poll = km;
         }
         SETTLE_STEPS
+    }
+
+    /// Whether every adapter waits for its busy engines now ([`Inner::waits_for_busy_engines`]).
+    fn waits_for_busy_engines(&self) -> bool {
+        let now = self.clock.now();
+        let mut waiting = true;
+        self.each(|m| waiting &= m.waits_for_busy_engines(now));
+        waiting
     }
 
     /// Runs until no engine has work left: steps, and while an engine is busy with modelled
