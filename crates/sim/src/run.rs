@@ -438,7 +438,7 @@ pub fn run(plan: &Plan, seed: u64, progress: &mut dyn FnMut(f64)) -> Result<Outc
         sys.run_instant_after(&rang_since);
         rang_since.clear();
         // Completions recorded by the device.
-        sys.with_gpu(|g| g.take_completions(&mut comps));
+        sys.take_completions(&mut comps);
         for c in comps.drain(..) {
             let bits = c.queue.to_bits();
             let Some(Some((fw, i))) = fw_map.get((bits & 0xffff_ffff) as usize).copied() else { continue };

@@ -74,9 +74,32 @@ pub(crate) enum Driver {
 pub(crate) struct SimWorld {
     pub(crate) clock: Arc<SimClock>,
     pub(crate) members: Mutex<Vec<std::sync::Weak<Inner>>>,
+    /// Bumped after everything that may change what the world does next: an OS entry, a
+    /// step, a tool's access to a device ([`SimWorld::changed`]).
+    changes: AtomicU64,
+    /// `(changes, until)`: as of that count of changes, every adapter waits for its busy
+    /// engines ([`Inner::waits_for_busy_engines`]) until `until`, its next event. While the
+    /// count stands, a step before then would do nothing, and the next event is `until`.
+    quiet: Mutex<(u64, Time)>,
 }
 
 impl SimWorld {
+    /// Something may have changed what the world does next: the quiet period it knew of no
+    /// longer holds.
+    pub(crate) fn changed(&self) {
+        // Release: pairs with the acquire load in `quiet_until`, so a quiet period recorded
+        // before this change is seen as stale by whoever sees the change.
+        self.changes.fetch_add(1, Ordering::Release);
+    }
+
+    /// The end of the quiet period the world is known to be in at `now` (nothing changed since
+    /// it was recorded, and it lasts past `now`), if any.
+    pub(crate) fn quiet_until(&self, now: Time) -> Option<Time> {
+        let (at, until) = *self.quiet.lock();
+        // Acquire: pairs with `changed`.
+        (at == self.changes.load(Ordering::Acquire) && now < until).then_some(until)
+    }
+
     /// Runs `f` on every live adapter of the world, in the order they joined, with the
     /// members' lock released (a step may enter another adapter). One adapter (a
     /// [`super::System`]) is the common case: no list is built for it.
@@ -106,6 +129,7 @@ impl SimWorld {
     /// work (it rings kernel doorbells, which the next step must look at).
     fn step_with(&self, poll: bool) -> (bool, bool) {
         let (mut any, mut km) = (false, false);
+        let _changed = Changed(self);
         self.each(|m| {
             let p = m.pump_with(poll);
             // Relaxed: see `Inner::km_work`. Without kernel-mode submissions a pass moves nothing.
@@ -151,10 +175,20 @@ impl SimWorld {
     }
 
     /// Whether every adapter waits for its busy engines now ([`Inner::waits_for_busy_engines`]).
+    /// A yes is remembered with the next event, until something changes.
     fn waits_for_busy_engines(&self) -> bool {
         let now = self.clock.now();
+        if self.quiet_until(now).is_some() {
+            return true;
+        }
+        // Acquire: pairs with `changed`; read before looking, so a change made meanwhile
+        // makes what is recorded stale.
+        let at = self.changes.load(Ordering::Acquire);
         let mut waiting = true;
         self.each(|m| waiting &= m.waits_for_busy_engines(now));
+        if waiting && let Some(until) = self.find_next_timer() {
+            *self.quiet.lock() = (at, until);
+        }
         waiting
     }
 
@@ -197,6 +231,11 @@ impl SimWorld {
     /// The earliest timer of any adapter (the device's, the OS's), an engine's busy period
     /// ending included.
     pub(crate) fn next_timer(&self) -> Option<Time> {
+        self.quiet_until(self.clock.now()).or_else(|| self.find_next_timer())
+    }
+
+    /// [`SimWorld::next_timer`], asked of every adapter.
+    fn find_next_timer(&self) -> Option<Time> {
         let mut next: Option<Time> = None;
         self.each(|m| {
             // The OS's timer as of its last entry: only an entry changes it.
@@ -218,6 +257,15 @@ impl SimWorld {
             }
         });
         next
+    }
+}
+
+/// Marks the world changed when dropped (at the end of a step, however it ends).
+struct Changed<'a>(&'a SimWorld);
+
+impl Drop for Changed<'_> {
+    fn drop(&mut self) {
+        self.0.changed();
     }
 }
 
@@ -326,6 +374,9 @@ impl Inner {
             self.km_work.store(os.has_km_work(), Ordering::Relaxed);
             r
         };
+        if let Driver::Sim { world } = &self.driver {
+            world.changed();
+        }
         self.act(outputs);
         r
     }

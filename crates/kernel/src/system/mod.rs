@@ -490,7 +490,19 @@ impl System {
 
     /// Direct access to the device, for tests and tools that inspect it.
     pub fn with_gpu<T>(&self, f: impl FnOnce(&mut Gpu) -> T) -> T {
-        f(&mut self.inner.gpu.lock())
+        let r = f(&mut self.inner.gpu.lock());
+        if let Driver::Sim { world } = &self.inner.driver {
+            world.changed();
+        }
+        r
+    }
+
+    /// Moves the completions the device recorded since the last call into `out`
+    /// ([`Gpu::take_completions`]; [`Gpu::record_completions`] turns the recording on). Unlike
+    /// a [`System::with_gpu`] that could do it, it tells the deterministic driver that nothing
+    /// the device does next changed.
+    pub fn take_completions(&self, out: &mut Vec<gpu::Completion>) {
+        self.inner.gpu.lock().take_completions(out);
     }
 
     /// The device's own number for queue `q` of process `pid` (see
@@ -518,7 +530,16 @@ impl System {
     pub fn run_instant_after(&self, rang: &[u64]) -> usize {
         match &self.inner.driver {
             Driver::Sim { world } => {
-                self.inner.gpu.lock().poll_doorbells_of(rang.iter().map(|&b| gpu::FwQueueId::from_bits(b)));
+                // Latching a ring raises nothing and sets no timer: a world that waited for its
+                // busy engines still does (the rings wait for the busy period's end).
+                let mut g = self.inner.gpu.lock();
+                g.poll_doorbells_of(rang.iter().map(|&b| gpu::FwQueueId::from_bits(b)));
+                debug_assert!(
+                    world.quiet_until(self.inner.clock.now()).is_none()
+                        || g.waits_for_busy_engines(self.inner.clock.now()),
+                    "a latched ring ended a quiet period"
+                );
+                drop(g);
                 world.settle_now_from(false)
             }
             Driver::Live { .. } => 0,
