@@ -502,8 +502,10 @@ pub(super) fn schedule<Q: Schedulable>(
         }
         (gang, process)
     };
-    // Holders mostly share their priority and address space: ask once per kind of holder.
-    let mut asked: Vec<((Priority, bool, Vmid), (bool, bool))> = Vec::new();
+    // Holders mostly share their priority and address space: ask once per kind of holder
+    // ((priority, privileged, address space) -> (gang, process)).
+    type Kind = (Priority, bool, Vmid);
+    let mut asked: Vec<(Kind, (bool, bool))> = Vec::new();
     let quantum_end = holders
         .iter()
         .filter(|h| h.pending)
