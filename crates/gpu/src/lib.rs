@@ -605,7 +605,9 @@ impl Gpu {
 
     /// Moves the completions recorded since the last call into `out` (in execution order).
     pub fn take_completions(&mut self, out: &mut Vec<Completion>) {
-        if let Some(c) = self.fw.completions.as_mut() {
+        if let Some(c) = self.fw.completions.as_mut()
+            && !c.is_empty()
+        {
             out.append(c);
         }
     }
