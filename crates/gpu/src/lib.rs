@@ -43,7 +43,9 @@ pub use abi::power::{EngineState, PowerState};
 pub use abi::preempt::{ComputeGranularity, CopyGranularity, PreemptionCaps, StopPoint};
 pub use abi::time::Time;
 pub use cost::{CostModel, Timing};
-pub use firmware::preempt::{Attention, AttentionGuard, EngineReset, FwEvent, FwLogEntry, Requester, RingPosition};
+pub use firmware::preempt::{
+    Attention, AttentionGuard, EngineReset, FwCounts, FwEvent, FwLogEntry, Requester, RingPosition,
+};
 pub use firmware::{Completion, FenceSignaled, FenceWaits, FwQueueId, Interrupt, QueueConfig, StepReport};
 pub use memory::{AddressSpace, GpuMapping, Vmid};
 
@@ -394,6 +396,12 @@ impl Gpu {
     /// first (bounded).
     pub fn firmware_log(&self) -> Vec<FwLogEntry> {
         self.fw.log().cloned().collect()
+    }
+
+    /// How many events of each kind the firmware logged since the device started: exact,
+    /// where [`Gpu::firmware_log`] keeps only the last 4,096.
+    pub fn firmware_counts(&self) -> FwCounts {
+        self.fw.log_counts()
     }
 
     /// The device's attention register: raise it before taking the device lock for a

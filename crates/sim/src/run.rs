@@ -124,7 +124,7 @@ pub struct Outcome {
     pub victimizations: u64,
     /// Connects.
     pub connects: u64,
-    /// Preemption requests answered (firmware log).
+    /// Preemption requests answered (the firmware's counts).
     pub preemptions: u64,
     /// Recoveries (queue, engine and adapter resets).
     pub recoveries: u64,
@@ -676,17 +676,8 @@ pub fn run(plan: &Plan, seed: u64, progress: &mut dyn FnMut(f64)) -> Result<Outc
         }
     }
     let stats = sys.stats();
-    let fw_log = sys.with_gpu(|g| g.firmware_log());
-    let preemptions = fw_log.iter().filter(|e| matches!(e.event, gpu::FwEvent::PreemptAnswered { .. })).count() as u64;
-    let recoveries = fw_log
-        .iter()
-        .filter(|e| {
-            matches!(
-                e.event,
-                gpu::FwEvent::QueueReset { .. } | gpu::FwEvent::EngineReset { .. } | gpu::FwEvent::AdapterReset
-            )
-        })
-        .count() as u64;
+    let fw = sys.with_gpu(|g| g.firmware_counts());
+    let (preemptions, recoveries) = (fw.preempts_answered, fw.recoveries());
     let slot_changes: u64 = sys
         .with_gpu(|g| (0..engines.len()).map(|e| g.slot_occupancy(abi::EngineId(e as u32)).map_or(0, |s| s.1)).sum());
     let reconnect_rings: u64 = qs.iter().map(|q| q.res.reconnects).sum();

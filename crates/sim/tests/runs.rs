@@ -262,6 +262,68 @@ group = "victim"
     }
 }
 
+/// `preemptions` and `recoveries` are the firmware's exact counts, not what its log (the last
+/// 4,096 entries) still holds: two always-busy queues of one process trade one slot every
+/// 100 µs gang quantum, each trade a preemption (request, save, answer, restore: four log
+/// entries), thousands of them. With an endless kernel each (granularity `shader`: they stop
+/// inside it), every slot change but the first mapping is one preemption. Beside a hung kernel
+/// reset early in the run, as many trades push the reset out of the log: it is still counted.
+#[test]
+fn preemptions_and_recoveries_are_counted_past_the_firmware_log() {
+    let busy = r#"
+duration_ms = 300
+drain_ms = 0
+[device]
+engines = ["compute"]
+slots = 1
+gang_quantum_us = 100
+[[group]]
+name = "busy"
+count = 2
+queues_per_process = 2
+[group.commands]
+synthetic = { us = 10000000 }
+"#;
+    let o = run(&plan(busy), 1, &mut |_| {}).unwrap();
+    assert!(o.preemptions > 2000, "{} preemptions: about 8,000 log entries", o.preemptions);
+    assert_eq!(o.preemptions, o.slot_changes - 1, "{} preemptions, {} slot changes", o.preemptions, o.slot_changes);
+    assert_eq!(o.recoveries, 0);
+
+    let hung = r#"
+duration_ms = 300
+drain_ms = 0
+[device]
+engines = ["compute"]
+slots = 1
+gang_quantum_us = 100
+preemption_compute = "dma_buffer"
+[device.tdr]
+delay_ms = 2
+hang_compute_ms = 2
+[[group]]
+name = "victim"
+[group.commands]
+synthetic = { us = 20 }
+[[group]]
+name = "busy"
+count = 2
+queues_per_process = 2
+[group.workload]
+outstanding = 16
+[group.commands]
+synthetic = { us = 20 }
+[[event]]
+at_ms = 0.1
+action = "hang"
+group = "victim"
+"#;
+    let o = run(&plan(hung), 1, &mut |_| {}).unwrap();
+    assert!(o.preemptions > 2000, "{} preemptions after the reset", o.preemptions);
+    assert_eq!(o.recoveries, 1, "the hung kernel's reset");
+    assert_eq!(o.faults, 1, "the hung queue, as the kernel saw it");
+    assert!(o.queues[0].ended.is_some(), "{:?}", o.queues[0]);
+}
+
 /// Spec 002's interrupt suppression: fence signals interrupt the CPU only for a waiter.
 #[test]
 fn fence_signals_interrupt_only_when_a_cpu_waits() {
