@@ -595,6 +595,14 @@ impl Gpu {
 
     /// The next interrupt on the line.
     pub fn poll_interrupt(&mut self) -> Option<Interrupt> {
+        self.fw.poll_interrupt().map(|(_, irq)| irq)
+    }
+
+    /// [`Gpu::poll_interrupt`] with the device time the interrupt was raised at: with
+    /// [`Timing::Modelled`], a packet's modelled time inside its step; for an interrupt raised
+    /// outside a step, the time of the input that raised it (or [`Time::ZERO`] where none is
+    /// known: deliver it at once).
+    pub fn poll_interrupt_at(&mut self) -> Option<(Time, Interrupt)> {
         self.fw.poll_interrupt()
     }
 

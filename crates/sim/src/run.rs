@@ -177,6 +177,8 @@ struct SimQ {
     /// CPU waits started for this queue's fence signals (value, wait), oldest first.
     waits: VecDeque<(u64, kernel::FenceWaitHandle)>,
     hang_next: bool,
+    /// Its client is inside a kernel call until then (ns): it submits nothing before.
+    busy_until: u64,
     res: QueueResult,
     traced: bool,
 }
@@ -192,6 +194,11 @@ enum Ev {
     Timed(usize),
     /// Resume the context of queue `q`.
     Resume(usize),
+    /// Queue `q`'s client is out of its kernel call: it submits from its backlog again.
+    Drain(usize),
+    /// Queue `q`'s kernel-mode submission call returns: the oldest command buffer of its
+    /// backlog reaches the kernel.
+    Enter(usize),
 }
 
 /// The clients' events, in (time, order of scheduling) order: a heap keyed by one number.
@@ -312,6 +319,7 @@ pub fn run(plan: &Plan, seed: u64, progress: &mut dyn FnMut(f64)) -> Result<Outc
                     upstream: None,
                     waits: VecDeque::new(),
                     hang_next: false,
+                    busy_until: 0,
                     res: QueueResult { group: gi, index, ..Default::default() },
                     traced: false,
                 });
@@ -436,13 +444,11 @@ pub fn run(plan: &Plan, seed: u64, progress: &mut dyn FnMut(f64)) -> Result<Outc
     let mut spans = Vec::new();
     let mut comps = Vec::new();
     let mut cb = Encoded::default();
-    let mut submitted_total = 0u64;
+    let mut tally = Tally::default();
     let mut stopped = false;
     let mut stop_time = u64::MAX;
-    let mut rings = 0u64;
     let mut packets = 0u64;
     let mut completions_total = 0u64;
-    let mut fence_signals = 0u64;
     let mut last_completion = 0u64;
     // Device ids of the queues submitted to since the world last ran (each rang its doorbell).
     let mut rang_since: Vec<u64> = Vec::new();
@@ -529,7 +535,7 @@ pub fn run(plan: &Plan, seed: u64, progress: &mut dyn FnMut(f64)) -> Result<Outc
             }
             // Space freed: a backlog submission goes now (at the completion's time).
             if !q.backlog.is_empty() && q.outstanding.len() < q.cap {
-                push(&mut heap, at, Ev::Submit(i, None));
+                push(&mut heap, at, Ev::Drain(i));
             }
         }
         // Client events due now (the instant took no time).
@@ -552,44 +558,75 @@ pub fn run(plan: &Plan, seed: u64, progress: &mut dyn FnMut(f64)) -> Result<Outc
                         qs[i].backlog.push_back((t, None));
                     }
                     push(&mut heap, next, Ev::Arrival(i));
-                    push(&mut heap, t, Ev::Submit(i, None));
+                    push(&mut heap, t, Ev::Drain(i));
                 }
-                Ev::Submit(i, size) => {
+                Ev::Submit(_, _) | Ev::Drain(_) => {
+                    let i = match ev {
+                        Ev::Submit(i, size) => {
+                            let closed = matches!(plan.groups[qs[i].group].load, Load::Closed { .. });
+                            if !stopped && (closed || size.is_some()) {
+                                qs[i].backlog.push_back((t, size));
+                            }
+                            i
+                        }
+                        Ev::Drain(i) => i,
+                        _ => unreachable!("matched above"),
+                    };
                     if stopped {
                         continue;
                     }
-                    let closed = matches!(plan.groups[qs[i].group].load, Load::Closed { .. });
-                    if closed || size.is_some() {
-                        qs[i].backlog.push_back((t, size));
+                    // A client inside a kernel call acts when the call returns (one retry is
+                    // scheduled per call).
+                    if qs[i].busy_until > now {
+                        continue;
                     }
-                    // Submit from the backlog while the ring has room.
-                    while qs[i].outstanding.len() < qs[i].cap && !stopped {
-                        let Some((intended, size)) = qs[i].backlog.pop_front() else { break };
-                        // Rings are noticed in the order they were made (one latency for all).
-                        unheard.push_back((t.max(now) + latency, fw_of[i]));
-                        let r = submit_one(plan, &mut qs, &clients, i, intended, size, &mut cb);
-                        match r {
-                            Ok(Some((np, signals))) => {
-                                if plan.groups[qs[i].group].cpu_waiter {
-                                    begin_wait(&sys, &clients, &mut qs[i])?;
-                                }
-                                submitted_total += 1;
-                                rings += 1;
-                                fence_signals += signals;
-                                let _ = np;
-                                if plan.submissions.is_some_and(|n| submitted_total >= n) {
-                                    stopped = true;
-                                    stop_time = now;
-                                }
-                            }
-                            Ok(None) => break,
-                            Err(e) => {
-                                // The queue is gone (lost, its process killed): it ends here.
-                                qs[i].res.ended.get_or_insert_with(|| e.to_string());
-                                qs[i].backlog.clear();
-                                break;
-                            }
+                    // A kernel-mode submission is a kernel call: it lands when the call returns.
+                    if plan.kernel_call > 0 && plan.groups[qs[i].group].kernel_mode {
+                        if qs[i].outstanding.len() < qs[i].cap && !qs[i].backlog.is_empty() {
+                            qs[i].busy_until = now + plan.kernel_call;
+                            push(&mut heap, now + plan.kernel_call, Ev::Enter(i));
                         }
+                        continue;
+                    }
+                    // Submit from the backlog while the ring has room and the client is free.
+                    while qs[i].outstanding.len() < qs[i].cap && !stopped && qs[i].busy_until <= now {
+                        let Some((intended, size)) = qs[i].backlog.pop_front() else { break };
+                        let reconnects = qs[i].q.as_ref().map_or(0, Queue::reconnects);
+                        let r = submit_one(plan, &mut qs, &clients, i, intended, size, &mut cb);
+                        // Its kernel calls: a reconnect before the ring (which is heard after
+                        // it), the notification after.
+                        let reconnected = qs[i].q.as_ref().map_or(0, Queue::reconnects) - reconnects;
+                        let notified = plan.system.notify_on_submit && r.as_ref().is_ok_and(Option::is_some);
+                        let ring_at = t.max(now) + reconnected * plan.kernel_call;
+                        qs[i].busy_until = ring_at + notified as u64 * plan.kernel_call;
+                        // Rings are noticed in the order they were made (one latency for all).
+                        heard_in_order(&mut unheard, ring_at + latency, fw_of[i]);
+                        let Some(signals) = submitted(r, &sys, &clients, &mut qs[i], plan)? else { break };
+                        if tally.count(signals, plan) {
+                            stopped = true;
+                            stop_time = now;
+                        }
+                    }
+                    if qs[i].busy_until > now {
+                        push(&mut heap, qs[i].busy_until, Ev::Drain(i));
+                    }
+                }
+                Ev::Enter(i) => {
+                    if stopped || qs[i].outstanding.len() >= qs[i].cap {
+                        continue;
+                    }
+                    let Some((intended, size)) = qs[i].backlog.pop_front() else { continue };
+                    let r = submit_one(plan, &mut qs, &clients, i, intended, size, &mut cb);
+                    heard_in_order(&mut unheard, now + latency, fw_of[i]);
+                    let Some(signals) = submitted(r, &sys, &clients, &mut qs[i], plan)? else { continue };
+                    if tally.count(signals, plan) {
+                        stopped = true;
+                        stop_time = now;
+                    }
+                    if !stopped && !qs[i].backlog.is_empty() && qs[i].outstanding.len() < qs[i].cap {
+                        // The next command buffer is the next call.
+                        qs[i].busy_until = now + plan.kernel_call;
+                        push(&mut heap, now + plan.kernel_call, Ev::Enter(i));
                     }
                 }
                 Ev::Timed(k) => apply_event(&sys, plan, &mut qs, &mut clients, &group_first, k, t, &mut |t, e| {
@@ -620,7 +657,7 @@ pub fn run(plan: &Plan, seed: u64, progress: &mut dyn FnMut(f64)) -> Result<Outc
         // Progress.
         let frac = match (window_end, plan.submissions) {
             (Some(w), _) => (now - t0) as f64 / (w - t0).max(1) as f64,
-            (None, Some(n)) => submitted_total as f64 / n as f64,
+            (None, Some(n)) => tally.submitted as f64 / n as f64,
             _ => 0.0,
         }
         .min(1.0);
@@ -681,8 +718,13 @@ pub fn run(plan: &Plan, seed: u64, progress: &mut dyn FnMut(f64)) -> Result<Outc
     let slot_changes: u64 = sys
         .with_gpu(|g| (0..engines.len()).map(|e| g.slot_occupancy(abi::EngineId(e as u32)).map_or(0, |s| s.1)).sum());
     let reconnect_rings: u64 = qs.iter().map(|q| q.res.reconnects).sum();
-    let events =
-        rings + reconnect_rings + packets + slot_changes + stats.interrupts + fence_signals + completions_total;
+    let events = tally.submitted
+        + reconnect_rings
+        + packets
+        + slot_changes
+        + stats.interrupts
+        + tally.fence_signals
+        + completions_total;
     // Tear down quickly: abnormal termination skips waiting for anything.
     let mut queues_out = Vec::with_capacity(qs.len());
     for q in qs.iter_mut() {
@@ -733,6 +775,58 @@ fn series_len_before(_counts: &[u64], t: u64, t0: u64, bucket: u64) -> usize {
 
 fn stopped_before(stop_time: u64, at: u64) -> bool {
     at > stop_time
+}
+
+/// What the clients submitted.
+#[derive(Default)]
+struct Tally {
+    /// Command buffers (each rang its doorbell once, or made its kernel call).
+    submitted: u64,
+    /// Fence signals they carry.
+    fence_signals: u64,
+}
+
+impl Tally {
+    /// Counts a submission carrying `signals` fence signals; returns whether the scenario's
+    /// submission count is reached.
+    fn count(&mut self, signals: u64, plan: &Plan) -> bool {
+        self.submitted += 1;
+        self.fence_signals += signals;
+        plan.submissions.is_some_and(|n| self.submitted >= n)
+    }
+}
+
+/// After [`submit_one`]: a CPU waiter starts waiting for the signal of what was submitted; a
+/// queue that is gone (lost, its process killed) ends here. Returns the fence signals
+/// submitted, or `None` if nothing was.
+fn submitted(
+    r: Result<Option<(u32, u64)>, RunError>,
+    sys: &System,
+    clients: &[Client],
+    q: &mut SimQ,
+    plan: &Plan,
+) -> Result<Option<u64>, RunError> {
+    match r {
+        Ok(Some((_, signals))) => {
+            if plan.groups[q.group].cpu_waiter {
+                begin_wait(sys, clients, q)?;
+            }
+            Ok(Some(signals))
+        }
+        Ok(None) => Ok(None),
+        Err(e) => {
+            q.res.ended.get_or_insert_with(|| e.to_string());
+            q.backlog.clear();
+            Ok(None)
+        }
+    }
+}
+
+/// Queues a ring the device notices at `at`, after every ring it notices no later (rings of
+/// one latency arrive in the order they were made; a ring after a reconnect call comes later).
+fn heard_in_order(unheard: &mut VecDeque<(u64, u64)>, at: u64, queue: u64) {
+    let k = unheard.iter().rposition(|&(t, _)| t <= at).map_or(0, |k| k + 1);
+    unheard.insert(k, (at, queue));
 }
 
 /// Dwords of one command buffer of group `g` (the progress fence included).

@@ -205,7 +205,8 @@ impl Firmware {
             let v = d.word.get().load(Ordering::Acquire);
             if v != d.last {
                 d.last = v;
-                self.irqs.push_back(Interrupt::DisconnectedRing { queue: d.queue });
+                // Polling has no clock: raised now, whenever the driver takes it.
+                self.irqs.push_back((Time::ZERO, Interrupt::DisconnectedRing { queue: d.queue }));
                 rang = true;
             }
         }

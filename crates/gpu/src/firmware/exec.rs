@@ -74,7 +74,7 @@ pub(super) struct Env<'a> {
     pub(super) wave_width: u32,
     pub(super) dispatch_budget: u64,
     pub(super) stats: &'a mut ComputeStats,
-    pub(super) irqs: &'a mut std::collections::VecDeque<Interrupt>,
+    pub(super) irqs: &'a mut super::Irqs,
     /// The fence epoch: bumped by every packet this device executes that writes memory.
     pub(super) fence_epoch: &'a mut u64,
     /// Where this engine may stop a queue for a preemption.
@@ -98,6 +98,17 @@ impl Env<'_> {
             crate::cost::Timing::Modelled => Time(self.start.0.saturating_add(self.elapsed)),
             crate::cost::Timing::Real => (self.clock)(),
         }
+    }
+
+    /// Raises a packet's interrupt: with modelled timing at the packet's end (its modelled
+    /// start, [`Env::now`], plus its cost, when a `PROGRESS_FENCE`'s completion is recorded
+    /// too); with real timing as it happens, and the clock is not read for it.
+    pub(super) fn raise(&mut self, irq: Interrupt) {
+        let at = match self.timing {
+            crate::cost::Timing::Modelled => self.now().plus(self.cost.packet),
+            crate::cost::Timing::Real => Time::ZERO,
+        };
+        self.irqs.push_back((at, irq));
     }
 
     /// Spends `ns` of modelled device time.
@@ -387,7 +398,9 @@ pub(super) fn run_queue(
         q.dispatch_active = false;
         q.bulk_done = None;
         q.fault = Some(fault.clone());
-        env.irqs.push_back(Interrupt::QueueFault { queue: id, fault });
+        // Raised where the queue stopped (a fault costs no packet time).
+        let at = if env.timing == crate::cost::Timing::Modelled { env.now() } else { Time::ZERO };
+        env.irqs.push_back((at, Interrupt::QueueFault { queue: id, fault }));
     }
     if q.rptr != start_rptr {
         q.publish_rptr();
@@ -568,7 +581,7 @@ fn exec_packet(
                 Some(f) => {
                     let monitored = &f.monitored;
                     if abi::protocol::signal_fence(word, monitored, value, || {}) {
-                        env.irqs.push_back(Interrupt::NativeFenceSignaled(FenceSignaled::Fences(vec![f.id])));
+                        env.raise(Interrupt::NativeFenceSignaled(FenceSignaled::Fences(vec![f.id])));
                     }
                 }
                 // Release: everything the queue wrote before the signal is visible to whoever
@@ -583,7 +596,7 @@ fn exec_packet(
             let monitored = &f.monitored;
             // Store CurrentValue, barrier, read MonitoredValue (spec 002, `abi::protocol`).
             if abi::protocol::signal_fence(current, monitored, value, || {}) {
-                env.irqs.push_back(Interrupt::NativeFenceSignaled(FenceSignaled::Fences(vec![f.id])));
+                env.raise(Interrupt::NativeFenceSignaled(FenceSignaled::Fences(vec![f.id])));
             }
         }
         Packet::Logged { op, va, value, entry } => {
@@ -653,7 +666,7 @@ fn exec_packet(
                             } else {
                                 FenceSignaled::Fences(vec![f.id])
                             };
-                            env.irqs.push_back(Interrupt::NativeFenceSignaled(what));
+                            env.raise(Interrupt::NativeFenceSignaled(what));
                         }
                     }
                 }
@@ -686,7 +699,7 @@ fn exec_packet(
             match key.and_then(|k| env.fences.get(&k)) {
                 Some(f) => {
                     if abi::protocol::signal_fence(word.get(), &f.monitored, value, || {}) {
-                        env.irqs.push_back(Interrupt::NativeFenceSignaled(FenceSignaled::Fences(vec![f.id])));
+                        env.raise(Interrupt::NativeFenceSignaled(FenceSignaled::Fences(vec![f.id])));
                     }
                 }
                 // Release: the command buffer's writes happen-before a waiter's acquire of the
@@ -702,10 +715,10 @@ fn exec_packet(
                 }
             }
             if value > q.monitored {
-                env.irqs.push_back(Interrupt::ProgressFence { queue: id, value });
+                env.raise(Interrupt::ProgressFence { queue: id, value });
             }
         }
-        Packet::Interrupt { id: user } => env.irqs.push_back(Interrupt::User { queue: id, id: user }),
+        Packet::Interrupt { id: user } => env.raise(Interrupt::User { queue: id, id: user }),
         Packet::Synthetic { ns } => return synthetic(q, env, ns),
         Packet::Dispatch { kernel, grid, group, args } => {
             if env.kind != EngineKind::Compute {

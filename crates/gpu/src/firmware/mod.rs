@@ -326,6 +326,13 @@ impl FwQueue {
     }
 }
 
+/// Raised interrupts, oldest first, each with the device time it was raised at: with modelled
+/// timing, a packet's interrupt carries the packet's modelled time inside its step (the step
+/// runs at its start, the engine is busy until its modelled end); an interrupt raised outside
+/// a step carries the time of the input that raised it, or [`Time::ZERO`] where none is
+/// known (it is delivered when the driver takes it).
+type Irqs = std::collections::VecDeque<(Time, Interrupt)>;
+
 /// A firmware timer: every deadline at which an engine acts without an input.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Timer {
@@ -424,7 +431,9 @@ pub(crate) struct Firmware {
     engines: Vec<Engine>,
     /// The queue table (amdgpu: the MQDs the firmware was given).
     queues: Slab<FwQueue>,
-    irqs: std::collections::VecDeque<Interrupt>,
+    /// Interrupts raised and not yet taken, each with the device time it was raised at
+    /// ([`Irqs`]).
+    irqs: Irqs,
     /// Spec 000's doorbell model.
     model: DoorbellModel,
     /// The global model's bit pages, by BAR page.
@@ -836,7 +845,9 @@ impl Firmware {
                     e.last_busy = now;
                 } else {
                     e.f1_requested = true;
-                    irqs.push_back(Interrupt::EngineStateChange { engine: e.id, state: EngineState::TransitionToF1 });
+                    // Raised now: the driver takes it at its own time.
+                    let irq = Interrupt::EngineStateChange { engine: e.id, state: EngineState::TransitionToF1 };
+                    irqs.push_back((Time::ZERO, irq));
                 }
                 e.arm_idle();
             }
@@ -868,7 +879,7 @@ impl Firmware {
         self.engines.iter().filter_map(|e| e.timers.get(Timer::Busy)).min()
     }
 
-    pub(crate) fn poll_interrupt(&mut self) -> Option<Interrupt> {
+    pub(crate) fn poll_interrupt(&mut self) -> Option<(Time, Interrupt)> {
         self.irqs.pop_front()
     }
 

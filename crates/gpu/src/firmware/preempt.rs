@@ -296,7 +296,7 @@ pub(super) fn finish(
     point: StopPoint,
     at: Time,
     log: &mut FwLog,
-    irqs: &mut std::collections::VecDeque<Interrupt>,
+    irqs: &mut super::Irqs,
 ) {
     let Some(req) = q.preempt.take() else { return };
     e.hqd.retain(|&h| h != id);
@@ -320,7 +320,10 @@ pub(super) fn finish(
     }
     log.push(at, FwEvent::PreemptAnswered { queue: id, ticket: req.ticket, requested_at: req.at });
     if req.by == Requester::Os {
-        irqs.push_back(Interrupt::Preempted { queue: id, ticket: req.ticket, requested_at: req.at, answered_at: at });
+        irqs.push_back((
+            at,
+            Interrupt::Preempted { queue: id, ticket: req.ticket, requested_at: req.at, answered_at: at },
+        ));
     }
 }
 

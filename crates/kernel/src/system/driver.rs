@@ -241,7 +241,7 @@ impl SimWorld {
             // The OS's timer as of its last entry: only an entry changes it.
             // Relaxed: see `Inner::os_deadline`.
             let os = Some(m.os_deadline.load(Ordering::Relaxed)).filter(|&t| t != u64::MAX).map(Time);
-            for t in [m.gpu.lock().poll_timeout(), os].into_iter().flatten() {
+            for t in [m.gpu.lock().poll_timeout(), os, m.line.next_delivery()].into_iter().flatten() {
                 next = Some(next.map_or(t, |n| n.min(t)));
             }
         });
@@ -444,7 +444,7 @@ impl Inner {
             if g.poll_timeout().is_some_and(|t| now >= t) {
                 g.handle_timeout(now);
             }
-            let raised = self.line.raise_from(&mut g);
+            let raised = self.line.raise_from(&mut g, now);
             (report, g.all_asleep(), raised)
         };
         // The OS hears of an idle-state change, and while the device sleeps its D3 timer
@@ -453,17 +453,21 @@ impl Inner {
         let changed = self.was_asleep.swap(asleep, Ordering::Relaxed) != asleep;
         // Relaxed: see `os_deadline`.
         let os_due = self.clock.now().0 >= self.os_deadline.load(Ordering::Relaxed);
-        // (The OS drains the whole line each time it is entered, so nothing waits on it
-        // unless this pump raised it.)
-        if raised > 0 || changed || asleep || os_due {
-            self.call(|os, now| {
-                os.handle_interrupts(now);
+        // (The OS drains what is delivered each time it is entered, so on a line that delivers
+        // at once nothing waits on it unless this pump raised it; a modelled line is asked.)
+        let delivered = raised > 0 || (self.line.models_delivery() && self.line.due(self.clock.now()));
+        let mut serviced = 0;
+        if delivered || changed || asleep || os_due {
+            serviced = self.call(|os, now| {
+                let n = os.handle_interrupts(now);
                 os.handle_device_idle(asleep, now);
                 os.handle_timeout(now);
+                n
             });
         }
-        // Progress only: a queue blocked in a WAIT re-checks every pump but moves nothing.
-        let work = report.packets > 0 || report.instructions > 0 || report.bytes > 0 || raised > 0;
+        // Progress only: a queue blocked in a WAIT re-checks every pump but moves nothing. An
+        // interrupt raised, or serviced (a modelled line delivers it later), is progress.
+        let work = report.packets > 0 || report.instructions > 0 || report.bytes > 0 || raised > 0 || serviced > 0;
         Pump { work, asleep }
     }
 
@@ -475,6 +479,7 @@ impl Inner {
     fn waits_for_busy_engines(&self, now: Time) -> bool {
         // Relaxed: the deterministic driver's own hints (see the fields).
         !self.attention.is_raised()
+            && !self.line.due(now)
             && !self.was_asleep.load(Ordering::Relaxed)
             && now.0 < self.os_deadline.load(Ordering::Relaxed)
             && !self.km_work.load(Ordering::Relaxed)
@@ -530,6 +535,13 @@ impl Inner {
                     }
                     // Nothing moves at this instant: jump to the next event (an engine's
                     // modelled work ending, a timer) or the deadline.
+                    eprintln!(
+                        "DBG block now {:?} next {:?} find {:?} line {:?}",
+                        clock.now(),
+                        world.next_timer(),
+                        world.find_next_timer(),
+                        self.line.next_delivery()
+                    );
                     world.jump_to(world.next_timer().map_or(deadline, |t| t.min(deadline)));
                 }
             }

@@ -85,6 +85,10 @@ pub struct SystemConfig {
     /// The KMD reports `MapToGpuSystemProcess`: every fence is also mapped into the GPU system
     /// process, and its VAs there are passed to `DxgkDdiCreateNativeFence`.
     pub map_fences_to_system_process: bool,
+    /// Deterministic driver only: how long an interrupt takes from the device raising it (at
+    /// its modelled time) to the kernel's interrupt service routine (the cost model's
+    /// interrupt delivery; 0 by default). The live driver's is whatever it takes.
+    pub interrupt_delivery: Duration,
     /// The doorbell size the KMD reports (`DXGK_USERMODESUBMISSION_CAPS`), for tests of the
     /// OS's checks; `None`: the device's own (8 bytes).
     pub kmd_doorbell_bytes: Option<u64>,
@@ -162,7 +166,10 @@ impl System {
     ) -> Result<System, KernelError> {
         let gpu = Gpu::new(cfg.gpu).map_err(crate::virtual_kmd::refused("gpu", ""))?;
         let gpu = Arc::new(Mutex::new(gpu));
-        let line = InterruptLine::default();
+        let line = match driver {
+            Driver::Sim { .. } => InterruptLine::modelled(cfg.interrupt_delivery),
+            Driver::Live { .. } => InterruptLine::default(),
+        };
         let mut kmd = VirtualKmd::new(gpu.clone(), waker, line.clone());
         kmd.set_notify_on_submit(cfg.notify_on_submit);
         let device_clock = clock.clone();
