@@ -825,8 +825,12 @@ fn submitted(
 /// Queues a ring the device notices at `at`, after every ring it notices no later (rings of
 /// one latency arrive in the order they were made; a ring after a reconnect call comes later).
 fn heard_in_order(unheard: &mut VecDeque<(u64, u64)>, at: u64, queue: u64) {
-    let k = unheard.iter().rposition(|&(t, _)| t <= at).map_or(0, |k| k + 1);
-    unheard.insert(k, (at, queue));
+    if unheard.back().is_none_or(|&(t, _)| t <= at) {
+        unheard.push_back((at, queue));
+    } else {
+        let k = unheard.iter().rposition(|&(t, _)| t <= at).map_or(0, |k| k + 1);
+        unheard.insert(k, (at, queue));
+    }
 }
 
 /// Dwords of one command buffer of group `g` (the progress fence included).
