@@ -425,7 +425,7 @@ fn restores_after_a_slot_switch_cost_device_time() {
     assert!(done(&costly) < done(&free), "{} vs {}", done(&costly), done(&free));
 }
 
-/// 10,000 queues and 10,000,000 submissions, all completed (about 15 s in release on 2
+/// 10,000 queues and 10,000,000 submissions, all completed (about 6 s in release on 2
 /// cores): behind `--ignored`, which CI runs in release.
 #[test]
 #[ignore = "long: `cargo test --release -- --ignored` (CI runs it separately)"]
