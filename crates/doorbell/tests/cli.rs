@@ -358,6 +358,9 @@ fn sim_calibrate_writes_a_cost_section_a_scenario_accepts() {
     let st = doorbell().args(["sim", "calibrate", "--out", cost.to_str().unwrap()]).output().unwrap();
     assert!(st.status.success(), "{}", String::from_utf8_lossy(&st.stderr));
     let text = std::fs::read_to_string(&cost).unwrap();
+    for key in ["packet_ns", "bulk_bytes_per_us", "wave_instruction_ns", "interrupt_ns", "kernel_call_ns"] {
+        assert!(text.lines().any(|l| l.starts_with(&format!("{key} = "))), "{key} missing:\n{text}");
+    }
     let scenario = format!("duration_ms = 1\n[[group]]\nname = \"a\"\n{text}");
     let path = dir.join("s.toml");
     std::fs::write(&path, &scenario).unwrap();

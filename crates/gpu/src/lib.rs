@@ -44,7 +44,7 @@ pub use abi::preempt::{ComputeGranularity, CopyGranularity, PreemptionCaps, Stop
 pub use abi::time::Time;
 pub use cost::{CostModel, Timing};
 pub use firmware::preempt::{
-    Attention, AttentionGuard, EngineReset, FwEvent, FwLogEntry, Requester, RingPosition, Suspension,
+    Attention, AttentionGuard, EngineReset, FwCounts, FwEvent, FwLogEntry, Requester, RingPosition, Suspension,
 };
 pub use firmware::{Completion, FenceSignaled, FenceWaits, FwQueueId, Interrupt, QueueConfig, StepReport};
 pub use memory::{AddressSpace, GpuMapping, Vmid};
@@ -417,6 +417,12 @@ impl Gpu {
         self.fw.set_horizon(at)
     }
 
+    /// How many events of each kind the firmware logged since the device started: exact,
+    /// where [`Gpu::firmware_log`] keeps only the last 4,096.
+    pub fn firmware_counts(&self) -> FwCounts {
+        self.fw.log_counts()
+    }
+
     /// The device's attention register: raise it before taking the device lock for a
     /// request that should not wait for engines to finish their turns ([`Attention`]).
     pub fn attention(&self) -> Attention {
@@ -539,7 +545,7 @@ impl Gpu {
     /// [`Gpu::poll_doorbells`] limited to the dedicated doorbells of `queues` (and every
     /// global-doorbell page and aggregated doorbell): for a driver that knows which clients
     /// may have rung since the last poll. Returns whether any doorbell changed.
-    pub fn poll_doorbells_of(&mut self, queues: &[FwQueueId]) -> bool {
+    pub fn poll_doorbells_of(&mut self, queues: impl IntoIterator<Item = FwQueueId>) -> bool {
         self.fw.poll_doorbells_of(queues)
     }
 
@@ -573,6 +579,15 @@ impl Gpu {
         self.fw.busy_until()
     }
 
+    /// With [`Timing::Modelled`]: whether a [`Gpu::step`] and a [`Gpu::handle_timeout`] at
+    /// `now` would do nothing, because every engine in F0 is still busy with the modelled work
+    /// of an earlier step, no timer is due and no interrupt is waiting. Rings latched
+    /// meanwhile wait for the busy period to end either way; a driver that steps event by
+    /// event may then skip the step.
+    pub fn waits_for_busy_engines(&self, now: Time) -> bool {
+        self.fw.waits_for_busy_engines(now)
+    }
+
     /// `DxgkDdiCreateNativeFence`: a `SIGNAL` with the fence flag that lands on `current`
     /// (a region and offset) compares against the MonitoredValue at `monitored` and raises
     /// [`Interrupt::NativeFenceSignaled`] with `id`.
@@ -599,6 +614,14 @@ impl Gpu {
 
     /// The next interrupt on the line.
     pub fn poll_interrupt(&mut self) -> Option<Interrupt> {
+        self.fw.poll_interrupt().map(|(_, irq)| irq)
+    }
+
+    /// [`Gpu::poll_interrupt`] with the device time the interrupt was raised at: with
+    /// [`Timing::Modelled`], a packet's modelled time inside its step; for an interrupt raised
+    /// outside a step, the time of the input that raised it (or [`Time::ZERO`] where none is
+    /// known: deliver it at once).
+    pub fn poll_interrupt_at(&mut self) -> Option<(Time, Interrupt)> {
         self.fw.poll_interrupt()
     }
 
@@ -617,7 +640,9 @@ impl Gpu {
 
     /// Moves the completions recorded since the last call into `out` (in execution order).
     pub fn take_completions(&mut self, out: &mut Vec<Completion>) {
-        if let Some(c) = self.fw.completions.as_mut() {
+        if let Some(c) = self.fw.completions.as_mut()
+            && !c.is_empty()
+        {
             out.append(c);
         }
     }

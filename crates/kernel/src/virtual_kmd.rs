@@ -29,6 +29,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use abi::doorbell::{DoorbellModel, RingMethod};
 use abi::port::{AdapterInfo, DeviceRefusal, EngineInfo};
@@ -44,26 +45,61 @@ use crate::ddi::{
 
 /// The device's interrupt line: the device's driver moves what the device raised onto it
 /// ([`InterruptLine::raise_from`]), and the KMD's ISR takes it off
-/// ([`Kmd::poll_notification`]). The driver knows from the count whether to enter the OS.
+/// ([`Kmd::poll_notification`]) once it is delivered. On the live driver delivery is what it
+/// is (at once, as far as the line goes); the deterministic driver models it
+/// ([`InterruptLine::modelled`]): an interrupt reaches the ISR a fixed delivery time after the
+/// device raised it, at its modelled time, and not before the driver moved it.
 #[derive(Clone, Default)]
-pub struct InterruptLine(Arc<Mutex<std::collections::VecDeque<Interrupt>>>);
+pub struct InterruptLine {
+    /// Waiting interrupts, with the time each is delivered at, in delivery order (raise order
+    /// among equals).
+    waiting: Arc<Mutex<std::collections::VecDeque<(Time, Interrupt)>>>,
+    /// The modelled delivery time; `None`: deliver at once.
+    delivery: Option<Duration>,
+}
 
 impl InterruptLine {
-    /// Moves every interrupt `gpu` raised onto the line; returns how many.
-    pub fn raise_from(&self, gpu: &mut Gpu) -> usize {
+    /// A line that delivers each interrupt `delivery` after the device raised it (the
+    /// deterministic driver's cost model).
+    pub fn modelled(delivery: Duration) -> InterruptLine {
+        InterruptLine { waiting: Default::default(), delivery: Some(delivery) }
+    }
+
+    /// Moves every interrupt `gpu` raised onto the line, the driver's clock reading `now`;
+    /// returns how many.
+    pub fn raise_from(&self, gpu: &mut Gpu, now: Time) -> usize {
         // The common case, a pump with nothing raised, stays off the line's lock.
-        let Some(first) = gpu.poll_interrupt() else { return 0 };
-        let mut line = self.0.lock();
-        line.push_back(first);
-        let mut n = 1;
-        while let Some(i) = gpu.poll_interrupt() {
-            line.push_back(i);
+        let Some(first) = gpu.poll_interrupt_at() else { return 0 };
+        let mut line = self.waiting.lock();
+        let mut n = 0;
+        for (raised, irq) in std::iter::once(first).chain(std::iter::from_fn(|| gpu.poll_interrupt_at())) {
+            let at = self.delivery.map_or(Time::ZERO, |d| raised.max(now).plus(d));
+            // After every interrupt delivered no later (the common case: at the back).
+            let k = line.iter().rposition(|&(t, _)| t <= at).map_or(0, |k| k + 1);
+            line.insert(k, (at, irq));
             n += 1;
         }
         n
     }
-    fn take(&self) -> Option<Interrupt> {
-        self.0.lock().pop_front()
+
+    /// Whether the line models delivery time (an interrupt may wait on it after it was moved).
+    pub fn models_delivery(&self) -> bool {
+        self.delivery.is_some()
+    }
+
+    /// Whether an interrupt is delivered by `now`.
+    pub fn due(&self, now: Time) -> bool {
+        self.waiting.lock().front().is_some_and(|&(t, _)| t <= now)
+    }
+
+    /// When the next interrupt is delivered, if one waits.
+    pub fn next_delivery(&self) -> Option<Time> {
+        self.waiting.lock().front().map(|&(t, _)| t)
+    }
+
+    fn take(&self, now: Time) -> Option<Interrupt> {
+        let mut line = self.waiting.lock();
+        if line.front().is_some_and(|&(t, _)| t <= now) { line.pop_front().map(|(_, irq)| irq) } else { None }
     }
 }
 
@@ -748,7 +784,7 @@ impl Kmd for VirtualKmd {
 
     fn poll_notification(&mut self) -> Option<Notification> {
         loop {
-            let irq = self.line.take()?;
+            let irq = self.line.take(self.device_now(Time::ZERO))?;
             let q = |fw: FwQueueId| self.by_fw.get(&fw).copied();
             // An interrupt about a queue destroyed meanwhile names nobody: dropped.
             let n = match irq {

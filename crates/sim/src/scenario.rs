@@ -259,6 +259,14 @@ pub struct Cost {
     /// wrote it (ns, default 0).
     #[serde(default = "c_zero")]
     pub doorbell_latency_ns: Spanned<f64>,
+    /// Interrupt delivery: an interrupt reaches the kernel this long after the device raised
+    /// it (ns, default 0).
+    #[serde(default = "c_zero")]
+    pub interrupt_ns: Spanned<f64>,
+    /// A kernel call on the control path: a client's call returns (and takes effect) this
+    /// long after it entered the kernel (ns, default 0).
+    #[serde(default = "c_zero")]
+    pub kernel_call_ns: Spanned<f64>,
     /// Restoring a queue preempted or evicted between command buffers (ns, default 1000).
     #[serde(default = "c_r0")]
     pub restore_cb_ns: Spanned<f64>,
@@ -606,6 +614,9 @@ pub struct Plan {
     pub duration: Option<u64>,
     /// Doorbell-to-fetch latency (ns): how long after a client rings the firmware notices.
     pub doorbell_latency: u64,
+    /// A kernel call on the control path (ns): how long a client's call takes to return, and
+    /// what it does takes effect at its end.
+    pub kernel_call: u64,
     /// Total submissions, if bounded by count.
     pub submissions: Option<u64>,
     /// Drain limit (ns).
@@ -827,6 +838,9 @@ impl Scenario {
             doorbell_pool: pool,
             tdr,
             d3_idle,
+            interrupt_delivery: std::time::Duration::from_nanos(
+                nonneg(&c.interrupt_ns, "cost.interrupt_ns")?.round() as u64
+            ),
             ..Default::default()
         };
 
@@ -1046,11 +1060,13 @@ impl Scenario {
             self.source.path.file_stem().map_or("scenario".into(), |s| s.to_string_lossy().into_owned())
         });
         let doorbell_latency = nonneg(&self.cost.doorbell_latency_ns, "cost.doorbell_latency_ns")?.round() as u64;
+        let kernel_call = nonneg(&self.cost.kernel_call_ns, "cost.kernel_call_ns")?.round() as u64;
         Ok(Plan {
             name,
             seed: self.seed,
             duration,
             doorbell_latency,
+            kernel_call,
             submissions: self.submissions.as_ref().map(|s| *s.get_ref()),
             drain,
             samples: self.samples,

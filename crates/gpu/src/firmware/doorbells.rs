@@ -209,7 +209,8 @@ impl Firmware {
             let v = d.word.get().load(Ordering::Acquire);
             if v != d.last {
                 d.last = v;
-                self.irqs.push_back(Interrupt::DisconnectedRing { queue: d.queue });
+                // Polling has no clock: raised now, whenever the driver takes it.
+                self.irqs.push_back((Time::ZERO, Interrupt::DisconnectedRing { queue: d.queue }));
                 rang = true;
             }
         }
@@ -227,10 +228,10 @@ impl Firmware {
     /// steps): only those queues' dedicated doorbells are looked at, in the order given, then
     /// every global-doorbell bit page and aggregated doorbell (a few words per process).
     /// Unknown or unbound queues are skipped.
-    pub(crate) fn poll_doorbells_of(&mut self, ids: &[FwQueueId]) -> bool {
+    pub(crate) fn poll_doorbells_of(&mut self, ids: impl IntoIterator<Item = FwQueueId>) -> bool {
         let misses = self.misses_unmapped;
         let mut rang = false;
-        for &id in ids {
+        for id in ids {
             let Ok(q) = self.queues.get(id.0) else { continue };
             let Some(e) = self.engines.get_mut(q.cfg.engine.0 as usize) else { continue };
             if e.power != PowerState::F0 {

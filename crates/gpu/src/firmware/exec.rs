@@ -75,7 +75,7 @@ pub(super) struct Env<'a> {
     pub(super) wave_width: u32,
     pub(super) dispatch_budget: u64,
     pub(super) stats: &'a mut ComputeStats,
-    pub(super) irqs: &'a mut std::collections::VecDeque<Interrupt>,
+    pub(super) irqs: &'a mut super::Irqs,
     /// The fence epoch: bumped by every packet this device executes that writes memory.
     pub(super) fence_epoch: &'a mut u64,
     /// Where this engine may stop a queue for a preemption.
@@ -102,6 +102,17 @@ impl Env<'_> {
             crate::cost::Timing::Modelled => Time(self.start.0.saturating_add(self.elapsed)),
             crate::cost::Timing::Real => (self.clock)(),
         }
+    }
+
+    /// Raises a packet's interrupt: with modelled timing at the packet's end (its modelled
+    /// start, [`Env::now`], plus its cost, when a `PROGRESS_FENCE`'s completion is recorded
+    /// too); with real timing as it happens, and the clock is not read for it.
+    pub(super) fn raise(&mut self, irq: Interrupt) {
+        let at = match self.timing {
+            crate::cost::Timing::Modelled => self.now().plus(self.cost.packet),
+            crate::cost::Timing::Real => Time::ZERO,
+        };
+        self.irqs.push_back((at, irq));
     }
 
     /// Spends `ns` of modelled device time.
@@ -459,7 +470,9 @@ pub(super) fn run_queue(
         q.live = None;
         q.bulk_done = None;
         q.fault = Some(fault.clone());
-        env.irqs.push_back(Interrupt::QueueFault { queue: id, fault });
+        // Raised where the queue stopped (a fault costs no packet time).
+        let at = if env.timing == crate::cost::Timing::Modelled { env.now() } else { Time::ZERO };
+        env.irqs.push_back((at, Interrupt::QueueFault { queue: id, fault }));
     }
     if q.rptr != start_rptr {
         q.publish_rptr();
@@ -590,7 +603,7 @@ pub(super) fn decode_at(m: &Mapping, offset: u64, header: Header, op: Opcode) ->
     let mut buf = [0u32; MAX_FIXED_PACKET_DWORDS];
     let words = &mut buf[..n.min(MAX_FIXED_PACKET_DWORDS)];
     m.read_u32s(offset, words).map_err(|_| outside(offset, n as u64 * 4))?;
-    Packet::decode(words).map_err(FaultKind::BadPacket)
+    Packet::decode_checked(header, op, words).map_err(FaultKind::BadPacket)
 }
 
 /// What a native fence signal's interrupt names (spec 002 "Optimized native fence signaled
@@ -708,7 +721,7 @@ fn exec_packet(
                 Some(f) => {
                     let monitored = &f.monitored;
                     if abi::protocol::signal_fence(word, monitored, value, || {}) {
-                        env.irqs.push_back(Interrupt::NativeFenceSignaled(signaled(q, id, f.id, env)));
+                        env.raise(Interrupt::NativeFenceSignaled(signaled(q, id, f.id, env)));
                     }
                 }
                 // Release: everything the queue wrote before the signal is visible to whoever
@@ -723,7 +736,7 @@ fn exec_packet(
             let monitored = &f.monitored;
             // Store CurrentValue, barrier, read MonitoredValue (spec 002, `abi::protocol`).
             if abi::protocol::signal_fence(current, monitored, value, || {}) {
-                env.irqs.push_back(Interrupt::NativeFenceSignaled(signaled(q, id, f.id, env)));
+                env.raise(Interrupt::NativeFenceSignaled(signaled(q, id, f.id, env)));
             }
         }
         Packet::Logged { op, va, value, position } => {
@@ -794,7 +807,7 @@ fn exec_packet(
                             fence_log::append(log, slot, entry_of(f.id))
                         });
                         if interrupt {
-                            env.irqs.push_back(Interrupt::NativeFenceSignaled(signaled(q, id, f.id, env)));
+                            env.raise(Interrupt::NativeFenceSignaled(signaled(q, id, f.id, env)));
                         }
                     }
                 }
@@ -827,7 +840,7 @@ fn exec_packet(
             match key.and_then(|k| env.fences.get(&k)) {
                 Some(f) => {
                     if abi::protocol::signal_fence(word.get(), &f.monitored, value, || {}) {
-                        env.irqs.push_back(Interrupt::NativeFenceSignaled(FenceSignaled::Fences(vec![f.id])));
+                        env.raise(Interrupt::NativeFenceSignaled(FenceSignaled::Fences(vec![f.id])));
                     }
                 }
                 // Release: the command buffer's writes happen-before a waiter's acquire of the
@@ -843,10 +856,10 @@ fn exec_packet(
                 }
             }
             if value > q.monitored {
-                env.irqs.push_back(Interrupt::ProgressFence { queue: id, value });
+                env.raise(Interrupt::ProgressFence { queue: id, value });
             }
         }
-        Packet::Interrupt { id: user } => env.irqs.push_back(Interrupt::User { queue: id, id: user }),
+        Packet::Interrupt { id: user } => env.raise(Interrupt::User { queue: id, id: user }),
         Packet::Synthetic { ns } => return synthetic(q, env, ns),
         Packet::Dispatch { kernel, grid, group, args } => {
             if env.kind != EngineKind::Compute {

@@ -366,6 +366,13 @@ impl FwQueue {
     }
 }
 
+/// Raised interrupts, oldest first, each with the device time it was raised at: with modelled
+/// timing, a packet's interrupt carries the packet's modelled time inside its step (the step
+/// runs at its start, the engine is busy until its modelled end); an interrupt raised outside
+/// a step carries the time of the input that raised it, or [`Time::ZERO`] where none is
+/// known (it is delivered when the driver takes it).
+type Irqs = std::collections::VecDeque<(Time, Interrupt)>;
+
 /// A firmware timer: every deadline at which an engine acts without an input.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Timer {
@@ -423,7 +430,7 @@ struct Engine {
     /// is compacted; see `doorbells::forget_watch`).
     watches: Vec<Option<Watch>>,
     /// Where each queue's watch is in `watches`.
-    watch_at: std::collections::HashMap<FwQueueId, usize>,
+    watch_at: abi::slab::KeyMap<FwQueueId, usize>,
     cursor: usize,
     /// Whether the slot assignment must be recomputed: set by everything that can change who
     /// deserves a slot (a queue added, removed, suspended, resumed, (dis)connected; an
@@ -476,7 +483,9 @@ pub(crate) struct Firmware {
     engines: Vec<Engine>,
     /// The queue table (amdgpu: the MQDs the firmware was given).
     queues: Slab<FwQueue>,
-    irqs: std::collections::VecDeque<Interrupt>,
+    /// Interrupts raised and not yet taken, each with the device time it was raised at
+    /// ([`Irqs`]).
+    irqs: Irqs,
     /// Spec 000's doorbell model.
     model: DoorbellModel,
     /// The global model's bit pages, by BAR page.
@@ -552,7 +561,8 @@ pub enum FenceWaits {
 
 /// Native fences by where their CurrentValue lives: (backing region id, offset). Keyed by
 /// the memory rather than a VA, so every mapping of a shared fence finds the same entry.
-type FenceTable = std::collections::HashMap<(u64, u64), FenceEntry>;
+/// Its keys are the kernel's own (a region id and an offset it registered): [`abi::slab::KeyHasher`].
+type FenceTable = abi::slab::KeyMap<(u64, u64), FenceEntry>;
 
 impl Engine {
     /// An engine in F0 with `hw_slots` hardware slots (at least one), an empty run list, and
@@ -570,7 +580,7 @@ impl Engine {
             hqd: Vec::new(),
             hw_slots: hw_slots.max(1) as usize,
             watches: Vec::new(),
-            watch_at: std::collections::HashMap::new(),
+            watch_at: Default::default(),
             cursor: 0,
             resched: true,
             waiting: Waiting::default(),
@@ -611,7 +621,7 @@ impl Firmware {
             wave_width: cfg.wave_width.clamp(1, crate::compute::MAX_WAVE as u32),
             dispatch_budget: cfg.dispatch_budget.max(1),
             compute: ComputeStats::default(),
-            fences: FenceTable::new(),
+            fences: FenceTable::default(),
             optimized_interrupts: cfg.optimized_fence_interrupts,
             quanta: Quanta { process: cfg.process_quantum, gang: cfg.gang_quantum },
             engines,
@@ -909,7 +919,9 @@ impl Firmware {
                     e.last_busy = now;
                 } else {
                     e.f1_requested = true;
-                    irqs.push_back(Interrupt::EngineStateChange { engine: e.id, state: EngineState::TransitionToF1 });
+                    // Raised now: the driver takes it at its own time.
+                    let irq = Interrupt::EngineStateChange { engine: e.id, state: EngineState::TransitionToF1 };
+                    irqs.push_back((Time::ZERO, irq));
                 }
                 e.arm_idle();
             }
@@ -921,12 +933,27 @@ impl Firmware {
         self.engines.iter().filter_map(|e| e.timers.earliest()).min()
     }
 
+    /// Whether the device has nothing to do at `now` but wait for its engines' modelled work
+    /// to end: timing is modelled, no interrupt waits to be raised, no timer is due, and every
+    /// engine in F0 (one at least) is busy with the work of an earlier step, which [`Self::step`]
+    /// skips. A step and a timer check at `now` would then change nothing.
+    pub(crate) fn waits_for_busy_engines(&self, now: Time) -> bool {
+        self.timing == crate::cost::Timing::Modelled
+            && self.irqs.is_empty()
+            && self.poll_timeout().is_some_and(|t| now < t)
+            && self.engines.iter().any(|e| e.power == PowerState::F0)
+            && self
+                .engines
+                .iter()
+                .all(|e| e.power != PowerState::F0 || e.timers.get(Timer::Busy).is_some_and(|t| now < t))
+    }
+
     /// The earliest modelled end of an engine's busy period.
     pub(crate) fn busy_until(&self) -> Option<Time> {
         self.engines.iter().filter_map(|e| e.timers.get(Timer::Busy)).min()
     }
 
-    pub(crate) fn poll_interrupt(&mut self) -> Option<Interrupt> {
+    pub(crate) fn poll_interrupt(&mut self) -> Option<(Time, Interrupt)> {
         self.irqs.pop_front()
     }
 

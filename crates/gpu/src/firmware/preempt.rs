@@ -186,14 +186,59 @@ pub struct FwLogEntry {
 /// The most entries the firmware log keeps (the oldest go first).
 pub(super) const LOG_ENTRIES: usize = 4096;
 
-/// The firmware log: bounded, oldest first.
+/// How many events of each kind the firmware has logged since the device started, however
+/// many the bounded log still holds ([`crate::Gpu::firmware_counts`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FwCounts {
+    /// [`FwEvent::PreemptRequested`].
+    pub preempts_requested: u64,
+    /// [`FwEvent::StateSaved`].
+    pub states_saved: u64,
+    /// [`FwEvent::PreemptAnswered`].
+    pub preempts_answered: u64,
+    /// [`FwEvent::Restored`].
+    pub restored: u64,
+    /// [`FwEvent::EngineReset`].
+    pub engine_resets: u64,
+    /// [`FwEvent::QueueReset`].
+    pub queue_resets: u64,
+    /// [`FwEvent::AdapterReset`].
+    pub adapter_resets: u64,
+    /// [`FwEvent::TakenBack`].
+    pub taken_back: u64,
+}
+
+impl FwCounts {
+    /// Resets of any scope: queue, engine and adapter.
+    pub fn recoveries(&self) -> u64 {
+        self.queue_resets + self.engine_resets + self.adapter_resets
+    }
+
+    fn count(&mut self, event: &FwEvent) {
+        let n = match event {
+            FwEvent::PreemptRequested { .. } => &mut self.preempts_requested,
+            FwEvent::StateSaved { .. } => &mut self.states_saved,
+            FwEvent::PreemptAnswered { .. } => &mut self.preempts_answered,
+            FwEvent::Restored { .. } => &mut self.restored,
+            FwEvent::EngineReset { .. } => &mut self.engine_resets,
+            FwEvent::QueueReset { .. } => &mut self.queue_resets,
+            FwEvent::AdapterReset => &mut self.adapter_resets,
+            FwEvent::TakenBack { .. } => &mut self.taken_back,
+        };
+        *n += 1;
+    }
+}
+
+/// The firmware log: bounded, oldest first, with exact counts of everything it ever held.
 #[derive(Default)]
 pub(super) struct FwLog {
     pub(super) entries: std::collections::VecDeque<FwLogEntry>,
+    pub(super) counts: FwCounts,
 }
 
 impl FwLog {
     pub(super) fn push(&mut self, at: Time, event: FwEvent) {
+        self.counts.count(&event);
         if self.entries.len() == LOG_ENTRIES {
             self.entries.pop_front();
         }
@@ -264,7 +309,7 @@ pub(super) fn finish(
     point: StopPoint,
     at: Time,
     log: &mut FwLog,
-    irqs: Option<&mut std::collections::VecDeque<Interrupt>>,
+    irqs: Option<&mut super::Irqs>,
 ) -> Option<PreemptRequest> {
     let req = q.preempt.take()?;
     // Off its slot: a dispatch it kept live there goes to the save area.
@@ -294,7 +339,10 @@ pub(super) fn finish(
     if req.by == Requester::Os
         && let Some(irqs) = irqs
     {
-        irqs.push_back(Interrupt::Preempted { queue: id, ticket: req.ticket, requested_at: req.at, answered_at: at });
+        irqs.push_back((
+            at,
+            Interrupt::Preempted { queue: id, ticket: req.ticket, requested_at: req.at, answered_at: at },
+        ));
     }
     Some(req)
 }
@@ -454,6 +502,10 @@ impl Firmware {
     /// The firmware log, oldest first (at most [`LOG_ENTRIES`]).
     pub(crate) fn log(&self) -> impl Iterator<Item = &FwLogEntry> {
         self.log.entries.iter()
+    }
+
+    pub(crate) fn log_counts(&self) -> FwCounts {
+        self.log.counts
     }
 }
 

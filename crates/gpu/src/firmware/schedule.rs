@@ -52,11 +52,14 @@ pub(super) type Turn = (Time, u64);
 pub(super) struct Waiting {
     pub(super) by_class: std::collections::BTreeMap<Class, std::collections::BTreeMap<Turn, FwQueueId>>,
     /// `(user, Reverse(priority), head's turn, class)` of every waiting class.
-    heads: std::collections::BTreeSet<(bool, std::cmp::Reverse<Priority>, Turn, Class)>,
+    heads: std::collections::BTreeSet<HeadKey>,
 }
 
+/// Where a class's head stands in waiting order: `(user, Reverse(priority), turn, class)`.
+pub(super) type HeadKey = (bool, std::cmp::Reverse<Priority>, Turn, Class);
+
 impl Waiting {
-    fn head_key(class: Class, turn: Turn) -> (bool, std::cmp::Reverse<Priority>, Turn, Class) {
+    fn head_key(class: Class, turn: Turn) -> HeadKey {
         (class.user, class.priority, turn, class)
     }
 
@@ -101,13 +104,25 @@ impl Waiting {
         self.by_class.is_empty()
     }
 
-    /// The first waiting queue, in waiting order, outside the classes in `skip`: the first
-    /// head not skipped (heads are in (privilege, priority, turn) order, so within the first
-    /// (privilege, priority) group that has one, it has the earliest turn).
-    pub(super) fn first(&self, skip: &[Class]) -> Option<(Class, FwQueueId)> {
-        let &(_, _, turn, class) = self.heads.iter().find(|h| !skip.contains(&h.3))?;
+    /// The greatest head key a class of `class`'s (privilege, priority) can have: a walk
+    /// that resumes after it has passed every class of that group.
+    pub(super) fn last_of_group(class: Class) -> HeadKey {
+        let last = Class { vmid: Vmid(u32::MAX), ..class };
+        (class.user, class.priority, (Time(u64::MAX), u64::MAX), last)
+    }
+
+    /// The first class head after `after` (from the start for `None`), with its class and
+    /// queue: heads are in (privilege, priority, turn) order, so within the first (privilege,
+    /// priority) group that has one, it has the earliest turn. A pass walks the heads with it
+    /// once, in order: a class it maps a queue of gets a later head (its next turn), which
+    /// the walk meets again further on; a class it leaves alone keeps its head behind the walk.
+    pub(super) fn next_head(&self, after: Option<HeadKey>) -> Option<(HeadKey, Class, FwQueueId)> {
+        use std::ops::Bound::{Excluded, Unbounded};
+        let lower = after.map_or(Unbounded, Excluded);
+        let &key = self.heads.range((lower, Unbounded)).next()?;
+        let (_, _, turn, class) = key;
         let id = *self.by_class.get(&class)?.get(&turn)?;
-        Some((class, id))
+        Some((key, class, id))
     }
 }
 
@@ -341,6 +356,76 @@ pub(super) fn sync_waiting<Q: Schedulable>(e: &mut Engine, q: &mut Q, id: FwQueu
     q.set_waiting(want);
 }
 
+/// A slot holder as a scheduling pass sees it.
+#[derive(Clone, Copy, Debug)]
+struct Holder {
+    id: FwQueueId,
+    pending: bool,
+    /// Blocked in a `WAIT` that does not pass.
+    blocked: bool,
+    privileged: bool,
+    prio: Priority,
+    vm: Vmid,
+    /// Its gang quantum runs from here (when it got the slot).
+    slice_start: Time,
+    /// Its process quantum runs from here (when its address space got the slot).
+    process_start: Time,
+}
+
+impl Holder {
+    fn of(id: FwQueueId, seat: &Seat) -> Holder {
+        Holder {
+            id,
+            pending: seat.pending,
+            blocked: seat.blocked,
+            privileged: !seat.class.user,
+            prio: seat.class.priority.0,
+            vm: seat.class.vmid,
+            slice_start: seat.slice_start,
+            process_start: seat.process_start,
+        }
+    }
+
+    /// Whether this holder gives its slot to a waiter of `class` (`same_space`: of its own
+    /// address space) at `now`, and how readily (the lowest rank goes first): an idle one, then
+    /// one blocked in a `WAIT` (where `blocked_yields`: its engine may stop a wait), then one of
+    /// lower priority (lowest first), then one of equal priority past its quantum
+    /// (longest-running first). Within one address space the gang quantum applies, from when
+    /// this queue got the slot; between two, the process quantum, from when its address space
+    /// did (gang rotation does not restart it). A kernel queue takes its slot from any user
+    /// queue; a kernel queue keeps its own from every user queue.
+    fn eviction_rank(
+        &self,
+        class: Class,
+        same_space: bool,
+        now: Time,
+        quanta: Quanta,
+        blocked_yields: bool,
+    ) -> Option<(u8, Priority, Time)> {
+        let (w_priv, w_prio) = (!class.user, class.priority.0);
+        if self.privileged && !w_priv {
+            return None;
+        }
+        if w_priv && !self.privileged {
+            return Some((0, self.prio, self.slice_start));
+        }
+        let (quantum, start) =
+            if same_space { (quanta.gang, self.slice_start) } else { (quanta.process, self.process_start) };
+        let rank = if !self.pending {
+            0
+        } else if self.blocked && blocked_yields {
+            1
+        } else if self.prio < w_prio {
+            2
+        } else if self.prio == w_prio && now.since(start) >= quantum {
+            3
+        } else {
+            return None;
+        };
+        Some((rank, self.prio, start))
+    }
+}
+
 /// Chooses which queues hold this engine's hardware slots (spec 001 "the scheduling firmware
 /// dynamically maps and unmaps queues based on priority and time quanta"). Every queue on
 /// the run list with work wants a slot; in order of priority (kernel queues first, then the
@@ -356,8 +441,8 @@ pub(super) fn sync_waiting<Q: Schedulable>(e: &mut Engine, q: &mut Q, id: FwQueu
 /// a holder can be evicted for a waiter depends only on the waiter's [`Class`], and within a
 /// pass the set of holders evictable for a class only shrinks (a queue mapped in this pass is
 /// never evicted in it): so once one queue of a class finds no victim, the rest of its class
-/// is skipped. A pass therefore takes O((slots + classes) × (slots + classes)) plus O(log n)
-/// per queue it maps, however long the run list.
+/// is skipped. A pass walks the class heads once, in order, so it takes
+/// O(classes × slots) plus O(log n) per queue it maps, however long the run list.
 ///
 /// One difference from the plain "walk every waiting queue" formulation: with a quantum of
 /// zero, a queue mapped in this pass could there be evicted again later in the same pass by
@@ -381,23 +466,32 @@ pub(super) fn schedule<Q: Schedulable>(
     }
     e.resched = false;
     e.timers.set(Timer::Quantum, None);
-    let seat = |queues: &Slab<Q>, id: FwQueueId| queues.get(id.0).ok().map(Q::seat);
-    e.hqd.retain(|&id| seat(queues, id).is_some_and(|q| q.state == QueueState::Mapped));
+    // The holders, read once: a hung one lingering in `hqd` leaves it here.
+    let mut holders: Vec<Holder> = Vec::with_capacity(e.hqd.len() + 1);
+    e.hqd.retain(|&id| match queues.get(id.0) {
+        Ok(q) if q.seat().state == QueueState::Mapped => {
+            holders.push(Holder::of(id, &q.seat()));
+            true
+        }
+        _ => false,
+    });
     // A holder blocked in a `WAIT` that does not pass uses its slot for nothing, and may be
     // stopped there at every granularity but `None` (spec 003): it yields to any waiter.
     let blocked_yields = e.stop.allows_blocked_wait();
     if e.waiting.is_empty() {
         return;
     }
-    // Classes of waiting queues no holder can make room for.
-    let mut unplaced: Vec<Class> = Vec::new();
     // Mapped in this pass: not victims in it.
     let mut placed: Vec<FwQueueId> = Vec::new();
     // Evicted with work left: they wait again, but only from the next pass on.
     let mut evicted: Vec<FwQueueId> = Vec::new();
-    // Kernel queues first, then priority, then whoever ran longest ago (then run-list order).
-    while let Some((class, w)) = e.waiting.first(&unplaced) {
-        let (w_priv, w_prio, w_vm) = (!class.user, class.priority.0, class.vmid);
+    // Kernel queues first, then priority, then whoever ran longest ago (then run-list order):
+    // one walk over the class heads ([`Waiting::next_head`]). A class no holder can make room
+    // for is left behind the walk, so the rest of it is skipped; when no holder would make
+    // room for any class of its (privilege, priority), the walk jumps past them all.
+    let mut walked = None;
+    while let Some((key, class, w)) = e.waiting.next_head(walked) {
+        walked = Some(key);
         // When its address space got this slot: now, unless it takes the slot from a busy
         // queue of its own address space (gang rotation), whose start it keeps.
         let mut process_start = now;
@@ -405,42 +499,17 @@ pub(super) fn schedule<Q: Schedulable>(
             // Pick a holder to evict: idle first, then lower priority (lowest first), then an
             // equal-priority one past its quantum (longest-running first). Kernel queues keep
             // their slots.
-            let victim = e
-                .hqd
-                .iter()
-                .copied()
-                .filter(|id| !placed.contains(id))
-                .filter_map(|id| {
-                    let h = seat(queues, id)?;
-                    let (privileged, prio, vm) = (!h.class.user, h.class.priority.0, h.class.vmid);
-                    if privileged && !w_priv {
-                        return None;
-                    }
-                    // A kernel queue takes its slot from any user queue.
-                    if w_priv && !privileged {
-                        return Some((0, prio, h.slice_start, id));
-                    }
-                    // Within one address space the gang quantum applies, from when this queue
-                    // got the slot; between two, the process quantum, from when its address
-                    // space did (gang rotation does not restart it).
-                    let (quantum, start) =
-                        if vm == w_vm { (quanta.gang, h.slice_start) } else { (quanta.process, h.process_start) };
-                    let rank = if !h.pending {
-                        0
-                    } else if h.blocked && blocked_yields {
-                        1
-                    } else if prio < w_prio {
-                        2
-                    } else if prio == w_prio && now.since(start) >= quantum {
-                        3
-                    } else {
-                        return None;
-                    };
-                    Some((rank, prio, start, id))
-                })
-                .min_by_key(|&(rank, prio, start, _)| (rank, prio, start));
-            let Some((_, _, _, v)) = victim else {
-                unplaced.push(class);
+            let candidates = || holders.iter().filter(|h| !placed.contains(&h.id));
+            let rank = |h: &Holder, same_space| h.eviction_rank(class, same_space, now, quanta, blocked_yields);
+            let victim =
+                candidates().filter_map(|h| rank(h, h.vm == class.vmid).map(|r| (r, h.id))).min_by_key(|&(r, _)| r);
+            let Some((_, v)) = victim else {
+                // Whether a holder gives way depends on the waiter's address space only
+                // through "its own or another": if neither would take any holder's slot, no
+                // class of this (privilege, priority) will.
+                if candidates().all(|h| rank(h, true).is_none() && rank(h, false).is_none()) {
+                    walked = Some(Waiting::last_of_group(class));
+                }
                 continue;
             };
             // A busy victim leaves its slot only at a point its engine's granularity allows:
@@ -461,13 +530,13 @@ pub(super) fn schedule<Q: Schedulable>(
                     );
                 }
                 placed.push(v);
-                unplaced.push(class);
                 continue;
             }
             e.hqd.retain(|&id| id != v);
+            holders.retain(|h| h.id != v);
             if let Ok(q) = queues.get_mut(v.0) {
                 let (pending, vm, start) = (q.seat().pending, q.seat().class.vmid, q.seat().process_start);
-                if pending && vm == w_vm {
+                if pending && vm == class.vmid {
                     process_start = start;
                 }
                 q.set_state(if pending { QueueState::Preempted } else { QueueState::Unmapped });
@@ -492,6 +561,7 @@ pub(super) fn schedule<Q: Schedulable>(
         q.set_state(QueueState::Mapped);
         q.set_slice_start(now, process_start);
         sync_waiting(e, q, w);
+        holders.push(Holder::of(w, &q.seat()));
     }
     for v in evicted {
         if let Ok(q) = queues.get_mut(v.0) {
@@ -500,8 +570,8 @@ pub(super) fn schedule<Q: Schedulable>(
     }
     // Look again when the first holder's quantum runs out against a class still waiting (it
     // lies ahead: a holder past its quantum would have been evicted above). The classes still
-    // waiting are the unplaced ones and those of the queues evicted in this pass: without the
-    // latter, two busy queues over one slot would swap once and then never again.
+    // waiting are the ones the walk left behind and those of the queues evicted in this pass:
+    // without the latter, two busy queues over one slot would swap once and then never again.
     let waiting = &e.waiting.by_class;
     // For a holder, the classes that contend are those of its priority (a privileged holder
     // only against privileged waiters); a waiter of its own address space ends its gang
@@ -519,13 +589,23 @@ pub(super) fn schedule<Q: Schedulable>(
         }
         (gang, process)
     };
-    let quantum_end = e
-        .hqd
+    // Holders mostly share their priority and address space: ask once per kind of holder
+    // ((priority, privileged, address space) -> (gang, process)).
+    type Kind = (Priority, bool, Vmid);
+    let mut asked: Vec<(Kind, (bool, bool))> = Vec::new();
+    let quantum_end = holders
         .iter()
-        .filter_map(|&id| seat(queues, id))
         .filter(|h| h.pending)
         .flat_map(|h| {
-            let (gang, process) = contenders(h.class.priority.0, !h.class.user, h.class.vmid);
+            let kind = (h.prio, h.privileged, h.vm);
+            let (gang, process) = match asked.iter().find(|(k, _)| *k == kind) {
+                Some(&(_, answer)) => answer,
+                None => {
+                    let answer = contenders(h.prio, h.privileged, h.vm);
+                    asked.push((kind, answer));
+                    answer
+                }
+            };
             [gang.then(|| h.slice_start.plus(quanta.gang)), process.then(|| h.process_start.plus(quanta.process))]
         })
         .flatten()
@@ -750,6 +830,23 @@ mod tests {
         assert_eq!(b.quantum_timer(), Some(Time::ZERO.plus(2 * MS)), "armed against the evicted queue");
         assert_eq!(b.pass_at(2 * MS), vec![a]);
         assert_eq!(b.pass_at(3 * MS), vec![bq]);
+    }
+
+    /// The pass jumps past a (privilege, priority) group only when no class of it could take
+    /// a slot: here the first waiter in line (another process) cannot evict the holder before
+    /// the process quantum, but one of the holder's own process can at the gang quantum.
+    #[test]
+    fn a_waiter_behind_one_that_cannot_evict_still_takes_its_gang_turn() {
+        let mut b = Bench::new(1);
+        let holder = b.add(Kind::User(Priority::Normal, 1));
+        let other = b.add(Kind::User(Priority::Normal, 2));
+        let sibling = b.add(Kind::User(Priority::Normal, 1));
+        for q in [holder, other, sibling] {
+            b.ring(q);
+        }
+        assert_eq!(b.pass(), vec![holder]);
+        assert_eq!(b.pass_at(MS), vec![sibling], "the gang quantum ran out against its sibling");
+        assert_eq!(b.state(other), QueueState::Unmapped, "another process waits for the process quantum");
     }
 
     #[test]
