@@ -113,7 +113,7 @@ pub fn run(a: SimArgs) -> Result<(), CliError> {
             let rows = sim::sweep::run_to_dir(&s, i, n, &out, &|done, _| pb.set_position(done as u64))?;
             pb.finish_and_clear();
             if !quiet {
-                println!(
+                outln!(
                     "{} runs (shard {i}/{n} of {}) in {:.1} s -> {}",
                     rows.len(),
                     s.runs(),
@@ -125,7 +125,7 @@ pub fn run(a: SimArgs) -> Result<(), CliError> {
         }
         Some(SimCommand::Merge { dirs, out }) => {
             let n = sim::sweep::merge(&dirs, &out)?;
-            println!("merged {n} runs from {} shards -> {}", dirs.len(), out.display());
+            outln!("merged {n} runs from {} shards -> {}", dirs.len(), out.display());
             Ok(())
         }
         Some(SimCommand::Calibrate { out }) => calibrate(&out),
@@ -139,9 +139,9 @@ pub fn run(a: SimArgs) -> Result<(), CliError> {
             let (o, summary) = sim::run_to_dir(&plan, seed, &a.out, &mut |f| pb.set_position((f * 1000.0) as u64))?;
             pb.finish_and_clear();
             if a.quiet {
-                println!("{}", a.out.display());
+                outln!("{}", a.out.display());
             } else {
-                println!(
+                outln!(
                     "{} (seed {seed}): {} queues, {} submissions, {} completions, {} lost, {:.3} ms of virtual time in {:.2} s",
                     plan.name,
                     o.queues.len(),
@@ -151,7 +151,7 @@ pub fn run(a: SimArgs) -> Result<(), CliError> {
                     o.end as f64 / 1e6,
                     o.wall_seconds
                 );
-                println!("outputs: {} (report.html, summary.json, queues.csv, trace.json, plots)", a.out.display());
+                outln!("outputs: {} (report.html, summary.json, queues.csv, trace.json, plots)", a.out.display());
             }
             Ok(())
         }
@@ -232,9 +232,9 @@ pub fn bench_sim(a: BenchSimArgs) -> Result<(), CliError> {
         "live_submissions_per_s": live.round() as u64,
     });
     if a.json {
-        println!("{o}");
+        outln!("{o}");
     } else {
-        println!("{o:#}");
+        outln!("{o:#}");
     }
     Ok(())
 }
@@ -381,6 +381,6 @@ fn calibrate(out: &std::path::Path) -> Result<(), CliError> {
          # signals a CPU thread waited for, and {calls} CPU signals of a fence\n"
     );
     std::fs::write(out, &text).map_err(|e| CliError::Input(format!("{}: {e}", out.display())))?;
-    print!("{text}");
+    out!("{text}");
     Ok(())
 }

@@ -387,3 +387,21 @@ fn bench_sim_reports_every_field() {
         assert!(v[k].as_f64().is_some_and(|x| x > 0.0), "{k}: {v}");
     }
 }
+
+/// A reader that goes away (`doorbell … | head`) ends the output quietly: exit status 0 and
+/// no panic, where `println!` would panic on the broken pipe. The pipe's read end is closed
+/// before the command starts, so its first line already meets it.
+#[test]
+fn a_closed_pipe_on_stdout_ends_the_command_quietly() {
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let saxpy = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/saxpy.dbk");
+    let out = doorbell()
+        .args(["run", saxpy, "--grid", "2", "--group", "64", "--args", "buf:512:iotaf,buf:512:iotaf,f:2.0,128"])
+        .stdout(writer)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{:?}: {err}", out.status);
+    assert!(!err.contains("panicked"), "{err}");
+}

@@ -485,8 +485,7 @@ pub fn run(plan: &Plan, seed: u64, progress: &mut dyn FnMut(f64)) -> Result<Outc
         }
         // The next moment a client acts (a ring heard, a submission, an event): a turn that a
         // ring could cut into ends there, as it would on the live driver.
-        let next_client =
-            heap.next_time().into_iter().chain(unheard.front().map(|&(t, _)| t)).min();
+        let next_client = heap.next_time().into_iter().chain(unheard.front().map(|&(t, _)| t)).min();
         sys.set_step_horizon(next_client.map(abi::Time));
         sys.run_instant_after(&rang_since);
         rang_since.clear();
