@@ -423,6 +423,9 @@ struct Engine {
     timers: Timers,
     /// Every queue the firmware may schedule on this engine (amdgpu's run list).
     run_list: Vec<FwQueueId>,
+    /// How many of `run_list` are kernel queues (kept by [`schedule::join_run_list`] and
+    /// [`schedule::leave_run_list`]), so INFO's slot split does not count them on every ask.
+    kernel_queues: usize,
     /// The queues in hardware slots (HQDs): at most `hw_slots`; only these execute.
     hqd: Vec<FwQueueId>,
     hw_slots: usize,
@@ -577,6 +580,7 @@ impl Engine {
             idle_period,
             timers: Timers([Some(Time::ZERO.plus(idle_period)), None, None]),
             run_list: Vec::new(),
+            kernel_queues: 0,
             hqd: Vec::new(),
             hw_slots: hw_slots.max(1) as usize,
             watches: Vec::new(),
@@ -811,8 +815,7 @@ impl Firmware {
     /// An engine's hardware slots, and how many its kernel queues hold (always mapped).
     pub(crate) fn kernel_slots(&self, engine: EngineId) -> Result<(u32, u32), GpuError> {
         let e = self.engines.get(engine.0 as usize).ok_or(GpuError::BadEngine(engine.0))?;
-        let kernel = e.run_list.iter().filter(|id| self.queues.get(id.0).is_ok_and(|q| q.cfg.privileged)).count();
-        Ok((e.hw_slots as u32, kernel.min(e.hw_slots) as u32))
+        Ok((e.hw_slots as u32, e.kernel_queues.min(e.hw_slots) as u32))
     }
 
     pub(crate) fn optimized_interrupts(&self) -> bool {

@@ -268,6 +268,7 @@ impl Schedulable for FwQueue {
 /// Puts queue `id` at the end of `e`'s run list, stamped with its turn among equals.
 pub(super) fn join_run_list<Q: Schedulable>(e: &mut Engine, q: &mut Q, id: FwQueueId) {
     e.run_list.push(id);
+    e.kernel_queues += !q.seat().class.user as usize;
     q.set_run_list(Some(e.next_seq));
     e.next_seq += 1;
 }
@@ -289,7 +290,11 @@ pub(super) fn admit<Q: Schedulable>(e: &mut Engine, q: &mut Q, id: FwQueueId) {
 /// the waiting set, and no pass maps it until it joins again. Its state and `pending` stay
 /// (rings are remembered).
 pub(super) fn leave_run_list<Q: Schedulable>(e: &mut Engine, q: &mut Q, id: FwQueueId) {
-    e.run_list.retain(|&q| q != id);
+    let seat = q.seat();
+    if seat.on_run_list {
+        e.run_list.retain(|&q| q != id);
+        e.kernel_queues -= !seat.class.user as usize;
+    }
     e.hqd.retain(|&q| q != id);
     e.resched = true;
     q.set_run_list(None);
@@ -870,6 +875,25 @@ mod tests {
         // The slot comes back when the kernel queue leaves the run list.
         b.leave(kernel);
         assert_eq!(b.pass(), vec![user]);
+    }
+
+    /// INFO's split of the slots counts the kernel queues on the run list: the count follows
+    /// them as they join and leave, and a queue removed while suspended has left already.
+    #[test]
+    fn the_kernel_queue_count_follows_the_run_list() {
+        let mut b = Bench::new(2);
+        let kernel = b.add(Kind::Kernel(Priority::Normal));
+        let user = b.add(Kind::User(Priority::Normal, 1));
+        assert_eq!(b.e.kernel_queues, 1);
+        b.leave(user);
+        assert_eq!(b.e.kernel_queues, 1, "a user queue leaving changes nothing");
+        b.leave(kernel);
+        assert_eq!(b.e.kernel_queues, 0, "suspended");
+        b.leave(kernel);
+        assert_eq!(b.e.kernel_queues, 0, "then removed: it had left already");
+        let q = b.queues.get_mut(kernel.0).unwrap();
+        join_run_list(&mut b.e, q, kernel);
+        assert_eq!(b.e.kernel_queues, 1, "resumed");
     }
 
     #[test]
