@@ -201,14 +201,22 @@ enum Ev {
     Enter(usize),
 }
 
-/// The clients' events, in (time, order of scheduling) order: a heap keyed by one number.
+/// The clients' events, in (time, order of scheduling) order, each keyed by one number: its
+/// time in the high half, its scheduling order in the low half.
+///
+/// Most events are scheduled in time order (a closed loop's next submission at each
+/// completion, and completions come in time order): those go to the back of a queue, and only
+/// the others to a heap. The earlier of the two fronts is the next event, so the order is the
+/// same as one heap's, at a fraction of its cost.
 #[derive(Default)]
 struct Events {
+    /// Events scheduled no earlier than every event already in it, in key order.
+    in_order: VecDeque<(u128, Ev)>,
     heap: BinaryHeap<Reverse<Scheduled>>,
     seq: u64,
 }
 
-/// An event and its key: its time in the high half, its scheduling order in the low half.
+/// An event in the heap and its key.
 struct Scheduled(u128, Ev);
 
 impl PartialEq for Scheduled {
@@ -231,20 +239,41 @@ impl Ord for Scheduled {
 impl Events {
     fn push(&mut self, t: u64, e: Ev) {
         self.seq += 1;
-        self.heap.push(Reverse(Scheduled((t as u128) << 64 | self.seq as u128, e)));
+        let key = (t as u128) << 64 | self.seq as u128;
+        if self.in_order.back().is_none_or(|&(last, _)| last <= key) {
+            self.in_order.push_back((key, e));
+        } else {
+            self.heap.push(Reverse(Scheduled(key, e)));
+        }
+    }
+
+    /// The key of the next event.
+    fn next_key(&self) -> Option<u128> {
+        let a = self.in_order.front().map(|&(k, _)| k);
+        let b = self.heap.peek().map(|Reverse(s)| s.0);
+        match (a, b) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// The time of the next event.
     fn next_time(&self) -> Option<u64> {
-        self.heap.peek().map(|Reverse(s)| (s.0 >> 64) as u64)
+        self.next_key().map(|k| (k >> 64) as u64)
     }
 
     /// The next event, if it is due at `now`.
     fn pop_due(&mut self, now: u64) -> Option<(u64, Ev)> {
-        if self.next_time()? > now {
+        let key = self.next_key()?;
+        if (key >> 64) as u64 > now {
             return None;
         }
-        self.heap.pop().map(|Reverse(Scheduled(k, e))| ((k >> 64) as u64, e))
+        let e = if self.in_order.front().is_some_and(|&(k, _)| k == key) {
+            self.in_order.pop_front().map(|(_, e)| e)
+        } else {
+            self.heap.pop().map(|Reverse(Scheduled(_, e))| e)
+        };
+        e.map(|e| ((key >> 64) as u64, e))
     }
 }
 

@@ -27,7 +27,7 @@
 //! [`abi::port::KernelPort`] implementation a `umd::Device` runs on.
 
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use abi::NativeFenceHandle;
@@ -235,7 +235,7 @@ impl System {
             cfg,
             world.clock.clone(),
             Arc::new(ThreadWaker::default()),
-            Driver::Sim { world: world.clone() },
+            Driver::Sim { world: world.clone(), completions_taken: AtomicU64::new(u64::MAX) },
         )?;
         world.members.lock().push(Arc::downgrade(&sys.inner));
         Ok(sys)
@@ -328,7 +328,7 @@ impl System {
     /// anything happened. On a live system it does nothing and returns `false`.
     pub fn step(&self) -> bool {
         match &self.inner.driver {
-            Driver::Sim { world } => world.step(),
+            Driver::Sim { world, .. } => world.step(),
             Driver::Live { .. } => false,
         }
     }
@@ -337,7 +337,7 @@ impl System {
     /// work takes (timers due before then fire in order; an idle system's timers are not
     /// reached). Bounded: beside an endless kernel use [`System::run_for`].
     pub fn settle(&self) {
-        if let Driver::Sim { world } = &self.inner.driver {
+        if let Driver::Sim { world, .. } = &self.inner.driver {
             world.settle();
         }
     }
@@ -346,7 +346,7 @@ impl System {
     /// order for `d` of virtual time, whatever runs meanwhile (an endless kernel included),
     /// then settles at the end. On a live system it does nothing.
     pub fn run_for(&self, d: Duration) {
-        if let Driver::Sim { world } = &self.inner.driver {
+        if let Driver::Sim { world, .. } = &self.inner.driver {
             world.run_until(world.clock.now().plus(d));
         }
     }
@@ -528,7 +528,7 @@ impl System {
     /// Direct access to the device, for tests and tools that inspect it.
     pub fn with_gpu<T>(&self, f: impl FnOnce(&mut Gpu) -> T) -> T {
         let r = f(&mut self.inner.gpu.lock());
-        if let Driver::Sim { world } = &self.inner.driver {
+        if let Driver::Sim { world, .. } = &self.inner.driver {
             world.changed();
         }
         r
@@ -537,8 +537,16 @@ impl System {
     /// Moves the completions the device recorded since the last call into `out`
     /// ([`Gpu::take_completions`]; [`Gpu::record_completions`] turns the recording on). Unlike
     /// a [`System::with_gpu`] that could do it, it tells the deterministic driver that nothing
-    /// the device does next changed.
+    /// the device does next changed. On the deterministic driver, a call with no step since
+    /// the last (nothing changed in the world) finds nothing new and leaves the device alone.
     pub fn take_completions(&self, out: &mut Vec<gpu::Completion>) {
+        if let Driver::Sim { world, completions_taken } = &self.inner.driver {
+            // Relaxed: the deterministic driver's own state (one thread drives it).
+            let changes = world.changes();
+            if completions_taken.swap(changes, Ordering::Relaxed) == changes {
+                return;
+            }
+        }
         self.inner.gpu.lock().take_completions(out);
     }
 
@@ -553,7 +561,7 @@ impl System {
     /// passes). Returns the number of steps that did something. Live: does nothing.
     pub fn run_instant(&self) -> usize {
         match &self.inner.driver {
-            Driver::Sim { world } => world.settle_now(),
+            Driver::Sim { world, .. } => world.settle_now(),
             Driver::Live { .. } => 0,
         }
     }
@@ -566,7 +574,7 @@ impl System {
     /// poll, so only a caller that runs every client itself may use it. Live: does nothing.
     pub fn run_instant_after(&self, rang: &[u64]) -> usize {
         match &self.inner.driver {
-            Driver::Sim { world } => {
+            Driver::Sim { world, .. } => {
                 // No client rang, in a quiet period: nothing to look at, nothing to step. (The
                 // shared doorbell pages are looked at with the next ring, or when the period
                 // ends: a ring latched anywhere in it waits for its end all the same.)
@@ -593,7 +601,7 @@ impl System {
     /// modelled work ending, a device or kernel timer), if any. Live: `None`.
     pub fn next_event(&self) -> Option<Time> {
         match &self.inner.driver {
-            Driver::Sim { world } => world.next_timer(),
+            Driver::Sim { world, .. } => world.next_timer(),
             Driver::Live { .. } => None,
         }
     }
@@ -604,7 +612,7 @@ impl System {
     /// driver, instead of running as one piece past the ring. [`System::run_for`] sets its own
     /// target. Live: does nothing.
     pub fn set_step_horizon(&self, at: Option<Time>) {
-        if let Driver::Sim { world } = &self.inner.driver {
+        if let Driver::Sim { world, .. } = &self.inner.driver {
             world.set_horizon(at);
         }
     }
@@ -613,7 +621,7 @@ impl System {
     /// steps event by event: [`System::next_event`], then [`System::run_instant`]). The clock
     /// never goes back: an earlier `t` leaves it where it is. Live: does nothing.
     pub fn advance_to(&self, t: Time) {
-        if let Driver::Sim { world } = &self.inner.driver {
+        if let Driver::Sim { world, .. } = &self.inner.driver {
             world.clock.set(t);
         }
     }
