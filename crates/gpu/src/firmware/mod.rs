@@ -468,6 +468,8 @@ struct Engine {
     /// look at a save area during a step (the kernel waits for the device lock), and a queue
     /// mapped again in the same step simply keeps its state.
     unspilled: Vec<FwQueueId>,
+    /// A scheduling pass's working lists, kept between passes ([`schedule::PassScratch`]).
+    pass: schedule::PassScratch,
 }
 
 /// The firmware state machine. See the module docs.
@@ -595,6 +597,7 @@ impl Engine {
             asleep: Vec::new(),
             asleep_epoch: u64::MAX,
             unspilled: Vec::new(),
+            pass: Default::default(),
         }
     }
 
