@@ -494,6 +494,8 @@ pub fn run(plan: &Plan, seed: u64, progress: &mut dyn FnMut(f64)) -> Result<Outc
         v
     };
     let mut last_progress = 0.0f64;
+    // Whether the world ran at this instant after the clients' last events (see below).
+    let mut world_ran = false;
     loop {
         let now = sys.now().0;
         // Series: open buckets up to now.
@@ -508,16 +510,11 @@ pub fn run(plan: &Plan, seed: u64, progress: &mut dyn FnMut(f64)) -> Result<Outc
                 bucket *= 2;
             }
         }
-        // Only the queues submitted to since the last instant can have rung.
-        while unheard.front().is_some_and(|&(t, _)| t <= now) {
-            rang_since.push(unheard.pop_front().expect("checked").1);
+        // The world at this instant (unless it just ran, after the clients' last events).
+        if !world_ran {
+            run_world(&sys, now, &heap, &mut unheard, &mut rang_since);
         }
-        // The next moment a client acts (a ring heard, a submission, an event): a turn that a
-        // ring could cut into ends there, as it would on the live driver.
-        let next_client = heap.next_time().into_iter().chain(unheard.front().map(|&(t, _)| t)).min();
-        sys.set_step_horizon(next_client.map(abi::Time));
-        sys.run_instant_after(&rang_since);
-        rang_since.clear();
+        world_ran = false;
         // Completions recorded by the device.
         sys.take_completions(&mut comps);
         for c in comps.drain(..) {
@@ -624,14 +621,19 @@ pub fn run(plan: &Plan, seed: u64, progress: &mut dyn FnMut(f64)) -> Result<Outc
                     // Submit from the backlog while the ring has room and the client is free.
                     while qs[i].outstanding.len() < qs[i].cap && !stopped && qs[i].busy_until <= now {
                         let Some((intended, size)) = qs[i].backlog.pop_front() else { break };
-                        let reconnects = qs[i].q.as_ref().map_or(0, Queue::reconnects);
+                        // Its kernel calls take time (when they do): a reconnect before the
+                        // ring (which is heard after it), the notification after.
+                        let call = plan.kernel_call;
+                        let reconnects = if call > 0 { qs[i].q.as_ref().map_or(0, Queue::reconnects) } else { 0 };
                         let r = submit_one(plan, &mut qs, &clients, i, intended, size, &mut cb);
-                        // Its kernel calls: a reconnect before the ring (which is heard after
-                        // it), the notification after.
-                        let reconnected = qs[i].q.as_ref().map_or(0, Queue::reconnects) - reconnects;
-                        let notified = plan.system.notify_on_submit && r.as_ref().is_ok_and(Option::is_some);
-                        let ring_at = t.max(now) + reconnected * plan.kernel_call;
-                        qs[i].busy_until = ring_at + notified as u64 * plan.kernel_call;
+                        let mut ring_at = now;
+                        qs[i].busy_until = now;
+                        if call > 0 {
+                            let reconnected = qs[i].q.as_ref().map_or(0, Queue::reconnects) - reconnects;
+                            let notified = plan.system.notify_on_submit && r.as_ref().is_ok_and(Option::is_some);
+                            ring_at += reconnected * call;
+                            qs[i].busy_until = ring_at + notified as u64 * call;
+                        }
                         // Rings are noticed in the order they were made (one latency for all).
                         heard_in_order(&mut unheard, ring_at + latency, fw_of[i]);
                         let Some(signals) = submitted(r, &sys, &clients, &mut qs[i], plan)? else { break };
@@ -674,7 +676,13 @@ pub fn run(plan: &Plan, seed: u64, progress: &mut dyn FnMut(f64)) -> Result<Outc
             }
         }
         if ran {
-            continue;
+            // The world runs again at this instant, after what the clients did. Unless it
+            // steps, that is all (no completion, no new event), and time moves on: the usual
+            // instant of a loaded run is a ring latched while the engines run earlier work.
+            if run_world(&sys, now, &heap, &mut unheard, &mut rang_since) > 0 {
+                world_ran = true;
+                continue;
+            }
         }
         // Stop submitting at the end of the window.
         if !stopped && window_end.is_some_and(|w| now >= w) {
@@ -853,6 +861,32 @@ fn submitted(
             Ok(None)
         }
     }
+}
+
+/// Runs the world at `now` ([`System::run_instant_after`]) after the device looked at the
+/// doorbells it hears by then (the queues submitted to since it last looked: only those can
+/// have rung), with the step horizon at the next moment a client acts (a ring heard, a client
+/// event): a turn that a ring could cut into ends there, as it would on the live driver.
+/// Returns the steps that did something.
+fn run_world(
+    sys: &System,
+    now: u64,
+    events: &Events,
+    unheard: &mut VecDeque<(u64, u64)>,
+    rang: &mut Vec<u64>,
+) -> usize {
+    while let Some(&(t, queue)) = unheard.front()
+        && t <= now
+    {
+        rang.push(queue);
+        unheard.pop_front();
+    }
+    let next_ring = unheard.front().map_or(u64::MAX, |&(t, _)| t);
+    let next_client = events.next_time().map_or(next_ring, |t| t.min(next_ring));
+    sys.set_step_horizon((next_client != u64::MAX).then_some(abi::Time(next_client)));
+    let steps = sys.run_instant_after(rang);
+    rang.clear();
+    steps
 }
 
 /// Queues a ring the device notices at `at`, after every ring it notices no later (rings of
