@@ -50,6 +50,7 @@ pub(crate) struct SimClock {
 }
 
 impl Clock for SimClock {
+    #[inline]
     fn now(&self) -> Time {
         // Relaxed: the clock is only read and written by the thread driving the simulation.
         Time(self.now.load(Ordering::Relaxed))
@@ -57,6 +58,7 @@ impl Clock for SimClock {
 }
 
 impl SimClock {
+    #[inline]
     pub(crate) fn set(&self, t: Time) {
         self.now.fetch_max(t.0, Ordering::Relaxed);
     }
@@ -118,6 +120,7 @@ impl SimWorld {
 
     /// How many changes the world has seen: only a step records completions, and every step
     /// is one, so a device's completion record cannot have grown while the count stands.
+    #[inline]
     pub(crate) fn changes(&self) -> u64 {
         // Acquire: pairs with `changed`.
         self.changes.load(Ordering::Acquire)
@@ -125,6 +128,7 @@ impl SimWorld {
 
     /// The end of the quiet period the world is known to be in at `now` (nothing changed since
     /// it was recorded, and it lasts past `now`), if any.
+    #[inline]
     pub(crate) fn quiet_until(&self, now: Time) -> Option<Time> {
         let (at, until) = *self.quiet.lock();
         // Acquire: pairs with `changed`.
@@ -262,6 +266,7 @@ impl SimWorld {
 
     /// Tells every adapter's device when a client may next ring ([`gpu::Gpu::set_horizon`]),
     /// as of its next step.
+    #[inline]
     pub(crate) fn set_horizon(&self, at: Option<Time>) {
         // Relaxed: see `step_with`.
         self.horizon.store(at.map_or(u64::MAX, |t| t.0), Ordering::Relaxed);
@@ -275,6 +280,7 @@ impl SimWorld {
 
     /// The earliest timer of any adapter (the device's, the OS's), an engine's busy period
     /// ending included.
+    #[inline]
     pub(crate) fn next_timer(&self) -> Option<Time> {
         self.quiet_until(self.clock.now()).or_else(|| self.find_next_timer())
     }

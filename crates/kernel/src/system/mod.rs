@@ -275,8 +275,12 @@ impl System {
     }
 
     /// Device time now.
+    #[inline]
     pub fn now(&self) -> Time {
-        self.inner.clock.now()
+        match &self.inner.driver {
+            Driver::Sim { world, .. } => world.clock.now(),
+            Driver::Live { .. } => self.inner.clock.now(),
+        }
     }
 
     /// The kernel's trace and how many entries were dropped.
@@ -539,14 +543,21 @@ impl System {
     /// a [`System::with_gpu`] that could do it, it tells the deterministic driver that nothing
     /// the device does next changed. On the deterministic driver, a call with no step since
     /// the last (nothing changed in the world) finds nothing new and leaves the device alone.
+    #[inline]
     pub fn take_completions(&self, out: &mut Vec<gpu::Completion>) {
         if let Driver::Sim { world, completions_taken } = &self.inner.driver {
             // Relaxed: the deterministic driver's own state (one thread drives it).
             let changes = world.changes();
-            if completions_taken.swap(changes, Ordering::Relaxed) == changes {
+            if completions_taken.load(Ordering::Relaxed) == changes {
                 return;
             }
+            completions_taken.store(changes, Ordering::Relaxed);
         }
+        self.take_recorded(out);
+    }
+
+    /// [`System::take_completions`] from the device.
+    fn take_recorded(&self, out: &mut Vec<gpu::Completion>) {
         self.inner.gpu.lock().take_completions(out);
     }
 
@@ -572,33 +583,44 @@ impl System {
     /// (later steps of the instant look at all of them again only after the kernel-mode
     /// scheduler rang one of its own). A queue left out of `rang` is heard at the next full
     /// poll, so only a caller that runs every client itself may use it. Live: does nothing.
+    #[inline]
     pub fn run_instant_after(&self, rang: &[u64]) -> usize {
         match &self.inner.driver {
             Driver::Sim { world, .. } => {
                 // No client rang, in a quiet period: nothing to look at, nothing to step. (The
                 // shared doorbell pages are looked at with the next ring, or when the period
                 // ends: a ring latched anywhere in it waits for its end all the same.)
-                if rang.is_empty() && world.quiet_until(self.inner.clock.now()).is_some() {
+                if rang.is_empty() && world.quiet_until(world.clock.now()).is_some() {
                     return 0;
                 }
-                // Latching a ring raises nothing and sets no timer: a world that waited for its
-                // busy engines still does (the rings wait for the busy period's end).
-                let mut g = self.inner.gpu.lock();
-                g.poll_doorbells_of(rang.iter().map(|&b| gpu::FwQueueId::from_bits(b)));
-                debug_assert!(
-                    world.quiet_until(self.inner.clock.now()).is_none()
-                        || g.waits_for_busy_engines(self.inner.clock.now()),
-                    "a latched ring ended a quiet period"
-                );
-                drop(g);
-                world.settle_now_from(false)
+                self.latch_and_settle(world, rang)
             }
             Driver::Live { .. } => 0,
         }
     }
 
+    /// [`System::run_instant_after`] past its first question.
+    fn latch_and_settle(&self, world: &SimWorld, rang: &[u64]) -> usize {
+        // Latching a ring raises nothing and sets no timer: a world that waited for its busy
+        // engines still does (the rings wait for the busy period's end).
+        let mut g = self.inner.gpu.lock();
+        g.poll_doorbells_of(rang.iter().map(|&b| gpu::FwQueueId::from_bits(b)));
+        let now = world.clock.now();
+        debug_assert!(
+            world.quiet_until(now).is_none() || g.waits_for_busy_engines(now),
+            "a latched ring ended a quiet period"
+        );
+        drop(g);
+        // Still quiet (the usual case: a ring while the engines run earlier work): no step.
+        if world.quiet_until(now).is_some() {
+            return 0;
+        }
+        world.settle_now_from(false)
+    }
+
     /// Sim: the time of the next event any adapter of the world waits for (an engine's
     /// modelled work ending, a device or kernel timer), if any. Live: `None`.
+    #[inline]
     pub fn next_event(&self) -> Option<Time> {
         match &self.inner.driver {
             Driver::Sim { world, .. } => world.next_timer(),
@@ -611,6 +633,7 @@ impl System {
     /// turns that a ring could cut into end at their first check past it, as on the live
     /// driver, instead of running as one piece past the ring. [`System::run_for`] sets its own
     /// target. Live: does nothing.
+    #[inline]
     pub fn set_step_horizon(&self, at: Option<Time>) {
         if let Driver::Sim { world, .. } = &self.inner.driver {
             world.set_horizon(at);
@@ -620,6 +643,7 @@ impl System {
     /// Sim: moves the virtual clock forward to `t` without running anything (a driver that
     /// steps event by event: [`System::next_event`], then [`System::run_instant`]). The clock
     /// never goes back: an earlier `t` leaves it where it is. Live: does nothing.
+    #[inline]
     pub fn advance_to(&self, t: Time) {
         if let Driver::Sim { world, .. } = &self.inner.driver {
             world.clock.set(t);
