@@ -607,27 +607,31 @@ pub fn run(plan: &Plan, seed: u64, progress: &mut dyn FnMut(f64)) -> Result<Outc
                     push(&mut heap, t, Ev::Drain(i));
                 }
                 Ev::Submit(_, _) | Ev::Drain(_) => {
-                    let i = match ev {
-                        Ev::Submit(i, size) => {
-                            let closed = matches!(plan.groups[qs[i].group].load, Load::Closed { .. });
-                            if !stopped && (closed || size.is_some()) {
-                                qs[i].backlog.push_back((t, size));
-                            }
-                            i
-                        }
-                        Ev::Drain(i) => i,
-                        _ => unreachable!("matched above"),
-                    };
                     if stopped {
                         continue;
                     }
+                    // A submission due joins the backlog's end: it goes now if the backlog is
+                    // empty and the ring has room (usually), without passing through it.
+                    let (i, mut due) = match ev {
+                        Ev::Submit(i, size) => {
+                            let closed = matches!(plan.groups[qs[i].group].load, Load::Closed { .. });
+                            (i, (closed || size.is_some()).then_some((t, size)))
+                        }
+                        Ev::Drain(i) => (i, None),
+                        _ => unreachable!("matched above"),
+                    };
                     // A client inside a kernel call acts when the call returns (one retry is
-                    // scheduled per call).
-                    if qs[i].busy_until > now {
+                    // scheduled per call); a kernel-mode submission is a kernel call, which lands
+                    // when the call returns.
+                    let in_call = qs[i].busy_until > now;
+                    let kernel_mode = plan.kernel_call > 0 && plan.groups[qs[i].group].kernel_mode;
+                    if in_call || kernel_mode || !qs[i].backlog.is_empty() {
+                        qs[i].backlog.extend(due.take());
+                    }
+                    if in_call {
                         continue;
                     }
-                    // A kernel-mode submission is a kernel call: it lands when the call returns.
-                    if plan.kernel_call > 0 && plan.groups[qs[i].group].kernel_mode {
+                    if kernel_mode {
                         if qs[i].outstanding.len() < qs[i].cap && !qs[i].backlog.is_empty() {
                             qs[i].busy_until = now + plan.kernel_call;
                             push(&mut heap, now + plan.kernel_call, Ev::Enter(i));
@@ -636,7 +640,7 @@ pub fn run(plan: &Plan, seed: u64, progress: &mut dyn FnMut(f64)) -> Result<Outc
                     }
                     // Submit from the backlog while the ring has room and the client is free.
                     while qs[i].outstanding.len() < qs[i].cap && !stopped && qs[i].busy_until <= now {
-                        let Some((intended, size)) = qs[i].backlog.pop_front() else { break };
+                        let Some((intended, size)) = due.take().or_else(|| qs[i].backlog.pop_front()) else { break };
                         // Its kernel calls take time (when they do): a reconnect before the
                         // ring (which is heard after it), the notification after.
                         let call = plan.kernel_call;
@@ -646,19 +650,21 @@ pub fn run(plan: &Plan, seed: u64, progress: &mut dyn FnMut(f64)) -> Result<Outc
                         qs[i].busy_until = now;
                         if call > 0 {
                             let reconnected = qs[i].q.as_ref().map_or(0, Queue::reconnects) - reconnects;
-                            let notified = plan.system.notify_on_submit && r.as_ref().is_ok_and(Option::is_some);
+                            let notified = plan.system.notify_on_submit && r.is_some();
                             ring_at += reconnected * call;
                             qs[i].busy_until = ring_at + notified as u64 * call;
                         }
-                        // Rings are noticed in the order they were made (one latency for all).
-                        heard_in_order(&mut unheard, ring_at + latency, fw_of[i]);
-                        let Some(signals) = submitted(r, &sys, &clients, &mut qs[i], plan)? else { break };
+                        ring(&mut rang_since, &mut unheard, now, ring_at + latency, fw_of[i]);
+                        let Some(signals) = r else { break };
+                        submitted(&sys, &clients, &mut qs[i], plan)?;
                         in_flight += 1;
                         if tally.count(signals, plan) {
                             stopped = true;
                             stop_time = now;
                         }
                     }
+                    // Not submitted (the ring is full): it heads the backlog.
+                    qs[i].backlog.extend(due);
                     if qs[i].busy_until > now {
                         push(&mut heap, qs[i].busy_until, Ev::Drain(i));
                     }
@@ -669,8 +675,9 @@ pub fn run(plan: &Plan, seed: u64, progress: &mut dyn FnMut(f64)) -> Result<Outc
                     }
                     let Some((intended, size)) = qs[i].backlog.pop_front() else { continue };
                     let r = submit_one(plan, &mut qs, &clients, i, intended, size, &mut cb);
-                    heard_in_order(&mut unheard, now + latency, fw_of[i]);
-                    let Some(signals) = submitted(r, &sys, &clients, &mut qs[i], plan)? else { continue };
+                    ring(&mut rang_since, &mut unheard, now, now + latency, fw_of[i]);
+                    let Some(signals) = r else { continue };
+                    submitted(&sys, &clients, &mut qs[i], plan)?;
                     in_flight += 1;
                     if tally.count(signals, plan) {
                         stopped = true;
@@ -860,29 +867,27 @@ impl Tally {
     }
 }
 
-/// After [`submit_one`]: a CPU waiter starts waiting for the signal of what was submitted; a
-/// queue that is gone (lost, its process killed) ends here. Returns the fence signals
-/// submitted, or `None` if nothing was.
-fn submitted(
-    r: Result<Option<(u32, u64)>, RunError>,
-    sys: &System,
-    clients: &[Client],
-    q: &mut SimQ,
-    plan: &Plan,
-) -> Result<Option<u64>, RunError> {
-    match r {
-        Ok(Some((_, signals))) => {
-            if plan.groups[q.group].cpu_waiter {
-                begin_wait(sys, clients, q)?;
-            }
-            Ok(Some(signals))
-        }
-        Ok(None) => Ok(None),
-        Err(e) => {
-            q.res.ended.get_or_insert_with(|| e.to_string());
-            q.backlog.clear();
-            Ok(None)
-        }
+/// After a submission on `q` ([`submit_one`]): a CPU waiter starts waiting for the signal of
+/// what was submitted.
+#[inline]
+fn submitted(sys: &System, clients: &[Client], q: &mut SimQ, plan: &Plan) -> Result<(), RunError> {
+    if plan.groups[q.group].cpu_waiter {
+        begin_wait(sys, clients, q)?;
+    }
+    Ok(())
+}
+
+/// A ring made at `now` that the device hears at `at`: heard now (no doorbell latency, no
+/// kernel call before it), it joins the rings the world looks at before time moves on;
+/// otherwise it waits its turn in `unheard`. (While the clients act at an instant, nothing
+/// heard by then waits in `unheard`: the world took those before the clients acted.)
+#[inline]
+fn ring(rang: &mut Vec<u64>, unheard: &mut VecDeque<(u64, u64)>, now: u64, at: u64, queue: u64) {
+    debug_assert!(unheard.front().is_none_or(|&(t, _)| t > now), "a ring heard earlier still waits");
+    if at <= now {
+        rang.push(queue);
+    } else {
+        heard_in_order(unheard, at, queue);
     }
 }
 
@@ -945,8 +950,9 @@ struct Encoded {
     key: Option<(usize, Option<u64>)>,
 }
 
-/// Submits one command buffer on queue `i`; returns (packets, fence signals), or `None` if
-/// the queue is gone.
+/// Submits one command buffer on queue `i`; returns the fence signals it carries, or `None`
+/// if nothing was submitted: the queue is gone, or it refused the submission, which ends it
+/// (lost, its process killed: its backlog goes).
 fn submit_one(
     plan: &Plan,
     qs: &mut [SimQ],
@@ -955,7 +961,29 @@ fn submit_one(
     intended: u64,
     size: Option<u64>,
     encoded: &mut Encoded,
-) -> Result<Option<(u32, u64)>, RunError> {
+) -> Option<u64> {
+    match encode_and_submit(plan, qs, clients, i, intended, size, encoded) {
+        Ok(r) => r,
+        Err(e) => {
+            let q = &mut qs[i];
+            q.res.ended.get_or_insert_with(|| e.to_string());
+            q.backlog.clear();
+            None
+        }
+    }
+}
+
+/// [`submit_one`] until the queue refuses.
+#[inline]
+fn encode_and_submit(
+    plan: &Plan,
+    qs: &mut [SimQ],
+    clients: &[Client],
+    i: usize,
+    intended: u64,
+    size: Option<u64>,
+    encoded: &mut Encoded,
+) -> Result<Option<u64>, umd::UmdError> {
     let g = &plan.groups[qs[i].group];
     if qs[i].q.is_none() || !clients[qs[i].client].alive {
         return Ok(None);
@@ -981,7 +1009,7 @@ fn submit_one(
         let v = q.submit(&encoded.cb)?;
         qs[i].outstanding.push_back((v, intended, np));
         qs[i].res.submitted += 1;
-        return Ok(Some((np, 0)));
+        return Ok(Some(0));
     }
     encoded.key = None;
     let cb = &mut encoded.cb;
@@ -1034,7 +1062,7 @@ fn submit_one(
     debug_assert_eq!(v, next_value);
     qs[i].outstanding.push_back((v, intended, np));
     qs[i].res.submitted += 1;
-    Ok(Some((np, signals)))
+    Ok(Some(signals))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -1113,7 +1141,7 @@ fn exp_ns(rng: &mut ChaCha8Rng, mean: f64) -> u64 {
 /// A duration draw (ns).
 fn sample(rng: &mut ChaCha8Rng, d: Dist) -> u64 {
     match d {
-        Dist::Constant(v) => v.round() as u64,
+        Dist::Constant(v) => v,
         Dist::Uniform(lo, hi) => (lo + (hi - lo) * rng.random::<f64>()).round() as u64,
         Dist::Exponential(mean) => exp_ns(rng, mean),
         Dist::LogNormal(median, sigma) => {

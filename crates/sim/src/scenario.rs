@@ -528,8 +528,8 @@ pub enum Load {
 /// A duration distribution, checked (ns).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Duration {
-    /// Always this.
-    Constant(f64),
+    /// Always this (rounded to the nanosecond once, here).
+    Constant(u64),
     /// Uniform in [lo, hi].
     Uniform(f64, f64),
     /// Exponential with this mean.
@@ -1096,7 +1096,7 @@ impl Scenario {
             }
         };
         Ok(match d.dist.get_ref().as_str() {
-            "constant" => Duration::Constant(get(&d.us, "us")?),
+            "constant" => Duration::Constant(get(&d.us, "us")?.round() as u64),
             "exponential" => Duration::Exponential(get(&d.us, "us")?),
             "uniform" => {
                 let (lo, hi) = (get(&d.min_us, "min_us")?, get(&d.max_us, "max_us")?);
