@@ -213,8 +213,10 @@ enum Ev {
 /// the others to a heap. The earlier of the two fronts is the next event, so the order is the
 /// same as one heap's, at a fraction of its cost.
 struct Events {
-    /// Events scheduled no earlier than every event already in it, in key order.
-    in_order: VecDeque<(u128, Ev)>,
+    /// Events scheduled no earlier than every event already in it, in key order, from
+    /// `in_order[head]` on (the ones before `head` are gone).
+    in_order: Vec<(u128, Ev)>,
+    head: usize,
     heap: BinaryHeap<Reverse<Scheduled>>,
     seq: u64,
     /// The key of the next event (`u128::MAX`: none), the earlier of the two fronts.
@@ -223,7 +225,7 @@ struct Events {
 
 impl Default for Events {
     fn default() -> Self {
-        Events { in_order: VecDeque::new(), heap: BinaryHeap::new(), seq: 0, next: u128::MAX }
+        Events { in_order: Vec::new(), head: 0, heap: BinaryHeap::new(), seq: 0, next: u128::MAX }
     }
 }
 
@@ -251,8 +253,8 @@ impl Events {
     fn push(&mut self, t: u64, e: Ev) {
         self.seq += 1;
         let key = (t as u128) << 64 | self.seq as u128;
-        if self.in_order.back().is_none_or(|&(last, _)| last <= key) {
-            self.in_order.push_back((key, e));
+        if self.in_order.len() == self.head || self.in_order.last().is_some_and(|&(last, _)| last <= key) {
+            self.in_order.push((key, e));
         } else {
             self.heap.push(Reverse(Scheduled(key, e)));
         }
@@ -270,11 +272,22 @@ impl Events {
         if key == u128::MAX || (key >> 64) as u64 > now {
             return None;
         }
-        let e = match self.in_order.front() {
-            Some(&(k, _)) if k == key => self.in_order.pop_front().map(|(_, e)| e),
+        let e = match self.in_order.get(self.head) {
+            Some(&(k, e)) if k == key => {
+                self.head += 1;
+                if self.head == self.in_order.len() {
+                    self.in_order.clear();
+                    self.head = 0;
+                } else if self.head >= 4096 && 2 * self.head >= self.in_order.len() {
+                    // Half of it is gone: move the rest down (each event moves about once).
+                    self.in_order.drain(..self.head);
+                    self.head = 0;
+                }
+                Some(e)
+            }
             _ => self.heap.pop().map(|Reverse(Scheduled(_, e))| e),
         };
-        let a = self.in_order.front().map_or(u128::MAX, |&(k, _)| k);
+        let a = self.in_order.get(self.head).map_or(u128::MAX, |&(k, _)| k);
         let b = self.heap.peek().map_or(u128::MAX, |Reverse(s)| s.0);
         self.next = a.min(b);
         e.map(|e| ((key >> 64) as u64, e))
@@ -625,8 +638,10 @@ pub fn run(plan: &Plan, seed: u64, progress: &mut dyn FnMut(f64)) -> Result<Outc
                     // when the call returns.
                     let in_call = qs[i].busy_until > now;
                     let kernel_mode = plan.kernel_call > 0 && plan.groups[qs[i].group].kernel_mode;
-                    if in_call || kernel_mode || !qs[i].backlog.is_empty() {
-                        qs[i].backlog.extend(due.take());
+                    if (in_call || kernel_mode || !qs[i].backlog.is_empty())
+                        && let Some(d) = due.take()
+                    {
+                        qs[i].backlog.push_back(d);
                     }
                     if in_call {
                         continue;
@@ -664,7 +679,9 @@ pub fn run(plan: &Plan, seed: u64, progress: &mut dyn FnMut(f64)) -> Result<Outc
                         }
                     }
                     // Not submitted (the ring is full): it heads the backlog.
-                    qs[i].backlog.extend(due);
+                    if let Some(d) = due {
+                        qs[i].backlog.push_back(d);
+                    }
                     if qs[i].busy_until > now {
                         push(&mut heap, qs[i].busy_until, Ev::Drain(i));
                     }
@@ -869,7 +886,7 @@ impl Tally {
 
 /// After a submission on `q` ([`submit_one`]): a CPU waiter starts waiting for the signal of
 /// what was submitted.
-#[inline]
+#[inline(always)]
 fn submitted(sys: &System, clients: &[Client], q: &mut SimQ, plan: &Plan) -> Result<(), RunError> {
     if plan.groups[q.group].cpu_waiter {
         begin_wait(sys, clients, q)?;
