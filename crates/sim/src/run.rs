@@ -151,7 +151,7 @@ pub struct Outcome {
 
 /// Instants between two looks at the progress (a look costs a division, and the bar moves by
 /// hundredths).
-const PROGRESS_EVERY: u32 = 1024;
+const PROGRESS_EVERY: u32 = 64;
 
 /// The most queues trace.json shows, and the most spans it holds.
 const TRACE_QUEUES: usize = 32;
@@ -519,8 +519,8 @@ pub fn run(plan: &Plan, seed: u64, progress: &mut dyn FnMut(f64)) -> Result<Outc
     let mut world_ran = false;
     // When the series' next bucket opens.
     let mut next_bucket = t0;
-    loop {
-        let now = sys.now().0;
+    'instants: loop {
+        let mut now = sys.now().0;
         // Series: open buckets up to now.
         if now >= next_bucket {
             while series.last().is_none_or(|s| s.t + bucket <= now) {
@@ -597,136 +597,165 @@ pub fn run(plan: &Plan, seed: u64, progress: &mut dyn FnMut(f64)) -> Result<Outc
                 push(&mut heap, at, Ev::Drain(i));
             }
         }
-        // Client events due now (the instant took no time).
-        let mut ran = false;
-        while let Some((t, ev)) = heap.pop_due(now) {
-            ran = true;
-            match ev {
-                Ev::Arrival(i) => {
-                    if stopped {
-                        continue;
-                    }
-                    let g = &plan.groups[qs[i].group];
-                    let (n, next) = match &g.load {
-                        Load::Periodic(p) => (1, t + p),
-                        Load::Poisson(rate) => (1, t + exp_ns(&mut qs[i].rng, 1e9 / rate).max(1)),
-                        Load::Bursts { size, period } => (*size, t + period),
-                        _ => (0, u64::MAX),
-                    };
-                    for _ in 0..n {
-                        qs[i].backlog.push_back((t, None));
-                    }
-                    push(&mut heap, next, Ev::Arrival(i));
-                    push(&mut heap, t, Ev::Drain(i));
-                }
-                Ev::Submit(_, _) | Ev::Drain(_) => {
-                    if stopped {
-                        continue;
-                    }
-                    // A submission due joins the backlog's end: it goes now if the backlog is
-                    // empty and the ring has room (usually), without passing through it.
-                    let (i, mut due) = match ev {
-                        Ev::Submit(i, size) => {
-                            let closed = matches!(plan.groups[qs[i].group].load, Load::Closed { .. });
-                            (i, (closed || size.is_some()).then_some((t, size)))
+        // Client events due now (the instant took no time), and the instants that follow
+        // while only the clients act.
+        loop {
+            let mut ran = false;
+            while let Some((t, ev)) = heap.pop_due(now) {
+                ran = true;
+                match ev {
+                    Ev::Arrival(i) => {
+                        if stopped {
+                            continue;
                         }
-                        Ev::Drain(i) => (i, None),
-                        _ => unreachable!("matched above"),
-                    };
-                    // A client inside a kernel call acts when the call returns (one retry is
-                    // scheduled per call); a kernel-mode submission is a kernel call, which lands
-                    // when the call returns.
-                    let in_call = qs[i].busy_until > now;
-                    let kernel_mode = plan.kernel_call > 0 && plan.groups[qs[i].group].kernel_mode;
-                    if (in_call || kernel_mode || !qs[i].backlog.is_empty())
-                        && let Some(d) = due.take()
-                    {
-                        qs[i].backlog.push_back(d);
-                    }
-                    if in_call {
-                        continue;
-                    }
-                    if kernel_mode {
-                        if qs[i].outstanding.len() < qs[i].cap && !qs[i].backlog.is_empty() {
-                            qs[i].busy_until = now + plan.kernel_call;
-                            push(&mut heap, now + plan.kernel_call, Ev::Enter(i));
+                        let g = &plan.groups[qs[i].group];
+                        let (n, next) = match &g.load {
+                            Load::Periodic(p) => (1, t + p),
+                            Load::Poisson(rate) => (1, t + exp_ns(&mut qs[i].rng, 1e9 / rate).max(1)),
+                            Load::Bursts { size, period } => (*size, t + period),
+                            _ => (0, u64::MAX),
+                        };
+                        for _ in 0..n {
+                            qs[i].backlog.push_back((t, None));
                         }
-                        continue;
+                        push(&mut heap, next, Ev::Arrival(i));
+                        push(&mut heap, t, Ev::Drain(i));
                     }
-                    // Submit from the backlog while the ring has room and the client is free.
-                    while qs[i].outstanding.len() < qs[i].cap && !stopped && qs[i].busy_until <= now {
-                        let Some((intended, size)) = due.take().or_else(|| qs[i].backlog.pop_front()) else { break };
-                        // Its kernel calls take time (when they do): a reconnect before the
-                        // ring (which is heard after it), the notification after.
-                        let call = plan.kernel_call;
-                        let reconnects = if call > 0 { qs[i].q.as_ref().map_or(0, Queue::reconnects) } else { 0 };
+                    Ev::Submit(_, _) | Ev::Drain(_) => {
+                        if stopped {
+                            continue;
+                        }
+                        // A submission due joins the backlog's end: it goes now if the backlog is
+                        // empty and the ring has room (usually), without passing through it.
+                        let (i, mut due) = match ev {
+                            Ev::Submit(i, size) => {
+                                let closed = matches!(plan.groups[qs[i].group].load, Load::Closed { .. });
+                                (i, (closed || size.is_some()).then_some((t, size)))
+                            }
+                            Ev::Drain(i) => (i, None),
+                            _ => unreachable!("matched above"),
+                        };
+                        // A client inside a kernel call acts when the call returns (one retry is
+                        // scheduled per call); a kernel-mode submission is a kernel call, which lands
+                        // when the call returns.
+                        let in_call = qs[i].busy_until > now;
+                        let kernel_mode = plan.kernel_call > 0 && plan.groups[qs[i].group].kernel_mode;
+                        if (in_call || kernel_mode || !qs[i].backlog.is_empty())
+                            && let Some(d) = due.take()
+                        {
+                            qs[i].backlog.push_back(d);
+                        }
+                        if in_call {
+                            continue;
+                        }
+                        if kernel_mode {
+                            if qs[i].outstanding.len() < qs[i].cap && !qs[i].backlog.is_empty() {
+                                qs[i].busy_until = now + plan.kernel_call;
+                                push(&mut heap, now + plan.kernel_call, Ev::Enter(i));
+                            }
+                            continue;
+                        }
+                        // Submit from the backlog while the ring has room and the client is free.
+                        while qs[i].outstanding.len() < qs[i].cap && !stopped && qs[i].busy_until <= now {
+                            let Some((intended, size)) = due.take().or_else(|| qs[i].backlog.pop_front()) else {
+                                break;
+                            };
+                            // Its kernel calls take time (when they do): a reconnect before the
+                            // ring (which is heard after it), the notification after.
+                            let call = plan.kernel_call;
+                            let reconnects = if call > 0 { qs[i].q.as_ref().map_or(0, Queue::reconnects) } else { 0 };
+                            let r = submit_one(plan, &mut qs, &clients, i, intended, size, &mut cb);
+                            let mut ring_at = now;
+                            qs[i].busy_until = now;
+                            if call > 0 {
+                                let reconnected = qs[i].q.as_ref().map_or(0, Queue::reconnects) - reconnects;
+                                let notified = plan.system.notify_on_submit && r.is_some();
+                                ring_at += reconnected * call;
+                                qs[i].busy_until = ring_at + notified as u64 * call;
+                            }
+                            ring(&mut rang_since, &mut unheard, now, ring_at + latency, fw_of[i]);
+                            let Some(signals) = r else { break };
+                            submitted(&sys, &clients, &mut qs[i], plan)?;
+                            in_flight += 1;
+                            if tally.count(signals, plan) {
+                                stopped = true;
+                                stop_time = now;
+                            }
+                        }
+                        // Not submitted (the ring is full): it heads the backlog.
+                        if let Some(d) = due {
+                            qs[i].backlog.push_back(d);
+                        }
+                        if qs[i].busy_until > now {
+                            push(&mut heap, qs[i].busy_until, Ev::Drain(i));
+                        }
+                    }
+                    Ev::Enter(i) => {
+                        if stopped || qs[i].outstanding.len() >= qs[i].cap {
+                            continue;
+                        }
+                        let Some((intended, size)) = qs[i].backlog.pop_front() else { continue };
                         let r = submit_one(plan, &mut qs, &clients, i, intended, size, &mut cb);
-                        let mut ring_at = now;
-                        qs[i].busy_until = now;
-                        if call > 0 {
-                            let reconnected = qs[i].q.as_ref().map_or(0, Queue::reconnects) - reconnects;
-                            let notified = plan.system.notify_on_submit && r.is_some();
-                            ring_at += reconnected * call;
-                            qs[i].busy_until = ring_at + notified as u64 * call;
-                        }
-                        ring(&mut rang_since, &mut unheard, now, ring_at + latency, fw_of[i]);
-                        let Some(signals) = r else { break };
+                        ring(&mut rang_since, &mut unheard, now, now + latency, fw_of[i]);
+                        let Some(signals) = r else { continue };
                         submitted(&sys, &clients, &mut qs[i], plan)?;
                         in_flight += 1;
                         if tally.count(signals, plan) {
                             stopped = true;
                             stop_time = now;
                         }
+                        if !stopped && !qs[i].backlog.is_empty() && qs[i].outstanding.len() < qs[i].cap {
+                            // The next command buffer is the next call.
+                            qs[i].busy_until = now + plan.kernel_call;
+                            push(&mut heap, now + plan.kernel_call, Ev::Enter(i));
+                        }
                     }
-                    // Not submitted (the ring is full): it heads the backlog.
-                    if let Some(d) = due {
-                        qs[i].backlog.push_back(d);
-                    }
-                    if qs[i].busy_until > now {
-                        push(&mut heap, qs[i].busy_until, Ev::Drain(i));
-                    }
-                }
-                Ev::Enter(i) => {
-                    if stopped || qs[i].outstanding.len() >= qs[i].cap {
-                        continue;
-                    }
-                    let Some((intended, size)) = qs[i].backlog.pop_front() else { continue };
-                    let r = submit_one(plan, &mut qs, &clients, i, intended, size, &mut cb);
-                    ring(&mut rang_since, &mut unheard, now, now + latency, fw_of[i]);
-                    let Some(signals) = r else { continue };
-                    submitted(&sys, &clients, &mut qs[i], plan)?;
-                    in_flight += 1;
-                    if tally.count(signals, plan) {
-                        stopped = true;
-                        stop_time = now;
-                    }
-                    if !stopped && !qs[i].backlog.is_empty() && qs[i].outstanding.len() < qs[i].cap {
-                        // The next command buffer is the next call.
-                        qs[i].busy_until = now + plan.kernel_call;
-                        push(&mut heap, now + plan.kernel_call, Ev::Enter(i));
-                    }
-                }
-                Ev::Timed(k) => {
-                    apply_event(&sys, plan, &mut qs, &mut clients, &group_first, k, t, &mut in_flight, &mut |t, e| {
-                        push(&mut heap, t, e)
-                    })?
-                }
-                Ev::Resume(i) => {
-                    let c = &clients[qs[i].client];
-                    if c.alive {
-                        let _ = sys.resume_context(c.port.process(), c.ctx.handle());
+                    Ev::Timed(k) => apply_event(
+                        &sys,
+                        plan,
+                        &mut qs,
+                        &mut clients,
+                        &group_first,
+                        k,
+                        t,
+                        &mut in_flight,
+                        &mut |t, e| push(&mut heap, t, e),
+                    )?,
+                    Ev::Resume(i) => {
+                        let c = &clients[qs[i].client];
+                        if c.alive {
+                            let _ = sys.resume_context(c.port.process(), c.ctx.handle());
+                        }
                     }
                 }
             }
-        }
-        if ran {
-            // The world runs again at this instant, after what the clients did. Unless it
-            // steps, that is all (no completion, no new event), and time moves on: the usual
-            // instant of a loaded run is a ring latched while the engines run earlier work.
-            if run_world(&sys, now, &heap, &mut unheard, &mut rang_since) > 0 {
-                world_ran = true;
-                continue;
+            if ran {
+                // The world runs again at this instant, after what the clients did. Unless it
+                // steps, that is all (no completion, no new event), and time moves on: the
+                // usual instant of a loaded run is a ring latched while the engines run
+                // earlier work.
+                if run_world(&sys, now, &heap, &mut unheard, &mut rang_since) > 0 {
+                    world_ran = true;
+                    continue 'instants;
+                }
+                // The world waits for its busy engines (a quiet period). Until that ends, and
+                // while nothing else of the runner's is due (a series bucket, the window's
+                // end, a ring heard later), the next instant is the clients' next event, and
+                // the world has nothing to do at it before they act: straight to it.
+                if let Some(quiet) = sys.quiet_until()
+                    && !stopped
+                    && let Some(t) = heap.next_time()
+                    && t < quiet.0
+                    && t < next_bucket
+                    && window_end.is_none_or(|w| t < w)
+                    && unheard.front().is_none_or(|&(u, _)| u > t)
+                {
+                    sys.advance_to(Time(t));
+                    now = t;
+                    continue;
+                }
             }
+            break;
         }
         // Stop submitting at the end of the window.
         if !stopped && window_end.is_some_and(|w| now >= w) {

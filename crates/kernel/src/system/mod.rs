@@ -618,6 +618,18 @@ impl System {
         world.settle_now_from(false)
     }
 
+    /// Sim: the end of the quiet period the world is known to be in now, if it is in one:
+    /// every adapter waits for its busy engines (see [`System::run_instant_after`]), so until
+    /// then, and as long as nothing enters the kernel, a step would change nothing and a
+    /// latched ring keeps it so. Live: `None`.
+    #[inline]
+    pub fn quiet_until(&self) -> Option<Time> {
+        match &self.inner.driver {
+            Driver::Sim { world, .. } => world.quiet_until(world.clock.now()),
+            Driver::Live { .. } => None,
+        }
+    }
+
     /// Sim: the time of the next event any adapter of the world waits for (an engine's
     /// modelled work ending, a device or kernel timer), if any. Live: `None`.
     #[inline]
