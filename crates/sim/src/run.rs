@@ -942,7 +942,7 @@ fn ring(rang: &mut Vec<u64>, unheard: &mut VecDeque<(u64, u64)>, now: u64, at: u
 /// have rung), with the step horizon at the next moment a client acts (a ring heard, a client
 /// event): a turn that a ring could cut into ends there, as it would on the live driver.
 /// Returns the steps that did something.
-#[inline]
+#[inline(always)]
 fn run_world(
     sys: &System,
     now: u64,

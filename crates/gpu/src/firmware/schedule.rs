@@ -392,6 +392,7 @@ pub(super) fn sync_waiting<Q: Schedulable>(e: &mut Engine, q: &mut Q, id: FwQueu
 }
 
 /// [`sync_waiting`] for a caller that has `q`'s seat as it stands.
+#[inline]
 fn sync_seat<Q: Schedulable>(e: &mut Engine, q: &mut Q, id: FwQueueId, seat: &Seat) {
     let want = seat.should_wait();
     match (seat.waiting, want) {
