@@ -515,7 +515,8 @@ pub enum Invalid {
     },
     /// An object of another process.
     OtherProcess,
-    /// A VA that is not where one of the process's doorbell pages is mapped.
+    /// A VA that names none of the doorbell pages a queue of this device may use: the
+    /// process's own (0), or one the process allocated on the same device.
     NoDoorbellPage,
 }
 
@@ -528,7 +529,9 @@ impl core::fmt::Display for Invalid {
             Unsupported(what) => write!(f, "does not support {what}"),
             BeyondQueued { last_queued } => write!(f, "is past the queue's last-queued value {last_queued}"),
             OtherProcess => f.write_str("belongs to another process"),
-            NoDoorbellPage => f.write_str("names no doorbell page of the process (create_doorbell_page)"),
+            NoDoorbellPage => {
+                f.write_str("names no doorbell page of the process on the queue's device (create_doorbell_page)")
+            }
             Misaligned { align } => write!(f, "must be {align}-byte aligned"),
             GpuReadOnly => f.write_str("lies in a mapping the GPU may not write"),
             RingSize(why) => write!(f, "{why}"),

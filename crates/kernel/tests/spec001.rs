@@ -608,3 +608,24 @@ fn a_gpu_ring_of_an_unmapped_queue_rings_the_aggregated_doorbell_mapped_in_the_p
         "heard through the aggregated doorbell"
     );
 }
+
+/// A device's destruction frees its doorbell pages, so a queue may name only a page of its
+/// own device: one of another device of the same process is refused (naming the VA), and
+/// that device's destruction is never held up by a queue it does not own.
+#[test]
+fn a_queue_takes_a_doorbell_page_of_its_own_device_only() {
+    use abi::port::KernelPort;
+    let sys = common::sim();
+    let p = common::RawProc::open(&sys);
+    let other = p.port.create_device().unwrap();
+    let page = p.port.create_doorbell_page(other).unwrap();
+    let first = p.port.adapter_info().engines[0].doorbell_first;
+    let e = p.create(abi::QueueDescriptor { doorbell_page_va: page.va, ..p.desc(first + 1) }).unwrap_err();
+    assert_eq!(common::refusal(&e), Some(("doorbell_page_va", &Invalid::NoDoorbellPage)), "{e}");
+    assert!(e.to_string().contains(&format!("{:#x}", page.va)), "names the value: {e}");
+    p.port.destroy_device(other).expect("no queue of another device pins its page");
+    assert!(matches!(p.port.destroy_doorbell_page(page.handle), Err(KernelError::BadHandle { .. })));
+    // The page went with its device: the process may allocate one again, on its own device.
+    let mine = p.port.create_doorbell_page(p.dev).unwrap();
+    p.create(abi::QueueDescriptor { doorbell_page_va: mine.va, ..p.desc(first + 1) }).expect("its own device's page");
+}

@@ -205,14 +205,16 @@ impl Os {
                 self.validate_descriptor(pid, &d, einfo)?;
                 let mut d = d;
                 let p = self.proc(pid)?;
-                // The doorbell page: the process's own (0), or one it allocated.
-                if p.doorbell_page_at(d.doorbell_page_va).is_none() {
-                    let va = format!("{:#x}", d.doorbell_page_va);
-                    return Err(invalid("doorbell_page_va", va, Invalid::NoDoorbellPage));
+                // The doorbell page: the process's own (0), or one it allocated on this
+                // queue's device. Not another device's: that device's destruction frees its
+                // pages, and a queue of this one must not pin one of them.
+                let device = p.contexts.get(ctx)?.device;
+                let page = d.doorbell_page_va;
+                if page != 0 && !p.doorbell_pages.iter().any(|(_, pg)| pg.va == page && pg.device == device) {
+                    return Err(invalid("doorbell_page_va", format!("{page:#x}"), Invalid::NoDoorbellPage));
                 }
                 // The doorbells in that page of the queues that exist (a hung one keeps its own).
                 let in_page = |p: &Process| {
-                    let page = d.doorbell_page_va;
                     p.queues
                         .iter()
                         .filter_map(move |(h, q)| {
