@@ -609,9 +609,11 @@ fn exec_packet(
             // Where the position goes, checked before the operation: a refused one changes
             // nothing but its queue's state.
             let log = &logs[if op == LoggedOp::Wait { 0 } else { 1 }];
-            let slot = fence_log::locate::<shm::Mapping>(log, position).map_err(|_| FaultKind::BadField {
-                field: "log entry",
-                why: "the position is behind the log's next free one, or a whole log ahead of it",
+            let slot = fence_log::locate::<shm::Mapping>(log, position).map_err(|e| match e {
+                fence_log::LogError::BadPosition { position, next, entries } => {
+                    FaultKind::BadLogPosition { position, next, entries }
+                }
+                _ => FaultKind::BadField { field: "log entry", why: "the queue's fence log holds no entry" },
             })?;
             let fence =
                 vm.translate_aligned(va, 8, Access::Read).ok().and_then(|r| env.fences.get(&(r.shm.id(), r.offset)));
