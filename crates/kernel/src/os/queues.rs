@@ -484,8 +484,17 @@ impl Os {
             self.drain_signal_log(q, now);
         }
         // 4.
-        if let Some(logs) = &mut self.queue(pid, q)?.logs {
+        let qo = self.queue(pid, q)?;
+        if let Some(logs) = &mut qo.logs {
             logs[kind as usize] = log;
+        }
+        if kind == FenceLogType::Signal {
+            // The new log is read from its start. The live driver's engine may have written
+            // the old log past `start` before step 2: step 3 read those positions there, and
+            // in the new log they stay empty, the engine's next write landing past them
+            // (`abi::fence_log::locate`). Reading on from the old log's end instead would
+            // find the new header behind it until then, and scan for nothing.
+            qo.signal_log_seen = start;
         }
         Ok(())
     }
