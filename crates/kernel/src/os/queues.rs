@@ -456,9 +456,8 @@ impl Os {
     ///    UMD's positions go on, whatever the new size: `abi::fence_log`);
     /// 2. `DxgkDdiSetNativeFenceLogBuffer`: from its return the engine writes the new log;
     /// 3. the old signal log is flushed (`DxgkDdiUpdateNativeFenceLogs`) and read to its end,
-    ///    and the fences it names are settled, as an interrupt's read would (the new log's
-    ///    read position is where the old one ended);
-    /// 4. the old log is dropped.
+    ///    and the fences it names are settled, as an interrupt's read would;
+    /// 4. the old log is dropped, and the new one is read from its start.
     ///
     /// A kernel-mode queue has no logs.
     pub fn recreate_fence_log(
