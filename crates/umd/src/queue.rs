@@ -380,36 +380,28 @@ impl Queue {
         // 1. The next progress value.
         let value = self.next_progress + 1;
         let fence = progress_fence_words(value);
-        // Logged fence operations get their log entries now (into a copy: the command buffer
-        // is the caller's and may be submitted again).
+        // Logged fence operations get their log positions now (into a copy: the command
+        // buffer is the caller's and may be submitted again). The positions advance only once
+        // the submission is in the ring: a refused one must not leave holes (a reader would
+        // see stale entries). A buffer with nothing to log costs one test of each kind.
         let mut patched = std::mem::take(&mut self.scratch);
-        let mut fields = std::mem::take(&mut self.log_fields);
-        // Where the interrupt names the queue, every native fence signal is logged (see
-        // `log_every_signal`).
-        let convert = self.log_every_signal && cb.has_fence_signals();
-        if convert {
-            cb.with_signals_logged(&mut patched, &mut fields);
-        } else {
-            fields.clear();
-            fields.extend_from_slice(cb.log_fields());
-        }
-        let logged = !fields.is_empty();
-        // The log positions advance only once the submission is in the ring: a refused one
-        // must not leave holes (a reader would see stale entries).
         let mut log_next = self.log_next;
-        if logged {
-            if !convert {
-                patched.clear();
-                patched.extend_from_slice(cb.words());
-            }
-            for &(at, log) in &fields {
-                let next = &mut log_next[log as usize];
-                patched[at] = *next;
-                *next = next.wrapping_add(1);
-            }
-        }
-        self.log_fields = fields;
-        let words: &[u32] = if logged { &patched } else { cb.words() };
+        let words: &[u32] = if self.log_every_signal && cb.has_fence_signals() {
+            // Where the interrupt names the queue, every native fence signal is logged (see
+            // `log_every_signal`).
+            let mut fields = std::mem::take(&mut self.log_fields);
+            cb.with_signals_logged(&mut patched, &mut fields);
+            place_log_positions(&mut patched, &fields, &mut log_next);
+            self.log_fields = fields;
+            &patched
+        } else if !cb.log_fields().is_empty() {
+            patched.clear();
+            patched.extend_from_slice(cb.words());
+            place_log_positions(&mut patched, cb.log_fields(), &mut log_next);
+            &patched
+        } else {
+            cb.words()
+        };
         let dwords = words.len() + fence.len();
         let (ring_bytes, wptr, plan) = {
             let u = self.user();
@@ -565,5 +557,15 @@ impl Queue {
     /// Waits for everything submitted so far.
     pub fn finish(&self, timeout: Option<Duration>) -> Result<(), UmdError> {
         self.wait(self.next_progress, timeout)
+    }
+}
+
+/// Fills in the log positions of a submission's logged fence operations (`fields`: the dword
+/// index of each position field, and its log), from the queue's running counts `next`.
+fn place_log_positions(words: &mut [u32], fields: &[(usize, abi::fence_log::FenceLogType)], next: &mut [u32; 2]) {
+    for &(at, log) in fields {
+        let n = &mut next[log as usize];
+        words[at] = *n;
+        *n = n.wrapping_add(1);
     }
 }
