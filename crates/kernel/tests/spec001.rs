@@ -629,3 +629,41 @@ fn a_queue_takes_a_doorbell_page_of_its_own_device_only() {
     let mine = p.port.create_doorbell_page(p.dev).unwrap();
     p.create(abi::QueueDescriptor { doorbell_page_va: mine.va, ..p.desc(first + 1) }).expect("its own device's page");
 }
+
+/// A freed doorbell page's BAR page stays its process's until the process ends (a daemon
+/// client's mapping of it cannot be revoked): another process opened or allocating a page
+/// afterwards never gets it, and the process's own next page does.
+#[test]
+fn a_freed_doorbell_page_stays_its_process_until_it_ends() {
+    use abi::port::{KernelPort, PhysicalDoorbell};
+    let sys = common::sim();
+    let first = |p: &common::RawProc| p.port.adapter_info().engines[0].doorbell_first;
+    // The BAR page of a queue's doorbell on page `va` (0: the process's own).
+    let bar_page = |p: &common::RawProc, va: u64| {
+        let q = p.create(abi::QueueDescriptor { doorbell_page_va: va, ..p.desc(first(p)) }).unwrap().handle;
+        p.doorbell(q).unwrap();
+        p.port.connect_doorbell(q).unwrap();
+        let Some(PhysicalDoorbell::BarIndex(i)) = p.port.query_physical_doorbell(q).unwrap() else {
+            panic!("a dedicated doorbell")
+        };
+        p.port.destroy_hw_queue(q).unwrap();
+        i / abi::doorbell::DOORBELLS_PER_PAGE
+    };
+    let a = common::RawProc::open(&sys);
+    let page = a.port.create_doorbell_page(a.dev).unwrap();
+    let freed = bar_page(&a, page.va);
+    a.port.destroy_doorbell_page(page.handle).unwrap();
+    let b = common::RawProc::open(&sys);
+    let b_page = b.port.create_doorbell_page(b.dev).unwrap();
+    let b_pages = [bar_page(&b, 0), bar_page(&b, b_page.va)];
+    assert!(!b_pages.contains(&freed), "BAR page {freed} went to another process: {b_pages:?}");
+    // Held while freed: the process's own page and the freed one.
+    let held = sys.census().doorbell_pages;
+    let again = a.port.create_doorbell_page(a.dev).unwrap();
+    assert_eq!(sys.census().doorbell_pages, held, "no new BAR page: the freed one");
+    assert_eq!(bar_page(&a, again.va), freed, "the process's next page takes it back");
+    // Once the process ends, both its BAR pages go back to the pool.
+    drop(a);
+    sys.settle();
+    assert_eq!(sys.census().doorbell_pages, held - 2);
+}
