@@ -526,6 +526,14 @@ impl Packet {
         };
         let header = Header(first);
         let op = header.check()?;
+        Self::decode_checked(header, op, words)
+    }
+
+    /// [`Packet::decode`] of a packet whose header was read and checked already
+    /// ([`Header::check`] returned `op`): `words` holds the whole packet, and its first word
+    /// is not looked at again (a device that fetched the header first decodes what it checked,
+    /// whatever shared memory holds by the time it reads the rest).
+    pub fn decode_checked(header: Header, op: Opcode, words: &[u32]) -> Result<(Packet, usize), DecodeError> {
         let n = header.dwords();
         if words.len() < n {
             return Err(DecodeError::Truncated { need: n, have: words.len() });

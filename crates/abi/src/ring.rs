@@ -9,13 +9,16 @@
 //! - a doorbell value (the wptr the client rang with) is never repeated, so a stale value can
 //!   never look like new work.
 //!
-//! The control block keeps each word on its own cache line, because each has one writer:
+//! The control block keeps each writer's words on a cache line of their own: the engine's
+//! `rptr` on one, the client's `wptr` and `last_queued` together on the next (the client writes
+//! both for every submission and the firmware reads both after every ring, so one line moves
+//! between them per submission, not two):
 //!
-//! | offset | field         | writer                 | readers                              |
-//! |--------|---------------|------------------------|--------------------------------------|
-//! | 0      | `rptr`        | firmware (release)     | UMD, for ring space                  |
-//! | 64     | `wptr`        | UMD (release)          | firmware (acquire)                   |
-//! | 128    | `last_queued` | UMD                    | kernel (termination, idle detection) |
+//! | offset | field         | writer                 | readers                                          |
+//! |--------|---------------|------------------------|--------------------------------------------------|
+//! | 0      | `rptr`        | firmware (release)     | UMD, for ring space                              |
+//! | 64     | `wptr`        | UMD (release)          | firmware (acquire)                               |
+//! | 72     | `last_queued` | UMD (release)          | firmware, kernel (termination, idle detection)   |
 //!
 //! `last_queued` is the spec's `HwQueueProgressFenceLastQueuedValueCPUVirtualAddress`
 //! (spec 000 "HW queue progress fence changes"). Packets never straddle the end of the ring: a
@@ -36,31 +39,40 @@ pub struct CacheLine(pub AtomicU64);
 
 const _: () = assert!(size_of::<CacheLine>() == 64);
 
+/// The client's two words, on one cache line of their own: the client writes both for every
+/// submission (last-queued, then wptr) and the firmware reads both after every ring, so one
+/// line moves between them instead of two.
+#[repr(C, align(64))]
+pub struct ClientLine {
+    /// Write pointer: bytes published by the client.
+    pub wptr: AtomicU64,
+    /// Last queued progress-fence value.
+    pub last_queued: AtomicU64,
+}
+
 /// The ring control block in shared memory.
 #[repr(C)]
 pub struct RingControl {
     /// Read pointer: bytes consumed by the engine.
     pub rptr: CacheLine,
-    /// Write pointer: bytes published by the client.
-    pub wptr: CacheLine,
-    /// Last queued progress-fence value.
-    pub last_queued: CacheLine,
+    /// What the client publishes.
+    pub client: ClientLine,
 }
 
 /// Offset of `rptr` in [`RingControl`].
 pub const RPTR_OFFSET: u64 = offset_of!(RingControl, rptr) as u64;
 /// Offset of `wptr` in [`RingControl`].
-pub const WPTR_OFFSET: u64 = offset_of!(RingControl, wptr) as u64;
+pub const WPTR_OFFSET: u64 = (offset_of!(RingControl, client) + offset_of!(ClientLine, wptr)) as u64;
 /// Offset of `last_queued` in [`RingControl`].
-pub const LAST_QUEUED_OFFSET: u64 = offset_of!(RingControl, last_queued) as u64;
+pub const LAST_QUEUED_OFFSET: u64 = (offset_of!(RingControl, client) + offset_of!(ClientLine, last_queued)) as u64;
 /// Size of [`RingControl`].
 pub const RING_CONTROL_BYTES: u64 = size_of::<RingControl>() as u64;
 
 const _: () = {
     assert!(RPTR_OFFSET == 0);
     assert!(WPTR_OFFSET == 64);
-    assert!(LAST_QUEUED_OFFSET == 128);
-    assert!(RING_CONTROL_BYTES == 192);
+    assert!(LAST_QUEUED_OFFSET == 72);
+    assert!(RING_CONTROL_BYTES == 128);
 };
 
 /// A [`RingControl`] block in shared memory, reached through typed words (checked once, when

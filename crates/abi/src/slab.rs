@@ -31,6 +31,32 @@ impl Key {
     }
 }
 
+/// A hasher for tables keyed by slab [`Key`]s (or ids wrapping them, or other numbers a trusted
+/// party hands out): keys no client chooses, so a multiplicative mix (FxHash's) is enough and
+/// costs a few instructions where SipHash costs a hundred.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct KeyHasher(u64);
+
+impl std::hash::Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(b as u64);
+        }
+    }
+    fn write_u32(&mut self, n: u32) {
+        self.write_u64(n as u64);
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+}
+
+/// A hash map with [`KeyHasher`].
+pub type KeyMap<K, V> = std::collections::HashMap<K, V, std::hash::BuildHasherDefault<KeyHasher>>;
+
 /// Why a key names nothing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Miss {

@@ -39,7 +39,7 @@ use abi::EngineKind;
 use abi::doorbell::DoorbellModel;
 use abi::port::UserQueueMode;
 use abi::preempt::{ComputeGranularity, CopyGranularity};
-use kernel::SystemConfig;
+use kernel::{SystemConfig, TdrConfig};
 use wire::Limits;
 
 /// A refused configuration.
@@ -131,6 +131,10 @@ impl DaemonConfig {
         let ms = |key: &str, v: &toml::Value, lo: i64| -> Result<Duration, ConfigError> {
             Ok(Duration::from_millis(int(key, v, lo, 86_400_000)? as u64))
         };
+        // TDR timeouts: from 1 ms to the kernel's bound.
+        let tdr_ms = |key: &str, v: &toml::Value| -> Result<Duration, ConfigError> {
+            Ok(Duration::from_millis(int(key, v, 1, TdrConfig::MAX.as_millis() as i64)? as u64))
+        };
         let gpu = &mut cfg.system.gpu;
         for (key, v) in &table {
             match key.as_str() {
@@ -195,12 +199,14 @@ impl DaemonConfig {
                         _ => return Err(bad(key, v, "\"none\", \"dma_buffer\" or \"chunk\"")),
                     }
                 }
-                "tdr_delay_ms" => cfg.system.tdr.delay = ms(key, v, 1)?,
-                "tdr_limit_count" => cfg.system.tdr.limit_count = int(key, v, 1, 1000)? as u32,
-                "tdr_limit_time_ms" => cfg.system.tdr.limit_time = ms(key, v, 1)?,
+                "tdr_delay_ms" => cfg.system.tdr.delay = tdr_ms(key, v)?,
+                "tdr_limit_count" => {
+                    cfg.system.tdr.limit_count = int(key, v, 1, TdrConfig::MAX_LIMIT_COUNT as i64)? as u32
+                }
+                "tdr_limit_time_ms" => cfg.system.tdr.limit_time = tdr_ms(key, v)?,
                 "tdr_engine_reset" => cfg.system.tdr.engine_reset = boolean(key, v)?,
                 "hang_timeout_ms" => {
-                    let d = Some(ms(key, v, 1)?);
+                    let d = Some(tdr_ms(key, v)?);
                     (cfg.system.tdr.hang_compute, cfg.system.tdr.hang_copy) = (d, d);
                 }
                 "limits" => {
@@ -280,6 +286,18 @@ mod tests {
         assert!(e.to_string().contains("`doorbell_model` = \"shared\""), "{e}");
         let e = DaemonConfig::parse(f, "[limits]\nqueues = -1").unwrap_err();
         assert!(e.to_string().contains("`limits.queues` = -1"), "{e}");
+        // Zero or absurd timeouts, refused naming the key and the value.
+        for (text, key) in [
+            ("tdr_delay_ms = 0", "`tdr_delay_ms` = 0"),
+            ("tdr_delay_ms = 86400000", "`tdr_delay_ms` = 86400000"),
+            ("tdr_limit_time_ms = 0", "`tdr_limit_time_ms` = 0"),
+            ("hang_timeout_ms = 0", "`hang_timeout_ms` = 0"),
+            ("hang_timeout_ms = 3600001", "`hang_timeout_ms` = 3600001"),
+            ("tdr_limit_count = 0", "`tdr_limit_count` = 0"),
+        ] {
+            let e = DaemonConfig::parse(f, text).unwrap_err();
+            assert!(e.to_string().contains(key), "{text}: {e}");
+        }
         let e = DaemonConfig::parse(f, "[limits]\nfoo = 1").unwrap_err();
         assert!(e.to_string().contains("unknown key `limits.foo`"), "{e}");
         assert!(matches!(DaemonConfig::parse(f, "x = ").unwrap_err(), ConfigError::Syntax { .. }));

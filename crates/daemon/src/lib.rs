@@ -35,6 +35,17 @@
 //! With a doorbell pool, pool pages hold several processes' doorbells; such a page is shared
 //! by the processes bound to it (documented limit).
 //!
+//! ## Wake words
+//!
+//! A client thread blocked in a wait sleeps on a futex, not in a read of its socket: each
+//! connection that asks ([`Request::WakeWord`]) gets a 32-bit word in its process's wake page
+//! (one memfd page per client process, sent read-only). The connection's `WakeSlot` is the
+//! [`std::task::Waker`] its waits carry into the kernel (`ProcessPort::wait_*_waking`): when
+//! the kernel decides the wait, whichever thread acts on the decision bumps the word and
+//! `FUTEX_WAKE`s it, and the connection's thread does so again after sending the answer.
+//! The client can neither write the page nor make the daemon do more than one wake per wait
+//! it asked for. The protocol, and why no wake-up is lost, is in `abi::protocol`.
+//!
 //! ## Limits
 //!
 //! Per process ([`wire::Limits`]): live allocations (and native fences), their bytes, and

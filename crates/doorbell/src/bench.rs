@@ -306,22 +306,24 @@ fn submit(a: SubmitArgs) -> Result<(), CliError> {
             "cold_samples": a.cold_samples,
             "throughput_count": a.throughput_count,
         });
-        println!("{o}");
+        outln!("{o}");
     } else {
         let ratio = |x: u64| x as f64 / floor.max(1.0);
-        println!(
+        outln!(
             "doorbell bench submit ({} warm samples, {} cold, {} command buffers)",
-            a.samples, a.cold_samples, a.throughput_count
+            a.samples,
+            a.cold_samples,
+            a.throughput_count
         );
-        println!("{:<34} {:>12} {:>12}", "measure", "value", "x floor");
-        println!("{:<34} {:>9} ns {:>12}", "floor: cache-line round trip", floor_ns, "1.0");
-        println!("{:<34} {:>9} ns {:>12.1}", "user-mode p50 (ring -> engine)", um_p50, ratio(um_p50));
-        println!("{:<34} {:>9} ns {:>12.1}", "user-mode p99", um_p99, ratio(um_p99));
-        println!("{:<34} {:>9} ns {:>12.1}", "kernel-mode p50", km_p50, ratio(km_p50));
-        println!("{:<34} {:>9} ns {:>12.1}", "kernel-mode p99", km_p99, ratio(km_p99));
-        println!("{:<34} {:>9} ns {:>12.1}", "user-mode cold p50 (from F1)", cold_p50, ratio(cold_p50));
-        println!("{:<34} {:>9.0} /s", "user-mode throughput", throughput);
-        println!("kernel-mode p50 / user-mode p50 = {:.1}", km_p50 as f64 / um_p50.max(1) as f64);
+        outln!("{:<34} {:>12} {:>12}", "measure", "value", "x floor");
+        outln!("{:<34} {:>9} ns {:>12}", "floor: cache-line round trip", floor_ns, "1.0");
+        outln!("{:<34} {:>9} ns {:>12.1}", "user-mode p50 (ring -> engine)", um_p50, ratio(um_p50));
+        outln!("{:<34} {:>9} ns {:>12.1}", "user-mode p99", um_p99, ratio(um_p99));
+        outln!("{:<34} {:>9} ns {:>12.1}", "kernel-mode p50", km_p50, ratio(km_p50));
+        outln!("{:<34} {:>9} ns {:>12.1}", "kernel-mode p99", km_p99, ratio(km_p99));
+        outln!("{:<34} {:>9} ns {:>12.1}", "user-mode cold p50 (from F1)", cold_p50, ratio(cold_p50));
+        outln!("{:<34} {:>9.0} /s", "user-mode throughput", throughput);
+        outln!("kernel-mode p50 / user-mode p50 = {:.1}", km_p50 as f64 / um_p50.max(1) as f64);
     }
     Ok(())
 }
@@ -397,14 +399,14 @@ fn compute(a: ComputeArgs) -> Result<(), CliError> {
             "kernels_total": total,
             "wave_width": GpuConfig::default().wave_width,
         });
-        println!("{o}");
+        outln!("{o}");
     } else {
-        println!("doorbell bench compute ({} groups x 256 threads, {} iterations)", a.groups, a.iterations);
-        println!("{:<40} {:>16}", "measure", "value");
-        println!("{:<40} {:>14.0} /s", "lane ops, 32-lane waves", simt);
-        println!("{:<40} {:>14.0} /s", "lane ops, 1-lane waves (scalar)", scalar);
-        println!("{:<40} {:>15.1}x", "what SIMT buys", simt / scalar);
-        println!("{:<40} {:>13}/{}", "example kernels verified", verified, total);
+        outln!("doorbell bench compute ({} groups x 256 threads, {} iterations)", a.groups, a.iterations);
+        outln!("{:<40} {:>16}", "measure", "value");
+        outln!("{:<40} {:>14.0} /s", "lane ops, 32-lane waves", simt);
+        outln!("{:<40} {:>14.0} /s", "lane ops, 1-lane waves (scalar)", scalar);
+        outln!("{:<40} {:>15.1}x", "what SIMT buys", simt / scalar);
+        outln!("{:<40} {:>13}/{}", "example kernels verified", verified, total);
     }
     Ok(())
 }

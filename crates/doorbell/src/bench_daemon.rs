@@ -471,29 +471,29 @@ pub fn submit(a: DaemonSubmitArgs) -> Result<(), CliError> {
             "samples": a.samples,
             "throughput_count": a.throughput_count,
         });
-        println!("{o}");
+        outln!("{o}");
     } else {
         let opt = |x: Option<u64>| x.map_or("n/a".to_string(), |v| v.to_string());
-        println!("doorbell bench submit --daemon ({} samples, {} command buffers)", a.samples, a.throughput_count);
-        println!("{:<48} {:>12}", "measure", "value");
-        println!("{:<48} {:>9} ns", "floor: cache-line round trip", floor);
-        println!("{:<48} {:>9} ns", "embedded user-mode p50 (ring -> engine)", embedded);
-        println!("{:<48} {:>9} ns", "daemon user-mode p50 (client ring -> engine)", um_p50);
-        println!("{:<48} {:>9} ns", "daemon user-mode p99", um_p99);
-        println!("{:<48} {:>9} ns", "daemon user-mode round trip p50", um_rt);
-        println!("{:<48} {:>9} ns", "daemon kernel-mode p50 (over the socket)", km_p50);
-        println!("{:<48} {:>9} ns", "blocked client wake-up p50, futex", wake_futex);
-        println!("{:<48} {:>9} ns", "blocked client wake-up p50, socket read", wake_socket);
-        println!("{:<48} {:>9} /s", "daemon user-mode throughput", throughput);
-        println!("{:<48} {:>9} ns", "peer: SPSC shared-memory handoff p50", spsc);
-        println!("{:<48} {:>9} ns", "peer: Unix socket p50", socket);
-        println!("{:<48} {:>9} ns", "peer: futex wake p50", futex);
-        println!("{:<48} {:>9} ns", "peer: io_uring SQPOLL NOP round trip p50", opt(uring_rt));
-        println!("{:<48} {:>9} /s", "peer: io_uring NOPs", opt(uring_per_s));
+        outln!("doorbell bench submit --daemon ({} samples, {} command buffers)", a.samples, a.throughput_count);
+        outln!("{:<48} {:>12}", "measure", "value");
+        outln!("{:<48} {:>9} ns", "floor: cache-line round trip", floor);
+        outln!("{:<48} {:>9} ns", "embedded user-mode p50 (ring -> engine)", embedded);
+        outln!("{:<48} {:>9} ns", "daemon user-mode p50 (client ring -> engine)", um_p50);
+        outln!("{:<48} {:>9} ns", "daemon user-mode p99", um_p99);
+        outln!("{:<48} {:>9} ns", "daemon user-mode round trip p50", um_rt);
+        outln!("{:<48} {:>9} ns", "daemon kernel-mode p50 (over the socket)", km_p50);
+        outln!("{:<48} {:>9} ns", "blocked client wake-up p50, futex", wake_futex);
+        outln!("{:<48} {:>9} ns", "blocked client wake-up p50, socket read", wake_socket);
+        outln!("{:<48} {:>9} /s", "daemon user-mode throughput", throughput);
+        outln!("{:<48} {:>9} ns", "peer: SPSC shared-memory handoff p50", spsc);
+        outln!("{:<48} {:>9} ns", "peer: Unix socket p50", socket);
+        outln!("{:<48} {:>9} ns", "peer: futex wake p50", futex);
+        outln!("{:<48} {:>9} ns", "peer: io_uring SQPOLL NOP round trip p50", opt(uring_rt));
+        outln!("{:<48} {:>9} /s", "peer: io_uring NOPs", opt(uring_per_s));
         if let Some(why) = uring_why {
-            println!("io_uring unavailable: {why}");
+            outln!("io_uring unavailable: {why}");
         }
-        println!(
+        outln!(
             "ratios: um/embedded {:.2}, km/um {:.1}, um/spsc {:.2}",
             um_p50 as f64 / embedded.max(1) as f64,
             km_p50 as f64 / um_p50.max(1) as f64,

@@ -143,20 +143,20 @@ pub fn run(json: bool, signals: u64, samples: usize) -> Result<(), CliError> {
             "signals": signals,
             "samples": samples,
         });
-        println!("{o}");
+        outln!("{o}");
     } else {
         let ratio = |x: u64| x as f64 / floor.max(1.0);
-        println!("doorbell bench fences ({signals} signals per ratio, {samples} samples)");
-        println!("{:<44} {:>12} {:>10}", "measure", "value", "x floor");
-        println!("{:<44} {:>9} ns {:>10}", "floor: cache-line round trip", floor_ns, "1.0");
-        println!("{:<44} {:>12.3}", "interrupts per signal, no CPU waiter", no_waiter);
-        println!("{:<44} {:>12.3}", "interrupts per signal, a CPU waiter", with_waiter);
-        println!("{:<44} {:>12.3}", "interrupts per signal, legacy monitored", legacy);
-        println!("{:<44} {:>9} ns {:>10.1}", "GPU signal -> blocked CPU waiter runs", wake, ratio(wake));
-        println!("{:<44} {:>9} ns {:>10.1}", "GPU signal -> spinning CPU waiter runs", spin, ratio(spin));
-        println!("{:<44} {:>9} ns {:>10.1}", "signal -> waiting queue resumes (GPU)", gpu_p50, ratio(gpu_p50));
-        println!("{:<44} {:>9} ns {:>10.1}", "signal -> waiting queue resumes (via CPU)", cpu_p50, ratio(cpu_p50));
-        println!("CPU-mediated / GPU-side = {:.1}", cpu_p50 as f64 / gpu_p50.max(1) as f64);
+        outln!("doorbell bench fences ({signals} signals per ratio, {samples} samples)");
+        outln!("{:<44} {:>12} {:>10}", "measure", "value", "x floor");
+        outln!("{:<44} {:>9} ns {:>10}", "floor: cache-line round trip", floor_ns, "1.0");
+        outln!("{:<44} {:>12.3}", "interrupts per signal, no CPU waiter", no_waiter);
+        outln!("{:<44} {:>12.3}", "interrupts per signal, a CPU waiter", with_waiter);
+        outln!("{:<44} {:>12.3}", "interrupts per signal, legacy monitored", legacy);
+        outln!("{:<44} {:>9} ns {:>10.1}", "GPU signal -> blocked CPU waiter runs", wake, ratio(wake));
+        outln!("{:<44} {:>9} ns {:>10.1}", "GPU signal -> spinning CPU waiter runs", spin, ratio(spin));
+        outln!("{:<44} {:>9} ns {:>10.1}", "signal -> waiting queue resumes (GPU)", gpu_p50, ratio(gpu_p50));
+        outln!("{:<44} {:>9} ns {:>10.1}", "signal -> waiting queue resumes (via CPU)", cpu_p50, ratio(cpu_p50));
+        outln!("CPU-mediated / GPU-side = {:.1}", cpu_p50 as f64 / gpu_p50.max(1) as f64);
     }
     Ok(())
 }

@@ -160,23 +160,23 @@ pub fn run(a: NeighbourArgs) -> Result<(), CliError> {
             "chunk_bytes": cost.chunk_bytes(),
             "turn_ns": cost.turn.as_nanos() as u64,
         });
-        println!("{o}");
+        outln!("{o}");
     } else {
         let ratio = |x: u64| x as f64 / floor.max(1.0);
-        println!(
+        outln!(
             "doorbell bench neighbour ({} samples a phase; neighbour FILLs of {} bytes; chunk {} bytes, turn {:?})",
             a.samples,
             a.fill_bytes,
             cost.chunk_bytes(),
             cost.turn
         );
-        println!("{:<40} {:>12} {:>12}", "measure", "value", "x floor");
-        println!("{:<40} {:>9} ns {:>12}", "floor: cache-line round trip", floor_ns, "1.0");
-        println!("{:<40} {:>9} ns {:>12.1}", "tiny p50, engine idle", idle_p50, ratio(idle_p50));
-        println!("{:<40} {:>9} ns {:>12.1}", "tiny p99, engine idle", idle_p99, ratio(idle_p99));
-        println!("{:<40} {:>9} ns {:>12.1}", "tiny p50, beside bulk FILLs", bulk_p50, ratio(bulk_p50));
-        println!("{:<40} {:>9} ns {:>12.1}", "tiny p99, beside bulk FILLs", bulk_p99, ratio(bulk_p99));
-        println!("{:<40} {:>9.2} GB/s", "neighbour's FILL rate meanwhile", bytes_per_s / 1e9);
+        outln!("{:<40} {:>12} {:>12}", "measure", "value", "x floor");
+        outln!("{:<40} {:>9} ns {:>12}", "floor: cache-line round trip", floor_ns, "1.0");
+        outln!("{:<40} {:>9} ns {:>12.1}", "tiny p50, engine idle", idle_p50, ratio(idle_p50));
+        outln!("{:<40} {:>9} ns {:>12.1}", "tiny p99, engine idle", idle_p99, ratio(idle_p99));
+        outln!("{:<40} {:>9} ns {:>12.1}", "tiny p50, beside bulk FILLs", bulk_p50, ratio(bulk_p50));
+        outln!("{:<40} {:>9} ns {:>12.1}", "tiny p99, beside bulk FILLs", bulk_p99, ratio(bulk_p99));
+        outln!("{:<40} {:>9.2} GB/s", "neighbour's FILL rate meanwhile", bytes_per_s / 1e9);
     }
     Ok(())
 }

@@ -206,21 +206,21 @@ pub fn run(a: OversubArgs) -> Result<(), CliError> {
             "normal_p99_ns": f.normal_p99,
             "floor_cacheline_rtt_ns": f.floor_ns.round() as u64,
         });
-        println!("{o}");
+        outln!("{o}");
     } else {
-        println!("doorbell bench oversubscribe ({}, {} s)", a.describe(), a.seconds);
-        println!("{:<36} {:>14}", "measure", "value");
-        println!("{:<36} {:>14}", "submitted", f.submitted);
-        println!("{:<36} {:>14}", "completed", f.completed);
-        println!("{:<36} {:>14}", "lost", lost);
-        println!("{:<36} {:>14.4}", "Jain fairness (normal queues)", f.fairness);
-        println!("{:<36} {:>12.0} /s", "throughput (in the window)", f.throughput);
-        println!("{:<36} {:>14}", "victimizations", f.victimizations);
-        println!("{:<36} {:>14}", "reconnects", f.reconnects);
-        println!("{:<36} {:>11} ns", "high priority p50", f.high_p50);
-        println!("{:<36} {:>11} ns", "high priority p99", f.high_p99);
-        println!("{:<36} {:>11} ns", "normal p99", f.normal_p99);
-        println!("{:<36} {:>11.0} ns", "floor: cache-line round trip", f.floor_ns);
+        outln!("doorbell bench oversubscribe ({}, {} s)", a.describe(), a.seconds);
+        outln!("{:<36} {:>14}", "measure", "value");
+        outln!("{:<36} {:>14}", "submitted", f.submitted);
+        outln!("{:<36} {:>14}", "completed", f.completed);
+        outln!("{:<36} {:>14}", "lost", lost);
+        outln!("{:<36} {:>14.4}", "Jain fairness (normal queues)", f.fairness);
+        outln!("{:<36} {:>12.0} /s", "throughput (in the window)", f.throughput);
+        outln!("{:<36} {:>14}", "victimizations", f.victimizations);
+        outln!("{:<36} {:>14}", "reconnects", f.reconnects);
+        outln!("{:<36} {:>11} ns", "high priority p50", f.high_p50);
+        outln!("{:<36} {:>11} ns", "high priority p99", f.high_p99);
+        outln!("{:<36} {:>11} ns", "normal p99", f.normal_p99);
+        outln!("{:<36} {:>11.0} ns", "floor: cache-line round trip", f.floor_ns);
     }
     Ok(())
 }

@@ -313,18 +313,25 @@ pub fn run(a: PgoArgs) -> Result<(), CliError> {
             "samples": a.samples,
             "submits": a.submits,
         });
-        println!("{o}");
+        outln!("{o}");
     } else {
-        println!(
+        outln!(
             "doorbell bench pgo ({} elements, {} dispatches per variant, at least {} submits per condition)",
-            a.elements, a.samples, a.submits
+            a.elements,
+            a.samples,
+            a.submits
         );
-        println!(
+        outln!(
             "{:<10} {:>14} {:>16} {:>8} {:>10} {:>12}",
-            "kernel", "generic p50", "specialized p50", "speedup", "identical", "instructions"
+            "kernel",
+            "generic p50",
+            "specialized p50",
+            "speedup",
+            "identical",
+            "instructions"
         );
         for k in &kernels {
-            println!(
+            outln!(
                 "{:<10} {:>11} ns {:>13} ns {:>8.2} {:>10} {:>5} -> {}",
                 k.name,
                 k.generic_ns,
@@ -335,14 +342,14 @@ pub fn run(a: PgoArgs) -> Result<(), CliError> {
                 k.instructions.1
             );
         }
-        println!("{:<44} {:>9} ns", "commit -> completion event (p50)", commit_ns);
-        println!("{:<44} {:>9} ns", "foreground submit p99, background compiling", with_bg);
-        println!("{:<44} {:>9} ns", "foreground submit p99, background disabled", without_bg);
-        println!("{:<44} {:>9.3}", "foreground slowdown (p99 ratio)", slowdown);
-        println!("{:<44} {:>6} ns / {} ns", "foreground submit p50, compiling / disabled", with_p50, without_p50);
-        println!("{:<44} {:>9}", "background compiles meanwhile", compiles_during);
-        println!("{:<44} {:>9}", "tasks raised by the progress bound", raised);
-        println!("{:<44} {:>9} ns", "floor: cache-line round trip", floor_ns);
+        outln!("{:<44} {:>9} ns", "commit -> completion event (p50)", commit_ns);
+        outln!("{:<44} {:>9} ns", "foreground submit p99, background compiling", with_bg);
+        outln!("{:<44} {:>9} ns", "foreground submit p99, background disabled", without_bg);
+        outln!("{:<44} {:>9.3}", "foreground slowdown (p99 ratio)", slowdown);
+        outln!("{:<44} {:>6} ns / {} ns", "foreground submit p50, compiling / disabled", with_p50, without_p50);
+        outln!("{:<44} {:>9}", "background compiles meanwhile", compiles_during);
+        outln!("{:<44} {:>9}", "tasks raised by the progress bound", raised);
+        outln!("{:<44} {:>9} ns", "floor: cache-line round trip", floor_ns);
     }
     Ok(())
 }

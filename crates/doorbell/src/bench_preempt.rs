@@ -45,9 +45,10 @@ pub struct PreemptArgs {
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
-    /// Preemption samples per fine level (thread_group, thread, shader), 1 to 100,000; the
-    /// coarse levels (dispatch, dma_buffer) and the start-latency runs take at most a fifth
-    /// of them, at least 20 (each waits for a dispatch or a command buffer to end).
+    /// Samples per fine level (thread_group, thread, shader) and of the high-priority start
+    /// at the finest level, 1 to 100,000; the coarse levels (dispatch, dma_buffer, and the
+    /// start at dma_buffer) take at most a fifth of them, at least 20 (each waits for a
+    /// dispatch or a command buffer to end).
     #[arg(long, default_value_t = 500, value_parser = num::within(1u32, 100_000))]
     samples: u32,
     /// Loop rounds per thread of the long kernel (1 to 10,000,000): each dispatch is 16
@@ -362,7 +363,7 @@ pub fn run(a: PreemptArgs) -> Result<(), CliError> {
     }
 
     progress(json, "high-priority start latency, every slot busy, finest level");
-    let (hp50, hp99) = percentiles(high_prio_start(ComputeGranularity::Shader, coarse, a.rounds)?);
+    let (hp50, hp99) = percentiles(high_prio_start(ComputeGranularity::Shader, fine, a.rounds)?);
     progress(json, "high-priority start latency, every slot busy, dma_buffer level");
     let (hd50, hd99) = percentiles(high_prio_start(ComputeGranularity::DmaBuffer, coarse, a.rounds)?);
 
@@ -398,27 +399,28 @@ pub fn run(a: PreemptArgs) -> Result<(), CliError> {
         o.insert("floor_cacheline_rtt_ns".into(), floor_ns.into());
         o.insert("samples".into(), a.samples.into());
         o.insert("rounds".into(), a.rounds.into());
-        println!("{}", serde_json::Value::Object(o));
+        outln!("{}", serde_json::Value::Object(o));
     } else {
         let ratio = |x: u64| x as f64 / floor.max(1.0);
-        println!(
+        outln!(
             "doorbell bench preempt ({} samples at fine levels, {coarse} at coarse ones; {} rounds a thread)",
-            a.samples, a.rounds
+            a.samples,
+            a.rounds
         );
-        println!("{:<46} {:>12} {:>12}", "measure", "value", "x floor");
-        println!("{:<46} {:>9} ns {:>12}", "floor: cache-line round trip", floor_ns, "1.0");
+        outln!("{:<46} {:>12} {:>12}", "measure", "value", "x floor");
+        outln!("{:<46} {:>9} ns {:>12}", "floor: cache-line round trip", floor_ns, "1.0");
         for (level, p50, p99) in rows {
-            println!("{:<46} {:>9} ns {:>12.1}", format!("preempt latency p50, {level}"), p50, ratio(p50));
-            println!("{:<46} {:>9} ns {:>12.1}", format!("preempt latency p99, {level}"), p99, ratio(p99));
+            outln!("{:<46} {:>9} ns {:>12.1}", format!("preempt latency p50, {level}"), p50, ratio(p50));
+            outln!("{:<46} {:>9} ns {:>12.1}", format!("preempt latency p99, {level}"), p99, ratio(p99));
         }
-        println!("{:<46} {:>9} ns {:>12.1}", "idle start p50", idle_p50, ratio(idle_p50));
-        println!("{:<46} {:>9} ns {:>12.1}", "high-priority start p50, slots busy (shader)", hp50, ratio(hp50));
-        println!("{:<46} {:>9} ns {:>12.1}", "high-priority start p99, slots busy (shader)", hp99, ratio(hp99));
-        println!("{:<46} {:>9} ns {:>12.1}", "high-priority start p50 (dma_buffer)", hd50, ratio(hd50));
-        println!("{:<46} {:>9} ns {:>12.1}", "high-priority start p99 (dma_buffer)", hd99, ratio(hd99));
-        println!("{:<46} {:>12.3}", "throughput with 1 preemption/ms vs none", overhead);
-        println!("{:<46} {:>9} ns", "TDR: timeout to the others running again", tdr_ns);
-        println!("{:<46} {:>12}", "others' results after the reset", if others_ok { "ok" } else { "WRONG" });
+        outln!("{:<46} {:>9} ns {:>12.1}", "idle start p50", idle_p50, ratio(idle_p50));
+        outln!("{:<46} {:>9} ns {:>12.1}", "high-priority start p50, slots busy (shader)", hp50, ratio(hp50));
+        outln!("{:<46} {:>9} ns {:>12.1}", "high-priority start p99, slots busy (shader)", hp99, ratio(hp99));
+        outln!("{:<46} {:>9} ns {:>12.1}", "high-priority start p50 (dma_buffer)", hd50, ratio(hd50));
+        outln!("{:<46} {:>9} ns {:>12.1}", "high-priority start p99 (dma_buffer)", hd99, ratio(hd99));
+        outln!("{:<46} {:>12.3}", "throughput with 1 preemption/ms vs none", overhead);
+        outln!("{:<46} {:>9} ns", "TDR: timeout to the others running again", tdr_ns);
+        outln!("{:<46} {:>12}", "others' results after the reset", if others_ok { "ok" } else { "WRONG" });
     }
     Ok(())
 }

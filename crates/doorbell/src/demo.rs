@@ -28,7 +28,7 @@ pub fn run(quiet: bool) -> Result<(), CliError> {
     })?;
     let say = |s: String| {
         if !quiet {
-            println!("{s}");
+            outln!("{s}");
         }
     };
     let mut checked = 0u32;
@@ -260,7 +260,7 @@ pub fn run(quiet: bool) -> Result<(), CliError> {
 
     let (trace, _) = sys.trace();
     if !quiet {
-        println!("\n-- kernel trace: doorbell status changes, power, faults --");
+        outln!("\n-- kernel trace: doorbell status changes, power, faults --");
         for (i, e) in trace.iter().enumerate().filter(|(_, e)| {
             matches!(
                 e.event,
@@ -273,21 +273,21 @@ pub fn run(quiet: bool) -> Result<(), CliError> {
             )
         }) {
             let note = explain(&trace, i).map(|n| format!("  ({n})")).unwrap_or_default();
-            println!("{:>10.3} ms  {}{note}", e.time.as_nanos() as f64 / 1e6, e.event);
+            outln!("{:>10.3} ms  {}{note}", e.time.as_nanos() as f64 / 1e6, e.event);
         }
     }
     let count = |f: fn(&Event) -> bool| trace.iter().filter(|e| f(&e.event)).count();
     let st = sys.stats();
-    println!("\n-- summary --");
-    println!("queues created:          {}", count(|e| matches!(e, Event::QueueCreated { .. })));
-    println!("submissions:             {submissions} ({} through the kernel-mode path)", st.km_submissions);
-    println!("results checked:         {checked}, all correct");
-    println!("doorbell status changes: {}", count(|e| matches!(e, Event::Status { .. })));
-    println!("engine F1 entries:       {}", count(|e| matches!(e, Event::Power { state: gpu::PowerState::F1, .. })));
-    println!("engine F0 wake-ups:      {}", count(|e| matches!(e, Event::Power { state: gpu::PowerState::F0, .. })));
-    println!("queue faults contained:  {}", st.faults);
-    println!("user interrupts:         {}", st.user_interrupts);
-    println!("fence interrupts:        {} (signals with no CPU waiter raise none)", st.fence_interrupts);
+    outln!("\n-- summary --");
+    outln!("queues created:          {}", count(|e| matches!(e, Event::QueueCreated { .. })));
+    outln!("submissions:             {submissions} ({} through the kernel-mode path)", st.km_submissions);
+    outln!("results checked:         {checked}, all correct");
+    outln!("doorbell status changes: {}", count(|e| matches!(e, Event::Status { .. })));
+    outln!("engine F1 entries:       {}", count(|e| matches!(e, Event::Power { state: gpu::PowerState::F1, .. })));
+    outln!("engine F0 wake-ups:      {}", count(|e| matches!(e, Event::Power { state: gpu::PowerState::F0, .. })));
+    outln!("queue faults contained:  {}", st.faults);
+    outln!("user interrupts:         {}", st.user_interrupts);
+    outln!("fence interrupts:        {} (signals with no CPU waiter raise none)", st.fence_interrupts);
     Ok(())
 }
 

@@ -32,7 +32,7 @@ pub struct DemoClientArgs {
 }
 
 fn say(what: &str) {
-    println!("{what}");
+    outln!("{what}");
     let _ = std::io::stdout().flush();
 }
 
@@ -126,19 +126,13 @@ impl Proc {
 fn show_status(socket: &std::path::Path) -> Result<(), CliError> {
     let s = umd::remote::daemon_status(socket).map_err(|e| CliError::Input(e.to_string()))?;
     for p in &s.processes {
-        println!(
-            "  process p{} (os pid {}): {} allocations, {} queues",
-            p.pid,
-            p.os_pid,
-            p.allocations,
-            p.queues.len()
-        );
+        outln!("  process p{} (os pid {}): {} allocations, {} queues", p.pid, p.os_pid, p.allocations, p.queues.len());
         for q in &p.queues {
-            println!("    {} engine {} {} {} completed {}", q.handle, q.engine, q.mode, q.state, q.completed);
+            outln!("    {} engine {} {} {} completed {}", q.handle, q.engine, q.mode, q.state, q.completed);
         }
     }
     if s.processes.is_empty() {
-        println!("  no client processes");
+        outln!("  no client processes");
     }
     Ok(())
 }
@@ -146,7 +140,7 @@ fn show_status(socket: &std::path::Path) -> Result<(), CliError> {
 pub fn run(quiet: bool) -> Result<(), CliError> {
     let d = DaemonChild::start_with("")?;
     if !quiet {
-        println!("daemon: doorbell serve on {} (pid {})", d.socket.display(), d.child.id());
+        outln!("daemon: doorbell serve on {} (pid {})", d.socket.display(), d.child.id());
     }
     let mut a = Proc::spawn(&d.socket, &["a"])?;
     let global = a.line()?;
@@ -157,27 +151,27 @@ pub fn run(quiet: bool) -> Result<(), CliError> {
         return Err(CliError::Check(w));
     }
     if !quiet {
-        println!(
+        outln!(
             "client A (os pid {}) shared native fence {global}; client B (os pid {}) opened it",
             a.child.id(),
             b.child.id()
         );
-        println!("doorbell status, both clients connected:");
+        outln!("doorbell status, both clients connected:");
         show_status(&d.socket)?;
     }
     writeln!(a.stdin, "go").map_err(|e| CliError::Input(e.to_string()))?;
     let la = a.finish()?;
     let lb = b.finish()?;
-    println!("A: {la}");
-    println!("B: {lb}");
+    outln!("A: {la}");
+    outln!("B: {lb}");
     let s = umd::remote::daemon_status(&d.socket).map_err(|e| CliError::Input(e.to_string()))?;
     if !s.processes.is_empty() {
         return Err(CliError::Check(format!("{} processes left after both clients closed", s.processes.len())));
     }
     if !quiet {
-        println!("doorbell status after both clients left:");
+        outln!("doorbell status after both clients left:");
         show_status(&d.socket)?;
     }
-    println!("daemon demo: two client processes, one daemon, results checked: ok");
+    outln!("daemon demo: two client processes, one daemon, results checked: ok");
     Ok(())
 }

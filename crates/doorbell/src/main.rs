@@ -10,6 +10,8 @@
 //! through one parser ([`num`]), dispatch dimensions are checked against the ISA's limits and
 //! `run`'s arguments against the slots the kernel reads.
 
+#[macro_use]
+mod out;
 mod bench;
 mod bench_daemon;
 mod bench_fences;

@@ -268,7 +268,7 @@ pub fn run(a: RunArgs) -> Result<(), CliError> {
     progress.done();
     let el = t.elapsed();
     let st = sys.with_gpu(|g| g.compute_stats());
-    println!(
+    outln!(
         "{file}: {} instructions, grid {:?} x group {:?}: {} wave-instructions, {} lane ops in {:?}",
         binary.len(),
         a.grid,
@@ -302,7 +302,7 @@ pub fn run(a: RunArgs) -> Result<(), CliError> {
         } else {
             format!("first {} words", a.show)
         };
-        println!(
+        outln!(
             "  slot {slot}: buffer of {bytes} bytes{alloc}: {nonzero} non-zero words, u32 sum {sum}, fnv {hash:016x}\n    {shown}: [{}]",
             head.join(", ")
         );

@@ -75,15 +75,18 @@ pub fn status(a: StatusArgs) -> Result<(), CliError> {
     let path = a.socket.unwrap_or_else(wire::client_socket_path);
     let s = umd::remote::daemon_status(&path).map_err(|e| CliError::Input(e.to_string()))?;
     if a.json {
-        println!("{}", serde_json::to_string(&s).map_err(|e| CliError::Input(e.to_string()))?);
+        outln!("{}", serde_json::to_string(&s).map_err(|e| CliError::Input(e.to_string()))?);
         return Ok(());
     }
-    println!(
+    outln!(
         "doorbell daemon pid {} on {} (protocol {}, up {} s)",
-        s.daemon_pid, s.socket, s.protocol_version, s.uptime_s
+        s.daemon_pid,
+        s.socket,
+        s.protocol_version,
+        s.uptime_s
     );
     for ad in &s.adapters {
-        println!(
+        outln!(
             "adapter {}: doorbells {} ({} objects, {} pages{}), {} connects, {} victimizations, {} faults, {} interrupts, {} recoveries, {} TDR timeouts",
             ad.index,
             ad.doorbell_model,
@@ -97,14 +100,14 @@ pub fn status(a: StatusArgs) -> Result<(), CliError> {
             ad.recoveries,
             ad.tdr_timeouts
         );
-        println!("  {:<6} {:<8} {:<6} {:>10}", "engine", "kind", "power", "slots");
+        outln!("  {:<6} {:<8} {:<6} {:>10}", "engine", "kind", "power", "slots");
         for e in &ad.engines {
-            println!("  {:<6} {:<8} {:<6} {:>6}/{:<3}", e.id, e.kind, e.power, e.slots_used, e.slots);
+            outln!("  {:<6} {:<8} {:<6} {:>6}/{:<3}", e.id, e.kind, e.power, e.slots_used, e.slots);
         }
     }
-    println!("processes: {}", s.processes.len());
+    outln!("processes: {}", s.processes.len());
     for p in &s.processes {
-        println!(
+        outln!(
             "  p{} (os pid {}, {}): {} allocations, {} bytes, {} queues",
             p.pid,
             p.os_pid,
@@ -114,7 +117,7 @@ pub fn status(a: StatusArgs) -> Result<(), CliError> {
             p.queues.len()
         );
         for q in &p.queues {
-            println!(
+            outln!(
                 "    {:<20} engine {} {:<6} {:<9} {:<8} doorbell {:<5} completed {}{}",
                 q.handle,
                 q.engine,

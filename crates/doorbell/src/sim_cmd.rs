@@ -113,7 +113,7 @@ pub fn run(a: SimArgs) -> Result<(), CliError> {
             let rows = sim::sweep::run_to_dir(&s, i, n, &out, &|done, _| pb.set_position(done as u64))?;
             pb.finish_and_clear();
             if !quiet {
-                println!(
+                outln!(
                     "{} runs (shard {i}/{n} of {}) in {:.1} s -> {}",
                     rows.len(),
                     s.runs(),
@@ -125,7 +125,7 @@ pub fn run(a: SimArgs) -> Result<(), CliError> {
         }
         Some(SimCommand::Merge { dirs, out }) => {
             let n = sim::sweep::merge(&dirs, &out)?;
-            println!("merged {n} runs from {} shards -> {}", dirs.len(), out.display());
+            outln!("merged {n} runs from {} shards -> {}", dirs.len(), out.display());
             Ok(())
         }
         Some(SimCommand::Calibrate { out }) => calibrate(&out),
@@ -139,9 +139,9 @@ pub fn run(a: SimArgs) -> Result<(), CliError> {
             let (o, summary) = sim::run_to_dir(&plan, seed, &a.out, &mut |f| pb.set_position((f * 1000.0) as u64))?;
             pb.finish_and_clear();
             if a.quiet {
-                println!("{}", a.out.display());
+                outln!("{}", a.out.display());
             } else {
-                println!(
+                outln!(
                     "{} (seed {seed}): {} queues, {} submissions, {} completions, {} lost, {:.3} ms of virtual time in {:.2} s",
                     plan.name,
                     o.queues.len(),
@@ -151,7 +151,7 @@ pub fn run(a: SimArgs) -> Result<(), CliError> {
                     o.end as f64 / 1e6,
                     o.wall_seconds
                 );
-                println!("outputs: {} (report.html, summary.json, queues.csv, trace.json, plots)", a.out.display());
+                outln!("outputs: {} (report.html, summary.json, queues.csv, trace.json, plots)", a.out.display());
             }
             Ok(())
         }
@@ -232,9 +232,9 @@ pub fn bench_sim(a: BenchSimArgs) -> Result<(), CliError> {
         "live_submissions_per_s": live.round() as u64,
     });
     if a.json {
-        println!("{o}");
+        outln!("{o}");
     } else {
-        println!("{o:#}");
+        outln!("{o:#}");
     }
     Ok(())
 }
@@ -287,9 +287,11 @@ fn live_rate(queues: u32, seconds: f64) -> Result<f64, CliError> {
 // calibrate
 
 /// Measures the live driver with device timestamps around known work and writes a `[cost]`
-/// section: the per-packet cost (1,000 `WRITE_DATA`s), the bulk bandwidth (a 16 MiB `FILL`)
-/// and the cost of one wave-instruction (an ALU-bound kernel, by the device's instruction
-/// count).
+/// section: the per-packet cost (1,000 `WRITE_DATA`s), the bulk bandwidth (a 16 MiB `FILL`),
+/// the cost of one wave-instruction (an ALU-bound kernel, by the device's instruction count),
+/// interrupt delivery (from a `TIMESTAMP` just before a fence `SIGNAL` to the CPU thread that
+/// waited for it running again) and a kernel call on the control path (a CPU signal of a
+/// native fence, 1,000 in a row).
 fn calibrate(out: &std::path::Path) -> Result<(), CliError> {
     let sys = System::live(SystemConfig::default())?;
     let port: Arc<dyn KernelPort> = sys.open_process()?;
@@ -342,6 +344,30 @@ fn calibrate(out: &std::path::Path) -> Result<(), CliError> {
         waves = sys.with_gpu(|g| g.compute_stats().instructions) - before;
         wave_ns = wave_ns.min(ns as f64 / waves.max(1) as f64);
     }
+    // Interrupt delivery: after 200 µs of work (the CPU thread is blocked in its wait by then),
+    // the device stamps the time and signals a fence the thread waits on (its MonitoredValue
+    // makes the signal interrupt); the thread notes when it runs again.
+    let mut fence = dev.create_fence(0, abi::port::NativeFenceType::Default)?;
+    fence.set_spin(0);
+    let mut interrupt_ns = u64::MAX;
+    for v in 1..=20u64 {
+        let mut cb = CommandBuffer::new();
+        cb.synthetic(200_000).timestamp(ts.va()).signal_fence(&fence, v);
+        q.submit(&cb)?;
+        fence.wait(v, Some(Duration::from_secs(30)))?;
+        let woke = sys.now().as_nanos();
+        interrupt_ns = interrupt_ns.min(woke.saturating_sub(ts.read_u64(0)?));
+    }
+    // A kernel call: signalling a native fence from the CPU (1,000 in a row, best of 5).
+    let calls = 1000u64;
+    let mut call_ns = f64::MAX;
+    for round in 0..5u64 {
+        let t = Instant::now();
+        for k in 0..calls {
+            fence.signal(100 + round * calls + k)?;
+        }
+        call_ns = call_ns.min(t.elapsed().as_nanos() as f64 / calls as f64);
+    }
     let text = format!(
         "# Measured by `doorbell sim calibrate` on this machine's live driver (minimum of 5 runs).\n\
          # Include it in a scenario as its [cost] section.\n\
@@ -349,9 +375,12 @@ fn calibrate(out: &std::path::Path) -> Result<(), CliError> {
          packet_ns = {packet_ns:.1}\n\
          bulk_bytes_per_us = {bulk_bytes_per_us:.0}\n\
          wave_instruction_ns = {wave_ns:.3}\n\
-         # from {packets} WRITE_DATA packets, a 16 MiB FILL and {waves} wave-instructions\n"
+         interrupt_ns = {interrupt_ns}\n\
+         kernel_call_ns = {call_ns:.0}\n\
+         # from {packets} WRITE_DATA packets, a 16 MiB FILL, {waves} wave-instructions, 20 fence\n\
+         # signals a CPU thread waited for, and {calls} CPU signals of a fence\n"
     );
     std::fs::write(out, &text).map_err(|e| CliError::Input(format!("{}: {e}", out.display())))?;
-    print!("{text}");
+    out!("{text}");
     Ok(())
 }

@@ -175,7 +175,7 @@ pub fn run(a: TraceArgs) -> Result<(), CliError> {
     let doc = json!({"traceEvents": events, "displayTimeUnit": "ns"});
     std::fs::write(&a.out, serde_json::to_string_pretty(&doc).map_err(|e| CliError::Input(e.to_string()))?)
         .map_err(|e| CliError::Input(format!("cannot write {}: {e}", a.out.display())))?;
-    println!(
+    outln!(
         "wrote {}: {} queues, {boxes} signal/wait boxes over {} rounds, {} background task(s); open it in ui.perfetto.dev",
         a.out.display(),
         queues.len(),

@@ -358,6 +358,9 @@ fn sim_calibrate_writes_a_cost_section_a_scenario_accepts() {
     let st = doorbell().args(["sim", "calibrate", "--out", cost.to_str().unwrap()]).output().unwrap();
     assert!(st.status.success(), "{}", String::from_utf8_lossy(&st.stderr));
     let text = std::fs::read_to_string(&cost).unwrap();
+    for key in ["packet_ns", "bulk_bytes_per_us", "wave_instruction_ns", "interrupt_ns", "kernel_call_ns"] {
+        assert!(text.lines().any(|l| l.starts_with(&format!("{key} = "))), "{key} missing:\n{text}");
+    }
     let scenario = format!("duration_ms = 1\n[[group]]\nname = \"a\"\n{text}");
     let path = dir.join("s.toml");
     std::fs::write(&path, &scenario).unwrap();
@@ -383,4 +386,22 @@ fn bench_sim_reports_every_field() {
     for k in ["events", "events_per_s", "submissions_per_s", "sim_seconds_per_wall_second", "live_submissions_per_s"] {
         assert!(v[k].as_f64().is_some_and(|x| x > 0.0), "{k}: {v}");
     }
+}
+
+/// A reader that goes away (`doorbell … | head`) ends the output quietly: exit status 0 and
+/// no panic, where `println!` would panic on the broken pipe. The pipe's read end is closed
+/// before the command starts, so its first line already meets it.
+#[test]
+fn a_closed_pipe_on_stdout_ends_the_command_quietly() {
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let saxpy = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/saxpy.dbk");
+    let out = doorbell()
+        .args(["run", saxpy, "--grid", "2", "--group", "64", "--args", "buf:512:iotaf,buf:512:iotaf,f:2.0,128"])
+        .stdout(writer)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{:?}: {err}", out.status);
+    assert!(!err.contains("panicked"), "{err}");
 }

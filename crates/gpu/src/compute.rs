@@ -594,6 +594,17 @@ const SAVE_VERSION: u32 = 1;
 /// Bytes a context save area needs for the widest wave.
 pub const CONTEXT_SAVE_BYTES: u64 = 24 * 1024;
 
+/// The most [`Dispatch::save`] writes: the header (magic, version, kernel, grid and group,
+/// args, width, next group, wave flag), then a wave (group, index, pc, three masks, stack
+/// depth) with the deepest control-flow stack, its scalar registers and the widest wave's
+/// vector registers.
+const MAX_SAVE_BYTES: usize = (4 + 4 + 8 + 24 + 8 + 4 + 8 + 4)
+    + (8 + 4 + 4 + 8 * 3 + 4)
+    + MAX_NESTING * (4 + 8 + 8 + 4)
+    + SREGS * 8
+    + VREGS * MAX_WAVE * 4;
+const _: () = assert!(MAX_SAVE_BYTES as u64 <= CONTEXT_SAVE_BYTES, "every state fits a save area");
+
 struct Writer(Vec<u8>);
 impl Writer {
     fn u32(&mut self, x: u32) {
@@ -602,17 +613,37 @@ impl Writer {
     fn u64(&mut self, x: u64) {
         self.0.extend_from_slice(&x.to_le_bytes());
     }
+    /// A run of `u32`s, converted in bulk (a wave's registers: thousands of them).
+    fn u32s(&mut self, xs: &[u32]) {
+        let at = self.0.len();
+        self.0.resize(at + xs.len() * 4, 0);
+        for (c, x) in self.0[at..].chunks_exact_mut(4).zip(xs) {
+            c.copy_from_slice(&x.to_le_bytes());
+        }
+    }
 }
 
-struct Reader<'a>(&'a [u8]);
+/// Reads a save area in place, field by field (only the bytes the state takes, not the whole
+/// area), refusing to read past [`CONTEXT_SAVE_BYTES`].
+struct Reader<'a> {
+    area: &'a Shm,
+    at: u64,
+    end: u64,
+}
 impl Reader<'_> {
-    fn take<const N: usize>(&mut self) -> Result<[u8; N], FaultKind> {
-        if self.0.len() < N {
+    fn span(&mut self, bytes: u64) -> Result<u64, FaultKind> {
+        if self.at + bytes > self.end {
             return Err(FaultKind::BadSaveArea { why: "truncated" });
         }
-        let (h, t) = self.0.split_at(N);
-        self.0 = t;
-        Ok(h.try_into().expect("N bytes"))
+        let at = self.at;
+        self.at += bytes;
+        Ok(at)
+    }
+    fn take<const N: usize>(&mut self) -> Result<[u8; N], FaultKind> {
+        let at = self.span(N as u64)?;
+        let mut b = [0u8; N];
+        self.area.read(at, &mut b).map_err(|_| FaultKind::BadSaveArea { why: "save area out of bounds" })?;
+        Ok(b)
     }
     fn u32(&mut self) -> Result<u32, FaultKind> {
         self.take::<4>().map(u32::from_le_bytes)
@@ -620,12 +651,18 @@ impl Reader<'_> {
     fn u64(&mut self) -> Result<u64, FaultKind> {
         self.take::<8>().map(u64::from_le_bytes)
     }
+    /// A run of `u32`s, read in bulk.
+    fn u32s(&mut self, dst: &mut [u32]) -> Result<(), FaultKind> {
+        let at = self.span(dst.len() as u64 * 4)?;
+        self.area.read_u32s(at, dst).map_err(|_| FaultKind::BadSaveArea { why: "save area out of bounds" })
+    }
 }
 
 impl Dispatch {
     /// Serializes the dispatch into `area` at `offset` (the queue's context save area).
     pub fn save(&self, area: &Shm, offset: u64) -> Result<(), FaultKind> {
-        let mut o = Writer(Vec::with_capacity(4096));
+        let regs = self.wave.as_ref().map_or(0, |w| w.stack.len() * 24 + SREGS * 8 + VREGS * self.width as usize * 4);
+        let mut o = Writer(Vec::with_capacity(128 + regs));
         o.u32(SAVE_MAGIC);
         o.u32(SAVE_VERSION);
         o.u64(self.kernel);
@@ -666,9 +703,7 @@ impl Dispatch {
                     o.u64(s);
                 }
                 for r in w.v.iter() {
-                    for x in &r[..self.width as usize] {
-                        o.u32(*x);
-                    }
+                    o.u32s(&r[..self.width as usize]);
                 }
             }
         }
@@ -681,10 +716,8 @@ impl Dispatch {
     /// Rebuilds a dispatch from a context save area, validating every field; the kernel is
     /// loaded and validated again from `vm`.
     pub fn restore(vm: &AddressSpace, area: &Shm, offset: u64, width: u32) -> Result<Dispatch, FaultKind> {
-        let mut buf = vec![0u8; CONTEXT_SAVE_BYTES as usize];
-        area.read(offset, &mut buf).map_err(|_| FaultKind::BadSaveArea { why: "save area out of bounds" })?;
         let bad = |why| FaultKind::BadSaveArea { why };
-        let mut r = Reader(&buf);
+        let mut r = Reader { area, at: offset, end: offset.saturating_add(CONTEXT_SAVE_BYTES) };
         if r.u32()? != SAVE_MAGIC || r.u32()? != SAVE_VERSION {
             return Err(bad("bad magic or version"));
         }
@@ -736,9 +769,7 @@ impl Dispatch {
                     *s = r.u64()?;
                 }
                 for reg in w.v.iter_mut() {
-                    for x in &mut reg[..d.width as usize] {
-                        *x = r.u32()?;
-                    }
+                    r.u32s(&mut reg[..d.width as usize])?;
                 }
                 d.wave = Some(w);
             }

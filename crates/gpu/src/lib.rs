@@ -43,7 +43,9 @@ pub use abi::power::{EngineState, PowerState};
 pub use abi::preempt::{ComputeGranularity, CopyGranularity, PreemptionCaps, StopPoint};
 pub use abi::time::Time;
 pub use cost::{CostModel, Timing};
-pub use firmware::preempt::{Attention, AttentionGuard, EngineReset, FwEvent, FwLogEntry, Requester, RingPosition};
+pub use firmware::preempt::{
+    Attention, AttentionGuard, EngineReset, FwCounts, FwEvent, FwLogEntry, Requester, RingPosition, Suspension,
+};
 pub use firmware::{Completion, FenceSignaled, FenceWaits, FwQueueId, Interrupt, QueueConfig, StepReport};
 pub use memory::{AddressSpace, GpuMapping, Vmid};
 
@@ -153,6 +155,14 @@ pub enum GpuError {
     BadStartPointer {
         /// The value found.
         wptr: u64,
+    },
+    /// A context save area smaller than the largest state a dispatch saves.
+    #[error("queue memory: the context save area holds {bytes} bytes; a queue needs {need}")]
+    SaveAreaTooSmall {
+        /// Its size.
+        bytes: u64,
+        /// What a queue needs ([`compute::CONTEXT_SAVE_BYTES`]).
+        need: u64,
     },
     /// A global-doorbell bit outside the page.
     #[error("global doorbell bit {bit} is outside the page ({bits} bits)")]
@@ -333,11 +343,11 @@ impl Gpu {
         self.fw.remove_queue(id)
     }
 
-    /// Takes a queue off the run list (context suspend), respecting the engine's
-    /// preemption granularity: at once if it holds no slot or may stop where it stands;
-    /// otherwise at the next point it may, under a kernel preemption request whose ticket is
-    /// returned (answered by an [`Interrupt::Preempted`]).
-    pub fn suspend_queue(&mut self, id: FwQueueId, now: Time) -> Result<Option<u64>, GpuError> {
+    /// Takes a queue off the run list (context suspend) as a kernel preemption request,
+    /// respecting the engine's preemption granularity: answered at once (in the returned
+    /// [`Suspension`] and the firmware log) if it holds no slot or may stop where it stands;
+    /// otherwise at the next point it may, by an [`Interrupt::Preempted`] with the ticket.
+    pub fn suspend_queue(&mut self, id: FwQueueId, now: Time) -> Result<Suspension, GpuError> {
         self.fw.suspend_queue(id, now)
     }
 
@@ -395,6 +405,22 @@ impl Gpu {
     /// first (bounded).
     pub fn firmware_log(&self) -> Vec<FwLogEntry> {
         self.fw.log().cloned().collect()
+    }
+
+    /// With modelled timing (the deterministic driver): the device time at which the driver
+    /// next lets a client act (`None`: not known). A step's turns end at their first check past
+    /// it while a ring could cut into them (an engine with sentinel doorbells), as on the live
+    /// driver, where the client rings while the turn runs: so a ring made then is heard one
+    /// check later, not after the turn, which runs as one piece. Ignored when it is not after
+    /// the step's start.
+    pub fn set_horizon(&mut self, at: Option<Time>) {
+        self.fw.set_horizon(at)
+    }
+
+    /// How many events of each kind the firmware logged since the device started: exact,
+    /// where [`Gpu::firmware_log`] keeps only the last 4,096.
+    pub fn firmware_counts(&self) -> FwCounts {
+        self.fw.log_counts()
     }
 
     /// The device's attention register: raise it before taking the device lock for a
@@ -519,7 +545,7 @@ impl Gpu {
     /// [`Gpu::poll_doorbells`] limited to the dedicated doorbells of `queues` (and every
     /// global-doorbell page and aggregated doorbell): for a driver that knows which clients
     /// may have rung since the last poll. Returns whether any doorbell changed.
-    pub fn poll_doorbells_of(&mut self, queues: &[FwQueueId]) -> bool {
+    pub fn poll_doorbells_of(&mut self, queues: impl IntoIterator<Item = FwQueueId>) -> bool {
         self.fw.poll_doorbells_of(queues)
     }
 
@@ -553,6 +579,15 @@ impl Gpu {
         self.fw.busy_until()
     }
 
+    /// With [`Timing::Modelled`]: whether a [`Gpu::step`] and a [`Gpu::handle_timeout`] at
+    /// `now` would do nothing, because every engine in F0 is still busy with the modelled work
+    /// of an earlier step, no timer is due and no interrupt is waiting. Rings latched
+    /// meanwhile wait for the busy period to end either way; a driver that steps event by
+    /// event may then skip the step.
+    pub fn waits_for_busy_engines(&self, now: Time) -> bool {
+        self.fw.waits_for_busy_engines(now)
+    }
+
     /// `DxgkDdiCreateNativeFence`: a `SIGNAL` with the fence flag that lands on `current`
     /// (a region and offset) compares against the MonitoredValue at `monitored` and raises
     /// [`Interrupt::NativeFenceSignaled`] with `id`.
@@ -579,6 +614,14 @@ impl Gpu {
 
     /// The next interrupt on the line.
     pub fn poll_interrupt(&mut self) -> Option<Interrupt> {
+        self.fw.poll_interrupt().map(|(_, irq)| irq)
+    }
+
+    /// [`Gpu::poll_interrupt`] with the device time the interrupt was raised at: with
+    /// [`Timing::Modelled`], a packet's modelled time inside its step; for an interrupt raised
+    /// outside a step, the time of the input that raised it (or [`Time::ZERO`] where none is
+    /// known: deliver it at once).
+    pub fn poll_interrupt_at(&mut self) -> Option<(Time, Interrupt)> {
         self.fw.poll_interrupt()
     }
 
@@ -597,7 +640,9 @@ impl Gpu {
 
     /// Moves the completions recorded since the last call into `out` (in execution order).
     pub fn take_completions(&mut self, out: &mut Vec<Completion>) {
-        if let Some(c) = self.fw.completions.as_mut() {
+        if let Some(c) = self.fw.completions.as_mut()
+            && !c.is_empty()
+        {
             out.append(c);
         }
     }

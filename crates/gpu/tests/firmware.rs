@@ -402,7 +402,8 @@ fn many_queues_over_two_slots_are_served_round_robin() {
 fn a_waiting_queue_that_is_suspended_or_removed_is_never_mapped() {
     let mut m = many(5, 2, 64);
     let (a, b, w, x, y) = (0, 1, 2, 3, 4);
-    // A and B hold both slots, blocked on a flag (busy, so not idle).
+    // A and B hold both slots, and block on a flag (not idle: they give their slots up to
+    // waiting queues and sleep until the flag is set).
     let flag = DATA + 0x800;
     m.submit(a, &[Packet::Wait { va: flag, value: 1 }, Many::write(a, 1)]);
     m.submit(b, &[Packet::Wait { va: flag, value: 1 }, Many::write(b, 1)]);
@@ -421,7 +422,7 @@ fn a_waiting_queue_that_is_suspended_or_removed_is_never_mapped() {
     // the waiting order must not map it.
     let z = m.add();
     let (wid, zid) = (m.queues[w].id, m.queues[z].id);
-    // Quanta run out, Y gets a slot, the flag releases A and B: W and Z stay off the slots.
+    // Y gets a slot, the flag releases A and B: W and Z stay off the slots.
     let mut now = t0;
     for step in 0..200u64 {
         now += 500_000;
@@ -446,11 +447,13 @@ fn a_waiting_queue_that_is_suspended_or_removed_is_never_mapped() {
 /// quantum runs out against a waiting queue, and the waiting queue then gets the slot.
 #[test]
 fn poll_timeout_reports_the_quantum_expiry_and_handling_it_rotates_the_slot() {
-    let mut m = many(2, 1, 64);
+    let mut m = many(2, 1, 4);
     let (a, b) = (0, 1);
-    // A holds the only slot, blocked on a flag (busy, never idle); B waits with work.
-    let flag = DATA + 0x800;
-    m.submit(a, &[Packet::Wait { va: flag, value: 1 }, Many::write(a, 1)]);
+    // A holds the only slot, busy (a long run of packets, four a step; a queue blocked in a
+    // WAIT would give the slot up at once); B waits with work.
+    let mut work = busy();
+    work.push(Many::write(a, 1));
+    m.submit(a, &work);
     let t0 = 1_000;
     m.run(t0);
     m.submit(b, &[Many::write(b, 7)]);
@@ -466,7 +469,13 @@ fn poll_timeout_reports_the_quantum_expiry_and_handling_it_rotates_the_slot() {
     m.gpu.handle_timeout(at);
     m.run(at.0);
     assert_eq!(m.word(b), 7, "B got the slot when A's quantum ran out");
-    assert_eq!(m.word(a), 0, "A is still blocked");
+    assert_eq!(m.word(a), 0, "A has not finished");
+}
+
+/// Work that keeps a queue busy for 100 steps of four packets: 400 one-dword NOPs (a write
+/// may take at most half the ring).
+fn busy() -> Vec<Packet> {
+    (0..400).map(|_| Packet::Nop { dwords: 1 }).collect()
 }
 
 /// Two busy queues of one process over one slot keep alternating by the gang quantum: after
@@ -475,10 +484,9 @@ fn poll_timeout_reports_the_quantum_expiry_and_handling_it_rotates_the_slot() {
 /// pair swapped once and the second holder kept the slot for as long as it had work.)
 #[test]
 fn two_busy_queues_over_one_slot_keep_alternating() {
-    let mut m = many(2, 1, 64);
-    let flag = DATA + 0x800;
+    let mut m = many(2, 1, 4);
     for i in 0..2 {
-        m.submit(i, &[Packet::Wait { va: flag, value: 1 }]);
+        m.submit(i, &busy());
     }
     m.run(0);
     let gang = GpuConfig::default().gang_quantum.as_nanos() as u64;
@@ -501,12 +509,52 @@ fn two_busy_queues_over_one_slot_keep_alternating() {
     assert_eq!(seen, vec![first, other, first, other, first]);
 }
 
-/// A higher-priority queue that goes idle during a step and rings again before the step ends
-/// cuts the turns still to come in that step (its doorbell becomes a sentinel as soon as it
-/// is idle, not at the next step): the cut-in costs one check, not the other holders' turns.
-#[test]
-fn a_queue_that_goes_idle_mid_step_cuts_the_rest_of_the_step_when_it_rings_again() {
-    let mut m = many(0, 3, 256);
+/// The cut-in rig: over three slots, a high-priority queue with one write queued and two low
+/// ones with 400 NOPs each (`budget` packets a turn), their rings latched; and the
+/// high-priority client's handles, to ring again from inside a step (a live client rings while
+/// the firmware runs other queues' turns).
+struct CutIn {
+    m: Many,
+    hp: usize,
+    l1: usize,
+    l2: usize,
+    client: HpClient,
+}
+
+/// The high-priority client of [`CutIn`].
+struct HpClient {
+    hp: usize,
+    data: Arc<Shm>,
+    bar: Arc<Shm>,
+    control: Arc<Shm>,
+    ring: Arc<Shm>,
+    wptr: std::cell::Cell<u64>,
+}
+
+impl HpClient {
+    /// Publishes a write of `value` and rings.
+    fn write(&self, value: u64) {
+        let mut words = Vec::new();
+        Many::write(self.hp, value).encode(&mut words);
+        let plan = ring::plan_write(self.wptr.get(), RING_BYTES, words.len() as u64).unwrap();
+        ring::write_stream(&self.ring, RING_BYTES, self.wptr.get(), &plan, &[&words]).unwrap();
+        self.wptr.set(plan.new_wptr);
+        let ctl = self.hp as u64 * MANY_CONTROL_BYTES;
+        self.control.atomic_u64(ctl + WPTR_OFFSET).unwrap().store(plan.new_wptr, Ordering::Release);
+        self.bar.atomic_u64(self.hp as u64 * 8).unwrap().store(plan.new_wptr, Ordering::Release);
+    }
+    /// The last value its writes stored.
+    fn seen(&self) -> u64 {
+        self.data.read_u64(8 * self.hp as u64).unwrap()
+    }
+    /// Queue `i`'s published rptr.
+    fn rptr(&self, i: usize) -> u64 {
+        self.control.read_u64(i as u64 * MANY_CONTROL_BYTES + RPTR_OFFSET).unwrap()
+    }
+}
+
+fn cut_in(budget: u32) -> CutIn {
+    let mut m = many(0, 3, budget);
     let hp = m.add_at(Priority::High);
     let (l1, l2) = (m.add_at(Priority::Low), m.add_at(Priority::Low));
     let nops: Vec<Packet> = (0..400).map(|_| Packet::Nop { dwords: 0 }).collect();
@@ -514,32 +562,65 @@ fn a_queue_that_goes_idle_mid_step_cuts_the_rest_of_the_step_when_it_rings_again
     m.submit(l2, &nops);
     m.submit(hp, &[Many::write(hp, 1)]);
     m.gpu.poll_doorbells();
-    // The client's second ring, made from inside the step as soon as the first write landed
-    // (a live client rings while the firmware runs other queues' turns).
-    let (data, bar, control) = (m.data.clone(), m.gpu.bar().clone(), m.control.clone());
-    let ring = m.queues[hp].ring.clone();
-    let rung = std::cell::Cell::new(false);
-    let wptr = m.queues[hp].wptr;
+    let client = HpClient {
+        hp,
+        data: m.data.clone(),
+        bar: m.gpu.bar().clone(),
+        control: m.control.clone(),
+        ring: m.queues[hp].ring.clone(),
+        wptr: std::cell::Cell::new(m.queues[hp].wptr),
+    };
+    CutIn { m, hp, l1, l2, client }
+}
+
+/// A higher-priority queue that goes idle during a step and rings again before the step ends
+/// cuts the turn in progress at its next check (its doorbell becomes a sentinel as soon as it
+/// is idle, not at the next step), and the firmware latches the ring and runs its new work at
+/// once, in the same step: the cut-in costs one check, not the other holders' turns, nor the
+/// wait for the next step.
+#[test]
+fn a_queue_that_goes_idle_mid_step_and_rings_again_cuts_in_within_the_step() {
+    let CutIn { mut m, hp, l1, l2, client } = cut_in(256);
+    // The low queues' published rptrs when the second write is first seen.
+    let lows_at_second = std::cell::Cell::new(None);
     let clock = || {
-        if !rung.get() && data.read_u64(8 * hp as u64).unwrap() == 1 {
-            rung.set(true);
-            let mut words = Vec::new();
-            Many::write(hp, 2).encode(&mut words);
-            let plan = ring::plan_write(wptr, RING_BYTES, words.len() as u64).unwrap();
-            ring::write_stream(&ring, RING_BYTES, wptr, &plan, &[&words]).unwrap();
-            let ctl = hp as u64 * MANY_CONTROL_BYTES;
-            control.atomic_u64(ctl + WPTR_OFFSET).unwrap().store(plan.new_wptr, Ordering::Release);
-            bar.atomic_u64(hp as u64 * 8).unwrap().store(plan.new_wptr, Ordering::Release);
+        if lows_at_second.get().is_none() && client.seen() == 2 {
+            lows_at_second.set(Some((client.rptr(l1), client.rptr(l2))));
+        }
+        // The second ring as soon as the first write landed.
+        if client.seen() == 1 && client.wptr.get() == m.queues[hp].wptr {
+            client.write(2);
         }
         Time(1_000)
     };
     let report = m.gpu.step_with_clock(&clock);
-    assert!(rung.get());
-    // The high-priority queue's write, then one packet of the low queue whose turn came next,
-    // cut at its first check; the other low queue did not get its turn in this step.
-    assert_eq!(report.packets, 2, "{report:?}");
-    // The next step runs the second write first.
-    m.gpu.poll_doorbells();
-    m.gpu.step(Time(2_000));
-    assert_eq!(m.word(hp), 2);
+    // The high-priority queue's first write, one packet of the low queue whose turn came next
+    // (cut at its first check), then the second write; only then the low queues' turns.
+    assert_eq!(m.word(hp), 2, "the second write ran in the same step");
+    assert_eq!(lows_at_second.get(), Some((4, 0)), "after one NOP of the first low queue, none of the second");
+    assert!(report.packets > 3, "the low queues ran their turns after it: {report:?}");
+}
+
+/// A cut-in's new scheduling pass gives a turn to the queue that rang and to the holders still
+/// owed one in this step, not a second one to a holder whose turn is over: here a high-priority
+/// queue rings twice from inside one step (after its first and its second write); the first
+/// low queue, whose turn ended between the two, does not run again in the step.
+#[test]
+fn a_cut_in_pass_gives_no_second_turn_to_a_holder_whose_turn_is_over() {
+    let CutIn { mut m, hp, l1, l2, client } = cut_in(128);
+    let rung = std::cell::Cell::new(1u64);
+    let clock = || {
+        let seen = client.seen();
+        // The second write once the first ran; the third once the first low queue's turn
+        // after the first cut-in is over.
+        if seen == rung.get() && (seen == 1 || (seen == 2 && client.rptr(l1) > 4)) {
+            rung.set(seen + 1);
+            client.write(seen + 1);
+        }
+        Time(1_000)
+    };
+    m.gpu.step_with_clock(&clock);
+    assert_eq!(m.word(hp), 3, "both rings were served in the step");
+    // Each low queue: one NOP before its cut, then one turn of 128.
+    assert_eq!((client.rptr(l1), client.rptr(l2)), (4 + 128 * 4, 4 + 128 * 4));
 }

@@ -245,6 +245,18 @@ pub enum Notification {
     },
 }
 
+/// The preemption `DxgkddiSuspendContext` made of one of the context's queues.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Suspended {
+    /// The queue.
+    pub queue: HwQueueHandle,
+    /// The request's ticket.
+    pub ticket: u64,
+    /// Answered at once (the queue stood where it may stop, or held no slot); otherwise the
+    /// answer is owed, as a [`Notification::Preempted`] with the ticket.
+    pub answered: bool,
+}
+
 /// What an engine reset did (`DxgkDdiResetEngine`'s output).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct EngineResetOutcome {
@@ -384,15 +396,16 @@ pub trait Kmd: Send {
     /// moved on another adapter; queues waiting on fences re-check.
     fn notify_current_values(&mut self);
     /// `DxgkddiSuspendContext`: take the context's queues off the scheduler's list ("KMD
-    /// preempts the context"). A queue that may not stop where it stands (its engine's
-    /// preemption granularity) runs on to the next point it may: the returned preemption
-    /// tickets are the answers still owed, which the OS times out like any other request.
+    /// preempts the context"), each queue by a preemption request: one that holds no slot or
+    /// may stop where it stands is answered at once; one that may not (its engine's
+    /// preemption granularity) runs on to the next point it may, and its answer is owed, as a
+    /// [`Notification::Preempted`], which the OS times out like any other request.
     fn suspend_context(
         &mut self,
         context: ContextHandle,
         queues: &[HwQueueHandle],
         now: Time,
-    ) -> Result<Vec<(HwQueueHandle, u64)>, DdiError>;
+    ) -> Result<Vec<Suspended>, DdiError>;
     /// `DxgkddiResumeContext`: put them back.
     fn resume_context(&mut self, context: ContextHandle, queues: &[HwQueueHandle]) -> Result<(), DdiError>;
     /// `DxgkDdiUpdateNativeFenceLogs`: make the queue's pending log writes visible.
@@ -760,7 +773,7 @@ impl Kmd for Traced {
         context: ContextHandle,
         queues: &[HwQueueHandle],
         now: Time,
-    ) -> Result<Vec<(HwQueueHandle, u64)>, DdiError> {
+    ) -> Result<Vec<Suspended>, DdiError> {
         self.log(Ddi::SuspendContext(context));
         self.inner.suspend_context(context, queues, now)
     }

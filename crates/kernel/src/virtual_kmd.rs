@@ -29,6 +29,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use abi::doorbell::{DoorbellModel, RingMethod};
 use abi::port::{AdapterInfo, DeviceRefusal, EngineInfo};
@@ -44,26 +45,61 @@ use crate::ddi::{
 
 /// The device's interrupt line: the device's driver moves what the device raised onto it
 /// ([`InterruptLine::raise_from`]), and the KMD's ISR takes it off
-/// ([`Kmd::poll_notification`]). The driver knows from the count whether to enter the OS.
+/// ([`Kmd::poll_notification`]) once it is delivered. On the live driver delivery is what it
+/// is (at once, as far as the line goes); the deterministic driver models it
+/// ([`InterruptLine::modelled`]): an interrupt reaches the ISR a fixed delivery time after the
+/// device raised it, at its modelled time, and not before the driver moved it.
 #[derive(Clone, Default)]
-pub struct InterruptLine(Arc<Mutex<std::collections::VecDeque<Interrupt>>>);
+pub struct InterruptLine {
+    /// Waiting interrupts, with the time each is delivered at, in delivery order (raise order
+    /// among equals).
+    waiting: Arc<Mutex<std::collections::VecDeque<(Time, Interrupt)>>>,
+    /// The modelled delivery time; `None`: deliver at once.
+    delivery: Option<Duration>,
+}
 
 impl InterruptLine {
-    /// Moves every interrupt `gpu` raised onto the line; returns how many.
-    pub fn raise_from(&self, gpu: &mut Gpu) -> usize {
+    /// A line that delivers each interrupt `delivery` after the device raised it (the
+    /// deterministic driver's cost model).
+    pub fn modelled(delivery: Duration) -> InterruptLine {
+        InterruptLine { waiting: Default::default(), delivery: Some(delivery) }
+    }
+
+    /// Moves every interrupt `gpu` raised onto the line, the driver's clock reading `now`;
+    /// returns how many.
+    pub fn raise_from(&self, gpu: &mut Gpu, now: Time) -> usize {
         // The common case, a pump with nothing raised, stays off the line's lock.
-        let Some(first) = gpu.poll_interrupt() else { return 0 };
-        let mut line = self.0.lock();
-        line.push_back(first);
-        let mut n = 1;
-        while let Some(i) = gpu.poll_interrupt() {
-            line.push_back(i);
+        let Some(first) = gpu.poll_interrupt_at() else { return 0 };
+        let mut line = self.waiting.lock();
+        let mut n = 0;
+        for (raised, irq) in std::iter::once(first).chain(std::iter::from_fn(|| gpu.poll_interrupt_at())) {
+            let at = self.delivery.map_or(Time::ZERO, |d| raised.max(now).plus(d));
+            // After every interrupt delivered no later (the common case: at the back).
+            let k = line.iter().rposition(|&(t, _)| t <= at).map_or(0, |k| k + 1);
+            line.insert(k, (at, irq));
             n += 1;
         }
         n
     }
-    fn take(&self) -> Option<Interrupt> {
-        self.0.lock().pop_front()
+
+    /// Whether the line models delivery time (an interrupt may wait on it after it was moved).
+    pub fn models_delivery(&self) -> bool {
+        self.delivery.is_some()
+    }
+
+    /// Whether an interrupt is delivered by `now`.
+    pub fn due(&self, now: Time) -> bool {
+        self.waiting.lock().front().is_some_and(|&(t, _)| t <= now)
+    }
+
+    /// When the next interrupt is delivered, if one waits.
+    pub fn next_delivery(&self) -> Option<Time> {
+        self.waiting.lock().front().map(|&(t, _)| t)
+    }
+
+    fn take(&self, now: Time) -> Option<Interrupt> {
+        let mut line = self.waiting.lock();
+        if line.front().is_some_and(|&(t, _)| t <= now) { line.pop_front().map(|(_, irq)| irq) } else { None }
     }
 }
 
@@ -391,6 +427,10 @@ pub(crate) fn refused(field: &'static str, value: impl ToString) -> impl FnOnce(
             G::BadMapping { va, bytes, why } => R::BadMapping { va, bytes, why },
             G::QueueMemory(fault) => R::QueueMemory(fault),
             G::BadStartPointer { wptr } => R::BadStartPointer { wptr },
+            // (The OS sized or checked the area first: not reached.)
+            G::SaveAreaTooSmall { .. } => {
+                R::QueueMemory(abi::queue::FaultKind::BadSaveArea { why: "smaller than a queue needs" })
+            }
             G::NoGlobalDoorbellBit { bit, bits } => R::NoGlobalDoorbellBit { bit, bits },
             G::TooManyEngines { engines, max } => R::TooManyEngines { engines, max },
             G::NoGlobalDoorbell { model } => R::NoGlobalDoorbell { model },
@@ -710,19 +750,18 @@ impl Kmd for VirtualKmd {
         _context: ContextHandle,
         queues: &[HwQueueHandle],
         now: Time,
-    ) -> Result<Vec<(HwQueueHandle, u64)>, DdiError> {
+    ) -> Result<Vec<crate::ddi::Suspended>, DdiError> {
         let fws = queues.iter().map(|&q| self.fw(q)).collect::<Result<Vec<_>, _>>()?;
         let mut g = self.device();
-        let mut owed = Vec::new();
-        for (fw, &q) in fws.into_iter().zip(queues) {
-            if let Some(ticket) = g.suspend_queue(fw, now).map_err(refused("queue", q))? {
-                owed.push((q, ticket));
-            }
+        let mut out = Vec::with_capacity(queues.len());
+        for (fw, &queue) in fws.into_iter().zip(queues) {
+            let s = g.suspend_queue(fw, now).map_err(refused("queue", queue))?;
+            out.push(crate::ddi::Suspended { queue, ticket: s.ticket, answered: s.answered });
         }
         drop(g);
-        // A sleeping firmware thread must see the requests (and raise their answers).
+        // A sleeping firmware thread must see the requests (and raise the answers owed).
         self.waker.wake();
-        Ok(owed)
+        Ok(out)
     }
 
     fn resume_context(&mut self, _context: ContextHandle, queues: &[HwQueueHandle]) -> Result<(), DdiError> {
@@ -745,7 +784,7 @@ impl Kmd for VirtualKmd {
 
     fn poll_notification(&mut self) -> Option<Notification> {
         loop {
-            let irq = self.line.take()?;
+            let irq = self.line.take(self.device_now(Time::ZERO))?;
             let q = |fw: FwQueueId| self.by_fw.get(&fw).copied();
             // An interrupt about a queue destroyed meanwhile names nobody: dropped.
             let n = match irq {

@@ -276,3 +276,28 @@ fn a_ring_that_does_not_change_the_word_is_found_by_the_idle_check() {
     assert_eq!(t.rptr(), 4);
     assert_eq!(q.status().unwrap().state, QueueState::Mapped);
 }
+
+/// Interrupt delivery (`SystemConfig::interrupt_delivery`, the cost model's `interrupt_ns`): a
+/// CPU wait on a native fence ends when the fence's interrupt reaches the kernel, the delivery
+/// time after the device raised it at the end of the signal packet. One user-mode queue runs a
+/// 10 µs `SYNTHETIC` (10,000 ns, then the packet's 50 ns) and a fence `SIGNAL` (50 ns): the
+/// interrupt is raised at 10,100 ns, and reaches the kernel at 13,100 ns with a 3 µs delivery
+/// time, at 10,100 ns with none.
+#[test]
+fn a_cpu_wait_ends_when_the_interrupt_is_delivered() {
+    for (delivery, ends) in [(0, 10_100), (3_000, 13_100)] {
+        let sys = common::sim_with(SystemConfig {
+            interrupt_delivery: Duration::from_nanos(delivery),
+            ..SystemConfig::default()
+        });
+        let c = common::client(&sys);
+        let fence = c.device.create_fence(0, abi::port::NativeFenceType::Default).unwrap();
+        let mut q = c.user_queue();
+        let mut cb = CommandBuffer::new();
+        cb.synthetic(10_000).signal_fence(&fence, 1);
+        q.submit(&cb).unwrap();
+        let start = sys.now().as_nanos();
+        fence.wait(1, Some(Duration::from_millis(1))).unwrap();
+        assert_eq!(sys.now().as_nanos() - start, ends, "delivery {delivery} ns");
+    }
+}

@@ -150,7 +150,7 @@ fn d3_entry_and_exit_follow_the_specs_order_and_lose_nothing() {
         ring_va: ring.va,
         rptr_va: ctl.va,
         wptr_va: ctl.va + 64,
-        last_queued_va: ctl.va + 128,
+        last_queued_va: ctl.va + abi::ring::LAST_QUEUED_OFFSET,
         ..p.desc(abi::queue::DOORBELL_INDEX_ANY)
     };
     let lq = p.create(desc).unwrap().handle;

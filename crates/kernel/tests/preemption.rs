@@ -402,11 +402,18 @@ fn the_sixth_recovery_within_the_limit_time_is_fatal_and_the_fifth_is_not() {
 /// Zero or absurd TDR settings are refused with the field named.
 #[test]
 fn bad_tdr_settings_are_refused_with_the_field_named() {
+    let absurd = Duration::from_secs(1 << 20);
     for (cfg, field) in [
         (TdrConfig { delay: Duration::ZERO, ..TdrConfig::default() }, "tdr.delay"),
-        (TdrConfig { limit_time: Duration::from_secs(1 << 20), ..TdrConfig::default() }, "tdr.limit_time"),
+        (TdrConfig { delay: absurd, ..TdrConfig::default() }, "tdr.delay"),
+        (TdrConfig { limit_time: absurd, ..TdrConfig::default() }, "tdr.limit_time"),
+        (TdrConfig { limit_time: Duration::ZERO, ..TdrConfig::default() }, "tdr.limit_time"),
         (TdrConfig { limit_count: 0, ..TdrConfig::default() }, "tdr.limit_count"),
+        (TdrConfig { limit_count: 1 << 20, ..TdrConfig::default() }, "tdr.limit_count"),
         (TdrConfig { ddi_delay: Duration::ZERO, ..TdrConfig::default() }, "tdr.ddi_delay"),
+        (TdrConfig { ddi_delay: absurd, ..TdrConfig::default() }, "tdr.ddi_delay"),
+        (TdrConfig { hang_compute: Some(Duration::ZERO), ..TdrConfig::default() }, "tdr.hang_compute"),
+        (TdrConfig { hang_copy: Some(absurd), ..TdrConfig::default() }, "tdr.hang_copy"),
     ] {
         let e = System::sim(SystemConfig { tdr: cfg, ..SystemConfig::default() }).err().expect("refused");
         assert_eq!(common::refusal(&e).map(|r| r.0), Some(field), "{e}");
@@ -556,12 +563,16 @@ fn attention_or_a_higher_priority_ring_ends_a_turn_at_the_next_check() {
     let cut = step(true);
     assert!(cut <= 512, "attention: the turn ends at the next check ({cut} instructions)");
     assert_eq!(step(false), full);
-    // The high-priority queue rings (its doorbell not latched yet): the turn ends early.
+    // The high-priority queue rings (its doorbell not latched yet): the turn ends at the next
+    // check, and the queue's TIMESTAMP runs at once, in the same step (the firmware latches the
+    // ring and takes its scheduling pass again), before the hog's next turn.
     let mut cb = CommandBuffer::new();
     cb.timestamp(h.buf.va());
     hq.submit(&cb).unwrap();
-    let cut = step(false);
-    assert!(cut <= 512, "a sentinel ring: the turn ends at the next check ({cut} instructions)");
+    step(false);
+    let ts = h.buf.read_u64(0).unwrap();
+    let per = CostModel::default().wave_instruction.as_nanos() as u64;
+    assert!(ts >= at && ts - at <= 512 * per, "a sentinel ring: the TIMESTAMP read {ts}, the step began at {at}");
 }
 
 /// amdgpu's hang timer: a queue whose progress has not moved for its timeout is asked to
@@ -1103,4 +1114,356 @@ fn a_suspend_that_is_never_answered_is_recovered_by_tdr() {
     let reset = evs.iter().position(|e| matches!(e, Event::Ddi(Ddi::ResetEngine(_))));
     assert!(timeout.is_some() && timeout < reset, "{evs:#?}");
     assert_eq!(q.status().unwrap().state, QueueState::Hung);
+}
+
+/// The device's own id for queue `q` of process `pid` (its firmware log names queues so).
+fn fw_id(sys: &System, pid: abi::ProcessId, q: abi::HwQueueHandle) -> gpu::FwQueueId {
+    gpu::FwQueueId::from_bits(sys.device_queue_id(pid, q).unwrap().expect("the queue is on the device"))
+}
+
+/// Asserts that the firmware log holds a preemption of `queue` asked by `by` and answered —
+/// request, then (if `saved`) its state saved, then the answer — and returns the positions of
+/// the request and the answer, and the ticket.
+fn asked_and_answered(
+    log: &[gpu::FwLogEntry],
+    queue: gpu::FwQueueId,
+    by: gpu::Requester,
+    saved: bool,
+) -> (usize, usize, u64) {
+    let request = log
+        .iter()
+        .position(|e| matches!(e.event, FwEvent::PreemptRequested { queue: q, by: b, .. } if q == queue && b == by))
+        .unwrap_or_else(|| panic!("no request of {queue} by {by:?} in {log:#?}"));
+    let FwEvent::PreemptRequested { ticket, .. } = log[request].event else { unreachable!() };
+    let answer = request
+        + log[request..]
+            .iter()
+            .position(|e| matches!(e.event, FwEvent::PreemptAnswered { queue: q, ticket: t, .. } if q == queue && t == ticket))
+            .unwrap_or_else(|| panic!("request of {queue} (ticket {ticket}) never answered: {log:#?}"));
+    let save =
+        log[request..answer].iter().any(|e| matches!(e.event, FwEvent::StateSaved { queue: q, .. } if q == queue));
+    assert_eq!(save, saved, "{queue}: state saved between request and answer? {log:#?}");
+    (request, answer, ticket)
+}
+
+/// The kernel trace's answer to ticket `ticket` on queue `q`, after position `after`.
+fn traced_answer(evs: &[Event], q: abi::HwQueueHandle, ticket: u64, after: usize) -> usize {
+    evs.iter()
+        .position(|e| matches!(e, Event::Preempted { queue, ticket: t, .. } if *queue == q && *t == ticket))
+        .filter(|&p| p > after)
+        .unwrap_or_else(|| panic!("no traced answer to {ticket} on {q} after {after}: {evs:#?}"))
+}
+
+/// Issue 11: every cause of a preemption — a higher priority, a spent quantum, a context
+/// suspend, D3, a memory migration (and teardown, below) — goes through a request and an
+/// answer, in the firmware log in that order (with the state saved between them when the
+/// queue leaves a slot with work), and for the kernel's causes also in the kernel trace after
+/// the DDI that asked. (Before, a suspend — and so D3 and teardown — that found the queue where
+/// it could stop took it off at once, with nothing in either log.)
+#[test]
+fn every_preemption_cause_is_a_request_then_an_answer_in_the_log() {
+    use gpu::Requester::{Os, Scheduler};
+    let one_slot = |level| {
+        let mut cfg = compute(level);
+        cfg.gpu.hw_slots = 1;
+        common::sim_with(cfg)
+    };
+
+    // A higher priority: the low holder is stopped mid-dispatch, and restored afterwards.
+    let sys = one_slot(ComputeGranularity::Shader);
+    let low = Rounds::start_at(&sys, abi::Priority::Low);
+    sys.run_for(Duration::from_micros(300));
+    common::high_priority_write(&sys);
+    low.q.wait(low.v, T).unwrap();
+    let log = sys.with_gpu(|g| g.firmware_log());
+    let id = fw_id(&sys, low.pid(), low.q.handle());
+    let (_, answer, _) = asked_and_answered(&log, id, Scheduler, true);
+    assert!(log[answer..].iter().any(|e| matches!(e.event, FwEvent::Restored { queue, .. } if queue == id)));
+
+    // A spent quantum: two processes' long kernels over one slot.
+    let sys = one_slot(ComputeGranularity::Shader);
+    let (a, b) = (common::client(&sys), common::client(&sys));
+    let (mut qa, mut qb) = (a.user_queue(), b.user_queue());
+    for q in [&mut qa, &mut qb] {
+        let mut cb = CommandBuffer::new();
+        cb.synthetic(30_000_000);
+        q.submit(&cb).unwrap();
+    }
+    sys.run_for(Duration::from_millis(15));
+    let log = sys.with_gpu(|g| g.firmware_log());
+    asked_and_answered(&log, fw_id(&sys, a.port.process(), qa.handle()), Scheduler, true);
+
+    // A context suspend: stopped at an instruction, answered at once, traced after the DDI.
+    let sys = common::sim_with(compute(ComputeGranularity::Shader));
+    let r = Rounds::start(&sys);
+    sys.run_for(Duration::from_micros(300));
+    let before = common::events(&sys).len();
+    sys.suspend_context(r.pid(), r.c.ctx.handle()).unwrap();
+    let log = sys.with_gpu(|g| g.firmware_log());
+    let (request, _, ticket) = asked_and_answered(&log, fw_id(&sys, r.pid(), r.q.handle()), Os, true);
+    assert!(matches!(log[request + 1].event, FwEvent::StateSaved { point: StopPoint::Instruction, .. }));
+    let evs = common::events_from(&sys, before);
+    let suspend = evs.iter().position(|e| matches!(e, Event::Ddi(Ddi::SuspendContext(_)))).unwrap();
+    traced_answer(&evs, r.q.handle(), ticket, suspend);
+
+    // D3 (an idle device): every queue is asked and answers, nothing to save, before its
+    // doorbell is disconnected.
+    let sys = common::sim();
+    let c = common::client(&sys);
+    let q = c.user_queue();
+    let before = common::events(&sys).len();
+    sys.enter_d3().unwrap();
+    let log = sys.with_gpu(|g| g.firmware_log());
+    let (_, _, ticket) = asked_and_answered(&log, fw_id(&sys, c.port.process(), q.handle()), Os, false);
+    let evs = common::events_from(&sys, before);
+    let d3 = evs.iter().position(|e| matches!(e, Event::DevicePower { d3: true })).unwrap();
+    let suspend = evs.iter().position(|e| matches!(e, Event::Ddi(Ddi::SuspendContext(_)))).unwrap();
+    let answer = traced_answer(&evs, q.handle(), ticket, suspend);
+    let retry = evs
+        .iter()
+        .position(
+            |e| matches!(e, Event::Status { queue, status: DoorbellStatus::DisconnectedRetry } if *queue == q.handle()),
+        )
+        .unwrap();
+    assert!(d3 < suspend && answer < retry, "{evs:#?}");
+
+    // A memory migration: asked, answered once the dispatch ends (`Dispatch`), then moved.
+    let sys = common::sim_with(compute(ComputeGranularity::Dispatch));
+    let r = Rounds::start(&sys);
+    sys.run_for(Duration::from_micros(300));
+    let before = common::events(&sys).len();
+    sys.migrate_allocation(r.pid(), r.c.buf.handle(), abi::port::MemoryDomain::Local).unwrap();
+    r.q.wait(r.v, T).unwrap();
+    let log = sys.with_gpu(|g| g.firmware_log());
+    let (_, _, ticket) = asked_and_answered(&log, fw_id(&sys, r.pid(), r.q.handle()), Os, true);
+    let evs = common::events_from(&sys, before);
+    let asked = evs.iter().position(|e| matches!(e, Event::Ddi(Ddi::PreemptQueue(h)) if *h == r.q.handle())).unwrap();
+    let answer = traced_answer(&evs, r.q.handle(), ticket, asked);
+    let moved = evs.iter().position(|e| matches!(e, Event::Ddi(Ddi::MigrateAllocation { .. }))).unwrap();
+    assert!(answer < moved, "{evs:#?}");
+}
+
+/// Process teardown (spec 000 abnormal termination: "KMD preempts the context and removes it
+/// from its HW run list", then the queues are destroyed) goes through the request and its
+/// answer: nothing is destroyed while the hardware may still run it. A queue that runs to the
+/// end of its command buffer first (`DmaBuffer`) is destroyed after its answer; one that never
+/// answers (an endless kernel under `Dispatch`) is recovered by TDR first, in Windows' order,
+/// and its neighbour on the engine keeps running. (Before, teardown destroyed the queues right
+/// after the suspend, answers still owed.)
+#[test]
+fn teardown_waits_for_each_queue_s_answer_or_its_recovery_before_destroying_it() {
+    // Answered at the end of the command buffer.
+    let sys = common::sim_with(compute(ComputeGranularity::DmaBuffer));
+    let r = Rounds::start(&sys);
+    sys.run_for(Duration::from_micros(300));
+    let (pid, qh) = (r.pid(), r.q.handle());
+    let id = fw_id(&sys, pid, qh);
+    let before = common::events(&sys).len();
+    sys.terminate(pid, kernel::Termination::Abnormal);
+    let evs = common::events_from(&sys, before);
+    let pos = |f: &dyn Fn(&Event) -> bool| evs.iter().position(f).unwrap_or_else(|| panic!("missing in {evs:#?}"));
+    let suspend = pos(&|e| matches!(e, Event::Ddi(Ddi::SuspendContext(_))));
+    let answer = pos(&|e| matches!(e, Event::Preempted { queue, .. } if *queue == qh));
+    let destroy = pos(&|e| matches!(e, Event::Ddi(Ddi::DestroyHwQueue(h)) if *h == qh));
+    assert!(suspend < answer && answer < destroy, "{evs:#?}");
+    let log = sys.with_gpu(|g| g.firmware_log());
+    asked_and_answered(&log, id, gpu::Requester::Os, true);
+    assert!(!evs.iter().any(|e| matches!(e, Event::TdrTimeout { .. })), "it answered: no recovery");
+
+    // Never answered: TDR first, then the destroy; the neighbour runs on.
+    let sys =
+        common::sim_with(slow(ComputeGranularity::Dispatch, TdrConfig { hang_compute: None, ..TdrConfig::default() }));
+    let n = common::client(&sys);
+    let mut nq = n.user_queue();
+    let (c, q, _spin) = hog(&sys);
+    sys.run_for(Duration::from_millis(20));
+    let (pid, qh) = (c.port.process(), q.handle());
+    let before = common::events(&sys).len();
+    let t0 = sys.now();
+    sys.terminate(pid, kernel::Termination::Abnormal);
+    let evs = common::events_from(&sys, before);
+    let pos = |f: &dyn Fn(&Event) -> bool| evs.iter().position(f).unwrap_or_else(|| panic!("missing in {evs:#?}"));
+    let suspend = pos(&|e| matches!(e, Event::Ddi(Ddi::SuspendContext(_))));
+    let timeout = pos(&|e| matches!(e, Event::TdrTimeout { queue, .. } if *queue == qh));
+    let reset = pos(&|e| matches!(e, Event::Ddi(Ddi::ResetEngine(_))));
+    let destroy = pos(&|e| matches!(e, Event::Ddi(Ddi::DestroyHwQueue(h)) if *h == qh));
+    assert!(suspend < timeout && timeout < reset && reset < destroy, "{evs:#?}");
+    assert!(sys.now().since(t0) >= TdrConfig::default().delay, "the teardown waited out TdrDelay");
+    let mut cb = CommandBuffer::new();
+    cb.write_u32(n.buf.va(), 5);
+    let v = nq.submit(&cb).unwrap();
+    nq.wait(v, T).unwrap();
+    assert_eq!(n.buf.read_u32(0).unwrap(), 5);
+}
+
+/// Issue 11's bad inputs: a `WAIT` that never passes costs its own queue and nothing else.
+/// Where a wait is preemptible it is not a hang: its queue gives the only slot to a neighbour at
+/// once (not at the end of a quantum), answers the hang timer's check and is never reset. Under
+/// `None` it cannot be preempted: the check goes unanswered, the queue alone is reset (Hung,
+/// reported, guilty), and the neighbour then runs.
+#[test]
+fn a_wait_that_never_passes_costs_only_its_own_queue() {
+    for level in [ComputeGranularity::Shader, ComputeGranularity::None] {
+        let tdr = TdrConfig {
+            delay: Duration::from_millis(100),
+            hang_compute: Some(Duration::from_millis(400)),
+            ..TdrConfig::default()
+        };
+        let mut cfg = slow(level, tdr);
+        cfg.gpu.hw_slots = 1;
+        let sys = common::sim_with(cfg);
+        let w = common::client(&sys);
+        let mut wq = w.user_queue();
+        let mut cb = CommandBuffer::new();
+        cb.wait(w.buf.va(), 1).write_u32(w.buf.va() + 4, 1);
+        let wv = wq.submit(&cb).unwrap();
+        sys.settle();
+        let n = common::client(&sys);
+        let mut nq = n.user_queue();
+        let mut cb = CommandBuffer::new();
+        cb.write_u32(n.buf.va(), 7);
+        let t0 = sys.now();
+        let nv = nq.submit(&cb).unwrap();
+        nq.wait(nv, Some(Duration::from_secs(5))).unwrap();
+        let waited = sys.now().since(t0);
+        sys.run_for(Duration::from_secs(1));
+        let evs = common::events(&sys);
+        let reset = evs.iter().any(|e| matches!(e, Event::Ddi(Ddi::ResetQueue(h)) if *h == wq.handle()));
+        let st = wq.status().unwrap();
+        if level == ComputeGranularity::None {
+            assert!(waited >= Duration::from_millis(400), "{level}: behind the blocked queue until its reset");
+            assert!(reset, "{level}");
+            assert_eq!(st.state, QueueState::Hung);
+            assert!(st.guilty && st.flags == abi::port::QUEUE_STATUS_HUNG);
+            assert!(matches!(st.fault.unwrap().kind, FaultKind::PreemptTimeout { .. }));
+        } else {
+            assert!(waited < GpuConfig::default().gang_quantum, "{level}: served at once, after {waited:?}");
+            assert!(!reset, "{level}: a preemptible WAIT is not a hang");
+            assert_ne!(st.state, QueueState::Hung);
+            assert!(evs.iter().any(|e| matches!(e, Event::Preempted { queue, .. } if *queue == wq.handle())));
+            // Released, it finishes.
+            w.buf.write(0, &1u32.to_le_bytes()).unwrap();
+            wq.wait(wv, T).unwrap();
+            assert_eq!(w.buf.read_u32(4).unwrap(), 1);
+        }
+        assert_eq!(n.buf.read_u32(0).unwrap(), 7);
+        assert_ne!(nq.status().unwrap().state, QueueState::Hung, "{level}: the neighbour pays nothing");
+    }
+}
+
+/// Issue 11's bad inputs: an endless chain of indirect buffers — an indirect buffer that calls
+/// itself — costs its own queue only. The firmware refuses an indirect buffer inside another
+/// (no chain is longer than one), so the queue hangs at once and is reported; a neighbour on the
+/// same engine keeps bit-exact results; the reset queue's handle is refused (its submissions
+/// with `QueueLost`, then, destroyed, with `BadHandle`); the client recreates it and it works.
+#[test]
+fn an_endless_chain_of_indirect_buffers_costs_only_its_own_queue() {
+    let sys = common::sim();
+    let r = Rounds::start(&sys);
+    let c = common::client(&sys);
+    let mut q = c.user_queue();
+    let ib = c.device.allocate(4096).unwrap();
+    let mut chain = CommandBuffer::new();
+    chain.write_u32(c.buf.va(), 1).indirect(ib.va(), 0);
+    let dwords = chain.len() as u32;
+    chain.clear();
+    chain.write_u32(c.buf.va(), 1).indirect(ib.va(), dwords);
+    let bytes: Vec<u8> = chain.words().iter().flat_map(|w| w.to_le_bytes()).collect();
+    ib.write(0, &bytes).unwrap();
+    let mut cb = CommandBuffer::new();
+    cb.indirect(ib.va(), dwords).write_u32(c.buf.va() + 4, 2);
+    let v = q.submit(&cb).unwrap();
+    let e = q.wait(v, T).unwrap_err();
+    assert!(matches!(e, UmdError::QueueLost { .. }), "{e:?}");
+    let st = q.status().unwrap();
+    assert_eq!(st.state, QueueState::Hung);
+    assert!(st.guilty);
+    assert!(matches!(st.fault.unwrap().kind, FaultKind::BadIndirect { .. }));
+    assert_eq!((c.buf.read_u32(0).unwrap(), c.buf.read_u32(4).unwrap()), (1, 0), "one link ran, then the fault");
+    // The neighbour: bit-exact.
+    r.q.wait(r.v, T).unwrap();
+    assert_eq!(r.results(), vec![expected(ITERS); THREADS]);
+    assert_eq!(r.flags(), (1, 2));
+    // The reset queue's handle is refused; a recreated queue works.
+    let mut again = CommandBuffer::new();
+    again.write_u32(c.buf.va() + 8, 3);
+    assert!(matches!(q.submit(&again), Err(UmdError::QueueLost { .. })));
+    let old = q.handle();
+    drop(q);
+    assert!(matches!(c.port.query_queue(old).unwrap_err(), abi::port::KernelError::BadHandle { .. }));
+    let mut q2 = c.user_queue();
+    let v = q2.submit(&again).unwrap();
+    q2.wait(v, T).unwrap();
+    assert_eq!(c.buf.read_u32(8).unwrap(), 3);
+}
+
+/// Without per-engine reset (`TdrConfig::engine_reset` off), a timed-out request resets the
+/// adapter directly (`DxgkDdiResetFromTimeout`, then `DxgkDdiRestartFromTimeout`): no engine
+/// reset is tried, and every device is lost.
+#[test]
+fn without_engine_reset_a_timeout_resets_the_adapter() {
+    let tdr = TdrConfig { engine_reset: false, hang_compute: None, ..TdrConfig::default() };
+    let sys = common::sim_with(slow(ComputeGranularity::Dispatch, tdr));
+    let n = common::client(&sys);
+    let nq = n.user_queue();
+    let (c, q, _spin) = hog(&sys);
+    sys.run_for(Duration::from_millis(20));
+    let before = common::events(&sys).len();
+    sys.preempt_queue(c.port.process(), q.handle()).unwrap();
+    sys.run_for(Duration::from_millis(2100));
+    let evs = common::events_from(&sys, before);
+    let pos = |f: &dyn Fn(&Event) -> bool| evs.iter().position(f).unwrap_or_else(|| panic!("missing in {evs:#?}"));
+    let timeout = pos(&|e| matches!(e, Event::TdrTimeout { queue, .. } if *queue == q.handle()));
+    let adapter = pos(&|e| matches!(e, Event::Ddi(Ddi::ResetFromTimeout)));
+    let restart = pos(&|e| matches!(e, Event::Ddi(Ddi::RestartFromTimeout)));
+    let lost = pos(&|e| matches!(e, Event::DeviceLost { device } if *device == n.device.handle()));
+    let recovered = pos(&|e| matches!(e, Event::Recovered { engine: None, count: 1 }));
+    assert!(timeout < adapter && adapter < restart && restart < lost && lost < recovered, "{evs:#?}");
+    assert!(!evs.iter().any(|e| matches!(e, Event::Ddi(Ddi::ResetEngine(_)))), "no engine reset tried");
+    for queue in [&q, &nq] {
+        assert_eq!(queue.doorbell_status().unwrap(), DoorbellStatus::DisconnectedAbort);
+        assert_eq!(queue.status().unwrap().state, QueueState::Hung);
+    }
+}
+
+/// The deterministic driver steps its engines between the clients' actions, each step in one
+/// piece. A ring still cuts into a turn in progress, as on the live driver: the driver tells
+/// the device when control returns to a client (`System::run_for`'s target; the simulator's
+/// next event, `System::set_step_horizon`), and while a ring could cut in (an idle queue of
+/// a higher priority than a busy holder watches its doorbell) the engine's turn ends at its
+/// first check past that point. Here a low-priority queue runs a long SYNTHETIC kernel in
+/// 10 ms turns; a high-priority queue's TIMESTAMP submitted 2.5 ms in starts within a
+/// microsecond (before: when the 10 ms turn ended). A queue of the holder's own priority
+/// could not cut in, and waits for the turn's end as before.
+#[test]
+fn on_the_deterministic_driver_a_ring_cuts_into_a_turn_in_progress() {
+    for priority in [abi::Priority::High, abi::Priority::Low] {
+        let sys = common::sim_with(slow(
+            ComputeGranularity::Shader,
+            TdrConfig { hang_compute: None, ..TdrConfig::default() },
+        ));
+        let turn = Duration::from_millis(10); // `slow`'s turn
+        let lo = common::client(&sys);
+        let mut lq = lo
+            .ctx
+            .create_queue(umd::QueueOptions { priority: abi::Priority::Low, ..umd::QueueOptions::user_mode() })
+            .unwrap();
+        let h = common::client(&sys);
+        let mut hq = h.ctx.create_queue(umd::QueueOptions { priority, ..umd::QueueOptions::user_mode() }).unwrap();
+        let mut cb = CommandBuffer::new();
+        cb.synthetic(1_000_000_000);
+        lq.submit(&cb).unwrap();
+        sys.run_for(Duration::from_micros(2500));
+        let t0 = sys.now().as_nanos();
+        let mut cb = CommandBuffer::new();
+        cb.timestamp(h.buf.va());
+        let v = hq.submit(&cb).unwrap();
+        hq.wait(v, T).unwrap();
+        let waited = h.buf.read_u64(0).unwrap() - t0;
+        if priority == abi::Priority::High {
+            assert!(waited <= 1_000, "{priority:?}: started {waited} ns after its ring");
+        } else {
+            assert!(waited >= (turn - Duration::from_micros(2500)).as_nanos() as u64, "{priority:?}: {waited} ns");
+        }
+    }
 }

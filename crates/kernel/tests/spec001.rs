@@ -324,6 +324,50 @@ fn kernel_queues_are_always_mapped_and_info_reports_the_slots_left_for_user_queu
     assert_eq!(slots(&sys), (2, 2), "the slot comes back with the kernel queue");
 }
 
+/// Submits `cb` and its progress fence 1 on raw process `p`'s empty ring, and rings `db`
+/// with the new wptr: the submission loop by hand. Returns the ring-control view.
+fn raw_submit(p: &common::RawProc, db: &abi::port::DoorbellInfo, cb: &CommandBuffer) -> shm::Mapping {
+    use abi::port::KernelPort;
+    let mut words = cb.words().to_vec();
+    words.extend_from_slice(&abi::packet::progress_fence_words(1));
+    let ring = p.port.map_allocation(p.ring.handle).unwrap();
+    let ctl = p.port.map_allocation(p.ctl.handle).unwrap();
+    ring.write_u32s(0, &words).unwrap();
+    ctl.write_u64(abi::ring::LAST_QUEUED_OFFSET, 1).unwrap();
+    let wptr = words.len() as u64 * 4;
+    ctl.write_u64(abi::ring::WPTR_OFFSET, wptr).unwrap();
+    shm::Word::new(&db.cpu_page, db.offset).unwrap().get().store(wptr, std::sync::atomic::Ordering::Release);
+    ctl
+}
+
+/// A user-mode queue of a new raw process over an application-allocated context save area,
+/// running a dispatch that never ends: the process, the queue, the area and a view of it.
+fn endless_dispatch_over_an_app_save_area(
+    sys: &kernel::System,
+) -> (common::RawProc, abi::port::HwQueueInfo, abi::port::AllocationInfo, shm::Mapping) {
+    use abi::port::{AllocationDesc, KernelPort};
+    let p = common::RawProc::open(sys);
+    let need = p.port.adapter_info().queue_metadata.context_save_bytes;
+    let csa = p.port.allocate(p.dev, &AllocationDesc::system(need)).unwrap();
+    let q = p.create(abi::QueueDescriptor { context_save_va: csa.va, ..p.desc(0) }).unwrap();
+    let db = p.doorbell(q.handle).unwrap();
+    p.port.connect_doorbell(q.handle).unwrap();
+    let kernel = p.port.allocate(p.dev, &AllocationDesc::system(4096)).unwrap();
+    p.port.map_allocation(kernel.handle).unwrap().write(0, &common::forever()).unwrap();
+    let mut cb = CommandBuffer::new();
+    cb.dispatch(kernel.va, [1, 1, 1], [32, 1, 1], kernel.va);
+    raw_submit(&p, &db, &cb);
+    let saved = p.port.map_allocation(csa.handle).unwrap();
+    (p, q, csa, saved)
+}
+
+/// Whether any byte of a save area is written.
+fn written(saved: &shm::Mapping) -> bool {
+    let mut bytes = vec![0u8; saved.len()];
+    saved.read(0, &mut bytes).unwrap();
+    bytes.iter().any(|&b| b != 0)
+}
+
 /// "When an application wants to create a user queue, it allocates the necessary buffers for
 /// the queue (ring buffer, wptr and rptr, context save areas, etc.)": a context save area the
 /// application allocated is validated, pinned while its queue lives, and is where the engine
@@ -348,34 +392,37 @@ fn an_application_allocated_context_save_area_is_validated_and_used() {
             "{va:#x}: {e}"
         );
     }
-    let q = p.create(abi::QueueDescriptor { context_save_va: csa.va, ..p.desc(0) }).unwrap();
-    let db = p.doorbell(q.handle).unwrap();
-    p.port.connect_doorbell(q.handle).unwrap();
+    // A dispatch that never ends runs in turns, its state kept in its hardware slot; when the
+    // queue is preempted, the state goes to the application's save area.
+    let (p, q, csa, saved) = endless_dispatch_over_an_app_save_area(&sys);
+    assert!(!written(&saved));
     assert!(p.port.free(csa.handle).is_err(), "pinned while the queue lives");
-    // A dispatch that never ends is sliced: its state goes to the application's save area.
-    let kernel = p.port.allocate(p.dev, &AllocationDesc::system(4096)).unwrap();
-    p.port.map_allocation(kernel.handle).unwrap().write(0, &common::forever()).unwrap();
-    let mut cb = CommandBuffer::new();
-    cb.dispatch(kernel.va, [1, 1, 1], [32, 1, 1], kernel.va);
-    let mut words = cb.words().to_vec();
-    words.extend_from_slice(&abi::packet::progress_fence_words(1));
-    let ring = p.port.map_allocation(p.ring.handle).unwrap();
-    let ctl = p.port.map_allocation(p.ctl.handle).unwrap();
-    ring.write_u32s(0, &words).unwrap();
-    ctl.write_u64(abi::ring::LAST_QUEUED_OFFSET, 1).unwrap();
-    let wptr = words.len() as u64 * 4;
-    ctl.write_u64(abi::ring::WPTR_OFFSET, wptr).unwrap();
-    shm::Word::new(&db.cpu_page, db.offset).unwrap().get().store(wptr, std::sync::atomic::Ordering::Release);
-    let saved = p.port.map_allocation(csa.handle).unwrap();
-    let mut before = vec![0u8; need as usize];
-    saved.read(0, &mut before).unwrap();
-    assert!(before.iter().all(|&b| b == 0));
     sys.run_for(Duration::from_millis(1));
-    let mut after = vec![0u8; need as usize];
-    saved.read(0, &mut after).unwrap();
-    assert!(after.iter().any(|&b| b != 0), "the engine saved the dispatch's state in the application's area");
+    assert!(!written(&saved), "in its slot, the state stays on the engine");
+    sys.preempt_queue(p.port.process(), q.handle).unwrap();
+    sys.run_for(Duration::from_micros(100));
+    assert!(written(&saved), "the engine saved the dispatch's state in the application's area");
     p.port.destroy_hw_queue(q.handle).unwrap();
     p.port.free(csa.handle).expect("free once its queue is gone");
+}
+
+/// The scheduler's own eviction saves the state too: a higher-priority queue of another
+/// process takes the only slot, and by the end of that step (after the queue that took the
+/// slot ran) the evicted dispatch's state is in its save area.
+#[test]
+fn an_evicted_dispatch_is_in_its_save_area_by_the_end_of_the_step() {
+    let sys = common::sim_with(kernel::SystemConfig {
+        gpu: gpu::GpuConfig { hw_slots: 1, ..gpu::GpuConfig::default() },
+        ..kernel::SystemConfig::default()
+    });
+    let (p, q, _csa, saved) = endless_dispatch_over_an_app_save_area(&sys);
+    sys.run_for(Duration::from_millis(1));
+    assert!(!written(&saved));
+    let h = common::high_priority_write(&sys);
+    assert_eq!(h.buf.read_u32(0).unwrap(), 1, "the high-priority queue took the slot and ran");
+    assert!(written(&saved), "the evicted dispatch's state is in its area");
+    // (Destroyed here: a normal termination would wait out its budget for the endless kernel.)
+    abi::port::KernelPort::destroy_hw_queue(&*p.port, q.handle).unwrap();
 }
 
 /// A GPU ring on a queue whose engine went to F1 (its doorbell disconnected, nobody watching
@@ -470,15 +517,7 @@ fn an_application_allocated_doorbell_page_is_validated_pinned_and_rung() {
     p.port.destroy_hw_queue(same_index_own_page).unwrap();
     let mut cb = CommandBuffer::new();
     cb.write_u32(p.ctl.va + 1024, 0xd00b);
-    let mut words = cb.words().to_vec();
-    words.extend_from_slice(&abi::packet::progress_fence_words(1));
-    let ring = p.port.map_allocation(p.ring.handle).unwrap();
-    let ctl = p.port.map_allocation(p.ctl.handle).unwrap();
-    ring.write_u32s(0, &words).unwrap();
-    ctl.write_u64(abi::ring::LAST_QUEUED_OFFSET, 1).unwrap();
-    let wptr = words.len() as u64 * 4;
-    ctl.write_u64(abi::ring::WPTR_OFFSET, wptr).unwrap();
-    shm::Word::new(&db.cpu_page, db.offset).unwrap().get().store(wptr, std::sync::atomic::Ordering::Release);
+    let ctl = raw_submit(&p, &db, &cb);
     sys.settle();
     assert_eq!(ctl.read_u32(1024).unwrap(), 0xd00b, "the doorbell of the application's page was heard");
     // One page of its own besides the kernel's: 1,024 doorbells.

@@ -214,7 +214,7 @@ fn doorbell_index_any_lets_the_kernel_choose_a_free_one() {
         ring_va: ring2.va,
         rptr_va: ctl2.va,
         wptr_va: ctl2.va + 64,
-        last_queued_va: ctl2.va + 128,
+        last_queued_va: ctl2.va + abi::ring::LAST_QUEUED_OFFSET,
         ..p.desc(abi::queue::DOORBELL_INDEX_ANY)
     };
     let q = p.create(any).unwrap().handle;

@@ -196,7 +196,7 @@ pub struct Tdr {
     pub delay_ms: Spanned<f64>,
     /// `TdrLimitCount` (default 5).
     #[serde(default = "default_limit_count")]
-    pub limit_count: u32,
+    pub limit_count: Spanned<u32>,
     /// `TdrLimitTime` (ms, default 60,000).
     #[serde(default = "default_limit_time")]
     pub limit_time_ms: Spanned<f64>,
@@ -220,8 +220,8 @@ fn default_tdr_delay() -> Spanned<f64> {
 fn default_ddi_delay() -> Spanned<f64> {
     Spanned::new(0..0, 5000.0)
 }
-fn default_limit_count() -> u32 {
-    5
+fn default_limit_count() -> Spanned<u32> {
+    Spanned::new(0..0, 5)
 }
 fn default_limit_time() -> Spanned<f64> {
     Spanned::new(0..0, 60_000.0)
@@ -259,6 +259,14 @@ pub struct Cost {
     /// wrote it (ns, default 0).
     #[serde(default = "c_zero")]
     pub doorbell_latency_ns: Spanned<f64>,
+    /// Interrupt delivery: an interrupt reaches the kernel this long after the device raised
+    /// it (ns, default 0).
+    #[serde(default = "c_zero")]
+    pub interrupt_ns: Spanned<f64>,
+    /// A kernel call on the control path: a client's call returns (and takes effect) this
+    /// long after it entered the kernel (ns, default 0).
+    #[serde(default = "c_zero")]
+    pub kernel_call_ns: Spanned<f64>,
     /// Restoring a queue preempted or evicted between command buffers (ns, default 1000).
     #[serde(default = "c_r0")]
     pub restore_cb_ns: Spanned<f64>,
@@ -606,6 +614,9 @@ pub struct Plan {
     pub duration: Option<u64>,
     /// Doorbell-to-fetch latency (ns): how long after a client rings the firmware notices.
     pub doorbell_latency: u64,
+    /// A kernel call on the control path (ns): how long a client's call takes to return, and
+    /// what it does takes effect at its end.
+    pub kernel_call: u64,
     /// Total submissions, if bounded by count.
     pub submissions: Option<u64>,
     /// Drain limit (ns).
@@ -751,16 +762,30 @@ impl Scenario {
             }
         };
         let t = &d.tdr;
+        // A TDR timeout: more than 0, at most the kernel's bound.
+        let max_ms = kernel::TdrConfig::MAX.as_millis() as f64;
+        let tdr_ms = |s: &Spanned<f64>, key: &str| -> Result<std::time::Duration, ScenarioError> {
+            let v = positive(s, key)?;
+            if v > max_ms {
+                return self.err(s.span(), key, v, format!("must be at most {max_ms} (one hour)"));
+            }
+            Ok(std::time::Duration::from_nanos(ms(v)))
+        };
         let hang = |s: &Spanned<f64>, key: &str| -> Result<Option<std::time::Duration>, ScenarioError> {
-            let v = nonneg(s, key)?;
-            Ok((v > 0.0).then(|| std::time::Duration::from_nanos(ms(v))))
+            if nonneg(s, key)? == 0.0 { Ok(None) } else { tdr_ms(s, key).map(Some) }
         };
         let tdr = kernel::TdrConfig {
-            delay: std::time::Duration::from_nanos(ms(positive(&t.delay_ms, "device.tdr.delay_ms")?)),
-            limit_count: t.limit_count,
-            limit_time: std::time::Duration::from_nanos(ms(positive(&t.limit_time_ms, "device.tdr.limit_time_ms")?)),
+            delay: tdr_ms(&t.delay_ms, "device.tdr.delay_ms")?,
+            limit_count: match *t.limit_count.get_ref() {
+                n @ 1..=kernel::TdrConfig::MAX_LIMIT_COUNT => n,
+                n => {
+                    let why = format!("must be from 1 to {}", kernel::TdrConfig::MAX_LIMIT_COUNT);
+                    return self.err(t.limit_count.span(), "device.tdr.limit_count", n, why);
+                }
+            },
+            limit_time: tdr_ms(&t.limit_time_ms, "device.tdr.limit_time_ms")?,
             engine_reset: t.engine_reset,
-            ddi_delay: std::time::Duration::from_nanos(ms(positive(&t.ddi_delay_ms, "device.tdr.ddi_delay_ms")?)),
+            ddi_delay: tdr_ms(&t.ddi_delay_ms, "device.tdr.ddi_delay_ms")?,
             hang_compute: hang(&t.hang_compute_ms, "device.tdr.hang_compute_ms")?,
             hang_copy: hang(&t.hang_copy_ms, "device.tdr.hang_copy_ms")?,
         };
@@ -813,6 +838,9 @@ impl Scenario {
             doorbell_pool: pool,
             tdr,
             d3_idle,
+            interrupt_delivery: std::time::Duration::from_nanos(
+                nonneg(&c.interrupt_ns, "cost.interrupt_ns")?.round() as u64
+            ),
             ..Default::default()
         };
 
@@ -1032,11 +1060,13 @@ impl Scenario {
             self.source.path.file_stem().map_or("scenario".into(), |s| s.to_string_lossy().into_owned())
         });
         let doorbell_latency = nonneg(&self.cost.doorbell_latency_ns, "cost.doorbell_latency_ns")?.round() as u64;
+        let kernel_call = nonneg(&self.cost.kernel_call_ns, "cost.kernel_call_ns")?.round() as u64;
         Ok(Plan {
             name,
             seed: self.seed,
             duration,
             doorbell_latency,
+            kernel_call,
             submissions: self.submissions.as_ref().map(|s| *s.get_ref()),
             drain,
             samples: self.samples,

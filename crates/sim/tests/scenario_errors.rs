@@ -102,3 +102,24 @@ fn other_ranges_are_checked() {
     let (line, key, value, _) = refuse("duration_ms = -1\n[[group]]\nname = \"a\"\n");
     assert_eq!((line, key.as_str(), value.as_str()), (1, "duration_ms", "-1"));
 }
+
+/// Issue 11: zero or absurd TDR timeouts are refused with the key, its line and the value.
+#[test]
+fn zero_or_absurd_tdr_settings_are_refused() {
+    for (setting, key, value) in [
+        ("delay_ms = 0", "device.tdr.delay_ms", "0"),
+        ("delay_ms = 1e9", "device.tdr.delay_ms", "1000000000"),
+        ("ddi_delay_ms = 4000000", "device.tdr.ddi_delay_ms", "4000000"),
+        ("limit_time_ms = 0", "device.tdr.limit_time_ms", "0"),
+        ("hang_compute_ms = 1e12", "device.tdr.hang_compute_ms", "1000000000000"),
+        ("limit_count = 0", "device.tdr.limit_count", "0"),
+        ("limit_count = 5000", "device.tdr.limit_count", "5000"),
+    ] {
+        let text = format!("duration_ms = 1\n[device.tdr]\n{setting}\n[[group]]\nname = \"a\"\n");
+        let (line, k, v, why) = refuse(&text);
+        assert_eq!((line, k.as_str(), v.as_str()), (3, key, value), "{setting}: {why}");
+    }
+    // Zero turns a hang timer off: accepted.
+    Scenario::parse(Path::new("ok.toml"), "duration_ms = 1\n[device.tdr]\nhang_copy_ms = 0\n[[group]]\nname = \"a\"\n")
+        .unwrap();
+}

@@ -209,7 +209,8 @@ impl Firmware {
             let v = d.word.get().load(Ordering::Acquire);
             if v != d.last {
                 d.last = v;
-                self.irqs.push_back(Interrupt::DisconnectedRing { queue: d.queue });
+                // Polling has no clock: raised now, whenever the driver takes it.
+                self.irqs.push_back((Time::ZERO, Interrupt::DisconnectedRing { queue: d.queue }));
                 rang = true;
             }
         }
@@ -227,10 +228,10 @@ impl Firmware {
     /// steps): only those queues' dedicated doorbells are looked at, in the order given, then
     /// every global-doorbell bit page and aggregated doorbell (a few words per process).
     /// Unknown or unbound queues are skipped.
-    pub(crate) fn poll_doorbells_of(&mut self, ids: &[FwQueueId]) -> bool {
+    pub(crate) fn poll_doorbells_of(&mut self, ids: impl IntoIterator<Item = FwQueueId>) -> bool {
         let misses = self.misses_unmapped;
         let mut rang = false;
-        for &id in ids {
+        for id in ids {
             let Ok(q) = self.queues.get(id.0) else { continue };
             let Some(e) = self.engines.get_mut(q.cfg.engine.0 as usize) else { continue };
             if e.power != PowerState::F0 {
@@ -326,6 +327,29 @@ fn check_watch(e: &mut Engine, k: usize, queues: &mut Slab<FwQueue>, use_seq: &m
         Ok(q) => latch_ring(e, q, id, misses),
         Err(_) => false,
     }
+}
+
+/// Latches the rings on `e`'s sentinel doorbells ([`Engine::sentinels`]), as
+/// [`Firmware::poll_doorbells`] would: a turn was just cut short by one. The queues that rang
+/// leave `had_turn` (a ring earns a new turn). Returns whether any rang.
+pub(super) fn latch_sentinels(
+    e: &mut Engine,
+    queues: &mut Slab<FwQueue>,
+    use_seq: &mut u64,
+    misses: bool,
+    had_turn: &mut Vec<FwQueueId>,
+) -> bool {
+    let mut rang = false;
+    for i in 0..e.sentinels.len() {
+        let id = e.sentinels[i].queue;
+        if let Some(&k) = e.watch_at.get(&id)
+            && check_watch(e, k, queues, use_seq, misses)
+        {
+            had_turn.retain(|&h| h != id);
+            rang = true;
+        }
+    }
+    rang
 }
 
 /// Drops queue `id`'s watch from `e`, if it has one, keeping the others in order: its place

@@ -10,7 +10,8 @@
 //! 2. [`Firmware::step`]: each pending queue in a hardware slot, in round-robin order, reads its
 //!    wptr (acquire), validates it, then fetches, decodes and executes up to `packet_budget`
 //!    packets, publishing rptr (release) as it goes. A queue with nothing left stops being
-//!    pending; a queue blocked in a `WAIT` stays pending and is re-checked next round.
+//!    pending; a queue blocked in a `WAIT` stays pending and is re-checked next round (or,
+//!    once it has given its slot up to a waiting queue, sleeps until the `WAIT` passes).
 //! 3. Interrupts (fault, engine state change, user, progress fence above the monitored value)
 //!    queue on the line for [`Firmware::poll_interrupt`].
 //!
@@ -29,7 +30,7 @@
 //! scheduler's waiting order (kernel queues, then priority, then whoever ran longest ago, then
 //! run-list order) and grouped by [`Class`] so a pass looks at one head per class. Its
 //! invariant: a queue is in the waiting set exactly when it is on the run list, pending, not
-//! hung and not in a slot ([`schedule::Seat::should_wait`]). Every `pending = true` goes through
+//! hung, not asleep on a `WAIT` and not in a slot ([`schedule::Seat::should_wait`]). Every `pending = true` goes through
 //! [`mark_pending`], and every other change of those facts (suspend, resume, remove, map,
 //! evict) through [`sync_waiting`], which keep it.
 //!
@@ -239,8 +240,15 @@ struct FwQueue {
     slice_start: Time,
     /// When it last executed.
     last_run: Time,
-    /// A `DISPATCH` at rptr is part-way done; its state is in the context save area.
+    /// A `DISPATCH` at rptr is part-way done: its state is in `live`, or in the context save
+    /// area.
     dispatch_active: bool,
+    /// That dispatch's state while the queue holds its hardware slot. As on hardware, a mapped
+    /// queue's waves stay on the engine between its turns; they reach the context save area
+    /// only when the queue leaves its slot ([`FwQueue::spill`]: an eviction, a preemption, a
+    /// reset that spares it). So a turn that ends, or is cut short for a higher-priority
+    /// queue, saves and restores nothing.
+    live: Option<Box<Dispatch>>,
     /// A `COPY`/`FILL` at rptr is part-way done: this many bytes of it are (a chunk
     /// boundary, [`crate::cost::CostModel::bulk_chunk`]).
     bulk_done: Option<u64>,
@@ -258,6 +266,14 @@ struct FwQueue {
     at_cb_boundary: bool,
     /// Its last turn ended in a `WAIT` that did not pass.
     blocked: bool,
+    /// The condition of the last `WAIT` it blocked on (what [`exec::wake_sleepers`] checks
+    /// while it sleeps off its slot).
+    wait_on: Option<WaitOn>,
+    /// Off its slot and asleep on that `WAIT` ([`schedule::unseat`]).
+    asleep: bool,
+    /// When its address space got the slot it holds (the process quantum runs from here;
+    /// see [`schedule::Seat::process_start`]).
+    process_start: Time,
     /// Preempted with its state saved at this point; the first turn after logs the restore.
     saved: Option<StopPoint>,
     /// Its place in run-list order: stamped from [`Engine::next_seq`] each time it joins the
@@ -267,6 +283,18 @@ struct FwQueue {
     /// In its engine's waiting set ([`Engine::waiting`]), under its [`schedule::Seat`]'s class
     /// and turn. Kept equal to [`schedule::Seat::should_wait`] by [`sync_waiting`].
     waiting: bool,
+}
+
+/// The condition a `WAIT` blocks on: the 64-bit word at `va` of address space `vmid` reaching
+/// `value`.
+#[derive(Clone, Copy, Debug)]
+struct WaitOn {
+    vmid: Vmid,
+    va: u64,
+    value: u64,
+    /// The word is a native fence whose changes the device hears of (`FenceWaits::Park`): it
+    /// can only have passed if the fence epoch moved.
+    park: bool,
 }
 
 impl FwQueue {
@@ -319,12 +347,31 @@ impl FwQueue {
         self.ib.is_some() || w != self.rptr
     }
 
+    /// Writes the state of a dispatch kept live in the queue's slot to its context save area:
+    /// the queue is leaving its slot. Cannot fail for a queue [`Firmware::add_queue`] accepted
+    /// (its save area holds [`crate::compute::CONTEXT_SAVE_BYTES`], the most any state takes);
+    /// should it, the queue hangs with the fault and its dispatch is lost.
+    fn spill(&mut self) {
+        if let Some(d) = self.live.take()
+            && let Err(kind) = d.save(&self.cfg.context_save, 0)
+        {
+            preempt::hang(self, kind);
+        }
+    }
+
     fn publish_rptr(&self) {
         // Release: the client may reuse ring bytes below rptr once it sees it; our reads of
         // them happen before.
         self.rptr_word.get().store(self.rptr, Ordering::Release);
     }
 }
+
+/// Raised interrupts, oldest first, each with the device time it was raised at: with modelled
+/// timing, a packet's interrupt carries the packet's modelled time inside its step (the step
+/// runs at its start, the engine is busy until its modelled end); an interrupt raised outside
+/// a step carries the time of the input that raised it, or [`Time::ZERO`] where none is
+/// known (it is delivered when the driver takes it).
+type Irqs = std::collections::VecDeque<(Time, Interrupt)>;
 
 /// A firmware timer: every deadline at which an engine acts without an input.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -383,7 +430,7 @@ struct Engine {
     /// is compacted; see `doorbells::forget_watch`).
     watches: Vec<Option<Watch>>,
     /// Where each queue's watch is in `watches`.
-    watch_at: std::collections::HashMap<FwQueueId, usize>,
+    watch_at: abi::slab::KeyMap<FwQueueId, usize>,
     cursor: usize,
     /// Whether the slot assignment must be recomputed: set by everything that can change who
     /// deserves a slot (a queue added, removed, suspended, resumed, (dis)connected; an
@@ -403,9 +450,21 @@ struct Engine {
     /// progress checks them at its safe points and ends early when one changes, so that queue
     /// is mapped and runs at once. Rebuilt by each scheduling pass; empty past
     /// [`preempt::MAX_SENTINEL_WATCHES`] watched doorbells.
-    sentinels: Vec<(Word, u64)>,
+    sentinels: Vec<preempt::Sentinel>,
     /// Queues mapped into a hardware slot so far (slot changes, for the simulator's counts).
     slot_maps: u64,
+    /// Queues asleep off their slots on a `WAIT` that did not pass ([`schedule::unseat`]),
+    /// checked at each step until it does ([`exec::wake_sleepers`]). An entry whose queue no
+    /// longer sleeps (suspended, removed, hung) is dropped at the next check.
+    asleep: Vec<FwQueueId>,
+    /// The fence epoch at the last check of `asleep`.
+    asleep_epoch: u64,
+    /// Queues the scheduler evicted in this step, whose dispatch state may still be live
+    /// ([`FwQueue::live`]): written to their save areas at the end of the step
+    /// ([`exec::spill_evicted`]), so that the queue that took the slot starts first. Nobody can
+    /// look at a save area during a step (the kernel waits for the device lock), and a queue
+    /// mapped again in the same step simply keeps its state.
+    unspilled: Vec<FwQueueId>,
 }
 
 /// The firmware state machine. See the module docs.
@@ -424,7 +483,9 @@ pub(crate) struct Firmware {
     engines: Vec<Engine>,
     /// The queue table (amdgpu: the MQDs the firmware was given).
     queues: Slab<FwQueue>,
-    irqs: std::collections::VecDeque<Interrupt>,
+    /// Interrupts raised and not yet taken, each with the device time it was raised at
+    /// ([`Irqs`]).
+    irqs: Irqs,
     /// Spec 000's doorbell model.
     model: DoorbellModel,
     /// The global model's bit pages, by BAR page.
@@ -454,6 +515,8 @@ pub(crate) struct Firmware {
     log: FwLog,
     /// Raised by the kernel while it waits for the device lock ([`preempt::Attention`]).
     attention: preempt::Attention,
+    /// With modelled timing: when the driver next lets a client act ([`crate::Gpu::set_horizon`]).
+    horizon: Option<Time>,
     /// Every `PROGRESS_FENCE` executed, with its modelled end, when a tool asked for them
     /// ([`crate::Gpu::record_completions`]; the simulator's observation point).
     pub(crate) completions: Option<Vec<Completion>>,
@@ -498,7 +561,8 @@ pub enum FenceWaits {
 
 /// Native fences by where their CurrentValue lives: (backing region id, offset). Keyed by
 /// the memory rather than a VA, so every mapping of a shared fence finds the same entry.
-type FenceTable = std::collections::HashMap<(u64, u64), FenceEntry>;
+/// Its keys are the kernel's own (a region id and an offset it registered): [`abi::slab::KeyHasher`].
+type FenceTable = abi::slab::KeyMap<(u64, u64), FenceEntry>;
 
 impl Engine {
     /// An engine in F0 with `hw_slots` hardware slots (at least one), an empty run list, and
@@ -516,7 +580,7 @@ impl Engine {
             hqd: Vec::new(),
             hw_slots: hw_slots.max(1) as usize,
             watches: Vec::new(),
-            watch_at: std::collections::HashMap::new(),
+            watch_at: Default::default(),
             cursor: 0,
             resched: true,
             waiting: Waiting::default(),
@@ -524,6 +588,9 @@ impl Engine {
             stop,
             sentinels: Vec::new(),
             slot_maps: 0,
+            asleep: Vec::new(),
+            asleep_epoch: u64::MAX,
+            unspilled: Vec::new(),
         }
     }
 
@@ -554,7 +621,7 @@ impl Firmware {
             wave_width: cfg.wave_width.clamp(1, crate::compute::MAX_WAVE as u32),
             dispatch_budget: cfg.dispatch_budget.max(1),
             compute: ComputeStats::default(),
-            fences: FenceTable::new(),
+            fences: FenceTable::default(),
             optimized_interrupts: cfg.optimized_fence_interrupts,
             quanta: Quanta { process: cfg.process_quantum, gang: cfg.gang_quantum },
             engines,
@@ -572,6 +639,7 @@ impl Firmware {
             next_ticket: 0,
             log: FwLog::default(),
             attention: preempt::Attention::default(),
+            horizon: None,
             completions: None,
         }
     }
@@ -611,6 +679,11 @@ impl Firmware {
         let rptr_word = word(cfg.rptr_va, rptr_access)?;
         let wptr_word = word(cfg.wptr_va, Access::Read)?;
         let last_queued_word = cfg.last_queued_va.map(|va| word(va, Access::Read)).transpose()?;
+        // Every dispatch state fits a save area this large (see `FwQueue::spill`).
+        let save = cfg.context_save.len() as u64;
+        if save < crate::compute::CONTEXT_SAVE_BYTES {
+            return Err(GpuError::SaveAreaTooSmall { bytes: save, need: crate::compute::CONTEXT_SAVE_BYTES });
+        }
         // The firmware resumes from the client's current pointers: a queue starts idle. The
         // value is client memory: it must be a dword count far from overflow.
         let start = wptr_word.get().load(Ordering::Acquire);
@@ -637,6 +710,7 @@ impl Firmware {
             slice_start: Time::ZERO,
             last_run: Time::ZERO,
             dispatch_active: false,
+            live: None,
             bulk_done: None,
             wait_observed: None,
             parked: None,
@@ -644,6 +718,9 @@ impl Firmware {
             preempt: None,
             at_cb_boundary: true,
             blocked: false,
+            wait_on: None,
+            asleep: false,
+            process_start: Time::ZERO,
             saved: None,
             seq: 0,
             waiting: false,
@@ -657,21 +734,22 @@ impl Firmware {
     }
 
     /// Takes a queue off its engine's run list (`DxgkDdiSuspendContext`: "KMD preempts the
-    /// context and removes it from its HW run list"), respecting the engine's granularity: a
-    /// queue without a slot, or standing where its engine may stop it, leaves at once (its
-    /// state is in the save area between turns); one in a slot that may not stop where it
-    /// stands keeps running to the next point it may, under a kernel preemption request, and
-    /// leaves then. Returns that request's ticket (its answer is an [`Interrupt::Preempted`]),
-    /// or `None` when it left at once. Its doorbell stays connected; rings are remembered.
-    pub(crate) fn suspend_queue(&mut self, id: FwQueueId, now: Time) -> Result<Option<u64>, GpuError> {
+    /// context and removes it from its HW run list"), as a kernel preemption request with its
+    /// answer, respecting the engine's granularity. A queue without a slot, or standing where
+    /// its engine may stop it, is answered at once: request, save (if it leaves a slot with
+    /// work) and answer go to the firmware log, and the answer is this return (no interrupt).
+    /// One in a slot that may not stop where it stands keeps running to the next point it may,
+    /// and leaves then: its answer is owed, as an [`Interrupt::Preempted`]. Its doorbell stays
+    /// connected; rings are remembered.
+    pub(crate) fn suspend_queue(&mut self, id: FwQueueId, now: Time) -> Result<preempt::Suspension, GpuError> {
         let caps = self.preemption;
         let Firmware { engines, queues, log, irqs, next_ticket, .. } = self;
         let q = queues.get_mut(id.0).map_err(|_| GpuError::StaleQueue(id))?;
         let e = engines.get_mut(q.cfg.engine.0 as usize).ok_or(GpuError::BadEngine(q.cfg.engine.0))?;
-        let in_slot = e.hqd.contains(&id) && q.state == QueueState::Mapped;
+        let mut in_slot = e.hqd.contains(&id) && q.state == QueueState::Mapped;
         if in_slot && !q.may_stop_now(Engine::stop_rule(e.kind, caps)) {
             // It runs on to an allowed point; a request the kernel made already stands.
-            return Ok(Some(match q.preempt {
+            let ticket = match q.preempt {
                 Some(r) if r.by == preempt::Requester::Os => r.ticket,
                 _ => {
                     *next_ticket += 1;
@@ -680,19 +758,24 @@ impl Firmware {
                     q.preempt = Some(preempt::PreemptRequest { ticket, at: now, by: preempt::Requester::Os });
                     ticket
                 }
-            }));
+            };
+            return Ok(preempt::Suspension { ticket, answered: false });
         }
-        // A request still owed an answer gets it: the queue stops here.
+        // A request still owed an answer gets it: the queue stops here (and leaves its slot).
         if q.preempt.is_some() {
             let point = q.standing_point();
-            preempt::finish(e, q, id, point, now, log, irqs);
+            preempt::finish(e, q, id, point, now, log, Some(&mut *irqs));
+            in_slot = false;
         }
-        // Off the run list: it leaves the waiting set (and stays pending: rings are remembered).
-        schedule::leave_run_list(e, q, id);
-        if q.state != QueueState::Hung {
-            q.state = QueueState::Unmapped;
-        }
-        Ok(None)
+        // The suspend's own request, answered here.
+        *next_ticket += 1;
+        let ticket = *next_ticket;
+        log.push(now, preempt::FwEvent::PreemptRequested { queue: id, ticket, by: preempt::Requester::Os });
+        q.preempt = Some(preempt::PreemptRequest { ticket, at: now, by: preempt::Requester::Os });
+        // Off a slot, it stands where it last stopped, its state already saved.
+        let point = if in_slot { q.standing_point() } else { StopPoint::Idle };
+        preempt::finish(e, q, id, point, now, log, None);
+        Ok(preempt::Suspension { ticket, answered: true })
     }
 
     /// Puts a suspended queue back on the run list (`DxgkDdiResumeContext`) and looks for the
@@ -829,13 +912,16 @@ impl Firmware {
             if e.timers.expired(Timer::Idle, now) {
                 let busy_queue =
                     |id: &FwQueueId| queues.get(id.0).is_ok_and(|q| q.pending && q.state != QueueState::Hung);
-                // A busy queue on the run list is either in a slot or in the waiting set
-                // (pending, not hung, not in a slot): no scan of the run list.
-                if e.hqd.iter().any(busy_queue) || !e.waiting.is_empty() {
+                // A busy queue on the run list is in a slot, in the waiting set (pending, not
+                // hung, not in a slot) or asleep on a WAIT: no scan of the run list.
+                let asleep = e.asleep.iter().any(|id| queues.get(id.0).is_ok_and(|q| q.asleep));
+                if e.hqd.iter().any(busy_queue) || !e.waiting.is_empty() || asleep {
                     e.last_busy = now;
                 } else {
                     e.f1_requested = true;
-                    irqs.push_back(Interrupt::EngineStateChange { engine: e.id, state: EngineState::TransitionToF1 });
+                    // Raised now: the driver takes it at its own time.
+                    let irq = Interrupt::EngineStateChange { engine: e.id, state: EngineState::TransitionToF1 };
+                    irqs.push_back((Time::ZERO, irq));
                 }
                 e.arm_idle();
             }
@@ -847,12 +933,27 @@ impl Firmware {
         self.engines.iter().filter_map(|e| e.timers.earliest()).min()
     }
 
+    /// Whether the device has nothing to do at `now` but wait for its engines' modelled work
+    /// to end: timing is modelled, no interrupt waits to be raised, no timer is due, and every
+    /// engine in F0 (one at least) is busy with the work of an earlier step, which [`Self::step`]
+    /// skips. A step and a timer check at `now` would then change nothing.
+    pub(crate) fn waits_for_busy_engines(&self, now: Time) -> bool {
+        self.timing == crate::cost::Timing::Modelled
+            && self.irqs.is_empty()
+            && self.poll_timeout().is_some_and(|t| now < t)
+            && self.engines.iter().any(|e| e.power == PowerState::F0)
+            && self
+                .engines
+                .iter()
+                .all(|e| e.power != PowerState::F0 || e.timers.get(Timer::Busy).is_some_and(|t| now < t))
+    }
+
     /// The earliest modelled end of an engine's busy period.
     pub(crate) fn busy_until(&self) -> Option<Time> {
         self.engines.iter().filter_map(|e| e.timers.get(Timer::Busy)).min()
     }
 
-    pub(crate) fn poll_interrupt(&mut self) -> Option<Interrupt> {
+    pub(crate) fn poll_interrupt(&mut self) -> Option<(Time, Interrupt)> {
         self.irqs.pop_front()
     }
 
@@ -875,5 +976,9 @@ impl Firmware {
     /// adapter's signal): every parked queue re-checks.
     pub(crate) fn notify_fences(&mut self) {
         self.fence_epoch += 1;
+    }
+
+    pub(crate) fn set_horizon(&mut self, at: Option<Time>) {
+        self.horizon = at;
     }
 }

@@ -12,7 +12,8 @@
 //! - the kernel ([`Requester::Os`]: a context suspend, D3, memory migration, teardown, timeout
 //!   detection): the queue also leaves the run list, as a suspend does, until the kernel
 //!   resumes it; the answer is an [`Interrupt::Preempted`] carrying the request's time and the
-//!   answer's, so the kernel (and a benchmark) can measure the latency;
+//!   answer's, so the kernel (and a benchmark) can measure the latency — or, for a context
+//!   suspend that finds the queue where it may stop, the suspend's return ([`Suspension`]);
 //! - the firmware's own scheduler ([`Requester::Scheduler`]: a higher priority or a spent
 //!   quantum wants the slot): the queue goes back to waiting, and the slot changes hands at
 //!   the next pass.
@@ -66,6 +67,16 @@ impl Drop for AttentionGuard<'_> {
         // Relaxed: see `Attention::raise`.
         self.0.0.fetch_sub(1, Ordering::Relaxed);
     }
+}
+
+/// A doorbell an engine watches during its turns for a cut-in ([`Engine::sentinels`]).
+pub(super) struct Sentinel {
+    /// The BAR word.
+    pub(super) word: Word,
+    /// Its value when the watch began (the firmware's last latch).
+    pub(super) last: u64,
+    /// The queue it belongs to.
+    pub(super) queue: FwQueueId,
 }
 
 /// The most doorbells an engine watches for a cut-in ([`Engine::sentinels`]): past this many
@@ -175,14 +186,59 @@ pub struct FwLogEntry {
 /// The most entries the firmware log keeps (the oldest go first).
 pub(super) const LOG_ENTRIES: usize = 4096;
 
-/// The firmware log: bounded, oldest first.
+/// How many events of each kind the firmware has logged since the device started, however
+/// many the bounded log still holds ([`crate::Gpu::firmware_counts`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FwCounts {
+    /// [`FwEvent::PreemptRequested`].
+    pub preempts_requested: u64,
+    /// [`FwEvent::StateSaved`].
+    pub states_saved: u64,
+    /// [`FwEvent::PreemptAnswered`].
+    pub preempts_answered: u64,
+    /// [`FwEvent::Restored`].
+    pub restored: u64,
+    /// [`FwEvent::EngineReset`].
+    pub engine_resets: u64,
+    /// [`FwEvent::QueueReset`].
+    pub queue_resets: u64,
+    /// [`FwEvent::AdapterReset`].
+    pub adapter_resets: u64,
+    /// [`FwEvent::TakenBack`].
+    pub taken_back: u64,
+}
+
+impl FwCounts {
+    /// Resets of any scope: queue, engine and adapter.
+    pub fn recoveries(&self) -> u64 {
+        self.queue_resets + self.engine_resets + self.adapter_resets
+    }
+
+    fn count(&mut self, event: &FwEvent) {
+        let n = match event {
+            FwEvent::PreemptRequested { .. } => &mut self.preempts_requested,
+            FwEvent::StateSaved { .. } => &mut self.states_saved,
+            FwEvent::PreemptAnswered { .. } => &mut self.preempts_answered,
+            FwEvent::Restored { .. } => &mut self.restored,
+            FwEvent::EngineReset { .. } => &mut self.engine_resets,
+            FwEvent::QueueReset { .. } => &mut self.queue_resets,
+            FwEvent::AdapterReset => &mut self.adapter_resets,
+            FwEvent::TakenBack { .. } => &mut self.taken_back,
+        };
+        *n += 1;
+    }
+}
+
+/// The firmware log: bounded, oldest first, with exact counts of everything it ever held.
 #[derive(Default)]
 pub(super) struct FwLog {
     pub(super) entries: std::collections::VecDeque<FwLogEntry>,
+    pub(super) counts: FwCounts,
 }
 
 impl FwLog {
     pub(super) fn push(&mut self, at: Time, event: FwEvent) {
+        self.counts.count(&event);
         if self.entries.len() == LOG_ENTRIES {
             self.entries.pop_front();
         }
@@ -243,7 +299,9 @@ impl Engine {
 
 /// Completes the preemption of queue `id` (`q`, on engine `e`) stopped at `point`: off its
 /// slot, its state saved; held off the run list for the kernel or back to waiting for the
-/// scheduler; the answer logged (and raised, for the kernel).
+/// scheduler; the answer logged, and raised on `irqs` for the kernel (`None`: the caller
+/// delivers it, as a suspend answered at once does through its return value). Returns the
+/// request it answered.
 pub(super) fn finish(
     e: &mut Engine,
     q: &mut FwQueue,
@@ -251,9 +309,11 @@ pub(super) fn finish(
     point: StopPoint,
     at: Time,
     log: &mut FwLog,
-    irqs: &mut std::collections::VecDeque<Interrupt>,
-) {
-    let Some(req) = q.preempt.take() else { return };
+    irqs: Option<&mut super::Irqs>,
+) -> Option<PreemptRequest> {
+    let req = q.preempt.take()?;
+    // Off its slot: a dispatch it kept live there goes to the save area.
+    q.spill();
     e.hqd.retain(|&h| h != id);
     e.resched = true;
     // Work left is what the client published beyond rptr (a queue that stopped at the end
@@ -262,7 +322,9 @@ pub(super) fn finish(
     if !work {
         q.pending = false;
     }
-    if q.state != QueueState::Hung {
+    // (Off a slot, it keeps its state: `Preempted` since it last left one with work, or
+    // `Unmapped`.)
+    if q.state == QueueState::Mapped {
         q.state = if work { QueueState::Preempted } else { QueueState::Unmapped };
     }
     if work && point != StopPoint::Idle {
@@ -271,12 +333,29 @@ pub(super) fn finish(
     }
     match req.by {
         Requester::Os => schedule::leave_run_list(e, q, id),
-        Requester::Scheduler => sync_waiting(e, q, id),
+        Requester::Scheduler => schedule::unseat(e, q, id),
     }
     log.push(at, FwEvent::PreemptAnswered { queue: id, ticket: req.ticket, requested_at: req.at });
-    if req.by == Requester::Os {
-        irqs.push_back(Interrupt::Preempted { queue: id, ticket: req.ticket, requested_at: req.at, answered_at: at });
+    if req.by == Requester::Os
+        && let Some(irqs) = irqs
+    {
+        irqs.push_back((
+            at,
+            Interrupt::Preempted { queue: id, ticket: req.ticket, requested_at: req.at, answered_at: at },
+        ));
     }
+    Some(req)
+}
+
+/// A context suspend's preemption of one queue ([`crate::Gpu::suspend_queue`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Suspension {
+    /// The request's ticket (in the firmware log, and in the answer).
+    pub ticket: u64,
+    /// Answered at once (the queue held no slot, or stood where it may stop): the answer is
+    /// in the firmware log and no interrupt follows. Otherwise it is owed, as an
+    /// [`Interrupt::Preempted`] carrying the ticket.
+    pub answered: bool,
 }
 
 impl Firmware {
@@ -299,7 +378,7 @@ impl Firmware {
         if !in_slot || q.may_stop_now(stop) {
             // (Without a slot it stands where it last stopped, its state already saved.)
             let point = q.standing_point();
-            finish(e, q, id, point, now, log, irqs);
+            finish(e, q, id, point, now, log, Some(irqs));
         }
         Ok(ticket)
     }
@@ -325,12 +404,13 @@ impl Firmware {
                     let work = q.pending || q.has_work();
                     q.state = if work { QueueState::Preempted } else { QueueState::Unmapped };
                     if work {
+                        q.spill();
                         q.saved = Some(q.standing_point());
                         out.preempted.push(id);
                     }
                 }
             }
-            sync_waiting(e, q, id);
+            schedule::unseat(e, q, id);
         }
         e.resched = true;
         log.push(now, FwEvent::EngineReset { engine, guilty: out.guilty.clone() });
@@ -423,16 +503,22 @@ impl Firmware {
     pub(crate) fn log(&self) -> impl Iterator<Item = &FwLogEntry> {
         self.log.entries.iter()
     }
+
+    pub(crate) fn log_counts(&self) -> FwCounts {
+        self.log.counts
+    }
 }
 
 /// Hangs `q` with `kind` (a reset, not a fault it raised: no interrupt; the kernel that asked
 /// for the reset reports it).
-fn hang(q: &mut FwQueue, kind: FaultKind) {
+pub(super) fn hang(q: &mut FwQueue, kind: FaultKind) {
     q.state = QueueState::Hung;
     q.pending = false;
     q.dispatch_active = false;
+    q.live = None;
     q.bulk_done = None;
     q.ib = None;
     q.blocked = false;
+    q.asleep = false;
     q.fault = Some(FaultRecord { kind, rptr: q.rptr, opcode: None, in_indirect: false });
 }

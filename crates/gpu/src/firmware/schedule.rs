@@ -6,11 +6,21 @@
 //! each engine keeps a **waiting set** ([`Waiting`]), ordered like the scheduler's waiting
 //! order (kernel queues, then priority, then whoever ran longest ago, then run-list order)
 //! and grouped by [`Class`] so a pass looks at one head per class. Its invariant: a queue is
-//! in the waiting set exactly when it is on the run list, pending, not hung and not in a slot
-//! ([`Seat::should_wait`]). Every `pending = true` goes through [`mark_pending`], and every
-//! other change of those facts (admit, suspend, resume, remove, map, evict) through
-//! [`sync_waiting`], which keep it. When a holder's quantum will run out against a waiting
-//! queue, the pass arms the engine's quantum timer ([`super::Timer::Quantum`]).
+//! in the waiting set exactly when it is on the run list, pending, not hung, not asleep and not
+//! in a slot ([`Seat::should_wait`]). Every `pending = true` goes through [`mark_pending`], and
+//! every other change of those facts (admit, suspend, resume, remove, map, evict, sleep, wake)
+//! through [`sync_waiting`], which keep it. When a holder's quantum will run out against a
+//! waiting queue, the pass arms the engine's quantum timer ([`super::Timer::Quantum`]).
+//!
+//! A queue blocked in a `WAIT` that does not pass uses its slot for nothing, and spec 003 makes
+//! such a wait preemptible: a blocked holder yields its slot to any waiter, and once off its
+//! slot it *sleeps* ([`unseat`]) — out of the waiting set, in [`Engine::asleep`] — until the
+//! `WAIT`'s condition holds ([`wake`], from the step's check in [`super::exec`]). So a queue
+//! that cannot run never holds or takes a slot a queue that can run wants, and a consumer
+//! never starves the producer it waits for. Quanta are two-level, as MES's: the gang quantum
+//! between queues of one address space runs from when the holder got its slot, the process
+//! quantum from when its address space did ([`Seat::process_start`]), so a process rotating
+//! its own queues does not restart the slice another process waits out.
 //!
 //! The scheduler is a sans-IO piece of its own: it sees a queue only through [`Schedulable`]
 //! (what it reads, as a [`Seat`], and the few facts it writes), and an engine only through its
@@ -42,11 +52,14 @@ pub(super) type Turn = (Time, u64);
 pub(super) struct Waiting {
     pub(super) by_class: std::collections::BTreeMap<Class, std::collections::BTreeMap<Turn, FwQueueId>>,
     /// `(user, Reverse(priority), head's turn, class)` of every waiting class.
-    heads: std::collections::BTreeSet<(bool, std::cmp::Reverse<Priority>, Turn, Class)>,
+    heads: std::collections::BTreeSet<HeadKey>,
 }
 
+/// Where a class's head stands in waiting order: `(user, Reverse(priority), turn, class)`.
+pub(super) type HeadKey = (bool, std::cmp::Reverse<Priority>, Turn, Class);
+
 impl Waiting {
-    fn head_key(class: Class, turn: Turn) -> (bool, std::cmp::Reverse<Priority>, Turn, Class) {
+    fn head_key(class: Class, turn: Turn) -> HeadKey {
         (class.user, class.priority, turn, class)
     }
 
@@ -91,13 +104,25 @@ impl Waiting {
         self.by_class.is_empty()
     }
 
-    /// The first waiting queue, in waiting order, outside the classes in `skip`: the first
-    /// head not skipped (heads are in (privilege, priority, turn) order, so within the first
-    /// (privilege, priority) group that has one, it has the earliest turn).
-    pub(super) fn first(&self, skip: &[Class]) -> Option<(Class, FwQueueId)> {
-        let &(_, _, turn, class) = self.heads.iter().find(|h| !skip.contains(&h.3))?;
+    /// The greatest head key a class of `class`'s (privilege, priority) can have: a walk
+    /// that resumes after it has passed every class of that group.
+    pub(super) fn last_of_group(class: Class) -> HeadKey {
+        let last = Class { vmid: Vmid(u32::MAX), ..class };
+        (class.user, class.priority, (Time(u64::MAX), u64::MAX), last)
+    }
+
+    /// The first class head after `after` (from the start for `None`), with its class and
+    /// queue: heads are in (privilege, priority, turn) order, so within the first (privilege,
+    /// priority) group that has one, it has the earliest turn. A pass walks the heads with it
+    /// once, in order: a class it maps a queue of gets a later head (its next turn), which
+    /// the walk meets again further on; a class it leaves alone keeps its head behind the walk.
+    pub(super) fn next_head(&self, after: Option<HeadKey>) -> Option<(HeadKey, Class, FwQueueId)> {
+        use std::ops::Bound::{Excluded, Unbounded};
+        let lower = after.map_or(Unbounded, Excluded);
+        let &key = self.heads.range((lower, Unbounded)).next()?;
+        let (_, _, turn, class) = key;
         let id = *self.by_class.get(&class)?.get(&turn)?;
-        Some((class, id))
+        Some((key, class, id))
     }
 }
 
@@ -121,8 +146,18 @@ pub(super) struct Seat {
     pub(super) state: QueueState,
     /// It has work.
     pub(super) pending: bool,
-    /// When it last got a hardware slot (its quantum runs from here).
+    /// When it last got a hardware slot (its gang quantum runs from here).
     pub(super) slice_start: Time,
+    /// When its address space got the slot it holds (its process quantum runs from here): a
+    /// queue that takes the slot from a busy queue of its own address space (gang rotation)
+    /// inherits the slot's start, so rotating within a process never restarts the slice
+    /// another process's waiting queue is compared with.
+    pub(super) process_start: Time,
+    /// Its last turn ended in a `WAIT` that did not pass: in a slot, it uses it for nothing.
+    pub(super) blocked: bool,
+    /// Off its slot, blocked in a `WAIT` whose condition did not hold when last checked: it
+    /// sleeps (in [`Engine::asleep`]) instead of waiting for a slot, until the condition holds.
+    pub(super) asleep: bool,
     /// On its engine's run list (not suspended).
     pub(super) on_run_list: bool,
     /// In its engine's waiting set.
@@ -133,10 +168,12 @@ impl Seat {
     /// Whether the queue belongs in its engine's waiting set: on the run list, with work
     /// (pending) — or a kernel queue, which is always mapped (spec 001: "Kernel queues are
     /// always mapped so any work that goes into kernel queues will take priority") — not hung,
-    /// and not in a hardware slot (`Mapped` is exactly "in `hqd`" for a queue that is not hung).
+    /// not asleep on a `WAIT`, and not in a hardware slot (`Mapped` is exactly "in `hqd`" for a
+    /// queue that is not hung).
     pub(super) fn should_wait(&self) -> bool {
         self.on_run_list
             && (self.pending || !self.class.user)
+            && !self.asleep
             && !matches!(self.state, QueueState::Mapped | QueueState::Hung)
     }
 }
@@ -149,8 +186,11 @@ pub(super) trait Schedulable {
     fn set_state(&mut self, state: QueueState);
     /// It has work (only [`mark_pending`] sets it).
     fn set_pending(&mut self);
-    /// It got a slot at `now`: its quantum starts.
-    fn set_slice_start(&mut self, now: Time);
+    /// It got a slot at `now`: its gang quantum starts, and its process quantum at
+    /// `process_start` (`now`, or the slot's start in its address space).
+    fn set_slice_start(&mut self, now: Time, process_start: Time);
+    /// It sleeps off its slot on a `WAIT` (or no longer does).
+    fn set_asleep(&mut self, asleep: bool);
     /// Whether it is in its engine's waiting set (only [`sync_waiting`] sets it).
     fn set_waiting(&mut self, waiting: bool);
     /// It joined its engine's run list (or left it, `seq` `None`); `seq` is its place in
@@ -162,8 +202,8 @@ pub(super) trait Schedulable {
     /// Asks it to leave its slot at its next allowed point (the scheduler's own preemption
     /// request); returns whether this is a new request.
     fn request_stop(&mut self, now: Time) -> bool;
-    /// It leaves its slot where it stands, with work left: its state is saved there; returns
-    /// the point.
+    /// It leaves its slot where it stands, with work left: its state is saved there (a
+    /// dispatch's, by the end of the step: [`Engine::unspilled`]); returns the point.
     fn saved_at_eviction(&mut self) -> StopPoint;
 }
 
@@ -179,6 +219,9 @@ impl Schedulable for FwQueue {
             state: self.state,
             pending: self.pending,
             slice_start: self.slice_start,
+            process_start: self.process_start,
+            blocked: self.blocked,
+            asleep: self.asleep,
             on_run_list: self.on_run_list,
             waiting: self.waiting,
         }
@@ -189,8 +232,12 @@ impl Schedulable for FwQueue {
     fn set_pending(&mut self) {
         self.pending = true;
     }
-    fn set_slice_start(&mut self, now: Time) {
+    fn set_slice_start(&mut self, now: Time, process_start: Time) {
         self.slice_start = now;
+        self.process_start = process_start;
+    }
+    fn set_asleep(&mut self, asleep: bool) {
+        self.asleep = asleep;
     }
     fn set_waiting(&mut self, waiting: bool) {
         self.waiting = waiting;
@@ -246,6 +293,31 @@ pub(super) fn leave_run_list<Q: Schedulable>(e: &mut Engine, q: &mut Q, id: FwQu
     e.hqd.retain(|&q| q != id);
     e.resched = true;
     q.set_run_list(None);
+    // (Its entry in `asleep`, if any, is dropped at the next wake-up check.)
+    q.set_asleep(false);
+    sync_waiting(e, q, id);
+}
+
+/// Queue `id` (`q`) has just left its slot on `e` with work left (evicted by a pass, stopped
+/// for the scheduler's request, taken off by an engine reset). If its last turn ended in a
+/// `WAIT` that did not pass, it sleeps: it is kept out of the waiting set, so it takes no slot
+/// from a queue that can use one, until [`wake`] finds the condition holds (panthor keeps
+/// groups blocked on a sync object off its runnable lists the same way, until a sync update
+/// unblocks them). Otherwise it waits for a slot again.
+pub(super) fn unseat<Q: Schedulable>(e: &mut Engine, q: &mut Q, id: FwQueueId) {
+    let seat = q.seat();
+    if seat.blocked && seat.pending && seat.on_run_list && seat.state != QueueState::Hung {
+        q.set_asleep(true);
+        e.asleep.push(id);
+    }
+    sync_waiting(e, q, id);
+}
+
+/// The `WAIT` sleeping queue `id` (`q`) is blocked on may pass now: it waits for a slot again
+/// (in its old turn: it has waited since it last ran), and a pass looks at once.
+pub(super) fn wake<Q: Schedulable>(e: &mut Engine, q: &mut Q, id: FwQueueId) {
+    q.set_asleep(false);
+    e.resched = true;
     sync_waiting(e, q, id);
 }
 
@@ -284,21 +356,93 @@ pub(super) fn sync_waiting<Q: Schedulable>(e: &mut Engine, q: &mut Q, id: FwQueu
     q.set_waiting(want);
 }
 
+/// A slot holder as a scheduling pass sees it.
+#[derive(Clone, Copy, Debug)]
+struct Holder {
+    id: FwQueueId,
+    pending: bool,
+    /// Blocked in a `WAIT` that does not pass.
+    blocked: bool,
+    privileged: bool,
+    prio: Priority,
+    vm: Vmid,
+    /// Its gang quantum runs from here (when it got the slot).
+    slice_start: Time,
+    /// Its process quantum runs from here (when its address space got the slot).
+    process_start: Time,
+}
+
+impl Holder {
+    fn of(id: FwQueueId, seat: &Seat) -> Holder {
+        Holder {
+            id,
+            pending: seat.pending,
+            blocked: seat.blocked,
+            privileged: !seat.class.user,
+            prio: seat.class.priority.0,
+            vm: seat.class.vmid,
+            slice_start: seat.slice_start,
+            process_start: seat.process_start,
+        }
+    }
+
+    /// Whether this holder gives its slot to a waiter of `class` (`same_space`: of its own
+    /// address space) at `now`, and how readily (the lowest rank goes first): an idle one, then
+    /// one blocked in a `WAIT` (where `blocked_yields`: its engine may stop a wait), then one of
+    /// lower priority (lowest first), then one of equal priority past its quantum
+    /// (longest-running first). Within one address space the gang quantum applies, from when
+    /// this queue got the slot; between two, the process quantum, from when its address space
+    /// did (gang rotation does not restart it). A kernel queue takes its slot from any user
+    /// queue; a kernel queue keeps its own from every user queue.
+    fn eviction_rank(
+        &self,
+        class: Class,
+        same_space: bool,
+        now: Time,
+        quanta: Quanta,
+        blocked_yields: bool,
+    ) -> Option<(u8, Priority, Time)> {
+        let (w_priv, w_prio) = (!class.user, class.priority.0);
+        if self.privileged && !w_priv {
+            return None;
+        }
+        if w_priv && !self.privileged {
+            return Some((0, self.prio, self.slice_start));
+        }
+        let (quantum, start) =
+            if same_space { (quanta.gang, self.slice_start) } else { (quanta.process, self.process_start) };
+        let rank = if !self.pending {
+            0
+        } else if self.blocked && blocked_yields {
+            1
+        } else if self.prio < w_prio {
+            2
+        } else if self.prio == w_prio && now.since(start) >= quantum {
+            3
+        } else {
+            return None;
+        };
+        Some((rank, self.prio, start))
+    }
+}
+
 /// Chooses which queues hold this engine's hardware slots (spec 001 "the scheduling firmware
 /// dynamically maps and unmaps queues based on priority and time quanta"). Every queue on
 /// the run list with work wants a slot; in order of priority (kernel queues first, then the
 /// highest level, then the longest-waiting), each takes a free slot, or evicts a holder:
-/// an idle one first, else one of lower priority (so a realtime queue evicts at once), else
-/// one of equal priority that has used up its quantum. An evicted queue with work left is
-/// `Preempted` — stopped at a packet boundary or a dispatch slice, state saved — and rings
-/// on an unmapped queue are remembered: it runs when it gets a slot back.
+/// an idle one first, else one blocked in a `WAIT` (where its engine can stop a wait), else
+/// one of lower priority (so a realtime queue evicts at once), else one of equal priority
+/// that has used up its quantum (gang or process: see the module docs). An evicted queue with
+/// work left is `Preempted` — stopped at a packet boundary or a dispatch slice, state saved —
+/// and rings on an unmapped queue are remembered: it runs when it gets a slot back (a blocked
+/// one sleeps until its `WAIT` passes first).
 ///
 /// The waiting queues come from [`Engine::waiting`], never from a scan of the run list. Whether
 /// a holder can be evicted for a waiter depends only on the waiter's [`Class`], and within a
 /// pass the set of holders evictable for a class only shrinks (a queue mapped in this pass is
 /// never evicted in it): so once one queue of a class finds no victim, the rest of its class
-/// is skipped. A pass therefore takes O((slots + classes) × (slots + classes)) plus O(log n)
-/// per queue it maps, however long the run list.
+/// is skipped. A pass walks the class heads once, in order, so it takes
+/// O(classes × slots) plus O(log n) per queue it maps, however long the run list.
 ///
 /// One difference from the plain "walk every waiting queue" formulation: with a quantum of
 /// zero, a queue mapped in this pass could there be evicted again later in the same pass by
@@ -322,58 +466,50 @@ pub(super) fn schedule<Q: Schedulable>(
     }
     e.resched = false;
     e.timers.set(Timer::Quantum, None);
-    let get = |queues: &Slab<Q>, id: FwQueueId| {
-        queues.get(id.0).ok().map(Q::seat).map(|q| {
-            let c = q.class;
-            (q.state, q.pending, !c.user, c.priority.0, c.vmid, q.slice_start)
-        })
-    };
-    e.hqd.retain(|&id| get(queues, id).is_some_and(|(st, ..)| st == QueueState::Mapped));
+    // The holders, read once: a hung one lingering in `hqd` leaves it here.
+    let mut holders: Vec<Holder> = Vec::with_capacity(e.hqd.len() + 1);
+    e.hqd.retain(|&id| match queues.get(id.0) {
+        Ok(q) if q.seat().state == QueueState::Mapped => {
+            holders.push(Holder::of(id, &q.seat()));
+            true
+        }
+        _ => false,
+    });
+    // A holder blocked in a `WAIT` that does not pass uses its slot for nothing, and may be
+    // stopped there at every granularity but `None` (spec 003): it yields to any waiter.
+    let blocked_yields = e.stop.allows_blocked_wait();
     if e.waiting.is_empty() {
         return;
     }
-    // Classes of waiting queues no holder can make room for.
-    let mut unplaced: Vec<Class> = Vec::new();
     // Mapped in this pass: not victims in it.
     let mut placed: Vec<FwQueueId> = Vec::new();
     // Evicted with work left: they wait again, but only from the next pass on.
     let mut evicted: Vec<FwQueueId> = Vec::new();
-    // Kernel queues first, then priority, then whoever ran longest ago (then run-list order).
-    while let Some((class, w)) = e.waiting.first(&unplaced) {
-        let (w_priv, w_prio, w_vm) = (!class.user, class.priority.0, class.vmid);
+    // Kernel queues first, then priority, then whoever ran longest ago (then run-list order):
+    // one walk over the class heads ([`Waiting::next_head`]). A class no holder can make room
+    // for is left behind the walk, so the rest of it is skipped; when no holder would make
+    // room for any class of its (privilege, priority), the walk jumps past them all.
+    let mut walked = None;
+    while let Some((key, class, w)) = e.waiting.next_head(walked) {
+        walked = Some(key);
+        // When its address space got this slot: now, unless it takes the slot from a busy
+        // queue of its own address space (gang rotation), whose start it keeps.
+        let mut process_start = now;
         if e.hqd.len() >= e.hw_slots {
             // Pick a holder to evict: idle first, then lower priority (lowest first), then an
             // equal-priority one past its quantum (longest-running first). Kernel queues keep
             // their slots.
-            let victim = e
-                .hqd
-                .iter()
-                .copied()
-                .filter(|id| !placed.contains(id))
-                .filter_map(|id| {
-                    let (_, pending, privileged, prio, vm, start) = get(queues, id)?;
-                    if privileged && !w_priv {
-                        return None;
-                    }
-                    // A kernel queue takes its slot from any user queue.
-                    if w_priv && !privileged {
-                        return Some((0, prio, start, id));
-                    }
-                    let quantum = if vm == w_vm { quanta.gang } else { quanta.process };
-                    let rank = if !pending {
-                        0
-                    } else if prio < w_prio {
-                        1
-                    } else if prio == w_prio && now.since(start) >= quantum {
-                        2
-                    } else {
-                        return None;
-                    };
-                    Some((rank, prio, start, id))
-                })
-                .min_by_key(|&(rank, prio, start, _)| (rank, prio, start));
-            let Some((_, _, _, v)) = victim else {
-                unplaced.push(class);
+            let candidates = || holders.iter().filter(|h| !placed.contains(&h.id));
+            let rank = |h: &Holder, same_space| h.eviction_rank(class, same_space, now, quanta, blocked_yields);
+            let victim =
+                candidates().filter_map(|h| rank(h, h.vm == class.vmid).map(|r| (r, h.id))).min_by_key(|&(r, _)| r);
+            let Some((_, v)) = victim else {
+                // Whether a holder gives way depends on the waiter's address space only
+                // through "its own or another": if neither would take any holder's slot, no
+                // class of this (privilege, priority) will.
+                if candidates().all(|h| rank(h, true).is_none() && rank(h, false).is_none()) {
+                    walked = Some(Waiting::last_of_group(class));
+                }
                 continue;
             };
             // A busy victim leaves its slot only at a point its engine's granularity allows:
@@ -394,16 +530,22 @@ pub(super) fn schedule<Q: Schedulable>(
                     );
                 }
                 placed.push(v);
-                unplaced.push(class);
                 continue;
             }
             e.hqd.retain(|&id| id != v);
+            holders.retain(|h| h.id != v);
             if let Ok(q) = queues.get_mut(v.0) {
-                let pending = q.seat().pending;
+                let (pending, vm, start) = (q.seat().pending, q.seat().class.vmid, q.seat().process_start);
+                if pending && vm == class.vmid {
+                    process_start = start;
+                }
                 q.set_state(if pending { QueueState::Preempted } else { QueueState::Unmapped });
                 if pending {
                     // Stopped where it stands (an allowed point): request, save and answer at once.
                     let point = q.saved_at_eviction();
+                    // A dispatch it kept live in the slot goes to the save area at the end of
+                    // the step, after the turn the slot was taken for.
+                    e.unspilled.push(v);
                     use super::preempt::{FwEvent, Requester};
                     log.push(now, FwEvent::PreemptRequested { queue: v, ticket: 0, by: Requester::Scheduler });
                     log.push(now, FwEvent::StateSaved { queue: v, point });
@@ -417,18 +559,19 @@ pub(super) fn schedule<Q: Schedulable>(
         placed.push(w);
         let q = queues.get_mut(w.0).expect("a waiting queue exists");
         q.set_state(QueueState::Mapped);
-        q.set_slice_start(now);
+        q.set_slice_start(now, process_start);
         sync_waiting(e, q, w);
+        holders.push(Holder::of(w, &q.seat()));
     }
     for v in evicted {
         if let Ok(q) = queues.get_mut(v.0) {
-            sync_waiting(e, q, v);
+            unseat(e, q, v);
         }
     }
     // Look again when the first holder's quantum runs out against a class still waiting (it
     // lies ahead: a holder past its quantum would have been evicted above). The classes still
-    // waiting are the unplaced ones and those of the queues evicted in this pass: without the
-    // latter, two busy queues over one slot would swap once and then never again.
+    // waiting are the ones the walk left behind and those of the queues evicted in this pass:
+    // without the latter, two busy queues over one slot would swap once and then never again.
     let waiting = &e.waiting.by_class;
     // For a holder, the classes that contend are those of its priority (a privileged holder
     // only against privileged waiters); a waiter of its own address space ends its gang
@@ -446,14 +589,24 @@ pub(super) fn schedule<Q: Schedulable>(
         }
         (gang, process)
     };
-    let quantum_end = e
-        .hqd
+    // Holders mostly share their priority and address space: ask once per kind of holder
+    // ((priority, privileged, address space) -> (gang, process)).
+    type Kind = (Priority, bool, Vmid);
+    let mut asked: Vec<(Kind, (bool, bool))> = Vec::new();
+    let quantum_end = holders
         .iter()
-        .filter_map(|&id| get(queues, id))
-        .filter(|&(_, pending, ..)| pending)
-        .flat_map(|(_, _, privileged, prio, vm, start)| {
-            let (gang, process) = contenders(prio, privileged, vm);
-            [gang.then(|| start.plus(quanta.gang)), process.then(|| start.plus(quanta.process))]
+        .filter(|h| h.pending)
+        .flat_map(|h| {
+            let kind = (h.prio, h.privileged, h.vm);
+            let (gang, process) = match asked.iter().find(|(k, _)| *k == kind) {
+                Some(&(_, answer)) => answer,
+                None => {
+                    let answer = contenders(h.prio, h.privileged, h.vm);
+                    asked.push((kind, answer));
+                    answer
+                }
+            };
+            [gang.then(|| h.slice_start.plus(quanta.gang)), process.then(|| h.process_start.plus(quanta.process))]
         })
         .flatten()
         .min();
@@ -485,8 +638,12 @@ mod tests {
         fn set_pending(&mut self) {
             self.0.pending = true;
         }
-        fn set_slice_start(&mut self, now: Time) {
+        fn set_slice_start(&mut self, now: Time, process_start: Time) {
             self.0.slice_start = now;
+            self.0.process_start = process_start;
+        }
+        fn set_asleep(&mut self, asleep: bool) {
+            self.0.asleep = asleep;
         }
         fn set_waiting(&mut self, waiting: bool) {
             self.0.waiting = waiting;
@@ -548,6 +705,9 @@ mod tests {
                 state: QueueState::Unmapped,
                 pending: false,
                 slice_start: Time::ZERO,
+                process_start: Time::ZERO,
+                blocked: false,
+                asleep: false,
                 on_run_list: false,
                 waiting: false,
             }));
@@ -572,6 +732,23 @@ mod tests {
             assert_eq!(q.0.state, QueueState::Mapped, "only a holder runs");
             q.0.pending = false;
             self.e.resched = true;
+        }
+
+        /// A holder's turn ends in a `WAIT` that does not pass, as execution reports it.
+        fn block(&mut self, id: FwQueueId) {
+            let q = self.queues.get_mut(id.0).unwrap();
+            assert_eq!(q.0.state, QueueState::Mapped, "only a holder runs");
+            q.0.blocked = true;
+            self.e.resched = true;
+        }
+
+        /// The `WAIT` a sleeping queue is blocked on passes, as the step's check finds it.
+        fn wake(&mut self, id: FwQueueId) {
+            assert!(self.e.asleep.contains(&id), "{id} is not asleep");
+            self.e.asleep.retain(|&a| a != id);
+            let q = self.queues.get_mut(id.0).unwrap();
+            q.0.blocked = false;
+            wake(&mut self.e, q, id);
         }
 
         /// One pass at `now`; the pending holders then run (their turn moves to now).
@@ -655,6 +832,23 @@ mod tests {
         assert_eq!(b.pass_at(3 * MS), vec![bq]);
     }
 
+    /// The pass jumps past a (privilege, priority) group only when no class of it could take
+    /// a slot: here the first waiter in line (another process) cannot evict the holder before
+    /// the process quantum, but one of the holder's own process can at the gang quantum.
+    #[test]
+    fn a_waiter_behind_one_that_cannot_evict_still_takes_its_gang_turn() {
+        let mut b = Bench::new(1);
+        let holder = b.add(Kind::User(Priority::Normal, 1));
+        let other = b.add(Kind::User(Priority::Normal, 2));
+        let sibling = b.add(Kind::User(Priority::Normal, 1));
+        for q in [holder, other, sibling] {
+            b.ring(q);
+        }
+        assert_eq!(b.pass(), vec![holder]);
+        assert_eq!(b.pass_at(MS), vec![sibling], "the gang quantum ran out against its sibling");
+        assert_eq!(b.state(other), QueueState::Unmapped, "another process waits for the process quantum");
+    }
+
     #[test]
     fn kernel_queues_are_served_first_and_keep_their_slots() {
         let mut b = Bench::new(1);
@@ -703,6 +897,56 @@ mod tests {
         sync_waiting(&mut b.e, q, suspended);
         b.e.resched = true;
         assert_eq!(b.pass(), vec![suspended]);
+    }
+
+    /// Spec 003: a `WAIT` that does not pass is preemptible. A holder blocked in one yields
+    /// its slot to any waiting queue, even one of lower priority, and sleeps off its slot (not
+    /// waiting, so it takes nobody's slot) until its condition holds; then its priority counts
+    /// again. (Before, a blocked holder kept its slot as a busy one: consumers waiting on
+    /// producers could hold every slot while the producers never got one.)
+    #[test]
+    fn a_holder_blocked_in_a_wait_yields_its_slot_and_sleeps_until_the_wait_passes() {
+        let mut b = Bench::new(1);
+        let high = b.add(Kind::User(Priority::High, 1));
+        let low = b.add(Kind::User(Priority::Low, 2));
+        b.ring(high);
+        assert_eq!(b.pass(), vec![high]);
+        b.block(high);
+        b.ring(low);
+        assert_eq!(b.pass(), vec![low], "the blocked holder gave its slot to a lower band");
+        assert_eq!(b.state(high), QueueState::Preempted, "stopped at its WAIT with work left");
+        assert!(b.e.waiting.is_empty(), "asleep, not waiting for a slot");
+        assert_eq!(b.e.asleep, vec![high]);
+        assert_eq!(b.pass_at(100 * MS), vec![low], "asleep, it takes nobody's slot");
+        b.wake(high);
+        assert_eq!(b.pass_at(101 * MS), vec![high], "once its WAIT passes its priority counts again");
+        assert_eq!(b.state(low), QueueState::Preempted);
+    }
+
+    /// MES process and gang quanta: queues of one process rotate among themselves by the gang
+    /// quantum, but the process quantum another process is compared with runs from when the
+    /// process got the slot. Here process A has three busy queues over two slots and process B
+    /// one: A's rotation used to restart its holders' slices every millisecond, so B, whose
+    /// turn needs a holder 10 ms into its slice, never got a slot.
+    #[test]
+    fn gang_rotation_does_not_restart_another_process_s_quantum() {
+        let mut b = Bench::new(2);
+        let a: Vec<_> = (0..3).map(|_| b.add(Kind::User(Priority::Normal, 1))).collect();
+        let other = b.add(Kind::User(Priority::Normal, 2));
+        for &q in a.iter().chain([&other]) {
+            b.ring(q);
+        }
+        let mut rotated = false;
+        let mut first = None;
+        for k in 0..=30 {
+            let holders = b.pass_at(k * MS);
+            rotated |= holders.contains(&a[2]);
+            if holders.contains(&other) {
+                first.get_or_insert(k);
+            }
+        }
+        assert!(rotated, "A's third queue got a slot by the gang quantum");
+        assert_eq!(first, Some(10), "B got a slot at A's process quantum");
     }
 
     /// BRIEF §5 says "the normal band yields 10 % to lower bands". This scheduler does not

@@ -13,8 +13,10 @@
 //!   contexts resumed.
 //! - "Hardware context suspension": suspend and resume on request; doorbells stay connected.
 //! - "Normal and abnormal process termination": normal disconnects every doorbell and
-//!   reports what to wait for; abnormal marks the device in error, suspends every context,
-//!   then disconnects; both end in [`Os::finish_termination`].
+//!   reports what to wait for; abnormal marks the device in error, suspends every context (the
+//!   KMD preempts each queue: a request and its answer), then disconnects, and the driver
+//!   waits for the answers still owed ([`Os::begin_preemption_wait`]; TDR recovers a queue
+//!   that never answers); both end in [`Os::finish_termination`].
 //!
 //! Invariant: `d3` is true exactly between a completed D3 entry and the next power-up, and
 //! `power_suspended` holds the contexts the D3 entry suspended (and only those).
@@ -54,7 +56,8 @@ impl Os {
             for c in self.proc(pid)?.contexts.handles() {
                 if !self.proc(pid)?.contexts.get(c)?.suspended {
                     let queues = self.context_queues(pid, c)?;
-                    // (Idle, so nothing is owed: every queue stops where it stands.)
+                    // (Idle, so every queue answers at once, before its doorbell is
+                    // disconnected and its rings evicted: nothing is owed.)
                     let owed = self.ddi.suspend_context(c, &queues, now)?;
                     self.await_suspend(owed, now);
                     self.power_suspended.push((pid, c));

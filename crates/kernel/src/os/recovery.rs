@@ -42,7 +42,7 @@ use abi::port::KernelError;
 use abi::queue::{FaultKind, FaultRecord};
 use abi::{DeviceHandle, DoorbellStatus, EngineId, HwQueueHandle, ProcessId, Time};
 
-use super::{Os, QueueLife, invalid};
+use super::{Os, QueueLife, WaitStart, invalid};
 use crate::ddi::{DdiKind, Kmd};
 use crate::trace::Event;
 
@@ -87,15 +87,20 @@ impl Default for TdrConfig {
     }
 }
 
-/// The longest a TDR setting may be: past this, timeouts stop meaning anything.
-const MAX_TDR: Duration = Duration::from_secs(3600);
-
 impl TdrConfig {
+    /// The longest a TDR setting may be (one hour): past this, timeouts stop meaning
+    /// anything. Configuration front ends (the daemon's file, the simulator's scenarios) refuse
+    /// longer values under their own key names.
+    pub const MAX: Duration = Duration::from_secs(3600);
+
+    /// The most recoveries [`TdrConfig::limit_count`] may allow.
+    pub const MAX_LIMIT_COUNT: u32 = 1000;
+
     /// Refuses zero or absurd settings, naming the field and the value.
     pub fn validate(&self) -> Result<(), KernelError> {
         use abi::port::Invalid::OutOfRange;
         let range = |field: &'static str, d: Duration| {
-            if d.is_zero() || d > MAX_TDR {
+            if d.is_zero() || d > Self::MAX {
                 Err(invalid(field, format!("{d:?}"), OutOfRange { expected: "between 1 ns and 1 hour" }))
             } else {
                 Ok(())
@@ -110,7 +115,7 @@ impl TdrConfig {
         if let Some(d) = self.hang_copy {
             range("tdr.hang_copy", d)?;
         }
-        if self.limit_count == 0 || self.limit_count > 1000 {
+        if self.limit_count == 0 || self.limit_count > Self::MAX_LIMIT_COUNT {
             return Err(invalid("tdr.limit_count", self.limit_count, OutOfRange { expected: "between 1 and 1000" }));
         }
         Ok(())
@@ -168,6 +173,9 @@ pub(crate) struct Recovery {
     pub(crate) adapter_resets: u64,
     /// When the hang timer next scans the queues (`None`: no queue to watch, or off).
     hang_scan_at: Option<Time>,
+    /// Teardowns waiting for every answer their process's queues owe
+    /// ([`Os::begin_preemption_wait`]).
+    settling: Vec<(ProcessId, super::WaitId)>,
 }
 
 impl Recovery {
@@ -233,17 +241,22 @@ impl Os {
             Err(e) => {
                 // A request the KMD could not even make: the engine cannot be trusted to answer.
                 self.recover(engine, q, now);
+                self.settle_preemption_waits();
                 Err(e.into())
             }
         }
     }
 
-    /// Keeps the preemption answers a context suspend is owed (`owed`, from
-    /// [`Kmd::suspend_context`]), so that one that never comes starts recovery.
-    pub(super) fn await_suspend(&mut self, owed: Vec<(HwQueueHandle, u64)>, now: Time) {
-        for (queue, ticket) in owed {
-            let Ok(engine) = self.queue(queue.owner(), queue).map(|q| q.engine) else { continue };
-            self.recovery.pending.insert(ticket, Pending { queue, engine, at: now, cause: Cause::Suspend });
+    /// Takes the preemptions a context suspend made ([`Kmd::suspend_context`]) as requests:
+    /// one answered at once is an answer now (traced, as any other); one owed is kept, so
+    /// that an answer that never comes starts recovery.
+    pub(super) fn await_suspend(&mut self, suspended: Vec<crate::ddi::Suspended>, now: Time) {
+        for s in suspended {
+            let Ok(engine) = self.queue(s.queue.owner(), s.queue).map(|q| q.engine) else { continue };
+            self.recovery.pending.insert(s.ticket, Pending { queue: s.queue, engine, at: now, cause: Cause::Suspend });
+            if s.answered {
+                self.handle_preempted(s.queue, s.ticket, now, now, now);
+            }
         }
     }
 
@@ -251,6 +264,56 @@ impl Os {
     /// requests) or are gone.
     pub(super) fn forget_preemptions(&mut self, queues: &[HwQueueHandle]) {
         self.recovery.pending.retain(|_, p| !queues.contains(&p.queue));
+        self.settle_preemption_waits();
+    }
+
+    /// Starts a wait for every preemption answer process `pid`'s queues still owe: a
+    /// teardown's (spec 000, abnormal termination: "KMD preempts the context and removes it
+    /// from its HW run list", and only then are its queues and rings destroyed, so that the
+    /// hardware no longer references them). Decided when the last answer comes, or when
+    /// recovery takes a queue that would not answer (after `TdrDelay`); done at once if
+    /// nothing is owed. The driver blocks on it for at most [`Os::preemption_wait_bound`].
+    pub fn begin_preemption_wait(&mut self, pid: ProcessId, now: Time) -> WaitStart {
+        self.at(now);
+        if !self.owes_preemptions(pid) {
+            return WaitStart::Done(Ok(abi::port::WaitOutcome::Reached(0)));
+        }
+        let id = self.waits.open();
+        self.recovery.settling.push((pid, id));
+        WaitStart::Blocked(id)
+    }
+
+    /// Ends a [`Os::begin_preemption_wait`]: whether every answer came (or recovery took the
+    /// queues that owed one).
+    pub fn end_preemption_wait(&mut self, id: super::WaitId, now: Time) -> bool {
+        self.at(now);
+        self.recovery.settling.retain(|&(_, w)| w != id);
+        matches!(self.waits.results.remove(&id).flatten(), Some(Ok(_)))
+    }
+
+    /// The longest a [`Os::begin_preemption_wait`] can last: an unanswered request is
+    /// recovered after `TdrDelay`, by resets that may each take `TdrDdiDelay`.
+    pub fn preemption_wait_bound(&self) -> Duration {
+        let cfg = &self.recovery.cfg;
+        cfg.delay * 2 + cfg.ddi_delay * 2
+    }
+
+    /// Whether some preemption request of `pid`'s queues is still owed an answer.
+    fn owes_preemptions(&self, pid: ProcessId) -> bool {
+        self.recovery.pending.values().any(|p| p.queue.owner() == pid)
+    }
+
+    /// Decides the teardown waits whose process owes no answer any more.
+    fn settle_preemption_waits(&mut self) {
+        if self.recovery.settling.is_empty() {
+            return;
+        }
+        let settled: Vec<super::WaitId> =
+            self.recovery.settling.iter().filter(|&&(pid, _)| !self.owes_preemptions(pid)).map(|&(_, w)| w).collect();
+        self.recovery.settling.retain(|(_, w)| !settled.contains(w));
+        for w in settled {
+            self.complete_wait(w, Ok(0));
+        }
     }
 
     /// Asks queue `q` to preempt for a memory migration.
@@ -306,6 +369,7 @@ impl Os {
             // Answered after its queue was recovered, resumed or destroyed: nothing waits.
             return;
         };
+        self.settle_preemption_waits();
         // The answer first, then what it lets happen.
         self.recovery.answered += 1;
         let latency_ns = answered.since(requested).as_nanos() as u64;
@@ -367,8 +431,9 @@ impl Os {
                 Cause::Request | Cause::Migration | Cause::Suspend => {}
             }
         }
-        // Migrations whose queues were recovered or went away proceed.
+        // Migrations and teardowns whose queues were recovered or went away proceed.
         self.advance_migrations(now);
+        self.settle_preemption_waits();
         if self.recovery.hang_scan_at.is_some_and(|t| now >= t) {
             self.hang_scan(now);
         }

@@ -74,11 +74,48 @@ pub(crate) enum Driver {
 pub(crate) struct SimWorld {
     pub(crate) clock: Arc<SimClock>,
     pub(crate) members: Mutex<Vec<std::sync::Weak<Inner>>>,
+    /// Bumped after everything that may change what the world does next: an OS entry, a
+    /// step, a tool's access to a device ([`SimWorld::changed`]).
+    changes: AtomicU64,
+    /// `(changes, until)`: as of that count of changes, every adapter waits for its busy
+    /// engines ([`Inner::waits_for_busy_engines`]) until `until`, its next event. While the
+    /// count stands, a step before then would do nothing, and the next event is `until`.
+    quiet: Mutex<(u64, Time)>,
 }
 
 impl SimWorld {
-    fn members(&self) -> Vec<Arc<Inner>> {
-        self.members.lock().iter().filter_map(std::sync::Weak::upgrade).collect()
+    /// Something may have changed what the world does next: the quiet period it knew of no
+    /// longer holds.
+    pub(crate) fn changed(&self) {
+        // Release: pairs with the acquire load in `quiet_until`, so a quiet period recorded
+        // before this change is seen as stale by whoever sees the change.
+        self.changes.fetch_add(1, Ordering::Release);
+    }
+
+    /// The end of the quiet period the world is known to be in at `now` (nothing changed since
+    /// it was recorded, and it lasts past `now`), if any.
+    pub(crate) fn quiet_until(&self, now: Time) -> Option<Time> {
+        let (at, until) = *self.quiet.lock();
+        // Acquire: pairs with `changed`.
+        (at == self.changes.load(Ordering::Acquire) && now < until).then_some(until)
+    }
+
+    /// Runs `f` on every live adapter of the world, in the order they joined, with the
+    /// members' lock released (a step may enter another adapter). One adapter (a
+    /// [`super::System`]) is the common case: no list is built for it.
+    fn each(&self, mut f: impl FnMut(&Arc<Inner>)) {
+        let members = self.members.lock();
+        if let [one] = members.as_slice() {
+            let one = one.upgrade();
+            drop(members);
+            if let Some(m) = one {
+                f(&m);
+            }
+            return;
+        }
+        let all: Vec<Arc<Inner>> = members.iter().filter_map(std::sync::Weak::upgrade).collect();
+        drop(members);
+        all.iter().for_each(f);
     }
 
     /// One step of every adapter (each one's device pump, then its kernel scheduler).
@@ -92,12 +129,14 @@ impl SimWorld {
     /// work (it rings kernel doorbells, which the next step must look at).
     fn step_with(&self, poll: bool) -> (bool, bool) {
         let (mut any, mut km) = (false, false);
-        for m in self.members() {
+        let _changed = Changed(self);
+        self.each(|m| {
             let p = m.pump_with(poll);
-            let moved = m.run_scheduler().moved;
+            // Relaxed: see `Inner::km_work`. Without kernel-mode submissions a pass moves nothing.
+            let moved = m.km_work.load(Ordering::Relaxed) && m.run_scheduler().moved;
             km |= moved;
             any |= p.work || moved;
-        }
+        });
         (any, km)
     }
 
@@ -115,9 +154,17 @@ impl SimWorld {
 
     /// [`SimWorld::settle_now`]; `poll`: whether the first step looks at every doorbell (a
     /// caller that just polled the ones its clients rang passes `false`).
+    ///
+    /// A step without the doorbell scan in a world in which every adapter waits for its busy
+    /// engines ([`Inner::waits_for_busy_engines`]) would do nothing, so it is not taken: that
+    /// is most instants of a loaded simulation (a client's submission while the engines run
+    /// earlier work), and the step after one that started work.
     pub(crate) fn settle_now_from(&self, poll: bool) -> usize {
         let mut poll = poll;
         for n in 0..SETTLE_STEPS {
+            if !poll && self.waits_for_busy_engines() {
+                return n;
+            }
             let (any, km) = self.step_with(poll);
             if !any {
                 return n;
@@ -125,6 +172,24 @@ impl SimWorld {
             poll = km;
         }
         SETTLE_STEPS
+    }
+
+    /// Whether every adapter waits for its busy engines now ([`Inner::waits_for_busy_engines`]).
+    /// A yes is remembered with the next event, until something changes.
+    fn waits_for_busy_engines(&self) -> bool {
+        let now = self.clock.now();
+        if self.quiet_until(now).is_some() {
+            return true;
+        }
+        // Acquire: pairs with `changed`; read before looking, so a change made meanwhile
+        // makes what is recorded stale.
+        let at = self.changes.load(Ordering::Acquire);
+        let mut waiting = true;
+        self.each(|m| waiting &= m.waits_for_busy_engines(now));
+        if waiting && let Some(until) = self.find_next_timer() {
+            *self.quiet.lock() = (at, until);
+        }
+        waiting
     }
 
     /// Runs until no engine has work left: steps, and while an engine is busy with modelled
@@ -146,6 +211,9 @@ impl SimWorld {
     /// `target`: engines execute, timers fire and time moves from one to the next, whatever
     /// runs (an endless kernel included). The bounded "run for this long" of tests.
     pub(crate) fn run_until(&self, target: Time) {
+        // Control returns to the caller at `target`, where it may ring: turns that could be
+        // cut by a ring end there ([`gpu::Gpu::set_horizon`]).
+        self.set_horizon(Some(target));
         loop {
             self.settle_now();
             match self.next_timer() {
@@ -157,6 +225,11 @@ impl SimWorld {
         self.settle_now();
     }
 
+    /// Tells every adapter's device when a client may next ring ([`gpu::Gpu::set_horizon`]).
+    pub(crate) fn set_horizon(&self, at: Option<Time>) {
+        self.each(|m| m.gpu.lock().set_horizon(at));
+    }
+
     /// Moves the clock to `t`, and always forward: a timer that is due but was not handled
     /// (nothing entered its state machine) must not stall the loop.
     fn jump_to(&self, t: Time) {
@@ -166,12 +239,41 @@ impl SimWorld {
     /// The earliest timer of any adapter (the device's, the OS's), an engine's busy period
     /// ending included.
     pub(crate) fn next_timer(&self) -> Option<Time> {
-        self.members().iter().flat_map(|m| [m.gpu.lock().poll_timeout(), m.os.lock().poll_timeout()]).flatten().min()
+        self.quiet_until(self.clock.now()).or_else(|| self.find_next_timer())
+    }
+
+    /// [`SimWorld::next_timer`], asked of every adapter.
+    fn find_next_timer(&self) -> Option<Time> {
+        let mut next: Option<Time> = None;
+        self.each(|m| {
+            // The OS's timer as of its last entry: only an entry changes it.
+            // Relaxed: see `Inner::os_deadline`.
+            let os = Some(m.os_deadline.load(Ordering::Relaxed)).filter(|&t| t != u64::MAX).map(Time);
+            for t in [m.gpu.lock().poll_timeout(), os, m.line.next_delivery()].into_iter().flatten() {
+                next = Some(next.map_or(t, |n| n.min(t)));
+            }
+        });
+        next
     }
 
     /// The earliest end of an engine's modelled busy period on any adapter.
     fn next_busy(&self) -> Option<Time> {
-        self.members().iter().filter_map(|m| m.gpu.lock().busy_until()).min()
+        let mut next: Option<Time> = None;
+        self.each(|m| {
+            if let Some(t) = m.gpu.lock().busy_until() {
+                next = Some(next.map_or(t, |n| n.min(t)));
+            }
+        });
+        next
+    }
+}
+
+/// Marks the world changed when dropped (at the end of a step, however it ends).
+struct Changed<'a>(&'a SimWorld);
+
+impl Drop for Changed<'_> {
+    fn drop(&mut self) {
+        self.0.changed();
     }
 }
 
@@ -220,9 +322,13 @@ pub(crate) struct Inner {
     /// The machine's cross-adapter layer, for the OS's `Propagate` outputs.
     pub(crate) cross: Mutex<Option<(Arc<crate::cross::CrossAdapter>, crate::cross::AdapterId)>>,
     /// The OS's next timer ([`Os::poll_timeout`], ns; `u64::MAX`: none), refreshed after every
-    /// OS entry, so that a pump beside a busy engine enters the OS when a timer (the TDR timer)
-    /// is due without taking the OS lock to find out.
+    /// OS entry (nothing else changes it), so that a pump beside a busy engine enters the OS
+    /// when a timer (the TDR timer) is due, and the deterministic driver finds the next
+    /// event, without taking the OS lock to find out.
     os_deadline: AtomicU64,
+    /// Whether kernel-mode submissions wait on software queues ([`Os::has_km_work`]), refreshed
+    /// with `os_deadline`: without them a kernel-mode scheduler pass moves nothing.
+    km_work: AtomicBool,
     /// The device's attention register: while the kernel waits for the device lock, the pump
     /// stays off it.
     attention: gpu::Attention,
@@ -250,6 +356,8 @@ impl Inner {
         driver: Driver,
     ) -> Inner {
         let attention = gpu.lock().attention();
+        let os_deadline = AtomicU64::new(os.poll_timeout().map_or(u64::MAX, |t| t.0));
+        let km_work = AtomicBool::new(os.has_km_work());
         Inner {
             os: Mutex::new(os),
             trace,
@@ -262,7 +370,8 @@ impl Inner {
             km_cv: Condvar::new(),
             was_asleep: AtomicBool::new(false),
             cross: Mutex::new(None),
-            os_deadline: AtomicU64::new(u64::MAX),
+            os_deadline,
+            km_work,
             attention,
             fw_calls: Arc::new(AtomicU64::new(0)),
         }
@@ -279,10 +388,15 @@ impl Inner {
             while let Some(o) = os.poll_output() {
                 outputs.push(o);
             }
-            // Relaxed: a hint for the pump; the timer itself is handled under the OS lock.
+            // Relaxed: hints for the pump and the deterministic driver; the timer and the
+            // software queues themselves are handled under the OS lock.
             self.os_deadline.store(os.poll_timeout().map_or(u64::MAX, |t| t.0), Ordering::Relaxed);
+            self.km_work.store(os.has_km_work(), Ordering::Relaxed);
             r
         };
+        if let Driver::Sim { world } = &self.driver {
+            world.changed();
+        }
         self.act(outputs);
         r
     }
@@ -357,7 +471,7 @@ impl Inner {
             if g.poll_timeout().is_some_and(|t| now >= t) {
                 g.handle_timeout(now);
             }
-            let raised = self.line.raise_from(&mut g);
+            let raised = self.line.raise_from(&mut g, now);
             (report, g.all_asleep(), raised)
         };
         // The OS hears of an idle-state change, and while the device sleeps its D3 timer
@@ -366,18 +480,37 @@ impl Inner {
         let changed = self.was_asleep.swap(asleep, Ordering::Relaxed) != asleep;
         // Relaxed: see `os_deadline`.
         let os_due = self.clock.now().0 >= self.os_deadline.load(Ordering::Relaxed);
-        // (The OS drains the whole line each time it is entered, so nothing waits on it
-        // unless this pump raised it.)
-        if raised > 0 || changed || asleep || os_due {
-            self.call(|os, now| {
-                os.handle_interrupts(now);
+        // (The OS drains what is delivered each time it is entered, so on a line that delivers
+        // at once nothing waits on it unless this pump raised it; a modelled line is asked.)
+        let delivered = raised > 0 || (self.line.models_delivery() && self.line.due(self.clock.now()));
+        let mut serviced = 0;
+        if delivered || changed || asleep || os_due {
+            serviced = self.call(|os, now| {
+                let n = os.handle_interrupts(now);
                 os.handle_device_idle(asleep, now);
                 os.handle_timeout(now);
+                n
             });
         }
-        // Progress only: a queue blocked in a WAIT re-checks every pump but moves nothing.
-        let work = report.packets > 0 || report.instructions > 0 || report.bytes > 0 || raised > 0;
+        // Progress only: a queue blocked in a WAIT re-checks every pump but moves nothing. An
+        // interrupt raised, or serviced (a modelled line delivers it later), is progress.
+        let work = report.packets > 0 || report.instructions > 0 || report.bytes > 0 || raised > 0 || serviced > 0;
         Pump { work, asleep }
+    }
+
+    /// Deterministic driver: whether a step of this adapter at `now` would do nothing — the
+    /// device waits for its busy engines ([`Gpu::waits_for_busy_engines`]), no OS timer is due,
+    /// the OS was not told the device sleeps, and no kernel-mode submission waits for the
+    /// scheduler — exactly the conditions under which [`Inner::pump_with`] without a doorbell
+    /// scan and [`Inner::run_scheduler`] change nothing.
+    fn waits_for_busy_engines(&self, now: Time) -> bool {
+        // Relaxed: the deterministic driver's own hints (see the fields).
+        !self.attention.is_raised()
+            && !self.line.due(now)
+            && !self.was_asleep.load(Ordering::Relaxed)
+            && now.0 < self.os_deadline.load(Ordering::Relaxed)
+            && !self.km_work.load(Ordering::Relaxed)
+            && self.gpu.try_lock().is_some_and(|g| g.waits_for_busy_engines(now))
     }
 
     /// One pass of the kernel-mode scheduler.
@@ -441,6 +574,13 @@ impl Inner {
                     }
                     // Nothing moves at this instant: jump to the next event (an engine's
                     // modelled work ending, a timer) or the deadline.
+                    eprintln!(
+                        "DBG block now {:?} next {:?} find {:?} line {:?}",
+                        clock.now(),
+                        world.next_timer(),
+                        world.find_next_timer(),
+                        self.line.next_delivery()
+                    );
                     world.jump_to(world.next_timer().map_or(deadline, |t| t.min(deadline)));
                 }
             }

@@ -85,6 +85,10 @@ pub struct SystemConfig {
     /// The KMD reports `MapToGpuSystemProcess`: every fence is also mapped into the GPU system
     /// process, and its VAs there are passed to `DxgkDdiCreateNativeFence`.
     pub map_fences_to_system_process: bool,
+    /// Deterministic driver only: how long an interrupt takes from the device raising it (at
+    /// its modelled time) to the kernel's interrupt service routine (the cost model's
+    /// interrupt delivery; 0 by default). The live driver's is whatever it takes.
+    pub interrupt_delivery: Duration,
     /// The doorbell size the KMD reports (`DXGK_USERMODESUBMISSION_CAPS`), for tests of the
     /// OS's checks; `None`: the device's own (8 bytes).
     pub kmd_doorbell_bytes: Option<u64>,
@@ -97,7 +101,9 @@ pub enum Termination {
     /// destroy. Waits that do not finish within 5 s of device time in all (the spec's DDI
     /// budget) turn the rest into an abnormal termination.
     Normal,
-    /// Mark the device in error, suspend every context, disconnect, destroy without waiting.
+    /// Mark the device in error, suspend every context (the KMD preempts its queues),
+    /// disconnect, wait for the preemption answers still owed (TDR recovers a queue that never
+    /// answers), then destroy.
     Abnormal,
 }
 
@@ -123,14 +129,28 @@ impl Inner {
                 self.call(|os, now| os.termination_wait_done(q, reached, now));
                 if !reached {
                     // Hung, lost, or out of time: end it abnormally.
-                    let _ = self.call_as(pid, |os, now| os.begin_abnormal_termination(pid, now));
+                    self.end_abnormally(pid);
                     break;
                 }
             }
         } else {
-            let _ = self.call_as(pid, |os, now| os.begin_abnormal_termination(pid, now));
+            self.end_abnormally(pid);
         }
         self.call(|os, now| os.finish_termination(pid, now));
+    }
+
+    /// Abnormal termination's first part: the device marked in error, every context
+    /// suspended (the KMD preempts its queues), every doorbell disconnected; then the wait for
+    /// the preemption answers still owed, so that nothing is destroyed while the hardware may
+    /// still run it. A queue that never answers is recovered by TDR meanwhile, which ends the
+    /// wait too.
+    fn end_abnormally(&self, pid: ProcessId) {
+        let _ = self.call_as(pid, |os, now| os.begin_abnormal_termination(pid, now));
+        let (start, bound) = self.call(|os, now| (os.begin_preemption_wait(pid, now), os.preemption_wait_bound()));
+        if let WaitStart::Blocked(w) = start {
+            self.block(w, Some(bound));
+            self.call(|os, now| os.end_preemption_wait(w, now));
+        }
     }
 }
 
@@ -162,7 +182,10 @@ impl System {
     ) -> Result<System, KernelError> {
         let gpu = Gpu::new(cfg.gpu).map_err(crate::virtual_kmd::refused("gpu", ""))?;
         let gpu = Arc::new(Mutex::new(gpu));
-        let line = InterruptLine::default();
+        let line = match driver {
+            Driver::Sim { .. } => InterruptLine::modelled(cfg.interrupt_delivery),
+            Driver::Live { .. } => InterruptLine::default(),
+        };
         let mut kmd = VirtualKmd::new(gpu.clone(), waker, line.clone());
         kmd.set_notify_on_submit(cfg.notify_on_submit);
         let device_clock = clock.clone();
@@ -504,7 +527,19 @@ impl System {
 
     /// Direct access to the device, for tests and tools that inspect it.
     pub fn with_gpu<T>(&self, f: impl FnOnce(&mut Gpu) -> T) -> T {
-        f(&mut self.inner.gpu.lock())
+        let r = f(&mut self.inner.gpu.lock());
+        if let Driver::Sim { world } = &self.inner.driver {
+            world.changed();
+        }
+        r
+    }
+
+    /// Moves the completions the device recorded since the last call into `out`
+    /// ([`Gpu::take_completions`]; [`Gpu::record_completions`] turns the recording on). Unlike
+    /// a [`System::with_gpu`] that could do it, it tells the deterministic driver that nothing
+    /// the device does next changed.
+    pub fn take_completions(&self, out: &mut Vec<gpu::Completion>) {
+        self.inner.gpu.lock().take_completions(out);
     }
 
     /// The device's own number for queue `q` of process `pid` (see
@@ -532,8 +567,22 @@ impl System {
     pub fn run_instant_after(&self, rang: &[u64]) -> usize {
         match &self.inner.driver {
             Driver::Sim { world } => {
-                let ids: Vec<gpu::FwQueueId> = rang.iter().map(|&b| gpu::FwQueueId::from_bits(b)).collect();
-                self.inner.gpu.lock().poll_doorbells_of(&ids);
+                // No client rang, in a quiet period: nothing to look at, nothing to step. (The
+                // shared doorbell pages are looked at with the next ring, or when the period
+                // ends: a ring latched anywhere in it waits for its end all the same.)
+                if rang.is_empty() && world.quiet_until(self.inner.clock.now()).is_some() {
+                    return 0;
+                }
+                // Latching a ring raises nothing and sets no timer: a world that waited for its
+                // busy engines still does (the rings wait for the busy period's end).
+                let mut g = self.inner.gpu.lock();
+                g.poll_doorbells_of(rang.iter().map(|&b| gpu::FwQueueId::from_bits(b)));
+                debug_assert!(
+                    world.quiet_until(self.inner.clock.now()).is_none()
+                        || g.waits_for_busy_engines(self.inner.clock.now()),
+                    "a latched ring ended a quiet period"
+                );
+                drop(g);
                 world.settle_now_from(false)
             }
             Driver::Live { .. } => 0,
@@ -546,6 +595,17 @@ impl System {
         match &self.inner.driver {
             Driver::Sim { world } => world.next_timer(),
             Driver::Live { .. } => None,
+        }
+    }
+
+    /// Sim: tells the device when a client will next act (ring a doorbell), for a driver that
+    /// steps event by event and knows its next event ([`gpu::Gpu::set_horizon`]): an engine's
+    /// turns that a ring could cut into end at their first check past it, as on the live
+    /// driver, instead of running as one piece past the ring. [`System::run_for`] sets its own
+    /// target. Live: does nothing.
+    pub fn set_step_horizon(&self, at: Option<Time>) {
+        if let Driver::Sim { world } = &self.inner.driver {
+            world.set_horizon(at);
         }
     }
 

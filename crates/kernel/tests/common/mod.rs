@@ -80,6 +80,21 @@ pub fn client(sys: &System) -> Client {
     client_on(port)
 }
 
+/// A new client whose high-priority user-mode queue writes 1 at the start of its buffer;
+/// returns once that ran.
+pub fn high_priority_write(sys: &System) -> Client {
+    let c = client(sys);
+    let mut q = c
+        .ctx
+        .create_queue(umd::QueueOptions { priority: abi::Priority::High, ..umd::QueueOptions::user_mode() })
+        .unwrap();
+    let mut cb = umd::CommandBuffer::new();
+    cb.write_u32(c.buf.va(), 1);
+    let v = q.submit(&cb).unwrap();
+    q.wait(v, T).unwrap();
+    c
+}
+
 /// A client on an existing port (a [`TapPort`], for instance).
 pub fn client_on(port: Arc<dyn KernelPort>) -> Client {
     let device = Device::open(port.clone()).expect("device");
