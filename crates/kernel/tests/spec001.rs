@@ -669,6 +669,41 @@ fn a_queue_takes_a_doorbell_page_of_its_own_device_only() {
     p.create(abi::QueueDescriptor { doorbell_page_va: mine.va, ..p.desc(first + 1) }).expect("its own device's page");
 }
 
+/// A device's destruction frees its allocations too, so a queue runs only from its own
+/// device's memory: a ring, rptr/wptr/last-queued word or context save area in an allocation
+/// of another device of the same process is refused naming the field and the VA, and that
+/// device's destruction then goes through whole (it used to fail on the queue's pin after it
+/// had destroyed its contexts).
+#[test]
+fn a_queue_runs_only_from_its_own_devices_memory() {
+    use abi::port::KernelPort;
+    let sys = common::sim();
+    let p = common::RawProc::open(&sys);
+    let other = p.port.create_device().unwrap();
+    let foreign = p.port.allocate(other, &abi::port::AllocationDesc::system(4096)).unwrap();
+    let first = p.port.adapter_info().engines[0].doorbell_first;
+    let base = p.desc(first);
+    let cases = [
+        ("ring_va", abi::QueueDescriptor { ring_va: foreign.va, ..base }),
+        ("rptr_va", abi::QueueDescriptor { rptr_va: foreign.va + abi::ring::RPTR_OFFSET, ..base }),
+        ("wptr_va", abi::QueueDescriptor { wptr_va: foreign.va + abi::ring::WPTR_OFFSET, ..base }),
+        ("last_queued_va", abi::QueueDescriptor { last_queued_va: foreign.va + abi::ring::LAST_QUEUED_OFFSET, ..base }),
+    ];
+    for (field, desc) in cases {
+        let e = p.create(desc).unwrap_err();
+        assert_eq!(common::refusal(&e), Some((field, &Invalid::OtherDevice)), "{field}: {e}");
+        assert!(e.to_string().contains("0x"), "names the value: {e}");
+    }
+    let csa_bytes = p.port.adapter_info().queue_metadata.context_save_bytes;
+    let csa = p.port.allocate(other, &abi::port::AllocationDesc::system(csa_bytes)).unwrap();
+    let e = p.create(abi::QueueDescriptor { context_save_va: csa.va, ..base }).unwrap_err();
+    assert_eq!(common::refusal(&e), Some(("context_save_va", &Invalid::OtherDevice)), "{e}");
+    // Nothing of the other device is pinned: it goes whole, and the process's own queue works.
+    p.port.destroy_device(other).expect("no queue of another device pins its memory");
+    assert!(matches!(p.port.destroy_device(other), Err(KernelError::BadHandle { .. })));
+    p.create(base).expect("its own device's memory");
+}
+
 /// A freed doorbell page's BAR page stays its process's until the process ends (a daemon
 /// client's mapping of it cannot be revoked): another process opened or allocating a page
 /// afterwards never gets it, and the process's own next page does.

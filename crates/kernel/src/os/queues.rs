@@ -213,6 +213,14 @@ impl Os {
                 if page != 0 && !p.doorbell_pages.iter().any(|(_, pg)| pg.va == page && pg.device == device) {
                     return Err(invalid("doorbell_page_va", format!("{page:#x}"), Invalid::NoDoorbellPage));
                 }
+                // Its memory, likewise: the device's own allocations, which outlive its queues
+                // (another device's destruction would free them under the queue, and fail on
+                // the queue's pin after it had destroyed that device's contexts).
+                for (field, va, bytes) in queue_memory(&d) {
+                    if p.allocations.iter().any(|(_, a)| a.device != device && a.holds(va, bytes)) {
+                        return Err(invalid(field, format!("{va:#x}"), Invalid::OtherDevice));
+                    }
+                }
                 // The doorbells in that page of the queues that exist (a hung one keeps its own).
                 let in_page = |p: &Process| {
                     p.queues
@@ -337,12 +345,10 @@ impl Os {
         // destroyed: the engine reads and writes them.
         let p = self.proc(pid)?;
         if let Some(desc) = p.queues.get(handle)?.user_desc().copied() {
-            let csa = if desc.context_save_va != 0 { (desc.context_save_va, 1) } else { (desc.ring_va, 1) };
-            let words =
-                [(desc.ring_va, desc.ring_bytes), (desc.rptr_va, 8), (desc.wptr_va, 8), (desc.last_queued_va, 8), csa];
+            let words = queue_memory(&desc);
             for h in p.allocations.handles() {
                 let a = p.allocations.get_mut(h)?;
-                if words.iter().any(|&(va, n)| a.holds(va, n)) {
+                if words.iter().any(|&(_, va, n)| a.holds(va, n)) {
                     a.pins.push(Pin::Queue(handle));
                 }
             }
@@ -524,4 +530,19 @@ impl Os {
             QueueMode::User { last_queued, .. } => last_queued.as_ref().map_or(0, |w| w.load(Ordering::Acquire)),
         }
     }
+}
+
+/// The memory a user-mode queue runs from, each with its descriptor field: the ring, rptr,
+/// wptr, last-queued word and the context save area (the ring's place again when the kernel
+/// provides the save area). The kernel pins every allocation that holds one of them.
+fn queue_memory(d: &QueueDescriptor) -> [(&'static str, u64, u64); 5] {
+    let csa =
+        if d.context_save_va != 0 { ("context_save_va", d.context_save_va, 1) } else { ("ring_va", d.ring_va, 1) };
+    [
+        ("ring_va", d.ring_va, d.ring_bytes),
+        ("rptr_va", d.rptr_va, 8),
+        ("wptr_va", d.wptr_va, 8),
+        ("last_queued_va", d.last_queued_va, 8),
+        csa,
+    ]
 }
