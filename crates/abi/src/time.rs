@@ -19,10 +19,12 @@ impl Time {
         self.0
     }
     /// `self + d`, saturating.
+    #[inline]
     pub fn plus(self, d: Duration) -> Time {
         Time(self.0.saturating_add(d.as_nanos().min(u64::MAX as u128) as u64))
     }
     /// `self - earlier`, saturating at zero.
+    #[inline]
     pub fn since(self, earlier: Time) -> Duration {
         Duration::from_nanos(self.0.saturating_sub(earlier.0))
     }

@@ -149,6 +149,10 @@ pub struct Outcome {
     pub run_seconds: f64,
 }
 
+/// Instants between two looks at the progress (a look costs a division, and the bar moves by
+/// hundredths).
+const PROGRESS_EVERY: u32 = 1024;
+
 /// The most queues trace.json shows, and the most spans it holds.
 const TRACE_QUEUES: usize = 32;
 const TRACE_SPANS: usize = 200_000;
@@ -201,14 +205,29 @@ enum Ev {
     Enter(usize),
 }
 
-/// The clients' events, in (time, order of scheduling) order: a heap keyed by one number.
-#[derive(Default)]
+/// The clients' events, in (time, order of scheduling) order, each keyed by one number: its
+/// time in the high half, its scheduling order in the low half.
+///
+/// Most events are scheduled in time order (a closed loop's next submission at each
+/// completion, and completions come in time order): those go to the back of a queue, and only
+/// the others to a heap. The earlier of the two fronts is the next event, so the order is the
+/// same as one heap's, at a fraction of its cost.
 struct Events {
+    /// Events scheduled no earlier than every event already in it, in key order.
+    in_order: VecDeque<(u128, Ev)>,
     heap: BinaryHeap<Reverse<Scheduled>>,
     seq: u64,
+    /// The key of the next event (`u128::MAX`: none), the earlier of the two fronts.
+    next: u128,
 }
 
-/// An event and its key: its time in the high half, its scheduling order in the low half.
+impl Default for Events {
+    fn default() -> Self {
+        Events { in_order: VecDeque::new(), heap: BinaryHeap::new(), seq: 0, next: u128::MAX }
+    }
+}
+
+/// An event in the heap and its key.
 struct Scheduled(u128, Ev);
 
 impl PartialEq for Scheduled {
@@ -231,20 +250,34 @@ impl Ord for Scheduled {
 impl Events {
     fn push(&mut self, t: u64, e: Ev) {
         self.seq += 1;
-        self.heap.push(Reverse(Scheduled((t as u128) << 64 | self.seq as u128, e)));
+        let key = (t as u128) << 64 | self.seq as u128;
+        if self.in_order.back().is_none_or(|&(last, _)| last <= key) {
+            self.in_order.push_back((key, e));
+        } else {
+            self.heap.push(Reverse(Scheduled(key, e)));
+        }
+        self.next = self.next.min(key);
     }
 
     /// The time of the next event.
     fn next_time(&self) -> Option<u64> {
-        self.heap.peek().map(|Reverse(s)| (s.0 >> 64) as u64)
+        (self.next != u128::MAX).then_some((self.next >> 64) as u64)
     }
 
     /// The next event, if it is due at `now`.
     fn pop_due(&mut self, now: u64) -> Option<(u64, Ev)> {
-        if self.next_time()? > now {
+        let key = self.next;
+        if key == u128::MAX || (key >> 64) as u64 > now {
             return None;
         }
-        self.heap.pop().map(|Reverse(Scheduled(k, e))| ((k >> 64) as u64, e))
+        let e = match self.in_order.front() {
+            Some(&(k, _)) if k == key => self.in_order.pop_front().map(|(_, e)| e),
+            _ => self.heap.pop().map(|Reverse(Scheduled(_, e))| e),
+        };
+        let a = self.in_order.front().map_or(u128::MAX, |&(k, _)| k);
+        let b = self.heap.peek().map_or(u128::MAX, |Reverse(s)| s.0);
+        self.next = a.min(b);
+        e.map(|e| ((key >> 64) as u64, e))
     }
 }
 
@@ -445,6 +478,8 @@ pub fn run(plan: &Plan, seed: u64, progress: &mut dyn FnMut(f64)) -> Result<Outc
     let mut comps = Vec::new();
     let mut cb = Encoded::default();
     let mut tally = Tally::default();
+    // Command buffers outstanding on queues that still exist (the drain ends when none are).
+    let mut in_flight = 0u64;
     let mut stopped = false;
     let mut stop_time = u64::MAX;
     let mut packets = 0u64;
@@ -465,30 +500,34 @@ pub fn run(plan: &Plan, seed: u64, progress: &mut dyn FnMut(f64)) -> Result<Outc
         v
     };
     let mut last_progress = 0.0f64;
+    // Instants until progress is worked out again.
+    let mut progress_in = 0u32;
+    // Whether the world ran at this instant after the clients' last events (see below).
+    let mut world_ran = false;
+    // When the series' next bucket opens.
+    let mut next_bucket = t0;
     loop {
         let now = sys.now().0;
         // Series: open buckets up to now.
-        while series.last().is_none_or(|s| s.t + bucket <= now) {
-            let t = series.last().map_or(t0, |s| s.t + bucket);
-            series.push(Sample { t, completions: 0, slots_held: slots_held(&sys) });
-            if plan.duration.is_none() && series.len() as u64 > 2 * samples_wanted {
-                // Merge pairs: the bucket doubles.
-                let old = std::mem::take(&mut series);
-                series.extend(old.chunks(2).map(|pair| pair[0].clone()));
-                counts = counts.chunks(2).map(|pair| pair.iter().sum()).collect();
-                bucket *= 2;
+        if now >= next_bucket {
+            while series.last().is_none_or(|s| s.t + bucket <= now) {
+                let t = series.last().map_or(t0, |s| s.t + bucket);
+                series.push(Sample { t, completions: 0, slots_held: slots_held(&sys) });
+                if plan.duration.is_none() && series.len() as u64 > 2 * samples_wanted {
+                    // Merge pairs: the bucket doubles.
+                    let old = std::mem::take(&mut series);
+                    series.extend(old.chunks(2).map(|pair| pair[0].clone()));
+                    counts = counts.chunks(2).map(|pair| pair.iter().sum()).collect();
+                    bucket *= 2;
+                }
             }
+            next_bucket = series.last().map_or(t0, |s| s.t + bucket);
         }
-        // Only the queues submitted to since the last instant can have rung.
-        while unheard.front().is_some_and(|&(t, _)| t <= now) {
-            rang_since.push(unheard.pop_front().expect("checked").1);
+        // The world at this instant (unless it just ran, after the clients' last events).
+        if !world_ran {
+            run_world(&sys, now, &heap, &mut unheard, &mut rang_since);
         }
-        // The next moment a client acts (a ring heard, a submission, an event): a turn that a
-        // ring could cut into ends there, as it would on the live driver.
-        let next_client = heap.next_time().into_iter().chain(unheard.front().map(|&(t, _)| t)).min();
-        sys.set_step_horizon(next_client.map(abi::Time));
-        sys.run_instant_after(&rang_since);
-        rang_since.clear();
+        world_ran = false;
         // Completions recorded by the device.
         sys.take_completions(&mut comps);
         for c in comps.drain(..) {
@@ -505,6 +544,9 @@ pub fn run(plan: &Plan, seed: u64, progress: &mut dyn FnMut(f64)) -> Result<Outc
                     break;
                 }
                 q.outstanding.pop_front();
+                if q.q.is_some() {
+                    in_flight -= 1;
+                }
                 let lat = at.saturating_sub(t);
                 q.res.completed += 1;
                 completions_total += 1;
@@ -595,17 +637,23 @@ pub fn run(plan: &Plan, seed: u64, progress: &mut dyn FnMut(f64)) -> Result<Outc
                     // Submit from the backlog while the ring has room and the client is free.
                     while qs[i].outstanding.len() < qs[i].cap && !stopped && qs[i].busy_until <= now {
                         let Some((intended, size)) = qs[i].backlog.pop_front() else { break };
-                        let reconnects = qs[i].q.as_ref().map_or(0, Queue::reconnects);
+                        // Its kernel calls take time (when they do): a reconnect before the
+                        // ring (which is heard after it), the notification after.
+                        let call = plan.kernel_call;
+                        let reconnects = if call > 0 { qs[i].q.as_ref().map_or(0, Queue::reconnects) } else { 0 };
                         let r = submit_one(plan, &mut qs, &clients, i, intended, size, &mut cb);
-                        // Its kernel calls: a reconnect before the ring (which is heard after
-                        // it), the notification after.
-                        let reconnected = qs[i].q.as_ref().map_or(0, Queue::reconnects) - reconnects;
-                        let notified = plan.system.notify_on_submit && r.as_ref().is_ok_and(Option::is_some);
-                        let ring_at = t.max(now) + reconnected * plan.kernel_call;
-                        qs[i].busy_until = ring_at + notified as u64 * plan.kernel_call;
+                        let mut ring_at = now;
+                        qs[i].busy_until = now;
+                        if call > 0 {
+                            let reconnected = qs[i].q.as_ref().map_or(0, Queue::reconnects) - reconnects;
+                            let notified = plan.system.notify_on_submit && r.as_ref().is_ok_and(Option::is_some);
+                            ring_at += reconnected * call;
+                            qs[i].busy_until = ring_at + notified as u64 * call;
+                        }
                         // Rings are noticed in the order they were made (one latency for all).
                         heard_in_order(&mut unheard, ring_at + latency, fw_of[i]);
                         let Some(signals) = submitted(r, &sys, &clients, &mut qs[i], plan)? else { break };
+                        in_flight += 1;
                         if tally.count(signals, plan) {
                             stopped = true;
                             stop_time = now;
@@ -623,6 +671,7 @@ pub fn run(plan: &Plan, seed: u64, progress: &mut dyn FnMut(f64)) -> Result<Outc
                     let r = submit_one(plan, &mut qs, &clients, i, intended, size, &mut cb);
                     heard_in_order(&mut unheard, now + latency, fw_of[i]);
                     let Some(signals) = submitted(r, &sys, &clients, &mut qs[i], plan)? else { continue };
+                    in_flight += 1;
                     if tally.count(signals, plan) {
                         stopped = true;
                         stop_time = now;
@@ -633,9 +682,11 @@ pub fn run(plan: &Plan, seed: u64, progress: &mut dyn FnMut(f64)) -> Result<Outc
                         push(&mut heap, now + plan.kernel_call, Ev::Enter(i));
                     }
                 }
-                Ev::Timed(k) => apply_event(&sys, plan, &mut qs, &mut clients, &group_first, k, t, &mut |t, e| {
-                    push(&mut heap, t, e)
-                })?,
+                Ev::Timed(k) => {
+                    apply_event(&sys, plan, &mut qs, &mut clients, &group_first, k, t, &mut in_flight, &mut |t, e| {
+                        push(&mut heap, t, e)
+                    })?
+                }
                 Ev::Resume(i) => {
                     let c = &clients[qs[i].client];
                     if c.alive {
@@ -645,29 +696,38 @@ pub fn run(plan: &Plan, seed: u64, progress: &mut dyn FnMut(f64)) -> Result<Outc
             }
         }
         if ran {
-            continue;
+            // The world runs again at this instant, after what the clients did. Unless it
+            // steps, that is all (no completion, no new event), and time moves on: the usual
+            // instant of a loaded run is a ring latched while the engines run earlier work.
+            if run_world(&sys, now, &heap, &mut unheard, &mut rang_since) > 0 {
+                world_ran = true;
+                continue;
+            }
         }
         // Stop submitting at the end of the window.
         if !stopped && window_end.is_some_and(|w| now >= w) {
             stopped = true;
             stop_time = now;
         }
-        if stopped
-            && (now >= stop_time.saturating_add(plan.drain)
-                || qs.iter().all(|q| q.q.is_none() || q.outstanding.is_empty()))
-        {
+        debug_assert_eq!(in_flight == 0, qs.iter().all(|q| q.q.is_none() || q.outstanding.is_empty()));
+        if stopped && (now >= stop_time.saturating_add(plan.drain) || in_flight == 0) {
             break;
         }
-        // Progress.
-        let frac = match (window_end, plan.submissions) {
-            (Some(w), _) => (now - t0) as f64 / (w - t0).max(1) as f64,
-            (None, Some(n)) => tally.submitted as f64 / n as f64,
-            _ => 0.0,
-        }
-        .min(1.0);
-        if frac - last_progress >= 0.01 {
-            last_progress = frac;
-            progress(frac);
+        // Progress, now and then.
+        if progress_in > 0 {
+            progress_in -= 1;
+        } else {
+            progress_in = PROGRESS_EVERY;
+            let frac = match (window_end, plan.submissions) {
+                (Some(w), _) => (now - t0) as f64 / (w - t0).max(1) as f64,
+                (None, Some(n)) => tally.submitted as f64 / n as f64,
+                _ => 0.0,
+            }
+            .min(1.0);
+            if frac - last_progress >= 0.01 {
+                last_progress = frac;
+                progress(frac);
+            }
         }
         // Next event of either side.
         let mut next = sys.next_event().map_or(u64::MAX, |t| t.0);
@@ -826,6 +886,33 @@ fn submitted(
     }
 }
 
+/// Runs the world at `now` ([`System::run_instant_after`]) after the device looked at the
+/// doorbells it hears by then (the queues submitted to since it last looked: only those can
+/// have rung), with the step horizon at the next moment a client acts (a ring heard, a client
+/// event): a turn that a ring could cut into ends there, as it would on the live driver.
+/// Returns the steps that did something.
+#[inline]
+fn run_world(
+    sys: &System,
+    now: u64,
+    events: &Events,
+    unheard: &mut VecDeque<(u64, u64)>,
+    rang: &mut Vec<u64>,
+) -> usize {
+    while let Some(&(t, queue)) = unheard.front()
+        && t <= now
+    {
+        rang.push(queue);
+        unheard.pop_front();
+    }
+    let next_ring = unheard.front().map_or(u64::MAX, |&(t, _)| t);
+    let next_client = events.next_time().map_or(next_ring, |t| t.min(next_ring));
+    sys.set_step_horizon((next_client != u64::MAX).then_some(abi::Time(next_client)));
+    let steps = sys.run_instant_after(rang);
+    rang.clear();
+    steps
+}
+
 /// Queues a ring the device notices at `at`, after every ring it notices no later (rings of
 /// one latency arrive in the order they were made; a ring after a reconnect call comes later).
 fn heard_in_order(unheard: &mut VecDeque<(u64, u64)>, at: u64, queue: u64) {
@@ -959,6 +1046,7 @@ fn apply_event(
     group_first: &[usize],
     k: usize,
     t: u64,
+    in_flight: &mut u64,
     push: &mut dyn FnMut(u64, Ev),
 ) -> Result<(), RunError> {
     match plan.events[k].1 {
@@ -972,7 +1060,9 @@ fn apply_event(
                     if !q.outstanding.is_empty() || !q.backlog.is_empty() {
                         q.res.ended.get_or_insert_with(|| "process killed".into());
                     }
-                    q.q = None;
+                    if q.q.take().is_some() {
+                        *in_flight -= q.outstanding.len() as u64;
+                    }
                     q.backlog.clear();
                 }
             }

@@ -423,6 +423,9 @@ struct Engine {
     timers: Timers,
     /// Every queue the firmware may schedule on this engine (amdgpu's run list).
     run_list: Vec<FwQueueId>,
+    /// How many of `run_list` are kernel queues (kept by [`schedule::join_run_list`] and
+    /// [`schedule::leave_run_list`]), so INFO's slot split does not count them on every ask.
+    kernel_queues: usize,
     /// The queues in hardware slots (HQDs): at most `hw_slots`; only these execute.
     hqd: Vec<FwQueueId>,
     hw_slots: usize,
@@ -465,6 +468,8 @@ struct Engine {
     /// look at a save area during a step (the kernel waits for the device lock), and a queue
     /// mapped again in the same step simply keeps its state.
     unspilled: Vec<FwQueueId>,
+    /// A scheduling pass's working lists, kept between passes ([`schedule::PassScratch`]).
+    pass: schedule::PassScratch,
 }
 
 /// The firmware state machine. See the module docs.
@@ -577,6 +582,7 @@ impl Engine {
             idle_period,
             timers: Timers([Some(Time::ZERO.plus(idle_period)), None, None]),
             run_list: Vec::new(),
+            kernel_queues: 0,
             hqd: Vec::new(),
             hw_slots: hw_slots.max(1) as usize,
             watches: Vec::new(),
@@ -591,6 +597,7 @@ impl Engine {
             asleep: Vec::new(),
             asleep_epoch: u64::MAX,
             unspilled: Vec::new(),
+            pass: Default::default(),
         }
     }
 
@@ -811,8 +818,7 @@ impl Firmware {
     /// An engine's hardware slots, and how many its kernel queues hold (always mapped).
     pub(crate) fn kernel_slots(&self, engine: EngineId) -> Result<(u32, u32), GpuError> {
         let e = self.engines.get(engine.0 as usize).ok_or(GpuError::BadEngine(engine.0))?;
-        let kernel = e.run_list.iter().filter(|id| self.queues.get(id.0).is_ok_and(|q| q.cfg.privileged)).count();
-        Ok((e.hw_slots as u32, kernel.min(e.hw_slots) as u32))
+        Ok((e.hw_slots as u32, e.kernel_queues.min(e.hw_slots) as u32))
     }
 
     pub(crate) fn optimized_interrupts(&self) -> bool {

@@ -53,7 +53,14 @@ pub(super) struct Waiting {
     pub(super) by_class: std::collections::BTreeMap<Class, std::collections::BTreeMap<Turn, FwQueueId>>,
     /// `(user, Reverse(priority), head's turn, class)` of every waiting class.
     heads: std::collections::BTreeSet<HeadKey>,
+    /// How many classes wait in each (privilege, priority) group, indexed by
+    /// [`Waiting::group`]: whether a class other than a holder's own contends with it is a
+    /// count, not a walk.
+    groups: [u32; 2 * PRIORITIES],
 }
+
+/// Priority levels.
+const PRIORITIES: usize = Priority::Realtime as usize + 1;
 
 /// Where a class's head stands in waiting order: `(user, Reverse(priority), turn, class)`.
 pub(super) type HeadKey = (bool, std::cmp::Reverse<Priority>, Turn, Class);
@@ -63,8 +70,21 @@ impl Waiting {
         (class.user, class.priority, turn, class)
     }
 
+    /// The index of `class`'s (privilege, priority) group in `groups`.
+    fn group(class: Class) -> usize {
+        class.user as usize * PRIORITIES + class.priority.0 as usize
+    }
+
+    /// How many classes of `class`'s (privilege, priority) group wait.
+    pub(super) fn classes_in_group(&self, class: Class) -> u32 {
+        self.groups[Self::group(class)]
+    }
+
     pub(super) fn insert(&mut self, class: Class, turn: Turn, id: FwQueueId) {
         let queues = self.by_class.entry(class).or_default();
+        if queues.is_empty() {
+            self.groups[Self::group(class)] += 1;
+        }
         let before = queues.first_key_value().map(|(t, _)| *t);
         let old = queues.insert(turn, id);
         debug_assert!(old.is_none(), "{id} waits twice, or two queues share a turn");
@@ -83,6 +103,7 @@ impl Waiting {
         let after = queues.first_key_value().map(|(t, _)| *t);
         if queues.is_empty() {
             self.by_class.remove(&class);
+            self.groups[Self::group(class)] -= 1;
         }
         self.move_head(class, before, after);
     }
@@ -104,6 +125,19 @@ impl Waiting {
         self.by_class.is_empty()
     }
 
+    /// Panics unless `heads` and `groups` agree with `by_class` (tests).
+    #[cfg(test)]
+    fn check(&self) {
+        let mut groups = [0; 2 * PRIORITIES];
+        for (&class, queues) in &self.by_class {
+            groups[Self::group(class)] += 1;
+            let (&turn, _) = queues.first_key_value().expect("no empty class");
+            assert!(self.heads.contains(&Self::head_key(class, turn)), "{class:?}'s head");
+        }
+        assert_eq!(groups, self.groups, "classes per group");
+        assert_eq!(self.heads.len(), self.by_class.len(), "one head per class");
+    }
+
     /// The greatest head key a class of `class`'s (privilege, priority) can have: a walk
     /// that resumes after it has passed every class of that group.
     pub(super) fn last_of_group(class: Class) -> HeadKey {
@@ -118,8 +152,10 @@ impl Waiting {
     /// the walk meets again further on; a class it leaves alone keeps its head behind the walk.
     pub(super) fn next_head(&self, after: Option<HeadKey>) -> Option<(HeadKey, Class, FwQueueId)> {
         use std::ops::Bound::{Excluded, Unbounded};
-        let lower = after.map_or(Unbounded, Excluded);
-        let &key = self.heads.range((lower, Unbounded)).next()?;
+        let &key = match after {
+            None => self.heads.first(),
+            Some(after) => self.heads.range((Excluded(after), Unbounded)).next(),
+        }?;
         let (_, _, turn, class) = key;
         let id = *self.by_class.get(&class)?.get(&turn)?;
         Some((key, class, id))
@@ -268,6 +304,7 @@ impl Schedulable for FwQueue {
 /// Puts queue `id` at the end of `e`'s run list, stamped with its turn among equals.
 pub(super) fn join_run_list<Q: Schedulable>(e: &mut Engine, q: &mut Q, id: FwQueueId) {
     e.run_list.push(id);
+    e.kernel_queues += !q.seat().class.user as usize;
     q.set_run_list(Some(e.next_seq));
     e.next_seq += 1;
 }
@@ -289,7 +326,11 @@ pub(super) fn admit<Q: Schedulable>(e: &mut Engine, q: &mut Q, id: FwQueueId) {
 /// the waiting set, and no pass maps it until it joins again. Its state and `pending` stay
 /// (rings are remembered).
 pub(super) fn leave_run_list<Q: Schedulable>(e: &mut Engine, q: &mut Q, id: FwQueueId) {
-    e.run_list.retain(|&q| q != id);
+    let seat = q.seat();
+    if seat.on_run_list {
+        e.run_list.retain(|&q| q != id);
+        e.kernel_queues -= !seat.class.user as usize;
+    }
     e.hqd.retain(|&q| q != id);
     e.resched = true;
     q.set_run_list(None);
@@ -334,10 +375,11 @@ pub(super) fn wake<Q: Schedulable>(e: &mut Engine, q: &mut Q, id: FwQueueId) {
 /// a hung queue may be marked (a ring on a hung queue's doorbell) but never waits.
 pub(super) fn mark_pending<Q: Schedulable>(e: &mut Engine, q: &mut Q, id: FwQueueId) {
     // An unmapped queue that gains work may deserve a slot.
-    let seat = q.seat();
+    let mut seat = q.seat();
     e.resched |= !seat.pending && seat.state != QueueState::Mapped;
     q.set_pending();
-    sync_waiting(e, q, id);
+    seat.pending = true;
+    sync_seat(e, q, id, &seat);
 }
 
 /// Puts `q` in `e`'s waiting set or takes it out, so that it is there exactly when
@@ -346,7 +388,11 @@ pub(super) fn mark_pending<Q: Schedulable>(e: &mut Engine, q: &mut Q, id: FwQueu
 /// when it maps or evicts. (`pending` only turns false, and a queue only hangs, while it holds
 /// a slot, where it is not waiting either way.) O(log n).
 pub(super) fn sync_waiting<Q: Schedulable>(e: &mut Engine, q: &mut Q, id: FwQueueId) {
-    let seat = q.seat();
+    sync_seat(e, q, id, &q.seat());
+}
+
+/// [`sync_waiting`] for a caller that has `q`'s seat as it stands.
+fn sync_seat<Q: Schedulable>(e: &mut Engine, q: &mut Q, id: FwQueueId, seat: &Seat) {
     let want = seat.should_wait();
     match (seat.waiting, want) {
         (false, true) => e.waiting.insert(seat.class, seat.turn, id),
@@ -358,8 +404,10 @@ pub(super) fn sync_waiting<Q: Schedulable>(e: &mut Engine, q: &mut Q, id: FwQueu
 
 /// A slot holder as a scheduling pass sees it.
 #[derive(Clone, Copy, Debug)]
-struct Holder {
+pub(super) struct Holder {
     id: FwQueueId,
+    /// Mapped in this pass, or asked in it to stop for a waiter: not a victim in it.
+    placed: bool,
     pending: bool,
     /// Blocked in a `WAIT` that does not pass.
     blocked: bool,
@@ -373,9 +421,10 @@ struct Holder {
 }
 
 impl Holder {
-    fn of(id: FwQueueId, seat: &Seat) -> Holder {
+    fn of(id: FwQueueId, seat: &Seat, placed: bool) -> Holder {
         Holder {
             id,
+            placed,
             pending: seat.pending,
             blocked: seat.blocked,
             privileged: !seat.class.user,
@@ -466,14 +515,49 @@ pub(super) fn schedule<Q: Schedulable>(
     }
     e.resched = false;
     e.timers.set(Timer::Quantum, None);
+    // The pass's lists live with the engine between passes (a pass allocates nothing).
+    let mut scratch = std::mem::take(&mut e.pass);
+    pass(e, queues, now, quanta, log, &mut scratch);
+    e.pass = scratch;
+}
+
+/// A scheduling pass's working lists, kept by its engine so that a pass allocates nothing.
+#[derive(Default)]
+pub(super) struct PassScratch {
+    /// The slot holders, read once.
+    holders: Vec<Holder>,
+    /// Queues evicted with work left.
+    evicted: Vec<FwQueueId>,
+    /// Which classes contend with each kind of holder (see [`pass`]).
+    asked: Vec<(HolderKind, (bool, bool))>,
+}
+
+/// What decides which waiting classes contend with a holder: its priority, privilege and
+/// address space.
+type HolderKind = (Priority, bool, Vmid);
+
+/// [`schedule`]'s pass, once it is decided there is one.
+fn pass<Q: Schedulable>(
+    e: &mut Engine,
+    queues: &mut Slab<Q>,
+    now: Time,
+    quanta: Quanta,
+    log: &mut FwLog,
+    scratch: &mut PassScratch,
+) {
+    let PassScratch { holders, evicted, asked } = scratch;
+    holders.clear();
+    evicted.clear();
+    asked.clear();
     // The holders, read once: a hung one lingering in `hqd` leaves it here.
-    let mut holders: Vec<Holder> = Vec::with_capacity(e.hqd.len() + 1);
-    e.hqd.retain(|&id| match queues.get(id.0) {
-        Ok(q) if q.seat().state == QueueState::Mapped => {
-            holders.push(Holder::of(id, &q.seat()));
-            true
+    e.hqd.retain(|&id| {
+        let Ok(q) = queues.get(id.0) else { return false };
+        let seat = q.seat();
+        let mapped = seat.state == QueueState::Mapped;
+        if mapped {
+            holders.push(Holder::of(id, &seat, false));
         }
-        _ => false,
+        mapped
     });
     // A holder blocked in a `WAIT` that does not pass uses its slot for nothing, and may be
     // stopped there at every granularity but `None` (spec 003): it yields to any waiter.
@@ -481,14 +565,12 @@ pub(super) fn schedule<Q: Schedulable>(
     if e.waiting.is_empty() {
         return;
     }
-    // Mapped in this pass: not victims in it.
-    let mut placed: Vec<FwQueueId> = Vec::new();
-    // Evicted with work left: they wait again, but only from the next pass on.
-    let mut evicted: Vec<FwQueueId> = Vec::new();
     // Kernel queues first, then priority, then whoever ran longest ago (then run-list order):
     // one walk over the class heads ([`Waiting::next_head`]). A class no holder can make room
     // for is left behind the walk, so the rest of it is skipped; when no holder would make
-    // room for any class of its (privilege, priority), the walk jumps past them all.
+    // room for any class of its (privilege, priority), the walk jumps past them all. Queues
+    // mapped in this pass (`placed`) are not victims in it; queues evicted with work left wait
+    // again, but only from the next pass on.
     let mut walked = None;
     while let Some((key, class, w)) = e.waiting.next_head(walked) {
         walked = Some(key);
@@ -497,21 +579,28 @@ pub(super) fn schedule<Q: Schedulable>(
         let mut process_start = now;
         if e.hqd.len() >= e.hw_slots {
             // Pick a holder to evict: idle first, then lower priority (lowest first), then an
-            // equal-priority one past its quantum (longest-running first). Kernel queues keep
-            // their slots.
-            let candidates = || holders.iter().filter(|h| !placed.contains(&h.id));
+            // equal-priority one past its quantum (longest-running first; the first of equals).
+            // Kernel queues keep their slots.
             let rank = |h: &Holder, same_space| h.eviction_rank(class, same_space, now, quanta, blocked_yields);
-            let victim =
-                candidates().filter_map(|h| rank(h, h.vm == class.vmid).map(|r| (r, h.id))).min_by_key(|&(r, _)| r);
-            let Some((_, v)) = victim else {
+            let mut victim: Option<((u8, Priority, Time), usize)> = None;
+            for (k, h) in holders.iter().enumerate().filter(|(_, h)| !h.placed) {
+                if let Some(r) = rank(h, h.vm == class.vmid)
+                    && victim.is_none_or(|(best, _)| r < best)
+                {
+                    victim = Some((r, k));
+                }
+            }
+            let Some((_, k)) = victim else {
                 // Whether a holder gives way depends on the waiter's address space only
                 // through "its own or another": if neither would take any holder's slot, no
-                // class of this (privilege, priority) will.
-                if candidates().all(|h| rank(h, true).is_none() && rank(h, false).is_none()) {
+                // class of this (privilege, priority) will. (The waiter's own relation to each
+                // holder was just asked.)
+                if holders.iter().filter(|h| !h.placed).all(|h| rank(h, h.vm != class.vmid).is_none()) {
                     walked = Some(Waiting::last_of_group(class));
                 }
                 continue;
             };
+            let v = holders[k].id;
             // A busy victim leaves its slot only at a point its engine's granularity allows:
             // if it stands elsewhere, it is asked to stop, and the slot changes hands at the
             // pass after it did ([`super::preempt`]). Meanwhile its class waits.
@@ -529,13 +618,14 @@ pub(super) fn schedule<Q: Schedulable>(
                         },
                     );
                 }
-                placed.push(v);
+                holders[k].placed = true;
                 continue;
             }
             e.hqd.retain(|&id| id != v);
-            holders.retain(|h| h.id != v);
+            holders.remove(k);
             if let Ok(q) = queues.get_mut(v.0) {
-                let (pending, vm, start) = (q.seat().pending, q.seat().class.vmid, q.seat().process_start);
+                let seat = q.seat();
+                let (pending, vm, start) = (seat.pending, seat.class.vmid, seat.process_start);
                 if pending && vm == class.vmid {
                     process_start = start;
                 }
@@ -556,14 +646,13 @@ pub(super) fn schedule<Q: Schedulable>(
         }
         e.hqd.push(w);
         e.slot_maps += 1;
-        placed.push(w);
         let q = queues.get_mut(w.0).expect("a waiting queue exists");
         q.set_state(QueueState::Mapped);
         q.set_slice_start(now, process_start);
         sync_waiting(e, q, w);
-        holders.push(Holder::of(w, &q.seat()));
+        holders.push(Holder::of(w, &q.seat(), true));
     }
-    for v in evicted {
+    for &v in evicted.iter() {
         if let Ok(q) = queues.get_mut(v.0) {
             unseat(e, q, v);
         }
@@ -572,44 +661,43 @@ pub(super) fn schedule<Q: Schedulable>(
     // lies ahead: a holder past its quantum would have been evicted above). The classes still
     // waiting are the ones the walk left behind and those of the queues evicted in this pass:
     // without the latter, two busy queues over one slot would swap once and then never again.
-    let waiting = &e.waiting.by_class;
+    let waiting = &e.waiting;
     // For a holder, the classes that contend are those of its priority (a privileged holder
     // only against privileged waiters); a waiter of its own address space ends its gang
-    // quantum, any other its process quantum. Classes are ordered by (user, priority, vmid),
-    // so both questions are range lookups, not a walk over every waiting class.
+    // quantum, any other its process quantum: one lookup for its own class, and the rest of
+    // its (privilege, priority) group is a count.
     let contenders = |prio: Priority, privileged: bool, vm: Vmid| {
         let (mut gang, mut process) = (false, false);
         for user in [false, true] {
-            if user && privileged {
+            let own = Class { user, priority: std::cmp::Reverse(prio), vmid: vm };
+            let classes = waiting.classes_in_group(own);
+            if (user && privileged) || classes == 0 {
                 continue;
             }
-            let at = |vmid| Class { user, priority: std::cmp::Reverse(prio), vmid };
-            gang |= waiting.contains_key(&at(vm));
-            process |= waiting.range(at(Vmid(0))..=at(Vmid(u32::MAX))).any(|(c, _)| c.vmid != vm);
+            let mine = waiting.by_class.contains_key(&own);
+            gang |= mine;
+            process |= classes > mine as u32;
         }
         (gang, process)
     };
-    // Holders mostly share their priority and address space: ask once per kind of holder
-    // ((priority, privileged, address space) -> (gang, process)).
-    type Kind = (Priority, bool, Vmid);
-    let mut asked: Vec<(Kind, (bool, bool))> = Vec::new();
-    let quantum_end = holders
-        .iter()
-        .filter(|h| h.pending)
-        .flat_map(|h| {
-            let kind = (h.prio, h.privileged, h.vm);
-            let (gang, process) = match asked.iter().find(|(k, _)| *k == kind) {
-                Some(&(_, answer)) => answer,
-                None => {
-                    let answer = contenders(h.prio, h.privileged, h.vm);
-                    asked.push((kind, answer));
-                    answer
-                }
-            };
-            [gang.then(|| h.slice_start.plus(quanta.gang)), process.then(|| h.process_start.plus(quanta.process))]
-        })
-        .flatten()
-        .min();
+    // Holders mostly share their priority and address space: ask once per kind of holder.
+    let mut quantum_end: Option<Time> = None;
+    for h in holders.iter().filter(|h| h.pending) {
+        let kind = (h.prio, h.privileged, h.vm);
+        let (gang, process) = match asked.iter().find(|(k, _)| *k == kind) {
+            Some(&(_, answer)) => answer,
+            None => {
+                let answer = contenders(h.prio, h.privileged, h.vm);
+                asked.push((kind, answer));
+                answer
+            }
+        };
+        let ends =
+            [gang.then(|| h.slice_start.plus(quanta.gang)), process.then(|| h.process_start.plus(quanta.process))];
+        for t in ends.into_iter().flatten() {
+            quantum_end = Some(quantum_end.map_or(t, |q| q.min(t)));
+        }
+    }
     e.timers.set(Timer::Quantum, quantum_end);
 }
 
@@ -753,7 +841,9 @@ mod tests {
 
         /// One pass at `now`; the pending holders then run (their turn moves to now).
         fn pass(&mut self) -> Vec<FwQueueId> {
+            self.e.waiting.check();
             schedule(&mut self.e, &mut self.queues, self.now, QUANTA, &mut FwLog::default());
+            self.e.waiting.check();
             for &id in &self.e.hqd {
                 let q = self.queues.get_mut(id.0).unwrap();
                 if q.0.pending {
@@ -870,6 +960,25 @@ mod tests {
         // The slot comes back when the kernel queue leaves the run list.
         b.leave(kernel);
         assert_eq!(b.pass(), vec![user]);
+    }
+
+    /// INFO's split of the slots counts the kernel queues on the run list: the count follows
+    /// them as they join and leave, and a queue removed while suspended has left already.
+    #[test]
+    fn the_kernel_queue_count_follows_the_run_list() {
+        let mut b = Bench::new(2);
+        let kernel = b.add(Kind::Kernel(Priority::Normal));
+        let user = b.add(Kind::User(Priority::Normal, 1));
+        assert_eq!(b.e.kernel_queues, 1);
+        b.leave(user);
+        assert_eq!(b.e.kernel_queues, 1, "a user queue leaving changes nothing");
+        b.leave(kernel);
+        assert_eq!(b.e.kernel_queues, 0, "suspended");
+        b.leave(kernel);
+        assert_eq!(b.e.kernel_queues, 0, "then removed: it had left already");
+        let q = b.queues.get_mut(kernel.0).unwrap();
+        join_run_list(&mut b.e, q, kernel);
+        assert_eq!(b.e.kernel_queues, 1, "resumed");
     }
 
     #[test]

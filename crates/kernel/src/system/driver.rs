@@ -50,6 +50,7 @@ pub(crate) struct SimClock {
 }
 
 impl Clock for SimClock {
+    #[inline]
     fn now(&self) -> Time {
         // Relaxed: the clock is only read and written by the thread driving the simulation.
         Time(self.now.load(Ordering::Relaxed))
@@ -57,20 +58,29 @@ impl Clock for SimClock {
 }
 
 impl SimClock {
+    #[inline]
     pub(crate) fn set(&self, t: Time) {
         self.now.fetch_max(t.0, Ordering::Relaxed);
     }
 }
 
 pub(crate) enum Driver {
-    Live { stop: Arc<AtomicBool>, threads: Mutex<Vec<JoinHandle<()>>>, fw_thread: Arc<ThreadWaker> },
-    Sim { world: Arc<SimWorld> },
+    Live {
+        stop: Arc<AtomicBool>,
+        threads: Mutex<Vec<JoinHandle<()>>>,
+        fw_thread: Arc<ThreadWaker>,
+    },
+    Sim {
+        world: Arc<SimWorld>,
+        /// The world's count of changes ([`SimWorld::changes`]) when this adapter's device last
+        /// handed over its completion record ([`super::System::take_completions`]).
+        completions_taken: AtomicU64,
+    },
 }
 
 /// The deterministic driver's world: one virtual clock and every adapter that shares it (one
 /// for a [`super::System`], several for a [`super::Machine`]). A step of the world steps every
 /// adapter, so a wait on one adapter sees the signals of the others.
-#[derive(Default)]
 pub(crate) struct SimWorld {
     pub(crate) clock: Arc<SimClock>,
     pub(crate) members: Mutex<Vec<std::sync::Weak<Inner>>>,
@@ -81,6 +91,22 @@ pub(crate) struct SimWorld {
     /// engines ([`Inner::waits_for_busy_engines`]) until `until`, its next event. While the
     /// count stands, a step before then would do nothing, and the next event is `until`.
     quiet: Mutex<(u64, Time)>,
+    /// When a client may next ring ([`SimWorld::set_horizon`]; ns, `u64::MAX`: none). Only a
+    /// step reads it, so it is handed to the devices as a step begins, not each time it moves
+    /// (a driver stepping event by event moves it at every instant, and steps at few).
+    horizon: AtomicU64,
+}
+
+impl Default for SimWorld {
+    fn default() -> Self {
+        SimWorld {
+            clock: Default::default(),
+            members: Default::default(),
+            changes: AtomicU64::new(0),
+            quiet: Mutex::new((0, Time::ZERO)),
+            horizon: AtomicU64::new(u64::MAX),
+        }
+    }
 }
 
 impl SimWorld {
@@ -92,8 +118,17 @@ impl SimWorld {
         self.changes.fetch_add(1, Ordering::Release);
     }
 
+    /// How many changes the world has seen: only a step records completions, and every step
+    /// is one, so a device's completion record cannot have grown while the count stands.
+    #[inline]
+    pub(crate) fn changes(&self) -> u64 {
+        // Acquire: pairs with `changed`.
+        self.changes.load(Ordering::Acquire)
+    }
+
     /// The end of the quiet period the world is known to be in at `now` (nothing changed since
     /// it was recorded, and it lasts past `now`), if any.
+    #[inline]
     pub(crate) fn quiet_until(&self, now: Time) -> Option<Time> {
         let (at, until) = *self.quiet.lock();
         // Acquire: pairs with `changed`.
@@ -130,7 +165,11 @@ impl SimWorld {
     fn step_with(&self, poll: bool) -> (bool, bool) {
         let (mut any, mut km) = (false, false);
         let _changed = Changed(self);
+        // Relaxed: the deterministic driver's own state, read and written by the thread
+        // driving it.
+        let horizon = Some(self.horizon.load(Ordering::Relaxed)).filter(|&t| t != u64::MAX).map(Time);
         self.each(|m| {
+            m.gpu.lock().set_horizon(horizon);
             let p = m.pump_with(poll);
             // Relaxed: see `Inner::km_work`. Without kernel-mode submissions a pass moves nothing.
             let moved = m.km_work.load(Ordering::Relaxed) && m.run_scheduler().moved;
@@ -225,9 +264,12 @@ impl SimWorld {
         self.settle_now();
     }
 
-    /// Tells every adapter's device when a client may next ring ([`gpu::Gpu::set_horizon`]).
+    /// Tells every adapter's device when a client may next ring ([`gpu::Gpu::set_horizon`]),
+    /// as of its next step.
+    #[inline]
     pub(crate) fn set_horizon(&self, at: Option<Time>) {
-        self.each(|m| m.gpu.lock().set_horizon(at));
+        // Relaxed: see `step_with`.
+        self.horizon.store(at.map_or(u64::MAX, |t| t.0), Ordering::Relaxed);
     }
 
     /// Moves the clock to `t`, and always forward: a timer that is due but was not handled
@@ -238,6 +280,7 @@ impl SimWorld {
 
     /// The earliest timer of any adapter (the device's, the OS's), an engine's busy period
     /// ending included.
+    #[inline]
     pub(crate) fn next_timer(&self) -> Option<Time> {
         self.quiet_until(self.clock.now()).or_else(|| self.find_next_timer())
     }
@@ -394,7 +437,7 @@ impl Inner {
             self.km_work.store(os.has_km_work(), Ordering::Relaxed);
             r
         };
-        if let Driver::Sim { world } = &self.driver {
+        if let Driver::Sim { world, .. } = &self.driver {
             world.changed();
         }
         self.act(outputs);
@@ -556,7 +599,7 @@ impl Inner {
                     }
                 }
             }
-            Driver::Sim { world } => {
+            Driver::Sim { world, .. } => {
                 let clock = &world.clock;
                 // With no timeout, give up after the deadlock horizon: nothing in the system
                 // will satisfy the wait. Busy engines do not hold the horizon off: an endless
@@ -574,13 +617,6 @@ impl Inner {
                     }
                     // Nothing moves at this instant: jump to the next event (an engine's
                     // modelled work ending, a timer) or the deadline.
-                    eprintln!(
-                        "DBG block now {:?} next {:?} find {:?} line {:?}",
-                        clock.now(),
-                        world.next_timer(),
-                        world.find_next_timer(),
-                        self.line.next_delivery()
-                    );
                     world.jump_to(world.next_timer().map_or(deadline, |t| t.min(deadline)));
                 }
             }

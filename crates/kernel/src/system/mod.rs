@@ -27,7 +27,7 @@
 //! [`abi::port::KernelPort`] implementation a `umd::Device` runs on.
 
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use abi::NativeFenceHandle;
@@ -235,7 +235,7 @@ impl System {
             cfg,
             world.clock.clone(),
             Arc::new(ThreadWaker::default()),
-            Driver::Sim { world: world.clone() },
+            Driver::Sim { world: world.clone(), completions_taken: AtomicU64::new(u64::MAX) },
         )?;
         world.members.lock().push(Arc::downgrade(&sys.inner));
         Ok(sys)
@@ -275,8 +275,12 @@ impl System {
     }
 
     /// Device time now.
+    #[inline]
     pub fn now(&self) -> Time {
-        self.inner.clock.now()
+        match &self.inner.driver {
+            Driver::Sim { world, .. } => world.clock.now(),
+            Driver::Live { .. } => self.inner.clock.now(),
+        }
     }
 
     /// The kernel's trace and how many entries were dropped.
@@ -328,7 +332,7 @@ impl System {
     /// anything happened. On a live system it does nothing and returns `false`.
     pub fn step(&self) -> bool {
         match &self.inner.driver {
-            Driver::Sim { world } => world.step(),
+            Driver::Sim { world, .. } => world.step(),
             Driver::Live { .. } => false,
         }
     }
@@ -337,7 +341,7 @@ impl System {
     /// work takes (timers due before then fire in order; an idle system's timers are not
     /// reached). Bounded: beside an endless kernel use [`System::run_for`].
     pub fn settle(&self) {
-        if let Driver::Sim { world } = &self.inner.driver {
+        if let Driver::Sim { world, .. } = &self.inner.driver {
             world.settle();
         }
     }
@@ -346,7 +350,7 @@ impl System {
     /// order for `d` of virtual time, whatever runs meanwhile (an endless kernel included),
     /// then settles at the end. On a live system it does nothing.
     pub fn run_for(&self, d: Duration) {
-        if let Driver::Sim { world } = &self.inner.driver {
+        if let Driver::Sim { world, .. } = &self.inner.driver {
             world.run_until(world.clock.now().plus(d));
         }
     }
@@ -528,7 +532,7 @@ impl System {
     /// Direct access to the device, for tests and tools that inspect it.
     pub fn with_gpu<T>(&self, f: impl FnOnce(&mut Gpu) -> T) -> T {
         let r = f(&mut self.inner.gpu.lock());
-        if let Driver::Sim { world } = &self.inner.driver {
+        if let Driver::Sim { world, .. } = &self.inner.driver {
             world.changed();
         }
         r
@@ -537,8 +541,23 @@ impl System {
     /// Moves the completions the device recorded since the last call into `out`
     /// ([`Gpu::take_completions`]; [`Gpu::record_completions`] turns the recording on). Unlike
     /// a [`System::with_gpu`] that could do it, it tells the deterministic driver that nothing
-    /// the device does next changed.
+    /// the device does next changed. On the deterministic driver, a call with no step since
+    /// the last (nothing changed in the world) finds nothing new and leaves the device alone.
+    #[inline]
     pub fn take_completions(&self, out: &mut Vec<gpu::Completion>) {
+        if let Driver::Sim { world, completions_taken } = &self.inner.driver {
+            // Relaxed: the deterministic driver's own state (one thread drives it).
+            let changes = world.changes();
+            if completions_taken.load(Ordering::Relaxed) == changes {
+                return;
+            }
+            completions_taken.store(changes, Ordering::Relaxed);
+        }
+        self.take_recorded(out);
+    }
+
+    /// [`System::take_completions`] from the device.
+    fn take_recorded(&self, out: &mut Vec<gpu::Completion>) {
         self.inner.gpu.lock().take_completions(out);
     }
 
@@ -553,7 +572,7 @@ impl System {
     /// passes). Returns the number of steps that did something. Live: does nothing.
     pub fn run_instant(&self) -> usize {
         match &self.inner.driver {
-            Driver::Sim { world } => world.settle_now(),
+            Driver::Sim { world, .. } => world.settle_now(),
             Driver::Live { .. } => 0,
         }
     }
@@ -564,36 +583,47 @@ impl System {
     /// (later steps of the instant look at all of them again only after the kernel-mode
     /// scheduler rang one of its own). A queue left out of `rang` is heard at the next full
     /// poll, so only a caller that runs every client itself may use it. Live: does nothing.
+    #[inline]
     pub fn run_instant_after(&self, rang: &[u64]) -> usize {
         match &self.inner.driver {
-            Driver::Sim { world } => {
+            Driver::Sim { world, .. } => {
                 // No client rang, in a quiet period: nothing to look at, nothing to step. (The
                 // shared doorbell pages are looked at with the next ring, or when the period
                 // ends: a ring latched anywhere in it waits for its end all the same.)
-                if rang.is_empty() && world.quiet_until(self.inner.clock.now()).is_some() {
+                if rang.is_empty() && world.quiet_until(world.clock.now()).is_some() {
                     return 0;
                 }
-                // Latching a ring raises nothing and sets no timer: a world that waited for its
-                // busy engines still does (the rings wait for the busy period's end).
-                let mut g = self.inner.gpu.lock();
-                g.poll_doorbells_of(rang.iter().map(|&b| gpu::FwQueueId::from_bits(b)));
-                debug_assert!(
-                    world.quiet_until(self.inner.clock.now()).is_none()
-                        || g.waits_for_busy_engines(self.inner.clock.now()),
-                    "a latched ring ended a quiet period"
-                );
-                drop(g);
-                world.settle_now_from(false)
+                self.latch_and_settle(world, rang)
             }
             Driver::Live { .. } => 0,
         }
     }
 
+    /// [`System::run_instant_after`] past its first question.
+    fn latch_and_settle(&self, world: &SimWorld, rang: &[u64]) -> usize {
+        // Latching a ring raises nothing and sets no timer: a world that waited for its busy
+        // engines still does (the rings wait for the busy period's end).
+        let mut g = self.inner.gpu.lock();
+        g.poll_doorbells_of(rang.iter().map(|&b| gpu::FwQueueId::from_bits(b)));
+        let now = world.clock.now();
+        debug_assert!(
+            world.quiet_until(now).is_none() || g.waits_for_busy_engines(now),
+            "a latched ring ended a quiet period"
+        );
+        drop(g);
+        // Still quiet (the usual case: a ring while the engines run earlier work): no step.
+        if world.quiet_until(now).is_some() {
+            return 0;
+        }
+        world.settle_now_from(false)
+    }
+
     /// Sim: the time of the next event any adapter of the world waits for (an engine's
     /// modelled work ending, a device or kernel timer), if any. Live: `None`.
+    #[inline]
     pub fn next_event(&self) -> Option<Time> {
         match &self.inner.driver {
-            Driver::Sim { world } => world.next_timer(),
+            Driver::Sim { world, .. } => world.next_timer(),
             Driver::Live { .. } => None,
         }
     }
@@ -603,8 +633,9 @@ impl System {
     /// turns that a ring could cut into end at their first check past it, as on the live
     /// driver, instead of running as one piece past the ring. [`System::run_for`] sets its own
     /// target. Live: does nothing.
+    #[inline]
     pub fn set_step_horizon(&self, at: Option<Time>) {
-        if let Driver::Sim { world } = &self.inner.driver {
+        if let Driver::Sim { world, .. } = &self.inner.driver {
             world.set_horizon(at);
         }
     }
@@ -612,8 +643,9 @@ impl System {
     /// Sim: moves the virtual clock forward to `t` without running anything (a driver that
     /// steps event by event: [`System::next_event`], then [`System::run_instant`]). The clock
     /// never goes back: an earlier `t` leaves it where it is. Live: does nothing.
+    #[inline]
     pub fn advance_to(&self, t: Time) {
-        if let Driver::Sim { world } = &self.inner.driver {
+        if let Driver::Sim { world, .. } = &self.inner.driver {
             world.clock.set(t);
         }
     }
