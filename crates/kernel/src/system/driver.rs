@@ -574,13 +574,6 @@ impl Inner {
                     }
                     // Nothing moves at this instant: jump to the next event (an engine's
                     // modelled work ending, a timer) or the deadline.
-                    eprintln!(
-                        "DBG block now {:?} next {:?} find {:?} line {:?}",
-                        clock.now(),
-                        world.next_timer(),
-                        world.find_next_timer(),
-                        self.line.next_delivery()
-                    );
                     world.jump_to(world.next_timer().map_or(deadline, |t| t.min(deadline)));
                 }
             }
