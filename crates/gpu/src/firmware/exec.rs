@@ -24,7 +24,7 @@ pub(super) struct Place {
 impl Place {
     pub(super) fn resolve(vm: &AddressSpace, va: u64, bytes: u64, access: Access) -> Result<Place, FaultKind> {
         vm.translate(va, bytes, access)?;
-        let m = vm.find(va).ok_or(FaultKind::OutsideMappings { va, bytes, access })?;
+        let m = vm.find(va).ok_or_else(|| FaultKind::OutsideMappings { va, bytes, access })?;
         Ok(Place { shm: m.shm.clone(), offset: m.offset + (va - m.va) })
     }
 
@@ -369,11 +369,9 @@ pub(super) fn run_queue(
     let mut done = 0u64;
     let mut stopped = None;
     let result = (|| -> Result<(), (FaultKind, Option<Opcode>, bool)> {
-        let vm = vms.get(q.cfg.vmid.0 as usize).and_then(Option::as_ref).ok_or((
-            FaultKind::OutsideMappings { va: q.cfg.ring_va, bytes: 0, access: Access::Read },
-            None,
-            false,
-        ))?;
+        let vm = vms.get(q.cfg.vmid.0 as usize).and_then(Option::as_ref).ok_or_else(|| {
+            (FaultKind::OutsideMappings { va: q.cfg.ring_va, bytes: 0, access: Access::Read }, None, false)
+        })?;
         // A turn ends after `budget` packets or when its device time is spent, whichever
         // comes first (at least one packet, or one slice of one, always runs).
         while done < budget as u64 && (done == 0 || !(env.turn_over() || env.interrupted())) {
@@ -397,11 +395,9 @@ pub(super) fn run_queue(
             }
             if let Some(mut ib) = q.ib {
                 let ib_vm = match ib.vmid {
-                    Some(v) => vms.get(v.0 as usize).and_then(Option::as_ref).ok_or((
-                        FaultKind::BadIndirect { why: "vmid does not exist" },
-                        Some(Opcode::IndirectBuffer),
-                        false,
-                    ))?,
+                    Some(v) => vms.get(v.0 as usize).and_then(Option::as_ref).ok_or_else(|| {
+                        (FaultKind::BadIndirect { why: "vmid does not exist" }, Some(Opcode::IndirectBuffer), false)
+                    })?,
                     None => vm,
                 };
                 if ib.pos >= ib.dwords {
@@ -731,7 +727,7 @@ fn exec_packet(
         }
         Packet::SignalFence { va, value } => {
             let r = vm.translate_aligned(va, 8, Access::Write)?;
-            let f = env.fences.get(&(r.shm.id(), r.offset)).ok_or(FaultKind::NotAFence { va })?;
+            let f = env.fences.get(&(r.shm.id(), r.offset)).ok_or_else(|| FaultKind::NotAFence { va })?;
             let current = r.shm.atomic_u64(r.offset).map_err(|_| wfault(va, 8))?;
             let monitored = &f.monitored;
             // Store CurrentValue, barrier, read MonitoredValue (spec 002, `abi::protocol`).
@@ -744,7 +740,7 @@ fn exec_packet(
                 .cfg
                 .fence_logs
                 .clone()
-                .ok_or(FaultKind::BadField { field: "log entry", why: "this queue has no fence log" })?;
+                .ok_or_else(|| FaultKind::BadField { field: "log entry", why: "this queue has no fence log" })?;
             // Where the position goes, checked before the operation: a refused one changes
             // nothing but its queue's state.
             let log = &logs[if op == LoggedOp::Wait { 0 } else { 1 }];
@@ -801,7 +797,7 @@ fn exec_packet(
                         std::sync::atomic::fence(Ordering::SeqCst);
                     } else {
                         // A fence signal (flagged, or a plain one landing on a fence).
-                        let f = fence.ok_or(FaultKind::NotAFence { va })?;
+                        let f = fence.ok_or_else(|| FaultKind::NotAFence { va })?;
                         let monitored = &f.monitored;
                         // 1. value; 2. entry; 3. index — inside the protocol, before its barrier
                         // (4) and the interrupt check (5): spec 002 "Order of operations".
