@@ -143,7 +143,7 @@ impl HwQueue {
     pub(crate) fn doorbell_status(&self) -> Result<DoorbellStatus, UmdError> {
         // SeqCst: the status word is half of the doorbell-versus-disconnect Dekker pair.
         let w = self.kernel_page.doorbell_status().load(Ordering::SeqCst);
-        DoorbellStatus::from_word(w).ok_or(UmdError::Corrupt { field: "doorbell status", value: w })
+        DoorbellStatus::from_word(w).ok_or_else(|| UmdError::Corrupt { field: "doorbell status", value: w })
     }
 
     pub(crate) fn status(&self) -> Result<QueueStatus, UmdError> {
@@ -196,7 +196,7 @@ impl Ring {
     /// ([`UmdError::TooLarge`]). The caller must wait until `plan.new_wptr - rptr <=
     /// bytes()` before writing, or it overwrites packets the engine has not read.
     pub fn plan(&self, wptr: u64, dwords: u64) -> Result<WritePlan, UmdError> {
-        ring::plan_write(wptr, self.bytes, dwords).ok_or(UmdError::TooLarge {
+        ring::plan_write(wptr, self.bytes, dwords).ok_or_else(|| UmdError::TooLarge {
             dwords: usize::try_from(dwords).unwrap_or(usize::MAX),
             ring_bytes: self.bytes,
             max: self.bytes / 8,
@@ -425,7 +425,7 @@ impl UserQueue {
             self.hw.kernel_page().doorbell_status(),
             wptr,
         );
-        DoorbellStatus::from_word(word).ok_or(UmdError::Corrupt { field: "doorbell status", value: word })
+        DoorbellStatus::from_word(word).ok_or_else(|| UmdError::Corrupt { field: "doorbell status", value: word })
     }
 
     /// The doorbell status word, read from the kernel page (SeqCst).
