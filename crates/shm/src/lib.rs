@@ -477,25 +477,52 @@ impl Mapping {
         Ok(())
     }
 
-    /// Reads a little-endian `u32` at any offset. Not atomic: use it for data, not protocol words.
+    /// Reads a little-endian `u32` at any offset (one access if 4-aligned). Not atomic: use it
+    /// for data, not protocol words.
     pub fn read_u32(&self, offset: u64) -> Result<u32, ShmError> {
+        if offset.is_multiple_of(4) {
+            let p = self.at(offset, 4)?;
+            // SAFETY: `at` checked the word lies inside this live, readable mapping; it is
+            // 4-aligned (page-aligned base, 4-aligned offset).
+            return Ok(u32::from_le(unsafe { p.cast::<u32>().read_volatile() }));
+        }
         let mut b = [0; 4];
         self.read(offset, &mut b).map(|()| u32::from_le_bytes(b))
     }
 
     /// Reads a little-endian `u64` at any offset (one access if 8-aligned). Not atomic.
     pub fn read_u64(&self, offset: u64) -> Result<u64, ShmError> {
+        if offset.is_multiple_of(8) {
+            let p = self.at(offset, 8)?;
+            // SAFETY: as in `read_u32`, for an 8-aligned 8-byte word.
+            return Ok(u64::from_le(unsafe { p.cast::<u64>().read_volatile() }));
+        }
         let mut b = [0; 8];
         self.read(offset, &mut b).map(|()| u64::from_le_bytes(b))
     }
 
-    /// Writes a little-endian `u32` at any offset. Not atomic.
+    /// Writes a little-endian `u32` at any offset (one access if 4-aligned). Not atomic.
     pub fn write_u32(&self, offset: u64, v: u32) -> Result<(), ShmError> {
+        if offset.is_multiple_of(4) {
+            self.writable()?;
+            let p = self.at(offset, 4)?;
+            // SAFETY: `at` checked the word lies inside this live mapping, which is writable;
+            // it is 4-aligned (page-aligned base, 4-aligned offset).
+            unsafe { p.cast::<u32>().write_volatile(v.to_le()) };
+            return Ok(());
+        }
         self.write(offset, &v.to_le_bytes())
     }
 
     /// Writes a little-endian `u64` at any offset (one access if 8-aligned). Not atomic.
     pub fn write_u64(&self, offset: u64, v: u64) -> Result<(), ShmError> {
+        if offset.is_multiple_of(8) {
+            self.writable()?;
+            let p = self.at(offset, 8)?;
+            // SAFETY: as in `write_u32`, for an 8-aligned 8-byte word.
+            unsafe { p.cast::<u64>().write_volatile(v.to_le()) };
+            return Ok(());
+        }
         self.write(offset, &v.to_le_bytes())
     }
 

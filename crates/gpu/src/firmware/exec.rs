@@ -375,22 +375,10 @@ pub(super) fn run_queue(
         // A turn ends after `budget` packets or when its device time is spent, whichever
         // comes first (at least one packet, or one slice of one, always runs).
         while done < budget as u64 && (done == 0 || !(env.turn_over() || env.interrupted())) {
-            // A preemption stops the queue where it stands if the engine allows it there (a
-            // packet part-way done is stopped, or not, inside its execution).
-            if q.preempt.is_some() && !q.dispatch_active && q.bulk_done.is_none() {
-                let point =
-                    if q.ib.is_none() && q.at_cb_boundary { StopPoint::CommandBuffer } else { StopPoint::Packet };
-                if env.stop.allows(point) {
-                    stopped = Some(point);
-                    return Ok(());
-                }
-            }
-            if q.preempt.is_some() && q.dispatch_active && env.stop.allows(StopPoint::Instruction) {
-                stopped = Some(StopPoint::Instruction);
-                return Ok(());
-            }
-            if q.preempt.is_some() && q.bulk_done.is_some() && env.stop.allows(StopPoint::Chunk) {
-                stopped = Some(StopPoint::Chunk);
+            if q.preempt.is_some()
+                && let Some(point) = stop_point(q, env.stop)
+            {
+                stopped = Some(point);
                 return Ok(());
             }
             if let Some(mut ib) = q.ib {
@@ -434,8 +422,17 @@ pub(super) fn run_queue(
                     return Ok(());
                 }
             }
-            let (packet, n) = fetch_ring(q).map_err(|(k, op)| (k, op, false))?;
-            match exec(packet, q, id, vm, env, false).map_err(|k| (k, Some(packet.opcode()), false))? {
+            // (Matched rather than `map_err`ed: this is the path of every ring packet, and the
+            // conversion copied the whole result, packet and all, at each step.)
+            let (packet, n) = match fetch_ring(q) {
+                Ok(fetched) => fetched,
+                Err((kind, op)) => return Err((kind, op, false)),
+            };
+            let flow = match exec(packet, q, id, vm, env, false) {
+                Ok(flow) => flow,
+                Err(kind) => return Err((kind, Some(packet.opcode()), false)),
+            };
+            match flow {
                 Flow::Blocked { va, value } => {
                     blocked(q, env, &mut stopped, q.cfg.vmid, va, value);
                     return Ok(());
@@ -474,6 +471,23 @@ pub(super) fn run_queue(
         q.publish_rptr();
     }
     (done, stopped)
+}
+
+/// Where queue `q`, asked to leave its slot, stands now, if its engine may stop it there: a
+/// packet part-way done stops, or not, inside its execution (a dispatch at an instruction, a
+/// bulk copy at a chunk); otherwise it stands between packets, at the end of a command buffer
+/// or inside one.
+fn stop_point(q: &FwQueue, stop: Stop) -> Option<StopPoint> {
+    let point = if q.dispatch_active {
+        StopPoint::Instruction
+    } else if q.bulk_done.is_some() {
+        StopPoint::Chunk
+    } else if q.ib.is_none() && q.at_cb_boundary {
+        StopPoint::CommandBuffer
+    } else {
+        StopPoint::Packet
+    };
+    stop.allows(point).then_some(point)
 }
 
 /// Writes the live dispatch state of the queues evicted in this step to their save areas
@@ -556,13 +570,13 @@ fn blocked(q: &mut FwQueue, env: &Env<'_>, stopped: &mut Option<StopPoint>, vmid
     }
 }
 
-/// Fetches and decodes the packet at rptr.
+/// Fetches and decodes the packet at rptr: its header first, checked, then the rest of it.
 pub(super) fn fetch_ring(q: &FwQueue) -> Result<(Packet, usize), (FaultKind, Option<Opcode>)> {
     let ring_bytes = q.cfg.ring_bytes;
     let off = q.rptr & (ring_bytes - 1);
     let ring: &Mapping = &q.ring.shm;
-    let base = q.ring.offset;
-    let header = Header(ring.read_u32(base + off).map_err(|_| (outside(q.cfg.ring_va + off, 4), None))?);
+    let at = q.ring.offset + off;
+    let header = Header(ring.read_u32(at).map_err(|_| (outside(q.cfg.ring_va + off, 4), None))?);
     let op = header.check().map_err(|e| (FaultKind::BadPacket(e), None))?;
     let n = header.dwords() as u64;
     if off + n * 4 > ring_bytes {
@@ -571,7 +585,7 @@ pub(super) fn fetch_ring(q: &FwQueue) -> Result<(Packet, usize), (FaultKind, Opt
     if q.rptr.checked_add(n * 4).is_none_or(|end| end > q.wptr) {
         return Err((FaultKind::PastWptr { rptr: q.rptr, dwords: n, wptr: q.wptr }, Some(op)));
     }
-    decode_at(ring, base + off, header, op).map_err(|k| (k, Some(op)))
+    read_body(ring, at, header, op).map_err(|k| (k, Some(op)))
 }
 
 /// Fetches and decodes the next packet of an indirect buffer.
@@ -586,11 +600,13 @@ pub(super) fn fetch_indirect(vm: &AddressSpace, ib: &IbCursor) -> Result<(Packet
         return Err(FaultKind::BadPacket(abi::packet::DecodeError::Truncated { need: n, have }));
     }
     let r = vm.translate(va, n as u64 * 4, Access::Read)?;
-    decode_at(r.shm, r.offset, header, op)
+    read_body(r.shm, r.offset, header, op)
 }
 
-/// Decodes a packet whose checked header is at `offset` of `m`.
-pub(super) fn decode_at(m: &Mapping, offset: u64, header: Header, op: Opcode) -> Result<(Packet, usize), FaultKind> {
+/// Reads the rest of the packet whose header, read and checked already, is at `offset` of
+/// `m`, and decodes it. The header is not read again: the device decodes what it checked,
+/// whatever shared memory holds by now.
+pub(super) fn read_body(m: &Mapping, offset: u64, header: Header, op: Opcode) -> Result<(Packet, usize), FaultKind> {
     let n = header.dwords();
     if op == Opcode::Nop {
         return Ok((Packet::Nop { dwords: n as u16 }, n));
@@ -598,7 +614,7 @@ pub(super) fn decode_at(m: &Mapping, offset: u64, header: Header, op: Opcode) ->
     // Fixed-size packets are at most MAX_FIXED_PACKET_DWORDS long (checked by `Header::check`).
     let mut buf = [0u32; MAX_FIXED_PACKET_DWORDS];
     let words = &mut buf[..n.min(MAX_FIXED_PACKET_DWORDS)];
-    m.read_u32s(offset, words).map_err(|_| outside(offset, n as u64 * 4))?;
+    m.read_u32s(offset + 4, &mut words[1..]).map_err(|_| outside(offset, n as u64 * 4))?;
     Packet::decode_checked(header, op, words).map_err(FaultKind::BadPacket)
 }
 
