@@ -182,6 +182,7 @@ impl Header {
         self.0 >> 28
     }
     /// Checks version, flags and length, and decodes the opcode.
+    #[inline]
     pub const fn check(self) -> Result<Opcode, DecodeError> {
         if self.version() != PACKET_VERSION {
             return Err(DecodeError::BadVersion { header: self.0, version: self.version() });
@@ -533,6 +534,7 @@ impl Packet {
     /// ([`Header::check`] returned `op`): `words` holds the whole packet, and its first word
     /// is not looked at again (a device that fetched the header first decodes what it checked,
     /// whatever shared memory holds by the time it reads the rest).
+    #[inline]
     pub fn decode_checked(header: Header, op: Opcode, words: &[u32]) -> Result<(Packet, usize), DecodeError> {
         let n = header.dwords();
         if words.len() < n {
