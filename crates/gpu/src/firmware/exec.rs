@@ -613,9 +613,9 @@ pub(super) fn read_body(m: &Mapping, offset: u64, header: Header, op: Opcode) ->
     }
     // Fixed-size packets are at most MAX_FIXED_PACKET_DWORDS long (checked by `Header::check`).
     let mut buf = [0u32; MAX_FIXED_PACKET_DWORDS];
-    let words = &mut buf[..n.min(MAX_FIXED_PACKET_DWORDS)];
-    m.read_u32s(offset + 4, &mut words[1..]).map_err(|_| outside(offset, n as u64 * 4))?;
-    Packet::decode_checked(header, op, words).map_err(FaultKind::BadPacket)
+    let body = &mut buf[1..n.min(MAX_FIXED_PACKET_DWORDS)];
+    m.read_u32s(offset + 4, body).map_err(|_| outside(offset, n as u64 * 4))?;
+    Packet::decode_fixed(header, op, &buf).map_err(FaultKind::BadPacket)
 }
 
 /// What a native fence signal's interrupt names (spec 002 "Optimized native fence signaled
