@@ -62,6 +62,8 @@ pub(super) struct Env<'a> {
     pub(super) clock: &'a dyn Fn() -> Time,
     /// What work costs, and whether the cost occupies the engine ([`crate::cost`]).
     pub(super) cost: crate::cost::CostModel,
+    /// `cost.packet` in ns, which every packet is charged.
+    pub(super) packet_ns: u64,
     pub(super) timing: crate::cost::Timing,
     /// When the engine's step began.
     pub(super) start: Time,
@@ -262,6 +264,7 @@ impl Firmware {
                         optimized_interrupts: *optimized_interrupts,
                         clock,
                         cost: *cost,
+                        packet_ns: crate::cost::ns(cost.packet),
                         timing: *timing,
                         start: now,
                         elapsed,
@@ -651,7 +654,7 @@ pub(super) fn exec(
     // A WAIT that stays blocked costs nothing: it is re-checked at the next event, and it
     // must not keep its engine busy (and the deterministic clock crawling) while it waits.
     if !matches!(flow, Ok(Flow::Blocked { .. })) {
-        env.charge(crate::cost::ns(env.cost.packet));
+        env.charge(env.packet_ns);
     }
     flow
 }
@@ -751,82 +754,7 @@ fn exec_packet(
                 env.raise(Interrupt::NativeFenceSignaled(signaled(q, id, f.id, env)));
             }
         }
-        Packet::Logged { op, va, value, position } => {
-            let logs = q
-                .cfg
-                .fence_logs
-                .clone()
-                .ok_or_else(|| FaultKind::BadField { field: "log entry", why: "this queue has no fence log" })?;
-            // Where the position goes, checked before the operation: a refused one changes
-            // nothing but its queue's state.
-            let log = &logs[if op == LoggedOp::Wait { 0 } else { 1 }];
-            let slot = fence_log::locate::<shm::Mapping>(log, position).map_err(|e| match e {
-                fence_log::LogError::BadPosition { position, next, entries } => {
-                    FaultKind::BadLogPosition { position, next, entries }
-                }
-                _ => FaultKind::BadField { field: "log entry", why: "the queue's fence log holds no entry" },
-            })?;
-            let fence =
-                vm.translate_aligned(va, 8, Access::Read).ok().and_then(|r| env.fences.get(&(r.shm.id(), r.offset)));
-            let handle = fence.map_or(0, |f| f.id);
-            match op {
-                LoggedOp::Wait => {
-                    let r = vm.translate_aligned(va, 8, Access::Read)?;
-                    let now = env.now();
-                    let observed = *q.wait_observed.get_or_insert(now);
-                    // Acquire: pairs with the signaller's release store.
-                    if r.shm.load_u64(r.offset, Ordering::Acquire).map_err(|_| outside(va, 8))? < value {
-                        park_on_fence(q, &r, env);
-                        return Ok(Flow::Blocked { va, value });
-                    }
-                    q.wait_observed = None;
-                    // 1. the wait released; 2. the entry; 3. the index; 4. the barrier.
-                    fence_log::append(
-                        log,
-                        slot,
-                        FenceLogEntry {
-                            fence_value: value,
-                            fence_handle: handle,
-                            operation: FenceLogOp::WaitUnblocked as u32,
-                            observed_timestamp: observed.as_nanos(),
-                            end_timestamp: now.as_nanos(),
-                            ..Default::default()
-                        },
-                    );
-                    std::sync::atomic::fence(Ordering::SeqCst);
-                }
-                LoggedOp::Signal | LoggedOp::SignalFence => {
-                    let r = vm.translate_aligned(va, 8, Access::Write)?;
-                    let current = r.shm.atomic_u64(r.offset).map_err(|_| wfault(va, 8))?;
-                    let now = env.now();
-                    let entry_of = |h| FenceLogEntry {
-                        fence_value: value,
-                        fence_handle: h,
-                        operation: FenceLogOp::SignalExecuted as u32,
-                        observed_timestamp: now.as_nanos(),
-                        end_timestamp: now.as_nanos(),
-                        ..Default::default()
-                    };
-                    if op == LoggedOp::Signal && fence.is_none() {
-                        current.store(value, Ordering::Release);
-                        fence_log::append(log, slot, entry_of(handle));
-                        std::sync::atomic::fence(Ordering::SeqCst);
-                    } else {
-                        // A fence signal (flagged, or a plain one landing on a fence).
-                        let f = fence.ok_or_else(|| FaultKind::NotAFence { va })?;
-                        let monitored = &f.monitored;
-                        // 1. value; 2. entry; 3. index — inside the protocol, before its barrier
-                        // (4) and the interrupt check (5): spec 002 "Order of operations".
-                        let interrupt = abi::protocol::signal_fence(current, monitored, value, || {
-                            fence_log::append(log, slot, entry_of(f.id))
-                        });
-                        if interrupt {
-                            env.raise(Interrupt::NativeFenceSignaled(signaled(q, id, f.id, env)));
-                        }
-                    }
-                }
-            }
-        }
+        Packet::Logged { op, va, value, position } => return exec_logged(q, id, vm, env, op, va, value, position),
         Packet::Wait { va, value } => {
             let r = vm.translate_aligned(va, 8, Access::Read)?;
             // Acquire: pairs with the signaller's release store.
@@ -875,54 +803,156 @@ fn exec_packet(
         }
         Packet::Interrupt { id: user } => env.raise(Interrupt::User { queue: id, id: user }),
         Packet::Synthetic { ns } => return synthetic(q, env, ns),
-        Packet::Dispatch { kernel, grid, group, args } => {
-            if env.kind != EngineKind::Compute {
-                return Err(FaultKind::BadDispatch { why: "only compute engines run kernels" });
+        Packet::Dispatch { kernel, grid, group, args } => return exec_dispatch(q, vm, env, kernel, grid, group, args),
+    }
+    Ok(Flow::Next)
+}
+
+/// Executes a `SIGNAL` or `WAIT` with a fence-log entry ([`Packet::Logged`]): the operation,
+/// then the entry, in spec 002's order.
+#[expect(clippy::too_many_arguments, reason = "the packet's four fields beside the usual four")]
+fn exec_logged(
+    q: &mut FwQueue,
+    id: FwQueueId,
+    vm: &AddressSpace,
+    env: &mut Env<'_>,
+    op: LoggedOp,
+    va: u64,
+    value: u64,
+    position: u32,
+) -> Result<Flow, FaultKind> {
+    let wfault = |va: u64, bytes: u64| FaultKind::OutsideMappings { va, bytes, access: Access::Write };
+    let logs = q
+        .cfg
+        .fence_logs
+        .clone()
+        .ok_or_else(|| FaultKind::BadField { field: "log entry", why: "this queue has no fence log" })?;
+    // Where the position goes, checked before the operation: a refused one changes
+    // nothing but its queue's state.
+    let log = &logs[if op == LoggedOp::Wait { 0 } else { 1 }];
+    let slot = fence_log::locate::<shm::Mapping>(log, position).map_err(|e| match e {
+        fence_log::LogError::BadPosition { position, next, entries } => {
+            FaultKind::BadLogPosition { position, next, entries }
+        }
+        _ => FaultKind::BadField { field: "log entry", why: "the queue's fence log holds no entry" },
+    })?;
+    let fence = vm.translate_aligned(va, 8, Access::Read).ok().and_then(|r| env.fences.get(&(r.shm.id(), r.offset)));
+    let handle = fence.map_or(0, |f| f.id);
+    match op {
+        LoggedOp::Wait => {
+            let r = vm.translate_aligned(va, 8, Access::Read)?;
+            let now = env.now();
+            let observed = *q.wait_observed.get_or_insert(now);
+            // Acquire: pairs with the signaller's release store.
+            if r.shm.load_u64(r.offset, Ordering::Acquire).map_err(|_| outside(va, 8))? < value {
+                park_on_fence(q, &r, env);
+                return Ok(Flow::Blocked { va, value });
             }
-            // A dispatch part-way done resumes from its state — still live in the slot, or
-            // saved in the context save area when the queue left its slot since; the packet in
-            // the ring (client memory) is not read again.
-            let live = q.live.take();
-            let save = &q.cfg.context_save;
-            let mut d = match live {
-                Some(d) => d,
-                None if q.dispatch_active => Box::new(Dispatch::restore(vm, save, 0, env.wave_width)?),
-                None => Box::new(Dispatch::start(vm, kernel, grid, group, args, env.wave_width)?),
+            q.wait_observed = None;
+            // 1. the wait released; 2. the entry; 3. the index; 4. the barrier.
+            fence_log::append(
+                log,
+                slot,
+                FenceLogEntry {
+                    fence_value: value,
+                    fence_handle: handle,
+                    operation: FenceLogOp::WaitUnblocked as u32,
+                    observed_timestamp: observed.as_nanos(),
+                    end_timestamp: now.as_nanos(),
+                    ..Default::default()
+                },
+            );
+            std::sync::atomic::fence(Ordering::SeqCst);
+        }
+        LoggedOp::Signal | LoggedOp::SignalFence => {
+            let r = vm.translate_aligned(va, 8, Access::Write)?;
+            let current = r.shm.atomic_u64(r.offset).map_err(|_| wfault(va, 8))?;
+            let now = env.now();
+            let entry_of = |h| FenceLogEntry {
+                fence_value: value,
+                fence_handle: h,
+                operation: FenceLogOp::SignalExecuted as u32,
+                observed_timestamp: now.as_nanos(),
+                end_timestamp: now.as_nanos(),
+                ..Default::default()
             };
-            // A slice runs as many wave-instructions as the turn has time for (at least one),
-            // and at most the dispatch budget.
-            let per = crate::cost::ns(env.cost.wave_instruction).max(1);
-            let budget = env.dispatch_budget.min(env.turn_left() / per).max(1);
-            let before = env.stats.instructions;
-            // Asked to leave the slot: run to the next boundary the engine can stop at inside a
-            // dispatch (an instruction boundary was taken before the packet; `Dispatch` and
-            // coarser levels let the dispatch finish).
-            let stop_at = q.preempt.and(env.stop.in_dispatch());
-            // In sub-slices, so the turn can end at the next check if it is interrupted.
-            let mut left = budget;
-            let progress = loop {
-                let slice = left.min(INTERRUPT_CHECK_INSTRUCTIONS);
-                let p = d.run_to(vm, slice, stop_at, env.stats);
-                left -= slice;
-                if !matches!(p, Ok(Progress::Yield)) || left == 0 || env.interrupted() {
-                    break p;
-                }
-            };
-            env.charge(env.cost.instructions_ns(env.stats.instructions - before));
-            match progress? {
-                Progress::Done => q.dispatch_active = false,
-                Progress::Yield => {
-                    // Its state stays in the slot until the queue leaves it.
-                    q.live = Some(d);
-                    q.dispatch_active = true;
-                    return Ok(Flow::Yield);
-                }
-                Progress::Stopped(point) => {
-                    d.save(save, 0)?;
-                    q.dispatch_active = true;
-                    return Ok(Flow::Stopped(point));
+            if op == LoggedOp::Signal && fence.is_none() {
+                current.store(value, Ordering::Release);
+                fence_log::append(log, slot, entry_of(handle));
+                std::sync::atomic::fence(Ordering::SeqCst);
+            } else {
+                // A fence signal (flagged, or a plain one landing on a fence).
+                let f = fence.ok_or_else(|| FaultKind::NotAFence { va })?;
+                let monitored = &f.monitored;
+                // 1. value; 2. entry; 3. index — inside the protocol, before its barrier
+                // (4) and the interrupt check (5): spec 002 "Order of operations".
+                let interrupt = abi::protocol::signal_fence(current, monitored, value, || {
+                    fence_log::append(log, slot, entry_of(f.id))
+                });
+                if interrupt {
+                    env.raise(Interrupt::NativeFenceSignaled(signaled(q, id, f.id, env)));
                 }
             }
+        }
+    }
+    Ok(Flow::Next)
+}
+
+/// Executes (a slice of) a `DISPATCH`.
+fn exec_dispatch(
+    q: &mut FwQueue,
+    vm: &AddressSpace,
+    env: &mut Env<'_>,
+    kernel: u64,
+    grid: [u32; 3],
+    group: [u32; 3],
+    args: u64,
+) -> Result<Flow, FaultKind> {
+    if env.kind != EngineKind::Compute {
+        return Err(FaultKind::BadDispatch { why: "only compute engines run kernels" });
+    }
+    // A dispatch part-way done resumes from its state — still live in the slot, or
+    // saved in the context save area when the queue left its slot since; the packet in
+    // the ring (client memory) is not read again.
+    let live = q.live.take();
+    let save = &q.cfg.context_save;
+    let mut d = match live {
+        Some(d) => d,
+        None if q.dispatch_active => Box::new(Dispatch::restore(vm, save, 0, env.wave_width)?),
+        None => Box::new(Dispatch::start(vm, kernel, grid, group, args, env.wave_width)?),
+    };
+    // A slice runs as many wave-instructions as the turn has time for (at least one),
+    // and at most the dispatch budget.
+    let per = crate::cost::ns(env.cost.wave_instruction).max(1);
+    let budget = env.dispatch_budget.min(env.turn_left() / per).max(1);
+    let before = env.stats.instructions;
+    // Asked to leave the slot: run to the next boundary the engine can stop at inside a
+    // dispatch (an instruction boundary was taken before the packet; `Dispatch` and
+    // coarser levels let the dispatch finish).
+    let stop_at = q.preempt.and(env.stop.in_dispatch());
+    // In sub-slices, so the turn can end at the next check if it is interrupted.
+    let mut left = budget;
+    let progress = loop {
+        let slice = left.min(INTERRUPT_CHECK_INSTRUCTIONS);
+        let p = d.run_to(vm, slice, stop_at, env.stats);
+        left -= slice;
+        if !matches!(p, Ok(Progress::Yield)) || left == 0 || env.interrupted() {
+            break p;
+        }
+    };
+    env.charge(env.cost.instructions_ns(env.stats.instructions - before));
+    match progress? {
+        Progress::Done => q.dispatch_active = false,
+        Progress::Yield => {
+            // Its state stays in the slot until the queue leaves it.
+            q.live = Some(d);
+            q.dispatch_active = true;
+            return Ok(Flow::Yield);
+        }
+        Progress::Stopped(point) => {
+            d.save(save, 0)?;
+            q.dispatch_active = true;
+            return Ok(Flow::Stopped(point));
         }
     }
     Ok(Flow::Next)
