@@ -143,7 +143,7 @@ impl HwQueue {
     pub(crate) fn doorbell_status(&self) -> Result<DoorbellStatus, UmdError> {
         // SeqCst: the status word is half of the doorbell-versus-disconnect Dekker pair.
         let w = self.kernel_page.doorbell_status().load(Ordering::SeqCst);
-        DoorbellStatus::from_word(w).ok_or_else(|| UmdError::Corrupt { field: "doorbell status", value: w })
+        doorbell_status_of(w)
     }
 
     pub(crate) fn status(&self) -> Result<QueueStatus, UmdError> {
@@ -162,6 +162,15 @@ impl HwQueue {
 
     pub(crate) fn wait_progress(&self, value: u64, timeout: Option<Duration>) -> Result<WaitOutcome, UmdError> {
         Ok(self.device.port.wait_progress(self.handle, value, timeout)?)
+    }
+}
+
+/// The doorbell status a kernel-page word holds; a word that holds none is corrupt. (The
+/// error is built only then: an eager `ok_or` built one, and dropped it, on every submission.)
+fn doorbell_status_of(word: u64) -> Result<DoorbellStatus, UmdError> {
+    match DoorbellStatus::from_word(word) {
+        Some(status) => Ok(status),
+        None => Err(UmdError::Corrupt { field: "doorbell status", value: word }),
     }
 }
 
@@ -425,7 +434,7 @@ impl UserQueue {
             self.hw.kernel_page().doorbell_status(),
             wptr,
         );
-        DoorbellStatus::from_word(word).ok_or_else(|| UmdError::Corrupt { field: "doorbell status", value: word })
+        doorbell_status_of(word)
     }
 
     /// The doorbell status word, read from the kernel page (SeqCst).

@@ -24,7 +24,7 @@ pub(super) struct Place {
 impl Place {
     pub(super) fn resolve(vm: &AddressSpace, va: u64, bytes: u64, access: Access) -> Result<Place, FaultKind> {
         vm.translate(va, bytes, access)?;
-        let m = vm.find(va).ok_or_else(|| FaultKind::OutsideMappings { va, bytes, access })?;
+        let m = vm.find(va).ok_or(FaultKind::OutsideMappings { va, bytes, access })?;
         Ok(Place { shm: m.shm.clone(), offset: m.offset + (va - m.va) })
     }
 
@@ -372,9 +372,15 @@ pub(super) fn run_queue(
     let mut done = 0u64;
     let mut stopped = None;
     let result = (|| -> Result<(), (FaultKind, Option<Opcode>, bool)> {
-        let vm = vms.get(q.cfg.vmid.0 as usize).and_then(Option::as_ref).ok_or_else(|| {
-            (FaultKind::OutsideMappings { va: q.cfg.ring_va, bytes: 0, access: Access::Read }, None, false)
-        })?;
+        // (Errors here and below are built only when they happen: `ok_or` built one, and
+        // dropped it through its drop glue, at every turn.)
+        let Some(vm) = vms.get(q.cfg.vmid.0 as usize).and_then(Option::as_ref) else {
+            return Err((
+                FaultKind::OutsideMappings { va: q.cfg.ring_va, bytes: 0, access: Access::Read },
+                None,
+                false,
+            ));
+        };
         // A turn ends after `budget` packets or when its device time is spent, whichever
         // comes first (at least one packet, or one slice of one, always runs).
         while done < budget as u64 && (done == 0 || !(env.turn_over() || env.interrupted())) {
@@ -386,9 +392,13 @@ pub(super) fn run_queue(
             }
             if let Some(mut ib) = q.ib {
                 let ib_vm = match ib.vmid {
-                    Some(v) => vms.get(v.0 as usize).and_then(Option::as_ref).ok_or_else(|| {
-                        (FaultKind::BadIndirect { why: "vmid does not exist" }, Some(Opcode::IndirectBuffer), false)
-                    })?,
+                    Some(v) => match vms.get(v.0 as usize).and_then(Option::as_ref) {
+                        Some(vm) => vm,
+                        None => {
+                            let why = "vmid does not exist";
+                            return Err((FaultKind::BadIndirect { why }, Some(Opcode::IndirectBuffer), false));
+                        }
+                    },
                     None => vm,
                 };
                 if ib.pos >= ib.dwords {
@@ -746,7 +756,7 @@ fn exec_packet(
         }
         Packet::SignalFence { va, value } => {
             let r = vm.translate_aligned(va, 8, Access::Write)?;
-            let f = env.fences.get(&(r.shm.id(), r.offset)).ok_or_else(|| FaultKind::NotAFence { va })?;
+            let Some(f) = env.fences.get(&(r.shm.id(), r.offset)) else { return Err(FaultKind::NotAFence { va }) };
             let current = r.shm.atomic_u64(r.offset).map_err(|_| wfault(va, 8))?;
             let monitored = &f.monitored;
             // Store CurrentValue, barrier, read MonitoredValue (spec 002, `abi::protocol`).
@@ -822,11 +832,9 @@ fn exec_logged(
     position: u32,
 ) -> Result<Flow, FaultKind> {
     let wfault = |va: u64, bytes: u64| FaultKind::OutsideMappings { va, bytes, access: Access::Write };
-    let logs = q
-        .cfg
-        .fence_logs
-        .clone()
-        .ok_or_else(|| FaultKind::BadField { field: "log entry", why: "this queue has no fence log" })?;
+    let Some(logs) = q.cfg.fence_logs.clone() else {
+        return Err(FaultKind::BadField { field: "log entry", why: "this queue has no fence log" });
+    };
     // Where the position goes, checked before the operation: a refused one changes
     // nothing but its queue's state.
     let log = &logs[if op == LoggedOp::Wait { 0 } else { 1 }];
@@ -882,7 +890,7 @@ fn exec_logged(
                 std::sync::atomic::fence(Ordering::SeqCst);
             } else {
                 // A fence signal (flagged, or a plain one landing on a fence).
-                let f = fence.ok_or_else(|| FaultKind::NotAFence { va })?;
+                let Some(f) = fence else { return Err(FaultKind::NotAFence { va }) };
                 let monitored = &f.monitored;
                 // 1. value; 2. entry; 3. index — inside the protocol, before its barrier
                 // (4) and the interrupt check (5): spec 002 "Order of operations".
