@@ -111,10 +111,15 @@ impl Env<'_> {
     /// too); with real timing as it happens, and the clock is not read for it.
     pub(super) fn raise(&mut self, irq: Interrupt) {
         let at = match self.timing {
-            crate::cost::Timing::Modelled => self.now().plus(self.cost.packet),
+            crate::cost::Timing::Modelled => self.packet_end(),
             crate::cost::Timing::Real => Time::ZERO,
         };
         self.irqs.push_back((at, irq));
+    }
+
+    /// When the packet executing now ends: its modelled start ([`Env::now`]) plus its cost.
+    fn packet_end(&self) -> Time {
+        Time(self.now().0.saturating_add(self.packet_ns))
     }
 
     /// Spends `ns` of modelled device time.
@@ -802,7 +807,7 @@ fn exec_packet(
             q.completed = value;
             if env.completions.is_some() {
                 // The packet ends once its own cost (charged after it executes) is spent.
-                let at = env.now().plus(env.cost.packet);
+                let at = env.packet_end();
                 if let Some(c) = env.completions.as_deref_mut() {
                     c.push(super::Completion { queue: id, value, at });
                 }
