@@ -377,14 +377,22 @@ pub struct Slot {
 /// Where position `position` of the UMD's progression goes in `log`: at or past the header's
 /// next free position, by less than a whole log. The engine checks it before the fence
 /// operation, so a refused position changes nothing. Positions are 32-bit and wrap; the
-/// header's count is extended by the distance between them.
+/// header's count is extended by the distance between them (sound for any log of fewer
+/// than 2^31 entries: one behind the header is then never taken for one ahead).
+///
+/// A position ahead of the header is taken, the entries between left as they are: the OS
+/// starts a recreated log where it read the old one's header, and the engine may have gone
+/// on writing the old log before the switch, so the UMD's next position can be past the new
+/// log's start. (A reader sees those entries empty, or stale from an earlier lap: they name
+/// no fence, or one the log named before.)
 pub fn locate<L: LogMemory + ?Sized>(log: &L, position: u32) -> Result<Slot, LogError> {
     let entries = log.entries();
     let h = log.header().ok_or(LogError::TooSmall { bytes: 0 })?;
     if entries == 0 {
         return Err(LogError::TooSmall { bytes: 0 });
     }
-    // Relaxed: the engine is the header's only writer.
+    // Relaxed: the engine is the header's only writer once the log is its own (the kernel's
+    // `init` reached it through SetNativeFenceLogBuffer, under the device lock).
     let total = total_written(h.load(core::sync::atomic::Ordering::Relaxed), entries);
     let ahead = position.wrapping_sub(total as u32);
     if ahead >= entries {
@@ -584,6 +592,33 @@ mod tests {
         assert!(locate::<shm::Mapping>(&big, 300 + 340).is_err());
         assert_eq!(locate::<shm::Mapping>(&big, 300 + 339).unwrap().entry, (300 + 339) % 340);
         assert_eq!(header_total(&big).unwrap(), 300);
+    }
+
+    /// The OS reads the old log's header to start the new one there, and the engine writes
+    /// two more positions in the old log before the switch: the new log takes the UMD's next
+    /// position past its start, and a reader from the start sees the two as empty entries
+    /// (they are in the old log, which the OS drains).
+    #[test]
+    fn a_recreated_log_takes_a_position_past_its_start() {
+        let old = shm::Shm::new("log", 4096).unwrap();
+        init(&old, FenceLogType::Signal, 0).unwrap();
+        let e = |v| FenceLogEntry { fence_value: v, fence_handle: 9, end_timestamp: v, ..Default::default() };
+        for p in 0..3u32 {
+            append(&old, locate::<shm::Mapping>(&old, p).unwrap(), e(p as u64 + 1));
+        }
+        let start = header_total(&old).unwrap();
+        for p in 3..5u32 {
+            append(&old, locate::<shm::Mapping>(&old, p).unwrap(), e(p as u64 + 1));
+        }
+        let new = shm::Shm::new("log", log_bytes(340) as usize).unwrap();
+        init(&new, FenceLogType::Signal, start).unwrap();
+        append(&new, locate::<shm::Mapping>(&new, 5).unwrap(), e(6));
+        let r = read_since(&new, start).unwrap();
+        assert_eq!((r.total, r.lost), (6, 0));
+        let named: Vec<(u64, u64)> = r.entries.iter().map(|e| (e.fence_handle, e.fence_value)).collect();
+        assert_eq!(named, [(0, 0), (0, 0), (9, 6)], "positions 3 and 4 are empty in the new log");
+        let r = read_since(&old, start).unwrap();
+        assert_eq!(r.entries.iter().map(|e| e.fence_value).collect::<Vec<_>>(), [4, 5], "the old log holds them");
     }
 
     /// Positions are 32-bit and wrap; the header's count goes on.

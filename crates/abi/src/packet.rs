@@ -182,6 +182,7 @@ impl Header {
         self.0 >> 28
     }
     /// Checks version, flags and length, and decodes the opcode.
+    #[inline]
     pub const fn check(self) -> Result<Opcode, DecodeError> {
         if self.version() != PACKET_VERSION {
             return Err(DecodeError::BadVersion { header: self.0, version: self.version() });
@@ -420,11 +421,6 @@ pub enum DecodeError {
 }
 
 #[inline]
-fn u64_at(w: &[u32], i: usize) -> u64 {
-    (w[i] as u64) | ((w[i + 1] as u64) << 32)
-}
-
-#[inline]
 fn push_u64(out: &mut Vec<u32>, v: u64) {
     out.push(v as u32);
     out.push((v >> 32) as u32);
@@ -533,12 +529,35 @@ impl Packet {
     /// ([`Header::check`] returned `op`): `words` holds the whole packet, and its first word
     /// is not looked at again (a device that fetched the header first decodes what it checked,
     /// whatever shared memory holds by the time it reads the rest).
+    #[inline]
     pub fn decode_checked(header: Header, op: Opcode, words: &[u32]) -> Result<(Packet, usize), DecodeError> {
         let n = header.dwords();
         if words.len() < n {
             return Err(DecodeError::Truncated { need: n, have: words.len() });
         }
-        let w = &words[..n];
+        if op == Opcode::Nop {
+            return Ok((Packet::Nop { dwords: n as u16 }, n));
+        }
+        // A checked header of any other opcode has its fixed length, at most
+        // MAX_FIXED_PACKET_DWORDS.
+        let mut w = [0; MAX_FIXED_PACKET_DWORDS];
+        let m = n.min(MAX_FIXED_PACKET_DWORDS);
+        w[..m].copy_from_slice(&words[..m]);
+        Self::decode_fixed(header, op, &w)
+    }
+
+    /// [`Packet::decode_checked`] of a packet fetched into a buffer of the longest fixed size
+    /// (what a device does): the packet's words start at `w[0]`, the header's place, which is
+    /// not looked at. Every field is at a fixed index of the buffer, so none needs a bounds
+    /// check. A `NOP` is decoded from its header alone.
+    #[inline]
+    pub fn decode_fixed(
+        header: Header,
+        op: Opcode,
+        w: &[u32; MAX_FIXED_PACKET_DWORDS],
+    ) -> Result<(Packet, usize), DecodeError> {
+        let n = header.dwords();
+        let u64_at = |i: usize| (w[i] as u64) | ((w[i + 1] as u64) << 32);
         let p = match op {
             Opcode::Nop => Packet::Nop { dwords: n as u16 },
             Opcode::WriteData => {
@@ -549,33 +568,33 @@ impl Packet {
                         return Err(DecodeError::BadField { opcode: op.name(), field: "width", value: other as u64 });
                     }
                 };
-                Packet::WriteData { width, va: u64_at(w, 2), value: u64_at(w, 4) }
+                Packet::WriteData { width, va: u64_at(2), value: u64_at(4) }
             }
-            Opcode::Copy => Packet::Copy { src: u64_at(w, 1), dst: u64_at(w, 3), bytes: u64_at(w, 5) },
-            Opcode::Fill => Packet::Fill { dst: u64_at(w, 1), bytes: u64_at(w, 3), pattern: w[5] },
-            Opcode::Timestamp => Packet::Timestamp { va: u64_at(w, 1) },
-            Opcode::IndirectBuffer => Packet::IndirectBuffer { va: u64_at(w, 1), dwords: w[3], vmid: w[4] },
+            Opcode::Copy => Packet::Copy { src: u64_at(1), dst: u64_at(3), bytes: u64_at(5) },
+            Opcode::Fill => Packet::Fill { dst: u64_at(1), bytes: u64_at(3), pattern: w[5] },
+            Opcode::Timestamp => Packet::Timestamp { va: u64_at(1) },
+            Opcode::IndirectBuffer => Packet::IndirectBuffer { va: u64_at(1), dwords: w[3], vmid: w[4] },
             Opcode::Signal | Opcode::Wait if header.flags() & FLAG_LOG != 0 => {
                 let lop = match (op, header.flags() & FLAG_NATIVE_FENCE != 0) {
                     (Opcode::Wait, _) => LoggedOp::Wait,
                     (_, true) => LoggedOp::SignalFence,
                     _ => LoggedOp::Signal,
                 };
-                Packet::Logged { op: lop, va: u64_at(w, 1), value: u64_at(w, 3), position: w[5] }
+                Packet::Logged { op: lop, va: u64_at(1), value: u64_at(3), position: w[5] }
             }
             Opcode::Signal if header.flags() & FLAG_NATIVE_FENCE != 0 => {
-                Packet::SignalFence { va: u64_at(w, 1), value: u64_at(w, 3) }
+                Packet::SignalFence { va: u64_at(1), value: u64_at(3) }
             }
-            Opcode::Signal => Packet::Signal { va: u64_at(w, 1), value: u64_at(w, 3) },
-            Opcode::Wait => Packet::Wait { va: u64_at(w, 1), value: u64_at(w, 3) },
-            Opcode::ProgressFence => Packet::ProgressFence { value: u64_at(w, 1) },
+            Opcode::Signal => Packet::Signal { va: u64_at(1), value: u64_at(3) },
+            Opcode::Wait => Packet::Wait { va: u64_at(1), value: u64_at(3) },
+            Opcode::ProgressFence => Packet::ProgressFence { value: u64_at(1) },
             Opcode::Interrupt => Packet::Interrupt { id: w[1] },
-            Opcode::Synthetic => Packet::Synthetic { ns: u64_at(w, 1) },
+            Opcode::Synthetic => Packet::Synthetic { ns: u64_at(1) },
             Opcode::Dispatch => Packet::Dispatch {
-                kernel: u64_at(w, 1),
+                kernel: u64_at(1),
                 grid: [w[3], w[4], w[5]],
                 group: [w[6], w[7], w[8]],
-                args: u64_at(w, 9),
+                args: u64_at(9),
             },
         };
         Ok((p, n))

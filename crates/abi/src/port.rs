@@ -515,8 +515,12 @@ pub enum Invalid {
     },
     /// An object of another process.
     OtherProcess,
-    /// A VA that is not where one of the process's doorbell pages is mapped.
+    /// A VA that names none of the doorbell pages a queue of this device may use: the
+    /// process's own (0), or one the process allocated on the same device.
     NoDoorbellPage,
+    /// Memory of another device of the process: a queue runs only from its own device's
+    /// allocations.
+    OtherDevice,
 }
 
 impl core::fmt::Display for Invalid {
@@ -528,7 +532,10 @@ impl core::fmt::Display for Invalid {
             Unsupported(what) => write!(f, "does not support {what}"),
             BeyondQueued { last_queued } => write!(f, "is past the queue's last-queued value {last_queued}"),
             OtherProcess => f.write_str("belongs to another process"),
-            NoDoorbellPage => f.write_str("names no doorbell page of the process (create_doorbell_page)"),
+            NoDoorbellPage => {
+                f.write_str("names no doorbell page of the process on the queue's device (create_doorbell_page)")
+            }
+            OtherDevice => f.write_str("lies in an allocation of another device (a queue runs from its own device's)"),
             Misaligned { align } => write!(f, "must be {align}-byte aligned"),
             GpuReadOnly => f.write_str("lies in a mapping the GPU may not write"),
             RingSize(why) => write!(f, "{why}"),

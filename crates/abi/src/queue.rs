@@ -460,6 +460,20 @@ pub enum FaultKind {
         #[cfg_attr(feature = "serde", serde(deserialize_with = "crate::serde_str::de"))]
         why: crate::StaticStr,
     },
+    /// A logged `SIGNAL`/`WAIT` named a log position the engine cannot place
+    /// ([`crate::fence_log::locate`]): behind the log's next free position (the UMD's
+    /// progression went backwards), or a whole log or more ahead of it.
+    #[error(
+        "log entry position {position}: the log's next free position is {next} and it holds {entries} entries (a position must lie in {next}..{next}+{entries})"
+    )]
+    BadLogPosition {
+        /// The position the packet named.
+        position: u32,
+        /// The log's next free position (its low 32 bits).
+        next: u32,
+        /// Entries in the log.
+        entries: u32,
+    },
 }
 
 /// A fault as the firmware recorded it.

@@ -151,18 +151,21 @@ pub struct WritePlan {
 /// Plans a write of `dwords` dwords so that no packet straddles the end of the ring: when they
 /// do not fit before the end, the rest of the ring is padded with one `NOP`. Returns `None`
 /// for a stream longer than half the ring: with padding it could need more than the whole
-/// ring, and then it would never fit.
+/// ring, and then it would never fit; and for a ring whose size is not a power of two
+/// ([`check_ring_size`]).
 ///
 /// The caller must still wait until `new_wptr - rptr <= ring_bytes` before writing.
 pub fn plan_write(wptr: u64, ring_bytes: u64, dwords: u64) -> Option<WritePlan> {
     let bytes = dwords.checked_mul(4)?;
-    let off = wptr % ring_bytes;
-    let to_end = ring_bytes - off;
-    let pad = if bytes > to_end { to_end } else { 0 };
-    if bytes > ring_bytes / 2 {
+    if !ring_bytes.is_power_of_two() || bytes > ring_bytes / 2 {
         return None;
     }
-    Some(WritePlan { pad_dwords: pad / 4, offset: (off + pad) % ring_bytes, new_wptr: wptr + pad + bytes })
+    // A mask, not a division: this runs on every submission.
+    let off = wptr & (ring_bytes - 1);
+    let to_end = ring_bytes - off;
+    // Padded to the end, the packets start at offset 0.
+    let (pad, offset) = if bytes > to_end { (to_end, 0) } else { (0, off) };
+    Some(WritePlan { pad_dwords: pad / 4, offset, new_wptr: wptr + pad + bytes })
 }
 
 /// Writes a planned stream into a ring mapping: the `NOP` padding (if any) at `wptr`, then
@@ -174,8 +177,10 @@ pub fn write_stream(
     plan: &WritePlan,
     parts: &[&[u32]],
 ) -> Result<(), shm::ShmError> {
-    // The padding is one NOP, or several when it is longer than a packet can be.
-    let (mut at, mut left) = (wptr % ring_bytes, plan.pad_dwords);
+    // The padding is one NOP, or several when it is longer than a packet can be. (The
+    // division is only paid when there is padding: once per trip around the ring.)
+    let mut left = plan.pad_dwords;
+    let mut at = if left > 0 { wptr % ring_bytes } else { 0 };
     while left > 0 {
         let n = left.min(crate::packet::MAX_PACKET_DWORDS as u64);
         ring.write_u32(at, crate::packet::Header::new(crate::packet::Opcode::Nop, n as u16).0)?;
@@ -202,6 +207,8 @@ mod tests {
         // Exactly fits.
         assert_eq!(plan_write(4096 + 4072, 4096, 6), Some(WritePlan { pad_dwords: 0, offset: 4072, new_wptr: 8192 }));
         assert_eq!(plan_write(0, 4096, 513), None);
+        // Not a power of two: refused (the kernel never accepts such a ring).
+        assert_eq!(plan_write(0, 3 * 4096, 6), None);
         assert!(plan_write(4092, 4096, 512).is_some_and(|p| p.new_wptr - 4092 <= 4096));
         // A big ring: the padding needs more than one NOP.
         let big = 1 << 20;

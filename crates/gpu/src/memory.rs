@@ -113,11 +113,11 @@ impl AddressSpace {
     /// mapped).
     #[inline]
     pub fn translate(&self, va: u64, bytes: u64, access: Access) -> Result<Resolved<'_>, FaultKind> {
-        let outside = FaultKind::OutsideMappings { va, bytes, access };
-        let m = self.find(va).ok_or(outside.clone())?;
+        let outside = || FaultKind::OutsideMappings { va, bytes, access };
+        let m = self.find(va).ok_or_else(outside)?;
         match va.checked_add(bytes) {
             Some(e) if e <= m.end() => {}
-            _ => return Err(outside),
+            _ => return Err(outside()),
         }
         if access == Access::Write && !m.writable {
             return Err(FaultKind::ReadOnly { va, bytes });

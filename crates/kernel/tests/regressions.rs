@@ -178,6 +178,9 @@ mod review2 {
         assert_eq!(f.value().unwrap(), 3);
         let fault = q.status().unwrap().fault.expect("faulted");
         assert!(fault.to_string().contains("log entry"), "{fault}");
+        // Typed, naming the position, the log's next one and its size.
+        let want = abi::queue::FaultKind::BadLogPosition { position: 5, next: 6, entries: 84 };
+        assert_eq!(fault.kind, want, "{fault}");
         let mut other = c.user_queue();
         let mut cb = CommandBuffer::new();
         cb.signal_fence(&f, 4);

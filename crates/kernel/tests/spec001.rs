@@ -647,3 +647,97 @@ fn a_gpu_ring_of_an_unmapped_queue_rings_the_aggregated_doorbell_mapped_in_the_p
         "heard through the aggregated doorbell"
     );
 }
+
+/// A device's destruction frees its doorbell pages, so a queue may name only a page of its
+/// own device: one of another device of the same process is refused (naming the VA), and
+/// that device's destruction is never held up by a queue it does not own.
+#[test]
+fn a_queue_takes_a_doorbell_page_of_its_own_device_only() {
+    use abi::port::KernelPort;
+    let sys = common::sim();
+    let p = common::RawProc::open(&sys);
+    let other = p.port.create_device().unwrap();
+    let page = p.port.create_doorbell_page(other).unwrap();
+    let first = p.port.adapter_info().engines[0].doorbell_first;
+    let e = p.create(abi::QueueDescriptor { doorbell_page_va: page.va, ..p.desc(first + 1) }).unwrap_err();
+    assert_eq!(common::refusal(&e), Some(("doorbell_page_va", &Invalid::NoDoorbellPage)), "{e}");
+    assert!(e.to_string().contains(&format!("{:#x}", page.va)), "names the value: {e}");
+    p.port.destroy_device(other).expect("no queue of another device pins its page");
+    assert!(matches!(p.port.destroy_doorbell_page(page.handle), Err(KernelError::BadHandle { .. })));
+    // The page went with its device: the process may allocate one again, on its own device.
+    let mine = p.port.create_doorbell_page(p.dev).unwrap();
+    p.create(abi::QueueDescriptor { doorbell_page_va: mine.va, ..p.desc(first + 1) }).expect("its own device's page");
+}
+
+/// A device's destruction frees its allocations too, so a queue runs only from its own
+/// device's memory: a ring, rptr/wptr/last-queued word or context save area in an allocation
+/// of another device of the same process is refused naming the field and the VA, and that
+/// device's destruction then goes through whole (it used to fail on the queue's pin after it
+/// had destroyed its contexts).
+#[test]
+fn a_queue_runs_only_from_its_own_devices_memory() {
+    use abi::port::KernelPort;
+    let sys = common::sim();
+    let p = common::RawProc::open(&sys);
+    let other = p.port.create_device().unwrap();
+    let foreign = p.port.allocate(other, &abi::port::AllocationDesc::system(4096)).unwrap();
+    let first = p.port.adapter_info().engines[0].doorbell_first;
+    let base = p.desc(first);
+    let cases = [
+        ("ring_va", abi::QueueDescriptor { ring_va: foreign.va, ..base }),
+        ("rptr_va", abi::QueueDescriptor { rptr_va: foreign.va + abi::ring::RPTR_OFFSET, ..base }),
+        ("wptr_va", abi::QueueDescriptor { wptr_va: foreign.va + abi::ring::WPTR_OFFSET, ..base }),
+        ("last_queued_va", abi::QueueDescriptor { last_queued_va: foreign.va + abi::ring::LAST_QUEUED_OFFSET, ..base }),
+    ];
+    for (field, desc) in cases {
+        let e = p.create(desc).unwrap_err();
+        assert_eq!(common::refusal(&e), Some((field, &Invalid::OtherDevice)), "{field}: {e}");
+        assert!(e.to_string().contains("0x"), "names the value: {e}");
+    }
+    let csa_bytes = p.port.adapter_info().queue_metadata.context_save_bytes;
+    let csa = p.port.allocate(other, &abi::port::AllocationDesc::system(csa_bytes)).unwrap();
+    let e = p.create(abi::QueueDescriptor { context_save_va: csa.va, ..base }).unwrap_err();
+    assert_eq!(common::refusal(&e), Some(("context_save_va", &Invalid::OtherDevice)), "{e}");
+    // Nothing of the other device is pinned: it goes whole, and the process's own queue works.
+    p.port.destroy_device(other).expect("no queue of another device pins its memory");
+    assert!(matches!(p.port.destroy_device(other), Err(KernelError::BadHandle { .. })));
+    p.create(base).expect("its own device's memory");
+}
+
+/// A freed doorbell page's BAR page stays its process's until the process ends (a daemon
+/// client's mapping of it cannot be revoked): another process opened or allocating a page
+/// afterwards never gets it, and the process's own next page does.
+#[test]
+fn a_freed_doorbell_page_stays_its_process_until_it_ends() {
+    use abi::port::{KernelPort, PhysicalDoorbell};
+    let sys = common::sim();
+    let first = |p: &common::RawProc| p.port.adapter_info().engines[0].doorbell_first;
+    // The BAR page of a queue's doorbell on page `va` (0: the process's own).
+    let bar_page = |p: &common::RawProc, va: u64| {
+        let q = p.create(abi::QueueDescriptor { doorbell_page_va: va, ..p.desc(first(p)) }).unwrap().handle;
+        p.doorbell(q).unwrap();
+        p.port.connect_doorbell(q).unwrap();
+        let Some(PhysicalDoorbell::BarIndex(i)) = p.port.query_physical_doorbell(q).unwrap() else {
+            panic!("a dedicated doorbell")
+        };
+        p.port.destroy_hw_queue(q).unwrap();
+        i / abi::doorbell::DOORBELLS_PER_PAGE
+    };
+    let a = common::RawProc::open(&sys);
+    let page = a.port.create_doorbell_page(a.dev).unwrap();
+    let freed = bar_page(&a, page.va);
+    a.port.destroy_doorbell_page(page.handle).unwrap();
+    let b = common::RawProc::open(&sys);
+    let b_page = b.port.create_doorbell_page(b.dev).unwrap();
+    let b_pages = [bar_page(&b, 0), bar_page(&b, b_page.va)];
+    assert!(!b_pages.contains(&freed), "BAR page {freed} went to another process: {b_pages:?}");
+    // Held while freed: the process's own page and the freed one.
+    let held = sys.census().doorbell_pages;
+    let again = a.port.create_doorbell_page(a.dev).unwrap();
+    assert_eq!(sys.census().doorbell_pages, held, "no new BAR page: the freed one");
+    assert_eq!(bar_page(&a, again.va), freed, "the process's next page takes it back");
+    // Once the process ends, both its BAR pages go back to the pool.
+    drop(a);
+    sys.settle();
+    assert_eq!(sys.census().doorbell_pages, held - 2);
+}

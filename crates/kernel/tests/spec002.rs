@@ -95,6 +95,45 @@ fn an_optimized_interrupt_with_a_null_queue_rescans_that_engines_logs() {
     sys.end_fence_wait(pid, &wg).unwrap();
 }
 
+/// A queue-named interrupt is explained by its log only through the values logged there: an
+/// entry (F, v) accounts for it when v passes F's MonitoredValue. F's live value does not:
+/// another queue may have moved it. Here the queue signals B unlogged (a raw packet), which
+/// raises the interrupt, then logs A at 1, which no waiter wants; a kernel-mode queue then
+/// takes A to 2, past its waiter. The log names A, and A's live value is past its
+/// MonitoredValue, but the logged 1 is not: the log does not explain the interrupt, so the OS
+/// scans and B's waiter wakes.
+#[test]
+fn a_queue_named_interrupt_is_explained_only_by_a_logged_value_past_the_monitored_one() {
+    let sys = common::optimized();
+    let c = common::client(&sys);
+    let pid = c.port.process();
+    let a = c.device.create_fence(0, NativeFenceType::Default).unwrap();
+    let b = c.device.create_fence(0, NativeFenceType::Default).unwrap();
+    let wa = sys.begin_fence_wait(pid, &[(a.handle(), 2)], WaitMode::All).unwrap().expect("blocked");
+    let wb = sys.begin_fence_wait(pid, &[(b.handle(), 1)], WaitMode::All).unwrap().expect("blocked");
+    // B's interrupt (naming the queue) and A's (naming the fence) are lost, and the first is
+    // injected below, after both signals ran.
+    sys.drop_fence_signals(2);
+    let mut q = c.user_queue();
+    let mut cb = CommandBuffer::new();
+    cb.packet(abi::Packet::SignalFence { va: b.va(), value: 1 }).signal_fence_logged(&a, 1);
+    let v = q.submit(&cb).unwrap();
+    q.wait(v, T).unwrap();
+    let mut k = c.kernel_queue();
+    let mut cb = CommandBuffer::new();
+    cb.signal_fence(&a, 2);
+    let v = k.submit(&cb).unwrap();
+    k.wait(v, T).unwrap();
+    assert_eq!((a.value().unwrap(), b.value().unwrap()), (2, 1));
+    assert!(!wa.is_done() && !wb.is_done(), "both interrupts were lost");
+    sys.inject_notification(Notification::NativeFenceSignaled(SignaledFences::Queues(vec![q.handle()])));
+    assert!(wb.is_done(), "the log (A at 1) does not explain the interrupt: the OS scans and finds B");
+    assert!(wa.is_done(), "and A, in the same scan");
+    assert_eq!(sys.stats().fence_log_fallbacks, 1);
+    sys.end_fence_wait(pid, &wa).unwrap();
+    sys.end_fence_wait(pid, &wb).unwrap();
+}
+
 /// The same burst of logged signals, nobody reading the log until the last one: 91 entries.
 /// Returns the overrun flags in the trace, the fallback scans, and the signal log as read
 /// afterwards.

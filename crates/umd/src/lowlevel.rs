@@ -143,7 +143,7 @@ impl HwQueue {
     pub(crate) fn doorbell_status(&self) -> Result<DoorbellStatus, UmdError> {
         // SeqCst: the status word is half of the doorbell-versus-disconnect Dekker pair.
         let w = self.kernel_page.doorbell_status().load(Ordering::SeqCst);
-        DoorbellStatus::from_word(w).ok_or(UmdError::Corrupt { field: "doorbell status", value: w })
+        doorbell_status_of(w)
     }
 
     pub(crate) fn status(&self) -> Result<QueueStatus, UmdError> {
@@ -162,6 +162,15 @@ impl HwQueue {
 
     pub(crate) fn wait_progress(&self, value: u64, timeout: Option<Duration>) -> Result<WaitOutcome, UmdError> {
         Ok(self.device.port.wait_progress(self.handle, value, timeout)?)
+    }
+}
+
+/// The doorbell status a kernel-page word holds; a word that holds none is corrupt. (The
+/// error is built only then: an eager `ok_or` built one, and dropped it, on every submission.)
+fn doorbell_status_of(word: u64) -> Result<DoorbellStatus, UmdError> {
+    match DoorbellStatus::from_word(word) {
+        Some(status) => Ok(status),
+        None => Err(UmdError::Corrupt { field: "doorbell status", value: word }),
     }
 }
 
@@ -196,7 +205,7 @@ impl Ring {
     /// ([`UmdError::TooLarge`]). The caller must wait until `plan.new_wptr - rptr <=
     /// bytes()` before writing, or it overwrites packets the engine has not read.
     pub fn plan(&self, wptr: u64, dwords: u64) -> Result<WritePlan, UmdError> {
-        ring::plan_write(wptr, self.bytes, dwords).ok_or(UmdError::TooLarge {
+        ring::plan_write(wptr, self.bytes, dwords).ok_or_else(|| UmdError::TooLarge {
             dwords: usize::try_from(dwords).unwrap_or(usize::MAX),
             ring_bytes: self.bytes,
             max: self.bytes / 8,
@@ -425,7 +434,7 @@ impl UserQueue {
             self.hw.kernel_page().doorbell_status(),
             wptr,
         );
-        DoorbellStatus::from_word(word).ok_or(UmdError::Corrupt { field: "doorbell status", value: word })
+        doorbell_status_of(word)
     }
 
     /// The doorbell status word, read from the kernel page (SeqCst).

@@ -149,7 +149,8 @@ struct UserRing {
     /// The last rptr we read: re-read only when the ring looks full, so the submission hot
     /// path does not pull the engine's cache line every time.
     rptr_seen: u64,
-    /// (progress value, wptr after it) of submissions not yet known complete.
+    /// (progress value, wptr after it) of submissions the engine may not have read past yet,
+    /// as of `rptr_seen` (pruned when rptr is read, so it holds at most a ring's worth).
     outstanding: VecDeque<(u64, u64)>,
 }
 
@@ -380,36 +381,28 @@ impl Queue {
         // 1. The next progress value.
         let value = self.next_progress + 1;
         let fence = progress_fence_words(value);
-        // Logged fence operations get their log entries now (into a copy: the command buffer
-        // is the caller's and may be submitted again).
+        // Logged fence operations get their log positions now (into a copy: the command
+        // buffer is the caller's and may be submitted again). The positions advance only once
+        // the submission is in the ring: a refused one must not leave holes (a reader would
+        // see stale entries). A buffer with nothing to log costs one test of each kind.
         let mut patched = std::mem::take(&mut self.scratch);
-        let mut fields = std::mem::take(&mut self.log_fields);
-        // Where the interrupt names the queue, every native fence signal is logged (see
-        // `log_every_signal`).
-        let convert = self.log_every_signal && cb.has_fence_signals();
-        if convert {
-            cb.with_signals_logged(&mut patched, &mut fields);
-        } else {
-            fields.clear();
-            fields.extend_from_slice(cb.log_fields());
-        }
-        let logged = !fields.is_empty();
-        // The log positions advance only once the submission is in the ring: a refused one
-        // must not leave holes (a reader would see stale entries).
         let mut log_next = self.log_next;
-        if logged {
-            if !convert {
-                patched.clear();
-                patched.extend_from_slice(cb.words());
-            }
-            for &(at, log) in &fields {
-                let next = &mut log_next[log as usize];
-                patched[at] = *next;
-                *next = next.wrapping_add(1);
-            }
-        }
-        self.log_fields = fields;
-        let words: &[u32] = if logged { &patched } else { cb.words() };
+        let words: &[u32] = if self.log_every_signal && cb.has_fence_signals() {
+            // Where the interrupt names the queue, every native fence signal is logged (see
+            // `log_every_signal`).
+            let mut fields = std::mem::take(&mut self.log_fields);
+            cb.with_signals_logged(&mut patched, &mut fields);
+            place_log_positions(&mut patched, &fields, &mut log_next);
+            self.log_fields = fields;
+            &patched
+        } else if !cb.log_fields().is_empty() {
+            patched.clear();
+            patched.extend_from_slice(cb.words());
+            place_log_positions(&mut patched, cb.log_fields(), &mut log_next);
+            &patched
+        } else {
+            cb.words()
+        };
         let dwords = words.len() + fence.len();
         let (ring_bytes, wptr, plan) = {
             let u = self.user();
@@ -494,6 +487,11 @@ impl Queue {
             // Acquire: the engine is done reading bytes below rptr.
             let rptr = u.q.control().rptr().load(Ordering::Acquire);
             u.rptr_seen = rptr;
+            // Submissions the engine read past can free no more space: forget them, or a queue
+            // the engine keeps up with would remember every submission it ever made.
+            while u.outstanding.front().is_some_and(|&(_, end)| end <= rptr) {
+                u.outstanding.pop_front();
+            }
             if rptr >= need_rptr {
                 return Ok(());
             }
@@ -565,5 +563,52 @@ impl Queue {
     /// Waits for everything submitted so far.
     pub fn finish(&self, timeout: Option<Duration>) -> Result<(), UmdError> {
         self.wait(self.next_progress, timeout)
+    }
+}
+
+/// Fills in the log positions of a submission's logged fence operations (`fields`: the dword
+/// index of each position field, and its log), from the queue's running counts `next`.
+fn place_log_positions(words: &mut [u32], fields: &[(usize, abi::fence_log::FenceLogType)], next: &mut [u32; 2]) {
+    for &(at, log) in fields {
+        let n = &mut next[log as usize];
+        words[at] = *n;
+        *n = n.wrapping_add(1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A queue whose engine keeps up (here: the deterministic device settles after every few
+    /// submissions, so each look at rptr finds it past what the submission needs) remembers
+    /// at most a ring's worth of submissions, however many it makes.
+    #[test]
+    fn a_queue_the_engine_keeps_up_with_remembers_at_most_a_ring_of_submissions() {
+        let sys = kernel::System::sim(Default::default()).unwrap();
+        let device = crate::Device::open(sys.open_process().unwrap()).unwrap();
+        let ctx = device.create_context(device.engine(abi::EngineKind::Compute).unwrap()).unwrap();
+        let out = device.allocate(4096).unwrap();
+        let ring_bytes = 4096;
+        let mut q = ctx.create_queue(QueueOptions { ring_bytes, ..QueueOptions::user_mode() }).unwrap();
+        let mut cb = CommandBuffer::new();
+        cb.write_u32(out.va(), 7);
+        // One submission: the packet and its progress fence.
+        let bytes = ((cb.len() + progress_fence_words(0).len()) * 4) as u64;
+        let mut most = 0;
+        for i in 0..2_000 {
+            q.submit(&cb).unwrap();
+            if i % 16 == 15 {
+                sys.settle();
+            }
+            most = most.max(q.user().outstanding.len());
+        }
+        q.finish(None).unwrap();
+        assert_eq!(q.completed(), 2_000);
+        assert!(
+            most as u64 <= ring_bytes / bytes + 1,
+            "{most} submissions remembered, a ring holds {}",
+            ring_bytes / bytes
+        );
     }
 }

@@ -290,6 +290,7 @@ impl Firmware {
                     continue;
                 }
                 if e.power != PowerState::F0 {
+                    // Release, as a client's ring: the wptrs stay visible to whoever takes it.
                     word.get().fetch_or(rung, Ordering::Release);
                     continue;
                 }

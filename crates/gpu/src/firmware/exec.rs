@@ -62,6 +62,8 @@ pub(super) struct Env<'a> {
     pub(super) clock: &'a dyn Fn() -> Time,
     /// What work costs, and whether the cost occupies the engine ([`crate::cost`]).
     pub(super) cost: crate::cost::CostModel,
+    /// `cost.packet` in ns, which every packet is charged.
+    pub(super) packet_ns: u64,
     pub(super) timing: crate::cost::Timing,
     /// When the engine's step began.
     pub(super) start: Time,
@@ -109,10 +111,15 @@ impl Env<'_> {
     /// too); with real timing as it happens, and the clock is not read for it.
     pub(super) fn raise(&mut self, irq: Interrupt) {
         let at = match self.timing {
-            crate::cost::Timing::Modelled => self.now().plus(self.cost.packet),
+            crate::cost::Timing::Modelled => self.packet_end(),
             crate::cost::Timing::Real => Time::ZERO,
         };
         self.irqs.push_back((at, irq));
+    }
+
+    /// When the packet executing now ends: its modelled start ([`Env::now`]) plus its cost.
+    fn packet_end(&self) -> Time {
+        Time(self.now().0.saturating_add(self.packet_ns))
     }
 
     /// Spends `ns` of modelled device time.
@@ -262,6 +269,7 @@ impl Firmware {
                         optimized_interrupts: *optimized_interrupts,
                         clock,
                         cost: *cost,
+                        packet_ns: crate::cost::ns(cost.packet),
                         timing: *timing,
                         start: now,
                         elapsed,
@@ -369,39 +377,33 @@ pub(super) fn run_queue(
     let mut done = 0u64;
     let mut stopped = None;
     let result = (|| -> Result<(), (FaultKind, Option<Opcode>, bool)> {
-        let vm = vms.get(q.cfg.vmid.0 as usize).and_then(Option::as_ref).ok_or((
-            FaultKind::OutsideMappings { va: q.cfg.ring_va, bytes: 0, access: Access::Read },
-            None,
-            false,
-        ))?;
+        // (Errors here and below are built only when they happen: `ok_or` built one, and
+        // dropped it through its drop glue, at every turn.)
+        let Some(vm) = vms.get(q.cfg.vmid.0 as usize).and_then(Option::as_ref) else {
+            return Err((
+                FaultKind::OutsideMappings { va: q.cfg.ring_va, bytes: 0, access: Access::Read },
+                None,
+                false,
+            ));
+        };
         // A turn ends after `budget` packets or when its device time is spent, whichever
         // comes first (at least one packet, or one slice of one, always runs).
         while done < budget as u64 && (done == 0 || !(env.turn_over() || env.interrupted())) {
-            // A preemption stops the queue where it stands if the engine allows it there (a
-            // packet part-way done is stopped, or not, inside its execution).
-            if q.preempt.is_some() && !q.dispatch_active && q.bulk_done.is_none() {
-                let point =
-                    if q.ib.is_none() && q.at_cb_boundary { StopPoint::CommandBuffer } else { StopPoint::Packet };
-                if env.stop.allows(point) {
-                    stopped = Some(point);
-                    return Ok(());
-                }
-            }
-            if q.preempt.is_some() && q.dispatch_active && env.stop.allows(StopPoint::Instruction) {
-                stopped = Some(StopPoint::Instruction);
-                return Ok(());
-            }
-            if q.preempt.is_some() && q.bulk_done.is_some() && env.stop.allows(StopPoint::Chunk) {
-                stopped = Some(StopPoint::Chunk);
+            if q.preempt.is_some()
+                && let Some(point) = stop_point(q, env.stop)
+            {
+                stopped = Some(point);
                 return Ok(());
             }
             if let Some(mut ib) = q.ib {
                 let ib_vm = match ib.vmid {
-                    Some(v) => vms.get(v.0 as usize).and_then(Option::as_ref).ok_or((
-                        FaultKind::BadIndirect { why: "vmid does not exist" },
-                        Some(Opcode::IndirectBuffer),
-                        false,
-                    ))?,
+                    Some(v) => match vms.get(v.0 as usize).and_then(Option::as_ref) {
+                        Some(vm) => vm,
+                        None => {
+                            let why = "vmid does not exist";
+                            return Err((FaultKind::BadIndirect { why }, Some(Opcode::IndirectBuffer), false));
+                        }
+                    },
                     None => vm,
                 };
                 if ib.pos >= ib.dwords {
@@ -438,8 +440,17 @@ pub(super) fn run_queue(
                     return Ok(());
                 }
             }
-            let (packet, n) = fetch_ring(q).map_err(|(k, op)| (k, op, false))?;
-            match exec(packet, q, id, vm, env, false).map_err(|k| (k, Some(packet.opcode()), false))? {
+            // (Matched rather than `map_err`ed: this is the path of every ring packet, and the
+            // conversion copied the whole result, packet and all, at each step.)
+            let (packet, n) = match fetch_ring(q) {
+                Ok(fetched) => fetched,
+                Err((kind, op)) => return Err((kind, op, false)),
+            };
+            let flow = match exec(packet, q, id, vm, env, false) {
+                Ok(flow) => flow,
+                Err(kind) => return Err((kind, Some(packet.opcode()), false)),
+            };
+            match flow {
                 Flow::Blocked { va, value } => {
                     blocked(q, env, &mut stopped, q.cfg.vmid, va, value);
                     return Ok(());
@@ -478,6 +489,23 @@ pub(super) fn run_queue(
         q.publish_rptr();
     }
     (done, stopped)
+}
+
+/// Where queue `q`, asked to leave its slot, stands now, if its engine may stop it there: a
+/// packet part-way done stops, or not, inside its execution (a dispatch at an instruction, a
+/// bulk copy at a chunk); otherwise it stands between packets, at the end of a command buffer
+/// or inside one.
+fn stop_point(q: &FwQueue, stop: Stop) -> Option<StopPoint> {
+    let point = if q.dispatch_active {
+        StopPoint::Instruction
+    } else if q.bulk_done.is_some() {
+        StopPoint::Chunk
+    } else if q.ib.is_none() && q.at_cb_boundary {
+        StopPoint::CommandBuffer
+    } else {
+        StopPoint::Packet
+    };
+    stop.allows(point).then_some(point)
 }
 
 /// Writes the live dispatch state of the queues evicted in this step to their save areas
@@ -560,13 +588,13 @@ fn blocked(q: &mut FwQueue, env: &Env<'_>, stopped: &mut Option<StopPoint>, vmid
     }
 }
 
-/// Fetches and decodes the packet at rptr.
+/// Fetches and decodes the packet at rptr: its header first, checked, then the rest of it.
 pub(super) fn fetch_ring(q: &FwQueue) -> Result<(Packet, usize), (FaultKind, Option<Opcode>)> {
     let ring_bytes = q.cfg.ring_bytes;
     let off = q.rptr & (ring_bytes - 1);
     let ring: &Mapping = &q.ring.shm;
-    let base = q.ring.offset;
-    let header = Header(ring.read_u32(base + off).map_err(|_| (outside(q.cfg.ring_va + off, 4), None))?);
+    let at = q.ring.offset + off;
+    let header = Header(ring.read_u32(at).map_err(|_| (outside(q.cfg.ring_va + off, 4), None))?);
     let op = header.check().map_err(|e| (FaultKind::BadPacket(e), None))?;
     let n = header.dwords() as u64;
     if off + n * 4 > ring_bytes {
@@ -575,7 +603,7 @@ pub(super) fn fetch_ring(q: &FwQueue) -> Result<(Packet, usize), (FaultKind, Opt
     if q.rptr.checked_add(n * 4).is_none_or(|end| end > q.wptr) {
         return Err((FaultKind::PastWptr { rptr: q.rptr, dwords: n, wptr: q.wptr }, Some(op)));
     }
-    decode_at(ring, base + off, header, op).map_err(|k| (k, Some(op)))
+    read_body(ring, at, header, op).map_err(|k| (k, Some(op)))
 }
 
 /// Fetches and decodes the next packet of an indirect buffer.
@@ -590,20 +618,22 @@ pub(super) fn fetch_indirect(vm: &AddressSpace, ib: &IbCursor) -> Result<(Packet
         return Err(FaultKind::BadPacket(abi::packet::DecodeError::Truncated { need: n, have }));
     }
     let r = vm.translate(va, n as u64 * 4, Access::Read)?;
-    decode_at(r.shm, r.offset, header, op)
+    read_body(r.shm, r.offset, header, op)
 }
 
-/// Decodes a packet whose checked header is at `offset` of `m`.
-pub(super) fn decode_at(m: &Mapping, offset: u64, header: Header, op: Opcode) -> Result<(Packet, usize), FaultKind> {
+/// Reads the rest of the packet whose header, read and checked already, is at `offset` of
+/// `m`, and decodes it. The header is not read again: the device decodes what it checked,
+/// whatever shared memory holds by now.
+pub(super) fn read_body(m: &Mapping, offset: u64, header: Header, op: Opcode) -> Result<(Packet, usize), FaultKind> {
     let n = header.dwords();
     if op == Opcode::Nop {
         return Ok((Packet::Nop { dwords: n as u16 }, n));
     }
     // Fixed-size packets are at most MAX_FIXED_PACKET_DWORDS long (checked by `Header::check`).
     let mut buf = [0u32; MAX_FIXED_PACKET_DWORDS];
-    let words = &mut buf[..n.min(MAX_FIXED_PACKET_DWORDS)];
-    m.read_u32s(offset, words).map_err(|_| outside(offset, n as u64 * 4))?;
-    Packet::decode_checked(header, op, words).map_err(FaultKind::BadPacket)
+    let body = &mut buf[1..n.min(MAX_FIXED_PACKET_DWORDS)];
+    m.read_u32s(offset + 4, body).map_err(|_| outside(offset, n as u64 * 4))?;
+    Packet::decode_fixed(header, op, &buf).map_err(FaultKind::BadPacket)
 }
 
 /// What a native fence signal's interrupt names (spec 002 "Optimized native fence signaled
@@ -639,7 +669,7 @@ pub(super) fn exec(
     // A WAIT that stays blocked costs nothing: it is re-checked at the next event, and it
     // must not keep its engine busy (and the deterministic clock crawling) while it waits.
     if !matches!(flow, Ok(Flow::Blocked { .. })) {
-        env.charge(crate::cost::ns(env.cost.packet));
+        env.charge(env.packet_ns);
     }
     flow
 }
@@ -731,7 +761,7 @@ fn exec_packet(
         }
         Packet::SignalFence { va, value } => {
             let r = vm.translate_aligned(va, 8, Access::Write)?;
-            let f = env.fences.get(&(r.shm.id(), r.offset)).ok_or(FaultKind::NotAFence { va })?;
+            let Some(f) = env.fences.get(&(r.shm.id(), r.offset)) else { return Err(FaultKind::NotAFence { va }) };
             let current = r.shm.atomic_u64(r.offset).map_err(|_| wfault(va, 8))?;
             let monitored = &f.monitored;
             // Store CurrentValue, barrier, read MonitoredValue (spec 002, `abi::protocol`).
@@ -739,80 +769,7 @@ fn exec_packet(
                 env.raise(Interrupt::NativeFenceSignaled(signaled(q, id, f.id, env)));
             }
         }
-        Packet::Logged { op, va, value, position } => {
-            let logs = q
-                .cfg
-                .fence_logs
-                .clone()
-                .ok_or(FaultKind::BadField { field: "log entry", why: "this queue has no fence log" })?;
-            // Where the position goes, checked before the operation: a refused one changes
-            // nothing but its queue's state.
-            let log = &logs[if op == LoggedOp::Wait { 0 } else { 1 }];
-            let slot = fence_log::locate::<shm::Mapping>(log, position).map_err(|_| FaultKind::BadField {
-                field: "log entry",
-                why: "the position is behind the log's next free one, or a whole log ahead of it",
-            })?;
-            let fence =
-                vm.translate_aligned(va, 8, Access::Read).ok().and_then(|r| env.fences.get(&(r.shm.id(), r.offset)));
-            let handle = fence.map_or(0, |f| f.id);
-            match op {
-                LoggedOp::Wait => {
-                    let r = vm.translate_aligned(va, 8, Access::Read)?;
-                    let now = env.now();
-                    let observed = *q.wait_observed.get_or_insert(now);
-                    // Acquire: pairs with the signaller's release store.
-                    if r.shm.load_u64(r.offset, Ordering::Acquire).map_err(|_| outside(va, 8))? < value {
-                        park_on_fence(q, &r, env);
-                        return Ok(Flow::Blocked { va, value });
-                    }
-                    q.wait_observed = None;
-                    // 1. the wait released; 2. the entry; 3. the index; 4. the barrier.
-                    fence_log::append(
-                        log,
-                        slot,
-                        FenceLogEntry {
-                            fence_value: value,
-                            fence_handle: handle,
-                            operation: FenceLogOp::WaitUnblocked as u32,
-                            observed_timestamp: observed.as_nanos(),
-                            end_timestamp: now.as_nanos(),
-                            ..Default::default()
-                        },
-                    );
-                    std::sync::atomic::fence(Ordering::SeqCst);
-                }
-                LoggedOp::Signal | LoggedOp::SignalFence => {
-                    let r = vm.translate_aligned(va, 8, Access::Write)?;
-                    let current = r.shm.atomic_u64(r.offset).map_err(|_| wfault(va, 8))?;
-                    let now = env.now();
-                    let entry_of = |h| FenceLogEntry {
-                        fence_value: value,
-                        fence_handle: h,
-                        operation: FenceLogOp::SignalExecuted as u32,
-                        observed_timestamp: now.as_nanos(),
-                        end_timestamp: now.as_nanos(),
-                        ..Default::default()
-                    };
-                    if op == LoggedOp::Signal && fence.is_none() {
-                        current.store(value, Ordering::Release);
-                        fence_log::append(log, slot, entry_of(handle));
-                        std::sync::atomic::fence(Ordering::SeqCst);
-                    } else {
-                        // A fence signal (flagged, or a plain one landing on a fence).
-                        let f = fence.ok_or(FaultKind::NotAFence { va })?;
-                        let monitored = &f.monitored;
-                        // 1. value; 2. entry; 3. index — inside the protocol, before its barrier
-                        // (4) and the interrupt check (5): spec 002 "Order of operations".
-                        let interrupt = abi::protocol::signal_fence(current, monitored, value, || {
-                            fence_log::append(log, slot, entry_of(f.id))
-                        });
-                        if interrupt {
-                            env.raise(Interrupt::NativeFenceSignaled(signaled(q, id, f.id, env)));
-                        }
-                    }
-                }
-            }
-        }
+        Packet::Logged { op, va, value, position } => return exec_logged(q, id, vm, env, op, va, value, position),
         Packet::Wait { va, value } => {
             let r = vm.translate_aligned(va, 8, Access::Read)?;
             // Acquire: pairs with the signaller's release store.
@@ -850,7 +807,7 @@ fn exec_packet(
             q.completed = value;
             if env.completions.is_some() {
                 // The packet ends once its own cost (charged after it executes) is spent.
-                let at = env.now().plus(env.cost.packet);
+                let at = env.packet_end();
                 if let Some(c) = env.completions.as_deref_mut() {
                     c.push(super::Completion { queue: id, value, at });
                 }
@@ -861,54 +818,154 @@ fn exec_packet(
         }
         Packet::Interrupt { id: user } => env.raise(Interrupt::User { queue: id, id: user }),
         Packet::Synthetic { ns } => return synthetic(q, env, ns),
-        Packet::Dispatch { kernel, grid, group, args } => {
-            if env.kind != EngineKind::Compute {
-                return Err(FaultKind::BadDispatch { why: "only compute engines run kernels" });
+        Packet::Dispatch { kernel, grid, group, args } => return exec_dispatch(q, vm, env, kernel, grid, group, args),
+    }
+    Ok(Flow::Next)
+}
+
+/// Executes a `SIGNAL` or `WAIT` with a fence-log entry ([`Packet::Logged`]): the operation,
+/// then the entry, in spec 002's order.
+#[expect(clippy::too_many_arguments, reason = "the packet's four fields beside the usual four")]
+fn exec_logged(
+    q: &mut FwQueue,
+    id: FwQueueId,
+    vm: &AddressSpace,
+    env: &mut Env<'_>,
+    op: LoggedOp,
+    va: u64,
+    value: u64,
+    position: u32,
+) -> Result<Flow, FaultKind> {
+    let wfault = |va: u64, bytes: u64| FaultKind::OutsideMappings { va, bytes, access: Access::Write };
+    let Some(logs) = q.cfg.fence_logs.clone() else {
+        return Err(FaultKind::BadField { field: "log entry", why: "this queue has no fence log" });
+    };
+    // Where the position goes, checked before the operation: a refused one changes
+    // nothing but its queue's state.
+    let log = &logs[if op == LoggedOp::Wait { 0 } else { 1 }];
+    let slot = fence_log::locate::<shm::Mapping>(log, position).map_err(|e| match e {
+        fence_log::LogError::BadPosition { position, next, entries } => {
+            FaultKind::BadLogPosition { position, next, entries }
+        }
+        _ => FaultKind::BadField { field: "log entry", why: "the queue's fence log holds no entry" },
+    })?;
+    let fence = vm.translate_aligned(va, 8, Access::Read).ok().and_then(|r| env.fences.get(&(r.shm.id(), r.offset)));
+    let handle = fence.map_or(0, |f| f.id);
+    match op {
+        LoggedOp::Wait => {
+            let r = vm.translate_aligned(va, 8, Access::Read)?;
+            let now = env.now();
+            let observed = *q.wait_observed.get_or_insert(now);
+            // Acquire: pairs with the signaller's release store.
+            if r.shm.load_u64(r.offset, Ordering::Acquire).map_err(|_| outside(va, 8))? < value {
+                park_on_fence(q, &r, env);
+                return Ok(Flow::Blocked { va, value });
             }
-            // A dispatch part-way done resumes from its state — still live in the slot, or
-            // saved in the context save area when the queue left its slot since; the packet in
-            // the ring (client memory) is not read again.
-            let live = q.live.take();
-            let save = &q.cfg.context_save;
-            let mut d = match live {
-                Some(d) => d,
-                None if q.dispatch_active => Box::new(Dispatch::restore(vm, save, 0, env.wave_width)?),
-                None => Box::new(Dispatch::start(vm, kernel, grid, group, args, env.wave_width)?),
+            q.wait_observed = None;
+            // 1. the wait released; 2. the entry; 3. the index; 4. the barrier.
+            fence_log::append(
+                log,
+                slot,
+                FenceLogEntry {
+                    fence_value: value,
+                    fence_handle: handle,
+                    operation: FenceLogOp::WaitUnblocked as u32,
+                    observed_timestamp: observed.as_nanos(),
+                    end_timestamp: now.as_nanos(),
+                    ..Default::default()
+                },
+            );
+            std::sync::atomic::fence(Ordering::SeqCst);
+        }
+        LoggedOp::Signal | LoggedOp::SignalFence => {
+            let r = vm.translate_aligned(va, 8, Access::Write)?;
+            let current = r.shm.atomic_u64(r.offset).map_err(|_| wfault(va, 8))?;
+            let now = env.now();
+            let entry_of = |h| FenceLogEntry {
+                fence_value: value,
+                fence_handle: h,
+                operation: FenceLogOp::SignalExecuted as u32,
+                observed_timestamp: now.as_nanos(),
+                end_timestamp: now.as_nanos(),
+                ..Default::default()
             };
-            // A slice runs as many wave-instructions as the turn has time for (at least one),
-            // and at most the dispatch budget.
-            let per = crate::cost::ns(env.cost.wave_instruction).max(1);
-            let budget = env.dispatch_budget.min(env.turn_left() / per).max(1);
-            let before = env.stats.instructions;
-            // Asked to leave the slot: run to the next boundary the engine can stop at inside a
-            // dispatch (an instruction boundary was taken before the packet; `Dispatch` and
-            // coarser levels let the dispatch finish).
-            let stop_at = q.preempt.and(env.stop.in_dispatch());
-            // In sub-slices, so the turn can end at the next check if it is interrupted.
-            let mut left = budget;
-            let progress = loop {
-                let slice = left.min(INTERRUPT_CHECK_INSTRUCTIONS);
-                let p = d.run_to(vm, slice, stop_at, env.stats);
-                left -= slice;
-                if !matches!(p, Ok(Progress::Yield)) || left == 0 || env.interrupted() {
-                    break p;
-                }
-            };
-            env.charge(env.cost.instructions_ns(env.stats.instructions - before));
-            match progress? {
-                Progress::Done => q.dispatch_active = false,
-                Progress::Yield => {
-                    // Its state stays in the slot until the queue leaves it.
-                    q.live = Some(d);
-                    q.dispatch_active = true;
-                    return Ok(Flow::Yield);
-                }
-                Progress::Stopped(point) => {
-                    d.save(save, 0)?;
-                    q.dispatch_active = true;
-                    return Ok(Flow::Stopped(point));
+            if op == LoggedOp::Signal && fence.is_none() {
+                current.store(value, Ordering::Release);
+                fence_log::append(log, slot, entry_of(handle));
+                std::sync::atomic::fence(Ordering::SeqCst);
+            } else {
+                // A fence signal (flagged, or a plain one landing on a fence).
+                let Some(f) = fence else { return Err(FaultKind::NotAFence { va }) };
+                let monitored = &f.monitored;
+                // 1. value; 2. entry; 3. index — inside the protocol, before its barrier
+                // (4) and the interrupt check (5): spec 002 "Order of operations".
+                let interrupt = abi::protocol::signal_fence(current, monitored, value, || {
+                    fence_log::append(log, slot, entry_of(f.id))
+                });
+                if interrupt {
+                    env.raise(Interrupt::NativeFenceSignaled(signaled(q, id, f.id, env)));
                 }
             }
+        }
+    }
+    Ok(Flow::Next)
+}
+
+/// Executes (a slice of) a `DISPATCH`.
+fn exec_dispatch(
+    q: &mut FwQueue,
+    vm: &AddressSpace,
+    env: &mut Env<'_>,
+    kernel: u64,
+    grid: [u32; 3],
+    group: [u32; 3],
+    args: u64,
+) -> Result<Flow, FaultKind> {
+    if env.kind != EngineKind::Compute {
+        return Err(FaultKind::BadDispatch { why: "only compute engines run kernels" });
+    }
+    // A dispatch part-way done resumes from its state — still live in the slot, or
+    // saved in the context save area when the queue left its slot since; the packet in
+    // the ring (client memory) is not read again.
+    let live = q.live.take();
+    let save = &q.cfg.context_save;
+    let mut d = match live {
+        Some(d) => d,
+        None if q.dispatch_active => Box::new(Dispatch::restore(vm, save, 0, env.wave_width)?),
+        None => Box::new(Dispatch::start(vm, kernel, grid, group, args, env.wave_width)?),
+    };
+    // A slice runs as many wave-instructions as the turn has time for (at least one),
+    // and at most the dispatch budget.
+    let per = crate::cost::ns(env.cost.wave_instruction).max(1);
+    let budget = env.dispatch_budget.min(env.turn_left() / per).max(1);
+    let before = env.stats.instructions;
+    // Asked to leave the slot: run to the next boundary the engine can stop at inside a
+    // dispatch (an instruction boundary was taken before the packet; `Dispatch` and
+    // coarser levels let the dispatch finish).
+    let stop_at = q.preempt.and(env.stop.in_dispatch());
+    // In sub-slices, so the turn can end at the next check if it is interrupted.
+    let mut left = budget;
+    let progress = loop {
+        let slice = left.min(INTERRUPT_CHECK_INSTRUCTIONS);
+        let p = d.run_to(vm, slice, stop_at, env.stats);
+        left -= slice;
+        if !matches!(p, Ok(Progress::Yield)) || left == 0 || env.interrupted() {
+            break p;
+        }
+    };
+    env.charge(env.cost.instructions_ns(env.stats.instructions - before));
+    match progress? {
+        Progress::Done => q.dispatch_active = false,
+        Progress::Yield => {
+            // Its state stays in the slot until the queue leaves it.
+            q.live = Some(d);
+            q.dispatch_active = true;
+            return Ok(Flow::Yield);
+        }
+        Progress::Stopped(point) => {
+            d.save(save, 0)?;
+            q.dispatch_active = true;
+            return Ok(Flow::Stopped(point));
         }
     }
     Ok(Flow::Next)

@@ -938,8 +938,8 @@ impl Os {
     /// The log is written where the client says (it chooses the positions), so the kernel
     /// trusts it only to narrow the search: anything it cannot account for — a queue gone, no
     /// log, a corrupt or overrun log, or (with `each_names_one`, an interrupt that named the
-    /// queue) a log that names no fence past its MonitoredValue — falls back to the scan. An overrun is also
-    /// flagged in the trace ([`Event::FenceLogOverrun`], spec 002: "the OS can emit a flag in
+    /// queue) a log with no new entry that explains the interrupt ([`Os::explains`]) — falls
+    /// back to the scan. An overrun is also flagged in the trace ([`Event::FenceLogOverrun`], spec 002: "the OS can emit a flag in
     /// the trace to notify a user that events were lost").
     fn read_signal_logs(&mut self, queues: &[HwQueueHandle], each_names_one: bool, now: Time) -> Option<Vec<u64>> {
         let mut ids = Vec::new();
@@ -968,9 +968,9 @@ impl Os {
                         scan_all = true;
                     }
                     // The interrupt named this queue because one of its signals passed a
-                    // MonitoredValue. If no fence the log names has, the log does not explain
-                    // it (a signal the client did not log): scan.
-                    if each_names_one && !named.iter().any(|&id| self.crossed(id)) {
+                    // MonitoredValue. If no new entry did, the log does not explain it (a
+                    // signal the client did not log): scan.
+                    if each_names_one && !r.entries.iter().any(|e| self.explains(e)) {
                         scan_all = true;
                     }
                     ids.extend(named);
@@ -995,12 +995,20 @@ impl Os {
         Some(ids)
     }
 
-    /// Whether fence `id`'s CurrentValue is past its MonitoredValue: a signal of it raised an
-    /// interrupt (or would have), and its waiters are not settled yet.
-    fn crossed(&self, id: u64) -> bool {
-        let f = self.instances(id).first().and_then(|&(pid, h)| self.processes.get(&pid)?.fences.get(h).ok());
+    /// Whether signal-log entry `e` accounts for an interrupt that named its queue: the value
+    /// it logs is past its fence's MonitoredValue. A waiter that wants at most that value is
+    /// then still unsettled, so the logged signal found it and raised an interrupt of its own
+    /// (a waiter added after the signal is settled at once and never lowers MonitoredValue
+    /// below a value already reached). The fence's live value would not do: another queue may
+    /// have taken it past MonitoredValue, and a log naming the fence at a value nobody waits
+    /// for would then hide an unlogged signal of another fence — whose waiter would sleep on.
+    /// Each entry that explains an interrupt has one of its own, so an interrupt the log
+    /// cannot account for always ends in a scan.
+    fn explains(&self, e: &abi::fence_log::FenceLogEntry) -> bool {
+        let f =
+            self.instances(e.fence_handle).first().and_then(|&(pid, h)| self.processes.get(&pid)?.fences.get(h).ok());
         // Acquire: as every read of the two words (`abi::protocol`).
-        f.is_some_and(|f| f.current() > f.monitored.get().load(Ordering::Acquire))
+        f.is_some_and(|f| e.fence_value > f.monitored.get().load(Ordering::Acquire))
     }
 
     /// Decides a fence wait: a thread's result is kept until it ends the wait; the

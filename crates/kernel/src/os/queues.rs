@@ -205,14 +205,24 @@ impl Os {
                 self.validate_descriptor(pid, &d, einfo)?;
                 let mut d = d;
                 let p = self.proc(pid)?;
-                // The doorbell page: the process's own (0), or one it allocated.
-                if p.doorbell_page_at(d.doorbell_page_va).is_none() {
-                    let va = format!("{:#x}", d.doorbell_page_va);
-                    return Err(invalid("doorbell_page_va", va, Invalid::NoDoorbellPage));
+                // The doorbell page: the process's own (0), or one it allocated on this
+                // queue's device. Not another device's: that device's destruction frees its
+                // pages, and a queue of this one must not pin one of them.
+                let device = p.contexts.get(ctx)?.device;
+                let page = d.doorbell_page_va;
+                if page != 0 && !p.doorbell_pages.iter().any(|(_, pg)| pg.va == page && pg.device == device) {
+                    return Err(invalid("doorbell_page_va", format!("{page:#x}"), Invalid::NoDoorbellPage));
+                }
+                // Its memory, likewise: the device's own allocations, which outlive its queues
+                // (another device's destruction would free them under the queue, and fail on
+                // the queue's pin after it had destroyed that device's contexts).
+                for (field, va, bytes) in queue_memory(&d) {
+                    if p.allocations.iter().any(|(_, a)| a.device != device && a.holds(va, bytes)) {
+                        return Err(invalid(field, format!("{va:#x}"), Invalid::OtherDevice));
+                    }
                 }
                 // The doorbells in that page of the queues that exist (a hung one keeps its own).
                 let in_page = |p: &Process| {
-                    let page = d.doorbell_page_va;
                     p.queues
                         .iter()
                         .filter_map(move |(h, q)| {
@@ -335,12 +345,10 @@ impl Os {
         // destroyed: the engine reads and writes them.
         let p = self.proc(pid)?;
         if let Some(desc) = p.queues.get(handle)?.user_desc().copied() {
-            let csa = if desc.context_save_va != 0 { (desc.context_save_va, 1) } else { (desc.ring_va, 1) };
-            let words =
-                [(desc.ring_va, desc.ring_bytes), (desc.rptr_va, 8), (desc.wptr_va, 8), (desc.last_queued_va, 8), csa];
+            let words = queue_memory(&desc);
             for h in p.allocations.handles() {
                 let a = p.allocations.get_mut(h)?;
-                if words.iter().any(|&(va, n)| a.holds(va, n)) {
+                if words.iter().any(|&(_, va, n)| a.holds(va, n)) {
                     a.pins.push(Pin::Queue(handle));
                 }
             }
@@ -454,9 +462,8 @@ impl Os {
     ///    UMD's positions go on, whatever the new size: `abi::fence_log`);
     /// 2. `DxgkDdiSetNativeFenceLogBuffer`: from its return the engine writes the new log;
     /// 3. the old signal log is flushed (`DxgkDdiUpdateNativeFenceLogs`) and read to its end,
-    ///    and the fences it names are settled, as an interrupt's read would (the new log's
-    ///    read position is where the old one ended);
-    /// 4. the old log is dropped.
+    ///    and the fences it names are settled, as an interrupt's read would;
+    /// 4. the old log is dropped, and the new one is read from its start.
     ///
     /// A kernel-mode queue has no logs.
     pub fn recreate_fence_log(
@@ -482,8 +489,17 @@ impl Os {
             self.drain_signal_log(q, now);
         }
         // 4.
-        if let Some(logs) = &mut self.queue(pid, q)?.logs {
+        let qo = self.queue(pid, q)?;
+        if let Some(logs) = &mut qo.logs {
             logs[kind as usize] = log;
+        }
+        if kind == FenceLogType::Signal {
+            // The new log is read from its start. The live driver's engine may have written
+            // the old log past `start` before step 2: step 3 read those positions there, and
+            // in the new log they stay empty, the engine's next write landing past them
+            // (`abi::fence_log::locate`). Reading on from the old log's end instead would
+            // find the new header behind it until then, and scan for nothing.
+            qo.signal_log_seen = start;
         }
         Ok(())
     }
@@ -514,4 +530,19 @@ impl Os {
             QueueMode::User { last_queued, .. } => last_queued.as_ref().map_or(0, |w| w.load(Ordering::Acquire)),
         }
     }
+}
+
+/// The memory a user-mode queue runs from, each with its descriptor field: the ring, rptr,
+/// wptr, last-queued word and the context save area (the ring's place again when the kernel
+/// provides the save area). The kernel pins every allocation that holds one of them.
+fn queue_memory(d: &QueueDescriptor) -> [(&'static str, u64, u64); 5] {
+    let csa =
+        if d.context_save_va != 0 { ("context_save_va", d.context_save_va, 1) } else { ("ring_va", d.ring_va, 1) };
+    [
+        ("ring_va", d.ring_va, d.ring_bytes),
+        ("rptr_va", d.rptr_va, 8),
+        ("wptr_va", d.wptr_va, 8),
+        ("last_queued_va", d.last_queued_va, 8),
+        csa,
+    ]
 }
