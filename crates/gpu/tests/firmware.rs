@@ -115,6 +115,40 @@ fn nothing_runs_until_the_doorbell_rings_then_everything_up_to_wptr_runs() {
     assert!(r.irqs().is_empty(), "no waiter: a progress fence raises no interrupt");
 }
 
+/// The engine fetches published ring words in runs and decodes from them: a stream longer
+/// than a run, packets that straddle a run's end, and a stream that wraps the ring (padded to
+/// its end) all run whole, in order, each packet as written.
+#[test]
+fn long_streams_run_whole_across_fetch_runs_and_the_ring_wrap() {
+    let mut r = rig();
+    let write =
+        |i: u64| Packet::WriteData { width: abi::packet::DataWidth::U32, va: DATA + 4 * (i % 1024), value: 0x1000 + i };
+    let run = |r: &mut Rig, packets: std::ops::Range<u64>, now: &mut u64| {
+        r.publish(&packets.map(write).collect::<Vec<_>>());
+        r.ring_doorbell();
+        let mut ran = 0;
+        for _ in 0..10 {
+            *now += 1_000_000;
+            ran += r.run(*now).packets;
+        }
+        let (rptr, wptr) = (r.control.read_u64(RPTR_OFFSET).unwrap(), r.wptr);
+        assert_eq!(rptr, wptr, "all of it ran: {:?}", r.irqs());
+        ran
+    };
+    let mut now = 0;
+    // 80 packets of 6 dwords, twice, then 8: 1,008 of the ring's 1,024 dwords.
+    assert_eq!(run(&mut r, 0..80, &mut now), 80);
+    assert_eq!(run(&mut r, 80..160, &mut now), 80);
+    assert_eq!(run(&mut r, 160..168, &mut now), 8);
+    // 20 more do not fit before the ring's end: a NOP pads its last 16 dwords, the packets
+    // start at 0 (a fetch at the NOP stops at the ring's end).
+    assert_eq!(run(&mut r, 168..188, &mut now), 21, "the padding NOP and 20 packets");
+    for i in 0..188 {
+        assert_eq!(r.data.read_u32(4 * i).unwrap(), 0x1000 + i as u32, "packet {i}");
+    }
+    assert!(r.irqs().is_empty(), "no fault");
+}
+
 #[test]
 fn unbind_and_bind_reread_wptr_so_a_ring_lost_to_the_dummy_page_still_runs() {
     let mut r = rig();
