@@ -547,6 +547,22 @@ fn write(w: &mut Wave, d: u8, r: &Lanes, width: usize, full: u64) {
 
 #[inline(always)]
 fn bin(w: &mut Wave, i: &Inst, width: usize, full: u64, op: impl Fn(u32, u32) -> u32) {
+    if w.exec == full {
+        // Every lane active: in place, lane by lane (a lane reads only its own lane, so the
+        // destination may be a source), with no row in between to copy.
+        let (a, b, d, width) = (i.a as usize, i.b as usize, i.d as usize, width.min(MAX_WAVE));
+        let v = &mut *w.v;
+        if i.uses_imm() {
+            for l in 0..width {
+                v[d][l] = op(v[a][l], i.imm);
+            }
+        } else {
+            for l in 0..width {
+                v[d][l] = op(v[a][l], v[b][l]);
+            }
+        }
+        return;
+    }
     let mut r = [0u32; MAX_WAVE];
     let a = &w.v[i.a as usize];
     if i.uses_imm() {
@@ -564,6 +580,15 @@ fn bin(w: &mut Wave, i: &Inst, width: usize, full: u64, op: impl Fn(u32, u32) ->
 
 #[inline(always)]
 fn tern(w: &mut Wave, i: &Inst, width: usize, full: u64, op: impl Fn(u32, u32, u32) -> u32) {
+    if w.exec == full {
+        // In place, as in `bin`.
+        let (a, b, c, d, width) = (i.a as usize, i.b as usize, i.c as usize, i.d as usize, width.min(MAX_WAVE));
+        let v = &mut *w.v;
+        for l in 0..width {
+            v[d][l] = op(v[a][l], v[b][l], v[c][l]);
+        }
+        return;
+    }
     let mut r = [0u32; MAX_WAVE];
     let (a, b, c) = (&w.v[i.a as usize], &w.v[i.b as usize], &w.v[i.c as usize]);
     for l in 0..width {
@@ -574,6 +599,19 @@ fn tern(w: &mut Wave, i: &Inst, width: usize, full: u64, op: impl Fn(u32, u32, u
 
 #[inline(always)]
 fn un(w: &mut Wave, i: &Inst, width: usize, full: u64, op: impl Fn(u32) -> u32) {
+    if w.exec == full {
+        // In place, as in `bin`.
+        let (a, d, width) = (i.a as usize, i.d as usize, width.min(MAX_WAVE));
+        let v = &mut *w.v;
+        if i.uses_imm() {
+            v[d][..width].fill(op(i.imm));
+        } else {
+            for l in 0..width {
+                v[d][l] = op(v[a][l]);
+            }
+        }
+        return;
+    }
     let mut r = [0u32; MAX_WAVE];
     if i.uses_imm() {
         let x = op(i.imm);

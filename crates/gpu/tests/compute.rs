@@ -94,6 +94,33 @@ fn arithmetic_with_a_bounds_check_and_a_partial_last_wave() {
     }
 }
 
+/// A destination that is also a source (`v2 = v2 + v2`), for unary, binary and ternary
+/// operations, with every lane active (computed in place) and with some inactive (the last
+/// group's lanes past n): each lane reads its sources before its own result lands.
+#[test]
+fn a_destination_may_be_a_source() {
+    let p = store_kernel(&[
+        op(Op::Mov, 2, 1, 0, 0, 0),        // v2 = gid
+        op(Op::Add, 2, 2, 2, 0, 0),        // v2 = v2 + v2
+        op(Op::Mov, 6, 0, 0, FLAG_IMM, 5), // v6 = 5
+        op(Op::Sub, 2, 6, 2, 0, 0),        // v2 = v6 - v2
+        op(Op::Not, 2, 2, 0, 0, 0),        // v2 = !v2
+        op(Op::And, 7, 1, 0, FLAG_IMM, 1), // v7 = gid & 1
+        op(Op::Sel, 2, 7, 2, 1, 0),        // v2 = v7 ? v2 : gid
+        op(Op::Mul, 2, 2, 0, FLAG_IMM, 3), // v2 = v2 * 3
+    ]);
+    for width in [1, 7, 32, 64] {
+        let r = rig(&p, 1000);
+        run_all(&r, 9, 120, width).unwrap();
+        for (i, v) in out_u32s(&r, 1080).into_iter().enumerate() {
+            let gid = i as u32;
+            let odd = !5u32.wrapping_sub(gid.wrapping_mul(2));
+            let want = if i >= 1000 { 0 } else { (if gid & 1 == 1 { odd } else { gid }).wrapping_mul(3) };
+            assert_eq!(v, want, "width {width}, gid {i}");
+        }
+    }
+}
+
 #[test]
 fn divergent_if_else_and_loops_with_per_lane_trip_counts() {
     // if gid odd: v2 = sum_{k<gid%5} (k+1) via a loop with break; else v2 = 1000 + gid
