@@ -545,6 +545,8 @@ fn write(w: &mut Wave, d: u8, r: &Lanes, width: usize, full: u64) {
     }
 }
 
+// (Indexed: the destination row may be a source row, so no iterator can hold both.)
+#[allow(clippy::needless_range_loop)]
 #[inline(always)]
 fn bin(w: &mut Wave, i: &Inst, width: usize, full: u64, op: impl Fn(u32, u32) -> u32) {
     if w.exec == full {
@@ -578,6 +580,8 @@ fn bin(w: &mut Wave, i: &Inst, width: usize, full: u64, op: impl Fn(u32, u32) ->
     write(w, i.d, &r, width, full);
 }
 
+// (Indexed: the destination row may be a source row, so no iterator can hold both.)
+#[allow(clippy::needless_range_loop)]
 #[inline(always)]
 fn tern(w: &mut Wave, i: &Inst, width: usize, full: u64, op: impl Fn(u32, u32, u32) -> u32) {
     if w.exec == full {
@@ -597,6 +601,8 @@ fn tern(w: &mut Wave, i: &Inst, width: usize, full: u64, op: impl Fn(u32, u32, u
     write(w, i.d, &r, width, full);
 }
 
+// (Indexed: the destination row may be a source row, so no iterator can hold both.)
+#[allow(clippy::needless_range_loop)]
 #[inline(always)]
 fn un(w: &mut Wave, i: &Inst, width: usize, full: u64, op: impl Fn(u32) -> u32) {
     if w.exec == full {
