@@ -117,6 +117,58 @@ impl Default for GpuConfig {
     }
 }
 
+impl GpuConfig {
+    /// The longest a device timer (the idle period, a quantum) may be: one hour.
+    pub const MAX_PERIOD: Duration = Duration::from_secs(3600);
+
+    /// Refuses settings of zero or past their bounds, naming the field and the value: a
+    /// device with no hardware slot, a turn of no packets or wave-instructions, a wave of no
+    /// lanes or more than [`compute::MAX_WAVE`], a zero or hour-plus quantum or idle period.
+    /// The kernel's `System` calls it before it builds a device (the firmware itself only
+    /// clamps, for the tests and tools that build one directly).
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |field, value: String, expected| Err(ConfigError { field, value, expected });
+        let period = |field, d: Duration| {
+            if d.is_zero() || d > Self::MAX_PERIOD {
+                bad(field, format!("{d:?}"), "between 1 ns and 1 hour")
+            } else {
+                Ok(())
+            }
+        };
+        period("idle_period", self.idle_period)?;
+        period("process_quantum", self.process_quantum)?;
+        period("gang_quantum", self.gang_quantum)?;
+        if self.engines.is_empty() {
+            return bad("engines", "[]".into(), "at least one engine");
+        }
+        if self.hw_slots == 0 {
+            return bad("hw_slots", "0".into(), "at least 1");
+        }
+        if self.packet_budget == 0 {
+            return bad("packet_budget", "0".into(), "at least 1");
+        }
+        if self.dispatch_budget == 0 {
+            return bad("dispatch_budget", "0".into(), "at least 1");
+        }
+        if self.wave_width == 0 || self.wave_width as usize > compute::MAX_WAVE {
+            return bad("wave_width", self.wave_width.to_string(), "between 1 and 64");
+        }
+        Ok(())
+    }
+}
+
+/// A device setting out of its range ([`GpuConfig::validate`]).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("device configuration: {field} = {value} is out of range (expected {expected})")]
+pub struct ConfigError {
+    /// The [`GpuConfig`] field.
+    pub field: &'static str,
+    /// The value given.
+    pub value: String,
+    /// The range it must be in.
+    pub expected: &'static str,
+}
+
 /// What a device command can refuse.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum GpuError {

@@ -420,6 +420,35 @@ fn bad_tdr_settings_are_refused_with_the_field_named() {
     }
 }
 
+/// Zero or absurd device timers and sizes (the quanta, the idle period, the slots, a turn's
+/// budgets, the wave width) are refused with the field named, on both drivers.
+#[test]
+fn bad_device_settings_are_refused_with_the_field_named() {
+    use gpu::GpuConfig;
+    let absurd = Duration::from_secs(1 << 20);
+    let d = GpuConfig::default;
+    for (gpu, field) in [
+        (GpuConfig { process_quantum: Duration::ZERO, ..d() }, "process_quantum"),
+        (GpuConfig { process_quantum: absurd, ..d() }, "process_quantum"),
+        (GpuConfig { gang_quantum: Duration::ZERO, ..d() }, "gang_quantum"),
+        (GpuConfig { idle_period: Duration::ZERO, ..d() }, "idle_period"),
+        (GpuConfig { idle_period: absurd, ..d() }, "idle_period"),
+        (GpuConfig { hw_slots: 0, ..d() }, "hw_slots"),
+        (GpuConfig { packet_budget: 0, ..d() }, "packet_budget"),
+        (GpuConfig { dispatch_budget: 0, ..d() }, "dispatch_budget"),
+        (GpuConfig { wave_width: 0, ..d() }, "wave_width"),
+        (GpuConfig { wave_width: 65, ..d() }, "wave_width"),
+        (GpuConfig { engines: vec![], ..d() }, "engines"),
+    ] {
+        let cfg = || SystemConfig { gpu: gpu.clone(), ..SystemConfig::default() };
+        let e = System::sim(cfg()).err().expect("refused");
+        assert_eq!(common::refusal(&e).map(|r| r.0), Some(field), "{e}");
+        let e = System::live(cfg()).err().expect("refused");
+        assert_eq!(common::refusal(&e).map(|r| r.0), Some(field), "{e}");
+    }
+    assert!(System::sim(SystemConfig::default()).is_ok(), "the defaults are in range");
+}
+
 /// Device lost (spec 000): doorbells disconnected with `DisconnectedAbort`, queues stopped,
 /// waits failed with `DeviceLost`; user mode destroys and recreates queue, doorbell and ring
 /// on a new device, and that one works.

@@ -180,6 +180,11 @@ impl System {
         waker: Arc<ThreadWaker>,
         driver: Driver,
     ) -> Result<System, KernelError> {
+        cfg.gpu.validate().map_err(|e| KernelError::InvalidArgument {
+            field: e.field,
+            value: e.value,
+            reason: abi::port::Invalid::OutOfRange { expected: e.expected },
+        })?;
         let gpu = Gpu::new(cfg.gpu).map_err(crate::virtual_kmd::refused("gpu", ""))?;
         let gpu = Arc::new(Mutex::new(gpu));
         let line = match driver {
