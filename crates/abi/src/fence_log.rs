@@ -345,6 +345,8 @@ pub fn header_total(log: &shm::Mapping) -> Result<u64, LogError> {
 pub trait LogMemory {
     /// Entries the log holds.
     fn entries(&self) -> u32;
+    /// Its size in bytes (what an error about it reports).
+    fn bytes(&self) -> u64;
     /// A plain store of an entry word at byte `offset`.
     fn write_word(&self, offset: u64, value: u64);
     /// The header word (FirstFreeEntryIndex and WraparoundCount).
@@ -354,6 +356,9 @@ pub trait LogMemory {
 impl LogMemory for shm::Mapping {
     fn entries(&self) -> u32 {
         entries_in(self.len() as u64)
+    }
+    fn bytes(&self) -> u64 {
+        self.len() as u64
     }
     fn write_word(&self, offset: u64, value: u64) {
         let _ = self.write_u64(offset, value);
@@ -387,9 +392,10 @@ pub struct Slot {
 /// no fence, or one the log named before.)
 pub fn locate<L: LogMemory + ?Sized>(log: &L, position: u32) -> Result<Slot, LogError> {
     let entries = log.entries();
-    let h = log.header().ok_or(LogError::TooSmall { bytes: 0 })?;
+    let too_small = || LogError::TooSmall { bytes: log.bytes() };
+    let h = log.header().ok_or_else(too_small)?;
     if entries == 0 {
-        return Err(LogError::TooSmall { bytes: 0 });
+        return Err(too_small());
     }
     // Relaxed: the engine is the header's only writer once the log is its own (the kernel's
     // `init` reached it through SetNativeFenceLogBuffer, under the device lock).
@@ -506,6 +512,9 @@ mod tests {
         impl LogMemory for Log<'_> {
             fn entries(&self) -> u32 {
                 FENCE_LOG_ENTRIES
+            }
+            fn bytes(&self) -> u64 {
+                log_bytes(FENCE_LOG_ENTRIES)
             }
             fn write_word(&self, _: u64, _: u64) {
                 self.0.borrow_mut().push(W::Entry);
@@ -631,5 +640,14 @@ mod tests {
             append(&log, locate::<shm::Mapping>(&log, p).unwrap(), FenceLogEntry::default());
         }
         assert_eq!(header_total(&log).unwrap(), start + 4);
+    }
+
+    /// A log too small for one entry is refused, and the error gives its real size.
+    #[test]
+    fn a_log_too_small_for_an_entry_says_how_big_it_is() {
+        let shm = shm::Shm::new("log", 4096).unwrap();
+        let tiny = shm::Mapping::new(shm.fd(), 0, 8, shm::Prot::ReadWrite).unwrap();
+        assert_eq!(locate(&tiny, 0), Err(LogError::TooSmall { bytes: 8 }));
+        assert!(matches!(capacity(&tiny), Err(LogError::TooSmall { bytes: 8 })));
     }
 }
