@@ -113,6 +113,8 @@ pub enum DdiKind {
     ResetQueue,
     /// [`Kmd::migrate_allocation`] (a failed move leaves the buffer unmapped).
     MigrateAllocation,
+    /// [`Kmd::set_native_fence_log_buffer`] (a log that cannot be replaced keeps the old one).
+    SetNativeFenceLogBuffer,
 }
 
 /// A queue the OS asks the KMD to create (`DxgkDdiCreateHwQueue`; amdgpu's MQD inputs).
@@ -896,6 +898,7 @@ impl Kmd for Traced {
         log: Arc<Shm>,
     ) -> Result<(), DdiError> {
         self.log(Ddi::SetNativeFenceLogBuffer(queue));
+        self.gate(DdiKind::SetNativeFenceLogBuffer)?;
         self.inner.set_native_fence_log_buffer(queue, kind, log)
     }
     fn update_monitored_values(&mut self, batch: &[(u64, u64)]) -> Result<(), DdiError> {

@@ -251,6 +251,44 @@ fn tracing_recreates_a_running_queues_logs_larger_in_the_specs_order_and_loses_n
     assert!(sys.recreate_fence_log(pid, k.handle(), FenceLogType::Wait).is_err());
 }
 
+/// Turning tracing on recreates every queue's logs on their own: one whose recreation fails
+/// (here the DDI refuses its wait log) keeps its old, working log, and the other process's
+/// queue still gets both of its new logs; the failure is reported.
+#[test]
+fn a_log_that_cannot_be_recreated_costs_no_other_queue_its_new_logs() {
+    use kernel::ddi::{DdiFault, DdiKind};
+    let sys = common::optimized();
+    let (a, b) = (common::client(&sys), common::client(&sys));
+    let (mut qa, qb) = (a.user_queue(), b.user_queue());
+    let mark = sys.trace().0.len();
+    // The first call is the first queue's (process a's) wait log.
+    sys.inject_ddi_fault(DdiFault { ddi: DdiKind::SetNativeFenceLogBuffer, call: 1 });
+    let e = sys.set_fence_log_tracing(true).unwrap_err();
+    assert!(e.to_string().contains("SetNativeFenceLogBuffer"), "{e}");
+    let recreated = |q: abi::HwQueueHandle| -> Vec<FenceLogType> {
+        common::events_from(&sys, mark)
+            .iter()
+            .filter_map(|e| match e {
+                Event::FenceLogRecreated { queue, kind, entries: 340 } if *queue == q => Some(*kind),
+                _ => None,
+            })
+            .collect()
+    };
+    assert_eq!(recreated(qb.handle()), [FenceLogType::Wait, FenceLogType::Signal], "b's logs, after a's failure");
+    let installed = |q| {
+        common::events_from(&sys, mark).iter().filter(|e| **e == Event::Ddi(Ddi::SetNativeFenceLogBuffer(q))).count()
+    };
+    assert_eq!(installed(qb.handle()), 2, "both of b's new logs were installed");
+    assert_eq!(installed(qa.handle()), 2, "a's wait log was tried (and refused), its signal log installed");
+    // a's queue still works, logged signals and all.
+    let f = a.device.create_fence(0, NativeFenceType::Default).unwrap();
+    let mut cb = CommandBuffer::new();
+    cb.signal_fence_logged(&f, 1);
+    let v = qa.submit(&cb).unwrap();
+    qa.wait(v, T).unwrap();
+    assert_eq!(f.value().unwrap(), 1);
+}
+
 /// The native fence caps reach the UMD through `KernelPort`, and it acts on them: where the
 /// signaled interrupt names the queue (`OptimizedNativeFenceSignaledInterrupt`), the OS learns
 /// which fences were signalled from the queue's signal log alone, so a user-mode queue logs

@@ -432,6 +432,10 @@ impl Os {
     /// logs at [`TRACED_FENCE_LOG_BYTES`] ([`Os::recreate_fence_log`]: nothing is lost), and
     /// new queues get logs of that size; turning it off gives them the spec's 4 KiB again.
     /// An overrun that still happens is flagged in the trace ([`Event::FenceLogOverrun`]).
+    ///
+    /// Every queue's logs are recreated on their own: one that fails (its old log unreadable,
+    /// no memory for the new one, the DDI refused) keeps its working logs at the old size and
+    /// costs no other queue its new ones; the first failure is returned once all were tried.
     pub fn set_fence_log_tracing(&mut self, on: bool, now: Time) -> Result<(), KernelError> {
         self.at(now);
         if self.fence_log_tracing == on {
@@ -445,12 +449,15 @@ impl Os {
             .flat_map(|p| p.queues.iter().filter(|(_, q)| q.logs.is_some()).map(|(h, _)| h))
             .collect();
         queues.sort_unstable_by_key(|h| (h.owner(), h.index()));
+        let mut first_failure = Ok(());
         for q in queues {
             for kind in [FenceLogType::Wait, FenceLogType::Signal] {
-                self.recreate_fence_log(q.owner(), q, kind, now)?;
+                if let Err(e) = self.recreate_fence_log(q.owner(), q, kind, now) {
+                    first_failure = first_failure.and(Err(e));
+                }
             }
         }
-        Ok(())
+        first_failure
     }
 
     /// Destroys and recreates a user-mode queue's fence log of `kind`, at the size the OS
