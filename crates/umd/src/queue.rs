@@ -400,17 +400,19 @@ impl Queue {
         // buffer is the caller's and may be submitted again). The positions advance only once
         // the submission is in the ring: a refused one must not leave holes (a reader would
         // see stale entries). A buffer with nothing to log costs one test of each kind.
-        let mut patched = std::mem::take(&mut self.scratch);
+        let mut patched = Vec::new();
         let mut log_next = self.log_next;
         let words: &[u32] = if self.log_every_signal && cb.has_fence_signals() {
             // Where the interrupt names the queue, every native fence signal is logged (see
             // `log_every_signal`).
+            patched = std::mem::take(&mut self.scratch);
             let mut fields = std::mem::take(&mut self.log_fields);
             cb.with_signals_logged(&mut patched, &mut fields);
             place_log_positions(&mut patched, &fields, &mut log_next);
             self.log_fields = fields;
             &patched
         } else if !cb.log_fields().is_empty() {
+            patched = std::mem::take(&mut self.scratch);
             patched.clear();
             patched.extend_from_slice(cb.words());
             place_log_positions(&mut patched, cb.log_fields(), &mut log_next);
@@ -439,7 +441,9 @@ impl Queue {
         u.outstanding.push_back((value, plan.new_wptr));
         self.next_progress = value;
         self.log_next = log_next;
-        self.scratch = patched;
+        if patched.capacity() > 0 {
+            self.scratch = patched;
+        }
         Ok(value)
     }
 
