@@ -588,11 +588,17 @@ pub(super) fn wake_sleepers(e: &mut Engine, queues: &mut Slab<FwQueue>, vms: &[O
 /// Rebuilds `e`'s sentinel doorbells ([`Engine::sentinels`]) for this step: the watched
 /// doorbells of idle queues with a higher priority than the lowest busy slot holder. Skipped
 /// (no sentinels) on an engine with more than [`preempt::MAX_SENTINEL_WATCHES`] doorbells.
+#[inline]
 fn watch_sentinels(e: &mut Engine, queues: &Slab<FwQueue>) {
     e.sentinels.clear();
     if e.watch_at.len() > preempt::MAX_SENTINEL_WATCHES {
         return;
     }
+    watch_sentinels_of(e, queues);
+}
+
+/// [`watch_sentinels`] on an engine with few enough doorbells.
+fn watch_sentinels_of(e: &mut Engine, queues: &Slab<FwQueue>) {
     let busy = |id: &FwQueueId| queues.get(id.0).ok().filter(|q| q.pending && q.state == QueueState::Mapped);
     let Some(lowest) = e.hqd.iter().filter_map(busy).map(|q| q.cfg.priority).min() else { return };
     for w in e.watches.iter().flatten() {

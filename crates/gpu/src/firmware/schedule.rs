@@ -380,6 +380,7 @@ pub(super) fn wake<Q: Schedulable>(e: &mut Engine, q: &mut Q, id: FwQueueId) {
 ///
 /// The caller has checked whatever makes the work real (a changed doorbell word, `has_work`);
 /// a hung queue may be marked (a ring on a hung queue's doorbell) but never waits.
+#[inline]
 pub(super) fn mark_pending<Q: Schedulable>(e: &mut Engine, q: &mut Q, id: FwQueueId) {
     // An unmapped queue that gains work may deserve a slot.
     let mut seat = q.seat();
