@@ -63,7 +63,7 @@ pub(super) struct Env<'a> {
     /// step began.
     pub(super) clock: &'a dyn Fn() -> Time,
     /// What work costs, and whether the cost occupies the engine ([`crate::cost`]).
-    pub(super) cost: crate::cost::CostModel,
+    pub(super) cost: &'a crate::cost::CostModel,
     /// `cost.packet` in ns, which every packet is charged.
     pub(super) packet_ns: u64,
     pub(super) timing: crate::cost::Timing,
@@ -212,6 +212,8 @@ impl Firmware {
             ..
         } = self;
         let modelled = *timing == crate::cost::Timing::Modelled;
+        // What every packet costs, and how long a turn lasts (ns).
+        let (packet_ns, turn_ns) = (crate::cost::ns(cost.packet), crate::cost::ns(cost.turn));
         // The command processor's fetch buffer, emptied at each turn (see `run_queue`).
         let mut window = FetchWindow::new();
         for e in engines.iter_mut().filter(|e| e.power == PowerState::F0) {
@@ -248,10 +250,13 @@ impl Firmware {
                 // that just cut in runs first. (Each holder's priority is read once; the sort
                 // is stable.)
                 turns.order.clear();
-                turns.order.extend((0..n).map(|k| {
-                    let id = e.hqd[(e.cursor + k) % n];
-                    (std::cmp::Reverse(queues.get(id.0).map_or(Priority::Low, |q| q.cfg.priority)), id)
-                }));
+                let (later, from_cursor) = e.hqd.split_at(e.cursor.checked_rem(n).unwrap_or(0));
+                turns.order.extend(
+                    from_cursor
+                        .iter()
+                        .chain(later)
+                        .map(|&id| (std::cmp::Reverse(queues.get(id.0).map_or(Priority::Low, |q| q.cfg.priority)), id)),
+                );
                 turns.order.sort_by_key(|&(priority, _)| priority);
                 let mut cut = false;
                 for k in 0..turns.order.len() {
@@ -290,12 +295,12 @@ impl Firmware {
                         fences,
                         optimized_interrupts: *optimized_interrupts,
                         clock,
-                        cost: *cost,
-                        packet_ns: crate::cost::ns(cost.packet),
+                        cost,
+                        packet_ns,
                         timing: *timing,
                         start: now,
                         elapsed,
-                        turn_end: elapsed.saturating_add(crate::cost::ns(cost.turn)),
+                        turn_end: elapsed.saturating_add(turn_ns),
                         bytes: 0,
                         kind: e.kind,
                         wave_width: *wave_width,
