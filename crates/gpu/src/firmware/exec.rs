@@ -698,7 +698,7 @@ impl FetchWindow {
         // A fixed packet: at most MAX_FIXED_PACKET_DWORDS (`Header::check`), all published
         // (checked above). If it runs past the window, the window moves to it. The header is
         // not decoded again: the device decodes the header it checked.
-        let at = self.at(q, n)?;
+        let at = if at + n <= self.len { at } else { self.at(q, n)? };
         let w = self.words[at..].first_chunk().expect("the window has room for a fixed packet after any word");
         Packet::decode_fixed(header, op, w).map_err(|e| (FaultKind::BadPacket(e), Some(op)))
     }
