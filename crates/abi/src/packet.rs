@@ -549,8 +549,9 @@ impl Packet {
     /// [`Packet::decode_checked`] of a packet fetched into a buffer of the longest fixed size
     /// (what a device does): the packet's words start at `w[0]`, the header's place, which is
     /// not looked at. Every field is at a fixed index of the buffer, so none needs a bounds
-    /// check. A `NOP` is decoded from its header alone.
-    #[inline]
+    /// check. A `NOP` is decoded from its header alone. (Inlined always: a fetch loop then
+    /// builds the packet where it goes, not in a result it copies.)
+    #[inline(always)]
     pub fn decode_fixed(
         header: Header,
         op: Opcode,

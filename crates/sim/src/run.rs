@@ -250,6 +250,7 @@ impl Ord for Scheduled {
 }
 
 impl Events {
+    #[inline(always)]
     fn push(&mut self, t: u64, e: Ev) {
         self.seq += 1;
         let key = (t as u128) << 64 | self.seq as u128;

@@ -146,12 +146,27 @@ struct UserRing {
     q: UserQueue,
     /// Our wptr (we are its only writer).
     wptr: u64,
-    /// The last rptr we read: re-read only when the ring looks full, so the submission hot
-    /// path does not pull the engine's cache line every time.
+    /// The last rptr we read: re-read only when the ring looks full or `outstanding` is, so
+    /// the submission hot path does not pull the engine's cache line every time.
     rptr_seen: u64,
     /// (progress value, wptr after it) of submissions the engine may not have read past yet,
-    /// as of `rptr_seen` (pruned when rptr is read, so it holds at most a ring's worth).
+    /// as of `rptr_seen` (pruned when rptr is read, so it holds at most a ring's worth, and it
+    /// grows only when what the engine has not read fills it).
     outstanding: VecDeque<(u64, u64)>,
+}
+
+impl UserRing {
+    /// Reads rptr and forgets the submissions the engine has read past: they can free no
+    /// more ring space. Returns rptr.
+    fn forget_read(&mut self) -> u64 {
+        // Acquire: the engine is done reading bytes below rptr.
+        let rptr = self.q.control().rptr().load(Ordering::Acquire);
+        self.rptr_seen = rptr;
+        while self.outstanding.front().is_some_and(|&(_, end)| end <= rptr) {
+            self.outstanding.pop_front();
+        }
+        rptr
+    }
 }
 
 /// Which submission model, with its objects.
@@ -385,17 +400,19 @@ impl Queue {
         // buffer is the caller's and may be submitted again). The positions advance only once
         // the submission is in the ring: a refused one must not leave holes (a reader would
         // see stale entries). A buffer with nothing to log costs one test of each kind.
-        let mut patched = std::mem::take(&mut self.scratch);
+        let mut patched = Vec::new();
         let mut log_next = self.log_next;
         let words: &[u32] = if self.log_every_signal && cb.has_fence_signals() {
             // Where the interrupt names the queue, every native fence signal is logged (see
             // `log_every_signal`).
+            patched = std::mem::take(&mut self.scratch);
             let mut fields = std::mem::take(&mut self.log_fields);
             cb.with_signals_logged(&mut patched, &mut fields);
             place_log_positions(&mut patched, &fields, &mut log_next);
             self.log_fields = fields;
             &patched
         } else if !cb.log_fields().is_empty() {
+            patched = std::mem::take(&mut self.scratch);
             patched.clear();
             patched.extend_from_slice(cb.words());
             place_log_positions(&mut patched, cb.log_fields(), &mut log_next);
@@ -416,10 +433,17 @@ impl Queue {
         // 3. Packets (wptr is published by the ring, or by the GPU's kick).
         u.q.ring().write(wptr, &plan, &[words, &fence])?;
         u.wptr = plan.new_wptr;
+        // A full list would grow: first forget what the engine has read past, so that it
+        // holds about the work in flight, not every submission since the ring last filled.
+        if u.outstanding.len() == u.outstanding.capacity() {
+            u.forget_read();
+        }
         u.outstanding.push_back((value, plan.new_wptr));
         self.next_progress = value;
         self.log_next = log_next;
-        self.scratch = patched;
+        if patched.capacity() > 0 {
+            self.scratch = patched;
+        }
         Ok(value)
     }
 
@@ -484,14 +508,7 @@ impl Queue {
             if u.rptr_seen >= need_rptr || need_rptr > u.wptr {
                 return Ok(());
             }
-            // Acquire: the engine is done reading bytes below rptr.
-            let rptr = u.q.control().rptr().load(Ordering::Acquire);
-            u.rptr_seen = rptr;
-            // Submissions the engine read past can free no more space: forget them, or a queue
-            // the engine keeps up with would remember every submission it ever made.
-            while u.outstanding.front().is_some_and(|&(_, end)| end <= rptr) {
-                u.outstanding.pop_front();
-            }
+            let rptr = u.forget_read();
             if rptr >= need_rptr {
                 return Ok(());
             }

@@ -244,8 +244,18 @@ impl Firmware {
         rang | self.poll_shared_doorbells()
     }
 
-    /// The global-doorbell bit pages and the aggregated doorbells.
+    /// The global-doorbell bit pages and the aggregated doorbells: nothing to look at (and no
+    /// call) where every queue has a dedicated doorbell and no aggregated one.
+    #[inline]
     fn poll_shared_doorbells(&mut self) -> bool {
+        if self.bit_pages.is_empty() && self.aggregated.is_empty() {
+            return false;
+        }
+        self.poll_shared_pages()
+    }
+
+    /// [`Firmware::poll_shared_doorbells`] when there are pages to look at.
+    fn poll_shared_pages(&mut self) -> bool {
         let misses = self.misses_unmapped;
         let mut rang = false;
         // Global-doorbell bit pages: each set bit names a queue of that page's process. A bit

@@ -63,7 +63,7 @@ pub(super) struct Env<'a> {
     /// step began.
     pub(super) clock: &'a dyn Fn() -> Time,
     /// What work costs, and whether the cost occupies the engine ([`crate::cost`]).
-    pub(super) cost: crate::cost::CostModel,
+    pub(super) cost: &'a crate::cost::CostModel,
     /// `cost.packet` in ns, which every packet is charged.
     pub(super) packet_ns: u64,
     pub(super) timing: crate::cost::Timing,
@@ -175,6 +175,16 @@ pub(super) const INTERRUPT_CHECK_INSTRUCTIONS: u64 = 32;
 /// within one.
 const MAX_CUT_IN_PASSES: u32 = 64;
 
+/// A step's lists of turns on one engine ([`Firmware::step`]), kept by the engine between
+/// steps so that a step allocates nothing.
+#[derive(Default)]
+pub(super) struct Turns {
+    /// This pass's slot holders in turn order, each with its priority (read once).
+    order: Vec<(std::cmp::Reverse<Priority>, FwQueueId)>,
+    /// Holders whose turn in this step is over.
+    had_turn: Vec<FwQueueId>,
+}
+
 impl Firmware {
     pub(crate) fn step(&mut self, clock: &dyn Fn() -> Time, vms: &[Option<AddressSpace>]) -> StepReport {
         let now = clock();
@@ -202,6 +212,10 @@ impl Firmware {
             ..
         } = self;
         let modelled = *timing == crate::cost::Timing::Modelled;
+        // What every packet costs, and how long a turn lasts (ns).
+        let (packet_ns, turn_ns) = (crate::cost::ns(cost.packet), crate::cost::ns(cost.turn));
+        // The command processor's fetch buffer, emptied at each turn (see `run_queue`).
+        let mut window = FetchWindow::new();
         for e in engines.iter_mut().filter(|e| e.power == PowerState::F0) {
             // Still executing the work of an earlier step (modelled timing): nothing new
             // starts before the busy period ends.
@@ -215,8 +229,10 @@ impl Firmware {
             // short by a ring on a sentinel doorbell (below).
             let mut passes = 0;
             // Holders whose turn in this step is over (a pass after a cut-in gives the others
-            // theirs, and a queue that rang again another).
-            let mut had_turn: Vec<FwQueueId> = Vec::new();
+            // theirs, and a queue that rang again another). The engine's lists, kept between
+            // steps: a step allocates nothing.
+            let mut turns = std::mem::take(&mut e.turns);
+            turns.had_turn.clear();
             loop {
                 // The device time of this pass: a pass after a cut-in starts where the cut turn
                 // ended.
@@ -231,14 +247,23 @@ impl Firmware {
                 let mut answered = Vec::new();
                 let n = e.hqd.len();
                 // Slot holders take their turns by priority, round-robin among equals: a queue
-                // that just cut in runs first.
-                let mut order: Vec<FwQueueId> = (0..n).map(|k| e.hqd[(e.cursor + k) % n]).collect();
-                order.sort_by_key(|id| std::cmp::Reverse(queues.get(id.0).map_or(Priority::Low, |q| q.cfg.priority)));
+                // that just cut in runs first. (Each holder's priority is read once; the sort
+                // is stable.)
+                turns.order.clear();
+                let (later, from_cursor) = e.hqd.split_at(e.cursor.checked_rem(n).unwrap_or(0));
+                turns.order.extend(
+                    from_cursor
+                        .iter()
+                        .chain(later)
+                        .map(|&id| (std::cmp::Reverse(queues.get(id.0).map_or(Priority::Low, |q| q.cfg.priority)), id)),
+                );
+                turns.order.sort_by_key(|&(priority, _)| priority);
                 let mut cut = false;
-                for (k, id) in order.into_iter().enumerate() {
+                for k in 0..turns.order.len() {
                     if cut {
                         break;
                     }
+                    let id = turns.order[k].1;
                     if k > 0 {
                         // A queue that went idle in an earlier turn of this step (a high-priority
                         // queue that just finished) is watched from now on: its next ring must
@@ -250,7 +275,7 @@ impl Firmware {
                         continue;
                     }
                     busy = true;
-                    if had_turn.contains(&id) {
+                    if turns.had_turn.contains(&id) {
                         continue;
                     }
                     // Parked on a fence that has not changed: nothing to re-check. (It still has
@@ -270,12 +295,12 @@ impl Firmware {
                         fences,
                         optimized_interrupts: *optimized_interrupts,
                         clock,
-                        cost: *cost,
-                        packet_ns: crate::cost::ns(cost.packet),
+                        cost,
+                        packet_ns,
                         timing: *timing,
                         start: now,
                         elapsed,
-                        turn_end: elapsed.saturating_add(crate::cost::ns(cost.turn)),
+                        turn_end: elapsed.saturating_add(turn_ns),
                         bytes: 0,
                         kind: e.kind,
                         wave_width: *wave_width,
@@ -291,13 +316,13 @@ impl Firmware {
                         completions: completions.as_mut(),
                     };
                     let was_blocked = q.blocked;
-                    let (packets, stopped) = run_queue(q, id, vms, *budget, &mut env);
+                    let (packets, stopped) = run_queue(q, id, vms, *budget, &mut env, &mut window);
                     report.packets += packets;
                     let stopped_at = env.now();
                     elapsed = env.elapsed;
                     cut = env.cut;
                     if !cut {
-                        had_turn.push(id);
+                        turns.had_turn.push(id);
                     }
                     // A preemption is answered once the queue stopped at an allowed point, ran
                     // dry or hung.
@@ -339,11 +364,12 @@ impl Firmware {
                 if !(cut
                     && passes <= MAX_CUT_IN_PASSES
                     && !attention.is_raised()
-                    && doorbells::latch_sentinels(e, queues, use_seq, *misses_unmapped, &mut had_turn))
+                    && doorbells::latch_sentinels(e, queues, use_seq, *misses_unmapped, &mut turns.had_turn))
                 {
                     break;
                 }
             }
+            e.turns = turns;
             spill_evicted(e, queues);
             if busy {
                 e.last_busy = now;
@@ -374,11 +400,13 @@ pub(super) fn run_queue(
     vms: &[Option<AddressSpace>],
     budget: u32,
     env: &mut Env<'_>,
+    window: &mut FetchWindow,
 ) -> (u64, Option<StopPoint>) {
     let start_rptr = q.rptr;
     let mut done = 0u64;
     let mut stopped = None;
-    let mut window = FetchWindow::new();
+    // The window is keyed by ring pointer, and another queue's pointers are not this one's.
+    window.clear();
     let result = (|| -> Result<(), (FaultKind, Option<Opcode>, bool)> {
         // (Errors here and below are built only when they happen: `ok_or` built one, and
         // dropped it through its drop glue, at every turn.)
@@ -565,11 +593,17 @@ pub(super) fn wake_sleepers(e: &mut Engine, queues: &mut Slab<FwQueue>, vms: &[O
 /// Rebuilds `e`'s sentinel doorbells ([`Engine::sentinels`]) for this step: the watched
 /// doorbells of idle queues with a higher priority than the lowest busy slot holder. Skipped
 /// (no sentinels) on an engine with more than [`preempt::MAX_SENTINEL_WATCHES`] doorbells.
+#[inline]
 fn watch_sentinels(e: &mut Engine, queues: &Slab<FwQueue>) {
     e.sentinels.clear();
     if e.watch_at.len() > preempt::MAX_SENTINEL_WATCHES {
         return;
     }
+    watch_sentinels_of(e, queues);
+}
+
+/// [`watch_sentinels`] on an engine with few enough doorbells.
+fn watch_sentinels_of(e: &mut Engine, queues: &Slab<FwQueue>) {
     let busy = |id: &FwQueueId| queues.get(id.0).ok().filter(|q| q.pending && q.state == QueueState::Mapped);
     let Some(lowest) = e.hqd.iter().filter_map(busy).map(|q| q.cfg.priority).min() else { return };
     for w in e.watches.iter().flatten() {
@@ -617,6 +651,11 @@ impl FetchWindow {
         FetchWindow { words: [0; FETCH_DWORDS + MAX_FIXED_PACKET_DWORDS], start: 0, len: 0 }
     }
 
+    /// Empties the window, for another queue's turn (its words stay, unread).
+    pub(super) fn clear(&mut self) {
+        self.len = 0;
+    }
+
     /// Where `q`'s rptr is in the window, fetching from rptr on if it is not there, or if
     /// fewer than `need` words from it are.
     fn at(&mut self, q: &FwQueue, need: usize) -> Result<usize, (FaultKind, Option<Opcode>)> {
@@ -659,7 +698,7 @@ impl FetchWindow {
         // A fixed packet: at most MAX_FIXED_PACKET_DWORDS (`Header::check`), all published
         // (checked above). If it runs past the window, the window moves to it. The header is
         // not decoded again: the device decodes the header it checked.
-        let at = self.at(q, n)?;
+        let at = if at + n <= self.len { at } else { self.at(q, n)? };
         let w = self.words[at..].first_chunk().expect("the window has room for a fixed packet after any word");
         Packet::decode_fixed(header, op, w).map_err(|e| (FaultKind::BadPacket(e), Some(op)))
     }

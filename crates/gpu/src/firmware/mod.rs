@@ -470,6 +470,8 @@ struct Engine {
     unspilled: Vec<FwQueueId>,
     /// A scheduling pass's working lists, kept between passes ([`schedule::PassScratch`]).
     pass: schedule::PassScratch,
+    /// A step's lists of turns, kept between steps ([`exec::Turns`]).
+    turns: exec::Turns,
 }
 
 /// The firmware state machine. See the module docs.
@@ -598,6 +600,7 @@ impl Engine {
             asleep_epoch: u64::MAX,
             unspilled: Vec::new(),
             pass: Default::default(),
+            turns: Default::default(),
         }
     }
 
