@@ -342,7 +342,10 @@ impl Os {
         }
         self.set_state(pid, handle, QueueLife::Live);
         // The kernel's reference on every allocation the queue runs from, until it is
-        // destroyed: the engine reads and writes them.
+        // destroyed: the engine reads and writes them. Pinned memory is resident: the pages of
+        // the ring and its pointers are populated now, so that neither the UMD's first
+        // submissions nor the engine's first fetches take page faults (the save area is left
+        // to its first preemption: most queues never write it).
         let p = self.proc(pid)?;
         if let Some(desc) = p.queues.get(handle)?.user_desc().copied() {
             let words = queue_memory(&desc);
@@ -350,6 +353,10 @@ impl Os {
                 let a = p.allocations.get_mut(h)?;
                 if words.iter().any(|&(_, va, n)| a.holds(va, n)) {
                     a.pins.push(Pin::Queue(handle));
+                }
+                for &(_, va, n) in words.iter().filter(|w| w.0 != "context_save_va" && a.holds(w.1, w.2)) {
+                    // (A hint: a page it could not populate faults in later, as it would.)
+                    let _ = a.shm.populate(va - a.va, n);
                 }
             }
         }
@@ -371,12 +378,10 @@ impl Os {
             self.destroy_hw_queue(pid, handle, now)?;
             return Err(e.into());
         }
-        Ok(HwQueueInfo {
-            handle,
-            engine,
-            kernel_page: kernel_page_shm.map_range(0, 4096, Prot::ReadOnly)?,
-            kernel_page_va,
-        })
+        let kernel_page = kernel_page_shm.map_range(0, 4096, Prot::ReadOnly)?;
+        // The UMD reads its status at every submission: resident now too (a hint, as above).
+        let _ = kernel_page.populate(0, 4096);
+        Ok(HwQueueInfo { handle, engine, kernel_page, kernel_page_va })
     }
 
     /// Destroys a queue: doorbell disconnected and destroyed, then the device's queue, then
