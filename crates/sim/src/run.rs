@@ -676,9 +676,7 @@ pub fn run(plan: &Plan, seed: u64, progress: &mut dyn FnMut(f64)) -> Result<Outc
                             }
                             ring(&mut rang_since, &mut unheard, now, ring_at + latency, fw_of[i]);
                             let Some(signals) = r else { break };
-                            submitted(&sys, &clients, &mut qs[i], plan)?;
-                            in_flight += 1;
-                            if tally.count(signals, plan) {
+                            if accepted(&sys, &clients, &mut qs[i], plan, &mut tally, &mut in_flight, signals)? {
                                 stopped = true;
                                 stop_time = now;
                             }
@@ -699,9 +697,7 @@ pub fn run(plan: &Plan, seed: u64, progress: &mut dyn FnMut(f64)) -> Result<Outc
                         let r = submit_one(plan, &mut qs, &clients, i, intended, size, &mut cb);
                         ring(&mut rang_since, &mut unheard, now, now + latency, fw_of[i]);
                         let Some(signals) = r else { continue };
-                        submitted(&sys, &clients, &mut qs[i], plan)?;
-                        in_flight += 1;
-                        if tally.count(signals, plan) {
+                        if accepted(&sys, &clients, &mut qs[i], plan, &mut tally, &mut in_flight, signals)? {
                             stopped = true;
                             stop_time = now;
                         }
@@ -914,14 +910,24 @@ impl Tally {
     }
 }
 
-/// After a submission on `q` ([`submit_one`]): a CPU waiter starts waiting for the signal of
-/// what was submitted.
+/// After a submission the ring took on `q` ([`submit_one`]), with `signals` fence signals: a
+/// CPU waiter starts waiting for the signal of what was submitted, it is in flight, and the
+/// tally counts it. Returns whether the tally ends the run.
 #[inline(always)]
-fn submitted(sys: &System, clients: &[Client], q: &mut SimQ, plan: &Plan) -> Result<(), RunError> {
+fn accepted(
+    sys: &System,
+    clients: &[Client],
+    q: &mut SimQ,
+    plan: &Plan,
+    tally: &mut Tally,
+    in_flight: &mut u64,
+    signals: u64,
+) -> Result<bool, RunError> {
     if plan.groups[q.group].cpu_waiter {
         begin_wait(sys, clients, q)?;
     }
-    Ok(())
+    *in_flight += 1;
+    Ok(tally.count(signals, plan))
 }
 
 /// A ring made at `now` that the device hears at `at`: heard now (no doorbell latency, no
