@@ -187,6 +187,9 @@ impl Os {
         let memory = &self.proc(pid)?.memory;
         let kernel_page_shm = memory.readable.alloc(abi::queue::QUEUE_KERNEL_PAGE_BYTES as usize)?;
         let kernel_page = abi::queue::KernelPageView::new(&kernel_page_shm)?;
+        // The UMD's read-only view, made before the device has the queue: a failure from here
+        // on would have to undo it.
+        let kernel_page_ro = kernel_page_shm.map_range(0, 4096, Prot::ReadOnly)?;
         kernel_page.doorbell_status().get().store(DoorbellStatus::DisconnectedRetry as u64, Ordering::SeqCst);
         // Two fence logs for a user-mode queue (spec 002): the engine writes them, the client
         // cannot see them, the kernel reads them. Kernel-mode queues log nothing.
@@ -378,10 +381,9 @@ impl Os {
             self.destroy_hw_queue(pid, handle, now)?;
             return Err(e.into());
         }
-        let kernel_page = kernel_page_shm.map_range(0, 4096, Prot::ReadOnly)?;
         // The UMD reads its status at every submission: resident now too (a hint, as above).
-        let _ = kernel_page.populate(0, 4096);
-        Ok(HwQueueInfo { handle, engine, kernel_page, kernel_page_va })
+        let _ = kernel_page_ro.populate(0, 4096);
+        Ok(HwQueueInfo { handle, engine, kernel_page: kernel_page_ro, kernel_page_va })
     }
 
     /// Destroys a queue: doorbell disconnected and destroyed, then the device's queue, then
