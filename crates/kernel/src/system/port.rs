@@ -16,7 +16,7 @@ use abi::{
 
 use super::Termination;
 use super::driver::Inner;
-use crate::os::{Os, WaitStart};
+use crate::os::{Os, WaitId, WaitStart};
 
 /// One client process's kernel port.
 pub struct ProcessPort {
@@ -48,19 +48,12 @@ impl ProcessPort {
         timeout: Option<Duration>,
         waker: Option<&Waker>,
     ) -> Result<WaitOutcome, KernelError> {
-        let start = self.call(|os, pid, now| {
-            let s = os.begin_wait(pid, queue, value, now);
-            self.register(&s, waker);
-            s
-        })?;
-        match start {
-            WaitStart::Done(r) => r,
-            WaitStart::Blocked(w) => {
-                self.inner.block(w, timeout);
-                self.after_block(w, waker);
-                self.inner.call(|os, now| os.end_wait(self.pid, queue, w, now))
-            }
-        }
+        self.wait_waking(
+            |os, pid, now| os.begin_wait(pid, queue, value, now),
+            |os, pid, w, now| os.end_wait(pid, queue, w, now),
+            timeout,
+            waker,
+        )
     }
 
     /// [`KernelPort::wait_native_fences`] with a waker, as [`Self::wait_progress_waking`].
@@ -71,36 +64,46 @@ impl ProcessPort {
         timeout: Option<Duration>,
         waker: Option<&Waker>,
     ) -> Result<WaitOutcome, KernelError> {
+        self.wait_waking(
+            |os, pid, now| os.begin_fence_wait(pid, fences, mode, now),
+            |os, pid, w, _| os.end_fence_wait(pid, w),
+            timeout,
+            waker,
+        )
+    }
+
+    /// A wait begun by `begin`: decided at once, or blocked until the OS decides it or
+    /// `timeout` passes, then ended by `end`. `waker` is registered under the OS lock, so it
+    /// is known before anything can decide the wait.
+    ///
+    /// If the decision woke it (the waker is gone), the sleeper in the other process is
+    /// waking now, and it needs a core more than this thread does (its answer is only the
+    /// confirmation): it gets the core first. On a two-core machine whose other core runs the
+    /// firmware thread, this is the difference between the futex wake-up and a socket round
+    /// trip.
+    fn wait_waking(
+        &self,
+        begin: impl FnOnce(&mut Os, ProcessId, Time) -> Result<WaitStart, KernelError>,
+        end: impl FnOnce(&mut Os, ProcessId, WaitId, Time) -> Result<WaitOutcome, KernelError>,
+        timeout: Option<Duration>,
+        waker: Option<&Waker>,
+    ) -> Result<WaitOutcome, KernelError> {
         let start = self.call(|os, pid, now| {
-            let s = os.begin_fence_wait(pid, fences, mode, now);
-            self.register(&s, waker);
+            let s = begin(os, pid, now);
+            if let (Ok(WaitStart::Blocked(w)), Some(waker)) = (&s, waker) {
+                self.inner.set_waker(*w, waker);
+            }
             s
         })?;
         match start {
             WaitStart::Done(r) => r,
             WaitStart::Blocked(w) => {
                 self.inner.block(w, timeout);
-                self.after_block(w, waker);
-                self.inner.call(|os, _| os.end_fence_wait(self.pid, w))
+                if self.inner.take_waker(w).is_none() && waker.is_some() {
+                    std::thread::yield_now();
+                }
+                self.inner.call(|os, now| end(os, self.pid, w, now))
             }
-        }
-    }
-
-    /// After a blocked wait with a waker: if the decision woke it (the waker is gone), the
-    /// sleeper in the other process is waking now, and it needs a core more than this thread
-    /// does (its answer is only the confirmation): give it the core first. On a two-core
-    /// machine whose other core runs the firmware thread, this is the difference between the
-    /// futex wake-up and a socket round trip.
-    fn after_block(&self, w: crate::os::WaitId, waker: Option<&Waker>) {
-        if self.inner.take_waker(w).is_none() && waker.is_some() {
-            std::thread::yield_now();
-        }
-    }
-
-    /// Under the OS lock: a blocked wait's waker is known before anything can decide it.
-    fn register(&self, start: &Result<WaitStart, KernelError>, waker: Option<&Waker>) {
-        if let (Ok(WaitStart::Blocked(w)), Some(waker)) = (start, waker) {
-            self.inner.set_waker(*w, waker);
         }
     }
 }
