@@ -146,6 +146,29 @@ pub(crate) fn percentiles(mut v: Vec<u64>) -> (u64, u64) {
     (v[v.len() / 2], v[(v.len() * 99 / 100).min(v.len() - 1)])
 }
 
+/// A benchmark's human-readable table: each latency beside its ratio to the cache-line round
+/// trip measured in the same run, labels `width` characters wide. Rows that are not latencies
+/// (rates, counts, verdicts) are printed by the benchmark, in the same columns.
+pub(crate) struct FloorTable {
+    width: usize,
+    floor: f64,
+}
+
+impl FloorTable {
+    /// Prints the column heads and the floor's own row (`floor`: ns, as measured).
+    pub(crate) fn new(width: usize, floor: f64) -> FloorTable {
+        outln!("{:<width$} {:>12} {:>12}", "measure", "value", "x floor");
+        outln!("{:<width$} {:>9} ns {:>12}", "floor: cache-line round trip", floor.round() as u64, "1.0");
+        FloorTable { width, floor }
+    }
+
+    /// A latency row.
+    pub(crate) fn ns(&self, label: &str, ns: u64) {
+        let width = self.width;
+        outln!("{label:<width$} {ns:>9} ns {:>12.1}", ns as f64 / self.floor.max(1.0));
+    }
+}
+
 /// Median round trip of one cache line between two threads, in ns.
 pub(crate) fn cacheline_rtt_ns() -> f64 {
     #[repr(align(128))]
@@ -308,20 +331,18 @@ fn submit(a: SubmitArgs) -> Result<(), CliError> {
         });
         outln!("{o}");
     } else {
-        let ratio = |x: u64| x as f64 / floor.max(1.0);
         outln!(
             "doorbell bench submit ({} warm samples, {} cold, {} command buffers)",
             a.samples,
             a.cold_samples,
             a.throughput_count
         );
-        outln!("{:<34} {:>12} {:>12}", "measure", "value", "x floor");
-        outln!("{:<34} {:>9} ns {:>12}", "floor: cache-line round trip", floor_ns, "1.0");
-        outln!("{:<34} {:>9} ns {:>12.1}", "user-mode p50 (ring -> engine)", um_p50, ratio(um_p50));
-        outln!("{:<34} {:>9} ns {:>12.1}", "user-mode p99", um_p99, ratio(um_p99));
-        outln!("{:<34} {:>9} ns {:>12.1}", "kernel-mode p50", km_p50, ratio(km_p50));
-        outln!("{:<34} {:>9} ns {:>12.1}", "kernel-mode p99", km_p99, ratio(km_p99));
-        outln!("{:<34} {:>9} ns {:>12.1}", "user-mode cold p50 (from F1)", cold_p50, ratio(cold_p50));
+        let t = FloorTable::new(34, floor);
+        t.ns("user-mode p50 (ring -> engine)", um_p50);
+        t.ns("user-mode p99", um_p99);
+        t.ns("kernel-mode p50", km_p50);
+        t.ns("kernel-mode p99", km_p99);
+        t.ns("user-mode cold p50 (from F1)", cold_p50);
         outln!("{:<34} {:>9.0} /s", "user-mode throughput", throughput);
         outln!("kernel-mode p50 / user-mode p50 = {:.1}", km_p50 as f64 / um_p50.max(1) as f64);
     }

@@ -145,17 +145,15 @@ pub fn run(json: bool, signals: u64, samples: usize) -> Result<(), CliError> {
         });
         outln!("{o}");
     } else {
-        let ratio = |x: u64| x as f64 / floor.max(1.0);
         outln!("doorbell bench fences ({signals} signals per ratio, {samples} samples)");
-        outln!("{:<44} {:>12} {:>10}", "measure", "value", "x floor");
-        outln!("{:<44} {:>9} ns {:>10}", "floor: cache-line round trip", floor_ns, "1.0");
+        let t = crate::bench::FloorTable::new(44, floor);
         outln!("{:<44} {:>12.3}", "interrupts per signal, no CPU waiter", no_waiter);
         outln!("{:<44} {:>12.3}", "interrupts per signal, a CPU waiter", with_waiter);
         outln!("{:<44} {:>12.3}", "interrupts per signal, legacy monitored", legacy);
-        outln!("{:<44} {:>9} ns {:>10.1}", "GPU signal -> blocked CPU waiter runs", wake, ratio(wake));
-        outln!("{:<44} {:>9} ns {:>10.1}", "GPU signal -> spinning CPU waiter runs", spin, ratio(spin));
-        outln!("{:<44} {:>9} ns {:>10.1}", "signal -> waiting queue resumes (GPU)", gpu_p50, ratio(gpu_p50));
-        outln!("{:<44} {:>9} ns {:>10.1}", "signal -> waiting queue resumes (via CPU)", cpu_p50, ratio(cpu_p50));
+        t.ns("GPU signal -> blocked CPU waiter runs", wake);
+        t.ns("GPU signal -> spinning CPU waiter runs", spin);
+        t.ns("signal -> waiting queue resumes (GPU)", gpu_p50);
+        t.ns("signal -> waiting queue resumes (via CPU)", cpu_p50);
         outln!("CPU-mediated / GPU-side = {:.1}", cpu_p50 as f64 / gpu_p50.max(1) as f64);
     }
     Ok(())

@@ -162,7 +162,6 @@ pub fn run(a: NeighbourArgs) -> Result<(), CliError> {
         });
         outln!("{o}");
     } else {
-        let ratio = |x: u64| x as f64 / floor.max(1.0);
         outln!(
             "doorbell bench neighbour ({} samples a phase; neighbour FILLs of {} bytes; chunk {} bytes, turn {:?})",
             a.samples,
@@ -170,12 +169,11 @@ pub fn run(a: NeighbourArgs) -> Result<(), CliError> {
             cost.chunk_bytes(),
             cost.turn
         );
-        outln!("{:<40} {:>12} {:>12}", "measure", "value", "x floor");
-        outln!("{:<40} {:>9} ns {:>12}", "floor: cache-line round trip", floor_ns, "1.0");
-        outln!("{:<40} {:>9} ns {:>12.1}", "tiny p50, engine idle", idle_p50, ratio(idle_p50));
-        outln!("{:<40} {:>9} ns {:>12.1}", "tiny p99, engine idle", idle_p99, ratio(idle_p99));
-        outln!("{:<40} {:>9} ns {:>12.1}", "tiny p50, beside bulk FILLs", bulk_p50, ratio(bulk_p50));
-        outln!("{:<40} {:>9} ns {:>12.1}", "tiny p99, beside bulk FILLs", bulk_p99, ratio(bulk_p99));
+        let t = crate::bench::FloorTable::new(40, floor);
+        t.ns("tiny p50, engine idle", idle_p50);
+        t.ns("tiny p99, engine idle", idle_p99);
+        t.ns("tiny p50, beside bulk FILLs", bulk_p50);
+        t.ns("tiny p99, beside bulk FILLs", bulk_p99);
         outln!("{:<40} {:>9.2} GB/s", "neighbour's FILL rate meanwhile", bytes_per_s / 1e9);
     }
     Ok(())

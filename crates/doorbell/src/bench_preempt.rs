@@ -401,23 +401,21 @@ pub fn run(a: PreemptArgs) -> Result<(), CliError> {
         o.insert("rounds".into(), a.rounds.into());
         outln!("{}", serde_json::Value::Object(o));
     } else {
-        let ratio = |x: u64| x as f64 / floor.max(1.0);
         outln!(
             "doorbell bench preempt ({} samples at fine levels, {coarse} at coarse ones; {} rounds a thread)",
             a.samples,
             a.rounds
         );
-        outln!("{:<46} {:>12} {:>12}", "measure", "value", "x floor");
-        outln!("{:<46} {:>9} ns {:>12}", "floor: cache-line round trip", floor_ns, "1.0");
+        let t = crate::bench::FloorTable::new(46, floor);
         for (level, p50, p99) in rows {
-            outln!("{:<46} {:>9} ns {:>12.1}", format!("preempt latency p50, {level}"), p50, ratio(p50));
-            outln!("{:<46} {:>9} ns {:>12.1}", format!("preempt latency p99, {level}"), p99, ratio(p99));
+            t.ns(&format!("preempt latency p50, {level}"), p50);
+            t.ns(&format!("preempt latency p99, {level}"), p99);
         }
-        outln!("{:<46} {:>9} ns {:>12.1}", "idle start p50", idle_p50, ratio(idle_p50));
-        outln!("{:<46} {:>9} ns {:>12.1}", "high-priority start p50, slots busy (shader)", hp50, ratio(hp50));
-        outln!("{:<46} {:>9} ns {:>12.1}", "high-priority start p99, slots busy (shader)", hp99, ratio(hp99));
-        outln!("{:<46} {:>9} ns {:>12.1}", "high-priority start p50 (dma_buffer)", hd50, ratio(hd50));
-        outln!("{:<46} {:>9} ns {:>12.1}", "high-priority start p99 (dma_buffer)", hd99, ratio(hd99));
+        t.ns("idle start p50", idle_p50);
+        t.ns("high-priority start p50, slots busy (shader)", hp50);
+        t.ns("high-priority start p99, slots busy (shader)", hp99);
+        t.ns("high-priority start p50 (dma_buffer)", hd50);
+        t.ns("high-priority start p99 (dma_buffer)", hd99);
         outln!("{:<46} {:>12.3}", "throughput with 1 preemption/ms vs none", overhead);
         outln!("{:<46} {:>9} ns", "TDR: timeout to the others running again", tdr_ns);
         outln!("{:<46} {:>12}", "others' results after the reset", if others_ok { "ok" } else { "WRONG" });
