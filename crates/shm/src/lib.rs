@@ -449,7 +449,9 @@ impl Mapping {
         in_bounds(offset, len, self.len as u64)?;
         let page = PAGE_SIZE as u64;
         let start = offset / page * page;
-        let end = offset.checked_add(len).map(|e| e.div_ceil(page) * page).unwrap_or(u64::MAX).min(self.len as u64);
+        // (In bounds, so no overflow; a mapping's length is whole pages, the min is for one
+        // that is not.)
+        let end = ((offset + len).div_ceil(page) * page).min(self.len as u64);
         if end <= start {
             return Ok(());
         }

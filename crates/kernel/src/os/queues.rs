@@ -456,15 +456,15 @@ impl Os {
             .flat_map(|p| p.queues.iter().filter(|(_, q)| q.logs.is_some()).map(|(h, _)| h))
             .collect();
         queues.sort_unstable_by_key(|h| (h.owner(), h.index()));
-        let mut first_failure = Ok(());
+        let mut first_failure = None;
         for q in queues {
             for kind in [FenceLogType::Wait, FenceLogType::Signal] {
                 if let Err(e) = self.recreate_fence_log(q.owner(), q, kind, now) {
-                    first_failure = first_failure.and(Err(e));
+                    first_failure.get_or_insert(e);
                 }
             }
         }
-        first_failure
+        first_failure.map_or(Ok(()), Err)
     }
 
     /// Destroys and recreates a user-mode queue's fence log of `kind`, at the size the OS
