@@ -18,7 +18,10 @@
 //!   `Arc<Shm>`) all hold it. So a range is never reachable through a stale handle once it
 //!   belongs to another allocation.
 //! - Pages are zeroed on their way back (`fallocate(PUNCH_HOLE)`, which also gives the
-//!   memory back to the system), so an allocation never sees a previous one's data.
+//!   memory back to the system), so an allocation never sees a previous one's data. An arena
+//!   a device registered for DMA (`DmaArea::pin`) is zeroed in place instead: the device
+//!   keeps the physical pages it pinned, and a hole would hand the CPU fresh ones it never
+//!   sees.
 //! - An arena's size is fixed (sealed against shrinking and growing), so a page that was
 //!   inside it when it was mapped stays there. A pool grows by adding arenas, each up to
 //!   twice the last (from [`PoolConfig::first_arena`] to [`PoolConfig::max_arena`]); an
@@ -113,7 +116,11 @@ impl Arena {
     /// Zeroes `[offset, offset + len)` and returns it to the free list.
     fn release(&self, offset: usize, len: usize) {
         let punch = FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE;
-        if rustix::fs::fallocate(self.fd(), punch, offset as u64, len as u64).is_err() {
+        // A device pinned these pages (DmaArea::pin): a hole would give the CPU new pages
+        // while the device keeps the old ones, so they are zeroed in place.
+        // Acquire: pairs with `pin`'s release.
+        let pinned = self.rw.pinned.load(Ordering::Acquire);
+        if pinned || rustix::fs::fallocate(self.fd(), punch, offset as u64, len as u64).is_err() {
             // Not expected of a memfd; zero the pages by hand rather than leak their data.
             let zeros = [0u8; PAGE_SIZE];
             for at in (offset..offset + len).step_by(PAGE_SIZE) {

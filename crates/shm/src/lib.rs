@@ -305,6 +305,11 @@ pub(crate) struct Area {
     prot: Prot,
     file: Arc<File>,
     file_offset: u64,
+    /// A device registered these pages for DMA ([`DmaArea::pin`]): it keeps reaching the
+    /// physical pages it pinned, so they must stay the file's pages (an arena zeroes freed
+    /// pages of a pinned area in place instead of punching a hole, which would give the CPU
+    /// fresh pages the device never sees).
+    pub(crate) pinned: std::sync::atomic::AtomicBool,
 }
 
 // SAFETY: an `Area` owns its mapping; nothing about it is tied to a thread, and it is only
@@ -318,7 +323,46 @@ impl Area {
     /// caller checked the range lies inside the file.
     pub(crate) fn new(file: Arc<File>, file_offset: u64, len: usize, prot: Prot) -> Result<Arc<Area>, ShmError> {
         let ptr = mmap_fresh(len, prot, file.fd.as_fd(), file_offset)?;
-        Ok(Arc::new(Area { ptr, len, prot, file, file_offset }))
+        Ok(Arc::new(Area { ptr, len, prot, file, file_offset, pinned: std::sync::atomic::AtomicBool::new(false) }))
+    }
+}
+
+/// A whole `mmap` held mapped ([`Mapping::dma_area`]): what a device registers for DMA.
+#[derive(Clone, Debug)]
+pub struct DmaArea {
+    area: Arc<Area>,
+}
+
+impl DmaArea {
+    /// CPU address of the mapping's first byte.
+    pub fn addr(&self) -> usize {
+        self.area.ptr.as_ptr().addr()
+    }
+
+    /// Its length in bytes (whole pages).
+    #[expect(clippy::len_without_is_empty, reason = "a mapping is never empty")]
+    pub fn len(&self) -> usize {
+        self.area.len
+    }
+
+    /// Whether the mapping is writable.
+    pub fn prot(&self) -> Prot {
+        self.area.prot
+    }
+
+    /// A key naming this mapping while it lives (its address: two live mappings never share
+    /// one).
+    pub fn key(&self) -> usize {
+        self.addr()
+    }
+
+    /// Declares that a device now reaches these pages by DMA (its driver pinned them): from
+    /// now on pages freed in this mapping are zeroed in place, never replaced, so the device
+    /// and the CPU keep seeing the same memory. Call it before the registration.
+    pub fn pin(&self) {
+        // Release: pairs with the acquire in the arena's release path; a flag, nothing else
+        // published with it.
+        self.area.pinned.store(true, std::sync::atomic::Ordering::Release);
     }
 }
 
@@ -407,6 +451,21 @@ impl Mapping {
     #[expect(clippy::len_without_is_empty, reason = "a mapping is never empty")]
     pub fn len(&self) -> usize {
         self.len
+    }
+
+    /// The CPU address of byte 0 of this window, as a number: what a device that reaches this
+    /// process's memory by DMA is told (a registration with a GPU driver, a device page
+    /// table). Only an address: nothing here dereferences it.
+    pub fn addr(&self) -> usize {
+        self.ptr.as_ptr().addr()
+    }
+
+    /// The whole `mmap` this window is cut from: its CPU address, its length in bytes (whole
+    /// pages), and a handle that keeps it mapped while held. A device registers the `mmap`
+    /// once (an arena serves many regions) and keeps the handle for as long as the
+    /// registration lives, so the pages it may reach by DMA cannot be unmapped under it.
+    pub fn dma_area(&self) -> DmaArea {
+        DmaArea { area: self.area.clone() }
     }
 
     /// The protection this mapping was created with.

@@ -133,6 +133,17 @@ impl Word {
         self.offset
     }
 
+    /// The word's CPU address, and the `mmap` it lies in for a device that reaches it by DMA
+    /// (`None` for a doorbell page the kernel rotates: no device reads those by DMA).
+    pub fn dma(&self) -> Option<(usize, crate::DmaArea)> {
+        let area = match &self.region {
+            Region::Shm(s) => s.map().dma_area(),
+            Region::Mapping(m) => m.dma_area(),
+            Region::Rotating(_) => return None,
+        };
+        Some((self.ptr.as_ptr().addr(), area))
+    }
+
     /// A read-only handle on the same word.
     pub fn read_only(&self) -> ReadWord {
         ReadWord { ptr: self.ptr, region: self.region.clone(), offset: self.offset }

@@ -263,3 +263,31 @@ proptest::proptest! {
         }
     }
 }
+
+#[test]
+fn an_arena_a_device_pinned_zeroes_freed_pages_in_place() {
+    // A device that registered the arena for DMA keeps the physical pages it pinned: a hole
+    // punched in the file would give the CPU fresh pages the device never sees (it would go
+    // on reading the old data). Observable as the file's allocated blocks: a hole frees them,
+    // zeroing in place keeps them.
+    for pinned in [false, true] {
+        let pool = pool(4, 4, usize::MAX);
+        let keep = pool.alloc(P).unwrap(); // keeps the arena (and its descriptor) alive
+        let a = pool.alloc(2 * P).unwrap();
+        if pinned {
+            a.map().dma_area().pin();
+        }
+        a.fill_u32(0, 2 * P as u64, 0x5ec7_e75e).unwrap();
+        let blocks = |s: &Shm| rustix::fs::fstat(s.fd()).unwrap().st_blocks;
+        let before = blocks(&keep);
+        drop(a);
+        let after = blocks(&keep);
+        if pinned {
+            assert_eq!(after, before, "a pinned arena's pages stay the file's");
+        } else {
+            assert!(after < before, "an unpinned arena gives freed pages back ({before} -> {after} blocks)");
+        }
+        let again = pool.alloc(2 * P).unwrap();
+        assert!(all_zero(again.map()), "pinned: {pinned}");
+    }
+}
