@@ -672,6 +672,8 @@ pub enum DeviceRefusal {
     },
     /// The device does not support what was asked.
     Unsupported(#[cfg_attr(feature = "serde", serde(deserialize_with = "crate::serde_str::de"))] crate::StaticStr),
+    /// The hardware the device's engines run on (a GPU) refused or failed.
+    Hardware(String),
 }
 
 impl core::fmt::Display for DeviceRefusal {
@@ -707,6 +709,7 @@ impl core::fmt::Display for DeviceRefusal {
                 write!(f, "take back to wptr {wptr:#x}: allowed from {floor:#x} to {accepted:#x} on a kernel ring")
             }
             Unsupported(what) => write!(f, "the device does not support {what}"),
+            Hardware(what) => write!(f, "the device's hardware: {what}"),
         }
     }
 }

@@ -76,7 +76,7 @@ fn run(queues: usize, cbs: usize, slots: u32) -> (Duration, u64) {
             let vmid = gpu.create_vm();
             let data = Shm::new("data", (4 * PER_VM).next_multiple_of(4096)).unwrap();
             let control = Shm::new("control", RING_CONTROL_BYTES as usize * PER_VM).unwrap();
-            let vm = gpu.vm_mut(vmid).unwrap();
+            let mut vm = gpu.vm_mut(vmid).unwrap();
             vm.map(DATA, data.len() as u64, data, 0, true).unwrap();
             vm.map(CONTROL, control.len() as u64, control.clone(), 0, true).unwrap();
             vm_state = Some((vmid, control));

@@ -30,6 +30,7 @@
 pub mod compute;
 pub mod cost;
 mod firmware;
+pub mod hw;
 mod memory;
 
 use std::sync::Arc;
@@ -93,6 +94,10 @@ pub struct GpuConfig {
     /// Where engines may stop a queue's work for a preemption (`D3DKMDT_PREEMPTION_CAPS`,
     /// spec 003): by default the finest levels, an instruction and a chunk.
     pub preemption: PreemptionCaps,
+    /// The hardware the engines' slots are ([`hw`]): `None` for the virtual engines on the
+    /// firmware's thread; the `cuda` crate makes one for an NVIDIA GPU, or the same program
+    /// emulated on the CPU.
+    pub hardware: Option<hw::HardwareFactory>,
 }
 
 impl Default for GpuConfig {
@@ -113,6 +118,7 @@ impl Default for GpuConfig {
             cost: CostModel::default(),
             timing: Timing::Real,
             preemption: PreemptionCaps::default(),
+            hardware: None,
         }
     }
 }
@@ -249,6 +255,9 @@ pub enum GpuError {
     /// Shared memory failed.
     #[error("shared memory: {0}")]
     Shm(#[from] shm::ShmError),
+    /// The hardware the engines run on refused or failed ([`hw`]).
+    #[error("hardware: {0}")]
+    Hardware(#[from] hw::HwError),
     /// The queue is not held off the run list for the kernel (or it hung).
     #[error("firmware queue {0} is not held for the kernel")]
     NotHeld(FwQueueId),
@@ -307,8 +316,10 @@ impl Gpu {
         let pages = cfg.doorbell_pages.max(2);
         let bar = Shm::new("doorbell-bar", pages as usize * abi::doorbell::DOORBELL_PAGE_BYTES as usize)?;
         let bar = abi::doorbell::DoorbellBar::new(bar);
-        let fw = firmware::Firmware::new(&cfg, bar.clone());
-        Ok(Gpu { bar, vms: vec![Some(AddressSpace::default())], fw })
+        let mut fw = firmware::Firmware::new(&cfg, bar.clone())?;
+        let vms = vec![Some(AddressSpace::default())];
+        fw.address_space_changed(Vmid(0), vms[0].as_ref());
+        Ok(Gpu { bar, vms, fw })
     }
 
     /// Spec 000's doorbell model.
@@ -364,6 +375,7 @@ impl Gpu {
         match self.vms.get_mut(vmid.0 as usize) {
             Some(entry @ Some(_)) if vmid.0 != 0 => {
                 *entry = None;
+                self.fw.address_space_changed(vmid, None);
                 Ok(())
             }
             _ => Err(GpuError::BadVmid(vmid.0)),
@@ -375,9 +387,18 @@ impl Gpu {
         self.vms.get(vmid.0 as usize).and_then(Option::as_ref).ok_or(GpuError::BadVmid(vmid.0))
     }
 
-    /// An address space, mutably (the kernel maps and unmaps).
-    pub fn vm_mut(&mut self, vmid: Vmid) -> Result<&mut AddressSpace, GpuError> {
-        self.vms.get_mut(vmid.0 as usize).and_then(Option::as_mut).ok_or(GpuError::BadVmid(vmid.0))
+    /// An address space, mutably (the kernel maps and unmaps). Hardware slots, which keep
+    /// their own copy of the page table, are told of the change when the guard drops: before
+    /// the kernel's call returns to anyone who could submit work using the new mapping.
+    pub fn vm_mut(&mut self, vmid: Vmid) -> Result<VmMut<'_>, GpuError> {
+        let Gpu { vms, fw, .. } = self;
+        let vm = vms.get_mut(vmid.0 as usize).and_then(Option::as_mut).ok_or(GpuError::BadVmid(vmid.0))?;
+        Ok(VmMut { vmid, vm, fw })
+    }
+
+    /// The hardware the engines' slots are, if not virtual ([`hw`]).
+    pub fn hardware_name(&self) -> Option<String> {
+        self.fw.hardware_name()
     }
 
     // ---- firmware commands (the KMD's interface; amdgpu's MES API) ----
@@ -392,7 +413,9 @@ impl Gpu {
     /// Removes a queue (it must not be running: the firmware stops it at a packet boundary).
     /// Returns its final rptr.
     pub fn remove_queue(&mut self, id: FwQueueId) -> Result<u64, GpuError> {
-        self.fw.remove_queue(id)
+        let Gpu { vms, fw, .. } = self;
+        let now = fw.last_step();
+        fw.remove_queue(id, now, vms)
     }
 
     /// Takes a queue off the run list (context suspend) as a kernel preemption request,
@@ -418,13 +441,15 @@ impl Gpu {
     /// Resets `engine` (`DxgkDdiResetEngine`): queues owing an answer to a preemption request
     /// hang; every other one leaves its slot with its state saved and keeps its work.
     pub fn reset_engine(&mut self, engine: abi::EngineId, now: Time) -> Result<EngineReset, GpuError> {
-        self.fw.reset_engine(engine, now)
+        let Gpu { vms, fw, .. } = self;
+        fw.reset_engine(engine, now, vms)
     }
 
     /// Resets one queue (amdgpu's per-queue reset): it hangs, nothing else is touched.
     /// Returns the last progress value the engine accepted from it.
     pub fn reset_queue(&mut self, id: FwQueueId, requested_at: Time, now: Time) -> Result<u64, GpuError> {
-        self.fw.reset_queue(id, requested_at, now)
+        let Gpu { vms, fw, .. } = self;
+        fw.reset_queue(id, requested_at, now, vms)
     }
 
     /// Where a queue held off the run list for the kernel (answered preemption, suspended
@@ -443,7 +468,8 @@ impl Gpu {
     /// Resets the whole adapter (`DxgkDdiResetFromTimeout`): every queue hangs, its state
     /// lost. Returns the queues that hung.
     pub fn reset_adapter(&mut self, now: Time) -> Vec<FwQueueId> {
-        self.fw.reset_adapter(now)
+        let Gpu { vms, fw, .. } = self;
+        fw.reset_adapter(now, vms)
     }
 
     /// A queue's progress as the engine knows it: the last progress value it completed, and
@@ -579,7 +605,8 @@ impl Gpu {
     /// Puts an idle engine in F1. Refused (returns `false`, engine stays F0) if any of its
     /// queues still has work: the kernel must reconnect their doorbells.
     pub fn enter_f1(&mut self, engine: abi::EngineId, now: Time) -> Result<bool, GpuError> {
-        self.fw.enter_f1(engine, now)
+        let Gpu { vms, fw, .. } = self;
+        fw.enter_f1(engine, now, vms)
     }
 
     /// Whether every engine is in F1 (the firmware thread may sleep).
@@ -697,5 +724,33 @@ impl Gpu {
         {
             out.append(c);
         }
+    }
+}
+
+/// An address space borrowed mutably from its device ([`Gpu::vm_mut`]): derefs to the
+/// [`AddressSpace`]; when it drops, hardware slots that keep a copy of its page table are
+/// given the new one.
+pub struct VmMut<'a> {
+    vmid: Vmid,
+    vm: &'a mut AddressSpace,
+    fw: &'a mut firmware::Firmware,
+}
+
+impl std::ops::Deref for VmMut<'_> {
+    type Target = AddressSpace;
+    fn deref(&self) -> &AddressSpace {
+        self.vm
+    }
+}
+
+impl std::ops::DerefMut for VmMut<'_> {
+    fn deref_mut(&mut self) -> &mut AddressSpace {
+        self.vm
+    }
+}
+
+impl Drop for VmMut<'_> {
+    fn drop(&mut self) {
+        self.fw.address_space_changed(self.vmid, Some(self.vm));
     }
 }

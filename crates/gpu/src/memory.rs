@@ -57,6 +57,9 @@ pub struct Resolved<'a> {
 #[derive(Default, Debug)]
 pub struct AddressSpace {
     maps: Vec<GpuMapping>,
+    /// Bumped by every map and unmap: a device that keeps its own copy of the page table
+    /// (hardware slots, [`crate::hw`]) knows it is stale.
+    generation: u64,
 }
 
 impl AddressSpace {
@@ -78,13 +81,25 @@ impl AddressSpace {
             return Err(GpuError::Overlap { va, bytes });
         }
         self.maps.insert(i, GpuMapping { va, bytes, shm, offset, writable });
+        self.generation += 1;
         Ok(())
     }
 
     /// Removes the mapping that starts at `va`.
     pub fn unmap(&mut self, va: u64) -> Option<GpuMapping> {
         let i = self.maps.binary_search_by_key(&va, |m| m.va).ok()?;
+        self.generation += 1;
         Some(self.maps.remove(i))
+    }
+
+    /// Its mappings, sorted by address.
+    pub fn mappings(&self) -> &[GpuMapping] {
+        &self.maps
+    }
+
+    /// How many times it changed (a map or an unmap) since it was created.
+    pub fn generation(&self) -> u64 {
+        self.generation
     }
 
     /// The mapping containing `va`.

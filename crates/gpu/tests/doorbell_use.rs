@@ -26,9 +26,11 @@ fn device(model: DoorbellModel) -> Gpu {
 fn queue(gpu: &mut Gpu, engine: u32) -> FwQueueId {
     let vmid = gpu.create_vm();
     let (ring, control): (Arc<Shm>, Arc<Shm>) = (Shm::new("ring", 4096).unwrap(), Shm::new("control", 4096).unwrap());
-    let vm = gpu.vm_mut(vmid).unwrap();
-    vm.map(0x10_0000, 4096, ring, 0, true).unwrap();
-    vm.map(0x20_0000, 4096, control, 0, true).unwrap();
+    {
+        let mut vm = gpu.vm_mut(vmid).unwrap();
+        vm.map(0x10_0000, 4096, ring, 0, true).unwrap();
+        vm.map(0x20_0000, 4096, control, 0, true).unwrap();
+    }
     gpu.add_queue(QueueConfig {
         vmid,
         engine: EngineId(engine),

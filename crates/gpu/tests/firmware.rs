@@ -45,10 +45,12 @@ fn rig() -> Rig {
     let control = Shm::new("control", 4096).unwrap();
     let data = Shm::new("data", 4096).unwrap();
     let page = Shm::new("kernel-page", 4096).unwrap();
-    let vm = gpu.vm_mut(vmid).unwrap();
-    vm.map(RING, RING_BYTES, ring.clone(), 0, true).unwrap();
-    vm.map(CONTROL, 4096, control.clone(), 0, true).unwrap();
-    vm.map(DATA, 4096, data.clone(), 0, true).unwrap();
+    {
+        let mut vm = gpu.vm_mut(vmid).unwrap();
+        vm.map(RING, RING_BYTES, ring.clone(), 0, true).unwrap();
+        vm.map(CONTROL, 4096, control.clone(), 0, true).unwrap();
+        vm.map(DATA, 4096, data.clone(), 0, true).unwrap();
+    }
     let q = gpu
         .add_queue(QueueConfig {
             vmid,
@@ -322,9 +324,11 @@ fn many(n: usize, hw_slots: u32, packet_budget: u32) -> Many {
     let vmid = gpu.create_vm();
     let control = Shm::new("control", (MANY_CONTROL_BYTES as usize * (n + 1)).next_multiple_of(4096)).unwrap();
     let data = Shm::new("data", (8 * (n + 1)).next_multiple_of(4096)).unwrap();
-    let vm = gpu.vm_mut(vmid).unwrap();
-    vm.map(CONTROL, control.len() as u64, control.clone(), 0, true).unwrap();
-    vm.map(DATA, data.len() as u64, data.clone(), 0, true).unwrap();
+    {
+        let mut vm = gpu.vm_mut(vmid).unwrap();
+        vm.map(CONTROL, control.len() as u64, control.clone(), 0, true).unwrap();
+        vm.map(DATA, data.len() as u64, data.clone(), 0, true).unwrap();
+    }
     let mut m = Many { gpu, vmid, control, data, queues: Vec::new() };
     for _ in 0..n {
         m.add();

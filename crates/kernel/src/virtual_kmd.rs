@@ -329,12 +329,12 @@ impl VirtualKmd {
         backing: (Arc<Shm>, u64),
         writable: bool,
     ) -> Result<GpuMapping, gpu::GpuError> {
-        self.device().vm_mut(vmid).and_then(|vm| vm.map(va, bytes, backing.0, backing.1, writable))?;
+        self.device().vm_mut(vmid).and_then(|mut vm| vm.map(va, bytes, backing.0, backing.1, writable))?;
         let (gpu, live) = (self.gpu.clone(), self.mappings.clone());
         // Relaxed: a statistic; the mapping itself is ordered by the device lock.
         live.fetch_add(1, Ordering::Relaxed);
         Ok(GpuMapping::new(va, move || {
-            if let Ok(vm) = gpu.lock().vm_mut(vmid) {
+            if let Ok(mut vm) = gpu.lock().vm_mut(vmid) {
                 vm.unmap(va);
             }
             live.fetch_sub(1, Ordering::Relaxed);
@@ -438,6 +438,7 @@ pub(crate) fn refused(field: &'static str, value: impl ToString) -> impl FnOnce(
             G::Shm(e) => return DdiError::Shm(e),
             G::NotHeld(_) => R::NotHeld,
             G::BadTakeBack { wptr, floor, accepted, .. } => R::BadTakeBack { wptr, floor, accepted },
+            G::Hardware(e) => R::Hardware(e.to_string()),
         };
         DdiError::Refused { field, value: value.to_string(), reason }
     }
@@ -882,7 +883,7 @@ impl Kmd for VirtualKmd {
         // engines cache none across turns), which is the TLB invalidation.
         let vmid = self.vmid(process)?;
         let mut g = self.device();
-        let vm = g.vm_mut(vmid).map_err(refused("process", process))?;
+        let mut vm = g.vm_mut(vmid).map_err(refused("process", process))?;
         let m = vm.unmap(va).ok_or(DdiError::Refused {
             field: "va",
             value: format!("{va:#x}"),

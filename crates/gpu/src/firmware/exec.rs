@@ -187,7 +187,11 @@ pub(super) struct Turns {
 
 impl Firmware {
     pub(crate) fn step(&mut self, clock: &dyn Fn() -> Time, vms: &[Option<AddressSpace>]) -> StepReport {
+        if self.hw.is_some() {
+            return self.step_hardware(clock, vms);
+        }
         let now = clock();
+        self.last_step = now;
         let mut report = StepReport::default();
         let Firmware {
             engines,

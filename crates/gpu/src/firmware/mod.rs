@@ -59,6 +59,7 @@ use crate::{GpuConfig, GpuError, Time};
 
 mod doorbells;
 mod exec;
+mod hardware;
 pub(crate) mod preempt;
 mod schedule;
 
@@ -206,6 +207,10 @@ pub struct StepReport {
     /// Bytes moved by `COPY`/`FILL` (a chunk of a large one is progress before its packet
     /// completes).
     pub bytes: u64,
+    /// Hardware slots ([`crate::hw`]) executing, or given a command in this step they have not
+    /// answered: their engines run by themselves, so a driver that steps until nothing
+    /// happens steps again.
+    pub hardware: u32,
 }
 
 /// An indirect buffer being executed.
@@ -283,6 +288,9 @@ struct FwQueue {
     /// In its engine's waiting set ([`Engine::waiting`]), under its [`schedule::Seat`]'s class
     /// and turn. Kept equal to [`schedule::Seat::should_wait`] by [`sync_waiting`].
     waiting: bool,
+    /// Loaded in this hardware slot of its engine ([`hardware`]): its execution state is the
+    /// slot's until the slot answers a stop.
+    hw_slot: Option<u32>,
 }
 
 /// The condition a `WAIT` blocks on: the 64-bit word at `va` of address space `vmid` reaching
@@ -527,6 +535,11 @@ pub(crate) struct Firmware {
     /// Every `PROGRESS_FENCE` executed, with its modelled end, when a tool asked for them
     /// ([`crate::Gpu::record_completions`]; the simulator's observation point).
     pub(crate) completions: Option<Vec<Completion>>,
+    /// The hardware the engines' slots are, when they are not virtual ([`hardware`]).
+    hw: Option<hardware::HwSide>,
+    /// The device time of the last step (what a command with no time of its own is stamped
+    /// with).
+    last_step: Time,
 }
 
 impl Firmware {
@@ -613,8 +626,14 @@ impl Engine {
 }
 
 impl Firmware {
-    /// A firmware for `cfg`.
-    pub(crate) fn new(cfg: &GpuConfig, bar: abi::doorbell::DoorbellBar) -> Firmware {
+    /// A firmware for `cfg`, its slots on `cfg.hardware` when it names one.
+    pub(crate) fn new(cfg: &GpuConfig, bar: abi::doorbell::DoorbellBar) -> Result<Firmware, crate::hw::HwError> {
+        let hw = match &cfg.hardware {
+            Some(factory) => {
+                Some(hardware::HwSide::new((factory.make)()?, &cfg.engines, cfg.hw_slots, cfg.wave_width)?)
+            }
+            None => None,
+        };
         let engines = cfg
             .engines
             .iter()
@@ -624,7 +643,7 @@ impl Firmware {
                 Engine::new(EngineId(i as u32), kind, cfg.hw_slots, cfg.idle_period, stop)
             })
             .collect();
-        Firmware {
+        Ok(Firmware {
             budget: cfg.packet_budget.max(1),
             cost: cfg.cost,
             timing: cfg.timing,
@@ -651,7 +670,9 @@ impl Firmware {
             attention: preempt::Attention::default(),
             horizon: None,
             completions: None,
-        }
+            hw,
+            last_step: Time::ZERO,
+        })
     }
 
     pub(crate) fn engine_kinds(&self) -> Vec<EngineKind> {
@@ -734,6 +755,7 @@ impl Firmware {
             saved: None,
             seq: 0,
             waiting: false,
+            hw_slot: None,
         };
         q.publish_rptr();
         let id = FwQueueId(self.queues.insert(q));
@@ -807,7 +829,14 @@ impl Firmware {
         Ok(())
     }
 
-    pub(crate) fn remove_queue(&mut self, id: FwQueueId) -> Result<u64, GpuError> {
+    pub(crate) fn remove_queue(
+        &mut self,
+        id: FwQueueId,
+        now: Time,
+        vms: &[Option<AddressSpace>],
+    ) -> Result<u64, GpuError> {
+        // Loaded in a hardware slot: abandoned there first (the queue's memory may go next).
+        self.hw_quiesce(&[id], true, now, vms);
         self.dormant.retain(|d| d.queue != id);
         let (e, q) = self.engine_and_queue(id)?;
         doorbells::forget_watch(e, id);
@@ -835,6 +864,7 @@ impl Firmware {
         match (&mut q.cfg.fence_logs, index) {
             (Some(logs), 0 | 1) => {
                 logs[index] = log;
+                self.hw_fence_log(id, index);
                 Ok(true)
             }
             _ => Ok(false),
@@ -877,7 +907,19 @@ impl Firmware {
         Ok(())
     }
 
-    pub(crate) fn enter_f1(&mut self, engine: EngineId, now: Time) -> Result<bool, GpuError> {
+    pub(crate) fn enter_f1(
+        &mut self,
+        engine: EngineId,
+        now: Time,
+        vms: &[Option<AddressSpace>],
+    ) -> Result<bool, GpuError> {
+        // Hardware slots: where their queues stand now (they run between steps), and off the
+        // slots if the engine powers down (below).
+        let loaded = self.loaded_on(engine);
+        if !loaded.is_empty() {
+            let mut report = StepReport::default();
+            self.read_progress(&mut report, true);
+        }
         let Firmware { engines, queues, .. } = self;
         let e = engines.get_mut(engine.0 as usize).ok_or(GpuError::BadEngine(engine.0))?;
         let mut busy = false;
@@ -898,6 +940,10 @@ impl Firmware {
             e.power = PowerState::F1;
         }
         e.arm_idle();
+        if !busy && !loaded.is_empty() {
+            // An engine in F1 runs nothing: its slots are emptied (idle, they answer at once).
+            self.hw_quiesce(&loaded, false, now, vms);
+        }
         Ok(!busy)
     }
 
@@ -973,12 +1019,14 @@ impl Firmware {
     pub(crate) fn register_fence(&mut self, current: (&Shm, u64), monitored: Word, id: u64, waits: FenceWaits) {
         self.fence_epoch += 1;
         self.fences.insert((current.0.id(), current.1), FenceEntry { id, monitored, waits });
+        self.hw_fence(current.0, current.1, Some(id));
     }
 
     pub(crate) fn unregister_fence(&mut self, current: (&Shm, u64)) {
         // A queue parked on it re-checks (and faults, if the memory went with it).
         self.fence_epoch += 1;
         self.fences.remove(&(current.0.id(), current.1));
+        self.hw_fence(current.0, current.1, None);
     }
 
     /// Native fences may have changed behind the engines' back (a CPU update, another
@@ -989,5 +1037,10 @@ impl Firmware {
 
     pub(crate) fn set_horizon(&mut self, at: Option<Time>) {
         self.horizon = at;
+    }
+
+    /// The device time of the last step.
+    pub(crate) fn last_step(&self) -> Time {
+        self.last_step
     }
 }

@@ -280,7 +280,12 @@ impl FwQueue {
 
     /// Whether the engine's rule lets it stop where it stands (a blocked `WAIT` counts as a
     /// packet boundary on every level but `None`).
+    /// A queue loaded in a hardware slot stands wherever the slot has taken it: it never may
+    /// stop "now", only at the slot's answer to a stop.
     pub(super) fn may_stop_now(&self, stop: Stop) -> bool {
+        if self.hw_slot.is_some() {
+            return false;
+        }
         let point = self.standing_point();
         stop.allows(point) || (self.blocked && stop.allows_blocked_wait() && point == StopPoint::Packet)
     }
@@ -387,7 +392,22 @@ impl Firmware {
     /// answer to a kernel request hang with [`FaultKind::PreemptTimeout`]; every other queue in
     /// a slot is taken off it with its state saved (it stands between two turns, where its
     /// state always is), and runs again when the scheduler maps it.
-    pub(crate) fn reset_engine(&mut self, engine: EngineId, now: Time) -> Result<EngineReset, GpuError> {
+    pub(crate) fn reset_engine(
+        &mut self,
+        engine: EngineId,
+        now: Time,
+        vms: &[Option<AddressSpace>],
+    ) -> Result<EngineReset, GpuError> {
+        // Hardware slots first: the guilty are abandoned where they stand, the rest stopped
+        // with their state saved, before the queue table below decides what they become.
+        let loaded = self.loaded_on(engine);
+        if !loaded.is_empty() {
+            let guilty = |q: &FwQueue| q.preempt.is_some_and(|r| r.by == Requester::Os);
+            let (abort, stop): (Vec<_>, Vec<_>) =
+                loaded.into_iter().partition(|id| self.queues.get(id.0).is_ok_and(guilty));
+            self.hw_quiesce(&abort, true, now, vms);
+            self.hw_quiesce(&stop, false, now, vms);
+        }
         let Firmware { engines, queues, log, .. } = self;
         let e = engines.get_mut(engine.0 as usize).ok_or(GpuError::BadEngine(engine.0))?;
         let mut out = EngineReset::default();
@@ -453,7 +473,14 @@ impl Firmware {
     /// not yield to a preemption request made at `requested_at`); its neighbours are not
     /// touched. Returns the last progress value the engine accepted from it (the last
     /// "fence ID" the reset aborted).
-    pub(crate) fn reset_queue(&mut self, id: FwQueueId, requested_at: Time, now: Time) -> Result<u64, GpuError> {
+    pub(crate) fn reset_queue(
+        &mut self,
+        id: FwQueueId,
+        requested_at: Time,
+        now: Time,
+        vms: &[Option<AddressSpace>],
+    ) -> Result<u64, GpuError> {
+        self.hw_quiesce(&[id], true, now, vms);
         let Firmware { engines, queues, log, .. } = self;
         let q = queues.get_mut(id.0).map_err(|_| GpuError::StaleQueue(id))?;
         let e = engines.get_mut(q.cfg.engine.0 as usize).ok_or(GpuError::BadEngine(q.cfg.engine.0))?;
@@ -468,7 +495,9 @@ impl Firmware {
 
     /// Resets the adapter (`DxgkDdiResetFromTimeout`): every queue's state is lost; each one
     /// hangs with [`FaultKind::AdapterReset`] and leaves its slot.
-    pub(crate) fn reset_adapter(&mut self, now: Time) -> Vec<FwQueueId> {
+    pub(crate) fn reset_adapter(&mut self, now: Time, vms: &[Option<AddressSpace>]) -> Vec<FwQueueId> {
+        let loaded = self.loaded();
+        self.hw_quiesce(&loaded, true, now, vms);
         let Firmware { engines, queues, log, .. } = self;
         let mut lost = Vec::new();
         for e in engines.iter_mut() {

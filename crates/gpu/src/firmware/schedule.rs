@@ -205,6 +205,9 @@ pub(super) struct Seat {
     pub(super) on_run_list: bool,
     /// In its engine's waiting set.
     pub(super) waiting: bool,
+    /// Loaded in a hardware slot ([`super::hardware`]): it leaves only at the slot's answer
+    /// to a stop, idle or not.
+    pub(super) loaded: bool,
 }
 
 impl Seat {
@@ -267,6 +270,7 @@ impl Schedulable for FwQueue {
             asleep: self.asleep,
             on_run_list: self.on_run_list,
             waiting: self.waiting,
+            loaded: self.hw_slot.is_some(),
         }
     }
     fn set_state(&mut self, state: QueueState) {
@@ -662,8 +666,10 @@ fn pass<Q: Schedulable>(
             // A busy victim leaves its slot only at a point its engine's granularity allows:
             // if it stands elsewhere, it is asked to stop, and the slot changes hands at the
             // pass after it did ([`super::preempt`]). Meanwhile its class waits.
+            // (A queue loaded in a hardware slot is asked even when idle: the slot may have
+            // found work since the firmware last looked, and only its answer says.)
             if let Ok(q) = queues.get_mut(v.0)
-                && q.seat().pending
+                && (q.seat().pending || q.seat().loaded)
                 && !q.may_stop_now(e.stop)
             {
                 if q.request_stop(now) {
@@ -858,6 +864,7 @@ mod tests {
                 asleep: false,
                 on_run_list: false,
                 waiting: false,
+                loaded: false,
             }));
             let id = FwQueueId(key);
             admit(&mut self.e, self.queues.get_mut(key).unwrap(), id);

@@ -537,7 +537,12 @@ impl Inner {
         }
         // Progress only: a queue blocked in a WAIT re-checks every pump but moves nothing. An
         // interrupt raised, or serviced (a modelled line delivers it later), is progress.
-        let work = report.packets > 0 || report.instructions > 0 || report.bytes > 0 || raised > 0 || serviced > 0;
+        let work = report.packets > 0
+            || report.instructions > 0
+            || report.bytes > 0
+            || report.hardware > 0
+            || raised > 0
+            || serviced > 0;
         Pump { work, asleep }
     }
 
