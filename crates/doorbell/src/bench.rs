@@ -115,6 +115,14 @@ pub struct SubmitArgs {
     /// io_uring with SQPOLL) in the same run.
     #[arg(long)]
     daemon: bool,
+    /// Where the engines run: `virtual` (CPU threads, the default), `cuda` (an NVIDIA GPU:
+    /// the round trip from submit to the CPU seeing the engine's write, tiny command buffers
+    /// per second, and CUDA's own launch path and the PCIe doorbell floor measured in the same
+    /// run; exits with an error naming what is missing when no GPU or driver is found), or
+    /// `emulated` (the GPU's engine program emulated on the CPU: a check of that path, not a
+    /// GPU figure).
+    #[arg(long, value_enum, default_value_t = crate::bench_cuda::DeviceKind::Virtual)]
+    device: crate::bench_cuda::DeviceKind,
 }
 
 pub fn run(cmd: BenchCommand) -> Result<(), CliError> {
@@ -252,6 +260,12 @@ pub(crate) fn latencies(
 }
 
 fn submit(a: SubmitArgs) -> Result<(), CliError> {
+    if a.device != crate::bench_cuda::DeviceKind::Virtual {
+        if a.daemon {
+            return Err(CliError::Input("--daemon measures the virtual device; drop it or --device".into()));
+        }
+        return crate::bench_cuda::submit(a.device, a.json, a.samples, a.throughput_count);
+    }
     if a.daemon {
         let (json, samples, throughput_count) = (a.json, a.samples, a.throughput_count);
         return crate::bench_daemon::submit(crate::bench_daemon::DaemonSubmitArgs { json, samples, throughput_count });

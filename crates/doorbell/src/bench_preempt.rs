@@ -55,6 +55,13 @@ pub struct PreemptArgs {
     /// workgroups of 64 threads.
     #[arg(long, default_value_t = 400, value_parser = num::within(1u32, 10_000_000))]
     rounds: u32,
+    /// Where the engines run: `virtual` (the default: every measure above), `cuda` (an NVIDIA
+    /// GPU: a high-priority queue's start while low-priority dispatches keep every compute
+    /// slot busy, beside a high-priority CUDA stream's kernel next to 1 ms blocks on every SM,
+    /// in the same run; an error naming what is missing without a GPU or driver) or
+    /// `emulated` (the GPU's engine program on the CPU: a check of that path).
+    #[arg(long, value_enum, default_value_t = crate::bench_cuda::DeviceKind::Virtual)]
+    device: crate::bench_cuda::DeviceKind,
 }
 
 const GROUPS: u32 = 16;
@@ -78,8 +85,9 @@ fn system(level: ComputeGranularity, slots: u32, tdr: TdrConfig) -> Result<Syste
     Ok(System::live(SystemConfig { gpu, tdr, ..Default::default() })?)
 }
 
-/// A process keeping a queue busy with command buffers of long dispatches.
-struct Spinner {
+/// A process keeping a queue busy with command buffers of long dispatches (here, and in
+/// `bench preempt --device cuda`).
+pub(crate) struct Spinner {
     port: Arc<dyn KernelPort>,
     _dev: Device,
     _ctx: umd::Context,
@@ -87,6 +95,7 @@ struct Spinner {
     out: Buffer,
     cb: CommandBuffer,
     rounds: u32,
+    groups: u32,
     last: u64,
     _kernel: Buffer,
     _args: Buffer,
@@ -94,23 +103,35 @@ struct Spinner {
 
 impl Spinner {
     fn new(sys: &System, priority: Priority, rounds: u32) -> Result<Spinner, CliError> {
+        Spinner::shaped(sys, priority, rounds, GROUPS, DISPATCHES_PER_CB)
+    }
+
+    /// A spinner whose command buffers hold `dispatches` dispatches of `groups` workgroups
+    /// of 64 threads, each thread running `rounds` rounds.
+    pub(crate) fn shaped(
+        sys: &System,
+        priority: Priority,
+        rounds: u32,
+        groups: u32,
+        dispatches: usize,
+    ) -> Result<Spinner, CliError> {
         let port: Arc<dyn KernelPort> = sys.open_process()?;
         let dev = Device::open(port.clone())?;
         let ctx = dev.create_context(dev.engine(EngineKind::Compute)?)?;
         let mut q = ctx.create_queue(QueueOptions { priority, ..QueueOptions::user_mode() })?;
         q.set_spin(0);
         let kernel = dev.upload(&umd::workloads::rounds().to_bytes())?;
-        let out = dev.allocate((GROUPS * GROUP) as u64 * 4)?;
+        let out = dev.allocate((groups * GROUP) as u64 * 4)?;
         let args = dev.upload(&umd::workloads::rounds_args(out.va(), rounds))?;
         let mut cb = CommandBuffer::new();
-        for _ in 0..DISPATCHES_PER_CB {
-            cb.dispatch(kernel.va(), [GROUPS, 1, 1], [GROUP, 1, 1], args.va());
+        for _ in 0..dispatches {
+            cb.dispatch(kernel.va(), [groups, 1, 1], [GROUP, 1, 1], args.va());
         }
-        Ok(Spinner { port, _dev: dev, _ctx: ctx, q, out, cb, rounds, last: 0, _kernel: kernel, _args: args })
+        Ok(Spinner { port, _dev: dev, _ctx: ctx, q, out, cb, rounds, groups, last: 0, _kernel: kernel, _args: args })
     }
 
     /// Keeps two command buffers outstanding.
-    fn top_up(&mut self) -> Result<(), CliError> {
+    pub(crate) fn top_up(&mut self) -> Result<(), CliError> {
         while self.last.saturating_sub(self.q.completed()) < 2 {
             self.last = self.q.submit(&self.cb)?;
         }
@@ -123,22 +144,28 @@ impl Spinner {
     }
 
     /// Waits for everything submitted and checks the results.
-    fn finish(&self) -> Result<bool, CliError> {
-        self.q.wait(self.last, Some(Duration::from_secs(60)))?;
+    pub(crate) fn finish(&self) -> Result<bool, CliError> {
+        self.q.wait(self.last, Some(Duration::from_secs(120)))?;
         let want = expected(self.rounds);
-        Ok((0..GROUPS * GROUP).all(|i| self.out.read_u32(i as u64 * 4).is_ok_and(|x| x == want)))
+        Ok((0..self.groups * GROUP).all(|i| self.out.read_u32(i as u64 * 4).is_ok_and(|x| x == want)))
     }
 }
 
-/// A pseudo-random spin of up to `max` (xorshift; the same sequence every run).
-struct Gap(u64);
+/// Pseudo-random spins (xorshift; the same sequence every run).
+pub(crate) struct Gap(pub(crate) u64);
 
 impl Gap {
+    /// Spins for up to `max`.
     fn spin(&mut self, max: Duration) {
+        self.spin_between(Duration::ZERO, max);
+    }
+
+    /// Spins for `min` plus up to `spread`.
+    pub(crate) fn spin_between(&mut self, min: Duration, spread: Duration) {
         self.0 ^= self.0 << 13;
         self.0 ^= self.0 >> 7;
         self.0 ^= self.0 << 17;
-        let until = Instant::now() + Duration::from_nanos(self.0 % max.as_nanos().max(1) as u64);
+        let until = Instant::now() + min + Duration::from_nanos(self.0 % spread.as_nanos().max(1) as u64);
         while Instant::now() < until {
             std::hint::spin_loop();
         }
@@ -325,6 +352,9 @@ fn tdr_recover() -> Result<(u64, bool), CliError> {
 }
 
 pub fn run(a: PreemptArgs) -> Result<(), CliError> {
+    if a.device != crate::bench_cuda::DeviceKind::Virtual {
+        return crate::bench_cuda::preempt(a.device, a.json, a.samples, a.rounds);
+    }
     let json = a.json;
     let fine = a.samples as usize;
     let coarse = (fine / 5).max(20).min(fine);

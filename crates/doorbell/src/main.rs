@@ -13,6 +13,7 @@
 #[macro_use]
 mod out;
 mod bench;
+mod bench_cuda;
 mod bench_daemon;
 mod bench_fences;
 mod bench_neighbour;
@@ -137,4 +138,7 @@ pub enum CliError {
     /// A run passed its `--timeout`.
     #[error("timeout: {0}")]
     TimedOut(String),
+    /// The hardware asked for is not there (`--device cuda` without a GPU or its driver).
+    #[error("device: {0}")]
+    Device(String),
 }
