@@ -975,6 +975,20 @@ DB_FN void ack(SlotCtx* c, SlotState* S) {
     if (wave_leader()) st_release64(&c->st->ack, S->seq_seen);
 }
 
+/// The queue is off the slot: what it completed and where it stands are published, the slot
+/// is empty, and all of it is visible before the event that says so (which the caller emits).
+DB_SLOW void vacate(SlotCtx* c, SlotState* S) {
+    S->live = 0;
+    S->restore = 0;
+    S->stopping = 0;
+    S->caught_up = 0;
+    flush_completed(S);
+    publish_rptr(S);
+    S->run = RUN_EMPTY;
+    publish_status(c, S);
+    fence_sys();
+}
+
 /// The queue leaves the slot, stopped at `sp` (its state saved) or aborted.
 DB_SLOW void leave(SlotCtx* c, SlotState* S, u32 sp) {
     Fault f;
@@ -987,31 +1001,15 @@ DB_SLOW void leave(SlotCtx* c, SlotState* S, u32 sp) {
             S->r.flags &= ~REG_DISPATCH;
         }
     }
-    S->live = 0;
-    S->restore = 0;
-    S->stopping = 0;
     S->stop = 0;
-    S->caught_up = 0;
-    flush_completed(S);
-    publish_rptr(S);
-    S->run = RUN_EMPTY;
-    publish_status(c, S);
-    fence_sys();
+    vacate(c, S);
     emit(c, S, EV_STOPPED, sp, S->r.rptr, 0, 0, f.kind ? &f : 0);
     ack(c, S);
 }
 
 /// The queue faulted: it leaves the slot, and the host hangs it.
 DB_SLOW void faulted(SlotCtx* c, SlotState* S, Fault* f, u32 op_known, bool in_ib) {
-    S->live = 0;
-    S->restore = 0;
-    S->stopping = 0;
-    S->caught_up = 0;
-    flush_completed(S);
-    publish_rptr(S);
-    S->run = RUN_EMPTY;
-    publish_status(c, S);
-    fence_sys();
+    vacate(c, S);
     emit(c, S, EV_FAULT, op_known, S->r.rptr, in_ib ? 1 : 0, 0, f);
     ack(c, S);
 }

@@ -589,9 +589,9 @@ pub fn recovery(hw: HardwareFactory) -> Result<RecoveryReport, CheckError> {
     Ok(RecoveryReport { hung_fault: format!("{:?}", hung.fault), neighbour_completed: nq.completed(), recoveries })
 }
 
-/// A process keeping a queue busy with dispatches of the rounds kernel, whose results it
-/// checks.
-struct Spinner {
+/// A process keeping a queue busy with dispatches of the rounds kernel (4 workgroups of 64
+/// threads, `rounds` rounds each), whose results it checks.
+pub struct Spinner {
     pid: abi::ProcessId,
     _dev: Device,
     _ctx: umd::Context,
@@ -604,7 +604,8 @@ struct Spinner {
 }
 
 impl Spinner {
-    fn new(sys: &System, priority: Priority, rounds: u32) -> Result<Spinner, CheckError> {
+    /// A new process on `sys` with one user-mode queue of `priority`.
+    pub fn new(sys: &System, priority: Priority, rounds: u32) -> Result<Spinner, CheckError> {
         let port = sys.open_process().map_err(|e| CheckError::Run { what: "process".into(), error: e.to_string() })?;
         let pid = abi::port::KernelPort::process(&*port);
         let dev = Device::open(port).map_err(run_err("device"))?;
@@ -620,14 +621,26 @@ impl Spinner {
         Ok(Spinner { pid, _dev: dev, _ctx: ctx, q, out, cb, last: 0, rounds, _bufs: (kernel, args) })
     }
 
-    fn submit(&mut self, n: usize) -> Result<(), CheckError> {
+    /// Submits `n` command buffers of one dispatch each.
+    pub fn submit(&mut self, n: usize) -> Result<(), CheckError> {
         for _ in 0..n {
             self.last = self.q.submit(&self.cb).map_err(run_err("spinner"))?;
         }
         Ok(())
     }
 
-    fn check(&self) -> Result<(), CheckError> {
+    /// Its process.
+    pub fn pid(&self) -> abi::ProcessId {
+        self.pid
+    }
+
+    /// Its queue.
+    pub fn queue(&self) -> &Queue {
+        &self.q
+    }
+
+    /// Waits for everything submitted, then checks every thread's result.
+    pub fn check(&self) -> Result<(), CheckError> {
         self.q.wait(self.last, WAIT).map_err(run_err("spinner's last command buffer"))?;
         let want = umd::workloads::rounds_result(self.rounds);
         for i in 0..256u64 {

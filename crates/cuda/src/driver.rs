@@ -268,7 +268,7 @@ impl Driver {
     fn load(path: &str) -> Result<Driver, String> {
         // SAFETY: loading libcuda runs its initialisers, which have no preconditions on our
         // side; it is the library NVIDIA ships for exactly this use.
-        let lib = unsafe { Library::new(path) }.map_err(|e| format!("{path}: {e}"))?;
+        let lib = unsafe { Library::new(path) }.map_err(|e| e.to_string())?; // (dlerror names the path)
         // SAFETY (each `symbol` call): the type on the left of each line is the C signature
         // cuda.h (CUDA 13) declares for the named symbol; the library is stored in the struct
         // beside the pointers and never unloaded while they exist (drivers are leaked).
@@ -417,7 +417,7 @@ struct NvrtcLib {
 impl NvrtcLib {
     fn load(path: &str) -> Result<NvrtcLib, String> {
         // SAFETY: loading libnvrtc runs its initialisers, which have no preconditions.
-        let lib = unsafe { Library::new(path) }.map_err(|e| format!("{path}: {e}"))?;
+        let lib = unsafe { Library::new(path) }.map_err(|e| e.to_string())?; // (dlerror names the path)
         // SAFETY (each `symbol` call): the types are nvrtc.h's signatures for the named
         // symbols; the library lives beside the pointers and is never unloaded (leaked).
         unsafe {

@@ -172,7 +172,7 @@ impl Backing for Emulated {
     }
 
     fn settle(&mut self, globals: &SharedBuf, status: &SharedBuf, slot: u32, seq: u64) -> Result<bool, HwError> {
-        let ack = status.word(slot as usize * size_of::<layout::SlotStatus>());
+        let ack = status.word(layout::at!(SlotStatus[slot as usize].ack));
         // A command is taken at the top of the slot's next step (unless its event ring is
         // too full to run one: the host then drains it and asks again).
         // Acquire: pairs with the slot's release of its acknowledgement.

@@ -22,12 +22,13 @@ use std::sync::atomic::Ordering;
 
 use abi::EngineId;
 use abi::EngineKind;
+use abi::preempt::Stop;
 use abi::queue::FaultRecord;
-use gpu::hw::{Hardware, HwCommand, HwError, HwEvent, HwEventKind, QueueImage, QueueRegs, SlotProgress, StopRule};
-use gpu::{AddressSpace, StopPoint, Time, Vmid};
+use gpu::hw::{Hardware, HwCommand, HwError, HwEvent, HwEventKind, QueueImage, QueueRegs, SlotProgress};
+use gpu::{AddressSpace, Time, Vmid};
 use shm::{DmaArea, Shm};
 
-use crate::layout::{self, Event, FenceSlot, Globals, Mqd, Regs, SlotCtl, SlotStatus, VmDir, VmEntry};
+use crate::layout::{self, Event, FenceSlot, Globals, Mqd, Regs, SlotCtl, SlotStatus, VmDir, VmEntry, at};
 use crate::shared::SharedBuf;
 
 /// Where the slots' memory comes from and how their program runs: a GPU or the emulator.
@@ -170,15 +171,15 @@ impl<B: Backing> Slots<B> {
         }
     }
 
-    /// The device address of byte `offset` of CPU mapping `area` at address `addr`,
-    /// registering the mapping the first time.
+    /// The device address of CPU address `addr`, which lies in mapping `area`, registering
+    /// the mapping the first time. (Mappings are keyed by their CPU address: two live ones
+    /// never share one, and `areas` keeps each registered one alive.)
     fn dev_of(&mut self, area: &DmaArea, addr: usize) -> Result<u64, HwError> {
-        let key = area.key();
-        let base = match self.areas.get(&key) {
+        let base = match self.areas.get(&area.addr()) {
             Some((_, dev)) => *dev,
             None => {
                 let dev = self.b.register(area)?;
-                self.areas.insert(key, (area.clone(), dev));
+                self.areas.insert(area.addr(), (area.clone(), dev));
                 dev
             }
         };
@@ -191,19 +192,29 @@ impl<B: Backing> Slots<B> {
         self.dev_of(&map.dma_area(), map.addr() + offset as usize)
     }
 
+    /// Whether slot `i` has not acknowledged the last command written to it yet.
+    fn owes_ack(&self, i: usize) -> bool {
+        // Acquire: pairs with the slot's release of its acknowledgement.
+        self.status.word(at!(SlotStatus[i].ack)).load(Ordering::Acquire) < self.seq[i]
+    }
+
+    /// Waits until slot `i` took the last command written to it: its block may be rewritten.
+    fn ready(&mut self, i: usize) -> Result<(), HwError> {
+        if self.owes_ack(i) {
+            self.settle(i, self.seq[i])?;
+        }
+        Ok(())
+    }
+
     /// Writes a command to slot `i`, once the slot took the last one.
     fn send(&mut self, i: usize, cmd: u32, stop: u32) -> Result<u64, HwError> {
-        let last = self.seq[i];
-        if last != 0 && self.status.word(i * STATUS).load(Ordering::Acquire) < last {
-            self.settle(i, last)?;
-        }
-        let at = i * CTL;
+        self.ready(i)?;
         // cmd and stop share one 8-byte word (the slot reads it whole).
-        self.ctl.word(at + 8).store(cmd as u64 | (stop as u64) << 32, Ordering::Relaxed);
-        let seq = last + 1;
+        self.ctl.word(at!(SlotCtl[i].cmd)).store(cmd as u64 | (stop as u64) << 32, Ordering::Relaxed);
+        let seq = self.seq[i] + 1;
         // Release: the command word and the MQD written before are visible to a slot that
         // acquires the new sequence.
-        self.ctl.word(at).store(seq, Ordering::Release);
+        self.ctl.word(at!(SlotCtl[i].seq)).store(seq, Ordering::Release);
         self.seq[i] = seq;
         Ok(seq)
     }
@@ -225,17 +236,17 @@ impl<B: Backing> Slots<B> {
 
     /// Moves slot `i`'s new events to `pending`.
     fn take_events(&mut self, i: usize) {
-        let written = self.status.word(i * STATUS + 120).load(Ordering::Acquire);
+        let written = self.status.word(at!(SlotStatus[i].events_written)).load(Ordering::Acquire);
         let engine = EngineId(i as u32 / self.per_engine);
         let slot = i as u32 % self.per_engine;
         while self.taken[i] < written {
             let n = self.taken[i];
-            let at = (i * layout::SLOT_EVENTS as usize + (n % layout::SLOT_EVENTS) as usize) * EVENT;
+            let k = i * layout::SLOT_EVENTS as usize + (n % layout::SLOT_EVENTS) as usize;
             // Acquire: pairs with the slot's release of the event's sequence, stored last.
-            if self.events.word(at).load(Ordering::Acquire) != n + 1 {
+            if self.events.word(at!(Event[k].seq)).load(Ordering::Acquire) != n + 1 {
                 break; // not complete yet (the slot writes the count after the event)
             }
-            let e: Event = self.events.get(at);
+            let e: Event = self.events.get(k * EVENT);
             self.taken[i] = n + 1;
             if e.load != self.load[i] {
                 continue; // about a queue this slot no longer holds
@@ -249,7 +260,7 @@ impl<B: Backing> Slots<B> {
             }
         }
         // Release: the host is done reading the events below; the slot may write there.
-        self.ctl.word(i * CTL + 16).store(self.taken[i], Ordering::Release);
+        self.ctl.word(at!(SlotCtl[i].events_read)).store(self.taken[i], Ordering::Release);
     }
 
     fn regs_of(&self, i: usize) -> QueueRegs {
@@ -284,17 +295,8 @@ impl<B: Backing> Slots<B> {
                 regs: self.regs_of(i),
             },
             layout::ev::STOPPED => {
-                let point = match e.a32 {
-                    layout::ev::ABORTED => None,
-                    layout::sp::IDLE => Some(StopPoint::Idle),
-                    layout::sp::COMMAND_BUFFER => Some(StopPoint::CommandBuffer),
-                    layout::sp::PACKET => Some(StopPoint::Packet),
-                    layout::sp::GROUP => Some(StopPoint::Group),
-                    layout::sp::WAVE => Some(StopPoint::Wave),
-                    layout::sp::INSTRUCTION => Some(StopPoint::Instruction),
-                    layout::sp::CHUNK => Some(StopPoint::Chunk),
-                    _ => None,
-                };
+                // An abort's answer (ev::ABORTED) names no point.
+                let point = layout::STOP_POINTS.iter().find(|&&(_, sp)| sp == e.a32).map(|&(p, _)| p);
                 HwEventKind::Stopped { point, regs: self.regs_of(i) }
             }
             _ => return None,
@@ -347,10 +349,10 @@ impl<B: Backing> Slots<B> {
             flags,
             regs: regs_to(&q.regs),
         };
-        let at = i * CTL;
-        self.ctl.put(at + 24, &logs[0]);
-        self.ctl.put(at + 32, &logs[1]);
-        self.ctl.put(at + 40, &mqd);
+        for (k, log) in logs.iter().enumerate() {
+            self.ctl.put(at!(SlotCtl[i].fence_log) + 8 * k, log);
+        }
+        self.ctl.put(at!(SlotCtl[i].mqd), &mqd);
         let mut words = Vec::new();
         for w in
             [Some(q.rptr_word), Some(q.wptr_word), q.last_queued_word, Some(q.completed_word)].into_iter().flatten()
@@ -417,8 +419,7 @@ impl<B: Backing> Slots<B> {
         }
         let t = &mut self.vms[k];
         let buf = t.bufs[next].as_ref().expect("allocated above");
-        let dir = k * size_of::<VmDir>();
-        let seq = self.vm_dir.word(dir);
+        let seq = self.vm_dir.word(at!(VmDir[k].seq));
         let s = seq.load(Ordering::Relaxed);
         // Odd: the entry is being rewritten. SeqCst orders it before the writes below for a
         // slot that reads the table after it (the slot re-reads the word after copying).
@@ -427,8 +428,9 @@ impl<B: Backing> Slots<B> {
             buf.put(n * size_of::<VmEntry>(), e);
         }
         let table = if vm.is_some() { buf.dev() } else { 0 };
-        self.vm_dir.word(dir + 8).store(table, Ordering::Relaxed);
-        self.vm_dir.word(dir + 16).store(entries.len() as u64, Ordering::Relaxed);
+        self.vm_dir.word(at!(VmDir[k].table)).store(table, Ordering::Relaxed);
+        // `count`, and the padding after it (one word).
+        self.vm_dir.word(at!(VmDir[k].count)).store(entries.len() as u64, Ordering::Relaxed);
         // Release: the table and its pointer are visible to a slot that acquires the even
         // value.
         seq.store(s + 2, Ordering::Release);
@@ -459,7 +461,7 @@ impl<B: Backing> Slots<B> {
         let f = self.fences.as_ref().expect("present");
         // The whole table is rebuilt under the seqlock (fences come and go rarely: with a
         // process's setup and teardown).
-        let seq = self.globals.word(32);
+        let seq = self.globals.word(at!(Globals.fence_seq));
         let s = seq.load(Ordering::Relaxed);
         seq.store(s + 1, Ordering::SeqCst);
         f.buf.zero(0, f.cap * size_of::<FenceSlot>());
@@ -471,9 +473,11 @@ impl<B: Backing> Slots<B> {
             }
             f.buf.put(at * size_of::<FenceSlot>(), &FenceSlot { key: k, id: v });
         }
-        // `Globals::fence_table`, then `vm_count | fence_mask << 32` (one word each).
-        self.globals.word(24).store(f.buf.dev(), Ordering::Relaxed);
-        self.globals.word(16).store(layout::MAX_VMIDS as u64 | (mask as u64) << 32, Ordering::Relaxed);
+        self.globals.word(at!(Globals.fence_table)).store(f.buf.dev(), Ordering::Relaxed);
+        // `vm_count` and `fence_mask` share one word.
+        self.globals
+            .word(at!(Globals.vm_count))
+            .store(layout::MAX_VMIDS as u64 | (mask as u64) << 32, Ordering::Relaxed);
         // Release: the table is visible to a slot that acquires the even value.
         seq.store(s + 2, Ordering::Release);
         Ok(())
@@ -532,17 +536,9 @@ fn regs_from(r: &Regs) -> QueueRegs {
 }
 
 /// The `SlotCtl::stop` bits of a stop rule.
-fn stop_bits(rule: &StopRule) -> u32 {
+fn stop_bits(rule: Stop) -> u32 {
     let mut bits = 0;
-    for (p, sp) in [
-        (StopPoint::Idle, layout::sp::IDLE),
-        (StopPoint::CommandBuffer, layout::sp::COMMAND_BUFFER),
-        (StopPoint::Packet, layout::sp::PACKET),
-        (StopPoint::Group, layout::sp::GROUP),
-        (StopPoint::Wave, layout::sp::WAVE),
-        (StopPoint::Instruction, layout::sp::INSTRUCTION),
-        (StopPoint::Chunk, layout::sp::CHUNK),
-    ] {
+    for (p, sp) in layout::STOP_POINTS {
         if rule.allows(p) {
             bits |= layout::stop_at(sp);
         }
@@ -615,10 +611,7 @@ impl<B: Backing> Hardware for Slots<B> {
             HwCommand::Load { engine, slot, queue, now } => {
                 let i = self.index(engine, slot)?;
                 // The slot must have taken the last command before its block is rewritten.
-                let last = self.seq[i];
-                if last != 0 && self.status.word(i * STATUS).load(Ordering::Acquire) < last {
-                    self.settle(i, last)?;
-                }
+                self.ready(i)?;
                 let compute = self.engines[engine.0 as usize] == EngineKind::Compute;
                 self.write_load(i, &queue, compute, now)?;
                 let seq = self.send(i, layout::cmd::LOAD, 0)?;
@@ -627,7 +620,7 @@ impl<B: Backing> Hardware for Slots<B> {
             }
             HwCommand::Stop { engine, slot, rule } => {
                 let i = self.index(engine, slot)?;
-                self.send(i, layout::cmd::STOP, stop_bits(&rule)).map(drop)
+                self.send(i, layout::cmd::STOP, stop_bits(rule)).map(drop)
             }
             HwCommand::Abort { engine, slot } => {
                 let i = self.index(engine, slot)?;
@@ -648,7 +641,7 @@ impl<B: Backing> Hardware for Slots<B> {
                     logs[index] = log.clone();
                 }
                 // One word: the slot sees the old log or the new one, never half of each.
-                self.ctl.word(i * CTL + 24 + 8 * index.min(1)).store(w, Ordering::Release);
+                self.ctl.word(at!(SlotCtl[i].fence_log) + 8 * index.min(1)).store(w, Ordering::Release);
                 Ok(())
             }
         }
@@ -656,9 +649,7 @@ impl<B: Backing> Hardware for Slots<B> {
 
     fn poll(&mut self, _now: Time, out: &mut Vec<HwEvent>) -> bool {
         let n = self.seq.len();
-        let active: Vec<bool> = (0..n)
-            .map(|i| self.load[i] != 0 || self.status.word(i * STATUS).load(Ordering::Acquire) < self.seq[i])
-            .collect();
+        let active: Vec<bool> = (0..n).map(|i| self.load[i] != 0 || self.owes_ack(i)).collect();
         let more = self.b.run(&self.globals, &active);
         // Only slots with a queue or a command can have news (each look reads lines the
         // device writes).
@@ -678,7 +669,7 @@ impl<B: Backing> Hardware for Slots<B> {
     fn progress(&self, engine: EngineId, slot: u32) -> SlotProgress {
         let Ok(i) = self.index(engine, slot) else { return SlotProgress::default() };
         // Acquire, first: pairs with the slot's release of `load`, stored after the regs.
-        let load = self.status.word(i * STATUS + 136).load(Ordering::Acquire);
+        let load = self.status.word(at!(SlotStatus[i].load)).load(Ordering::Acquire);
         let st: SlotStatus = self.status.get(i * STATUS);
         SlotProgress {
             regs: (load == self.load[i] && load != 0).then(|| regs_from(&st.regs)),

@@ -7,6 +7,19 @@
 
 use core::mem::{offset_of, size_of};
 
+/// The byte offset of a field in shared memory, named by struct and field, never by a number
+/// (rule 5: typed views): `at!(SlotCtl[i].seq)` is field `seq` of element `i` of an array of
+/// [`SlotCtl`]; `at!(Globals.quit)` a field of a single struct at offset 0.
+macro_rules! at {
+    ($t:ident [$i:expr] . $f:ident) => {
+        ($i) * core::mem::size_of::<$crate::layout::$t>() + core::mem::offset_of!($crate::layout::$t, $f)
+    };
+    ($t:ident . $f:ident) => {
+        core::mem::offset_of!($crate::layout::$t, $f)
+    };
+}
+pub(crate) use at;
+
 /// Events in one slot's ring.
 pub const SLOT_EVENTS: u64 = 1024;
 /// Mappings of an address space a slot keeps in its own fast memory.
@@ -66,6 +79,19 @@ pub mod ev {
 pub const fn stop_at(sp: u32) -> u32 {
     1 << sp
 }
+/// The stop points (`StopPointCode`) by the firmware's names, in order.
+pub const STOP_POINTS: [(abi::preempt::StopPoint, u32); 7] = {
+    use abi::preempt::StopPoint as P;
+    [
+        (P::Idle, sp::IDLE),
+        (P::CommandBuffer, sp::COMMAND_BUFFER),
+        (P::Packet, sp::PACKET),
+        (P::Group, sp::GROUP),
+        (P::Wave, sp::WAVE),
+        (P::Instruction, sp::INSTRUCTION),
+        (P::Chunk, sp::CHUNK),
+    ]
+};
 /// `SlotCtl::stop`: a `WAIT` that does not pass may be left.
 pub const STOP_BLOCKED_WAIT: u32 = 1 << 16;
 

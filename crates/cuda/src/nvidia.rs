@@ -173,7 +173,7 @@ impl Backing for Nvidia {
     }
 
     fn settle(&mut self, _globals: &SharedBuf, status: &SharedBuf, slot: u32, seq: u64) -> Result<bool, HwError> {
-        let ack = status.word(slot as usize * size_of::<layout::SlotStatus>());
+        let ack = status.word(layout::at!(SlotStatus[slot as usize].ack));
         let until = Instant::now() + SETTLE_ROUND;
         // Acquire: pairs with the slot's release of its acknowledgement.
         while ack.load(Ordering::Acquire) < seq {
@@ -205,7 +205,7 @@ impl Backing for Nvidia {
 
     fn stop(&mut self, globals: &SharedBuf) {
         // Release: nothing to publish before it; the slots poll it.
-        globals.word(0).store(1, Ordering::Release);
+        globals.word(layout::at!(Globals.quit)).store(1, Ordering::Release);
         if let Some(s) = self.stream.as_ref() {
             let _ = s.wait(Duration::from_secs(5));
         }

@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use abi::{EngineKind, Priority};
+use cuda::check::Spinner;
 use kernel::{System, SystemConfig};
 use umd::{CommandBuffer, Device, QueueOptions};
 
@@ -53,53 +54,6 @@ fn malformed_streams_fault_as_on_the_cpu_engine() {
     assert!(n >= 20);
 }
 
-/// A process with a queue of the given priority that runs command buffers of long dispatches
-/// (`umd::workloads::ROUNDS`), and checks their results.
-struct Spinner {
-    _dev: Device,
-    _ctx: umd::Context,
-    q: umd::Queue,
-    out: umd::Buffer,
-    cb: CommandBuffer,
-    last: u64,
-    rounds: u32,
-    _bufs: (umd::Buffer, umd::Buffer),
-    pid: abi::ProcessId,
-}
-
-const GROUPS: u32 = 4;
-const GROUP: u32 = 64;
-
-impl Spinner {
-    fn new(sys: &System, priority: Priority, rounds: u32) -> Spinner {
-        let port = sys.open_process().unwrap();
-        let pid = abi::port::KernelPort::process(&*port);
-        let dev = Device::open(port).unwrap();
-        let ctx = dev.create_context(dev.engine(EngineKind::Compute).unwrap()).unwrap();
-        let q = ctx.create_queue(QueueOptions { priority, ..QueueOptions::user_mode() }).unwrap();
-        let kernel = dev.upload(&umd::workloads::rounds().to_bytes()).unwrap();
-        let out = dev.allocate((GROUPS * GROUP) as u64 * 4).unwrap();
-        let args = dev.upload(&umd::workloads::rounds_args(out.va(), rounds)).unwrap();
-        let mut cb = CommandBuffer::new();
-        cb.dispatch(kernel.va(), [GROUPS, 1, 1], [GROUP, 1, 1], args.va());
-        Spinner { _dev: dev, _ctx: ctx, q, out, cb, last: 0, rounds, _bufs: (kernel, args), pid }
-    }
-
-    fn submit(&mut self, n: usize) {
-        for _ in 0..n {
-            self.last = self.q.submit(&self.cb).unwrap();
-        }
-    }
-
-    fn finish_and_check(&self) {
-        self.q.wait(self.last, T).unwrap();
-        let want = umd::workloads::rounds_result(self.rounds);
-        for i in 0..GROUPS * GROUP {
-            assert_eq!(self.out.read_u32(i as u64 * 4).unwrap(), want, "thread {i}");
-        }
-    }
-}
-
 fn slots_config(slots: u32) -> SystemConfig {
     let mut cfg = emulated_config();
     cfg.gpu.hw_slots = slots;
@@ -109,9 +63,9 @@ fn slots_config(slots: u32) -> SystemConfig {
 #[test]
 fn a_high_priority_queue_takes_a_busy_slot_and_the_preempted_dispatch_resumes_exactly() {
     let sys = System::sim(slots_config(2)).unwrap();
-    let mut lows: Vec<Spinner> = (0..2).map(|_| Spinner::new(&sys, Priority::Low, 3000)).collect();
+    let mut lows: Vec<Spinner> = (0..2).map(|_| Spinner::new(&sys, Priority::Low, 3000).unwrap()).collect();
     for l in &mut lows {
-        l.submit(2);
+        l.submit(2).unwrap();
     }
     // Let them get going: both slots busy with a dispatch part-way done. (On the
     // deterministic driver the emulated slots run only when the world steps, and hardware
@@ -120,7 +74,7 @@ fn a_high_priority_queue_takes_a_busy_slot_and_the_preempted_dispatch_resumes_ex
         sys.step();
     }
     assert!(sys.with_gpu(|g| g.compute_stats().instructions) > 0);
-    assert!(lows.iter().all(|l| l.q.completed() == 0));
+    assert!(lows.iter().all(|l| l.queue().completed() == 0));
     let dev = Device::open(sys.open_process().unwrap()).unwrap();
     let ctx = dev.create_context(dev.engine(EngineKind::Compute).unwrap()).unwrap();
     let mut hq = ctx.create_queue(QueueOptions { priority: Priority::High, ..QueueOptions::user_mode() }).unwrap();
@@ -135,7 +89,7 @@ fn a_high_priority_queue_takes_a_busy_slot_and_the_preempted_dispatch_resumes_ex
         log.iter().any(|e| matches!(e.event, gpu::FwEvent::StateSaved { point: gpu::StopPoint::Instruction, .. }));
     assert!(saved, "a low-priority dispatch was stopped at an instruction: {log:?}");
     for l in &lows {
-        l.finish_and_check();
+        l.check().unwrap();
     }
     let restored = sys.with_gpu(|g| g.firmware_log()).iter().any(|e| matches!(e.event, gpu::FwEvent::Restored { .. }));
     assert!(restored);
@@ -144,21 +98,21 @@ fn a_high_priority_queue_takes_a_busy_slot_and_the_preempted_dispatch_resumes_ex
 #[test]
 fn a_kernel_preemption_request_is_answered_and_the_queue_resumes_with_nothing_lost() {
     let sys = System::sim(slots_config(2)).unwrap();
-    let mut s = Spinner::new(&sys, Priority::Normal, 2000);
-    s.submit(3);
+    let mut s = Spinner::new(&sys, Priority::Normal, 2000).unwrap();
+    s.submit(3).unwrap();
     for k in 0..5 {
         for _ in 0..3 + k {
             sys.step();
         }
-        let ticket = sys.preempt_queue(s.pid, s.q.handle()).unwrap();
+        let ticket = sys.preempt_queue(s.pid(), s.queue().handle()).unwrap();
         for _ in 0..4 {
             sys.step();
         }
         assert!(sys.preempt_answer(ticket).is_some(), "request {ticket} answered");
-        assert_ne!(s.q.status().unwrap().state, abi::QueueState::Mapped);
-        sys.resume_queue(s.pid, s.q.handle()).unwrap();
+        assert_ne!(s.queue().status().unwrap().state, abi::QueueState::Mapped);
+        sys.resume_queue(s.pid(), s.queue().handle()).unwrap();
     }
-    s.finish_and_check();
+    s.check().unwrap();
 }
 
 /// A live end-to-end test (the firmware thread runs the emulated slots): timeout detection

@@ -19,7 +19,7 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use abi::isa::{FLAG_IMM, Inst, KernelError, KernelErrorKind, KernelHeader, Op};
+use abi::isa::{FLAG_IMM, Form, Inst, KernelError, KernelErrorKind, KernelHeader, Op};
 use abi::preempt::StopPoint;
 use abi::queue::FaultKind;
 use cuda::fault::decode;
@@ -582,36 +582,13 @@ const ARGS_VA: u64 = 0x4_0000; // 8 slots
 const K_VA: u64 = 0x5_0000; // the kernel
 const AB_BYTES: usize = 8192;
 
-const INT_BIN: &[Op] = &[
-    Op::Add,
-    Op::Sub,
-    Op::Mul,
-    Op::MulHiU,
-    Op::DivU,
-    Op::DivS,
-    Op::RemU,
-    Op::RemS,
-    Op::And,
-    Op::Or,
-    Op::Xor,
-    Op::Shl,
-    Op::Shr,
-    Op::Sra,
-    Op::MinU,
-    Op::MaxU,
-    Op::MinS,
-    Op::MaxS,
-    Op::CmpEq,
-    Op::CmpNe,
-    Op::CmpLtU,
-    Op::CmpLeU,
-    Op::CmpLtS,
-    Op::CmpLeS,
-    Op::FCmpEq,
-    Op::FCmpLt,
-    Op::FCmpLe,
-];
+/// The binary ops whose result is a float.
 const FLOAT_BIN: &[Op] = &[Op::FAdd, Op::FSub, Op::FMul, Op::FDiv, Op::FMin, Op::FMax];
+/// Every other binary op (integer results and compare flags), from the ISA's own table: a new
+/// one is tested without an edit here.
+static INT_BIN: std::sync::LazyLock<Vec<Op>> = std::sync::LazyLock::new(|| {
+    Op::ALL.iter().copied().filter(|o| o.form() == Form::Binary && !FLOAT_BIN.contains(o)).collect()
+});
 const INT_UN: &[Op] = &[Op::Mov, Op::Not, Op::CvtF32U32, Op::CvtF32I32, Op::CvtU32F32, Op::CvtI32F32];
 
 /// Values that find edge cases: signs, powers of two, float specials and conversion limits.
@@ -694,7 +671,7 @@ impl Gen {
         let a = &mut self.asm;
         match roll {
             0..=19 => {
-                let (op, d, x) = (r.pick(INT_BIN), r.data(), r.src());
+                let (op, d, x) = (r.pick(&INT_BIN), r.data(), r.src());
                 if r.chance(40) {
                     let imm = r.value();
                     a.bini(op, d, x, imm);

@@ -28,6 +28,7 @@
 
 use std::sync::Arc;
 
+use abi::preempt::Stop;
 use abi::queue::FaultRecord;
 use abi::{EngineId, EngineKind};
 use shm::{Shm, Word};
@@ -78,7 +79,7 @@ pub struct QueueImage<'a> {
     pub queue: FwQueueId,
     /// Its address space.
     pub vmid: Vmid,
-    /// The ring: its region, the offset of byte 0 in it, its GPU VA and size.
+    /// The ring: its region and the offset of its byte 0 there.
     pub ring: (&'a Arc<Shm>, u64),
     /// The ring's GPU VA.
     pub ring_va: u64,
@@ -102,25 +103,6 @@ pub struct QueueImage<'a> {
     pub regs: QueueRegs,
 }
 
-/// Where a stop may take a queue: the engine's granularity as the points it allows.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct StopRule {
-    /// The points, as in [`abi::preempt::Stop::allows`].
-    pub stop: abi::preempt::Stop,
-}
-
-impl StopRule {
-    /// Whether it allows `p`.
-    pub fn allows(&self, p: StopPoint) -> bool {
-        self.stop.allows(p)
-    }
-
-    /// Whether a `WAIT` that does not pass may be left.
-    pub fn allows_blocked_wait(&self) -> bool {
-        self.stop.allows_blocked_wait()
-    }
-}
-
 /// What the firmware tells the hardware.
 pub enum HwCommand<'a> {
     /// Load a queue into a free slot of `engine`: it runs from where its registers say until
@@ -142,8 +124,9 @@ pub enum HwCommand<'a> {
         engine: EngineId,
         /// The slot.
         slot: u32,
-        /// Where it may stop.
-        rule: StopRule,
+        /// Where it may stop: the engine's granularity ([`Stop::allows`],
+        /// [`Stop::allows_blocked_wait`]).
+        rule: Stop,
     },
     /// Abandon the slot's queue at once, nothing saved (a reset, a removal); answered by
     /// [`HwEvent::Stopped`] with no point.

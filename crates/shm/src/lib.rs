@@ -350,12 +350,6 @@ impl DmaArea {
         self.area.prot
     }
 
-    /// A key naming this mapping while it lives (its address: two live mappings never share
-    /// one).
-    pub fn key(&self) -> usize {
-        self.addr()
-    }
-
     /// Declares that a device now reaches these pages by DMA (its driver pinned them): from
     /// now on pages freed in this mapping are zeroed in place, never replaced, so the device
     /// and the CPU keep seeing the same memory. Call it before the registration.

@@ -510,12 +510,7 @@ pub(super) fn run_queue(
     })();
     if let Err((kind, opcode, in_indirect)) = result {
         let fault = FaultRecord { kind, rptr: q.rptr, opcode, in_indirect };
-        q.state = QueueState::Hung;
-        q.pending = false;
-        q.dispatch_active = false;
-        q.live = None;
-        q.bulk_done = None;
-        q.fault = Some(fault.clone());
+        self::fault(q, fault.clone());
         // Raised where the queue stopped (a fault costs no packet time).
         let at = if env.timing == crate::cost::Timing::Modelled { env.now() } else { Time::ZERO };
         env.irqs.push_back((at, Interrupt::QueueFault { queue: id, fault }));
@@ -524,6 +519,17 @@ pub(super) fn run_queue(
         q.publish_rptr();
     }
     (done, stopped)
+}
+
+/// Queue `q`'s engine faulted on its work (`fault` says where): it hangs, its partial work
+/// dropped, until the kernel resets it. The caller raises the interrupt.
+pub(super) fn fault(q: &mut FwQueue, fault: FaultRecord) {
+    q.state = QueueState::Hung;
+    q.pending = false;
+    q.dispatch_active = false;
+    q.live = None;
+    q.bulk_done = None;
+    q.fault = Some(fault);
 }
 
 /// Where queue `q`, asked to leave its slot, stands now, if its engine may stop it there: a

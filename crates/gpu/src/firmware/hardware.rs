@@ -23,7 +23,7 @@
 //! ([`Firmware::hw_quiesce`]), as amdgpu waits for MES: the queue's memory may go right after.
 
 use super::*;
-use crate::hw::{Hardware, HwCommand, HwEvent, HwEventKind, IndirectPosition, QueueImage, QueueRegs, StopRule};
+use crate::hw::{Hardware, HwCommand, HwEvent, HwEventKind, IndirectPosition, QueueImage, QueueRegs};
 
 /// How long a reset or removal waits for a slot's answer before it counts the queue lost.
 const QUIESCE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
@@ -43,6 +43,7 @@ struct Counted {
     packets: u64,
     instructions: u64,
     lane_ops: u64,
+    bytes: u64,
 }
 
 /// The firmware's side of a [`Hardware`].
@@ -50,8 +51,6 @@ pub(super) struct HwSide {
     dev: Box<dyn Hardware>,
     /// Per engine, its slots.
     slots: Vec<Vec<HwSlot>>,
-    /// Events polled while waiting for one answer, applied at the next step.
-    deferred: Vec<HwEvent>,
     /// The scratch list of a poll.
     events: Vec<HwEvent>,
     /// Per address space, the generation last handed to the hardware.
@@ -79,7 +78,6 @@ impl HwSide {
         Ok(HwSide {
             dev,
             slots: engines.iter().map(|_| vec![HwSlot::default(); slots.max(1) as usize]).collect(),
-            deferred: Vec::new(),
             events: Vec::new(),
             pushed: Vec::new(),
             counted: engines.iter().map(|_| vec![Counted::default(); slots.max(1) as usize]).collect(),
@@ -90,6 +88,20 @@ impl HwSide {
     /// The hardware's name.
     pub(super) fn name(&self) -> String {
         self.dev.name()
+    }
+
+    /// Hands the hardware address space `vmid` (`None`: gone) unless it has it at this
+    /// generation already.
+    fn push_space(&mut self, vmid: Vmid, vm: Option<&AddressSpace>) {
+        let generation = vm.map_or(u64::MAX, AddressSpace::generation);
+        let at = vmid.0 as usize;
+        if self.pushed.len() <= at {
+            // u64::MAX, "gone": a space that never existed is nothing to tell.
+            self.pushed.resize(at + 1, u64::MAX);
+        }
+        if self.pushed[at] != generation && self.dev.command(HwCommand::AddressSpace { vmid, vm }).is_ok() {
+            self.pushed[at] = generation;
+        }
     }
 
     /// Counts what slot `k` of engine `e` executed since it was last counted.
@@ -108,7 +120,8 @@ impl HwSide {
         report.instructions += instructions;
         compute.instructions += instructions;
         compute.lane_ops += p.lane_ops.saturating_sub(c.lane_ops);
-        *c = Counted { packets: p.packets, instructions: p.instructions, lane_ops: p.lane_ops };
+        report.bytes += p.bytes.saturating_sub(c.bytes);
+        *c = Counted { packets: p.packets, instructions: p.instructions, lane_ops: p.lane_ops, bytes: p.bytes };
     }
 }
 
@@ -130,7 +143,15 @@ impl QueueRegs {
 }
 
 impl FwQueue {
-    /// Takes back the registers a slot returned (the queue left it).
+    /// Off its slot (a stop's answer, or a fault): the registers the slot returned are the
+    /// queue's again, and what it completed last is taken.
+    fn leave_slot(&mut self, id: FwQueueId, r: &QueueRegs, irqs: &mut Irqs, fences: &FenceTable) {
+        self.hw_slot = None;
+        self.take_regs(r);
+        take_completed(self, id, r.completed, irqs, fences);
+    }
+
+    /// Takes back the registers a slot returned.
     fn take_regs(&mut self, r: &QueueRegs) {
         self.rptr = r.rptr;
         self.wptr = r.wptr;
@@ -172,9 +193,10 @@ impl Firmware {
         let Some(hw) = self.hw.as_mut() else { return report };
         // Address spaces the hardware has not seen as they are (a vm_mut the hardware was not
         // told of cannot happen: its guard tells it; this catches spaces created since).
-        push_spaces(hw, vms);
+        for (k, vm) in vms.iter().enumerate() {
+            hw.push_space(Vmid(k as u32), vm.as_ref());
+        }
         let mut events = std::mem::take(&mut hw.events);
-        events.append(&mut hw.deferred);
         let more = hw.dev.poll(now, &mut events);
         for ev in events.drain(..) {
             self.apply_event(ev, now, vms);
@@ -192,16 +214,13 @@ impl Firmware {
                 report.hardware += reconcile(e, slots, queues, hw.dev.as_mut(), log, now, stop);
             }
             report.hardware += slots.iter().filter(|s| s.leaving).count() as u32;
-            let mut busy = false;
-            for s in slots.iter() {
-                if let Some(id) = s.queue
-                    && queues.get(id.0).is_ok_and(|q| q.pending && q.state != QueueState::Hung)
-                {
-                    busy = true;
-                    report.runnable += 1;
-                }
-            }
-            if busy || !e.waiting.is_empty() {
+            let busy = slots
+                .iter()
+                .filter_map(|s| s.queue)
+                .filter(|id| queues.get(id.0).is_ok_and(|q| q.pending && q.state != QueueState::Hung))
+                .count() as u32;
+            report.runnable += busy;
+            if busy > 0 || !e.waiting.is_empty() {
                 e.last_busy = now;
                 e.arm_idle();
             }
@@ -282,14 +301,8 @@ impl Firmware {
             }
             HwEventKind::Fault { record, regs } => {
                 *slot = HwSlot::default();
-                q.hw_slot = None;
-                q.take_regs(&regs);
-                take_completed(q, id, regs.completed, irqs, fences);
-                q.state = QueueState::Hung;
-                q.pending = false;
-                q.dispatch_active = false;
-                q.bulk_done = None;
-                q.fault = Some(record.clone());
+                q.leave_slot(id, &regs, irqs, fences);
+                exec::fault(q, record.clone());
                 irqs.push_back((Time::ZERO, Interrupt::QueueFault { queue: id, fault: record }));
                 e.resched = true;
                 // A preemption it owed is answered: it stopped (hung).
@@ -300,9 +313,7 @@ impl Firmware {
             }
             HwEventKind::Stopped { point, regs } => {
                 *slot = HwSlot::default();
-                q.hw_slot = None;
-                q.take_regs(&regs);
-                take_completed(q, id, regs.completed, irqs, fences);
+                q.leave_slot(id, &regs, irqs, fences);
                 if let Some(point) = point
                     && q.preempt.is_some()
                 {
@@ -329,26 +340,25 @@ impl Firmware {
         let whole = whole || hw.steps.is_multiple_of(STATUS_EVERY) || hw.dev.status_every_step();
         for e in 0..hw.slots.len() {
             for k in 0..hw.slots[e].len() {
-                let s = hw.slots[e][k];
-                if s.queue.is_none() {
-                    continue;
-                }
-                let Some(id) = s.queue else { continue };
+                let Some(id) = hw.slots[e][k].queue else { continue };
                 let Ok(q) = queues.get_mut(id.0) else { continue };
                 if q.state == QueueState::Hung {
                     continue;
                 }
-                let p = if whole { hw.dev.progress(EngineId(e as u32), k as u32) } else { Default::default() };
-                if whole {
+                let regs = if whole {
+                    let p = hw.dev.progress(EngineId(e as u32), k as u32);
                     hw.count(e, k, &p, report, compute);
-                }
+                    p.regs
+                } else {
+                    None
+                };
                 // The progress value from the queue's kernel page, which the engine writes as
                 // it completes command buffers (the client may only read it): the interrupts it
                 // raises do not wait for the slot to publish its status.
                 // Acquire: pairs with the engine's release of the value.
                 let done = q.cfg.kernel_page.progress_completed().get().load(Ordering::Acquire);
                 take_completed(q, id, done, irqs, fences);
-                let Some(regs) = p.regs else { continue };
+                let Some(regs) = regs else { continue };
                 q.rptr = q.rptr.max(regs.rptr);
                 q.wptr = q.wptr.max(regs.wptr);
                 q.queued = q.queued.max(regs.queued);
@@ -374,11 +384,11 @@ impl Firmware {
             } else {
                 let kind = engines.get(engine.0 as usize).map_or(EngineKind::Compute, |e| e.kind);
                 // Every point allowed: a reset takes the queue wherever it stands.
-                let all = match kind {
-                    EngineKind::Compute => abi::preempt::Stop::Compute(abi::preempt::ComputeGranularity::Shader),
-                    _ => abi::preempt::Stop::Copy(abi::preempt::CopyGranularity::Chunk),
+                let finest = abi::preempt::PreemptionCaps {
+                    compute: abi::preempt::ComputeGranularity::Shader,
+                    copy: abi::preempt::CopyGranularity::Chunk,
                 };
-                HwCommand::Stop { engine, slot, rule: StopRule { stop: all } }
+                HwCommand::Stop { engine, slot, rule: Engine::stop_rule(kind, finest) }
             };
             if hw.dev.command(cmd).is_ok() {
                 s.leaving = true;
@@ -386,23 +396,21 @@ impl Firmware {
             }
         }
         let deadline = std::time::Instant::now() + QUIESCE_TIMEOUT;
+        // Every event polled meanwhile is applied below, in the order it came (earlier events
+        // of a slot before its answer).
         let mut events = Vec::new();
         while !waiting.is_empty() && std::time::Instant::now() < deadline {
+            let seen = events.len();
             hw.dev.poll(now, &mut events);
-            for ev in events.drain(..) {
-                let answer = matches!(ev.kind, HwEventKind::Stopped { .. } | HwEventKind::Fault { .. });
-                if answer && let Some(k) = waiting.iter().position(|&(e, s)| e == ev.engine && s == ev.slot) {
-                    waiting.swap_remove(k);
-                    // Applied now (below), in the order they came: earlier events of the same
-                    // slot first.
+            for ev in &events[seen..] {
+                if matches!(ev.kind, HwEventKind::Stopped { .. } | HwEventKind::Fault { .. }) {
+                    waiting.retain(|&(e, s)| (e, s) != (ev.engine, ev.slot));
                 }
-                hw.deferred.push(ev);
             }
             std::hint::spin_loop();
         }
-        let deferred = std::mem::take(&mut hw.deferred);
         let lost = waiting;
-        for ev in deferred {
+        for ev in events {
             self.apply_event(ev, now, vms);
         }
         // A slot that never answered: the hardware is gone; its queue is lost with it.
@@ -424,17 +432,8 @@ impl Firmware {
     /// is gone (`None`), before the kernel's call returns to anyone who could submit work
     /// using it.
     pub(crate) fn address_space_changed(&mut self, vmid: Vmid, vm: Option<&AddressSpace>) {
-        let Some(hw) = self.hw.as_mut() else { return };
-        let generation = vm.map_or(u64::MAX, AddressSpace::generation);
-        let at = vmid.0 as usize;
-        if hw.pushed.len() <= at {
-            hw.pushed.resize(at + 1, 0);
-        }
-        if hw.pushed[at] == generation {
-            return;
-        }
-        if hw.dev.command(HwCommand::AddressSpace { vmid, vm }).is_ok() {
-            hw.pushed[at] = generation;
+        if let Some(hw) = self.hw.as_mut() {
+            hw.push_space(vmid, vm);
         }
     }
 
@@ -471,21 +470,6 @@ impl Firmware {
     /// Every loaded queue.
     pub(super) fn loaded(&self) -> Vec<FwQueueId> {
         self.hw.as_ref().map(|hw| hw.slots.iter().flatten().filter_map(|s| s.queue).collect()).unwrap_or_default()
-    }
-}
-
-/// Hands the hardware every address space it has not seen at its generation.
-fn push_spaces(hw: &mut HwSide, vms: &[Option<AddressSpace>]) {
-    if hw.pushed.len() < vms.len() {
-        hw.pushed.resize(vms.len(), u64::MAX);
-    }
-    for (k, vm) in vms.iter().enumerate() {
-        let generation = vm.as_ref().map_or(u64::MAX, AddressSpace::generation);
-        if hw.pushed[k] != generation
-            && hw.dev.command(HwCommand::AddressSpace { vmid: Vmid(k as u32), vm: vm.as_ref() }).is_ok()
-        {
-            hw.pushed[k] = generation;
-        }
     }
 }
 
@@ -534,7 +518,7 @@ fn reconcile(
         let cmd = match queues.get(id.0) {
             Ok(q) if q.state == QueueState::Hung => HwCommand::Abort { engine: e.id, slot: k as u32 },
             Ok(q) if q.preempt.is_some() || q.state != QueueState::Mapped || !e.hqd.contains(&id) => {
-                HwCommand::Stop { engine: e.id, slot: k as u32, rule: StopRule { stop } }
+                HwCommand::Stop { engine: e.id, slot: k as u32, rule: stop }
             }
             Ok(_) => continue,
             Err(_) => HwCommand::Abort { engine: e.id, slot: k as u32 },

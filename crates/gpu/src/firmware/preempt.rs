@@ -278,10 +278,16 @@ impl FwQueue {
         }
     }
 
+    /// The kernel's preemption request this queue owes an answer to, if any (an engine reset
+    /// hangs a queue that owes one).
+    pub(super) fn kernel_request(&self) -> Option<PreemptRequest> {
+        self.preempt.filter(|r| r.by == Requester::Os)
+    }
+
     /// Whether the engine's rule lets it stop where it stands (a blocked `WAIT` counts as a
-    /// packet boundary on every level but `None`).
-    /// A queue loaded in a hardware slot stands wherever the slot has taken it: it never may
-    /// stop "now", only at the slot's answer to a stop.
+    /// packet boundary on every level but `None`). A queue loaded in a hardware slot stands
+    /// wherever the slot has taken it: it may never stop "now", only at the slot's answer to
+    /// a stop.
     pub(super) fn may_stop_now(&self, stop: Stop) -> bool {
         if self.hw_slot.is_some() {
             return false;
@@ -402,9 +408,8 @@ impl Firmware {
         // with their state saved, before the queue table below decides what they become.
         let loaded = self.loaded_on(engine);
         if !loaded.is_empty() {
-            let guilty = |q: &FwQueue| q.preempt.is_some_and(|r| r.by == Requester::Os);
             let (abort, stop): (Vec<_>, Vec<_>) =
-                loaded.into_iter().partition(|id| self.queues.get(id.0).is_ok_and(guilty));
+                loaded.into_iter().partition(|id| self.queues.get(id.0).is_ok_and(|q| q.kernel_request().is_some()));
             self.hw_quiesce(&abort, true, now, vms);
             self.hw_quiesce(&stop, false, now, vms);
         }
@@ -413,8 +418,10 @@ impl Firmware {
         let mut out = EngineReset::default();
         for id in std::mem::take(&mut e.hqd) {
             let Ok(q) = queues.get_mut(id.0) else { continue };
-            match q.preempt.take() {
-                Some(req) if req.by == Requester::Os => {
+            let owed = q.kernel_request();
+            q.preempt = None;
+            match owed {
+                Some(req) => {
                     let waited_ms = now.since(req.at).as_millis() as u64;
                     hang(q, FaultKind::PreemptTimeout { waited_ms });
                     out.guilty.push(id);
