@@ -35,16 +35,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use abi::port::KernelPort;
-use abi::preempt::{ComputeGranularity, PreemptionCaps};
+use abi::preempt::ComputeGranularity;
 use abi::{EngineKind, Priority};
-use gpu::GpuConfig;
 use gpu::hw::HardwareFactory;
-use kernel::{System, SystemConfig};
+use kernel::TdrConfig;
 use umd::{Buffer, CommandBuffer, Device, Queue, QueueOptions};
 
 use crate::CliError;
 use crate::bench::{percentiles, progress};
-use crate::bench_preempt::{Gap, Spinner};
+use crate::bench_preempt::{Gap, Spinner, system_on};
 
 /// Which hardware the engines' slots are.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -76,18 +75,6 @@ fn vendor(kind: DeviceKind) -> Result<Option<cuda::Cuda>, CliError> {
 
 fn device_err(e: cuda::CudaError) -> CliError {
     CliError::Device(e.to_string())
-}
-
-/// A live system whose slots are `hw`.
-fn system(hw: HardwareFactory, slots: u32, level: ComputeGranularity) -> Result<System, CliError> {
-    let gpu = GpuConfig {
-        hardware: Some(hw),
-        hw_slots: slots,
-        idle_period: Duration::from_secs(3600),
-        preemption: PreemptionCaps { compute: level, ..PreemptionCaps::default() },
-        ..GpuConfig::default()
-    };
-    Ok(System::live(SystemConfig { gpu, ..Default::default() })?)
 }
 
 /// Spins until the u64 at `offset` of `buf` reads `value`; the time it took from `t0`.
@@ -162,7 +149,7 @@ pub(crate) fn submit(kind: DeviceKind, json: bool, samples: u32, throughput_coun
         None => None,
     };
     progress(json, &format!("doorbell on {}: user-mode round trip", hw.name));
-    let sys = system(hw.clone(), 8, ComputeGranularity::Shader)?;
+    let sys = system_on(Some(hw.clone()), ComputeGranularity::Shader, 8, TdrConfig::default())?;
     let port: Arc<dyn KernelPort> = sys.open_process()?;
     let dev = Device::open(port)?;
     let ctx = dev.create_context(dev.engine(EngineKind::Compute)?)?;
@@ -293,7 +280,7 @@ pub(crate) fn preempt(kind: DeviceKind, json: bool, samples: u32, rounds: u32) -
     };
     progress(json, &format!("doorbell on {}: a high-priority queue with every compute slot busy", hw.name));
     const SLOTS: u32 = 8;
-    let sys = system(hw, SLOTS, ComputeGranularity::Shader)?;
+    let sys = system_on(Some(hw), ComputeGranularity::Shader, SLOTS, TdrConfig::default())?;
     let mut lows =
         (0..SLOTS).map(|_| Spinner::shaped(&sys, Priority::Low, rounds, 4, 1)).collect::<Result<Vec<_>, _>>()?;
     let dev = Device::open(sys.open_process()?)?;

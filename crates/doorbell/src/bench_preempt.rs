@@ -76,7 +76,18 @@ use umd::workloads::rounds_result as expected;
 
 /// A live system whose compute engine preempts at `level`, with `slots` hardware slots.
 fn system(level: ComputeGranularity, slots: u32, tdr: TdrConfig) -> Result<System, CliError> {
+    system_on(None, level, slots, tdr)
+}
+
+/// The same, its slots on `hardware` when given (`bench … --device cuda|emulated`).
+pub(crate) fn system_on(
+    hardware: Option<gpu::hw::HardwareFactory>,
+    level: ComputeGranularity,
+    slots: u32,
+    tdr: TdrConfig,
+) -> Result<System, CliError> {
     let gpu = GpuConfig {
+        hardware,
         idle_period: Duration::from_secs(3600),
         hw_slots: slots,
         preemption: PreemptionCaps { compute: level, ..PreemptionCaps::default() },
