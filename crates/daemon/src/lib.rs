@@ -65,6 +65,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use abi::port::{AllocationDesc, DoorbellInfo, HwQueueInfo, KernelError, KernelPort, NativeFenceInfo, SubmissionMode};
+use abi::queue::DOORBELL_INDEX_ANY;
 use abi::{AllocationHandle, ContextHandle, DeviceHandle, HwQueueHandle, ProcessId};
 use kernel::{ProcessPort, System, Termination};
 use parking_lot::Mutex;
@@ -80,7 +81,7 @@ mod socket;
 mod status;
 
 pub use config::{ConfigError, DaemonConfig};
-pub use socket::{SocketError, default_socket_path, prepare_socket};
+pub use socket::{MAX_SOCKET_PATH_BYTES, SocketError, check_socket_path, default_socket_path, prepare_socket};
 
 /// How long a new connection may take to say hello.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
@@ -120,7 +121,11 @@ struct Ledger {
 struct QueueMeta {
     context: ContextHandle,
     engine: abi::EngineId,
-    user: Option<u32>,
+    /// A user-mode queue (it has a doorbell), not a kernel-mode one.
+    user_mode: bool,
+    /// Its doorbell's index in its page, once known: the one the descriptor chose, or the
+    /// kernel's choice when the doorbell is created.
+    doorbell: Option<u32>,
     priority: abi::Priority,
     /// The daemon-side doorbell CPU page (which BAR page the doorbell is on).
     page: Option<Arc<RotatingPage>>,
@@ -709,11 +714,11 @@ fn handle(shared: &Arc<Shared>, client: &Arc<Client>, conn: &mut Conn, req: Requ
                     }
                 }
                 let HwQueueInfo { handle, engine, kernel_page, kernel_page_va } = port.create_hw_queue(c, &desc)?;
-                let user = match desc.mode {
-                    SubmissionMode::UserMode(d) => Some(d.doorbell_index),
-                    SubmissionMode::KernelMode => None,
+                let (user_mode, doorbell) = match desc.mode {
+                    SubmissionMode::UserMode(d) => (true, Some(d.doorbell_index).filter(|&i| i != DOORBELL_INDEX_ANY)),
+                    SubmissionMode::KernelMode => (false, None),
                 };
-                let meta = QueueMeta { context: c, engine, user, priority: desc.priority, page: None };
+                let meta = QueueMeta { context: c, engine, user_mode, doorbell, priority: desc.priority, page: None };
                 client.ledger.lock().queues.insert(handle, meta);
                 Reply::HwQueue(WireHwQueueInfo {
                     handle,
@@ -732,6 +737,7 @@ fn handle(shared: &Arc<Shared>, client: &Arc<Client>, conn: &mut Conn, req: Requ
                     port.create_doorbell(&args)?;
                 if let Some(q) = client.ledger.lock().queues.get_mut(&args.queue) {
                     q.page = Some(cpu_page);
+                    q.doorbell = u32::try_from(offset / abi::doorbell::DOORBELL_BYTES).ok();
                 }
                 // The aggregated page is never rotated while the process lives.
                 let aggregated_gpu_va = aggregated.as_ref().and_then(|a| a.gpu_va);

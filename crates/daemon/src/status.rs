@@ -33,10 +33,10 @@ pub(crate) fn collect(shared: &Arc<Shared>) -> DaemonStatus {
             queues.push(QueueLine {
                 handle: q.to_string(),
                 engine: meta.engine.0,
-                mode: if meta.user.is_some() { "user" } else { "kernel" }.into(),
+                mode: if meta.user_mode { "user" } else { "kernel" }.into(),
                 state: state.map_or("gone".into(), |s| format!("{s:?}")),
                 priority: format!("{:?}", meta.priority),
-                doorbell: meta.user,
+                doorbell: meta.doorbell,
                 completed: st.as_ref().map_or(0, |s| s.completed),
                 fault: st.and_then(|s| s.fault).map(|f| f.to_string()),
             });

@@ -29,7 +29,7 @@
 use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -38,6 +38,8 @@ use abi::EngineKind;
 use clap::Args;
 use umd::remote::RemotePort;
 use umd::{CommandBuffer, Device, QueueOptions};
+
+use crate::child::DaemonChild;
 
 use crate::CliError;
 use crate::bench::{cacheline_rtt_ns, percentiles, progress};
@@ -140,8 +142,8 @@ fn peer_p50(kind: &str, samples: u64) -> Result<u64, CliError> {
     } else {
         None
     };
-    let mut cmd = Command::new(std::env::current_exe().map_err(|e| err("exe")(e.to_string()))?);
-    cmd.args(["bench", "peer", "--kind", kind, "--shm", &path, "--samples", &samples.to_string()]);
+    let mut cmd =
+        crate::child::command(["bench", "peer", "--kind", kind, "--shm", &path, "--samples", &samples.to_string()])?;
     if listener.is_some() {
         cmd.args(["--socket", sock_path.to_str().unwrap_or_default()]);
     }
@@ -241,61 +243,6 @@ fn io_uring_peer(samples: u64) -> Result<(u64, u64), String> {
     Ok((p50, per_s.round() as u64))
 }
 
-/// A daemon child process on a socket of its own; stopped (SIGTERM) on drop.
-pub(crate) struct DaemonChild {
-    pub(crate) child: Child,
-    dir: PathBuf,
-    pub(crate) socket: PathBuf,
-}
-
-impl DaemonChild {
-    fn start() -> Result<DaemonChild, CliError> {
-        Self::start_with("idle_period_ms = 3600000\n")
-    }
-
-    /// Starts `doorbell serve` with `config` (TOML) on a socket in a temporary directory.
-    pub(crate) fn start_with(config: &str) -> Result<DaemonChild, CliError> {
-        let dir = std::env::temp_dir().join(format!("doorbell-bench-daemon-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).map_err(|e| err("temp dir")(e.to_string()))?;
-        let socket = dir.join("doorbell.sock");
-        let cfg = dir.join("daemon.toml");
-        std::fs::write(&cfg, config).map_err(|e| err("config")(e.to_string()))?;
-        let child = Command::new(std::env::current_exe().map_err(|e| err("exe")(e.to_string()))?)
-            .args([
-                "serve",
-                "--socket",
-                socket.to_str().unwrap_or_default(),
-                "--config",
-                cfg.to_str().unwrap_or_default(),
-            ])
-            .env("RUST_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .spawn()
-            .map_err(|e| err("spawn daemon")(e.to_string()))?;
-        let d = DaemonChild { child, dir, socket };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while umd::remote::daemon_status(&d.socket).is_err() {
-            if Instant::now() > deadline {
-                return Err(CliError::Check("the daemon did not start listening".into()));
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        Ok(d)
-    }
-}
-
-impl Drop for DaemonChild {
-    fn drop(&mut self) {
-        if let Some(pid) = rustix::process::Pid::from_raw(self.child.id() as i32) {
-            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
-        }
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
 /// Submit-to-engine-start latencies over the daemon (device time read from this process).
 fn remote_latencies(port: &RemotePort, q: &mut umd::Queue, buf: &umd::Buffer, n: usize) -> Result<Vec<u64>, CliError> {
     let slots = (buf.len() / 8) as usize;
@@ -386,7 +333,7 @@ pub fn submit(a: DaemonSubmitArgs) -> Result<(), CliError> {
     };
 
     progress(json, "starting a daemon (doorbell serve) and connecting as a client process");
-    let d = DaemonChild::start()?;
+    let d = DaemonChild::start_with("idle_period_ms = 3600000\n")?;
     let port = Arc::new(RemotePort::connect(&d.socket).map_err(umd::UmdError::from)?);
     let dev = Device::open(port.clone())?;
     let ctx = dev.create_context(dev.engine(EngineKind::Compute)?)?;

@@ -9,7 +9,7 @@
 //! final status shows no process. Every result is checked; a wrong one fails the demo.
 
 use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::process::{Child, ChildStdin, ChildStdout, Stdio};
 use std::time::Duration;
 
 use abi::EngineKind;
@@ -18,7 +18,7 @@ use clap::Args;
 use umd::{CommandBuffer, Device, QueueOptions};
 
 use crate::CliError;
-use crate::bench_daemon::DaemonChild;
+use crate::child::DaemonChild;
 
 const T: Option<Duration> = Some(Duration::from_secs(30));
 
@@ -90,9 +90,7 @@ struct Proc {
 
 impl Proc {
     fn spawn(socket: &std::path::Path, args: &[&str]) -> Result<Proc, CliError> {
-        let exe = std::env::current_exe().map_err(|e| CliError::Input(e.to_string()))?;
-        let mut child = Command::new(exe)
-            .arg("demo-client")
+        let mut child = crate::child::command(["demo-client"])?
             .args(args)
             .env("DOORBELL_SOCKET", socket)
             .stdin(Stdio::piped())

@@ -20,6 +20,7 @@ mod bench_neighbour;
 mod bench_oversub;
 mod bench_pgo;
 mod bench_preempt;
+mod child;
 mod demo;
 mod demo_daemon;
 mod demo_pgo;

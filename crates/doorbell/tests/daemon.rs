@@ -876,6 +876,7 @@ fn sigterm_stops_cleanly_clients_see_device_lost_and_nothing_is_left() {
     let st = d.child.wait().unwrap();
     assert!(st.success(), "daemon exit {st:?}");
     assert!(!d.socket.exists(), "socket removed");
+    assert!(!d.socket.with_file_name("doorbell.sock.lock").exists(), "lock file removed");
     // Shared memory is memfds: nothing of the daemon's is in /dev/shm.
     let leftovers: Vec<_> = std::fs::read_dir("/dev/shm")
         .map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
@@ -1028,7 +1029,62 @@ fn status_prints_processes_and_queues() {
     assert!(out.contains(&format!("os pid {}", c.child.id())), "{out}");
     assert!(out.contains("queue#") && out.contains(" user "), "{out}");
     assert!(out.contains("compute") && out.contains("copy"), "{out}");
+    // A user-mode queue shows the doorbell the kernel chose for it, not the descriptor's
+    // "any" (u32::MAX); the counts read as English.
+    let user = out.lines().find(|l| l.contains(" user ")).unwrap();
+    let index: u32 = user.split("doorbell ").nth(1).unwrap().split_whitespace().next().unwrap().parse().unwrap();
+    assert!(index < abi::doorbell::DOORBELLS_PER_PAGE, "{user}");
+    assert!(!out.contains(&u32::MAX.to_string()), "{out}");
+    assert!(out.contains("1 connect,") || out.contains(" connects,"), "{out}");
+    assert!(!out.contains(" 1 queues") && !out.contains(" 1 faults"), "{out}");
     c.sigkill();
+}
+
+#[test]
+fn serve_refuses_a_regular_file_at_the_socket_path_and_leaves_it_byte_for_byte() {
+    let dir = scratch("occupied");
+    let path = dir.join("notes.txt");
+    let bytes = b"a user's file, which must survive `doorbell serve --socket notes.txt`\n".repeat(40);
+    std::fs::write(&path, &bytes).unwrap();
+    let st = doorbell().args(["serve", "--socket", path.to_str().unwrap()]).output().unwrap();
+    assert!(!st.status.success());
+    let err = String::from_utf8_lossy(&st.stderr);
+    assert!(err.contains(path.to_str().unwrap()) && err.contains("a regular file of"), "{err}");
+    assert_eq!(std::fs::read(&path).unwrap(), bytes, "the file is untouched");
+    let mut left: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+    left.sort();
+    assert_eq!(left, ["notes.txt"], "no lock file or anything else created");
+    // A path too long for a socket address: refused naming the limit, nothing created.
+    let long = dir.join("d".repeat(110)).join("s");
+    let st = doorbell().args(["serve", "--socket", long.to_str().unwrap()]).output().unwrap();
+    assert!(!st.status.success());
+    let err = String::from_utf8_lossy(&st.stderr);
+    assert!(err.contains(long.to_str().unwrap()) && err.contains("at most 107 bytes"), "{err}");
+    assert!(!long.parent().unwrap().exists());
+}
+
+/// `demo --daemon` killed with SIGKILL: its daemon child stops (the kernel signals it when
+/// its parent dies) and removes its socket directory; no process or file is left.
+#[test]
+fn a_killed_demo_leaves_no_daemon_and_no_directory() {
+    let mut demo = doorbell().args(["demo", "--daemon"]).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap();
+    let mut out = BufReader::new(demo.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    // "daemon: doorbell serve on SOCKET (pid N)"
+    let rest = line.trim_end().strip_prefix("daemon: doorbell serve on ").unwrap_or_else(|| panic!("{line}"));
+    let (socket, pid) = rest.rsplit_once(" (pid ").unwrap();
+    let pid: i32 = pid.trim_end_matches(')').parse().unwrap();
+    let dir = Path::new(socket).parent().unwrap().to_owned();
+    assert!(dir.exists());
+    demo.kill().unwrap();
+    demo.wait().unwrap();
+    // Exited: gone, or a zombie waiting for whoever adopted it to reap it.
+    until("the daemon to exit", || {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map_or(true, |s| s.rsplit_once(") ").is_some_and(|(_, r)| r.starts_with('Z')))
+    });
+    until("its directory to be removed", || !dir.exists());
 }
 
 /// One thread blocked in a kernel wait does not hold up another thread's calls: the second

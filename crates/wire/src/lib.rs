@@ -428,13 +428,13 @@ pub enum HandshakeError {
     #[error("the daemon could not open a process: {0}")]
     Kernel(KernelError),
     /// The process already has as many connections as the daemon allows.
-    #[error("a client process may hold at most {max} connections")]
+    #[error("a client process may hold at most {}", counted(*max as u64, "connection", "connections"))]
     TooManyConnections {
         /// The limit.
         max: usize,
     },
     /// The daemon is at its limit of client processes.
-    #[error("the daemon serves at most {max} client processes")]
+    #[error("the daemon serves at most {}", counted(*max as u64, "client process", "client processes"))]
     TooManyClients {
         /// The limit.
         max: usize,
@@ -538,6 +538,11 @@ pub fn default_socket_path() -> std::path::PathBuf {
         None => std::path::PathBuf::from(format!("/tmp/doorbell-{}", rustix::process::getuid().as_raw()))
             .join("doorbell.sock"),
     }
+}
+
+/// `n` and its noun, singular or plural as `n` asks: "1 client process", "2 client processes".
+pub fn counted(n: u64, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
 }
 
 /// The socket a client uses: `$DOORBELL_SOCKET`, else [`default_socket_path`].
