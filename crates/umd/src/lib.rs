@@ -27,6 +27,87 @@
 //! The user-mode submission loop follows spec 000's order exactly; see [`Queue::submit`].
 //! Waits check memory first and enter the kernel only when the value has not been reached.
 //! The ring never overwrites bytes the engine has not read: a full ring waits for rptr.
+//!
+//! # Quick start
+//!
+//! A [`Device`] opens on a [`KernelPort`]: the control path to a kernel. There are three
+//! places one comes from, and the rest of the code is the same for all of them. The `abi`
+//! types a client names ([`EngineKind`], [`Priority`], [`NativeFenceType`], [`WaitMode`],
+//! [`DoorbellStatus`], [`QueueState`], [`KernelError`]) are re-exported here, so a client of
+//! a daemon needs only `umd`. Runnable versions: `cargo run -p umd --example embedded_live`
+//! (and `embedded_sim`, `daemon_client`, `lowlevel_loop`), in `crates/umd/examples/`.
+//!
+//! **Embedded, on the live driver** (crates `umd` and `kernel`): the virtual GPU runs in this
+//! process on its own threads, in real time.
+//!
+//! ```
+//! use std::time::Duration;
+//! use kernel::{System, SystemConfig};
+//! use umd::{CommandBuffer, Device, EngineKind, QueueOptions};
+//!
+//! let sys = System::live(SystemConfig::default())?;
+//! let dev = Device::open(sys.open_process()?)?;
+//! let ctx = dev.create_context(dev.engine(EngineKind::Compute)?)?;
+//! let buf = dev.allocate(4096)?;
+//! let mut q = ctx.create_queue(QueueOptions::user_mode())?;
+//! let mut cb = CommandBuffer::new();
+//! cb.write_u32(buf.va(), 42).timestamp(buf.va() + 8);
+//! let done = q.submit(&cb)?; // memory writes and a doorbell: no kernel call
+//! q.wait(done, Some(Duration::from_secs(5)))?;
+//! assert_eq!(buf.read_u32(0)?, 42);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! **Embedded, on the deterministic driver** (crates `umd` and `kernel`): the same stack on
+//! virtual time, stepped by this thread; a wait advances device time until it is satisfied,
+//! so every run is identical. What tests and the simulator use.
+//!
+//! ```
+//! use std::time::Duration;
+//! use kernel::{System, SystemConfig};
+//! use umd::{CommandBuffer, Device, EngineKind, NativeFenceType, QueueOptions};
+//!
+//! let sys = System::sim(SystemConfig::default())?;
+//! let dev = Device::open(sys.open_process()?)?;
+//! let ctx = dev.create_context(dev.engine(EngineKind::Copy)?)?;
+//! let fence = dev.create_fence(0, NativeFenceType::Default)?;
+//! let mut q = ctx.create_queue(QueueOptions::user_mode())?;
+//! let mut cb = CommandBuffer::new();
+//! cb.synthetic(50_000).signal_fence(&fence, 1); // 50 µs of device work, then the fence
+//! q.submit(&cb)?;
+//! fence.wait(1, Some(Duration::from_secs(1)))?;
+//! assert!(sys.now().as_nanos() >= 50_000, "device time advanced by the work");
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! **A client of a running daemon** (crate `umd` only): `doorbell serve` hosts the GPU;
+//! [`Device::connect`] (or [`Device::connect_default`]: `$DOORBELL_SOCKET`, else the
+//! daemon's default path) opens a device over its socket. Rings and waits still go through
+//! shared memory; only control calls cross the socket.
+//!
+//! ```no_run
+//! use umd::{CommandBuffer, Device, EngineKind, QueueOptions};
+//!
+//! let dev = Device::connect(std::path::Path::new("/tmp/doorbell.sock"))?;
+//! let ctx = dev.create_context(dev.engine(EngineKind::Compute)?)?;
+//! let mut q = ctx.create_queue(QueueOptions::user_mode())?;
+//! let buf = dev.allocate(4096)?;
+//! let done = q.submit(CommandBuffer::new().write_u32(buf.va(), 7))?;
+//! q.wait(done, None)?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! # The idle period, and what a client does after it
+//!
+//! An engine with no work for its idle period (`gpu::GpuConfig::idle_period`, 20 ms by
+//! default; `idle_period_ms` in a daemon's configuration) asks for F1, and the kernel first
+//! disconnects every doorbell of the engine's queues (spec 000 "Engine F-state
+//! transitions"). The next ring then reads [`DoorbellStatus::DisconnectedRetry`].
+//! [`Queue::submit`] handles it: it connects again (one kernel call, which brings the engine
+//! back to F0 and re-reads wptr) and rings again, so the first submission after an idle
+//! spell costs a kernel call and nothing is lost. A loop written on [`lowlevel::UserQueue`]
+//! must do the same: on `DisconnectedRetry` call [`lowlevel::UserQueue::connect`] and ring
+//! again; on `DisconnectedAbort` the queue is lost ([`lowlevel::UserQueue::lost`] says why).
 
 pub mod background;
 mod command;
@@ -49,7 +130,8 @@ pub use kernel::{
 };
 pub use queue::{GpuKick, Queue, QueueOptions, SubmissionKind};
 
-use abi::port::KernelError;
+pub use abi::port::{KernelError, KernelPort, NativeFenceType, WaitMode};
+pub use abi::{DoorbellStatus, EngineKind, Priority, QueueState};
 
 /// What the user-mode driver can report.
 #[derive(Debug, thiserror::Error)]

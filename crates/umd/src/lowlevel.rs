@@ -76,6 +76,10 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+/// The `PROGRESS_FENCE` packet a hand-written loop appends to each command buffer (spec 000
+/// step 1), so such a loop needs no `abi` dependency of its own.
+pub use abi::packet::progress_fence_words;
+
 use abi::doorbell::RingMethod;
 use abi::port::{
     CreateDoorbell, HwQueueDesc, HwQueueInfo, LostReason, PhysicalDoorbell, QueueStatus, SubmissionMode, WaitOutcome,

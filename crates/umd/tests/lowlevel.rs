@@ -16,57 +16,11 @@ use umd::{Buffer, CommandBuffer, Context, Device, UmdError};
 const T: Option<Duration> = Some(Duration::from_secs(1));
 const RING: u64 = 4096;
 
-/// Our own loop's state: what `umd::Queue` keeps, minus everything we do not need.
-struct MyLoop {
-    q: UserQueue,
-    wptr: u64,
-    value: u64,
-    reconnects: u32,
-    notifies: u32,
-    /// The doorbell status each ring returned, in order.
-    seen: Vec<DoorbellStatus>,
-}
+#[path = "../examples/lowlevel_loop/hand_loop.rs"]
+mod hand_loop;
 
-impl MyLoop {
-    fn new(q: UserQueue) -> MyLoop {
-        MyLoop { q, wptr: 0, value: 0, reconnects: 0, notifies: 0, seen: Vec::new() }
-    }
-
-    fn submit(&mut self, cb: &CommandBuffer) -> Result<u64, UmdError> {
-        // 1. The next progress value, as a PROGRESS_FENCE after the packets.
-        let value = self.value + 1;
-        let fence = progress_fence_words(value);
-        let plan = self.q.ring().plan(self.wptr, (cb.len() + fence.len()) as u64)?;
-        // Ring space: never overwrite what the engine has not read.
-        while plan.new_wptr - self.q.control().rptr().load(Ordering::Acquire) > self.q.ring().bytes() {
-            self.q.wait_progress(self.q.completed() + 1, T)?;
-        }
-        // 2. Last-queued, before the work is visible.
-        self.q.control().last_queued().store(value, Ordering::Release);
-        // 3. The packets (wptr is published by the ring below).
-        self.q.ring().write(self.wptr, &plan, &[cb.words(), &fence])?;
-        self.wptr = plan.new_wptr;
-        self.value = value;
-        // 4 and 5. Ring, then act on the status.
-        loop {
-            let status = self.q.ring_doorbell(self.wptr)?;
-            self.seen.push(status);
-            match status {
-                DoorbellStatus::Connected => return Ok(value),
-                DoorbellStatus::ConnectedNotify => {
-                    self.q.notify()?;
-                    self.notifies += 1;
-                    return Ok(value);
-                }
-                DoorbellStatus::DisconnectedRetry => {
-                    self.q.connect()?;
-                    self.reconnects += 1;
-                }
-                DoorbellStatus::DisconnectedAbort => return Err(self.q.lost()),
-            }
-        }
-    }
-}
+/// The loop under test is the one the `lowlevel_loop` example teaches.
+use hand_loop::HandLoop as MyLoop;
 
 fn setup(cfg: SystemConfig) -> (System, Device, Context, Buffer) {
     let sys = System::sim(cfg).unwrap();
