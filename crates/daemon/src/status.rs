@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use abi::QueueState;
 use abi::port::KernelPort;
-use wire::status::{AdapterStatus, EngineStatus, ProcessStatus, QueueLine};
+use wire::status::{AdapterStatus, EngineStatus, EventLine, ProcessStatus, QueueLine, RECENT_EVENTS};
 use wire::{DaemonStatus, PROTOCOL_VERSION};
 
 use crate::Shared;
@@ -18,6 +18,20 @@ pub(crate) fn collect(shared: &Arc<Shared>) -> DaemonStatus {
     let count = |f: fn(&kernel::trace::Event) -> bool| trace.iter().filter(|e| f(&e.event)).count() as u64;
     let recoveries = count(|e| matches!(e, kernel::trace::Event::Recovered { .. }));
     let tdr_timeouts = count(|e| matches!(e, kernel::trace::Event::TdrTimeout { .. }));
+    let mut events: Vec<EventLine> = trace
+        .iter()
+        .rev()
+        .filter_map(|e| {
+            notable(&e.event).map(|kind| EventLine {
+                time_ns: e.time.as_nanos(),
+                kind: kind.into(),
+                text: e.event.to_string(),
+            })
+        })
+        .take(RECENT_EVENTS)
+        .collect();
+    events.reverse();
+    let now = sys.now();
     let clients: Vec<_> = shared.clients.lock().values().cloned().collect();
     let mut processes = Vec::new();
     let mut mapped = std::collections::HashMap::<u32, u32>::new();
@@ -38,6 +52,7 @@ pub(crate) fn collect(shared: &Arc<Shared>) -> DaemonStatus {
                 priority: format!("{:?}", meta.priority),
                 doorbell: meta.doorbell,
                 completed: st.as_ref().map_or(0, |s| s.completed),
+                submitted: st.as_ref().map_or(0, |s| s.last_queued),
                 fault: st.and_then(|s| s.fault).map(|f| f.to_string()),
             });
         }
@@ -64,6 +79,7 @@ pub(crate) fn collect(shared: &Arc<Shared>) -> DaemonStatus {
             power: format!("{:?}", sys.power(abi::EngineId(i as u32))),
             slots: cfg.gpu.hw_slots,
             slots_used: mapped.get(&(i as u32)).copied().unwrap_or(0).min(cfg.gpu.hw_slots),
+            busy_ns: sys.with_gpu(|g| g.engine_busy_ns(abi::EngineId(i as u32), now)).unwrap_or(0),
         })
         .collect();
     DaemonStatus {
@@ -87,7 +103,24 @@ pub(crate) fn collect(shared: &Arc<Shared>) -> DaemonStatus {
             trace_dropped,
             engines,
             firmware_thread_calls: shared.sys.firmware_thread_calls(),
+            device_now_ns: now.as_nanos(),
+            events,
         }],
         processes,
     }
+}
+
+/// The kind of a trace event `status` lists among the recent ones, if it is one.
+fn notable(e: &kernel::trace::Event) -> Option<&'static str> {
+    use kernel::trace::Event;
+    Some(match e {
+        Event::QueueFault { .. } => "fault",
+        Event::TdrTimeout { .. } => "tdr",
+        Event::Recovered { .. } => "recovery",
+        Event::VictimUnbound { .. } => "victimized",
+        Event::DeviceError { .. } => "device error",
+        Event::DeviceLost { .. } => "device lost",
+        Event::AdapterFatal => "adapter lost",
+        _ => return None,
+    })
 }

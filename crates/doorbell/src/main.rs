@@ -25,10 +25,13 @@ mod demo;
 mod demo_daemon;
 mod demo_pgo;
 mod examples;
+mod load;
 mod num;
 mod run;
 mod serve;
 mod sim_cmd;
+mod top;
+mod top_view;
 mod trace;
 
 use clap::{Parser, Subcommand};
@@ -84,6 +87,15 @@ enum Command {
     /// Ask a running daemon what it holds: adapters, engines (power, slots), processes and
     /// their queues (state, priority, doorbell, completed), doorbell use, faults.
     Status(serve::StatusArgs),
+    /// A live view of a running daemon, in the style of nvtop: engines (power, slots, busy
+    /// share over time), processes and their queues (state, priority, doorbell, submissions
+    /// per second, completed, faults) and recent faults and recoveries. `q` quits; `--once`
+    /// prints one frame as text.
+    Top(top::TopArgs),
+    /// A client of a running daemon that keeps queues busy for a while (to watch with `top`,
+    /// or to load a configuration): N user-mode queues submitting checked command buffers
+    /// of modelled work at a steady rate.
+    Load(load::LoadArgs),
     /// Deterministic simulation: run a scenario file on the real stack in virtual time and
     /// write summary.json, queues.csv, trace.json, plots and report.html; or `sweep`,
     /// `merge`, `calibrate` (see docs/sim.md).
@@ -102,6 +114,8 @@ fn main() -> std::process::ExitCode {
         Command::Serve(a) => serve::serve(a),
         Command::Status(a) => serve::status(a),
         Command::Sim(a) => sim_cmd::run(a),
+        Command::Top(a) => top::run(a),
+        Command::Load(a) => load::run(a),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

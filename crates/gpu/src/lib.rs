@@ -597,6 +597,12 @@ impl Gpu {
         self.fw.power(engine)
     }
 
+    /// How long `engine` has executed up to `now`, in device nanoseconds: the union of its
+    /// steps that ran packets (see `firmware/busy.rs`). Two readings give a busy share.
+    pub fn engine_busy_ns(&self, engine: abi::EngineId, now: Time) -> Result<u64, GpuError> {
+        self.fw.busy_ns(engine, now)
+    }
+
     /// Wakes an engine to F0.
     pub fn request_f0(&mut self, engine: abi::EngineId, now: Time) -> Result<(), GpuError> {
         self.fw.request_f0(engine, now)

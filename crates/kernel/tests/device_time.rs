@@ -301,3 +301,32 @@ fn a_cpu_wait_ends_when_the_interrupt_is_delivered() {
         assert_eq!(sys.now().as_nanos() - start, ends, "delivery {delivery} ns");
     }
 }
+
+/// An engine's busy time (`Gpu::engine_busy_ns`, what `doorbell top`'s busy share reads)
+/// counts the device time it executed, once, and nothing while it waits or idles; the other
+/// engine stays at 0.
+#[test]
+fn engine_busy_time_counts_execution_once_and_not_idle_time() {
+    let sys = common::sim_with(SystemConfig::default());
+    let c = common::client(&sys);
+    let (compute, copy) = (abi::EngineId(0), abi::EngineId(1));
+    let busy = |e| {
+        let now = sys.now();
+        sys.with_gpu(|g| g.engine_busy_ns(e, now)).unwrap()
+    };
+    let mut q = c.user_queue();
+    let mut cb = CommandBuffer::new();
+    cb.synthetic(100_000);
+    let mut last = 0;
+    for _ in 0..3 {
+        last = q.submit(&cb).unwrap();
+    }
+    q.wait(last, Some(Duration::from_secs(1))).unwrap();
+    let after_work = busy(compute);
+    // 300 µs of synthetic work plus each packet's own cost, and no more than a few µs of it.
+    assert!((300_000..310_000).contains(&after_work), "{after_work}");
+    sys.advance(Duration::from_millis(5));
+    assert_eq!(busy(compute), after_work, "idle time is not busy time");
+    assert_eq!(busy(copy), 0);
+    assert!(sys.with_gpu(|g| g.engine_busy_ns(abi::EngineId(9), Time::ZERO)).is_err());
+}

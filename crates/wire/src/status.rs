@@ -55,6 +55,27 @@ pub struct AdapterStatus {
     /// The system calls the firmware thread made on purpose so far: a yield now and then
     /// while idle, a park while every engine is in F1 (the data path makes none).
     pub firmware_thread_calls: u64,
+    /// Device time when the status was taken (ns): with [`EngineStatus::busy_ns`] from two
+    /// readings, an engine's busy share in between.
+    pub device_now_ns: u64,
+    /// The latest faults, timeouts, recoveries, victimizations and losses in the kernel's
+    /// trace window, oldest first (at most [`RECENT_EVENTS`]).
+    pub events: Vec<EventLine>,
+}
+
+/// How many recent events [`AdapterStatus::events`] carries.
+pub const RECENT_EVENTS: usize = 16;
+
+/// One notable event from the kernel's trace.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EventLine {
+    /// Device time (ns).
+    pub time_ns: u64,
+    /// `fault`, `tdr`, `recovery`, `victimized`, `device error`, `device lost`,
+    /// `adapter lost`.
+    pub kind: String,
+    /// The event, as the kernel's trace prints it.
+    pub text: String,
 }
 
 /// One engine.
@@ -70,6 +91,8 @@ pub struct EngineStatus {
     pub slots: u32,
     /// Slots holding a queue now.
     pub slots_used: u32,
+    /// Device time it has spent executing so far (ns; see [`AdapterStatus::device_now_ns`]).
+    pub busy_ns: u64,
 }
 
 /// One client process.
@@ -106,6 +129,9 @@ pub struct QueueLine {
     pub doorbell: Option<u32>,
     /// Progress values completed.
     pub completed: u64,
+    /// Progress values submitted (its last-queued value): with two readings, submissions
+    /// per second.
+    pub submitted: u64,
     /// The fault that hung it, if any.
     pub fault: Option<String>,
 }

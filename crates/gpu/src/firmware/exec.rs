@@ -289,6 +289,8 @@ impl Firmware {
                     }
                     q.parked = None;
                     q.last_run = at;
+                    // The device time charged before this turn (its restore is part of it).
+                    let charged_before = elapsed;
                     if let Some(point) = q.saved.take() {
                         log.push(Time(now.0.saturating_add(elapsed)), preempt::FwEvent::Restored { queue: id, point });
                         // Bringing its state back occupies the engine before the queue runs.
@@ -323,6 +325,13 @@ impl Firmware {
                     let (packets, stopped) = run_queue(q, id, vms, *budget, &mut env, &mut window);
                     report.packets += packets;
                     let stopped_at = env.now();
+                    // The engine was busy for what the turn charged, ending where it stopped:
+                    // with modelled timing exactly the turn; with real timing (engines share
+                    // the firmware thread) its own work, not the other engines' before it.
+                    let charged = env.elapsed.saturating_sub(charged_before);
+                    if packets > 0 || charged > 0 {
+                        e.busy.record(Time(stopped_at.0.saturating_sub(charged)), stopped_at);
+                    }
                     elapsed = env.elapsed;
                     cut = env.cut;
                     if !cut {

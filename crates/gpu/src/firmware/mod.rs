@@ -57,6 +57,7 @@ use crate::compute::{ComputeStats, Dispatch, Progress};
 use crate::memory::{AddressSpace, Vmid};
 use crate::{GpuConfig, GpuError, Time};
 
+mod busy;
 mod doorbells;
 mod exec;
 mod hardware;
@@ -425,6 +426,8 @@ struct Engine {
     power: PowerState,
     f1_requested: bool,
     last_busy: Time,
+    /// How long it has executed (`busy.rs`).
+    busy: busy::BusyTime,
     /// How long without work before the engine asks for F1.
     idle_period: std::time::Duration,
     /// Its timers (the idle timer, the quantum timer).
@@ -594,6 +597,7 @@ impl Engine {
             power: PowerState::F0,
             f1_requested: false,
             last_busy: Time::ZERO,
+            busy: busy::BusyTime::default(),
             idle_period,
             timers: Timers([Some(Time::ZERO.plus(idle_period)), None, None]),
             run_list: Vec::new(),
@@ -895,6 +899,10 @@ impl Firmware {
 
     pub(crate) fn power(&self, engine: EngineId) -> Result<PowerState, GpuError> {
         self.engines.get(engine.0 as usize).map(|e| e.power).ok_or(GpuError::BadEngine(engine.0))
+    }
+
+    pub(crate) fn busy_ns(&self, engine: EngineId, now: Time) -> Result<u64, GpuError> {
+        self.engines.get(engine.0 as usize).map(|e| e.busy.at(now)).ok_or(GpuError::BadEngine(engine.0))
     }
 
     pub(crate) fn request_f0(&mut self, engine: EngineId, now: Time) -> Result<(), GpuError> {
