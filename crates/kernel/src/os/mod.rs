@@ -33,7 +33,7 @@
 //! Lock order, for the drivers: the OS lock, then the device lock (inside the KMD). The
 //! device's driver thread never holds the device lock while it calls into the OS.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -394,7 +394,10 @@ pub struct Os {
     trace: SharedTrace,
     bar: Arc<Shm>,
     dummy: Arc<Shm>,
-    processes: HashMap<ProcessId, Process>,
+    /// Live processes, in id (creation) order: every pass over them — the hang timer's scan,
+    /// recovery, D3 and F1 — goes in the same order in every run (a `HashMap`'s order follows
+    /// a seed drawn per map, and made the simulator's runs differ: issue 25).
+    processes: BTreeMap<ProcessId, Process>,
     next_pid: u32,
     /// BAR pages for processes (page 0 and the KMD's reserved pages are never handed out).
     doorbell_pages: Pool,
@@ -408,7 +411,7 @@ pub struct Os {
     next_fence_id: u64,
     /// Every local instance of each fence, by global id (one for a private fence; one per
     /// opening process for a shared one).
-    fence_index: HashMap<u64, Vec<(ProcessId, abi::NativeFenceHandle)>>,
+    fence_index: BTreeMap<u64, Vec<(ProcessId, abi::NativeFenceHandle)>>,
     /// The device is in D3 (powered down).
     d3: bool,
     /// Contexts the D3 entry suspended (resumed on the way back to D0).
@@ -516,7 +519,7 @@ impl Os {
             trace,
             bar,
             dummy: Shm::new("doorbell-dummy-page", dummy_bytes as usize)?,
-            processes: HashMap::new(),
+            processes: BTreeMap::new(),
             next_pid: 1,
             doorbell_pages,
             kernel_doorbells,
@@ -524,7 +527,7 @@ impl Os {
             km_queued: 0,
             km_fence_ids: HashMap::new(),
             next_fence_id: 1,
-            fence_index: HashMap::new(),
+            fence_index: BTreeMap::new(),
             km_gen: 0,
             d3: false,
             power_suspended: Vec::new(),
