@@ -33,7 +33,7 @@
 //! Lock order, for the drivers: the OS lock, then the device lock (inside the KMD). The
 //! device's driver thread never holds the device lock while it calls into the OS.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -42,6 +42,7 @@ use abi::handle::{
 };
 use abi::port::{AdapterInfo, KernelError, MemoryDomain};
 use abi::queue::{FaultRecord, QueueDescriptor};
+use abi::slab::KeyMap;
 use abi::{
     AllocationHandle, ContextHandle, DeviceHandle, DoorbellHandle, EngineId, HwQueueHandle, PowerState, ProcessId,
 };
@@ -373,7 +374,7 @@ impl Process {
 pub(crate) struct Waits {
     next: u64,
     /// Registered waits; `Some` once decided.
-    results: HashMap<WaitId, Option<Result<u64, KernelError>>>,
+    results: KeyMap<WaitId, Option<Result<u64, KernelError>>>,
 }
 
 impl Waits {
@@ -407,7 +408,7 @@ pub struct Os {
     km_queued: usize,
     /// The next submission fence ID per engine for kernel-mode buffers (Windows'
     /// `SubmissionFenceId`, [`submit`]).
-    km_fence_ids: HashMap<EngineId, u64>,
+    km_fence_ids: KeyMap<EngineId, u64>,
     next_fence_id: u64,
     /// Every local instance of each fence, by global id (one for a private fence; one per
     /// opening process for a shared one).
@@ -525,7 +526,7 @@ impl Os {
             kernel_doorbells,
             stats: OsStats::default(),
             km_queued: 0,
-            km_fence_ids: HashMap::new(),
+            km_fence_ids: KeyMap::default(),
             next_fence_id: 1,
             fence_index: BTreeMap::new(),
             km_gen: 0,
