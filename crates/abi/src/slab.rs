@@ -54,7 +54,9 @@ impl std::hash::Hasher for KeyHasher {
     }
 }
 
-/// A hash map with [`KeyHasher`].
+/// A hash map with [`KeyHasher`]. The hasher has no seed, so the same inserts and removes give
+/// the same iteration order in every run, where std's default `RandomState` draws a seed per
+/// map (the simulated crates refuse std's maps through their `clippy.toml`).
 pub type KeyMap<K, V> = std::collections::HashMap<K, V, std::hash::BuildHasherDefault<KeyHasher>>;
 
 /// Why a key names nothing.

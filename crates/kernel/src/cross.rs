@@ -24,10 +24,10 @@
 //! are propagated after the signalling adapter released its lock, so two adapters signalling
 //! each other at once cannot deadlock.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Weak};
 
 use abi::port::KernelError;
+use abi::slab::KeyMap;
 use parking_lot::Mutex;
 use shm::Shm;
 
@@ -98,7 +98,7 @@ struct Fence {
 #[derive(Default)]
 struct State {
     peers: Vec<Option<Weak<dyn Peer>>>,
-    fences: HashMap<u64, Fence>,
+    fences: KeyMap<u64, Fence>,
     next: u64,
     trace: std::collections::VecDeque<CrossEvent>,
     dropped: u64,

@@ -26,7 +26,6 @@
 //! ([`shm::ShmPool`]) rather than a memfd each: kernel-owned pages that no client and no GPU
 //! address space maps, so one pool serves every process.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -34,6 +33,7 @@ use std::time::Duration;
 use abi::doorbell::{DoorbellModel, RingMethod};
 use abi::port::{AdapterInfo, DeviceRefusal, EngineInfo};
 use abi::queue::{Access, FaultKind};
+use abi::slab::KeyMap;
 use abi::{ContextHandle, EngineId, HwQueueHandle, PowerState, ProcessId, QueueState, Time};
 use gpu::{FenceSignaled, FwQueueId, Gpu, Interrupt, QueueConfig, Vmid};
 use parking_lot::Mutex;
@@ -151,16 +151,16 @@ pub struct VirtualKmd {
     doorbells: Doorbells,
     native_fences: bool,
     /// Each process's address space.
-    vms: HashMap<ProcessId, Vmid>,
+    vms: KeyMap<ProcessId, Vmid>,
     /// The OS's queues and their firmware ids, both ways.
-    queues: HashMap<HwQueueHandle, FwQueueId>,
-    by_fw: HashMap<FwQueueId, HwQueueHandle>,
+    queues: KeyMap<HwQueueHandle, FwQueueId>,
+    by_fw: KeyMap<FwQueueId, HwQueueHandle>,
     /// Kernel-mode queues' doorbell BAR words (`DxgkDdiSubmitCommand` rings them).
-    kernel_doorbells: HashMap<HwQueueHandle, Word>,
+    kernel_doorbells: KeyMap<HwQueueHandle, Word>,
     /// Native fences' CurrentValue, by global id.
-    fences: HashMap<u64, (Arc<Shm>, u64)>,
+    fences: KeyMap<u64, (Arc<Shm>, u64)>,
     /// Native fences' MonitoredValue, by global id (`DxgkDdiUpdateMonitoredValues` stores it).
-    monitored: HashMap<u64, Word>,
+    monitored: KeyMap<u64, Word>,
     /// The OS's features, as queried at initialization.
     os_features: abi::port::OsFeatures,
     /// A deliberately wrong KMD (for tests): advertises native fences whatever the OS enabled.
@@ -170,7 +170,7 @@ pub struct VirtualKmd {
     /// `MapToGpuSystemProcess`: the CMP reaches fences through the system process's VAs.
     map_to_system_process: bool,
     /// Each fence's system-process VAs (CurrentValue, MonitoredValue), when mapped there.
-    system_vas: HashMap<u64, (u64, u64)>,
+    system_vas: KeyMap<u64, (u64, u64)>,
     /// GPU mappings alive (each [`GpuMapping`] decrements on drop).
     mappings: Arc<std::sync::atomic::AtomicUsize>,
     /// Queues' context save areas: kernel-owned pages no client and no GPU address space ever
@@ -221,7 +221,7 @@ impl DoorbellPool {
     /// bind takes a fresh step of the firmware's sequence, so last uses only tie at 0 (a
     /// doorbell the device reports unbound); ties go to the least recently connected
     /// (`min_by_key` keeps the first minimum).
-    fn victim(&self, gpu: &Gpu, fw: &HashMap<HwQueueHandle, FwQueueId>) -> Option<HwQueueHandle> {
+    fn victim(&self, gpu: &Gpu, fw: &KeyMap<HwQueueHandle, FwQueueId>) -> Option<HwQueueHandle> {
         let mut owners = self.connected.iter().map(|(q, _)| *q);
         match self.policy {
             VictimPolicy::LeastRecentlyConnected => owners.next(),
@@ -258,17 +258,17 @@ impl VirtualKmd {
             mode: abi::port::UserQueueMode::Both,
             doorbells,
             native_fences: true,
-            vms: HashMap::new(),
-            queues: HashMap::new(),
-            by_fw: HashMap::new(),
-            kernel_doorbells: HashMap::new(),
-            fences: HashMap::new(),
-            monitored: HashMap::new(),
+            vms: KeyMap::default(),
+            queues: KeyMap::default(),
+            by_fw: KeyMap::default(),
+            kernel_doorbells: KeyMap::default(),
+            fences: KeyMap::default(),
+            monitored: KeyMap::default(),
             os_features: abi::port::OsFeatures::default(),
             ignores_feature_query: false,
             doorbell_bytes: abi::doorbell::DOORBELL_BYTES,
             map_to_system_process: false,
-            system_vas: HashMap::new(),
+            system_vas: KeyMap::default(),
             mappings: Default::default(),
             context_saves: ShmPool::new("queue-context-save", PoolConfig::default()),
         }

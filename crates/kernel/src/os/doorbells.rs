@@ -25,7 +25,7 @@
 //! status change goes through [`publish_status`] (SeqCst, the Dekker pairing with the
 //! client's ring).
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -89,7 +89,7 @@ fn publish_status(
 
 /// `DxgkCbDisconnectDoorbell`, as the OS answers it during a victimization.
 struct Victimizer<'a> {
-    processes: &'a mut HashMap<ProcessId, Process>,
+    processes: &'a mut BTreeMap<ProcessId, Process>,
     dummy: &'a Arc<Shm>,
     trace: &'a SharedTrace,
     victimizations: &'a mut u64,

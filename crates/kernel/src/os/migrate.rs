@@ -24,8 +24,6 @@
 //! `DisconnectedAbort`, and the UMD recreates it on new memory. Other queues of the process
 //! resume.
 
-use std::collections::HashSet;
-
 use abi::port::{KernelError, MemoryDomain};
 use abi::{AllocationHandle, HwQueueHandle, ProcessId, Time};
 
@@ -40,8 +38,8 @@ pub(crate) struct Migration {
     to: MemoryDomain,
     /// Queues preempted for it (resumed at the end).
     queues: Vec<HwQueueHandle>,
-    /// Those whose answer has not come yet.
-    waiting: HashSet<HwQueueHandle>,
+    /// Those whose answer has not come yet (each once, in `queues`' order).
+    waiting: Vec<HwQueueHandle>,
 }
 
 impl Os {
@@ -65,10 +63,10 @@ impl Os {
         self.trace.push(now, Event::MigrationStarted { allocation: a, to });
         let queues: Vec<HwQueueHandle> =
             self.proc(pid)?.queues.iter().filter(|(h, q)| q.live(*h).is_ok()).map(|(h, _)| h).collect();
-        let mut waiting = HashSet::new();
+        let mut waiting = Vec::new();
         for &q in &queues {
             if self.preempt_for_migration(pid, q, now).is_ok() {
-                waiting.insert(q);
+                waiting.push(q);
             }
         }
         self.migrations.push(Migration { pid, allocation: a, to, queues, waiting });
@@ -80,7 +78,7 @@ impl Os {
     /// with no answer left complete.
     pub(super) fn migration_answered(&mut self, q: HwQueueHandle, now: Time) {
         for m in &mut self.migrations {
-            m.waiting.remove(&q);
+            m.waiting.retain(|&w| w != q);
         }
         self.advance_migrations(now);
     }

@@ -33,7 +33,7 @@
 //! Lock order, for the drivers: the OS lock, then the device lock (inside the KMD). The
 //! device's driver thread never holds the device lock while it calls into the OS.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -42,6 +42,7 @@ use abi::handle::{
 };
 use abi::port::{AdapterInfo, KernelError, MemoryDomain};
 use abi::queue::{FaultRecord, QueueDescriptor};
+use abi::slab::KeyMap;
 use abi::{
     AllocationHandle, ContextHandle, DeviceHandle, DoorbellHandle, EngineId, HwQueueHandle, PowerState, ProcessId,
 };
@@ -373,7 +374,7 @@ impl Process {
 pub(crate) struct Waits {
     next: u64,
     /// Registered waits; `Some` once decided.
-    results: HashMap<WaitId, Option<Result<u64, KernelError>>>,
+    results: KeyMap<WaitId, Option<Result<u64, KernelError>>>,
 }
 
 impl Waits {
@@ -394,7 +395,10 @@ pub struct Os {
     trace: SharedTrace,
     bar: Arc<Shm>,
     dummy: Arc<Shm>,
-    processes: HashMap<ProcessId, Process>,
+    /// Live processes, in id (creation) order: every pass over them — the hang timer's scan,
+    /// recovery, D3 and F1 — goes in the same order in every run (a `HashMap`'s order follows
+    /// a seed drawn per map, and made the simulator's runs differ: issue 25).
+    processes: BTreeMap<ProcessId, Process>,
     next_pid: u32,
     /// BAR pages for processes (page 0 and the KMD's reserved pages are never handed out).
     doorbell_pages: Pool,
@@ -404,11 +408,11 @@ pub struct Os {
     km_queued: usize,
     /// The next submission fence ID per engine for kernel-mode buffers (Windows'
     /// `SubmissionFenceId`, [`submit`]).
-    km_fence_ids: HashMap<EngineId, u64>,
+    km_fence_ids: KeyMap<EngineId, u64>,
     next_fence_id: u64,
     /// Every local instance of each fence, by global id (one for a private fence; one per
     /// opening process for a shared one).
-    fence_index: HashMap<u64, Vec<(ProcessId, abi::NativeFenceHandle)>>,
+    fence_index: BTreeMap<u64, Vec<(ProcessId, abi::NativeFenceHandle)>>,
     /// The device is in D3 (powered down).
     d3: bool,
     /// Contexts the D3 entry suspended (resumed on the way back to D0).
@@ -516,15 +520,15 @@ impl Os {
             trace,
             bar,
             dummy: Shm::new("doorbell-dummy-page", dummy_bytes as usize)?,
-            processes: HashMap::new(),
+            processes: BTreeMap::new(),
             next_pid: 1,
             doorbell_pages,
             kernel_doorbells,
             stats: OsStats::default(),
             km_queued: 0,
-            km_fence_ids: HashMap::new(),
+            km_fence_ids: KeyMap::default(),
             next_fence_id: 1,
-            fence_index: HashMap::new(),
+            fence_index: BTreeMap::new(),
             km_gen: 0,
             d3: false,
             power_suspended: Vec::new(),

@@ -357,7 +357,7 @@ pub(crate) struct Inner {
     /// process sleeping on a futex of its own ([`super::ProcessPort::wait_progress_waking`]).
     /// Registered under the OS lock when the wait blocks, so no decision can precede it; woken
     /// (and removed) by whichever thread acts on the decision.
-    wakers: Mutex<std::collections::HashMap<WaitId, std::task::Waker>>,
+    wakers: Mutex<abi::slab::KeyMap<WaitId, std::task::Waker>>,
     /// Signalled when the kernel-mode scheduler may have work.
     km_cv: Condvar,
     /// Whether the device last reported every engine in F1 (the OS hears only changes).
@@ -409,7 +409,7 @@ impl Inner {
             clock,
             driver,
             waits_cv: Condvar::new(),
-            wakers: Mutex::new(std::collections::HashMap::new()),
+            wakers: Mutex::new(abi::slab::KeyMap::default()),
             km_cv: Condvar::new(),
             was_asleep: AtomicBool::new(false),
             cross: Mutex::new(None),

@@ -9,7 +9,6 @@
 //!   `notify_work_submission` call.
 #![allow(dead_code)]
 
-use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -259,9 +258,9 @@ impl TapQueue {
 
 #[derive(Default)]
 struct TapState {
-    allocs: HashMap<AllocationHandle, AllocationInfo>,
-    descs: HashMap<HwQueueHandle, (QueueDescriptor, Mapping)>,
-    queues: HashMap<HwQueueHandle, Arc<TapQueue>>,
+    allocs: abi::slab::KeyMap<AllocationHandle, AllocationInfo>,
+    descs: abi::slab::KeyMap<HwQueueHandle, (QueueDescriptor, Mapping)>,
+    queues: abi::slab::KeyMap<HwQueueHandle, Arc<TapQueue>>,
     calls: Vec<Call>,
 }
 
