@@ -55,7 +55,9 @@
 //!
 //! - Nothing a client sends can panic the daemon: every frame is checked by `wire`, every
 //!   handle by the kernel's object tables (a forged handle is `BadHandle`).
-//! - A client's resources return when its primary connection ends, whatever it sent.
+//! - A client's resources return when its primary connection ends, whatever it sent, and
+//!   whatever its thread was doing: while that thread is blocked serving a wait, the
+//!   connection is watched for a hang-up (`hangup.rs`).
 
 use std::collections::{HashMap, HashSet};
 use std::os::fd::BorrowedFd;
@@ -77,6 +79,7 @@ use wire::{
 };
 
 mod config;
+mod hangup;
 mod socket;
 mod status;
 
@@ -265,6 +268,8 @@ struct Shared {
     /// Every live connection (to shut them all down on stop).
     conns: Mutex<Vec<std::sync::Weak<Channel>>>,
     stopping: AtomicBool,
+    /// Primary connections blocked in a wait, watched for a hang-up (`hangup.rs`).
+    hangups: Arc<hangup::HangupWatch>,
 }
 
 /// A running daemon: a bound socket and the system behind it.
@@ -272,6 +277,12 @@ pub struct Daemon {
     shared: Arc<Shared>,
     listener: Arc<Listener>,
     _lock: socket::SocketLock,
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.shared.hangups.stop();
+    }
 }
 
 /// Stops a [`Daemon`] from another thread (a signal handler thread, a test).
@@ -353,7 +364,16 @@ impl Daemon {
             exports: Mutex::new(HashMap::new()),
             conns: Mutex::new(Vec::new()),
             stopping: AtomicBool::new(false),
+            hangups: Arc::new(
+                hangup::HangupWatch::new()
+                    .map_err(|e| KernelError::Exhausted { what: "epoll", detail: e.to_string() })?,
+            ),
         });
+        let (watch, weak) = (shared.hangups.clone(), Arc::downgrade(&shared));
+        std::thread::Builder::new()
+            .name("doorbell-hangups".into())
+            .spawn(move || hangup::HangupWatch::run(watch, weak))
+            .map_err(|e| KernelError::Exhausted { what: "threads", detail: e.to_string() })?;
         Ok(Daemon { shared, listener, _lock: lock })
     }
 
@@ -458,7 +478,11 @@ fn serve_connection(shared: &Arc<Shared>, chan: Arc<Channel>) {
             break true;
         }
         let wait = matches!(req, Request::WaitProgress(..) | Request::WaitNativeFences(..));
+        // This thread reads no socket until the wait is decided: a hang-up meanwhile is the
+        // watch's to notice (`hangup.rs`).
+        let watched = if wait && primary { shared.hangups.during(chan.fd(), &client) } else { None };
         let (resp, keep) = handle(shared, &client, &mut conn, req);
+        drop(watched);
         let fds: Vec<BorrowedFd<'_>> = keep.iter().map(|k| k.fd()).collect();
         if let Err(e) = chan.send(&resp, &fds) {
             debug!(%pid, error = %e, "reply not delivered");

@@ -1235,3 +1235,24 @@ fn userq_signal_and_wait_and_the_progress_fence_cross_the_socket() {
     pf.wait(v2, Some(T)).unwrap();
     assert_eq!(buf.read_u32(8).unwrap(), 3);
 }
+
+/// A client killed while the daemon owes it the answer to a wait that never completes (issue
+/// 27): the connection thread serving the wait does not read the socket, so the daemon must
+/// notice the hang-up another way. The process, its allocations, queues and slots all go.
+#[test]
+fn a_client_killed_while_blocked_in_an_endless_wait_is_cleaned_up() {
+    let dir = scratch("killed-in-wait");
+    let d = Daemon::start(&dir, None);
+    let mut c = Client::spawn(&d.socket, "wait-forever", "");
+    let tid: u32 = c.line().strip_prefix("blocked ").unwrap().parse().unwrap();
+    until("the client to sleep on its wake word", || sleeps_on_shared_futex(c.child.id(), tid));
+    let s = d.status();
+    assert_eq!(s.processes.len(), 1);
+    assert_eq!(s.adapters[0].engines[0].slots_used, 1, "its queue holds a slot: {s:?}");
+    c.sigkill();
+    until("the daemon to end the killed client", || d.status().processes.is_empty());
+    let s = d.status();
+    assert_eq!((s.adapters[0].doorbells, s.adapters[0].engines[0].slots_used), (0, 0), "{s:?}");
+    // The daemon serves on.
+    assert_eq!(Client::spawn(&d.socket, "submit", "100").finish(), "ok 100");
+}
