@@ -170,6 +170,7 @@ fn role() {
         "fence-b" => role_fence_b(args.parse().unwrap()),
         "no-syscall" => role_no_syscall(),
         "wait-forever" => role_wait_forever(),
+        "two-endless-waits" => role_two_endless_waits(),
         "wait-timeout" => role_wait_timeout(),
         "orphan" => role_orphan(),
         "batches" => role_batches(),
@@ -348,7 +349,10 @@ fn rusage_switches() -> i64 {
 
 /// Blocks in a kernel wait that only the daemon's end can finish; says the error it gets.
 fn role_wait_forever() -> String {
-    let dev = Device::connect_default().unwrap();
+    role_wait_forever_on(&Device::connect_default().unwrap())
+}
+
+fn role_wait_forever_on(dev: &Device) -> String {
     let ctx = dev.create_context(dev.engine(EngineKind::Compute).unwrap()).unwrap();
     let buf = dev.allocate(4096).unwrap();
     let mut q = ctx.create_queue(QueueOptions::user_mode()).unwrap();
@@ -361,6 +365,26 @@ fn role_wait_forever() -> String {
         Err(UmdError::Kernel(KernelError::DeviceLost { .. })) => "device lost".into(),
         other => format!("unexpected {other:?}"),
     }
+}
+
+/// Two threads blocked at once in waits that never complete: a queue's progress and a
+/// native fence (the second goes over a further connection of the same process).
+fn role_two_endless_waits() -> String {
+    let dev = Arc::new(Device::connect_default().unwrap());
+    let fence = dev.create_fence(0, NativeFenceType::Default).unwrap();
+    let other = {
+        let dev = dev.clone();
+        std::thread::spawn(move || {
+            let mut fence = fence;
+            fence.set_spin(0);
+            let r = fence.wait(1, None);
+            drop(dev);
+            r
+        })
+    };
+    let out = role_wait_forever_on(&dev);
+    let _ = other.join();
+    out
 }
 
 /// A blocking wait that times out (the daemon's answer wakes the sleeper), then calls on the
@@ -1243,7 +1267,15 @@ fn userq_signal_and_wait_and_the_progress_fence_cross_the_socket() {
 fn a_client_killed_while_blocked_in_an_endless_wait_is_cleaned_up() {
     let dir = scratch("killed-in-wait");
     let d = Daemon::start(&dir, None);
-    let mut c = Client::spawn(&d.socket, "wait-forever", "");
+    for role in ["wait-forever", "two-endless-waits"] {
+        killed_in_wait(&d, role);
+    }
+    // The daemon serves on.
+    assert_eq!(Client::spawn(&d.socket, "submit", "100").finish(), "ok 100");
+}
+
+fn killed_in_wait(d: &Daemon, role: &str) {
+    let mut c = Client::spawn(&d.socket, role, "");
     let tid: u32 = c.line().strip_prefix("blocked ").unwrap().parse().unwrap();
     until("the client to sleep on its wake word", || sleeps_on_shared_futex(c.child.id(), tid));
     let s = d.status();
@@ -1252,7 +1284,5 @@ fn a_client_killed_while_blocked_in_an_endless_wait_is_cleaned_up() {
     c.sigkill();
     until("the daemon to end the killed client", || d.status().processes.is_empty());
     let s = d.status();
-    assert_eq!((s.adapters[0].doorbells, s.adapters[0].engines[0].slots_used), (0, 0), "{s:?}");
-    // The daemon serves on.
-    assert_eq!(Client::spawn(&d.socket, "submit", "100").finish(), "ok 100");
+    assert_eq!((s.adapters[0].doorbells, s.adapters[0].engines[0].slots_used), (0, 0), "{role}: {s:?}");
 }
