@@ -158,20 +158,13 @@ impl Driven {
     }
 }
 
-/// Jain's fairness index of `xs`: 1 when all are equal, 1/n when one has everything.
-fn jain(xs: &[u64]) -> f64 {
-    let n = xs.len() as f64;
-    let sum: f64 = xs.iter().map(|&x| x as f64).sum();
-    let sq: f64 = xs.iter().map(|&x| (x as f64) * (x as f64)).sum();
-    if sq == 0.0 { 0.0 } else { sum * sum / (n * sq) }
-}
-
 /// What one run measured.
 #[derive(Debug)]
 struct Figures {
     submitted: u64,
     completed: u64,
-    fairness: f64,
+    /// `None` where no normal queue completed anything (undefined, not 0).
+    fairness: Option<f64>,
     throughput: f64,
     victimizations: u64,
     reconnects: u64,
@@ -196,7 +189,7 @@ pub fn run(a: OversubArgs) -> Result<(), CliError> {
             "submitted": f.submitted,
             "completed": f.completed,
             "lost": lost,
-            "jain_fairness": (f.fairness * 1e4).round() / 1e4,
+            "jain_fairness": f.fairness.map(|j| (j * 1e4).round() / 1e4),
             "throughput_per_s": f.throughput.round() as u64,
             "victimizations": f.victimizations,
             "reconnects": f.reconnects,
@@ -213,7 +206,11 @@ pub fn run(a: OversubArgs) -> Result<(), CliError> {
         outln!("{:<36} {:>14}", "submitted", f.submitted);
         outln!("{:<36} {:>14}", "completed", f.completed);
         outln!("{:<36} {:>14}", "lost", lost);
-        outln!("{:<36} {:>14.4}", "Jain fairness (normal queues)", f.fairness);
+        outln!(
+            "{:<36} {:>14}",
+            "Jain fairness (normal queues)",
+            f.fairness.map_or("undefined".into(), |j| format!("{j:.4}"))
+        );
         outln!("{:<36} {:>12.0} /s", "throughput (in the window)", f.throughput);
         outln!("{:<36} {:>14}", "victimizations", f.victimizations);
         outln!("{:<36} {:>14}", "reconnects", f.reconnects);
@@ -322,7 +319,7 @@ fn measure(a: &OversubArgs) -> Result<Figures, CliError> {
         }
     }
     let reconnects: u64 = normal.iter().chain([&high]).map(|d| d.q.reconnects()).sum();
-    let fairness = jain(&normal.iter().map(|d| d.completed_in_window).collect::<Vec<_>>());
+    let fairness = sim::output::jain(&normal.iter().map(|d| d.completed_in_window).collect::<Vec<_>>());
     let (_, normal_p99) = percentiles(lat_normal);
     let high_samples = lat_high.len();
     let (high_p50, high_p99) = percentiles(lat_high);
@@ -346,7 +343,7 @@ fn measure(a: &OversubArgs) -> Result<Figures, CliError> {
 
 #[cfg(test)]
 mod tests {
-    use super::{Model, OversubArgs, jain, measure};
+    use super::{Model, OversubArgs, measure};
 
     /// 12 queues over 2 slots for 0.2 s (a pool of 3 doorbells under the dedicated model).
     fn short(model: Model, aggregated: bool) -> OversubArgs {
@@ -378,14 +375,5 @@ mod tests {
         assert!(f.submitted >= 12 * 4, "every queue submitted its first four: {f:?}");
         assert_eq!((f.victimizations, f.reconnects), (0, 0), "{f:?}");
         assert!(f.high_samples > 0, "{f:?}");
-    }
-
-    #[test]
-    fn jain_is_one_when_equal_and_one_over_n_when_one_has_all() {
-        assert_eq!(jain(&[5, 5, 5, 5]), 1.0);
-        assert_eq!(jain(&[8, 0, 0, 0]), 0.25);
-        assert_eq!(jain(&[0, 0]), 0.0);
-        let j = jain(&[1, 2, 3]);
-        assert!((j - 36.0 / 42.0).abs() < 1e-12, "{j}");
     }
 }

@@ -21,12 +21,18 @@ pub fn percentile(sorted: &[u64], p: f64) -> u64 {
     sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
-/// Jain's fairness index: 1 when all are equal, 1/n when one has everything.
-pub fn jain(xs: &[u64]) -> f64 {
+/// Jain's fairness index: 1 when all are equal, 1/n when one has everything; `None` where
+/// nothing completed (or there is nothing), where fairness is undefined rather than 0.
+pub fn jain(xs: &[u64]) -> Option<f64> {
     let n = xs.len() as f64;
     let sum: f64 = xs.iter().map(|&x| x as f64).sum();
     let sq: f64 = xs.iter().map(|&x| (x as f64) * (x as f64)).sum();
-    if sq == 0.0 { 0.0 } else { sum * sum / (n * sq) }
+    (sq > 0.0).then(|| sum * sum / (n * sq))
+}
+
+/// [`jain`] as JSON: rounded, or `null` where undefined.
+fn jain_value(xs: &[u64]) -> Value {
+    jain(xs).map_or(Value::Null, r4)
 }
 
 /// Rounds to 4 decimals (stable text).
@@ -45,6 +51,30 @@ fn lat_obj(sorted: &[u64]) -> Value {
     })
 }
 
+/// The summary's numeric fields a sweep can plot by name (`metrics = [...]`).
+pub const METRICS: &[&str] = &[
+    "submissions",
+    "completions",
+    "lost",
+    "queues_ended",
+    "throughput_per_s",
+    "jain_fairness",
+    "slot_changes",
+    "victimizations",
+    "reconnects",
+    "connects",
+    "interrupts",
+    "preemptions",
+    "recoveries",
+    "faults",
+    "events",
+    "packets",
+];
+
+/// The latency figures of each priority (`latency_by_priority.<priority>.<figure>`), which a
+/// sweep's metric names by the figure alone.
+pub const LATENCY_METRICS: &[&str] = &["samples", "p50_ns", "p90_ns", "p99_ns", "p999_ns", "max_ns"];
+
 /// The summary object.
 pub fn summary(plan: &Plan, o: &Outcome) -> Value {
     let submitted: u64 = o.queues.iter().map(|q| q.submitted).sum();
@@ -60,7 +90,7 @@ pub fn summary(plan: &Plan, o: &Outcome) -> Value {
         let fair: Vec<u64> = o.queues.iter().filter(|q| q.group == gi).map(|q| q.completed_in_window).collect();
         let mut obj = lat_obj(&l);
         obj["queues"] = json!(g.count);
-        obj["jain_fairness"] = r4(jain(&fair));
+        obj["jain_fairness"] = jain_value(&fair);
         obj["completed"] = json!(o.queues.iter().filter(|q| q.group == gi).map(|q| q.completed).sum::<u64>());
         per_class.insert(g.name.clone(), obj);
         per_prio.entry(format!("{:?}", g.priority).to_lowercase()).or_default().extend_from_slice(&o.latencies[gi]);
@@ -91,7 +121,7 @@ pub fn summary(plan: &Plan, o: &Outcome) -> Value {
         "throughput_per_s": r4(in_window as f64 / window_s),
         "latency_by_priority": Value::Object(prio),
         "latency_by_class": Value::Object(per_class),
-        "jain_fairness": r4(jain(&all)),
+        "jain_fairness": jain_value(&all),
         "slot_occupancy": occupancy,
         "slot_changes": o.slot_changes,
         "victimizations": o.victimizations,
@@ -160,4 +190,19 @@ pub fn trace_json(plan: &Plan, o: &Outcome) -> String {
     }
     let v = json!({ "traceEvents": ev, "displayTimeUnit": "ns" });
     v.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::jain;
+
+    #[test]
+    fn jain_is_one_when_equal_one_over_n_when_one_has_all_and_undefined_when_none_completed() {
+        assert_eq!(jain(&[5, 5, 5, 5]), Some(1.0));
+        assert_eq!(jain(&[8, 0, 0, 0]), Some(0.25));
+        let j = jain(&[1, 2, 3]).unwrap();
+        assert!((j - 36.0 / 42.0).abs() < 1e-12, "{j}");
+        assert_eq!(jain(&[0, 0]), None, "nothing completed: undefined, not 0");
+        assert_eq!(jain(&[]), None);
+    }
 }

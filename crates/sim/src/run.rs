@@ -565,7 +565,7 @@ pub fn run(plan: &Plan, seed: u64, progress: &mut dyn FnMut(f64)) -> Result<Outc
                 q.res.completed += 1;
                 completions_total += 1;
                 packets += np as u64;
-                if window_end.is_none_or(|w| at <= w) && !stopped_before(stop_time, at) {
+                if window_end.is_none_or(|w| at < w) && !stopped_before(stop_time, at) {
                     q.res.completed_in_window += 1;
                 }
                 q.res.latency_sum += lat;
@@ -597,6 +597,13 @@ pub fn run(plan: &Plan, seed: u64, progress: &mut dyn FnMut(f64)) -> Result<Outc
             if !q.backlog.is_empty() && q.outstanding.len() < q.cap {
                 push(&mut heap, at, Ev::Drain(i));
             }
+        }
+        // The submission window is half-open, [start, start + duration): at its end nothing
+        // more is submitted, whatever else is due at that instant (a 100 µs period over 1 ms
+        // submits 10 times, not 11).
+        if !stopped && window_end.is_some_and(|w| now >= w) {
+            stopped = true;
+            stop_time = now;
         }
         // Client events due now (the instant took no time), and the instants that follow
         // while only the clients act.

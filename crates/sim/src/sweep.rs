@@ -114,6 +114,15 @@ impl Sweep {
             }
             axes.push((k.clone(), v.get_ref().clone()));
         }
+        // A metric that names no summary field would plot nothing: refused now, with the choice.
+        if let Some(bad) = f.metrics.iter().find(|m| {
+            !crate::output::METRICS.contains(&m.as_str()) && !crate::output::LATENCY_METRICS.contains(&m.as_str())
+        }) {
+            let choice = [crate::output::METRICS, crate::output::LATENCY_METRICS].concat().join(", ");
+            let at = text.find(&format!("\"{bad}\"")).map_or(0, |i| i + 1);
+            let why = format!("names no summary field; choose from {choice}");
+            return Err(src.at(at..at + bad.len(), "metrics", bad, why).into());
+        }
         let metrics = if f.metrics.is_empty() {
             vec!["throughput_per_s".into(), "jain_fairness".into(), "lost".into(), "p99_ns".into()]
         } else {

@@ -488,3 +488,26 @@ fn ten_thousand_queues_and_ten_million_submissions_complete() {
     let (s, c): (u64, u64) = o.queues.iter().fold((0, 0), |(s, c), q| (s + q.submitted, c + q.completed));
     assert_eq!((s, c), (10_000_000, 10_000_000));
 }
+
+/// The submission window is half-open, `[0, duration)`: a periodic queue with a 100 µs period
+/// over 1 ms submits at 0, 100, …, 900 µs (10 times), not also at 1,000 µs; and a completion
+/// exactly at the window's end is outside it.
+#[test]
+fn the_submission_window_is_half_open() {
+    let p = plan(
+        r#"
+duration_ms = 1
+[[group]]
+name = "tick"
+[group.workload]
+kind = "periodic"
+period_us = 100
+[group.commands]
+synthetic = { us = 1 }
+"#,
+    );
+    let o = run(&p, 1, &mut |_| {}).unwrap();
+    assert_eq!(o.queues[0].submitted, 10);
+    assert_eq!(o.queues[0].completed, 10);
+    assert_eq!(o.queues[0].completed_in_window, 10);
+}

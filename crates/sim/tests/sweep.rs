@@ -95,3 +95,17 @@ fn a_bad_axis_value_is_refused_before_anything_runs() {
     let e = Sweep::load(&d.path().join("nope.toml")).unwrap_err().to_string();
     assert!(e.contains("nope.toml"), "{e}");
 }
+
+#[test]
+fn a_metric_that_names_no_summary_field_is_refused_with_the_choice() {
+    let d = tempfile::tempdir().unwrap();
+    std::fs::write(d.path().join("base.toml"), BASE).unwrap();
+    let bad = "base = \"base.toml\"\nmetrics = [\"p99_ns\", \"thruput\"]\n[axes]\n\"device.slots\" = [2]\n";
+    std::fs::write(d.path().join("sweep.toml"), bad).unwrap();
+    let e = Sweep::load(&d.path().join("sweep.toml")).unwrap_err().to_string();
+    assert!(e.contains("sweep.toml:2") && e.contains("thruput") && e.contains("throughput_per_s"), "{e}");
+    // Every name it offers is accepted.
+    let good = "base = \"base.toml\"\nmetrics = [\"p99_ns\", \"jain_fairness\", \"recoveries\"]\n[axes]\n\"device.slots\" = [2]\n";
+    std::fs::write(d.path().join("sweep.toml"), good).unwrap();
+    Sweep::load(&d.path().join("sweep.toml")).unwrap();
+}
