@@ -66,3 +66,36 @@ fn hundreds_of_queues_take_a_few_descriptors_and_about_a_mapping_each() {
     let map_bound = QUEUES + 2 * fd_bound;
     assert!(maps <= map_bound, "{maps} mappings made for {QUEUES} queues (bound {map_bound})");
 }
+
+/// `SystemConfig::max_processes` (what the simulator checks a scenario against before it
+/// runs) is the number of processes the kernel really opens before it refuses one, for the
+/// doorbell layouts that change it: the default, a small BAR, a doorbell pool, an aggregated
+/// doorbell page per process, and both.
+#[test]
+fn max_processes_is_where_the_kernel_refuses_the_next_process() {
+    let base = kernel::SystemConfig::default();
+    let small =
+        kernel::SystemConfig { gpu: gpu::GpuConfig { doorbell_pages: 6, ..gpu::GpuConfig::default() }, ..base.clone() };
+    let pooled = kernel::SystemConfig { doorbell_pool: Some(24), ..base.clone() };
+    let aggregated = kernel::SystemConfig {
+        gpu: gpu::GpuConfig { misses_unmapped_doorbells: true, ..gpu::GpuConfig::default() },
+        ..base.clone()
+    };
+    let both = kernel::SystemConfig { doorbell_pool: Some(4), ..aggregated.clone() };
+    for (name, cfg) in
+        [("default", base), ("small", small), ("pooled", pooled), ("aggregated", aggregated), ("both", both)]
+    {
+        let max = cfg.max_processes();
+        let sys = kernel::System::sim(cfg).unwrap();
+        let mut open = Vec::new();
+        let refused = loop {
+            match sys.open_process() {
+                Ok(p) => open.push(p),
+                Err(e) => break e,
+            }
+            assert!(open.len() <= 4096, "{name}: no limit");
+        };
+        assert_eq!(open.len() as u32, max, "{name}: refused with {refused}");
+        assert!(refused.to_string().contains("doorbell pages"), "{name}: {refused}");
+    }
+}

@@ -321,8 +321,7 @@ pub fn run(plan: &Plan, seed: u64, progress: &mut dyn FnMut(f64)) -> Result<Outc
             let engine = dev.info().engines.get(g.engine).map(|e| (e.id, e.doorbell_count)).ok_or_else(|| {
                 RunError::Check(format!("group {}: engine {} missing from the adapter", g.name, g.engine))
             })?;
-            let fit = if g.kernel_mode { 64 } else { engine.1.max(1) };
-            let n = if g.per_process > 0 { g.per_process.min(fit) } else { fit }.min(left);
+            let n = g.queues_per_process(engine.1).min(left);
             let ctx = dev.create_context(engine.0)?;
             let scratch_bytes = 8 * n as u64 + g.fill_bytes + 2 * g.copy_bytes;
             let scratch = if g.write_data > 0 || g.fill_bytes > 0 || g.copy_bytes > 0 {

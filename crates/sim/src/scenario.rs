@@ -573,6 +573,22 @@ pub struct GroupPlan {
     pub cpu_waiter: bool,
 }
 
+impl GroupPlan {
+    /// Queues one client process of this group holds: `queues_per_process`, at most what a
+    /// process's doorbell page has for the engine (`doorbells` of them) for user-mode queues,
+    /// or 64 kernel-mode queues.
+    pub fn queues_per_process(&self, doorbells: u32) -> u32 {
+        let fit = self.process_fits(doorbells);
+        if self.per_process > 0 { self.per_process.min(fit) } else { fit }
+    }
+
+    /// The most queues of this group one process can hold: its doorbell page's share for the
+    /// engine (`doorbells`), or 64 kernel-mode queues.
+    pub fn process_fits(&self, doorbells: u32) -> u32 {
+        if self.kernel_mode { 64 } else { doorbells.max(1) }
+    }
+}
+
 /// A timed event, checked.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Action {
@@ -1059,6 +1075,29 @@ impl Scenario {
         let name = self.name.clone().unwrap_or_else(|| {
             self.source.path.file_stem().map_or("scenario".into(), |s| s.to_string_lossy().into_owned())
         });
+        // The processes the groups need must fit the device's doorbell pages: refused now, at
+        // the group that passes the limit, not as a kernel error once the run has started.
+        let doorbells = abi::doorbell::DOORBELLS_PER_PAGE / system.gpu.engines.len().max(1) as u32;
+        let max = system.max_processes();
+        let mut processes = 0u32;
+        for (g, raw) in groups.iter().zip(&self.groups) {
+            let per = g.queues_per_process(doorbells);
+            processes = processes.saturating_add(g.count.div_ceil(per));
+            if processes > max {
+                let key = format!("group.queues_per_process (group \"{}\")", g.name);
+                let why = format!(
+                    "the groups so far need {processes} client processes ({} queues at {per} per process here) but \
+                     the device holds {max} (one doorbell page each); raise queues_per_process (at most {} per \
+                     process on this engine) or lower count",
+                    g.count,
+                    g.process_fits(doorbells),
+                );
+                return match &raw.queues_per_process {
+                    Some(p) => self.err(p.span(), &key, *p.get_ref(), why),
+                    None => self.err(raw.count.span(), &key, "(as many as fit)", why),
+                };
+            }
+        }
         let doorbell_latency = nonneg(&self.cost.doorbell_latency_ns, "cost.doorbell_latency_ns")?.round() as u64;
         let kernel_call = nonneg(&self.cost.kernel_call_ns, "cost.kernel_call_ns")?.round() as u64;
         Ok(Plan {

@@ -123,3 +123,16 @@ fn zero_or_absurd_tdr_settings_are_refused() {
     Scenario::parse(Path::new("ok.toml"), "duration_ms = 1\n[device.tdr]\nhang_copy_ms = 0\n[[group]]\nname = \"a\"\n")
         .unwrap();
 }
+
+/// More client processes than the device has doorbell pages for is refused at load, naming
+/// the key to change and its value, not as a kernel error once the run has started.
+#[test]
+fn more_processes_than_doorbell_pages_is_refused_at_load_naming_queues_per_process() {
+    let text = "duration_ms = 1\n[[group]]\nname = \"a\"\ncount = 100\nqueues_per_process = 1\n[group.commands]\nsynthetic = { us = 10 }\n";
+    let e = sim::Scenario::parse(std::path::Path::new("many.toml"), text).unwrap_err().to_string();
+    assert!(e.contains("many.toml:5") && e.contains("queues_per_process") && e.contains("= 1"), "{e}");
+    assert!(e.contains("need 100 client processes") && e.contains("holds 63") && e.contains("at most 256"), "{e}");
+    // Two per process fit (50 processes).
+    let text = text.replace("queues_per_process = 1", "queues_per_process = 2");
+    sim::Scenario::parse(std::path::Path::new("many.toml"), &text).unwrap();
+}

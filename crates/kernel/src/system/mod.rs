@@ -94,6 +94,24 @@ pub struct SystemConfig {
     pub kmd_doorbell_bytes: Option<u64>,
 }
 
+impl SystemConfig {
+    /// How many client processes this system can hold at once: each takes a doorbell page of
+    /// its own (two with an aggregated doorbell, spec 001), page 0 is the kernel queues', and
+    /// a doorbell pool's pages are the KMD's. A process past it is refused with
+    /// `KernelError::Exhausted` naming the doorbell pages; tools (the simulator) check a
+    /// scenario against it before anything runs.
+    pub fn max_processes(&self) -> u32 {
+        let pages = self.gpu.doorbell_pages;
+        let pool = match (self.doorbell_pool, self.gpu.doorbell_model) {
+            // As `VirtualKmd::set_doorbell_pool` keeps them: page 0 and one process page stay.
+            (Some(n), abi::doorbell::DoorbellModel::Dedicated) => n.clamp(1, pages.saturating_sub(2).max(1)),
+            _ => 0,
+        };
+        let per_process = 1 + u32::from(self.gpu.misses_unmapped_doorbells);
+        pages.saturating_sub(1 + pool) / per_process
+    }
+}
+
 /// How a process ends (spec 000 "Normal and abnormal process termination").
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Termination {
