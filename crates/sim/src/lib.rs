@@ -33,6 +33,20 @@ pub enum SimError {
     /// The run failed.
     #[error("{0}")]
     Run(#[from] RunError),
+    /// Runs of a sweep failed; the finished ones' rows were written.
+    #[error(
+        "{} of the sweep's runs failed; the {finished} finished runs are in {dir}/runs.csv (failures in {dir}/failures.txt). First: {}",
+        failures.len(),
+        failures.first().map_or(String::new(), |f| f.to_string())
+    )]
+    Sweep {
+        /// Each failed run, with its id, seed and axis values.
+        failures: Vec<RunFailed>,
+        /// Runs that finished.
+        finished: usize,
+        /// Where their rows are.
+        dir: String,
+    },
     /// An output could not be written.
     #[error("{path}: {why}")]
     Io {
@@ -41,6 +55,20 @@ pub enum SimError {
         /// The OS's error.
         why: String,
     },
+}
+
+/// One sweep run that failed: which run, with which seed and axis values, and why.
+#[derive(Debug, thiserror::Error)]
+#[error("run {run} (seed {seed}, {axes}): {error}")]
+pub struct RunFailed {
+    /// The run's id (its row in `runs.csv`).
+    pub run: usize,
+    /// Its seed.
+    pub seed: u64,
+    /// Its axis values, `key = value, …`.
+    pub axes: String,
+    /// Why it failed.
+    pub error: Box<SimError>,
 }
 
 pub(crate) fn write(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), SimError> {

@@ -183,21 +183,43 @@ impl Sweep {
         shard: usize,
         shards: usize,
         tick: &(dyn Fn(usize, usize) + Sync),
-    ) -> Result<Vec<Row>, SimError> {
+    ) -> (Vec<Row>, Vec<crate::RunFailed>) {
         let ids: Vec<usize> = (0..self.runs()).filter(|k| k % shards == shard).collect();
         let done = AtomicUsize::new(0);
         let total = ids.len();
-        let rows: Result<Vec<Row>, SimError> = ids
+        // Every run goes to its end, so one failure keeps the others' results.
+        let results: Vec<Result<Row, crate::RunFailed>> = ids
             .par_iter()
             .map(|&k| {
-                let r = self.run_one(k);
+                let r = self.run_one(k).map_err(|e| self.failed(k, e));
                 // Relaxed: a progress count; the rows travel through rayon's join.
                 let n = done.fetch_add(1, Ordering::Relaxed) + 1;
                 tick(n, total);
                 r
             })
             .collect();
-        rows
+        let mut rows = Vec::new();
+        let mut failures = Vec::new();
+        for r in results {
+            match r {
+                Ok(row) => rows.push(row),
+                Err(f) => failures.push(f),
+            }
+        }
+        (rows, failures)
+    }
+
+    /// Names run `k` for an error: its id, seed and axis values.
+    fn failed(&self, k: usize, error: SimError) -> crate::RunFailed {
+        let c = k / self.seeds.len();
+        let axes = self
+            .axes
+            .iter()
+            .zip(self.values(c))
+            .map(|((key, _), v)| format!("{key} = {}", value_text(&v)))
+            .collect::<Vec<_>>()
+            .join(", ");
+        crate::RunFailed { run: k, seed: self.seeds[k % self.seeds.len()], axes, error: Box::new(error) }
     }
 
     /// Runs run `k` and returns its row.
@@ -383,9 +405,16 @@ pub fn run_to_dir(
     tick: &(dyn Fn(usize, usize) + Sync),
 ) -> Result<Vec<Row>, SimError> {
     std::fs::create_dir_all(dir).map_err(|e| SimError::Io { path: dir.display().to_string(), why: e.to_string() })?;
-    let rows = s.run_shard(shard, shards, tick)?;
+    let (rows, failures) = s.run_shard(shard, shards, tick);
     // Through the text, exactly as a merge reads it back.
     let text = rows_csv(&rows);
+    if !failures.is_empty() {
+        // The finished runs are kept (a merge reports the missing ones), the failures listed.
+        crate::write(dir, "runs.csv", text.as_bytes())?;
+        let list: String = failures.iter().map(|f| format!("{f}\n")).collect();
+        crate::write(dir, "failures.txt", list.as_bytes())?;
+        return Err(SimError::Sweep { failures, finished: rows.len(), dir: dir.display().to_string() });
+    }
     let rows = parse_rows(&text, "runs.csv")?;
     let m = meta(s, shard, shards);
     if shards == 1 {

@@ -109,3 +109,30 @@ fn a_metric_that_names_no_summary_field_is_refused_with_the_choice() {
     std::fs::write(d.path().join("sweep.toml"), good).unwrap();
     Sweep::load(&d.path().join("sweep.toml")).unwrap();
 }
+
+/// A run that fails mid-sweep names its run, seed and axis values; the other runs still go
+/// to their end and their rows are kept (a merge would name the missing run).
+#[test]
+fn a_failing_run_is_named_and_the_finished_runs_are_kept() {
+    let d = tempfile::tempdir().unwrap();
+    std::fs::write(d.path().join("base.toml"), BASE).unwrap();
+    // A fill too big for any allocation passes the scenario checks but fails when the run
+    // allocates its scratch buffer.
+    let text = "base = \"base.toml\"\nseeds = [5]\n[axes]\n\"group.a.commands.fill_bytes\" = [64, 4000000000000]\n";
+    std::fs::write(d.path().join("sweep.toml"), text).unwrap();
+    let s = Sweep::load(&d.path().join("sweep.toml")).unwrap();
+    let out = d.path().join("out");
+    let e = run_to_dir(&s, 0, 1, &out, &|_, _| {}).unwrap_err();
+    let sim::SimError::Sweep { failures, finished, .. } = &e else { panic!("{e}") };
+    assert_eq!((failures.len(), *finished), (1, 1), "{e}");
+    assert_eq!((failures[0].run, failures[0].seed), (1, 5));
+    assert_eq!(failures[0].axes, "group.a.commands.fill_bytes = 4000000000000");
+    let msg = e.to_string();
+    assert!(
+        msg.contains("run 1 (seed 5, group.a.commands.fill_bytes = 4000000000000)") && msg.contains("bytes"),
+        "{msg}"
+    );
+    let runs = std::fs::read_to_string(out.join("runs.csv")).unwrap();
+    assert_eq!(runs.lines().count(), 2, "the header and the finished run: {runs}");
+    assert!(std::fs::read_to_string(out.join("failures.txt")).unwrap().starts_with("run 1 (seed 5"));
+}
