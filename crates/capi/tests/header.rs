@@ -1,0 +1,80 @@
+//! `include/doorbell.h` is what cbindgen makes of this crate now.
+//!
+//! The header is generated (cbindgen's library API, with the crate's `cbindgen.toml`) and
+//! compared with the checked-in file; CI runs `cargo test`, so the two cannot drift apart.
+//! `DOORBELL_BLESS=1 cargo test -p doorbell-c --test header` rewrites the file instead.
+
+use std::path::Path;
+
+fn generate() -> String {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let config = cbindgen::Config::from_file(dir.join("cbindgen.toml")).expect("crates/capi/cbindgen.toml");
+    let bindings = cbindgen::Builder::new()
+        .with_config(config)
+        .with_src(dir.join("src/lib.rs"))
+        .generate()
+        .expect("cbindgen parses crates/capi/src");
+    let mut out = Vec::new();
+    bindings.write(&mut out);
+    String::from_utf8(out).expect("cbindgen writes UTF-8")
+}
+
+#[test]
+fn the_checked_in_header_is_what_cbindgen_generates() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("include/doorbell.h");
+    let generated = generate();
+    if std::env::var_os("DOORBELL_BLESS").is_some_and(|v| v == "1") {
+        std::fs::write(&path, &generated).expect("write include/doorbell.h");
+        return;
+    }
+    let checked_in = std::fs::read_to_string(&path).unwrap_or_default();
+    if checked_in != generated {
+        let first = checked_in.lines().zip(generated.lines()).position(|(a, b)| a != b);
+        let line = first.unwrap_or_else(|| checked_in.lines().count().min(generated.lines().count()));
+        let show = |s: &str| s.lines().nth(line).unwrap_or("<end of file>").to_owned();
+        panic!(
+            "{} is out of date: it first differs at line {}:\n  checked in: {}\n  generated:  {}\n\
+             Regenerate it with: DOORBELL_BLESS=1 cargo test -p doorbell-c --test header",
+            path.display(),
+            line + 1,
+            show(&checked_in),
+            show(&generated),
+        );
+    }
+}
+
+/// Every function the library exports is declared in the header, and nothing else is: a
+/// `#[unsafe(no_mangle)]` function that cbindgen could not see (a macro, a cfg) would be
+/// missing from C.
+#[test]
+fn the_header_declares_every_exported_function() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut exported = Vec::new();
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let text = std::fs::read_to_string(entry.unwrap().path()).unwrap();
+        let mut lines = text.lines();
+        while let Some(l) = lines.next() {
+            if l.trim() == "#[unsafe(no_mangle)]" {
+                let decl = lines.find(|l| l.contains("extern \"C\" fn ")).expect("a function after no_mangle");
+                let name = decl.split("fn ").nth(1).unwrap().split('(').next().unwrap();
+                exported.push(name.to_owned());
+            }
+        }
+    }
+    exported.sort();
+    let header = generate();
+    let mut declared: Vec<String> = header
+        .lines()
+        .filter_map(|l| {
+            let l = l.trim_start();
+            // Declarations: `int32_t db_x(`, `const char *db_last_error(void);`.
+            let name = l.split('(').next()?.rsplit([' ', '*']).next()?;
+            (name.starts_with("db_") && l.contains('(') && !l.starts_with('*') && !l.starts_with("/"))
+                .then(|| name.to_owned())
+        })
+        .collect();
+    declared.sort();
+    declared.dedup();
+    assert_eq!(declared, exported);
+    assert!(exported.len() > 50, "{} functions found: the scan is broken", exported.len());
+}
