@@ -305,7 +305,9 @@ pub extern "C" fn db_last_error() -> *const c_char {
 /// not free it.
 #[unsafe(no_mangle)]
 pub extern "C" fn db_status_name(status: i32) -> *const c_char {
-    ALL_STATUSES.iter().find(|s| **s as i32 == status).map_or(c"DB_UNKNOWN_STATUS", |s| s.name()).as_ptr()
+    catch_unwind(|| ALL_STATUSES.iter().find(|s| **s as i32 == status).map_or(c"DB_UNKNOWN_STATUS", |s| s.name()))
+        .unwrap_or(c"DB_UNKNOWN_STATUS")
+        .as_ptr()
 }
 
 #[cfg(test)]

@@ -78,3 +78,54 @@ fn the_header_declares_every_exported_function() {
     assert_eq!(declared, exported);
     assert!(exported.len() > 50, "{} functions found: the scan is broken", exported.len());
 }
+
+/// No panic unwinds into C: the body of every exported function is one call of the guard
+/// (`guard(|| ...)`, which runs it under `catch_unwind`), of a helper that is one (`with_cb`,
+/// `with_queue`), or a `catch_unwind` of its own (`db_last_error`, `db_status_name`). Checked
+/// on the source, so a new function that forgets it fails here.
+#[test]
+fn every_exported_function_runs_its_body_under_catch_unwind() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let helpers: Vec<String> = ["guard", "with_cb", "with_queue"].iter().map(|h| h.to_string()).collect();
+    let mut checked = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        let text = std::fs::read_to_string(&path).unwrap();
+        // The helpers themselves must start with the guard.
+        for h in ["with_cb", "with_queue"] {
+            if let Some(at) = text.find(&format!("unsafe fn {h}(")) {
+                let body = &text[at..];
+                let first = body.lines().skip_while(|l| !l.trim_end().ends_with('{')).nth(1).unwrap().trim();
+                assert!(first.starts_with("guard("), "{h} in {} starts with {first:?}", path.display());
+            }
+        }
+        let mut lines = text.lines().peekable();
+        while let Some(l) = lines.next() {
+            if l.trim() != "#[unsafe(no_mangle)]" {
+                continue;
+            }
+            // Skip attributes and the signature, up to the line that opens the body.
+            let mut name = String::new();
+            for l in lines.by_ref() {
+                if let Some(rest) = l.split("fn ").nth(1).filter(|_| l.contains("extern \"C\" fn ")) {
+                    name = rest.split('(').next().unwrap().to_owned();
+                }
+                if l.trim_end().ends_with('{') && !l.trim_start().starts_with("#[") && !name.is_empty() {
+                    break;
+                }
+            }
+            // The first statement, with any SAFETY comment and `unsafe {` wrapper skipped.
+            let first = lines
+                .by_ref()
+                .map(str::trim)
+                .find(|l| !l.starts_with("//") && *l != "unsafe {")
+                .unwrap_or_default()
+                .trim_start_matches("unsafe { ");
+            let guarded =
+                helpers.iter().any(|h| first.starts_with(&format!("{h}("))) || first.starts_with("catch_unwind(");
+            assert!(guarded, "{name} ({}) starts with {first:?}, not the guard", path.display());
+            checked += 1;
+        }
+    }
+    assert!(checked > 50, "{checked} functions checked: the scan is broken");
+}
