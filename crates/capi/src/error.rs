@@ -5,7 +5,7 @@
 //! [`db_status`]. The text of the error — the Rust error's `Display`, which names the field
 //! or argument and the value — is kept per thread and read with [`db_last_error`].
 //!
-//! [`guard`] is the one place where a Rust error or panic becomes a status: it runs the body
+//! `guard` is the one place where a Rust error or panic becomes a status: it runs the body
 //! under [`std::panic::catch_unwind`], so no panic unwinds into C (which would be undefined
 //! behaviour), and turns both into a status and a message. Invariant: every exported function
 //! is `guard(|| ...)` around its whole body, argument checks included.

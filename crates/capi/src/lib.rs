@@ -19,14 +19,14 @@
 //!   read with `db_last_error()` ([`error`]). Two exceptions return a string instead:
 //!   `db_last_error` and `db_status_name`.
 //! - **No panic crosses.** Every exported function runs its whole body in
-//!   [`error::guard`], under `catch_unwind`: a panic becomes `DB_PANIC` with its message.
+//!   `error::guard`, under `catch_unwind`: a panic becomes `DB_PANIC` with its message.
 //!   An object that a panic may have left half-updated sits behind a lock the panic poisons,
 //!   and further calls on it say so instead of using it.
 //! - **Pointers.** Every pointer argument is checked for NULL before use (`DB_NULL_ARGUMENT`,
 //!   "argument `out_queue` is null"); integers that stand for enums or flags are checked
 //!   against their values (`DB_INVALID_ARGUMENT`), never transmuted. That a non-NULL pointer
 //!   is live, aligned and of its type cannot be checked: it is the caller's contract, stated
-//!   for each function in the header. The conversions live in [`ptr`], one function per
+//!   for each function in the header. The conversions live in `ptr`, one function per
 //!   kind of argument.
 //! - **Ownership.** Each `_create`/`_open`/`_connect` returns a handle the caller owns and
 //!   destroys exactly once with its `_destroy` function; destroying NULL is a no-op. A handle
@@ -44,10 +44,10 @@
 //! ## `unsafe`
 //!
 //! A C boundary is made of raw pointers, so every exported function is an `unsafe extern "C"
-//! fn` and holds `unsafe` blocks: calls into [`ptr`] (where every raw pointer is read,
+//! fn` and holds `unsafe` blocks: calls into `ptr` (where every raw pointer is read,
 //! written or turned into a reference, each with a `SAFETY` comment), whose `SAFETY`
 //! comment points at the function's documented contract. No other raw pointer operation is
-//! made outside [`ptr`].
+//! made outside `ptr`.
 //!
 //! ## The header
 //!
