@@ -47,6 +47,17 @@
 #define DB_TIMEOUT_INFINITE UINT64_MAX
 
 /**
+ * `db_queue_status::flags`: the queue is hung (reset or faulted).
+ */
+#define DB_QUEUE_STATUS_HUNG (1 << 0)
+
+/**
+ * `db_queue_status::flags`: the adapter was reset since the queue was created and device
+ * memory did not survive.
+ */
+#define DB_QUEUE_STATUS_VRAM_LOST (1 << 1)
+
+/**
  * The size of `db_queue_status::fault`, its terminating NUL included.
  */
 #define DB_FAULT_TEXT_BYTES 256

@@ -93,10 +93,16 @@ pub enum db_queue_state {
 }
 
 /// `db_queue_status::flags`: the queue is hung (reset or faulted).
-pub const DB_QUEUE_STATUS_HUNG: u32 = abi::port::QUEUE_STATUS_HUNG;
+pub const DB_QUEUE_STATUS_HUNG: u32 = 1 << 0;
 /// `db_queue_status::flags`: the adapter was reset since the queue was created and device
 /// memory did not survive.
-pub const DB_QUEUE_STATUS_VRAM_LOST: u32 = abi::port::QUEUE_STATUS_VRAM_LOST;
+pub const DB_QUEUE_STATUS_VRAM_LOST: u32 = 1 << 1;
+// Written as literals for cbindgen (which cannot evaluate another crate's constant, and would
+// leave them out of the header); the kernel's flags, passed through as they are.
+const _: () = assert!(
+    DB_QUEUE_STATUS_HUNG == abi::port::QUEUE_STATUS_HUNG
+        && DB_QUEUE_STATUS_VRAM_LOST == abi::port::QUEUE_STATUS_VRAM_LOST
+);
 /// The size of `db_queue_status::fault`, its terminating NUL included.
 pub const DB_FAULT_TEXT_BYTES: usize = 256;
 

@@ -1060,3 +1060,31 @@ fn two_daemon_clients_share_a_fence_through_the_c_api() {
     server.join().unwrap().unwrap();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A queue's progress fence outlives the queue: it keeps its last value and is destroyed on
+/// its own.
+#[test]
+fn a_progress_fence_outlives_its_queue() {
+    // SAFETY (whole test): every pointer is a live handle created here, or a local.
+    unsafe {
+        let d = embedded(0);
+        let (mut ctx, mut q, mut cb, mut pf) = (null_mut(), null_mut(), null_mut(), null_mut());
+        ok(db_context_create(d, db_engine_kind::DB_ENGINE_COPY as u32, &mut ctx));
+        ok(db_queue_create(ctx, null(), &mut q));
+        ok(db_queue_progress_fence(q, &mut pf));
+        ok(db_cmdbuf_create(&mut cb));
+        ok(db_cmdbuf_nop(cb, 1));
+        let mut v = 0;
+        ok(db_queue_submit(q, cb, &mut v));
+        ok(db_queue_submit(q, cb, &mut v));
+        ok(db_fence_wait(pf, v, WAIT_NS));
+        ok(db_queue_destroy(q));
+        ok(db_context_destroy(ctx));
+        ok(db_device_destroy(d));
+        let mut value = 0;
+        ok(db_fence_value(pf, &mut value));
+        assert_eq!(value, 2);
+        ok(db_fence_destroy(pf));
+        ok(db_cmdbuf_destroy(cb));
+    }
+}

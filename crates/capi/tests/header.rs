@@ -79,6 +79,24 @@ fn the_header_declares_every_exported_function() {
     assert!(exported.len() > 50, "{} functions found: the scan is broken", exported.len());
 }
 
+/// Every public constant is in the header (cbindgen silently leaves out one it cannot
+/// evaluate, such as another crate's constant).
+#[test]
+fn the_header_defines_every_public_constant() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let header = generate();
+    let mut found = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let text = std::fs::read_to_string(entry.unwrap().path()).unwrap();
+        for l in text.lines().filter(|l| l.starts_with("pub const DB_")) {
+            let name = l["pub const ".len()..].split(':').next().unwrap();
+            assert!(header.contains(&format!("#define {name} ")), "{name} is not defined in the header");
+            found += 1;
+        }
+    }
+    assert!(found >= 5, "{found} constants found: the scan is broken");
+}
+
 /// No panic unwinds into C: the body of every exported function is one call of the guard
 /// (`guard(|| ...)`, which runs it under `catch_unwind`), of a helper that is one (`with_cb`,
 /// `with_queue`), or a `catch_unwind` of its own (`db_last_error`, `db_status_name`). Checked
