@@ -11,6 +11,11 @@
 # Needs: a Rust toolchain, a C compiler (`cc`: gcc or clang) with AddressSanitizer's runtime
 # (Debian/Ubuntu: apt-get install gcc, which brings libasan), and optionally valgrind
 # (apt-get install valgrind). Run from anywhere: bash examples/c/run.sh
+#
+# DOORBELL_C_BUILD_ARGS: what to build (default `-p doorbell-c -p doorbell`). CI, which has
+# just run `cargo build --release --workspace --all-targets`, passes those arguments instead:
+# building a subset resolves some dependencies' features differently (dev-dependencies add
+# some), which would rebuild the stack and relink both artifacts with fat LTO for nothing.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 
@@ -33,8 +38,9 @@ target="${CARGO_TARGET_DIR:-target}"
 lib="$(cd "$target" 2>/dev/null && pwd || echo "$PWD/$target")/release"
 include="crates/capi/include"
 
-say "building libdoorbell and the daemon: cargo build --release -p doorbell-c -p doorbell"
-cargo build --release -p doorbell-c -p doorbell
+read -r -a build_args <<<"${DOORBELL_C_BUILD_ARGS:--p doorbell-c -p doorbell}"
+say "building libdoorbell and the daemon: cargo build --release ${build_args[*]}"
+cargo build --release "${build_args[@]}"
 for f in "$lib/libdoorbell.so" "$lib/libdoorbell.a" "$lib/doorbell"; do
     [ -e "$f" ] || die "cargo build did not produce $f"
 done
