@@ -305,6 +305,25 @@ impl Queue {
         self.core().status()
     }
 
+    /// `D3DKMTConnectDoorbell`, for a caller that reads [`Queue::doorbell_status`] itself and
+    /// reconnects ahead of its next submission (a C driver's loop, a UMD that wakes the
+    /// engine early): what to do after `DisconnectedRetry`. [`Queue::submit`] reconnects by
+    /// itself when it meets that status, so no caller has to. A connected doorbell stays as
+    /// it is. Each call counts in [`Queue::reconnects`]. Refused for a kernel-mode queue, which has no
+    /// doorbell.
+    pub fn reconnect(&mut self) -> Result<(), UmdError> {
+        let Hw::User(u) = &self.hw else {
+            return Err(UmdError::Kernel(abi::port::KernelError::WrongQueueMode {
+                queue: self.handle(),
+                actual: "kernel-mode",
+                expected: "user-mode",
+            }));
+        };
+        u.q.connect()?;
+        self.reconnects += 1;
+        Ok(())
+    }
+
     /// Submits a command buffer; returns its progress value. See the module docs for the
     /// order of operations.
     pub fn submit(&mut self, cb: &CommandBuffer) -> Result<u64, UmdError> {

@@ -210,3 +210,31 @@ fn a_failed_create_leaves_nothing_behind_and_drop_returns_everything() {
     drop(q);
     assert_eq!(sys.census(), before);
 }
+
+#[test]
+fn queue_reconnect_takes_the_doorbell_back_after_victimization_and_is_refused_for_kernel_mode() {
+    let (_sys, _device, ctx, out) = setup(SystemConfig { doorbell_pool: Some(1), ..SystemConfig::default() });
+    let mut a = ctx.create_queue(umd::QueueOptions::user_mode()).unwrap();
+    let b = ctx.create_queue(umd::QueueOptions::user_mode()).unwrap();
+    // b's connect took the only physical doorbell from a.
+    assert_eq!(a.doorbell_status().unwrap(), DoorbellStatus::DisconnectedRetry);
+    assert_eq!(b.doorbell_status().unwrap(), DoorbellStatus::Connected);
+    a.reconnect().unwrap();
+    assert_eq!(a.doorbell_status().unwrap(), DoorbellStatus::Connected);
+    assert_eq!(b.doorbell_status().unwrap(), DoorbellStatus::DisconnectedRetry);
+    assert_eq!(a.reconnects(), 1);
+    // Connected already: the submission needs no reconnect of its own.
+    let mut cb = CommandBuffer::new();
+    cb.write_u32(out.va(), 0x5a);
+    let v = a.submit(&cb).unwrap();
+    a.wait(v, T).unwrap();
+    assert_eq!((out.read_u32(0).unwrap(), a.reconnects()), (0x5a, 1));
+
+    let mut k = ctx.create_queue(umd::QueueOptions::kernel_mode()).unwrap();
+    let e = k.reconnect().unwrap_err();
+    assert!(
+        matches!(e, UmdError::Kernel(abi::port::KernelError::WrongQueueMode { queue, .. }) if queue == k.handle()),
+        "{e}"
+    );
+    assert_eq!(k.reconnects(), 0);
+}
