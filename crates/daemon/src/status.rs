@@ -22,9 +22,9 @@ pub(crate) fn collect(shared: &Arc<Shared>) -> DaemonStatus {
         .iter()
         .rev()
         .filter_map(|e| {
-            notable(&e.event).map(|kind| EventLine {
+            e.event.notable().filter(|n| n.is_trouble()).map(|n| EventLine {
                 time_ns: e.time.as_nanos(),
-                kind: kind.into(),
+                kind: n.name().into(),
                 text: e.event.to_string(),
             })
         })
@@ -108,19 +108,4 @@ pub(crate) fn collect(shared: &Arc<Shared>) -> DaemonStatus {
         }],
         processes,
     }
-}
-
-/// The kind of a trace event `status` lists among the recent ones, if it is one.
-fn notable(e: &kernel::trace::Event) -> Option<&'static str> {
-    use kernel::trace::Event;
-    Some(match e {
-        Event::QueueFault { .. } => "fault",
-        Event::TdrTimeout { .. } => "tdr",
-        Event::Recovered { .. } => "recovery",
-        Event::VictimUnbound { .. } => "victimized",
-        Event::DeviceError { .. } => "device error",
-        Event::DeviceLost { .. } => "device lost",
-        Event::AdapterFatal => "adapter lost",
-        _ => return None,
-    })
 }

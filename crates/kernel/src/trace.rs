@@ -331,6 +331,71 @@ pub enum Event {
     },
 }
 
+/// An event an operator or a researcher looks for on a timeline ([`Event::notable`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Notable {
+    /// A queue faulted.
+    Fault,
+    /// A preemption request timed out (TDR).
+    Tdr,
+    /// An engine or the adapter was reset.
+    Reset,
+    /// A doorbell was victimized (its physical doorbell taken for another queue).
+    Victimized,
+    /// A device was marked in error (abnormal termination).
+    DeviceError,
+    /// A device was lost.
+    DeviceLost,
+    /// The adapter was lost for good.
+    AdapterLost,
+    /// A preemption request was answered.
+    Preempted,
+    /// The device entered D3.
+    D3,
+}
+
+impl Notable {
+    /// A short name: `fault`, `tdr`, `reset`, `victimized`, `device error`, `device lost`,
+    /// `adapter lost`, `preempted`, `d3`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Notable::Fault => "fault",
+            Notable::Tdr => "tdr",
+            Notable::Reset => "reset",
+            Notable::Victimized => "victimized",
+            Notable::DeviceError => "device error",
+            Notable::DeviceLost => "device lost",
+            Notable::AdapterLost => "adapter lost",
+            Notable::Preempted => "preempted",
+            Notable::D3 => "d3",
+        }
+    }
+
+    /// Something went wrong (not a routine preemption or power change): what
+    /// `doorbell status` and `top` list among the recent events.
+    pub fn is_trouble(self) -> bool {
+        !matches!(self, Notable::Preempted | Notable::D3)
+    }
+}
+
+impl Event {
+    /// What kind of notable event this is, or `None` for the protocol's routine steps.
+    pub fn notable(&self) -> Option<Notable> {
+        Some(match self {
+            Event::QueueFault { .. } => Notable::Fault,
+            Event::TdrTimeout { .. } => Notable::Tdr,
+            Event::Recovered { .. } => Notable::Reset,
+            Event::VictimUnbound { .. } => Notable::Victimized,
+            Event::DeviceError { .. } => Notable::DeviceError,
+            Event::DeviceLost { .. } => Notable::DeviceLost,
+            Event::AdapterFatal => Notable::AdapterLost,
+            Event::Preempted { .. } => Notable::Preempted,
+            Event::DevicePower { d3: true } => Notable::D3,
+            _ => return None,
+        })
+    }
+}
+
 impl core::fmt::Display for Event {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         match self {

@@ -7,6 +7,8 @@
 
 use std::fmt::Write as _;
 
+use std::collections::BTreeMap;
+
 use serde_json::{Map, Value, json};
 
 use crate::run::Outcome;
@@ -163,23 +165,83 @@ pub fn queues_csv(plan: &Plan, o: &Outcome) -> String {
     s
 }
 
-/// `trace.json`: Chrome/Perfetto trace events — a track per sampled queue (each command
-/// buffer a slice from submission to completion) and a counter track per engine (hardware
-/// slots held).
+/// `trace.json`: Chrome/Perfetto trace events.
+///
+/// - Each traced queue's command buffers are slices from submission to completion, with
+///   their queue, class, priority, sequence number and latency as arguments. A queue with
+///   several command buffers outstanding gets one track per outstanding position (`#0`,
+///   `#1`, …), so slices on one track never overlap: the format requires slices on a track to
+///   nest, and a queue's command buffers overlap without nesting.
+/// - Scenario events (kill, hang, suspend, resume, D3 request) and the kernel's notable ones
+///   (fault, TDR, reset, victimization, preemption, D3, losses) are instant events: on the
+///   queue's first track where the queue is traced, otherwise global.
+/// - A counter track per engine: hardware slots held.
 pub fn trace_json(plan: &Plan, o: &Outcome) -> String {
     let mut ev = Vec::new();
     ev.push(json!({"name": "process_name", "ph": "M", "pid": 1, "args": {"name": format!("sim: {}", plan.name)}}));
-    for &q in &o.traced_queues {
+    // (queue, lane) -> tid, in order of first use; each queue's lanes' latest ends.
+    let mut tids: BTreeMap<(usize, usize), usize> = BTreeMap::new();
+    let mut ends: BTreeMap<usize, Vec<u64>> = BTreeMap::new();
+    let mut seq: BTreeMap<usize, u64> = BTreeMap::new();
+    let tid = |tids: &mut BTreeMap<(usize, usize), usize>, q: usize, lane: usize| {
+        let next = tids.len() + 1;
+        *tids.entry((q, lane)).or_insert(next)
+    };
+    let label = |q: usize| {
         let r = &o.queues[q];
-        let name = format!("{}[{}]", plan.groups[r.group].name, r.index);
-        ev.push(json!({"name": "thread_name", "ph": "M", "pid": 1, "tid": q + 1, "args": {"name": name}}));
-    }
+        let g = &plan.groups[r.group];
+        (format!("{}[{}]", g.name, r.index), g.name.clone(), format!("{:?}", g.priority).to_lowercase())
+    };
+    let mut slices = Vec::with_capacity(o.spans.len());
+    // Spans come in completion order; a queue completes in submission order, so each queue's
+    // spans arrive sorted by start and by end, and the first lane free at a start is right.
     for s in &o.spans {
-        ev.push(json!({
-            "name": "cb", "ph": "X", "pid": 1, "tid": s.queue + 1,
+        let lanes = ends.entry(s.queue).or_default();
+        let lane = match lanes.iter().position(|&end| end <= s.submit) {
+            Some(l) => l,
+            None => {
+                lanes.push(0);
+                lanes.len() - 1
+            }
+        };
+        lanes[lane] = s.end;
+        let n = seq.entry(s.queue).or_default();
+        *n += 1;
+        let (_, class, priority) = label(s.queue);
+        slices.push(json!({
+            "name": "cb", "ph": "X", "pid": 1, "tid": tid(&mut tids, s.queue, lane),
             "ts": s.submit as f64 / 1e3, "dur": (s.end - s.submit) as f64 / 1e3,
+            "args": {"queue": s.queue, "class": class, "priority": priority, "cb": *n, "latency_ns": s.end - s.submit},
         }));
     }
+    let traced: std::collections::BTreeSet<usize> = o.traced_queues.iter().copied().collect();
+    let mut instants = Vec::with_capacity(o.marks.len());
+    for m in &o.marks {
+        let mut e = json!({
+            "name": m.kind, "ph": "i", "pid": 1, "ts": m.t as f64 / 1e3, "args": {"what": m.text},
+        });
+        match m.queue.filter(|q| traced.contains(q)) {
+            Some(q) => {
+                e["s"] = json!("t");
+                e["tid"] = json!(tid(&mut tids, q, 0));
+            }
+            None => e["s"] = json!("g"),
+        }
+        instants.push(e);
+    }
+    // Every traced queue has its first track, even with nothing completed (a hung queue).
+    for &q in &o.traced_queues {
+        tid(&mut tids, q, 0);
+    }
+    for (&(q, lane), &t) in &tids {
+        let (name, _, _) = label(q);
+        ev.push(
+            json!({"name": "thread_name", "ph": "M", "pid": 1, "tid": t, "args": {"name": format!("{name} #{lane}")}}),
+        );
+        ev.push(json!({"name": "thread_sort_index", "ph": "M", "pid": 1, "tid": t, "args": {"sort_index": q * 4096 + lane}}));
+    }
+    ev.extend(slices);
+    ev.extend(instants);
     for s in &o.samples {
         for (e, held) in s.slots_held.iter().enumerate() {
             ev.push(json!({

@@ -95,6 +95,21 @@ pub struct Span {
     pub end: u64,
 }
 
+/// Something that happened at an instant (for trace.json's markers): a scenario event
+/// (`kill`, `hang`, `d3 request`, `suspend`, `resume`) or a notable kernel event
+/// (`kernel::trace::Notable`: fault, TDR, reset, victimization, preemption, D3, losses).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Mark {
+    /// When (ns since the run's start).
+    pub t: u64,
+    /// What kind.
+    pub kind: &'static str,
+    /// The queue it concerns (global index), where known.
+    pub queue: Option<usize>,
+    /// The event in words.
+    pub text: String,
+}
+
 /// Everything a run measured.
 #[derive(Clone, Debug, Default)]
 pub struct Outcome {
@@ -141,6 +156,9 @@ pub struct Outcome {
     pub spans: Vec<Span>,
     /// Queues the trace shows.
     pub traced_queues: Vec<usize>,
+    /// Scenario and notable kernel events, in time order (the kernel's within its trace
+    /// window; at most [`MAX_MARKS`]).
+    pub marks: Vec<Mark>,
     /// Wall-clock seconds the run took (not part of any deterministic output).
     pub wall_seconds: f64,
     /// Of which building the system, processes and queues.
@@ -153,9 +171,10 @@ pub struct Outcome {
 /// hundredths).
 const PROGRESS_EVERY: u32 = 64;
 
-/// The most queues trace.json shows, and the most spans it holds.
-const TRACE_QUEUES: usize = 32;
+/// The most spans trace.json holds, and the most marks.
 const TRACE_SPANS: usize = 200_000;
+/// The most instant markers a run keeps.
+pub const MAX_MARKS: usize = 20_000;
 
 struct Client {
     port: Arc<ProcessPort>,
@@ -421,14 +440,27 @@ pub fn run(plan: &Plan, seed: u64, progress: &mut dyn FnMut(f64)) -> Result<Outc
             q.cap = q.cap.min(n as usize);
         }
     }
-    // Trace sampling: up to TRACE_QUEUES queues spread evenly over all.
-    let stride = qs.len().div_ceil(TRACE_QUEUES).max(1);
-    let mut traced_queues = Vec::new();
-    for (i, q) in qs.iter_mut().enumerate() {
-        if i % stride == 0 {
-            q.traced = true;
-            traced_queues.push(i);
+    // Trace sampling: every class's first queue and every queue a scenario event names (the
+    // hung, killed and suspended ones), then queues spread evenly over all, up to
+    // `trace_queues` in all.
+    let mut traced = std::collections::BTreeSet::new();
+    traced.extend(group_first.iter().copied().filter(|&i| i < qs.len()));
+    for (_, a) in &plan.events {
+        if let Action::Kill { group, queue } | Action::Hang { group, queue } | Action::Suspend { group, queue, .. } = *a
+        {
+            traced.insert(group_first[group] + queue as usize);
         }
+    }
+    let stride = qs.len().div_ceil(plan.trace_queues.max(1)).max(1);
+    for i in (0..qs.len()).step_by(stride) {
+        if traced.len() >= plan.trace_queues.max(traced.len()) {
+            break;
+        }
+        traced.insert(i);
+    }
+    let traced_queues: Vec<usize> = traced.into_iter().collect();
+    for &i in &traced_queues {
+        qs[i].traced = true;
     }
 
     let setup_seconds = wall.elapsed().as_secs_f64();
@@ -488,6 +520,7 @@ pub fn run(plan: &Plan, seed: u64, progress: &mut dyn FnMut(f64)) -> Result<Outc
 
     let mut latencies: Vec<Vec<u64>> = vec![Vec::new(); plan.groups.len()];
     let mut spans = Vec::new();
+    let mut marks: Vec<Mark> = Vec::new();
     let mut comps = Vec::new();
     let mut cb = Encoded::default();
     let mut tally = Tally::default();
@@ -713,18 +746,31 @@ pub fn run(plan: &Plan, seed: u64, progress: &mut dyn FnMut(f64)) -> Result<Outc
                             push(&mut heap, now + plan.kernel_call, Ev::Enter(i));
                         }
                     }
-                    Ev::Timed(k) => apply_event(
-                        &sys,
-                        plan,
-                        &mut qs,
-                        &mut clients,
-                        &group_first,
-                        k,
-                        t,
-                        &mut in_flight,
-                        &mut |t, e| push(&mut heap, t, e),
-                    )?,
+                    Ev::Timed(k) => {
+                        if marks.len() < MAX_MARKS {
+                            marks.push(scenario_mark(plan, &group_first, k, t - t0));
+                        }
+                        apply_event(
+                            &sys,
+                            plan,
+                            &mut qs,
+                            &mut clients,
+                            &group_first,
+                            k,
+                            t,
+                            &mut in_flight,
+                            &mut |t, e| push(&mut heap, t, e),
+                        )?
+                    }
                     Ev::Resume(i) => {
+                        if marks.len() < MAX_MARKS {
+                            marks.push(Mark {
+                                t: t - t0,
+                                kind: "resume",
+                                queue: Some(i),
+                                text: "context resumed".into(),
+                            });
+                        }
                         let c = &clients[qs[i].client];
                         if c.alive {
                             let _ = sys.resume_context(c.port.process(), c.ctx.handle());
@@ -832,6 +878,15 @@ pub fn run(plan: &Plan, seed: u64, progress: &mut dyn FnMut(f64)) -> Result<Outc
             q.res.reconnects = queue.reconnects();
         }
     }
+    // The kernel's notable events (within its trace window), beside the scenario's.
+    let (trace, _) = sys.trace();
+    for e in trace.iter().filter(|e| e.time.0 >= t0) {
+        if let Some(n) = e.event.notable() {
+            marks.push(Mark { t: e.time.0 - t0, kind: n.name(), queue: None, text: e.event.to_string() });
+        }
+    }
+    marks.sort_by_key(|m| m.t);
+    marks.truncate(MAX_MARKS);
     let stats = sys.stats();
     let fw = sys.with_gpu(|g| g.firmware_counts());
     let (preemptions, recoveries) = (fw.preempts_answered, fw.recoveries());
@@ -882,6 +937,7 @@ pub fn run(plan: &Plan, seed: u64, progress: &mut dyn FnMut(f64)) -> Result<Outc
         slot_changes,
         spans,
         traced_queues,
+        marks,
         wall_seconds: wall.elapsed().as_secs_f64(),
         setup_seconds,
         run_seconds,
@@ -1122,6 +1178,30 @@ fn encode_and_submit(
     qs[i].outstanding.push_back((v, intended, np));
     qs[i].res.submitted += 1;
     Ok(Some(signals))
+}
+
+/// The marker of scenario event `k`, applied at `t`.
+fn scenario_mark(plan: &Plan, group_first: &[usize], k: usize, t: u64) -> Mark {
+    let at = |group: usize, queue: u32| Some(group_first[group] + queue as usize);
+    let name = |group: usize, queue: u32| format!("{}[{queue}]", plan.groups[group].name);
+    match plan.events[k].1 {
+        Action::Kill { group, queue } => {
+            Mark { t, kind: "kill", queue: at(group, queue), text: format!("{}'s process killed", name(group, queue)) }
+        }
+        Action::Hang { group, queue } => Mark {
+            t,
+            kind: "hang",
+            queue: at(group, queue),
+            text: format!("{}'s next kernel never ends", name(group, queue)),
+        },
+        Action::D3 => Mark { t, kind: "d3 request", queue: None, text: "D3 requested".into() },
+        Action::Suspend { group, queue, .. } => Mark {
+            t,
+            kind: "suspend",
+            queue: at(group, queue),
+            text: format!("{}'s context suspended", name(group, queue)),
+        },
+    }
 }
 
 #[allow(clippy::too_many_arguments)]

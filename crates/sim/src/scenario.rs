@@ -77,6 +77,10 @@ pub struct Scenario {
     /// Throughput and occupancy are sampled this many times over the run (default 200).
     #[serde(default = "default_samples")]
     pub samples: u32,
+    /// How many queues trace.json shows (default 32): every class's first queue and every
+    /// queue a scenario event names, then queues spread evenly over the rest.
+    #[serde(default = "default_trace_queues")]
+    pub trace_queues: Spanned<u32>,
     /// The device.
     #[serde(default)]
     pub device: Device,
@@ -108,6 +112,10 @@ fn default_drain() -> Spanned<f64> {
 }
 fn default_samples() -> u32 {
     200
+}
+
+fn default_trace_queues() -> Spanned<u32> {
+    Spanned::new(0..0, 32)
 }
 
 /// `[device]`.
@@ -639,6 +647,8 @@ pub struct Plan {
     pub drain: u64,
     /// Samples over the run.
     pub samples: u32,
+    /// Queues trace.json shows (more when the classes and event targets alone are more).
+    pub trace_queues: usize,
     /// The system to build.
     pub system: kernel::SystemConfig,
     /// Groups.
@@ -1098,6 +1108,11 @@ impl Scenario {
                 };
             }
         }
+        let trace_queues = *self.trace_queues.get_ref();
+        if trace_queues > 10_000 {
+            return self.err(self.trace_queues.span(), "trace_queues", trace_queues, "at most 10000");
+        }
+        let trace_queues = trace_queues as usize;
         let doorbell_latency = nonneg(&self.cost.doorbell_latency_ns, "cost.doorbell_latency_ns")?.round() as u64;
         let kernel_call = nonneg(&self.cost.kernel_call_ns, "cost.kernel_call_ns")?.round() as u64;
         Ok(Plan {
@@ -1109,6 +1124,7 @@ impl Scenario {
             submissions: self.submissions.as_ref().map(|s| *s.get_ref()),
             drain,
             samples: self.samples,
+            trace_queues,
             system,
             groups,
             events,

@@ -71,8 +71,8 @@ pub const RECENT_EVENTS: usize = 16;
 pub struct EventLine {
     /// Device time (ns).
     pub time_ns: u64,
-    /// `fault`, `tdr`, `recovery`, `victimized`, `device error`, `device lost`,
-    /// `adapter lost`.
+    /// What happened: `kernel::trace::Notable::name` of a fault, TDR timeout, reset,
+    /// victimization, device error or loss, or adapter loss.
     pub kind: String,
     /// The event, as the kernel's trace prints it.
     pub text: String,
