@@ -11,7 +11,8 @@
 //! 2. once every answer is in (or a queue that would not answer was reset by TDR and hung), the
 //!    KMD moves the buffer and updates the page tables with a TLB invalidation
 //!    ([`Kmd::migrate_allocation`]);
-//! 3. every queue that was preempted for it is resumed (unless its context is suspended).
+//! 3. every queue that was preempted for it is resumed, its engine woken first (unless its
+//!    context is suspended: `Os::release_queue`).
 //!
 //! Work a client submits meanwhile is not lost: its queue is off the run list, its doorbell
 //! stays connected and its rings are remembered, so the work runs after step 3. Freeing or
@@ -123,16 +124,9 @@ impl Os {
                 }
             }
         }
-        // 3. Resume the queues it preempted.
+        // 3. Resume the queues it preempted (their engines may have slept meanwhile).
         for q in m.queues {
-            let Ok(qo) = self.queue(m.pid, q) else { continue };
-            if qo.live(q).is_err() {
-                continue;
-            }
-            let context = qo.context;
-            if self.proc(m.pid).and_then(|p| p.contexts.get(context)).is_ok_and(|c| !c.suspended) {
-                let _ = self.ddi.resume_context(context, &[q]);
-            }
+            let _ = self.release_queue(m.pid, q, now);
         }
     }
 }

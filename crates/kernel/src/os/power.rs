@@ -12,6 +12,10 @@
 //!   memory; then every engine to F1. D3 → D0: residency restored, the connection, then the
 //!   contexts resumed.
 //! - "Hardware context suspension": suspend and resume on request; doorbells stay connected.
+//!   A queue the kernel holds off its engine (its context suspended, or a preemption request
+//!   of its own, [`Os::preempt_queue`]) does not keep the engine awake: the engine may enter F1
+//!   with the held queue's work kept. So every release wakes the engine first, then puts the
+//!   queue back on the run list (`Os::release_queue`).
 //! - "Normal and abnormal process termination": normal disconnects every doorbell and
 //!   reports what to wait for; abnormal marks the device in error, suspends every context (the
 //!   KMD preempts each queue: a request and its answer), then disconnects, and the driver
@@ -174,6 +178,31 @@ impl Os {
         self.ddi.resume_context(c, &queues)?;
         // The device withdrew any request a suspend left owed.
         self.forget_preemptions(&queues);
+        Ok(())
+    }
+
+    /// Puts queue `q` back on its engine's run list (`DxgkddiResumeContext` for that queue),
+    /// waking the engine first, unless something else still holds it: its context's
+    /// suspension, or D3 (the return to D0 resumes its context). For every release of a queue the kernel held off its engine: the engine
+    /// may have entered F1 meanwhile (the held queue's work, kept, does not keep it awake),
+    /// and a queue put back on the run list of an engine in F1 never runs.
+    pub(super) fn release_queue(&mut self, pid: ProcessId, q: HwQueueHandle, now: Time) -> Result<(), KernelError> {
+        let qo = self.queue(pid, q)?;
+        if qo.live(q).is_err() {
+            return Ok(());
+        }
+        let (context, engine) = (qo.context, qo.engine);
+        if self.proc(pid)?.contexts.get(context)?.suspended {
+            return Ok(());
+        }
+        if self.d3 {
+            if !self.power_suspended.contains(&(pid, context)) {
+                self.power_suspended.push((pid, context));
+            }
+            return Ok(());
+        }
+        self.wake_engine(engine, now)?;
+        self.ddi.resume_context(context, &[q])?;
         Ok(())
     }
 

@@ -333,7 +333,7 @@ impl Os {
     }
 
     /// Puts a queue taken off the run list by [`Os::preempt_queue`] back on it
-    /// (`DxgkddiResumeContext` for that queue).
+    /// (`DxgkddiResumeContext` for that queue), waking its engine first (`Os::release_queue`).
     pub fn resume_queue(&mut self, pid: ProcessId, q: HwQueueHandle, now: Time) -> Result<(), KernelError> {
         self.at(now);
         self.adapter_alive()?;
@@ -345,8 +345,7 @@ impl Os {
             return Ok(());
         }
         self.recovery.pending.retain(|_, p| p.queue != q);
-        self.ddi.resume_context(context, &[q])?;
-        Ok(())
+        self.release_queue(pid, q, now)
     }
 
     /// The answer to request `ticket` if it came (and is among the latest
@@ -388,12 +387,7 @@ impl Os {
         if p.cause == Cause::HangCheck {
             // It yielded: busy or waiting, not hung. It runs on (unless its context was
             // suspended meanwhile, which holds it anyway).
-            let pid = queue.owner();
-            if let Ok(context) = self.queue(pid, queue).map(|q| q.context)
-                && self.proc(pid).and_then(|p| p.contexts.get(context)).is_ok_and(|c| !c.suspended)
-            {
-                let _ = self.ddi.resume_context(context, &[queue]);
-            }
+            let _ = self.release_queue(queue.owner(), queue, now);
         }
     }
 
