@@ -12,7 +12,8 @@
 //!    KMD moves the buffer and updates the page tables with a TLB invalidation
 //!    ([`Kmd::migrate_allocation`]);
 //! 3. every queue that was preempted for it is resumed, its engine woken first (unless its
-//!    context is suspended: `Os::release_queue`).
+//!    context is suspended or a request of the kernel's caller holds it:
+//!    `Os::release_queue`).
 //!
 //! Work a client submits meanwhile is not lost: its queue is off the run list, its doorbell
 //! stays connected and its rings are remembered, so the work runs after step 3. Freeing or
@@ -75,6 +76,12 @@ impl Os {
         Ok(())
     }
 
+    /// Whether a migration in progress holds queue `q` off its engine (preempted for it and
+    /// not resumed yet).
+    pub(super) fn migration_holds(&self, q: HwQueueHandle) -> bool {
+        self.migrations.iter().any(|m| m.queues.contains(&q))
+    }
+
     /// A queue preempted for a migration answered (or was recovered, or is gone): migrations
     /// with no answer left complete.
     pub(super) fn migration_answered(&mut self, q: HwQueueHandle, now: Time) {
@@ -124,7 +131,8 @@ impl Os {
                 }
             }
         }
-        // 3. Resume the queues it preempted (their engines may have slept meanwhile).
+        // 3. Resume the queues it preempted (their engines may have slept meanwhile; a queue
+        // held before, by its context or a request of its own, stays held).
         for q in m.queues {
             let _ = self.release_queue(m.pid, q, now);
         }

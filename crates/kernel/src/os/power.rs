@@ -161,7 +161,8 @@ impl Os {
     }
 
     /// `DxgkDdiResumeContext`: the context's engine wakes, then its queues return to the run
-    /// list.
+    /// list (but those held by a request of their own, [`Os::preempt_queue`], which only
+    /// [`Os::resume_queue`] releases).
     fn resume_context_queues(
         &mut self,
         pid: ProcessId,
@@ -172,7 +173,7 @@ impl Os {
         // A hung queue (faulted, reset, or lost with its device) never runs again.
         let mut queues = self.context_queues(pid, c)?;
         queues.retain(|&q| {
-            self.processes.get(&pid).and_then(|p| p.queues.get(q).ok()).is_some_and(|o| o.live(q).is_ok())
+            self.processes.get(&pid).and_then(|p| p.queues.get(q).ok()).is_some_and(|o| o.live(q).is_ok() && !o.held)
         });
         self.wake_engine(engine, now)?;
         self.ddi.resume_context(c, &queues)?;
@@ -182,16 +183,20 @@ impl Os {
     }
 
     /// Puts queue `q` back on its engine's run list (`DxgkddiResumeContext` for that queue),
-    /// waking the engine first, unless something else still holds it: its context's
-    /// suspension, or D3 (the return to D0 resumes its context). For every release of a queue the kernel held off its engine: the engine
+    /// waking the engine first, unless something else still holds it: a request of its own
+    /// ([`Os::preempt_queue`]), a migration in progress, its context's suspension, or D3 (the
+    /// return to D0 resumes its context). For every release of a queue the kernel held off its engine: the engine
     /// may have entered F1 meanwhile (the held queue's work, kept, does not keep it awake),
     /// and a queue put back on the run list of an engine in F1 never runs.
     pub(super) fn release_queue(&mut self, pid: ProcessId, q: HwQueueHandle, now: Time) -> Result<(), KernelError> {
         let qo = self.queue(pid, q)?;
-        if qo.live(q).is_err() {
+        if qo.held || qo.live(q).is_err() {
             return Ok(());
         }
         let (context, engine) = (qo.context, qo.engine);
+        if self.migration_holds(q) {
+            return Ok(());
+        }
         if self.proc(pid)?.contexts.get(context)?.suspended {
             return Ok(());
         }
