@@ -608,8 +608,11 @@ impl Gpu {
         self.fw.request_f0(engine, now)
     }
 
-    /// Puts an idle engine in F1. Refused (returns `false`, engine stays F0) if any of its
-    /// queues still has work: the kernel must reconnect their doorbells.
+    /// Puts an idle engine in F1. Refused (returns `false`, engine stays F0) if any queue on
+    /// its run list still has work: the kernel must reconnect their doorbells. A queue held off
+    /// the run list ([`Gpu::suspend_queue`], [`Gpu::request_preempt`]) does not count: its work
+    /// is kept, and runs once it is resumed *and* the engine is back in F0
+    /// ([`Gpu::request_f0`]), so the kernel wakes the engine when it resumes a queue.
     pub fn enter_f1(&mut self, engine: abi::EngineId, now: Time) -> Result<bool, GpuError> {
         let Gpu { vms, fw, .. } = self;
         fw.enter_f1(engine, now, vms)

@@ -1,7 +1,7 @@
 //! The firmware driven by hand: no kernel, no threads, a manual clock. These tests pin the
 //! device-side rules the no-loss argument rests on: a doorbell change marks work, unbind and
-//! bind re-read wptr, F1 is refused while work is pending, the idle timer, and faults that
-//! stay in their queue.
+//! bind re-read wptr, F1 is refused while work is pending (and granted while the only work is
+//! a held queue's, which is kept), the idle timer, and faults that stay in their queue.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -190,6 +190,32 @@ fn f1_is_requested_after_the_idle_period_and_refused_while_work_is_pending() {
     r.gpu.bind_doorbell(r.q, r.slot).unwrap();
     assert_eq!(r.run(20_000_300).packets, 1);
     assert_eq!(r.data_u64(0), 10);
+}
+
+/// A queue the kernel holds off the run list does not keep its engine awake, and its work is
+/// kept through F1 (spec 000: "this work just doesn't get scheduled while the context is
+/// suspended"): the idle timer asks for F1, F1 is granted. Put back on the run list, it runs
+/// only once the engine is back in F0 — which is why the kernel wakes the engine at every
+/// release (issue 27).
+#[test]
+fn a_held_queue_s_work_is_kept_through_f1_and_runs_once_resumed_and_woken() {
+    let mut r = rig();
+    let compute = EngineId(0);
+    assert!(r.gpu.suspend_queue(r.q, Time(1_000)).unwrap().answered);
+    r.publish(&[Packet::Signal { va: DATA, value: 7 }]);
+    r.ring_doorbell();
+    assert_eq!(r.run(2_000).packets, 0, "held");
+    r.gpu.handle_timeout(Time(10_000_000));
+    let irqs = r.irqs();
+    assert!(irqs.contains(&Interrupt::EngineStateChange { engine: compute, state: EngineState::TransitionToF1 }));
+    r.gpu.unbind_doorbell(r.q).unwrap();
+    assert!(r.gpu.enter_f1(compute, Time(10_000_100)).unwrap(), "held work does not keep the engine awake");
+    assert!(r.gpu.queue_has_work(r.q).unwrap(), "and is kept");
+    r.gpu.resume_queue(r.q).unwrap();
+    assert_eq!(r.run(10_000_200).packets, 0, "an engine in F1 runs nothing, resumed queue or not");
+    r.gpu.request_f0(compute, Time(10_000_300)).unwrap();
+    assert_eq!(r.run(10_000_400).packets, 1, "woken, it runs the kept work without a doorbell");
+    assert_eq!(r.data_u64(0), 7);
 }
 
 #[test]

@@ -21,8 +21,10 @@
 //!
 //! Doorbell bind and unbind both re-read the queue's wptr: a submission published while the
 //! doorbell was disconnected, or whose ring raced the disconnect, is found there. Entering F1
-//! is refused while any queue has work. Those two rules are why no submission is lost across a
-//! doorbell disconnect or an engine power transition.
+//! is refused while any queue on the run list has work; a queue the kernel holds off the run
+//! list keeps its work through F1, and [`Firmware::resume_queue`] finds it again (the kernel
+//! wakes the engine with it). Those rules are why no submission is lost across a doorbell
+//! disconnect or an engine power transition.
 //!
 //! With more queues than hardware slots, only the slot holders (`hqd`) execute; [`schedule`]
 //! decides who holds the slots. It never scans the run list, which may hold thousands of

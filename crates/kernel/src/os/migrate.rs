@@ -11,7 +11,9 @@
 //! 2. once every answer is in (or a queue that would not answer was reset by TDR and hung), the
 //!    KMD moves the buffer and updates the page tables with a TLB invalidation
 //!    ([`Kmd::migrate_allocation`]);
-//! 3. every queue that was preempted for it is resumed (unless its context is suspended).
+//! 3. every queue that was preempted for it is resumed, its engine woken first (unless its
+//!    context is suspended or a request of the kernel's caller holds it:
+//!    `Os::release_queue`).
 //!
 //! Work a client submits meanwhile is not lost: its queue is off the run list, its doorbell
 //! stays connected and its rings are remembered, so the work runs after step 3. Freeing or
@@ -74,6 +76,12 @@ impl Os {
         Ok(())
     }
 
+    /// Whether a migration in progress holds queue `q` off its engine (preempted for it and
+    /// not resumed yet).
+    pub(super) fn migration_holds(&self, q: HwQueueHandle) -> bool {
+        self.migrations.iter().any(|m| m.queues.contains(&q))
+    }
+
     /// A queue preempted for a migration answered (or was recovered, or is gone): migrations
     /// with no answer left complete.
     pub(super) fn migration_answered(&mut self, q: HwQueueHandle, now: Time) {
@@ -123,16 +131,10 @@ impl Os {
                 }
             }
         }
-        // 3. Resume the queues it preempted.
+        // 3. Resume the queues it preempted (their engines may have slept meanwhile; a queue
+        // held before, by its context or a request of its own, stays held).
         for q in m.queues {
-            let Ok(qo) = self.queue(m.pid, q) else { continue };
-            if qo.live(q).is_err() {
-                continue;
-            }
-            let context = qo.context;
-            if self.proc(m.pid).and_then(|p| p.contexts.get(context)).is_ok_and(|c| !c.suspended) {
-                let _ = self.ddi.resume_context(context, &[q]);
-            }
+            let _ = self.release_queue(m.pid, q, now);
         }
     }
 }

@@ -229,6 +229,10 @@ struct QueueObj {
     /// The hang timer (amdgpu): the completed progress value last seen with work outstanding,
     /// and since when it has not moved.
     progress_seen: Option<(u64, Time)>,
+    /// Held off its engine by a caller's preemption request ([`Os::preempt_queue`]) until
+    /// [`Os::resume_queue`]: no other resume (its context's, the return to D0, a migration's,
+    /// the hang timer's) puts it back on the run list.
+    held: bool,
     /// Pending `USERQ_SIGNAL`s ([`userq`]).
     signal_on: Vec<userq::PendingSignal>,
     /// Its progress fence as a native fence, once opened ([`Os::open_progress_fence`]).

@@ -12,6 +12,10 @@
 //!   memory; then every engine to F1. D3 → D0: residency restored, the connection, then the
 //!   contexts resumed.
 //! - "Hardware context suspension": suspend and resume on request; doorbells stay connected.
+//!   A queue the kernel holds off its engine (its context suspended, or a preemption request
+//!   of its own, [`Os::preempt_queue`]) does not keep the engine awake: the engine may enter F1
+//!   with the held queue's work kept. So every release wakes the engine first, then puts the
+//!   queue back on the run list (`Os::release_queue`).
 //! - "Normal and abnormal process termination": normal disconnects every doorbell and
 //!   reports what to wait for; abnormal marks the device in error, suspends every context (the
 //!   KMD preempts each queue: a request and its answer), then disconnects, and the driver
@@ -157,7 +161,8 @@ impl Os {
     }
 
     /// `DxgkDdiResumeContext`: the context's engine wakes, then its queues return to the run
-    /// list.
+    /// list (but those held by a request of their own, [`Os::preempt_queue`], which only
+    /// [`Os::resume_queue`] releases).
     fn resume_context_queues(
         &mut self,
         pid: ProcessId,
@@ -168,12 +173,41 @@ impl Os {
         // A hung queue (faulted, reset, or lost with its device) never runs again.
         let mut queues = self.context_queues(pid, c)?;
         queues.retain(|&q| {
-            self.processes.get(&pid).and_then(|p| p.queues.get(q).ok()).is_some_and(|o| o.live(q).is_ok())
+            self.processes.get(&pid).and_then(|p| p.queues.get(q).ok()).is_some_and(|o| o.live(q).is_ok() && !o.held)
         });
         self.wake_engine(engine, now)?;
         self.ddi.resume_context(c, &queues)?;
         // The device withdrew any request a suspend left owed.
         self.forget_preemptions(&queues);
+        Ok(())
+    }
+
+    /// Puts queue `q` back on its engine's run list (`DxgkddiResumeContext` for that queue),
+    /// waking the engine first, unless something else still holds it: a request of its own
+    /// ([`Os::preempt_queue`]), a migration in progress, its context's suspension, or D3 (the
+    /// return to D0 resumes its context). For every release of a queue the kernel held off its engine: the engine
+    /// may have entered F1 meanwhile (the held queue's work, kept, does not keep it awake),
+    /// and a queue put back on the run list of an engine in F1 never runs.
+    pub(super) fn release_queue(&mut self, pid: ProcessId, q: HwQueueHandle, now: Time) -> Result<(), KernelError> {
+        let qo = self.queue(pid, q)?;
+        if qo.held || qo.live(q).is_err() {
+            return Ok(());
+        }
+        let (context, engine) = (qo.context, qo.engine);
+        if self.migration_holds(q) {
+            return Ok(());
+        }
+        if self.proc(pid)?.contexts.get(context)?.suspended {
+            return Ok(());
+        }
+        if self.d3 {
+            if !self.power_suspended.contains(&(pid, context)) {
+                self.power_suspended.push((pid, context));
+            }
+            return Ok(());
+        }
+        self.wake_engine(engine, now)?;
+        self.ddi.resume_context(context, &[q])?;
         Ok(())
     }
 

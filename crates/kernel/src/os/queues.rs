@@ -335,6 +335,7 @@ impl Os {
             signal_log_seen: 0,
             adapter_resets,
             progress_seen: None,
+            held: false,
             signal_on: Vec::new(),
             progress_fence: None,
         });

@@ -223,7 +223,9 @@ impl Os {
         let qo = self.queue(pid, q)?;
         qo.live(q)?;
         let engine = qo.engine;
-        self.request_preemption(q, engine, Cause::Request, now)
+        let ticket = self.request_preemption(q, engine, Cause::Request, now)?;
+        self.queue(pid, q)?.held = true;
+        Ok(ticket)
     }
 
     fn request_preemption(
@@ -333,20 +335,20 @@ impl Os {
     }
 
     /// Puts a queue taken off the run list by [`Os::preempt_queue`] back on it
-    /// (`DxgkddiResumeContext` for that queue).
+    /// (`DxgkddiResumeContext` for that queue), waking its engine first (`Os::release_queue`).
     pub fn resume_queue(&mut self, pid: ProcessId, q: HwQueueHandle, now: Time) -> Result<(), KernelError> {
         self.at(now);
         self.adapter_alive()?;
         let qo = self.queue(pid, q)?;
         qo.live(q)?;
+        qo.held = false;
         let context = qo.context;
         if self.proc(pid)?.contexts.get(context)?.suspended {
             // The context's own suspension still holds the queue.
             return Ok(());
         }
         self.recovery.pending.retain(|_, p| p.queue != q);
-        self.ddi.resume_context(context, &[q])?;
-        Ok(())
+        self.release_queue(pid, q, now)
     }
 
     /// The answer to request `ticket` if it came (and is among the latest
@@ -386,14 +388,9 @@ impl Os {
             self.migration_answered(queue, now);
         }
         if p.cause == Cause::HangCheck {
-            // It yielded: busy or waiting, not hung. It runs on (unless its context was
-            // suspended meanwhile, which holds it anyway).
-            let pid = queue.owner();
-            if let Ok(context) = self.queue(pid, queue).map(|q| q.context)
-                && self.proc(pid).and_then(|p| p.contexts.get(context)).is_ok_and(|c| !c.suspended)
-            {
-                let _ = self.ddi.resume_context(context, &[queue]);
-            }
+            // It yielded: busy or waiting, not hung. It runs on (unless the kernel took hold
+            // of it meanwhile: its context suspended, or a request of its own).
+            let _ = self.release_queue(queue.owner(), queue, now);
         }
     }
 
@@ -440,23 +437,38 @@ impl Os {
     }
 
     /// The hang timer (amdgpu): a queue with work outstanding whose progress fence has not
-    /// moved for its engine's hang timeout is asked to preempt ([`Cause::HangCheck`]).
+    /// moved for its engine's hang timeout is asked to preempt ([`Cause::HangCheck`]). A
+    /// queue the kernel holds is not watched while held.
     fn hang_scan(&mut self, now: Time) {
         let kinds: Vec<abi::EngineKind> = self.ddi.adapter_info().engines.iter().map(|e| e.kind).collect();
         let cfg = self.recovery.cfg;
         let checking: Vec<HwQueueHandle> = self.recovery.pending.values().map(|p| p.queue).collect();
         let mut suspects = Vec::new();
         let mut any = false;
+        let d3 = self.d3;
         let pids: Vec<ProcessId> = self.processes.keys().copied().collect();
         for pid in pids {
             let handles = self.proc(pid).map(|p| p.queues.handles()).unwrap_or_default();
+            let suspended: Vec<abi::ContextHandle> = self
+                .proc(pid)
+                .map(|p| p.contexts.iter().filter(|(_, c)| c.suspended).map(|(h, _)| h).collect())
+                .unwrap_or_default();
             for q in handles {
                 let submitted = self.last_queued(pid, q);
+                let migrating = self.migration_holds(q);
                 let Ok(qo) = self.queue(pid, q) else { continue };
                 if qo.live(q).is_err() {
                     continue;
                 }
                 any = true;
+                // A queue the kernel holds off its engine (a request, a migration, its context
+                // suspended, D3) makes no progress because it is held, not because it hangs:
+                // it is not watched, and its period starts over once it is released. (One
+                // that still owes the hold's answer is running, and TDR times the answer.)
+                if d3 || migrating || qo.held || suspended.contains(&qo.context) {
+                    qo.progress_seen = None;
+                    continue;
+                }
                 let timeout = match kinds.get(qo.engine.0 as usize) {
                     Some(abi::EngineKind::Copy | abi::EngineKind::Video) => cfg.hang_copy,
                     _ => cfg.hang_compute,
