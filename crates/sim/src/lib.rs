@@ -5,7 +5,7 @@
 //! the real stack — `umd` submission loops, doorbells, the firmware, the engines and the
 //! kernel — under the deterministic `Sim` driver, in virtual time, where every packet costs
 //! device time (`gpu::cost`; the `SYNTHETIC` packet is a dispatch whose duration is given).
-//! [`output`] turns the outcome into `summary.json`, `queues.csv` and `trace.json`;
+//! [`output`] turns the outcome into `summary.json`, `queues.csv`, `timeseries.csv` and `trace.json`;
 //! [`report`] draws the plots and the self-contained `report.html`; [`sweep`] runs a base
 //! scenario over axes of values and seeds, in parallel and in shards, and merges shards.
 //!
@@ -77,7 +77,7 @@ pub(crate) fn write(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), SimError
 }
 
 /// Runs `plan` with `seed` and writes every output into `dir`: `summary.json`,
-/// `queues.csv`, `trace.json`, the plots (SVG and PNG) and `report.html`.
+/// `queues.csv`, `timeseries.csv`, `trace.json`, the plots (SVG and PNG) and `report.html`.
 pub fn run_to_dir(
     plan: &Plan,
     seed: u64,
@@ -89,6 +89,7 @@ pub fn run_to_dir(
     let summary = output::summary(plan, &o);
     write(dir, "summary.json", format!("{:#}\n", summary).as_bytes())?;
     write(dir, "queues.csv", output::queues_csv(plan, &o).as_bytes())?;
+    write(dir, "timeseries.csv", output::timeseries_csv(&o).as_bytes())?;
     write(dir, "trace.json", output::trace_json(plan, &o).as_bytes())?;
     report::write_run_report(plan, &o, &summary, dir)?;
     Ok((o, summary))

@@ -165,6 +165,40 @@ pub fn queues_csv(plan: &Plan, o: &Outcome) -> String {
     s
 }
 
+/// `timeseries.csv`: one row per bucket of the time series: its start (ns since the run's
+/// start), its width, completions in it, and per engine the hardware slots held at its start
+/// and its busy share (device time the engine spent executing in the bucket over the
+/// bucket's width, 0 to 1; `gpu::Gpu::engine_busy_ns`).
+pub fn timeseries_csv(o: &Outcome) -> String {
+    let mut s = String::from("t_ns,width_ns,completions");
+    for e in &o.engines {
+        let _ = write!(s, ",slots_held:{e}");
+    }
+    for e in &o.engines {
+        let _ = write!(s, ",busy_share:{e}");
+    }
+    s.push('\n');
+    let t0 = o.samples.first().map_or(0, |x| x.t);
+    for (i, x) in o.samples.iter().enumerate() {
+        let (next_t, next_busy) = match o.samples.get(i + 1) {
+            Some(n) => (n.t, &n.busy_ns),
+            None => ((o.end + t0).max(x.t), &o.busy_end_ns),
+        };
+        let width = next_t.saturating_sub(x.t);
+        let _ = write!(s, "{},{width},{}", x.t - t0, x.completions);
+        for held in &x.slots_held {
+            let _ = write!(s, ",{held}");
+        }
+        for (e, busy) in x.busy_ns.iter().enumerate() {
+            let d = next_busy.get(e).copied().unwrap_or(*busy).saturating_sub(*busy);
+            let share = if width == 0 { 0.0 } else { (d as f64 / width as f64).min(1.0) };
+            let _ = write!(s, ",{:.4}", share);
+        }
+        s.push('\n');
+    }
+    s
+}
+
 /// `trace.json`: Chrome/Perfetto trace events.
 ///
 /// - Each traced queue's command buffers are slices from submission to completion, with

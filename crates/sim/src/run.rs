@@ -82,6 +82,10 @@ pub struct Sample {
     pub completions: u64,
     /// Per engine: slots held at the bucket's start.
     pub slots_held: Vec<usize>,
+    /// Per engine: device time spent executing so far, at the bucket's start (ns;
+    /// `gpu::Gpu::engine_busy_ns`). The next sample's (or [`Outcome::busy_end_ns`]) minus this
+    /// is the bucket's busy time.
+    pub busy_ns: Vec<u64>,
 }
 
 /// One traced command buffer (for trace.json).
@@ -156,6 +160,8 @@ pub struct Outcome {
     pub spans: Vec<Span>,
     /// Queues the trace shows.
     pub traced_queues: Vec<usize>,
+    /// Per engine: device time spent executing, at the run's end (ns).
+    pub busy_end_ns: Vec<u64>,
     /// Scenario and notable kernel events, in time order (the kernel's within its trace
     /// window; at most [`MAX_MARKS`]).
     pub marks: Vec<Mark>,
@@ -512,9 +518,18 @@ pub fn run(plan: &Plan, seed: u64, progress: &mut dyn FnMut(f64)) -> Result<Outc
     let mut series: Vec<Sample> = Vec::new();
     // Completions per bucket, by completion time.
     let mut counts: Vec<u64> = Vec::new();
-    let slots_held = |sys: &System| -> Vec<usize> {
+    // Per engine: slots held now, and busy time up to `t` (a bucket's start, at or before
+    // now: the clock jumps only over spans with no engine step, in which the engines run the
+    // tail of what their last step started, so busy time up to `t` is exact).
+    let engine_state = |sys: &System, t: u64| -> (Vec<usize>, Vec<u64>) {
+        let now = Time(t);
         sys.with_gpu(|g| {
-            (0..engines.len()).map(|e| g.slot_occupancy(abi::EngineId(e as u32)).map_or(0, |s| s.0)).collect()
+            (0..engines.len())
+                .map(|e| {
+                    let id = abi::EngineId(e as u32);
+                    (g.slot_occupancy(id).map_or(0, |s| s.0), g.engine_busy_ns(id, now).unwrap_or(0))
+                })
+                .unzip()
         })
     };
 
@@ -558,7 +573,8 @@ pub fn run(plan: &Plan, seed: u64, progress: &mut dyn FnMut(f64)) -> Result<Outc
         if now >= next_bucket {
             while series.last().is_none_or(|s| s.t + bucket <= now) {
                 let t = series.last().map_or(t0, |s| s.t + bucket);
-                series.push(Sample { t, completions: 0, slots_held: slots_held(&sys) });
+                let (slots_held, busy_ns) = engine_state(&sys, t);
+                series.push(Sample { t, completions: 0, slots_held, busy_ns });
                 if plan.duration.is_none() && series.len() as u64 > 2 * samples_wanted {
                     // Merge pairs: the bucket doubles.
                     let old = std::mem::take(&mut series);
@@ -869,6 +885,9 @@ pub fn run(plan: &Plan, seed: u64, progress: &mut dyn FnMut(f64)) -> Result<Outc
     }
     // The run ends when the last event did: the clock, or a completion's modelled end.
     let end = sys.now().0.max(last_completion);
+    let busy_end_ns = sys.with_gpu(|g| {
+        (0..engines.len()).map(|e| g.engine_busy_ns(abi::EngineId(e as u32), Time(end)).unwrap_or(0)).collect()
+    });
     // Lost work: whatever is still outstanding.
     for q in qs.iter_mut() {
         if !q.outstanding.is_empty() && q.res.ended.is_none() {
@@ -937,6 +956,7 @@ pub fn run(plan: &Plan, seed: u64, progress: &mut dyn FnMut(f64)) -> Result<Outc
         slot_changes,
         spans,
         traced_queues,
+        busy_end_ns,
         marks,
         wall_seconds: wall.elapsed().as_secs_f64(),
         setup_seconds,

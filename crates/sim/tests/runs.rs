@@ -489,25 +489,44 @@ fn ten_thousand_queues_and_ten_million_submissions_complete() {
     assert_eq!((s, c), (10_000_000, 10_000_000));
 }
 
+/// One queue over 1 ms that submits `us` of synthetic work every 100 µs; `top` goes first.
+fn ticking(us: u32, top: &str) -> sim::Plan {
+    plan(&format!(
+        "duration_ms = 1\n{top}[[group]]\nname = \"tick\"\n[group.workload]\nkind = \"periodic\"\nperiod_us = 100\n[group.commands]\nsynthetic = {{ us = {us} }}\n"
+    ))
+}
+
 /// The submission window is half-open, `[0, duration)`: a periodic queue with a 100 µs period
 /// over 1 ms submits at 0, 100, …, 900 µs (10 times), not also at 1,000 µs; and a completion
 /// exactly at the window's end is outside it.
 #[test]
 fn the_submission_window_is_half_open() {
-    let p = plan(
-        r#"
-duration_ms = 1
-[[group]]
-name = "tick"
-[group.workload]
-kind = "periodic"
-period_us = 100
-[group.commands]
-synthetic = { us = 1 }
-"#,
-    );
-    let o = run(&p, 1, &mut |_| {}).unwrap();
+    let o = run(&ticking(1, ""), 1, &mut |_| {}).unwrap();
     assert_eq!(o.queues[0].submitted, 10);
     assert_eq!(o.queues[0].completed, 10);
     assert_eq!(o.queues[0].completed_in_window, 10);
+}
+
+/// `timeseries.csv`'s busy share: a queue that runs 25 µs of work every 100 µs keeps its
+/// engine busy a quarter of each 100 µs bucket (plus the packets' own cost), the other engine
+/// not at all; and the buckets' busy time adds up to the run's.
+#[test]
+fn the_time_series_busy_share_is_the_engines_executing_time() {
+    let o = run(&ticking(25, "samples = 10\n"), 1, &mut |_| {}).unwrap();
+    let csv = sim::output::timeseries_csv(&o);
+    let mut lines = csv.lines();
+    assert_eq!(
+        lines.next().unwrap(),
+        "t_ns,width_ns,completions,slots_held:compute,slots_held:copy,busy_share:compute,busy_share:copy"
+    );
+    let rows: Vec<Vec<f64>> = lines.map(|l| l.split(',').map(|x| x.parse().unwrap()).collect()).collect();
+    // Ten buckets over the window, and one for the drain (the last command buffer ends after).
+    assert_eq!(rows.len(), 11);
+    for r in &rows[..10] {
+        assert_eq!((r[1], r[2]), (100_000.0, 1.0), "{r:?}");
+        assert!((0.25..0.26).contains(&r[5]), "compute busy share {r:?}");
+        assert_eq!(r[6], 0.0, "copy {r:?}");
+    }
+    let total: f64 = rows.iter().map(|r| r[1] * r[5]).sum();
+    assert!((total - o.busy_end_ns[0] as f64).abs() < 10.0 * rows.len() as f64, "{total} vs {:?}", o.busy_end_ns);
 }
