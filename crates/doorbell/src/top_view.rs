@@ -448,7 +448,7 @@ mod tests {
                 device_now_ns: now_ns,
                 events: fault
                     .then(|| EventLine {
-                        time_ns: now_ns - 2_000_000_000,
+                        time_ns: now_ns.saturating_sub(2_000_000_000),
                         kind: "fault".into(),
                         text: "queue fault".into(),
                     })
