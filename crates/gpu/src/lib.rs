@@ -24,6 +24,8 @@
 //!   from shared memory, validated, and turned into a [`abi::queue::FaultRecord`] that hangs
 //!   only the offending queue.
 //! - A queue only runs while it is on the run list, and an engine only runs while in F0.
+//! - A queue only ever runs in the address space it was added in: destroying a space faults
+//!   the queues still in it at once, before its [`Vmid`] can name another process's space.
 //! - Work is never lost across a doorbell unbind or an F1 request: both re-read the queue's
 //!   wptr, and F1 is refused while any queue has `rptr != wptr`.
 
@@ -370,12 +372,17 @@ impl Gpu {
         Vmid(self.vms.len() as u32 - 1)
     }
 
-    /// Destroys an address space. Queues still using it fault on their next access.
+    /// Destroys an address space. Queues still using it fault at once (each raises
+    /// [`Interrupt::QueueFault`]): its `vmid` goes to the next address space created, and a
+    /// queue left to fault at its next access would run there, in another process's memory.
     pub fn destroy_vm(&mut self, vmid: Vmid) -> Result<(), GpuError> {
         match self.vms.get_mut(vmid.0 as usize) {
             Some(entry @ Some(_)) if vmid.0 != 0 => {
                 *entry = None;
-                self.fw.address_space_changed(vmid, None);
+                let now = self.fw.last_step();
+                let Gpu { vms, fw, .. } = self;
+                fw.address_space_destroyed(vmid, now, vms);
+                fw.address_space_changed(vmid, None);
                 Ok(())
             }
             _ => Err(GpuError::BadVmid(vmid.0)),

@@ -318,6 +318,38 @@ fn a_stale_queue_id_is_refused_after_removal() {
     let _ = r.vmid;
 }
 
+/// An address space destroyed under a queue that still has work: its vmid goes to the next
+/// space created (another process's, with its own memory at the same addresses). The queue
+/// faults when its space goes, not at its next access: run then, it would write the new
+/// space's memory.
+#[test]
+fn a_queue_whose_address_space_is_destroyed_never_runs_in_the_space_that_reuses_its_vmid() {
+    let mut r = rig();
+    r.publish(&[Packet::Signal { va: DATA, value: 0xbad }, Packet::ProgressFence { value: 1 }]);
+    r.gpu.destroy_vm(r.vmid).unwrap();
+    match r.irqs().as_slice() {
+        [Interrupt::QueueFault { queue, fault }] => {
+            assert_eq!(*queue, r.q);
+            assert!(matches!(fault.kind, FaultKind::OutsideMappings { va: RING, .. }), "{fault}");
+        }
+        other => panic!("expected the queue's fault, got {other:?}"),
+    }
+    assert_eq!(r.gpu.queue_state(r.q), Ok(QueueState::Hung));
+    // Another process's space, given the same vmid, with memory of its own at DATA.
+    let vmid = r.gpu.create_vm();
+    assert_eq!(vmid, r.vmid, "the vmid is reused");
+    let other = Shm::new("other-process", 4096).unwrap();
+    r.gpu.vm_mut(vmid).unwrap().map(DATA, 4096, other.clone(), 0, true).unwrap();
+    r.ring_doorbell();
+    for now in 1..4 {
+        r.run(now * 1_000_000);
+    }
+    assert_eq!(other.read_u64(0).unwrap(), 0, "nothing reached the other process's memory");
+    assert_eq!(r.data_u64(0), 0);
+    assert_eq!(r.control.read_u64(RPTR_OFFSET).unwrap(), 0, "the queue ran nothing");
+    assert!(r.irqs().is_empty());
+}
+
 /// Many queues in one address space over few hardware slots: each has its own ring, control
 /// block, doorbell (BAR slot = its index) and data word (`DATA + 8 * index`).
 struct Many {

@@ -557,3 +557,47 @@ fn a_progress_fence_inside_an_indirect_buffer_cannot_pass_the_last_queued_value(
     assert_eq!(f.kind, FaultKind::ProgressBeyondQueued { value: 1 << 40, last_queued: v });
     assert!(f.in_indirect);
 }
+
+/// Issue 27's first suspect, pinned: a fault the device raised for a queue that is destroyed
+/// before the interrupt reaches the kernel names nobody, even once another process's queue
+/// has taken the firmware table entry the destroyed queue had (same entry, next generation).
+/// The interrupt is dropped: the new queue is not hung, runs its work, and no fault is
+/// counted or traced for anyone.
+#[test]
+fn a_late_fault_of_a_destroyed_queue_is_not_charged_to_the_queue_that_reuses_its_entry() {
+    let sys = common::sim_with(kernel::SystemConfig {
+        interrupt_delivery: std::time::Duration::from_millis(1),
+        ..kernel::SystemConfig::default()
+    });
+    let (a, b) = (common::client(&sys), common::client(&sys));
+    let a_pid = a.port.process();
+    let b_pid = b.port.process();
+    let mut qb = b.user_queue();
+    let mut cb = CommandBuffer::new();
+    cb.write_u32(a.buf.va() + (1 << 40), 0xbad);
+    qb.submit(&cb).unwrap();
+    // The device runs it and faults; the interrupt is on its way (not delivered yet).
+    sys.run_instant();
+    let old = sys.device_queue_id(b_pid, qb.handle()).unwrap().expect("on the device");
+    let old_fw = gpu::FwQueueId::from_bits(old);
+    assert_eq!(sys.with_gpu(|g| g.queue_state(old_fw)), Ok(QueueState::Hung), "the device faulted it");
+    assert_eq!(sys.stats().faults, 0, "the kernel has not heard of it yet");
+    drop(qb);
+    // A's queue takes the entry B's queue had, one generation on.
+    let mut qa = a.user_queue();
+    let new = sys.device_queue_id(a_pid, qa.handle()).unwrap().expect("on the device");
+    assert_eq!(new as u32, old as u32, "the same firmware table entry");
+    assert_ne!(new, old, "a later generation");
+    // The late interrupt is delivered while A's queue runs A's work.
+    cb.clear();
+    cb.write_u32(a.buf.va(), 0x5678);
+    let v = qa.submit(&cb).unwrap();
+    qa.wait(v, T).unwrap();
+    sys.run_for(std::time::Duration::from_millis(5));
+    assert_eq!(a.buf.read_u32(0).unwrap(), 0x5678);
+    let st = qa.status().unwrap();
+    assert_eq!((st.state, st.fault), (QueueState::Mapped, None));
+    assert_eq!(qa.doorbell_status().unwrap(), DoorbellStatus::Connected);
+    assert_eq!(sys.stats().faults, 0);
+    assert!(!common::events(&sys).iter().any(|e| matches!(e, Event::QueueFault { .. })));
+}

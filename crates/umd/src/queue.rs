@@ -326,6 +326,12 @@ impl Queue {
 
     /// Submits a command buffer; returns its progress value. See the module docs for the
     /// order of operations.
+    ///
+    /// A fault of this very submission may be reported here rather than by the wait for it:
+    /// when the doorbell was disconnected (the engine idled into F1, say), the reconnect's
+    /// wptr re-read hands the work to the engine, which may run it and fault before the ring
+    /// that follows, and that ring then reads `DisconnectedAbort` ([`UmdError::QueueLost`]
+    /// with this queue's fault record). The work was published either way.
     pub fn submit(&mut self, cb: &CommandBuffer) -> Result<u64, UmdError> {
         if let Hw::Kernel(h) = &self.hw {
             // 1. The next progress value; the kernel call carries the rest.

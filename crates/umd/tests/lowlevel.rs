@@ -146,6 +146,66 @@ fn a_faulted_queue_aborts_its_doorbell_and_the_loop_reports_the_fault() {
     assert_eq!(out.read_u32(0).unwrap(), 0, "nothing after the fault ran");
 }
 
+/// Issue 27, deterministically: a submission that faults may be reported lost by its own
+/// submission loop, not only by the wait for it. The loop finds its doorbell disconnected
+/// (the engine idled into F1) and connects; the connect re-reads wptr and hands the work to
+/// the engine, which (the live firmware thread needs no invitation: here settling the device stands for
+/// it) runs it and faults before the loop rings again; that ring reads `DisconnectedAbort`,
+/// and the loss carries the queue's own record. The fault is charged to that queue of that
+/// process only: another process's queue, created after it, runs its own work.
+#[test]
+fn a_fault_run_by_the_reconnect_is_reported_by_the_next_ring_and_charged_to_its_own_queue() {
+    let idle = Duration::from_millis(2);
+    let cfg = SystemConfig {
+        gpu: gpu::GpuConfig { idle_period: idle, ..gpu::GpuConfig::default() },
+        ..SystemConfig::default()
+    };
+    let sys = System::sim(cfg).unwrap();
+    let a = Device::open(sys.open_process().unwrap()).unwrap();
+    let b = Device::open(sys.open_process().unwrap()).unwrap();
+    let a_buf = a.allocate(4096).unwrap();
+    a_buf.write(0, &0x1234u32.to_le_bytes()).unwrap();
+    let bctx = b.create_context(b.engine(EngineKind::Compute).unwrap()).unwrap();
+    let bq = UserQueue::create(&bctx, RING, Priority::Normal).unwrap();
+    bq.connect().unwrap();
+    // The engine idles into F1: the OS disconnects its doorbells.
+    sys.run_for(idle * 10);
+    assert_eq!(bq.doorbell_status().unwrap(), DoorbellStatus::DisconnectedRetry);
+    // B's submission: an address mapped nowhere in B (A's buffer's, plus 2^40).
+    let stray = a_buf.va() + (1 << 40);
+    let mut cb = CommandBuffer::new();
+    cb.write_u32(stray, 0xbad);
+    let fence = progress_fence_words(1);
+    let plan = bq.ring().plan(0, (cb.len() + fence.len()) as u64).unwrap();
+    abi::protocol::announce_last_queued(bq.control().last_queued(), 1);
+    bq.ring().write(0, &plan, &[cb.words(), &fence]).unwrap();
+    assert_eq!(bq.ring_doorbell(plan.new_wptr).unwrap(), DoorbellStatus::DisconnectedRetry);
+    bq.connect().unwrap();
+    // The engine runs what the connect found, and faults, before the loop rings again.
+    sys.settle();
+    assert_eq!(bq.ring_doorbell(plan.new_wptr).unwrap(), DoorbellStatus::DisconnectedAbort);
+    match bq.lost() {
+        UmdError::QueueLost { queue, reason: LostReason::Fault(f) } => {
+            assert_eq!(queue, bq.handle());
+            assert!(
+                matches!(f.kind, abi::queue::FaultKind::OutsideMappings { va, access: abi::queue::Access::Write, .. } if va == stray),
+                "{f}"
+            );
+        }
+        other => panic!("expected B's fault, got {other:?}"),
+    }
+    // A's queue, created after: untouched by B's fault, runs A's work.
+    let actx = a.create_context(a.engine(EngineKind::Compute).unwrap()).unwrap();
+    let mut aq = MyLoop::new(UserQueue::create(&actx, RING, Priority::Normal).unwrap());
+    let mut cb = CommandBuffer::new();
+    cb.write_u32(a_buf.va(), 0x5678);
+    let v = aq.submit(&cb).unwrap();
+    aq.q.wait_progress(v, T).unwrap();
+    assert_eq!(a_buf.read_u32(0).unwrap(), 0x5678);
+    assert_eq!(aq.q.status().unwrap().fault, None);
+    assert_eq!(sys.stats().faults, 1);
+}
+
 /// Work published while the doorbell is disconnected runs once it connects: the kernel
 /// re-reads wptr on connect, so a loop may publish first and connect after.
 #[test]

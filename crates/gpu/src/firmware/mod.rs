@@ -853,6 +853,49 @@ impl Firmware {
         Ok(q.rptr)
     }
 
+    /// Address space `vmid` was destroyed: every queue that runs in it, and every kernel queue
+    /// part-way through an indirect buffer in it, faults now, as it would at its next access
+    /// — and must, before the next address space made is given the same `vmid`: a queue
+    /// left to fault "later" would then run in another process's space. Each is taken off
+    /// its hardware slot first, hangs (a preemption it owed is answered) and raises
+    /// [`Interrupt::QueueFault`], with the record its next turn would have made.
+    pub(crate) fn address_space_destroyed(&mut self, vmid: Vmid, now: Time, vms: &[Option<AddressSpace>]) {
+        let in_space = |q: &FwQueue| q.cfg.vmid == vmid || q.ib.is_some_and(|ib| ib.vmid == Some(vmid));
+        let doomed: Vec<FwQueueId> = self
+            .queues
+            .iter()
+            .filter(|(_, q)| q.state != QueueState::Hung && in_space(q))
+            .map(|(k, _)| FwQueueId(k))
+            .collect();
+        if doomed.is_empty() {
+            return;
+        }
+        self.hw_quiesce(&doomed, true, now, vms);
+        let Firmware { engines, queues, irqs, log, .. } = self;
+        for id in doomed {
+            let Ok(q) = queues.get_mut(id.0) else { continue };
+            let Some(e) = engines.get_mut(q.cfg.engine.0 as usize) else { continue };
+            if q.state == QueueState::Hung {
+                // Lost with its slot while quiesced: hung and reported already.
+                continue;
+            }
+            let (kind, opcode, in_indirect) = if q.cfg.vmid == vmid {
+                (FaultKind::OutsideMappings { va: q.cfg.ring_va, bytes: 0, access: Access::Read }, None, false)
+            } else {
+                (FaultKind::BadIndirect { why: "vmid does not exist" }, Some(Opcode::IndirectBuffer), true)
+            };
+            preempt::hang(q, kind.clone());
+            let fault = FaultRecord { kind, rptr: q.rptr, opcode, in_indirect };
+            q.fault = Some(fault.clone());
+            if q.preempt.is_some() {
+                preempt::finish(e, q, id, StopPoint::Idle, now, log, Some(&mut *irqs));
+            }
+            e.resched = true;
+            sync_waiting(e, q, id);
+            irqs.push_back((Time::ZERO, Interrupt::QueueFault { queue: id, fault }));
+        }
+    }
+
     /// An engine's hardware slots, and how many its kernel queues hold (always mapped).
     pub(crate) fn kernel_slots(&self, engine: EngineId) -> Result<(u32, u32), GpuError> {
         let e = self.engines.get(engine.0 as usize).ok_or(GpuError::BadEngine(engine.0))?;
