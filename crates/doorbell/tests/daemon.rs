@@ -821,7 +821,9 @@ fn a_blocked_wait_times_out_wakes_from_memory_and_the_connection_stays_in_step()
 #[test]
 fn writes_from_an_ended_client_reach_no_engine() {
     let dir = scratch("orphan");
-    let d = Daemon::start(&dir, None);
+    // The roles expect `Connected` from their rings: an engine idling into F1 on a loaded
+    // machine would answer `DisconnectedRetry` instead (a reconnect, not what is tested).
+    let d = Daemon::start(&dir, Some("idle_period_ms = 3600000\n"));
     let mut a = Client::spawn(&d.socket, "orphan", "");
     let page_a = a.line();
     assert_eq!(a.line(), "ended");
