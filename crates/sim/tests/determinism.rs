@@ -11,22 +11,12 @@
 //! map), so its preemption requests went out in a different order in each run: the last three
 //! tests failed in each of 11 tries.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 
+use common::files;
 use sim::{Plan, Scenario, run_to_dir};
-
-/// Every file of `dir`, by name, with its bytes.
-fn files(dir: &Path) -> Vec<(String, Vec<u8>)> {
-    let mut v: Vec<_> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| {
-            let e = e.unwrap();
-            (e.file_name().to_string_lossy().into_owned(), std::fs::read(e.path()).unwrap())
-        })
-        .collect();
-    v.sort();
-    v
-}
 
 /// Asserts that two output directories hold the same files with the same bytes; `what` names
 /// the runs. The message names the summaries and tables that differ (the plots and the report

@@ -1,8 +1,9 @@
 //! Sweeps: every combination runs, shards are deterministic slices, and merged shards are
 //! byte-identical to one local run.
 
-use std::path::Path;
+mod common;
 
+use common::files;
 use sim::sweep::{Sweep, merge, run_to_dir};
 
 const BASE: &str = r#"
@@ -31,18 +32,6 @@ seeds = [1, 2]
 "device.slots" = [1, 2, 4]
 "group.a.count" = [2, 6]
 "#;
-
-fn files(dir: &Path) -> Vec<(String, Vec<u8>)> {
-    let mut v: Vec<_> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| {
-            let e = e.unwrap();
-            (e.file_name().to_string_lossy().into_owned(), std::fs::read(e.path()).unwrap())
-        })
-        .collect();
-    v.sort();
-    v
-}
 
 #[test]
 fn merged_shards_are_byte_identical_to_the_local_run() {
