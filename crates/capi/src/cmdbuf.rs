@@ -62,6 +62,24 @@ unsafe fn with_cb(cb: *mut db_cmdbuf, f: impl FnOnce(&mut umd::CommandBuffer)) -
     })
 }
 
+/// Runs `f` on the command buffer behind `cb` and the native fence behind `fence`.
+///
+/// # Safety
+///
+/// `cb` is NULL or a live command buffer handle; `fence` is NULL or a live fence handle.
+unsafe fn with_cb_fence(
+    cb: *mut db_cmdbuf,
+    fence: *const db_fence,
+    f: impl FnOnce(&mut umd::CommandBuffer, &umd::NativeFence),
+) -> i32 {
+    guard(|| {
+        // SAFETY: the function's contract (above).
+        let (c, fence) = unsafe { (arg(cb.cast_const(), "cmdbuf")?, arg(fence, "fence")?) };
+        f(&mut *lock(&c.cb, "cmdbuf")?, &fence.fence);
+        Ok(())
+    })
+}
+
 /// Creates an empty command buffer. On success `*out_cmdbuf` is a new handle, to be
 /// destroyed with `db_cmdbuf_destroy`.
 ///
@@ -288,12 +306,12 @@ pub unsafe extern "C" fn db_cmdbuf_wait(cmdbuf: *mut db_cmdbuf, va: u64, value: 
 /// `cmdbuf` is NULL or a live command buffer handle; `fence` is NULL or a live fence handle.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn db_cmdbuf_signal_fence(cmdbuf: *mut db_cmdbuf, fence: *const db_fence, value: u64) -> i32 {
-    guard(|| {
-        // SAFETY: the function's contract (above).
-        let (c, f) = unsafe { (arg(cmdbuf.cast_const(), "cmdbuf")?, arg(fence, "fence")?) };
-        lock(&c.cb, "cmdbuf")?.signal_fence(&f.fence, value);
-        Ok(())
-    })
+    // SAFETY: the function's contract (above).
+    unsafe {
+        with_cb_fence(cmdbuf, fence, |cb, f| {
+            cb.signal_fence(f, value);
+        })
+    }
 }
 
 /// `WAIT` until a native fence reaches `value`: blocks only this queue, with no CPU involved
@@ -304,12 +322,12 @@ pub unsafe extern "C" fn db_cmdbuf_signal_fence(cmdbuf: *mut db_cmdbuf, fence: *
 /// `cmdbuf` is NULL or a live command buffer handle; `fence` is NULL or a live fence handle.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn db_cmdbuf_wait_fence(cmdbuf: *mut db_cmdbuf, fence: *const db_fence, value: u64) -> i32 {
-    guard(|| {
-        // SAFETY: the function's contract (above).
-        let (c, f) = unsafe { (arg(cmdbuf.cast_const(), "cmdbuf")?, arg(fence, "fence")?) };
-        lock(&c.cb, "cmdbuf")?.wait_fence(&f.fence, value);
-        Ok(())
-    })
+    // SAFETY: the function's contract (above).
+    unsafe {
+        with_cb_fence(cmdbuf, fence, |cb, f| {
+            cb.wait_fence(f, value);
+        })
+    }
 }
 
 /// `db_cmdbuf_signal_fence`, then an entry (with the GPU time) in the queue's signal fence
@@ -324,12 +342,12 @@ pub unsafe extern "C" fn db_cmdbuf_signal_fence_logged(
     fence: *const db_fence,
     value: u64,
 ) -> i32 {
-    guard(|| {
-        // SAFETY: the function's contract (above).
-        let (c, f) = unsafe { (arg(cmdbuf.cast_const(), "cmdbuf")?, arg(fence, "fence")?) };
-        lock(&c.cb, "cmdbuf")?.signal_fence_logged(&f.fence, value);
-        Ok(())
-    })
+    // SAFETY: the function's contract (above).
+    unsafe {
+        with_cb_fence(cmdbuf, fence, |cb, f| {
+            cb.signal_fence_logged(f, value);
+        })
+    }
 }
 
 /// `db_cmdbuf_wait_fence`, then an entry (when the wait was seen and released) in the
@@ -344,12 +362,12 @@ pub unsafe extern "C" fn db_cmdbuf_wait_fence_logged(
     fence: *const db_fence,
     value: u64,
 ) -> i32 {
-    guard(|| {
-        // SAFETY: the function's contract (above).
-        let (c, f) = unsafe { (arg(cmdbuf.cast_const(), "cmdbuf")?, arg(fence, "fence")?) };
-        lock(&c.cb, "cmdbuf")?.wait_fence_logged(&f.fence, value);
-        Ok(())
-    })
+    // SAFETY: the function's contract (above).
+    unsafe {
+        with_cb_fence(cmdbuf, fence, |cb, f| {
+            cb.wait_fence_logged(f, value);
+        })
+    }
 }
 
 /// `DISPATCH` (compute engines): runs the kernel binary at `kernel` over `grid_x` ×

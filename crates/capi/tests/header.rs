@@ -104,13 +104,14 @@ fn the_header_defines_every_public_constant() {
 #[test]
 fn every_exported_function_runs_its_body_under_catch_unwind() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let helpers: Vec<String> = ["guard", "with_cb", "with_queue"].iter().map(|h| h.to_string()).collect();
+    let helpers: Vec<String> =
+        ["guard", "with_cb", "with_cb_fence", "with_queue"].iter().map(|h| h.to_string()).collect();
     let mut checked = 0;
     for entry in std::fs::read_dir(&dir).unwrap() {
         let path = entry.unwrap().path();
         let text = std::fs::read_to_string(&path).unwrap();
         // The helpers themselves must start with the guard.
-        for h in ["with_cb", "with_queue"] {
+        for h in ["with_cb", "with_cb_fence", "with_queue"] {
             if let Some(at) = text.find(&format!("unsafe fn {h}(")) {
                 let body = &text[at..];
                 let first = body.lines().skip_while(|l| !l.trim_end().ends_with('{')).nth(1).unwrap().trim();
