@@ -96,6 +96,9 @@ pub const MAX_NESTING: usize = 16;
 pub const MAX_INSTRUCTIONS: u32 = 1 << 16;
 /// Flag in `c`: the second operand is `imm`.
 pub const FLAG_IMM: u8 = 1;
+/// The bits every float result that is a NaN is written as (docs/isa.md §4.2). A NaN's bits
+/// can reach an address or a comparison, so every engine writes the same one.
+pub const CANONICAL_NAN: u32 = 0x7fff_ffff;
 
 /// The header of a kernel binary.
 #[repr(C)]

@@ -21,8 +21,9 @@
 // - An ALU write with every live lane active writes all 32 lanes (lanes past the group's
 //   threads too), as gpu::compute's in-place path does; otherwise only the active lanes.
 // - Floats: IEEE binary32, round to nearest even, no contraction, no flush to zero; every NaN
-//   result is written as the canonical 0x7fffffff (Rust leaves payloads unspecified; both of
-//   our builds agree). FMIN/FMAX: a NaN operand loses; with equal operands (+0 and -0) the
+//   result is written as the canonical 0x7fffffff (abi::isa::CANONICAL_NAN), as gpu::compute
+//   writes it: hosts and GPUs differ in the NaN they produce, and a NaN's bits can become an
+//   address. FMIN/FMAX: a NaN operand loses; with equal operands (+0 and -0) the
 //   first operand is returned (what x86-64 LLVM's minnum/maxnum lowering does).
 //
 // Save-area format ("DBCS" version 1, width 32), offsets in bytes (u64 fields are only

@@ -19,7 +19,7 @@
 
 use std::sync::Arc;
 
-use abi::isa::{self, Builtin, Inst, KernelHeader, MAX_NESTING, Op, SREGS, VREGS};
+use abi::isa::{self, Builtin, CANONICAL_NAN, Inst, KernelHeader, MAX_NESTING, Op, SREGS, VREGS};
 use abi::queue::{Access, FaultKind};
 use shm::Shm;
 
@@ -359,12 +359,12 @@ impl Dispatch {
                 Op::MaxU => bin(w, &i, width, full, u32::max),
                 Op::MinS => bin(w, &i, width, full, |a, b| (a as i32).min(b as i32) as u32),
                 Op::MaxS => bin(w, &i, width, full, |a, b| (a as i32).max(b as i32) as u32),
-                Op::FAdd => bin(w, &i, width, full, |a, b| (f(a) + f(b)).to_bits()),
-                Op::FSub => bin(w, &i, width, full, |a, b| (f(a) - f(b)).to_bits()),
-                Op::FMul => bin(w, &i, width, full, |a, b| (f(a) * f(b)).to_bits()),
-                Op::FDiv => bin(w, &i, width, full, |a, b| (f(a) / f(b)).to_bits()),
-                Op::FMin => bin(w, &i, width, full, |a, b| f(a).min(f(b)).to_bits()),
-                Op::FMax => bin(w, &i, width, full, |a, b| f(a).max(f(b)).to_bits()),
+                Op::FAdd => bin(w, &i, width, full, |a, b| fres(f(a) + f(b))),
+                Op::FSub => bin(w, &i, width, full, |a, b| fres(f(a) - f(b))),
+                Op::FMul => bin(w, &i, width, full, |a, b| fres(f(a) * f(b))),
+                Op::FDiv => bin(w, &i, width, full, |a, b| fres(f(a) / f(b))),
+                Op::FMin => bin(w, &i, width, full, |a, b| fres(f(a).min(f(b)))),
+                Op::FMax => bin(w, &i, width, full, |a, b| fres(f(a).max(f(b)))),
                 Op::CmpEq => bin(w, &i, width, full, |a, b| (a == b) as u32),
                 Op::CmpNe => bin(w, &i, width, full, |a, b| (a != b) as u32),
                 Op::CmpLtU => bin(w, &i, width, full, |a, b| (a < b) as u32),
@@ -374,7 +374,7 @@ impl Dispatch {
                 Op::FCmpEq => bin(w, &i, width, full, |a, b| (f(a) == f(b)) as u32),
                 Op::FCmpLt => bin(w, &i, width, full, |a, b| (f(a) < f(b)) as u32),
                 Op::FCmpLe => bin(w, &i, width, full, |a, b| (f(a) <= f(b)) as u32),
-                Op::FFma => tern(w, &i, width, full, |a, b, c| f(a).mul_add(f(b), f(c)).to_bits()),
+                Op::FFma => tern(w, &i, width, full, |a, b, c| fres(f(a).mul_add(f(b), f(c)))),
                 Op::Sel => tern(w, &i, width, full, |a, b, c| if a != 0 { b } else { c }),
                 Op::Mov => un(w, &i, width, full, |a| a),
                 Op::Not => un(w, &i, width, full, |a| !a),
@@ -382,7 +382,7 @@ impl Dispatch {
                 Op::CvtF32I32 => un(w, &i, width, full, |a| (a as i32 as f32).to_bits()),
                 Op::CvtU32F32 => un(w, &i, width, full, |a| f(a) as u32),
                 Op::CvtI32F32 => un(w, &i, width, full, |a| f(a) as i32 as u32),
-                Op::FSqrt => un(w, &i, width, full, |a| f(a).sqrt().to_bits()),
+                Op::FSqrt => un(w, &i, width, full, |a| fres(f(a).sqrt())),
                 Op::Builtin => {
                     let b = Builtin::from_u32(i.imm).expect("validated");
                     let r = self.builtin(w, b);
@@ -521,6 +521,13 @@ fn mismatch() -> FaultKind {
 #[inline(always)]
 fn f(x: u32) -> f32 {
     f32::from_bits(x)
+}
+
+/// A float result's bits, any NaN written as [`CANONICAL_NAN`]: hosts differ in the NaN
+/// they produce (x86-64 gives 0xffc00000 for `0.0 / 0.0`), and a result's bits can become an
+/// address, so the reference and every backend must agree on them.
+fn fres(r: f32) -> u32 {
+    if r.is_nan() { CANONICAL_NAN } else { r.to_bits() }
 }
 
 /// Lanes whose value is non-zero, as a mask.
