@@ -271,15 +271,19 @@ fn a_stale_ring_of_a_destroyed_queue_never_runs_its_work_on_the_new_owner_of_its
 
 #[test]
 fn kernel_queues_are_never_missed_by_an_engine_that_misses_unmapped_doorbells() {
-    let mut cfg = config(DoorbellModel::Dedicated, true, 1);
+    // Two slots: a kernel queue may not take the only one from a user queue (spec 001: kernel
+    // queues limit the slots left for user queues; see `a_kernel_queue_never_takes_the_last_slot_from_user_queues`).
+    let mut cfg = config(DoorbellModel::Dedicated, true, 2);
     cfg.gpu.idle_period = Duration::from_secs(3600);
     let sys = common::sim_with(cfg);
     let c = common::client(&sys);
-    // A user queue holds the only slot, blocked in a WAIT.
-    let mut user = c.user_queue();
+    // User queues hold both slots, blocked in a WAIT.
+    let mut users: Vec<umd::Queue> = (0..2).map(|_| c.user_queue()).collect();
     let mut cb = CommandBuffer::new();
     cb.wait(c.buf.va() + 64, 1);
-    user.submit(&cb).unwrap();
+    for user in &mut users {
+        user.submit(&cb).unwrap();
+    }
     sys.settle();
     let mut kq = c.kernel_queue();
     let mut cb = CommandBuffer::new();

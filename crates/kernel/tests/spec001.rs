@@ -741,3 +741,52 @@ fn a_freed_doorbell_page_stays_its_process_until_it_ends() {
     sys.settle();
     assert_eq!(sys.census().doorbell_pages, held - 2);
 }
+
+/// "You are limited by the HQD slots. Kernel queues are always mapped [...] This limits the
+/// available HQD slots for user queues." A kernel queue that would hold an engine's last slot
+/// while user queues exist there is refused, and so is a user queue on an engine whose slots
+/// kernel queues all hold: either way the user queues could never run. (`doorbell sim swarm`
+/// found a kernel-mode queue on a one-slot engine starving a user-mode queue forever.)
+#[test]
+fn a_kernel_queue_never_takes_the_last_slot_from_user_queues() {
+    let one_slot = || {
+        common::sim_with(SystemConfig {
+            gpu: gpu::GpuConfig { hw_slots: 1, ..gpu::GpuConfig::default() },
+            ..SystemConfig::default()
+        })
+    };
+    let is_slots = |e: &umd::UmdError| matches!(e, umd::UmdError::Kernel(abi::port::KernelError::Exhausted { what, .. }) if &**what == "hardware slots");
+    // A user queue first: the kernel queue is refused, naming the engine's slots.
+    let sys = one_slot();
+    let c = common::client(&sys);
+    let mut user = c.user_queue();
+    let e = c.ctx.create_queue(umd::QueueOptions::kernel_mode()).err().expect("refused");
+    assert!(is_slots(&e), "{e}");
+    assert!(e.to_string().contains("last of its 1 hardware slots"), "{e}");
+    // The user queue runs as before.
+    let mut cb = CommandBuffer::new();
+    cb.write_u32(c.buf.va(), 7);
+    let v = user.submit(&cb).unwrap();
+    user.wait(v, T).unwrap();
+    assert_eq!(c.buf.read_u32(0).unwrap(), 7);
+    // A kernel queue first: the user queue is refused; the kernel queue runs.
+    let sys = one_slot();
+    let c = common::client(&sys);
+    let mut kq = c.kernel_queue();
+    let e = c.ctx.create_queue(umd::QueueOptions::user_mode()).err().expect("refused");
+    assert!(is_slots(&e), "{e}");
+    assert!(e.to_string().contains("none is left for a user-mode queue"), "{e}");
+    let v = kq.submit(&cb).unwrap();
+    kq.wait(v, T).unwrap();
+    assert_eq!(c.buf.read_u32(0).unwrap(), 7);
+    // With two slots, one kernel queue beside user queues is fine; a second is refused.
+    let sys = common::sim_with(SystemConfig {
+        gpu: gpu::GpuConfig { hw_slots: 2, ..gpu::GpuConfig::default() },
+        ..SystemConfig::default()
+    });
+    let c = common::client(&sys);
+    let _user = c.user_queue();
+    let _kq = c.kernel_queue();
+    let e = c.ctx.create_queue(umd::QueueOptions::kernel_mode()).err().expect("refused");
+    assert!(is_slots(&e), "{e}");
+}

@@ -1108,6 +1108,28 @@ impl Scenario {
                 };
             }
         }
+        // Kernel-mode queues are always mapped and hold a hardware slot each (spec 001
+        // "Interaction with Kernel Queues"): beside user-mode queues they may hold all but one
+        // of an engine's slots, or the kernel refuses the queue that passes the limit.
+        let slots = system.gpu.hw_slots;
+        for e in 0..system.gpu.engines.len() {
+            let on = |km: bool| groups.iter().filter(|g| g.engine == e && g.kernel_mode == km).map(|g| g.count).sum();
+            let (kernel, user): (u32, u32) = (on(true), on(false));
+            if user > 0 && kernel >= slots {
+                let (g, raw) = groups
+                    .iter()
+                    .zip(&self.groups)
+                    .find(|(g, _)| g.engine == e && g.kernel_mode)
+                    .expect("kernel-mode queues were counted");
+                let why = format!(
+                    "the engine's {kernel} kernel-mode queues are always mapped (spec 001) and would hold all {slots} \
+                     hardware slots, so its {user} user-mode queues could never run; beside user-mode queues at most \
+                     {} kernel-mode queues fit (raise device.slots, or lower their count)",
+                    slots - 1
+                );
+                return self.err(raw.path.span(), &format!("group.path (group \"{}\")", g.name), "kernel", why);
+            }
+        }
         let trace_queues = *self.trace_queues.get_ref();
         if trace_queues > 10_000 {
             return self.err(self.trace_queues.span(), "trace_queues", trace_queues, "at most 10000");

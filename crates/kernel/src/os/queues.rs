@@ -167,6 +167,39 @@ impl Os {
         }
     }
 
+    /// Spec 001 "Interaction with Kernel Queues": "you are limited by the HQD slots. Kernel
+    /// queues are always mapped [...] This limits the available HQD slots for user queues." So
+    /// a user-mode queue needs a slot left for user queues (`EngineInfo::user_slots`), and a
+    /// kernel-mode queue may not take the last such slot from the engine's user-mode queues:
+    /// either way the user-mode queues could never run (found by `doorbell sim swarm`: a
+    /// kernel-mode queue on a one-slot engine starved a user-mode one forever).
+    fn check_slots_left(&self, einfo: &abi::port::EngineInfo, mode: SubmissionMode) -> Result<(), KernelError> {
+        let kernel_held = einfo.hw_slots - einfo.user_slots;
+        let refuse = |detail: String| Err(KernelError::Exhausted { what: "hardware slots", detail });
+        match mode {
+            SubmissionMode::UserMode(_) if einfo.user_slots == 0 => refuse(format!(
+                "engine {} ({}): kernel-mode queues, which are always mapped, hold all {} of its hardware slots; none is left for a user-mode queue",
+                einfo.id.0, einfo.kind, einfo.hw_slots
+            )),
+            SubmissionMode::KernelMode if kernel_held + 1 >= einfo.hw_slots => {
+                let users = self
+                    .processes
+                    .values()
+                    .flat_map(|p| p.queues.iter())
+                    .filter(|(_, q)| q.engine == einfo.id && q.user_desc().is_some())
+                    .count();
+                if users == 0 {
+                    return Ok(());
+                }
+                refuse(format!(
+                    "engine {} ({}): a kernel-mode queue, which is always mapped, would hold the last of its {} hardware slots, and its {users} user-mode queues could never run",
+                    einfo.id.0, einfo.kind, einfo.hw_slots
+                ))
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// `D3DKMTCreateHwQueue` / USERQ CREATE.
     pub fn create_hw_queue(
         &mut self,
@@ -184,6 +217,7 @@ impl Os {
             .iter()
             .find(|e| e.id == engine)
             .ok_or_else(|| invalid("engine", engine, Invalid::NoSuchEngine { engines: info.engines.len() }))?;
+        self.check_slots_left(einfo, desc.mode)?;
         let memory = &self.proc(pid)?.memory;
         let kernel_page_shm = memory.readable.alloc(abi::queue::QUEUE_KERNEL_PAGE_BYTES as usize)?;
         let kernel_page = abi::queue::KernelPageView::new(&kernel_page_shm)?;
