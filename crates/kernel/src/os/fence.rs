@@ -600,7 +600,8 @@ impl Os {
         if let Some(i) = evaluate(p, conds, mode) {
             return Ok(WaitStart::Done(Ok(WaitOutcome::Reached(i))));
         }
-        let wait = Arc::new(FenceWait { conds: conds.to_vec(), mode, wait: self.waits.open(), scheduler: false });
+        let wait =
+            Arc::new(FenceWait { conds: conds.to_vec(), mode, wait: self.waits.open_for(pid), scheduler: false });
         self.register_wait(pid, &wait, now)?;
         Ok(WaitStart::Blocked(wait.wait))
     }
@@ -763,7 +764,7 @@ impl Os {
                 self.forget_wait(pid, &w);
             }
         }
-        match self.waits.results.remove(&id).flatten() {
+        match self.waits.take(id) {
             Some(Ok(i)) => Ok(WaitOutcome::Reached(i)),
             Some(Err(e)) => Err(e),
             None => Ok(WaitOutcome::TimedOut),
@@ -1015,7 +1016,7 @@ impl Os {
     /// scheduler's is not (nobody ends it), and the scheduler is told to look again.
     fn complete_fence_wait(&mut self, w: &FenceWait, r: Result<u64, KernelError>) {
         if w.scheduler {
-            self.waits.results.remove(&w.wait);
+            self.waits.take(w.wait);
             self.kick_scheduler();
         } else {
             self.complete_wait(w.wait, r);

@@ -374,22 +374,52 @@ impl Process {
 }
 
 /// The CPU waits the OS keeps, with their results until collected.
+///
+/// A wait a process's thread began belongs to that process: if the process ends before the
+/// thread ends its wait (killed while blocked, say), the wait ends with it
+/// ([`Waits::forget_process`]); otherwise a long-lived kernel would keep one entry per such
+/// wait forever (found by `doorbell sim swarm`'s census checker).
 #[derive(Default)]
 pub(crate) struct Waits {
     next: u64,
     /// Registered waits; `Some` once decided.
     results: KeyMap<WaitId, Option<Result<u64, KernelError>>>,
+    /// The process whose thread waits (none for the kernel's own waits, which end themselves).
+    owners: KeyMap<WaitId, ProcessId>,
 }
 
 impl Waits {
+    /// A wait of the kernel's own (the kernel-mode scheduler's).
     fn open(&mut self) -> WaitId {
         self.next += 1;
         let id = WaitId(self.next);
         self.results.insert(id, None);
         id
     }
+    /// A wait a thread of process `pid` begins.
+    fn open_for(&mut self, pid: ProcessId) -> WaitId {
+        let id = self.open();
+        self.owners.insert(id, pid);
+        id
+    }
     fn is_done(&self, id: WaitId) -> bool {
         !matches!(self.results.get(&id), Some(None))
+    }
+    /// Ends wait `id`: its result, if it was decided.
+    fn take(&mut self, id: WaitId) -> Option<Result<u64, KernelError>> {
+        self.owners.remove(&id);
+        self.results.remove(&id).flatten()
+    }
+    /// Ends every wait of process `pid` (it ended).
+    fn forget_process(&mut self, pid: ProcessId) {
+        let results = &mut self.results;
+        self.owners.retain(|id, owner| {
+            let keep = *owner != pid;
+            if !keep {
+                results.remove(id);
+            }
+            keep
+        });
     }
 }
 

@@ -262,6 +262,9 @@ impl Os {
             let _ = self.destroy_native_fence(pid, f, now);
         }
         let Some(p) = self.processes.remove(&pid) else { return };
+        // Waits its threads never ended (a thread killed while blocked).
+        self.waits.forget_process(pid);
+        self.recovery.settling.retain(|&(owner, _)| owner != pid);
         if let Some(a) = &p.aggregated {
             // Like its doorbells: a late write from the ended process lands on the dummy page,
             // never on the page's next owner. (Should the remap fail, the page is still

@@ -175,7 +175,7 @@ pub(crate) struct Recovery {
     hang_scan_at: Option<Time>,
     /// Teardowns waiting for every answer their process's queues owe
     /// ([`Os::begin_preemption_wait`]).
-    settling: Vec<(ProcessId, super::WaitId)>,
+    pub(super) settling: Vec<(ProcessId, super::WaitId)>,
 }
 
 impl Recovery {
@@ -280,7 +280,7 @@ impl Os {
         if !self.owes_preemptions(pid) {
             return WaitStart::Done(Ok(abi::port::WaitOutcome::Reached(0)));
         }
-        let id = self.waits.open();
+        let id = self.waits.open_for(pid);
         self.recovery.settling.push((pid, id));
         WaitStart::Blocked(id)
     }
@@ -290,7 +290,7 @@ impl Os {
     pub fn end_preemption_wait(&mut self, id: super::WaitId, now: Time) -> bool {
         self.at(now);
         self.recovery.settling.retain(|&(_, w)| w != id);
-        matches!(self.waits.results.remove(&id).flatten(), Some(Ok(_)))
+        matches!(self.waits.take(id), Some(Ok(_)))
     }
 
     /// The longest a [`Os::begin_preemption_wait`] can last: an unanswered request is

@@ -38,7 +38,7 @@ impl Os {
             return Ok(WaitStart::Done(Ok(WaitOutcome::Reached(done))));
         }
         qo.live(q)?;
-        let id = self.waits.open();
+        let id = self.waits.open_for(pid);
         self.queue(pid, q)?.waiters.push((value, id));
         // Set the monitored value, then re-read the completed value (the spec's
         // update-then-resample), satisfying what already passed.
@@ -60,7 +60,7 @@ impl Os {
             // A raised monitored value: nothing can be missed, but report a refusal.
             self.update_monitored(pid, q, now)?;
         }
-        match self.waits.results.remove(&id).flatten() {
+        match self.waits.take(id) {
             Some(Ok(v)) => Ok(WaitOutcome::Reached(v)),
             Some(Err(e)) => Err(e),
             None => Ok(WaitOutcome::TimedOut),
