@@ -13,15 +13,17 @@
 //! order, no thread timing reaches an output), so the same pair gives byte-identical files;
 //! a bad scenario is refused before anything runs, naming the file, line, key and value.
 
+pub mod observe;
 pub mod output;
 pub mod report;
 pub mod run;
 pub mod scenario;
+pub mod swarm;
 pub mod sweep;
 
 use std::path::Path;
 
-pub use run::{Outcome, RunError, run};
+pub use run::{Outcome, RunError, run, run_observed};
 pub use scenario::{Plan, Scenario, ScenarioError};
 
 /// Any failure of the simulator's commands.

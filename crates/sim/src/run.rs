@@ -25,12 +25,13 @@ use std::collections::{BinaryHeap, VecDeque};
 use std::sync::Arc;
 
 use abi::Time;
-use abi::port::KernelPort;
+use abi::port::{KernelPort, QUEUE_STATUS_HUNG};
 use kernel::{ProcessPort, System, Termination};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use umd::{CommandBuffer, Device, NativeFence, Queue, QueueOptions};
 
+use crate::observe::{Observer, QueueView, Record, World};
 use crate::scenario::{Action, Duration as Dist, Load, Plan};
 
 /// Why a run failed (the scenario was valid, but the stack refused something).
@@ -182,6 +183,9 @@ const TRACE_SPANS: usize = 200_000;
 /// The most instant markers a run keeps.
 pub const MAX_MARKS: usize = 20_000;
 
+/// The most instants an observed run's teardown runs the world for its last work.
+const TEARDOWN_INSTANTS: usize = 10_000;
+
 struct Client {
     port: Arc<ProcessPort>,
     dev: Device,
@@ -322,6 +326,17 @@ impl Events {
 
 /// Runs `plan` with `seed`; `progress(done_fraction)` is called now and then.
 pub fn run(plan: &Plan, seed: u64, progress: &mut dyn FnMut(f64)) -> Result<Outcome, RunError> {
+    run_observed(plan, seed, progress, None)
+}
+
+/// [`run`], watched by `observer` (see [`crate::observe`]): its hooks see every completion
+/// record, submission and instant, and the census at teardown.
+pub fn run_observed(
+    plan: &Plan,
+    seed: u64,
+    progress: &mut dyn FnMut(f64),
+    mut observer: Option<&mut dyn Observer>,
+) -> Result<Outcome, RunError> {
     let wall = std::time::Instant::now();
     let sys = System::sim(plan.system.clone())?;
     sys.with_gpu(|g| g.record_completions(true));
@@ -537,6 +552,7 @@ pub fn run(plan: &Plan, seed: u64, progress: &mut dyn FnMut(f64)) -> Result<Outc
     let mut spans = Vec::new();
     let mut marks: Vec<Mark> = Vec::new();
     let mut comps = Vec::new();
+    let mut records: Vec<Record> = Vec::new();
     let mut cb = Encoded::default();
     let mut tally = Tally::default();
     // Command buffers outstanding on queues that still exist (the drain ends when none are).
@@ -595,11 +611,19 @@ pub fn run(plan: &Plan, seed: u64, progress: &mut dyn FnMut(f64)) -> Result<Outc
         for c in comps.drain(..) {
             let bits = c.queue.to_bits();
             let Some(Some((fw, i))) = fw_map.get((bits & 0xffff_ffff) as usize).copied() else { continue };
-            if fw != bits {
-                continue;
+            if fw == bits {
+                records.push(Record { queue: i, value: c.value, at: c.at.0 - t0 });
             }
+        }
+        if let Some(o) = observer.as_deref_mut()
+            && !records.is_empty()
+        {
+            o.completions(now - t0, &mut records);
+        }
+        for c in records.drain(..) {
+            let i = c.queue;
             let q = &mut qs[i];
-            let at = c.at.0;
+            let at = c.at + t0;
             last_completion = last_completion.max(at);
             while let Some(&(v, t, np)) = q.outstanding.front() {
                 if v > c.value {
@@ -645,6 +669,11 @@ pub fn run(plan: &Plan, seed: u64, progress: &mut dyn FnMut(f64)) -> Result<Outc
             if !q.backlog.is_empty() && q.outstanding.len() < q.cap {
                 push(&mut heap, at, Ev::Drain(i));
             }
+        }
+        if let Some(o) = observer.as_deref_mut() {
+            let view = |i: usize| queue_view(&qs[i], &clients, t0);
+            let world = World { sys: &sys, queues: &view, len: qs.len(), group_first: &group_first };
+            o.instant(now - t0, &world);
         }
         // The submission window is half-open, [start, start + duration): at its end nothing
         // more is submitted, whatever else is due at that instant (a 100 µs period over 1 ms
@@ -731,6 +760,9 @@ pub fn run(plan: &Plan, seed: u64, progress: &mut dyn FnMut(f64)) -> Result<Outc
                             }
                             ring(&mut rang_since, &mut unheard, now, ring_at + latency, fw_of[i]);
                             let Some(signals) = r else { break };
+                            if let Some(o) = observer.as_deref_mut() {
+                                o.submitted(i, qs[i].outstanding.back().map_or(0, |c| c.0), now - t0);
+                            }
                             if accepted(&sys, &clients, &mut qs[i], plan, &mut tally, &mut in_flight, signals)? {
                                 stopped = true;
                                 stop_time = now;
@@ -752,6 +784,9 @@ pub fn run(plan: &Plan, seed: u64, progress: &mut dyn FnMut(f64)) -> Result<Outc
                         let r = submit_one(plan, &mut qs, &clients, i, intended, size, &mut cb);
                         ring(&mut rang_since, &mut unheard, now, now + latency, fw_of[i]);
                         let Some(signals) = r else { continue };
+                        if let Some(o) = observer.as_deref_mut() {
+                            o.submitted(i, qs[i].outstanding.back().map_or(0, |c| c.0), now - t0);
+                        }
                         if accepted(&sys, &clients, &mut qs[i], plan, &mut tally, &mut in_flight, signals)? {
                             stopped = true;
                             stop_time = now;
@@ -855,6 +890,9 @@ pub fn run(plan: &Plan, seed: u64, progress: &mut dyn FnMut(f64)) -> Result<Outc
         if let Some(&(t, _)) = unheard.front() {
             next = next.min(t);
         }
+        if let Some(t) = observer.as_deref().and_then(Observer::wake_at) {
+            next = next.min(t.saturating_add(t0).max(now + 1));
+        }
         if let Some(w) = window_end
             && !stopped
         {
@@ -891,7 +929,12 @@ pub fn run(plan: &Plan, seed: u64, progress: &mut dyn FnMut(f64)) -> Result<Outc
     // Lost work: whatever is still outstanding.
     for q in qs.iter_mut() {
         if !q.outstanding.is_empty() && q.res.ended.is_none() {
-            q.res.ended = Some("work outstanding at the end of the drain".into());
+            // A queue the kernel reset (a hang, a fault) is lost, and says why; any other
+            // queue's work just did not finish in the drain.
+            q.res.ended = Some(match q.q.as_ref().and_then(lost_reason) {
+                Some(why) => format!("lost: {why}"),
+                None => "work outstanding at the end of the drain".into(),
+            });
         }
         if let Some(queue) = &q.q {
             q.res.reconnects = queue.reconnects();
@@ -934,6 +977,18 @@ pub fn run(plan: &Plan, seed: u64, progress: &mut dyn FnMut(f64)) -> Result<Outc
         }
     }
     drop(clients);
+    if let Some(o) = observer {
+        // Abnormal termination may leave the device work to finish (a queue's removal
+        // answered): run the world until it has none, then look at what the kernel holds.
+        for _ in 0..TEARDOWN_INSTANTS {
+            run_world(&sys, sys.now().0, &Events::default(), &mut VecDeque::new(), &mut Vec::new());
+            match sys.next_event() {
+                Some(t) => sys.advance_to(Time(t.0.max(sys.now().0 + 1))),
+                None => break,
+            }
+        }
+        o.teardown(sys.now().0 - t0, &sys);
+    }
     Ok(Outcome {
         name: plan.name.clone(),
         seed,
@@ -1269,7 +1324,15 @@ fn apply_event(
             let i = group_first[group] + queue as usize;
             let c = &clients[qs[i].client];
             if c.alive {
-                sys.suspend_context(c.port.process(), c.ctx.handle())?;
+                // A context already suspended by an earlier event stays so, until that event's
+                // resume (a scenario may overlap two suspends of one context).
+                match sys.suspend_context(c.port.process(), c.ctx.handle()) {
+                    Err(abi::port::KernelError::InvalidArgument {
+                        reason: abi::port::Invalid::AlreadySuspended,
+                        ..
+                    }) => return Ok(()),
+                    r => r?,
+                }
                 if let Some(d) = for_ns {
                     push(t + d, Ev::Resume(i));
                 }
@@ -1277,6 +1340,33 @@ fn apply_event(
         }
     }
     Ok(())
+}
+
+/// Why the kernel reset or faulted queue `q`, if it did (`USERQ QUERY_STATUS` reports it
+/// hung: it runs no more work, and what it had outstanding is lost).
+pub(crate) fn lost_reason(q: &Queue) -> Option<String> {
+    let s = q.status().ok()?;
+    (s.flags & QUEUE_STATUS_HUNG != 0)
+        .then(|| s.fault.map_or_else(|| "lost with its device".into(), |f| f.kind.to_string()))
+}
+
+/// Queue `q` as its client sees it (for an [`Observer`]).
+fn queue_view<'a>(q: &'a SimQ, clients: &[Client], t0: u64) -> QueueView<'a> {
+    let client = &clients[q.client];
+    QueueView {
+        group: q.group,
+        index: q.index,
+        process: client.port.process(),
+        live: q.q.is_some() && client.alive,
+        ended: q.res.ended.as_deref(),
+        completed: q.q.as_ref().map(Queue::completed),
+        last_submitted: q.q.as_ref().map_or(0, Queue::last_submitted),
+        oldest_outstanding: q.outstanding.front().map(|&(v, t, _)| (v, t - t0)),
+        outstanding: q.outstanding.len(),
+        doorbell: q.q.as_ref().and_then(|q| q.doorbell_status().ok()),
+        handle: q.q.as_ref().map(Queue::handle),
+        queue: q.q.as_ref(),
+    }
 }
 
 /// Starts a CPU wait for the fence signal of queue `q`'s last command buffer (none if the

@@ -1,0 +1,126 @@
+//! Watching a run from inside: the hook the swarm's checkers and fault schedules use.
+//!
+//! [`crate::run::run_observed`] calls an [`Observer`] at four points of the runner's loop
+//! (`run::run` passes none, and pays one branch per instant for it):
+//!
+//! - [`Observer::completions`]: the device's completion records of an instant, each mapped to
+//!   the runner's queue index, before the runner retires anything with them. A checker reads
+//!   them as the device wrote them; a deliberately broken twin may alter them (drop one,
+//!   repeat one), which is what a device that loses or repeats a completion looks like to
+//!   everything above it.
+//! - [`Observer::submitted`]: a command buffer the queue accepted, with its progress value.
+//! - [`Observer::instant`]: once per instant of the loop, after the world ran and the
+//!   completions were retired, with a read-only [`World`] (every queue's state as its client
+//!   sees it, the kernel through [`World::system`]), and the chance to act on the system
+//!   (inject a DDI fault) before the clients' events of that instant run.
+//! - [`Observer::teardown`]: after every client process ended and the world ran out of work:
+//!   what the kernel still holds ([`kernel::System::census`]).
+//!
+//! Invariant: an observer that changes nothing (every checker) leaves the run byte-identical
+//! to `run::run`'s; the world it sees is the one the outputs describe.
+
+use abi::doorbell::DoorbellStatus;
+use abi::{HwQueueHandle, ProcessId};
+use kernel::System;
+
+/// A completion record of the device, mapped to the runner's queue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Record {
+    /// The queue (global index, groups in scenario order).
+    pub queue: usize,
+    /// The progress value the device wrote.
+    pub value: u64,
+    /// The modelled end of the `PROGRESS_FENCE` packet (ns since the run's start).
+    pub at: u64,
+}
+
+/// What watches a run. Every method has an empty default.
+pub trait Observer {
+    /// The device's completion records of the instant `now` (ns since the run's start), in
+    /// the order it wrote them.
+    fn completions(&mut self, now: u64, records: &mut Vec<Record>) {
+        let _ = (now, records);
+    }
+    /// Queue `queue` accepted a command buffer at `now` whose progress value is `value`.
+    fn submitted(&mut self, queue: usize, value: u64, now: u64) {
+        let _ = (queue, value, now);
+    }
+    /// An instant of the run: the world after it ran and its completions were retired.
+    fn instant(&mut self, now: u64, world: &World<'_>) {
+        let _ = (now, world);
+    }
+    /// The run ended, every client process ended, and the world ran out of work.
+    fn teardown(&mut self, now: u64, sys: &System) {
+        let _ = (now, sys);
+    }
+    /// When the observer next wants an instant (ns since the run's start): the runner's clock
+    /// stops there even if nothing else happens then.
+    fn wake_at(&self) -> Option<u64> {
+        None
+    }
+}
+
+/// One queue as its client sees it.
+#[derive(Clone)]
+pub struct QueueView<'a> {
+    /// Its group (scenario order).
+    pub group: usize,
+    /// Its index in the group.
+    pub index: u32,
+    /// Its client process.
+    pub process: ProcessId,
+    /// The queue exists and its process lives.
+    pub live: bool,
+    /// Why it ended, if it did (killed, lost, refused a submission).
+    pub ended: Option<&'a str>,
+    /// The progress value read from memory (its fence), while the queue exists.
+    pub completed: Option<u64>,
+    /// The progress value of its last accepted command buffer.
+    pub last_submitted: u64,
+    /// The oldest command buffer not yet retired: (progress value, intended submit time in
+    /// ns since the run's start).
+    pub oldest_outstanding: Option<(u64, u64)>,
+    /// Command buffers not retired.
+    pub outstanding: usize,
+    /// Its doorbell status word (user-mode queues that exist).
+    pub doorbell: Option<DoorbellStatus>,
+    /// Its handle in its process, while the queue exists.
+    pub handle: Option<HwQueueHandle>,
+    /// The queue itself, while it exists (for queries: `status`, `doorbell_status`).
+    pub queue: Option<&'a umd::Queue>,
+}
+
+impl QueueView<'_> {
+    /// Whether the kernel reset or faulted it (`USERQ QUERY_STATUS` reports it hung): it runs
+    /// no more work, and what it had outstanding is lost.
+    pub fn lost(&self) -> Option<String> {
+        crate::run::lost_reason(self.queue?)
+    }
+}
+
+/// The run at an instant, read-only (see [`Observer::instant`]).
+pub struct World<'a> {
+    pub(crate) sys: &'a System,
+    pub(crate) queues: &'a dyn Fn(usize) -> QueueView<'a>,
+    pub(crate) len: usize,
+    pub(crate) group_first: &'a [usize],
+}
+
+impl<'a> World<'a> {
+    /// The kernel and device.
+    pub fn system(&self) -> &'a System {
+        self.sys
+    }
+    /// Queues in all.
+    pub fn queue_count(&self) -> usize {
+        self.len
+    }
+    /// Queue `i` (global index).
+    pub fn queue(&self, i: usize) -> QueueView<'a> {
+        (self.queues)(i)
+    }
+    /// The global index of queue `index` of group `group`.
+    pub fn global(&self, group: usize, index: u32) -> usize {
+        self.group_first[group] + index as usize
+    }
+}

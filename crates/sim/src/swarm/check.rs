@@ -1,0 +1,535 @@
+//! The swarm's checkers: invariants of the whole stack, checked at every instant of a run.
+//!
+//! [`Checker`] is an [`Observer`]: it sees every completion record the device writes, every
+//! command buffer a queue accepts and every instant of the run, and it applies the seed's
+//! [`Fault`]s at their instants. Each invariant is a named checker ([`CHECKERS`]):
+//!
+//! - `exactly-once`: a completion record names a command buffer that was submitted and not
+//!   completed before; at the end every command buffer completed, or its queue ended (killed,
+//!   lost, refused) and the runner accounted it with the reason.
+//! - `monotone-fence`: a queue's completion records rise, and its progress fence as the client
+//!   reads it never goes backwards.
+//! - `liveness`: a live queue with work makes progress within [`LIVENESS_BOUND_NS`] of its
+//!   oldest command buffer's submission, of its last progress and of the last fault that could
+//!   delay it (a hold, a suspend, a DDI failure, a D3 request, a kill, a hang), unless it is held
+//!   or suspended, or it is the queue that hung.
+//! - `hang-detected`: a queue whose kernel hung, on an engine with a per-queue hang timer,
+//!   ends (is reset, lost) within the timer plus the liveness bound of its hung submission.
+//! - `census`: once every client process ended, the kernel holds nothing: no process, queue,
+//!   doorbell, allocation, fence, doorbell page, GPU mapping or wait.
+//!
+//! Each has a deliberately broken twin ([`Inject`]), a fault in the system under test that its
+//! checker must catch: completions the device stops writing for one queue, a completion
+//! written twice, a progress value written backwards, a process the kernel never frees, a hang
+//! timer that does not fire. `swarm::tests` run each twin until it is caught.
+//!
+//! Invariant: a checker changes nothing in the run unless a fault of the seed or a twin says
+//! so; the first violation of each checker is kept (with the queue's recent history), later
+//! ones of the same checker only counted.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::fmt::Write;
+use std::sync::Arc;
+
+use kernel::{ProcessPort, System};
+
+use super::draw::Fault;
+use crate::Plan;
+use crate::observe::{Observer, Record, World};
+use crate::scenario::Action;
+
+/// The checkers' names, in the order they are reported.
+pub const CHECKERS: [&str; 5] = ["exactly-once", "monotone-fence", "liveness", "hang-detected", "census"];
+
+/// A live queue with work progresses within this long (ns) of its oldest command buffer's
+/// submission, its last progress and the last fault that could delay it. Longer than any
+/// wait the drawn configurations allow: a turn behind every other queue of its engine (at
+/// most 32 queues, 10 ms quanta), a TDR (delay ≤ 100 ms, DDI delay ≤ 5 s), a slow reset DDI.
+pub const LIVENESS_BOUND_NS: u64 = 8_000_000_000;
+
+/// Entries of a queue's history kept for a violation's report.
+const HISTORY: usize = 12;
+
+/// A deliberately broken twin: a fault of the system under test that a checker must catch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Inject {
+    /// The device stops writing one queue's completions halfway through the window
+    /// (`liveness`, `exactly-once`).
+    LostCompletions,
+    /// The device writes one completion twice (`exactly-once`).
+    RepeatedCompletion,
+    /// The device writes one progress value lower than the one before (`monotone-fence`).
+    BackwardsFence,
+    /// The kernel never frees one process (`census`).
+    Leak,
+    /// The per-queue hang timer does not fire: the system runs with it off while the checker
+    /// expects it (`hang-detected`).
+    SilentHangTimer,
+}
+
+impl Inject {
+    /// Every twin.
+    pub const ALL: &'static [Inject] = &[
+        Inject::LostCompletions,
+        Inject::RepeatedCompletion,
+        Inject::BackwardsFence,
+        Inject::Leak,
+        Inject::SilentHangTimer,
+    ];
+    /// The checker that must catch it.
+    pub fn caught_by(self) -> &'static str {
+        match self {
+            Inject::LostCompletions => "liveness",
+            Inject::RepeatedCompletion => "exactly-once",
+            Inject::BackwardsFence => "monotone-fence",
+            Inject::Leak => "census",
+            Inject::SilentHangTimer => "hang-detected",
+        }
+    }
+    /// Its name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Inject::LostCompletions => "lost-completions",
+            Inject::RepeatedCompletion => "repeated-completion",
+            Inject::BackwardsFence => "backwards-fence",
+            Inject::Leak => "leak",
+            Inject::SilentHangTimer => "silent-hang-timer",
+        }
+    }
+}
+
+/// One invariant broken.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Violation {
+    /// The seed.
+    pub seed: u64,
+    /// The checker.
+    pub checker: &'static str,
+    /// When (ns since the run's start).
+    pub instant_ns: u64,
+    /// The queue concerned (global index), if one.
+    pub queue: Option<usize>,
+    /// What was seen.
+    pub what: String,
+    /// The queue's recent history (time in ns, event), oldest first.
+    pub history: Vec<String>,
+    /// The command that reproduces it.
+    pub repro: String,
+}
+
+/// Per queue, what the checkers remember.
+#[derive(Default)]
+struct Ledger {
+    /// Highest progress value accepted, and the highest the device recorded.
+    submitted: u64,
+    recorded: u64,
+    /// The progress fence last read.
+    read: u64,
+    /// When it last progressed (a record, or a submission to an idle queue).
+    progressed: u64,
+    /// Exempt from liveness until then (held, suspended).
+    exempt_until: u64,
+    /// A hang event armed its next submission; then that submission's value and time.
+    hang_armed: bool,
+    hung: Option<(u64, u64)>,
+    /// Its process was killed by a scenario event.
+    killed: bool,
+    /// The kernel reset or faulted it (seen by [`Checker::ended_by_kernel`]).
+    lost: bool,
+    history: VecDeque<String>,
+}
+
+impl Ledger {
+    fn note(&mut self, now: u64, what: String) {
+        if self.history.len() == HISTORY {
+            self.history.pop_front();
+        }
+        self.history.push_back(format!("{:>12.3} µs  {what}", now as f64 / 1e3));
+    }
+}
+
+/// A hold in progress: the queue and when it is resumed.
+struct Held {
+    queue: usize,
+    until: u64,
+}
+
+/// The checkers of one run, and its fault schedule.
+pub struct Checker {
+    seed: u64,
+    inject: Option<Inject>,
+    queues: Vec<Ledger>,
+    /// Scenario events (time, action) not yet seen happen, in time order.
+    events: VecDeque<(u64, Action)>,
+    group_first: Vec<usize>,
+    /// Each group's engine (index).
+    group_engine: Vec<usize>,
+    /// Hang timer per engine (ns; 0: off), as the checker expects it.
+    hang_ns: Vec<u64>,
+    faults: VecDeque<(u64, Fault)>,
+    held: Vec<Held>,
+    /// The last fault that could delay any queue.
+    last_disturbance: u64,
+    /// Per checker: the first violation and how many.
+    pub(crate) violations: BTreeMap<&'static str, (Violation, u64)>,
+    /// Instants checked.
+    pub(crate) instants: u64,
+    /// Faults applied, per kind.
+    pub(crate) applied: BTreeMap<String, u64>,
+    /// Twins' state: the queue whose completions stop, a process kept from the kernel.
+    lost_queue: Option<usize>,
+    repeated: bool,
+    backwards: bool,
+    leaked: Option<Arc<ProcessPort>>,
+    /// The run's end (the window), for twins that act halfway.
+    window: u64,
+    finished: bool,
+}
+
+impl Checker {
+    /// The checkers for `plan` (drawn from `seed`), applying `faults`, with twin `inject`.
+    pub fn new(seed: u64, plan: &Plan, faults: &[(u64, Fault)], inject: Option<Inject>) -> Checker {
+        let mut group_first = Vec::new();
+        let mut n = 0;
+        for g in &plan.groups {
+            group_first.push(n);
+            n += g.count as usize;
+        }
+        let tdr = &plan.system.tdr;
+        let hang_ns = plan
+            .system
+            .gpu
+            .engines
+            .iter()
+            .map(|k| match k {
+                abi::EngineKind::Copy => tdr.hang_copy.map_or(0, |d| d.as_nanos() as u64),
+                _ => tdr.hang_compute.map_or(0, |d| d.as_nanos() as u64),
+            })
+            .collect();
+        Checker {
+            seed,
+            inject,
+            queues: (0..n).map(|_| Ledger::default()).collect(),
+            events: plan.events.iter().cloned().collect(),
+            group_first,
+            group_engine: plan.groups.iter().map(|g| g.engine).collect(),
+            hang_ns,
+            faults: faults.iter().cloned().collect(),
+            held: Vec::new(),
+            last_disturbance: 0,
+            violations: BTreeMap::new(),
+            instants: 0,
+            applied: BTreeMap::new(),
+            lost_queue: None,
+            repeated: false,
+            backwards: false,
+            leaked: None,
+            window: plan.duration.unwrap_or(0),
+            finished: false,
+        }
+    }
+
+    /// The command that reproduces this seed.
+    pub fn repro(seed: u64, inject: Option<Inject>) -> String {
+        let mut s = format!("doorbell sim swarm --seeds 1 --from {seed}");
+        if let Some(i) = inject {
+            let _ = write!(s, " --inject {}", i.name());
+        }
+        s
+    }
+
+    fn violate(&mut self, checker: &'static str, now: u64, queue: Option<usize>, what: String) {
+        let e = self.violations.entry(checker).or_insert_with(|| {
+            let history = queue.map(|q| self.queues[q].history.iter().cloned().collect()).unwrap_or_default();
+            let v = Violation {
+                seed: self.seed,
+                checker,
+                instant_ns: now,
+                queue,
+                what,
+                history,
+                repro: Self::repro(self.seed, self.inject),
+            };
+            (v, 0)
+        });
+        e.1 += 1;
+    }
+
+    /// Whether the kernel ended queue `i` (reset it, faulted it): then it has no more work to
+    /// do, and its loss is noted. Asked only when a bound passed (a status query per queue
+    /// and instant would slow every run).
+    fn ended_by_kernel(&mut self, i: usize, now: u64, v: &crate::observe::QueueView<'_>) -> bool {
+        let Some(why) = v.lost() else { return false };
+        let l = &mut self.queues[i];
+        l.lost = true;
+        l.note(now, format!("found lost: {why}"));
+        true
+    }
+
+    /// Scenario events due by `now`: what they exempt and disturb.
+    fn events_due(&mut self, now: u64, world: &World<'_>) {
+        while self.events.front().is_some_and(|(t, _)| *t <= now) {
+            let (t, a) = self.events.pop_front().expect("checked");
+            self.last_disturbance = self.last_disturbance.max(t);
+            match a {
+                Action::Kill { group, queue } => {
+                    // Every queue of its process ends with it.
+                    let pid = world.queue(world.global(group, queue)).process;
+                    for i in 0..world.queue_count() {
+                        if world.queue(i).process == pid {
+                            self.queues[i].killed = true;
+                        }
+                    }
+                }
+                Action::Hang { group, queue } => {
+                    let i = self.group_first[group] + queue as usize;
+                    self.queues[i].hang_armed = true;
+                    self.queues[i].note(t, "hang armed".into());
+                }
+                Action::D3 => {}
+                Action::Suspend { group, queue, for_ns } => {
+                    // Every queue of the context (its process's queues of that group).
+                    let pid = world.queue(world.global(group, queue)).process;
+                    let until = for_ns.map_or(u64::MAX, |d| t + d);
+                    for i in 0..world.queue_count() {
+                        let v = world.queue(i);
+                        if v.process == pid && v.group == group {
+                            self.queues[i].exempt_until = self.queues[i].exempt_until.max(until);
+                            self.queues[i].note(t, "context suspended".into());
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Faults due by `now`, applied; holds that end by `now`, resumed.
+    fn apply_faults(&mut self, now: u64, world: &World<'_>) {
+        let sys = world.system();
+        let mut k = 0;
+        while k < self.held.len() {
+            if self.held[k].until <= now {
+                let h = self.held.swap_remove(k);
+                let v = world.queue(h.queue);
+                if let Some(handle) = v.handle {
+                    // Refused only if the queue went away meanwhile: nothing to resume.
+                    let _ = sys.resume_queue(v.process, handle);
+                }
+                self.queues[h.queue].note(now, "resumed from the hold".into());
+                self.last_disturbance = now;
+            } else {
+                k += 1;
+            }
+        }
+        while self.faults.front().is_some_and(|(t, _)| *t <= now) {
+            let (_, f) = self.faults.pop_front().expect("checked");
+            self.last_disturbance = now;
+            match &f {
+                Fault::Ddi { ddi, call } => sys.inject_ddi_fault(kernel::ddi::DdiFault { ddi: *ddi, call: *call }),
+                Fault::Misbehave { ddi, how } => sys.inject_misbehaviour(*ddi, *how),
+                Fault::Hold { queue, hold_ns } => {
+                    let v = world.queue(*queue);
+                    let Some(handle) = v.handle else { continue };
+                    if !v.live || sys.preempt_queue(v.process, handle).is_err() {
+                        continue;
+                    }
+                    let until = now + hold_ns;
+                    self.held.push(Held { queue: *queue, until });
+                    let l = &mut self.queues[*queue];
+                    l.exempt_until = l.exempt_until.max(until);
+                    l.note(now, format!("held by a preemption request for {} µs", hold_ns / 1000));
+                }
+            }
+            *self.applied.entry(f.kind()).or_default() += 1;
+        }
+    }
+}
+
+impl Observer for Checker {
+    fn completions(&mut self, now: u64, records: &mut Vec<Record>) {
+        // The twins that break the device's records.
+        match self.inject {
+            Some(Inject::LostCompletions) if now >= self.window / 2 => {
+                let lost = *self.lost_queue.get_or_insert(records[0].queue);
+                records.retain(|r| r.queue != lost);
+            }
+            Some(Inject::RepeatedCompletion) if !self.repeated => {
+                self.repeated = true;
+                let r = records[0];
+                records.insert(1, r);
+            }
+            Some(Inject::BackwardsFence) if !self.backwards => {
+                if let Some(k) = records.iter().position(|r| r.value >= 2) {
+                    self.backwards = true;
+                    let r = Record { value: records[k].value - 1, ..records[k] };
+                    records.insert(k + 1, r);
+                }
+            }
+            _ => {}
+        }
+        for r in records.iter() {
+            let l = &mut self.queues[r.queue];
+            l.note(r.at, format!("completion {}", r.value));
+            let (recorded, submitted) = (l.recorded, l.submitted);
+            if r.value < recorded {
+                let what = format!("queue {}: completion {} after completion {recorded}", r.queue, r.value);
+                self.violate("monotone-fence", now, Some(r.queue), what);
+            } else if r.value == recorded {
+                let what = format!("queue {}: command buffer {} completed twice", r.queue, r.value);
+                self.violate("exactly-once", now, Some(r.queue), what);
+            } else if r.value > submitted {
+                let what = format!(
+                    "queue {}: completion {} of a command buffer never submitted (last {submitted})",
+                    r.queue, r.value
+                );
+                self.violate("exactly-once", now, Some(r.queue), what);
+            }
+            let l = &mut self.queues[r.queue];
+            if r.value > l.recorded {
+                l.recorded = r.value;
+                l.progressed = l.progressed.max(now);
+            }
+        }
+    }
+
+    fn submitted(&mut self, queue: usize, value: u64, now: u64) {
+        let l = &mut self.queues[queue];
+        if l.submitted == l.recorded {
+            // An idle queue's wait starts now.
+            l.progressed = now;
+        }
+        l.submitted = value;
+        l.note(now, format!("submitted {value}"));
+        if l.hang_armed {
+            l.hang_armed = false;
+            l.hung = Some((value, now));
+            l.note(now, format!("command buffer {value} holds the hung kernel"));
+        }
+    }
+
+    fn instant(&mut self, now: u64, world: &World<'_>) {
+        self.instants += 1;
+        self.events_due(now, world);
+        self.apply_faults(now, world);
+        if self.inject == Some(Inject::Leak) && self.leaked.is_none() {
+            self.leaked = world.system().open_process().ok();
+        }
+        for i in 0..world.queue_count() {
+            let v = world.queue(i);
+            if let Some(read) = v.completed {
+                let l = &mut self.queues[i];
+                if read < l.read && v.live {
+                    let what = format!("queue {i}: progress fence read {read} after {}", l.read);
+                    self.violate("monotone-fence", now, Some(i), what);
+                }
+                let l = &mut self.queues[i];
+                l.read = l.read.max(read);
+            }
+            let l = &self.queues[i];
+            if v.ended.is_some() {
+                if l.history.back().is_none_or(|h| !h.contains("ended")) {
+                    let why = v.ended.unwrap_or_default().to_string();
+                    self.queues[i].note(now, format!("ended: {why}"));
+                }
+                continue;
+            }
+            if !v.live {
+                continue;
+            }
+            if l.lost {
+                continue;
+            }
+            let engine = self.group_engine[v.group];
+            if let Some((value, at)) = l.hung
+                && l.recorded < value
+                && self.hang_ns.get(engine).is_some_and(|&h| h > 0)
+            {
+                let limit = at + self.hang_ns[engine] + LIVENESS_BOUND_NS;
+                if now > limit && !self.ended_by_kernel(i, now, &v) {
+                    let what = format!(
+                        "queue {i}: its kernel hung at {:.3} ms and the {} ms hang timer never ended it",
+                        at as f64 / 1e6,
+                        self.hang_ns[engine] / 1_000_000
+                    );
+                    self.violate("hang-detected", now, Some(i), what);
+                }
+                continue;
+            }
+            if l.hung.is_some() {
+                continue;
+            }
+            if let Some((value, submitted)) = v.oldest_outstanding {
+                let since = submitted.max(l.progressed).max(l.exempt_until).max(self.last_disturbance);
+                let progressed = l.progressed;
+                if l.exempt_until != u64::MAX
+                    && now > since.saturating_add(LIVENESS_BOUND_NS)
+                    && !self.ended_by_kernel(i, now, &v)
+                {
+                    let what = format!(
+                        "queue {i}: command buffer {value} outstanding since {:.3} ms, no progress since {:.3} ms",
+                        submitted as f64 / 1e6,
+                        progressed as f64 / 1e6
+                    );
+                    self.violate("liveness", now, Some(i), what);
+                }
+            }
+        }
+    }
+
+    fn teardown(&mut self, now: u64, sys: &System) {
+        self.finished = true;
+        let c = sys.census();
+        let left: Vec<String> = [
+            ("processes", c.processes),
+            ("queues", c.queues),
+            ("doorbells", c.doorbells),
+            ("allocations", c.allocations),
+            ("fences", c.fences),
+            ("doorbell pages", c.doorbell_pages),
+            ("kernel doorbells", c.kernel_doorbells),
+            ("GPU mappings", c.gpu_mappings),
+            ("waits", c.waits),
+        ]
+        .iter()
+        .filter(|(_, n)| *n > 0)
+        .map(|(what, n)| format!("{n} {what}"))
+        .collect();
+        if !left.is_empty() {
+            self.violate(
+                "census",
+                now,
+                None,
+                format!("after every process ended the kernel holds {}", left.join(", ")),
+            );
+        }
+        self.leaked = None;
+    }
+
+    fn wake_at(&self) -> Option<u64> {
+        let hold = self.held.iter().map(|h| h.until).min();
+        let fault = self.faults.front().map(|f| f.0);
+        let event = self.events.front().map(|e| e.0);
+        [hold, fault, event].into_iter().flatten().min()
+    }
+}
+
+impl Checker {
+    /// At the run's end: every command buffer completed, or its queue ended with a reason
+    /// (`exactly-once`); `outcome` is the runner's account.
+    pub fn finish(&mut self, outcome: &crate::Outcome) {
+        for (i, q) in outcome.queues.iter().enumerate() {
+            let l = &self.queues[i];
+            let lost = q.submitted - q.completed;
+            let hung_target = l.hung.is_some();
+            let reason = q.ended.as_deref().unwrap_or("");
+            if lost > 0 && (q.ended.is_none() || reason.starts_with("work outstanding")) && !hung_target && !l.lost {
+                let what = format!(
+                    "queue {i}: {lost} of {} command buffers never completed and the queue did not end ({})",
+                    q.submitted,
+                    if reason.is_empty() { "no reason" } else { reason }
+                );
+                self.violate("exactly-once", outcome.end, Some(i), what);
+            }
+        }
+    }
+}
