@@ -1,9 +1,10 @@
-//! What a run writes: `summary.json`, `queues.csv`, `trace.json`.
+//! What a run writes: `summary.json`, `queues.csv`, `timeseries.csv`, `trace.json`.
 //!
-//! Every figure is derived from the [`Outcome`] alone, with integer or fixed-precision
-//! formatting and sorted keys, so the same outcome gives the same bytes. The wall-clock time
-//! a run took is the one figure that is not deterministic; it is never written here (the CLI
-//! prints it).
+//! Every figure is derived from the [`Outcome`] and the [`Plan`] alone, with integer or
+//! fixed-precision formatting and sorted keys, so the same outcome gives the same bytes. The
+//! summary also names the build (`version`, and `commit`, embedded when the crate was built:
+//! the same for every run of one build). The wall-clock time a run took is the one figure that
+//! is not deterministic; it is never written here (the CLI prints it).
 
 use std::fmt::Write as _;
 
@@ -77,6 +78,34 @@ pub const METRICS: &[&str] = &[
 /// sweep's metric names by the figure alone.
 pub const LATENCY_METRICS: &[&str] = &["samples", "p50_ns", "p90_ns", "p99_ns", "p999_ns", "max_ns"];
 
+/// The doorbell version this build reports (the workspace's, which the `doorbell` package
+/// shares).
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// The git commit this build was made from (`git rev-parse --short HEAD` at build time, by
+/// `build.rs`), or `unknown` where there was no repository.
+pub const COMMIT: &str = env!("DOORBELL_COMMIT");
+
+/// The cost model the run used, every `[cost]` key with its value after defaults, in the
+/// key's own unit (so it can be pasted back into a scenario).
+pub fn cost_model(plan: &Plan) -> Value {
+    let ns = |d: std::time::Duration| d.as_nanos() as u64;
+    let c = &plan.system.gpu.cost;
+    json!({
+        "packet_ns": ns(c.packet),
+        "bulk_bytes_per_us": c.bulk_bytes_per_us,
+        "wave_instruction_ns": ns(c.wave_instruction),
+        "bulk_chunk": c.bulk_chunk,
+        "turn_us": ns(c.turn) as f64 / 1e3,
+        "doorbell_latency_ns": plan.doorbell_latency,
+        "interrupt_ns": ns(plan.system.interrupt_delivery),
+        "kernel_call_ns": plan.kernel_call,
+        "restore_cb_ns": ns(c.restore[0]),
+        "restore_packet_ns": ns(c.restore[1]),
+        "restore_inside_ns": ns(c.restore[2]),
+    })
+}
+
 /// The summary object.
 pub fn summary(plan: &Plan, o: &Outcome) -> Value {
     let submitted: u64 = o.queues.iter().map(|q| q.submitted).sum();
@@ -111,6 +140,10 @@ pub fn summary(plan: &Plan, o: &Outcome) -> Value {
         })
         .collect();
     json!({
+        "version": VERSION,
+        "commit": COMMIT,
+        "cost": cost_model(plan),
+        "warmup_ns": plan.warmup,
         "scenario": plan.name,
         "seed": o.seed,
         "queues": o.queues.len(),
