@@ -211,25 +211,43 @@ pub fn timeseries_csv(o: &Outcome) -> String {
         let _ = write!(s, ",busy_share:{e}");
     }
     s.push('\n');
+    for ((t, width, shares), x) in busy_shares(o).iter().zip(&o.samples) {
+        let _ = write!(s, "{t},{width},{}", x.completions);
+        for held in &x.slots_held {
+            let _ = write!(s, ",{held}");
+        }
+        for share in shares {
+            let _ = write!(s, ",{share:.4}");
+        }
+        s.push('\n');
+    }
+    s
+}
+
+/// Each bucket of the time series: its start (ns since the run's start), its width, and per
+/// engine its busy share (device time the engine spent executing in the bucket over the
+/// bucket's width, 0 to 1; the last bucket ends at the run's end).
+pub fn busy_shares(o: &Outcome) -> Vec<(u64, u64, Vec<f64>)> {
     let t0 = o.samples.first().map_or(0, |x| x.t);
+    let mut out = Vec::with_capacity(o.samples.len());
     for (i, x) in o.samples.iter().enumerate() {
         let (next_t, next_busy) = match o.samples.get(i + 1) {
             Some(n) => (n.t, &n.busy_ns),
             None => ((o.end + t0).max(x.t), &o.busy_end_ns),
         };
         let width = next_t.saturating_sub(x.t);
-        let _ = write!(s, "{},{width},{}", x.t - t0, x.completions);
-        for held in &x.slots_held {
-            let _ = write!(s, ",{held}");
-        }
-        for (e, busy) in x.busy_ns.iter().enumerate() {
-            let d = next_busy.get(e).copied().unwrap_or(*busy).saturating_sub(*busy);
-            let share = if width == 0 { 0.0 } else { (d as f64 / width as f64).min(1.0) };
-            let _ = write!(s, ",{:.4}", share);
-        }
-        s.push('\n');
+        let shares = x
+            .busy_ns
+            .iter()
+            .enumerate()
+            .map(|(e, busy)| {
+                let d = next_busy.get(e).copied().unwrap_or(*busy).saturating_sub(*busy);
+                if width == 0 { 0.0 } else { (d as f64 / width as f64).min(1.0) }
+            })
+            .collect();
+        out.push((x.t - t0, width, shares));
     }
-    s
+    out
 }
 
 /// `trace.json`: Chrome/Perfetto trace events.
