@@ -272,7 +272,7 @@ const ORDERED: [Rgb; 8] = [
     (109, 205, 89),
 ];
 
-/// The colour of series `k` of `n` in order: spread over [`ORDERED`].
+/// The colour of series `k` of `n` in order: spread over a dark-to-light palette (viridis).
 pub fn ordered_color(k: usize, n: usize) -> Rgb {
     if n <= 1 {
         return ORDERED[3];
