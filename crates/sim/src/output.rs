@@ -1,9 +1,10 @@
-//! What a run writes: `summary.json`, `queues.csv`, `trace.json`.
+//! What a run writes: `summary.json`, `queues.csv`, `timeseries.csv`, `trace.json`.
 //!
-//! Every figure is derived from the [`Outcome`] alone, with integer or fixed-precision
-//! formatting and sorted keys, so the same outcome gives the same bytes. The wall-clock time
-//! a run took is the one figure that is not deterministic; it is never written here (the CLI
-//! prints it).
+//! Every figure is derived from the [`Outcome`] and the [`Plan`] alone, with integer or
+//! fixed-precision formatting and sorted keys, so the same outcome gives the same bytes. The
+//! summary also names the build (`version`, and `commit`, embedded when the crate was built:
+//! the same for every run of one build). The wall-clock time a run took is the one figure that
+//! is not deterministic; it is never written here (the CLI prints it).
 
 use std::fmt::Write as _;
 
@@ -77,6 +78,34 @@ pub const METRICS: &[&str] = &[
 /// sweep's metric names by the figure alone.
 pub const LATENCY_METRICS: &[&str] = &["samples", "p50_ns", "p90_ns", "p99_ns", "p999_ns", "max_ns"];
 
+/// The doorbell version this build reports (the workspace's, which the `doorbell` package
+/// shares).
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// The git commit this build was made from (`git rev-parse --short HEAD` at build time, by
+/// `build.rs`), or `unknown` where there was no repository.
+pub const COMMIT: &str = env!("DOORBELL_COMMIT");
+
+/// The cost model the run used, every `[cost]` key with its value after defaults, in the
+/// key's own unit (so it can be pasted back into a scenario).
+pub fn cost_model(plan: &Plan) -> Value {
+    let ns = |d: std::time::Duration| d.as_nanos() as u64;
+    let c = &plan.system.gpu.cost;
+    json!({
+        "packet_ns": ns(c.packet),
+        "bulk_bytes_per_us": c.bulk_bytes_per_us,
+        "wave_instruction_ns": ns(c.wave_instruction),
+        "bulk_chunk": c.bulk_chunk,
+        "turn_us": ns(c.turn) as f64 / 1e3,
+        "doorbell_latency_ns": plan.doorbell_latency,
+        "interrupt_ns": ns(plan.system.interrupt_delivery),
+        "kernel_call_ns": plan.kernel_call,
+        "restore_cb_ns": ns(c.restore[0]),
+        "restore_packet_ns": ns(c.restore[1]),
+        "restore_inside_ns": ns(c.restore[2]),
+    })
+}
+
 /// The summary object.
 pub fn summary(plan: &Plan, o: &Outcome) -> Value {
     let submitted: u64 = o.queues.iter().map(|q| q.submitted).sum();
@@ -111,6 +140,10 @@ pub fn summary(plan: &Plan, o: &Outcome) -> Value {
         })
         .collect();
     json!({
+        "version": VERSION,
+        "commit": COMMIT,
+        "cost": cost_model(plan),
+        "warmup_ns": plan.warmup,
         "scenario": plan.name,
         "seed": o.seed,
         "queues": o.queues.len(),
@@ -178,25 +211,43 @@ pub fn timeseries_csv(o: &Outcome) -> String {
         let _ = write!(s, ",busy_share:{e}");
     }
     s.push('\n');
+    for ((t, width, shares), x) in busy_shares(o).iter().zip(&o.samples) {
+        let _ = write!(s, "{t},{width},{}", x.completions);
+        for held in &x.slots_held {
+            let _ = write!(s, ",{held}");
+        }
+        for share in shares {
+            let _ = write!(s, ",{share:.4}");
+        }
+        s.push('\n');
+    }
+    s
+}
+
+/// Each bucket of the time series: its start (ns since the run's start), its width, and per
+/// engine its busy share (device time the engine spent executing in the bucket over the
+/// bucket's width, 0 to 1; the last bucket ends at the run's end).
+pub fn busy_shares(o: &Outcome) -> Vec<(u64, u64, Vec<f64>)> {
     let t0 = o.samples.first().map_or(0, |x| x.t);
+    let mut out = Vec::with_capacity(o.samples.len());
     for (i, x) in o.samples.iter().enumerate() {
         let (next_t, next_busy) = match o.samples.get(i + 1) {
             Some(n) => (n.t, &n.busy_ns),
             None => ((o.end + t0).max(x.t), &o.busy_end_ns),
         };
         let width = next_t.saturating_sub(x.t);
-        let _ = write!(s, "{},{width},{}", x.t - t0, x.completions);
-        for held in &x.slots_held {
-            let _ = write!(s, ",{held}");
-        }
-        for (e, busy) in x.busy_ns.iter().enumerate() {
-            let d = next_busy.get(e).copied().unwrap_or(*busy).saturating_sub(*busy);
-            let share = if width == 0 { 0.0 } else { (d as f64 / width as f64).min(1.0) };
-            let _ = write!(s, ",{:.4}", share);
-        }
-        s.push('\n');
+        let shares = x
+            .busy_ns
+            .iter()
+            .enumerate()
+            .map(|(e, busy)| {
+                let d = next_busy.get(e).copied().unwrap_or(*busy).saturating_sub(*busy);
+                if width == 0 { 0.0 } else { (d as f64 / width as f64).min(1.0) }
+            })
+            .collect();
+        out.push((x.t - t0, width, shares));
     }
-    s
+    out
 }
 
 /// `trace.json`: Chrome/Perfetto trace events.

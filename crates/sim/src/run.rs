@@ -124,7 +124,7 @@ pub struct Outcome {
     pub seed: u64,
     /// Per queue.
     pub queues: Vec<QueueResult>,
-    /// Latencies (ns) per group.
+    /// Latencies (ns) per group, of command buffers submitted after the warm-up.
     pub latencies: Vec<Vec<u64>>,
     /// Virtual time submission stopped (ns).
     pub window_end: u64,
@@ -642,7 +642,9 @@ pub fn run_observed(
                 }
                 q.res.latency_sum += lat;
                 q.res.latency_max = q.res.latency_max.max(lat);
-                latencies[q.group].push(lat);
+                if t.saturating_sub(t0) >= plan.warmup {
+                    latencies[q.group].push(lat); // warmup_ms: no sample from the warm-up
+                }
                 if q.traced && spans.len() < TRACE_SPANS {
                     spans.push(Span { queue: i, submit: t, end: at });
                 }

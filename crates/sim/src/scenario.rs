@@ -74,6 +74,10 @@ pub struct Scenario {
     /// How long the run waits for outstanding work after submission stops (ms, default 1000).
     #[serde(default = "default_drain")]
     pub drain_ms: Spanned<f64>,
+    /// The window's start excluded from latency statistics (ms, default 0): command buffers
+    /// submitted before it count as submitted and completed but give no latency sample.
+    #[serde(default = "default_warmup")]
+    pub warmup_ms: Spanned<f64>,
     /// Throughput and occupancy are sampled this many times over the run (default 200).
     #[serde(default = "default_samples")]
     pub samples: u32,
@@ -109,6 +113,9 @@ pub struct Source {
 
 fn default_drain() -> Spanned<f64> {
     Spanned::new(0..0, 1000.0)
+}
+fn default_warmup() -> Spanned<f64> {
+    Spanned::new(0..0, 0.0)
 }
 fn default_samples() -> u32 {
     200
@@ -645,6 +652,8 @@ pub struct Plan {
     pub submissions: Option<u64>,
     /// Drain limit (ns).
     pub drain: u64,
+    /// Warm-up (ns): command buffers submitted before it give no latency sample.
+    pub warmup: u64,
     /// Samples over the run.
     pub samples: u32,
     /// Queues trace.json shows (more when the classes and event targets alone are more).
@@ -728,6 +737,14 @@ impl Scenario {
             return self.err(0..0, "duration_ms", "(missing)", "give duration_ms or submissions (or both)");
         }
         let drain = ms(nonneg(&self.drain_ms, "drain_ms")?);
+        let warmup = ms(nonneg(&self.warmup_ms, "warmup_ms")?);
+        if let Some(d) = duration
+            && warmup >= d
+        {
+            let why =
+                format!("must be less than duration_ms ({}): the warm-up would exclude every latency", d as f64 / 1e6);
+            return self.err(self.warmup_ms.span(), "warmup_ms", self.warmup_ms.get_ref(), why);
+        }
         if self.samples == 0 || self.samples > 100_000 {
             return self.err(self.key_span("samples"), "samples", self.samples, "must be 1..=100000");
         }
@@ -1145,6 +1162,7 @@ impl Scenario {
             kernel_call,
             submissions: self.submissions.as_ref().map(|s| *s.get_ref()),
             drain,
+            warmup,
             samples: self.samples,
             trace_queues,
             system,

@@ -24,7 +24,7 @@ use rayon::prelude::*;
 use serde::Deserialize;
 use serde_json::{Value as Json, json};
 
-use crate::report::{Chart, Line, esc, page, render, table};
+use crate::report::{Chart, Scale, Series, Shape, Unit, esc, ordered_color, page, render, table};
 use crate::scenario::{Scenario, ScenarioError, Source};
 use crate::{SimError, output};
 
@@ -550,60 +550,127 @@ pub fn finish(m: &Json, rows: &[Row], dir: &Path) -> Result<(), SimError> {
     crate::write(dir, "report.html", page("doorbell sim sweep", &sections).as_bytes())
 }
 
-/// `metric` against `axis`: one line per combination of the other axes (mean over seeds),
-/// with the seeds' min and max as faint lines. A categorical axis is plotted by position.
-fn chart(rows: &[Row], axes: &[String], axis: &str, metric: &str) -> Chart {
-    let key = format!("axis:{axis}");
-    // Axis values in first-seen order (run order follows the sweep file's order).
-    let mut values: Vec<String> = Vec::new();
-    for r in rows {
-        if let Some(v) = r.cells.get(&key)
-            && !values.contains(v)
-        {
-            values.push(v.clone());
+/// Student's t at 97.5 % for `df` degrees of freedom (a two-sided 95 % interval); 1.96 past 30.
+fn t975(df: usize) -> f64 {
+    const T: [f64; 30] = [
+        12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+        2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
+    ];
+    if df == 0 { 0.0 } else { T.get(df - 1).copied().unwrap_or(1.96) }
+}
+
+/// The mean of `ys` and its 95 % interval (Student's t over the seeds; none for one seed).
+pub fn mean_interval(ys: &[f64]) -> (f64, f64, f64) {
+    let n = ys.len() as f64;
+    let mean = ys.iter().sum::<f64>() / n;
+    if ys.len() < 2 {
+        return (mean, mean, mean);
+    }
+    let var = ys.iter().map(|y| (y - mean) * (y - mean)).sum::<f64>() / (n - 1.0);
+    let half = t975(ys.len() - 1) * (var / n).sqrt();
+    (mean, mean - half, mean + half)
+}
+
+/// Compares two axis values: as numbers where both are, else by their place in `order`.
+fn value_order(a: &str, b: &str, order: &[String]) -> std::cmp::Ordering {
+    match (a.parse::<f64>(), b.parse::<f64>()) {
+        (Ok(x), Ok(y)) => x.total_cmp(&y),
+        _ => {
+            let at = |v: &str| order.iter().position(|o| o == v).unwrap_or(usize::MAX);
+            at(a).cmp(&at(b)).then(a.cmp(b))
         }
     }
+}
+
+/// The most series one sweep chart draws.
+const MAX_SERIES: usize = 8;
+
+/// `metric` against `axis`: one series per combination of the other axes (legend in the order
+/// of their values, numbers as numbers), each point the mean over seeds with its 95 %
+/// interval. A numeric axis is a number line and its means are joined; an axis of names is
+/// drawn as categories, each series' points side by side, never joined.
+fn chart(rows: &[Row], axes: &[String], axis: &str, metric: &str) -> Chart {
+    let key = format!("axis:{axis}");
+    // Each axis' values in first-seen order (run order follows the sweep file's order).
+    let mut seen: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+    for a in axes {
+        let k = format!("axis:{a}");
+        let vals = seen.entry(a.as_str()).or_default();
+        for r in rows {
+            if let Some(v) = r.cells.get(&k)
+                && !vals.contains(v)
+            {
+                vals.push(v.clone());
+            }
+        }
+    }
+    let values = seen.get(axis).cloned().unwrap_or_default();
     let numeric = values.iter().all(|v| v.parse::<f64>().is_ok());
     let x_of = |v: &str| {
         if numeric { v.parse::<f64>().unwrap_or(0.0) } else { values.iter().position(|x| x == v).unwrap_or(0) as f64 }
     };
     let others: Vec<&String> = axes.iter().filter(|a| a.as_str() != axis).collect();
-    // (other-axes label) -> x -> samples
-    let mut groups: BTreeMap<String, BTreeMap<String, Vec<f64>>> = BTreeMap::new();
+    // (other axes' values) -> x value -> samples over seeds
+    let mut groups: BTreeMap<Vec<String>, BTreeMap<String, Vec<f64>>> = BTreeMap::new();
     for r in rows {
         let Some(v) = r.cells.get(&key) else { continue };
         let Some(y) = r.cells.get(metric).and_then(|y| y.parse::<f64>().ok()) else { continue };
-        let label = others
-            .iter()
-            .map(|a| format!("{}={}", a, r.cells.get(&format!("axis:{a}")).map_or("", String::as_str)))
-            .collect::<Vec<_>>()
-            .join(", ");
+        let label = others.iter().map(|a| r.cells.get(&format!("axis:{a}")).cloned().unwrap_or_default()).collect();
         groups.entry(label).or_default().entry(v.clone()).or_default().push(y);
     }
-    let mut lines = Vec::new();
-    for (label, by_x) in groups.iter().take(8) {
-        let mut pts: Vec<(f64, f64, f64, f64)> = by_x
+    let mut groups: Vec<_> = groups.into_iter().collect();
+    groups.sort_by(|a, b| {
+        a.0.iter()
+            .zip(&b.0)
+            .zip(&others)
+            .map(|((x, y), ax)| value_order(x, y, seen.get(ax.as_str()).map_or(&[][..], Vec::as_slice)))
+            .find(|o| o.is_ne())
+            .unwrap_or(std::cmp::Ordering::Equal)
+    });
+    let shown = groups.len().min(MAX_SERIES);
+    let xs: Vec<f64> = values.iter().map(|v| x_of(v)).collect();
+    let span = xs.iter().copied().fold(f64::MIN, f64::max) - xs.iter().copied().fold(f64::MAX, f64::min);
+    let seeds = rows.iter().filter_map(|r| r.cells.get("seed")).collect::<BTreeSet<_>>().len();
+    let mut series = Vec::new();
+    for (k, (label, by_x)) in groups.iter().take(shown).enumerate() {
+        // Side by side at each value, so the intervals do not hide each other.
+        let width = if numeric { span * 0.04 } else { 0.4 };
+        let shift = (k as f64 - (shown as f64 - 1.0) / 2.0) * width / shown as f64;
+        let mut points: Vec<(f64, f64, f64, f64)> = by_x
             .iter()
             .map(|(v, ys)| {
-                let mean = ys.iter().sum::<f64>() / ys.len() as f64;
-                let lo = ys.iter().copied().fold(f64::MAX, f64::min);
-                let hi = ys.iter().copied().fold(f64::MIN, f64::max);
-                (x_of(v), mean, lo, hi)
+                let (mean, lo, hi) = mean_interval(ys);
+                (x_of(v) + shift, mean, lo, hi)
             })
             .collect();
-        pts.sort_by(|a, b| a.0.total_cmp(&b.0));
-        let name = if label.is_empty() { metric.to_string() } else { label.clone() };
-        lines.push(Line { name, points: pts.iter().map(|p| (p.0, p.1)).collect(), faint: false });
-        lines.push(Line { name: String::new(), points: pts.iter().map(|p| (p.0, p.2)).collect(), faint: true });
-        lines.push(Line { name: String::new(), points: pts.iter().map(|p| (p.0, p.3)).collect(), faint: true });
+        points.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let name = if label.is_empty() {
+            metric.to_string()
+        } else {
+            others.iter().zip(label).map(|(a, v)| format!("{a}={v}")).collect::<Vec<_>>().join(", ")
+        };
+        series.push(Series { name, color: ordered_color(k, shown), shape: Shape::Interval { points, join: numeric } });
+    }
+    let mut notes = vec![format!("dot: mean over {seeds} seed{}", if seeds == 1 { "" } else { "s" })];
+    if seeds > 1 {
+        notes.push("bar: its 95% interval (Student's t)".into());
+    }
+    if groups.len() > shown {
+        notes.push(format!("the first {shown} of {} series", groups.len()));
     }
     let safe = |s: &str| s.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect::<String>();
-    let xlab = if numeric { axis.to_string() } else { format!("{axis} ({})", values.join(" | ")) };
     Chart {
         file: format!("{}_vs_{}", safe(metric), safe(axis)),
-        title: format!("{metric} vs {axis} (mean; faint: min and max over seeds)"),
-        x: xlab,
+        title: format!("{metric} vs {axis}"),
+        x: axis.to_string(),
         y: metric.to_string(),
-        lines,
+        x_scale: if numeric { Scale::Linear } else { Scale::Categories(values.clone()) },
+        x_unit: Unit::Plain,
+        x_ticks: numeric.then_some(xs),
+        y_unit: if metric.ends_with("_ns") { Unit::Ns } else { Unit::Plain },
+        y_top: None,
+        series,
+        marks: Vec::new(),
+        notes,
     }
 }

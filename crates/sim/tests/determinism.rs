@@ -6,7 +6,8 @@
 //!
 //! Each run goes into a fresh directory and the two directories are compared file by file
 //! (summary, queues, trace, plots as SVG and PNG, report). Nothing in them varies legitimately:
-//! wall-clock times stay in the `Outcome` and reach no file, and no version string is written.
+//! wall-clock times stay in the `Outcome` and reach no file, and the summary's `version` and
+//! `commit` are the build's, fixed when it was compiled.
 //! Before the fix, the hang timer's scan visited processes in `HashMap` order (a seed drawn per
 //! map), so its preemption requests went out in a different order in each run: the last three
 //! tests failed in each of 11 tries.

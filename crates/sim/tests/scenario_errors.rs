@@ -136,3 +136,20 @@ fn more_processes_than_doorbell_pages_is_refused_at_load_naming_queues_per_proce
     let text = text.replace("queues_per_process = 1", "queues_per_process = 2");
     sim::Scenario::parse(std::path::Path::new("many.toml"), &text).unwrap();
 }
+
+#[test]
+fn a_warm_up_as_long_as_the_window_is_refused() {
+    let (line, key, value, why) = refuse("duration_ms = 1\nwarmup_ms = 1\n[[group]]\nname = \"a\"\n");
+    assert_eq!((line, key.as_str(), value.as_str()), (2, "warmup_ms", "1"), "{why}");
+    assert!(why.contains("less than duration_ms (1)"), "{why}");
+    let (line, key, value, _) = refuse("duration_ms = 2\nwarmup_ms = 2.5\n[[group]]\nname = \"a\"\n");
+    assert_eq!((line, key.as_str(), value.as_str()), (2, "warmup_ms", "2.5"));
+    let (_, key, value, why) = refuse("duration_ms = 2\nwarmup_ms = -1\n[[group]]\nname = \"a\"\n");
+    assert_eq!((key.as_str(), value.as_str()), ("warmup_ms", "-1"), "{why}");
+    // Shorter than the window, or a run bounded by count only: accepted.
+    let p =
+        Scenario::parse(Path::new("ok.toml"), "duration_ms = 2\nwarmup_ms = 0.5\n[[group]]\nname = \"a\"\n").unwrap();
+    assert_eq!(p.warmup, 500_000);
+    let p = Scenario::parse(Path::new("ok.toml"), "submissions = 5\nwarmup_ms = 3\n[[group]]\nname = \"a\"\n").unwrap();
+    assert_eq!(p.warmup, 3_000_000);
+}
