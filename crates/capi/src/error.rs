@@ -165,18 +165,25 @@ impl Error {
             Error::Invalid { .. } => DB_INVALID_ARGUMENT,
             Error::OutOfBounds { .. } => DB_OUT_OF_BOUNDS,
             Error::Poisoned(_) => DB_PANIC,
-            Error::Umd(e) => match e {
-                UmdError::Kernel(k) => kernel_status(k),
-                UmdError::QueueLost { .. } => DB_QUEUE_LOST,
-                UmdError::TooLarge { .. } => DB_TOO_LARGE,
-                UmdError::Timeout { .. } | UmdError::FenceTimeout { .. } => DB_TIMEOUT,
-                UmdError::NoCpuAccess { .. } => DB_NO_CPU_ACCESS,
-                UmdError::Corrupt { .. } => DB_CORRUPT,
-                UmdError::NoEngine { .. } => DB_NO_ENGINE,
-                UmdError::Shm(s) => shm_status(s),
-                UmdError::Connect(_) => DB_CONNECT,
-            },
+            Error::Umd(e) => umd_status(e),
         }
+    }
+}
+
+fn umd_status(e: &UmdError) -> db_status {
+    use db_status::*;
+    match e {
+        UmdError::Kernel(k) => kernel_status(k),
+        UmdError::QueueLost { .. } => DB_QUEUE_LOST,
+        UmdError::TooLarge { .. } => DB_TOO_LARGE,
+        UmdError::Timeout { .. } | UmdError::FenceTimeout { .. } => DB_TIMEOUT,
+        UmdError::NoCpuAccess { .. } => DB_NO_CPU_ACCESS,
+        UmdError::Corrupt { .. } => DB_CORRUPT,
+        UmdError::NoEngine { .. } => DB_NO_ENGINE,
+        UmdError::Shm(s) => shm_status(s),
+        UmdError::Connect(_) => DB_CONNECT,
+        // The reconnect's own status; db_last_error names the published value.
+        UmdError::NotRung { source, .. } => umd_status(source),
     }
 }
 

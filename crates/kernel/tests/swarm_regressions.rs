@@ -29,3 +29,35 @@ fn a_process_killed_in_its_waits_leaves_no_wait_behind() {
     assert_eq!(after.waits, base.waits, "no wait outlives its process");
     assert_eq!(after.processes, base.processes);
 }
+
+/// A submission whose doorbell was disconnected (the device went to D3) and whose reconnect
+/// fails is published, not refused: `submit` says so with the command buffer's progress value
+/// (`UmdError::NotRung`), and the work runs once the queue rings again (`Queue::ring`). Before the fix the error
+/// read as a refused submission whose work then ran anyway (the swarm's exactly-once checker:
+/// "completion of a command buffer never submitted").
+#[test]
+fn a_failed_reconnect_after_publishing_reports_the_published_value_and_the_work_runs() {
+    let sys = common::sim();
+    let c = common::client(&sys);
+    let mut q = c.user_queue();
+    let mut cb = umd::CommandBuffer::new();
+    cb.write_u32(c.buf.va(), 1);
+    q.finish(common::T).unwrap();
+    sys.enter_d3().unwrap();
+    assert_eq!(q.doorbell_status().unwrap(), abi::DoorbellStatus::DisconnectedRetry);
+    sys.inject_ddi_fault(kernel::ddi::DdiFault { ddi: kernel::ddi::DdiKind::ConnectDoorbell, call: 1 });
+    let value = match q.submit(&cb) {
+        Err(umd::UmdError::NotRung { value, .. }) => value,
+        other => panic!("expected NotRung, got {other:?}"),
+    };
+    assert_eq!(value, 1);
+    assert_eq!(q.last_submitted(), 1, "the value is taken");
+    q.ring().unwrap();
+    assert_eq!(q.reconnects(), 1);
+    q.wait(value, common::T).unwrap();
+    assert_eq!(c.buf.read_u32(0).unwrap(), 1);
+    // The next submission goes on from there.
+    cb.clear();
+    cb.write_u32(c.buf.va(), 2);
+    assert_eq!(q.submit(&cb).unwrap(), 2);
+}

@@ -1198,7 +1198,7 @@ fn encode_and_submit(
     if key.is_some() && encoded.key == key {
         let np = 1 + dur.is_some() as u32;
         let q = qs[i].q.as_mut().expect("checked above");
-        let v = q.submit(&encoded.cb)?;
+        let v = published(q.submit(&encoded.cb), q, &mut qs[i].res.ended)?;
         qs[i].outstanding.push_back((v, intended, np));
         qs[i].res.submitted += 1;
         return Ok(Some(0));
@@ -1249,12 +1249,29 @@ fn encode_and_submit(
         signals += 1;
     }
     let q = qs[i].q.as_mut().expect("checked above");
-    let v = q.submit(cb)?;
+    let v = published(q.submit(cb), q, &mut qs[i].res.ended)?;
     encoded.key = key;
     debug_assert_eq!(v, next_value);
     qs[i].outstanding.push_back((v, intended, np));
     qs[i].res.submitted += 1;
     Ok(Some(signals))
+}
+
+/// A submission's result, where a command buffer published but not rung
+/// ([`umd::UmdError::NotRung`]: its doorbell's reconnect failed) counts as submitted — it runs
+/// once the doorbell is connected and rung — and the client rings again at once
+/// ([`Queue::ring`], which reconnects); should that fail too, `ended` says so (the published
+/// work is still accounted, and the next submission tries again).
+fn published(r: Result<u64, umd::UmdError>, q: &mut Queue, ended: &mut Option<String>) -> Result<u64, umd::UmdError> {
+    match r {
+        Err(umd::UmdError::NotRung { value, .. }) => {
+            if let Err(e) = q.ring() {
+                ended.get_or_insert_with(|| format!("doorbell not reconnected after command buffer {value}: {e}"));
+            }
+            Ok(value)
+        }
+        r => r,
+    }
 }
 
 /// The marker of scenario event `k`, applied at `t`.

@@ -199,6 +199,23 @@ pub enum UmdError {
     /// The daemon could not be reached or refused the connection ([`Device::connect`]).
     #[error(transparent)]
     Connect(#[from] wire::ConnectError),
+    /// The command buffer is in the ring and published (it has its progress value), but its
+    /// doorbell was disconnected and reconnecting it failed: the engine was not told. It is
+    /// not lost: it runs once the doorbell is connected and rung again — [`Queue::ring`], or
+    /// the next submission, which does both — or when the kernel binds the queue's doorbell
+    /// anew. Wait for `value` only after one of those. (Found by `doorbell sim swarm`: a
+    /// failed reconnect used to look like a refused submission whose work then ran anyway.)
+    #[error(
+        "command buffer {value} on {queue} is published but not rung: reconnecting its doorbell failed ({source}); call Queue::ring, or submit again, before waiting for it"
+    )]
+    NotRung {
+        /// The queue.
+        queue: abi::HwQueueHandle,
+        /// The command buffer's progress value.
+        value: u64,
+        /// Why the reconnect failed.
+        source: Box<UmdError>,
+    },
 }
 
 impl From<KernelError> for UmdError {

@@ -324,6 +324,18 @@ impl Queue {
         Ok(())
     }
 
+    /// Rings the doorbell again with the wptr already published, reconnecting it first if it
+    /// is disconnected: steps 4 and 5 of the submission loop alone. What to do after
+    /// [`UmdError::NotRung`] (a submission published while its doorbell's reconnect failed):
+    /// the engine hears of the work, and a wait for its value can end. A kernel-mode queue has
+    /// no doorbell: nothing to do.
+    pub fn ring(&mut self) -> Result<(), UmdError> {
+        match self.hw {
+            Hw::User(_) => self.ring_and_check(),
+            Hw::Kernel(_) => Ok(()),
+        }
+    }
+
     /// Submits a command buffer; returns its progress value. See the module docs for the
     /// order of operations.
     ///
@@ -519,7 +531,13 @@ impl Queue {
                 DoorbellStatus::Connected => return Ok(()),
                 DoorbellStatus::ConnectedNotify => return u.q.notify(),
                 DoorbellStatus::DisconnectedRetry => {
-                    u.q.connect()?;
+                    // The work is published: a failed reconnect must not read as a refused
+                    // submission (its value is taken, and the work runs once reconnected).
+                    u.q.connect().map_err(|e| UmdError::NotRung {
+                        queue: u.q.handle(),
+                        value: self.next_progress,
+                        source: Box::new(e),
+                    })?;
                     self.reconnects += 1;
                 }
                 DoorbellStatus::DisconnectedAbort => return Err(u.q.lost()),

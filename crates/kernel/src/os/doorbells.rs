@@ -323,6 +323,29 @@ impl Os {
         // 0. A connect in D3 wakes the device: D0, then residency (spec 000 "Engine D-state
         // transitions"); the contexts resume after the connection, below.
         let woke = self.power_up(now)?;
+        let connected = self.connect_awake(pid, q, engine, d, page, process_page, desc.doorbell_index, now);
+        // 5. After D3: resume every context — after a failed connection too: the device is in
+        // D0 now, and no later connect would resume them (found by `doorbell sim swarm`:
+        // a failed reconnect out of D3 left every context suspended and the work never ran).
+        if woke {
+            self.resume_after_d3(now)?;
+        }
+        connected
+    }
+
+    /// Steps 1 to 4 of [`Os::connect_doorbell`], the device awake.
+    #[allow(clippy::too_many_arguments)]
+    fn connect_awake(
+        &mut self,
+        pid: ProcessId,
+        q: HwQueueHandle,
+        engine: abi::EngineId,
+        d: DoorbellHandle,
+        page: Arc<RotatingPage>,
+        process_page: u32,
+        index: u32,
+        now: Time,
+    ) -> Result<(), KernelError> {
         // 1. An engine in F1 goes back to F0 first (spec 000 "Engine F-state transitions").
         self.wake_engine(engine, now)?;
         // 2. DxgkDdiConnectDoorbell: the KMD binds a physical doorbell — after victimizing
@@ -334,7 +357,7 @@ impl Os {
             victimizations: &mut self.stats.victimizations,
             now,
         };
-        let step = self.ddi.connect_doorbell(q, process_page, desc.doorbell_index, &mut victimizer)?;
+        let step = self.ddi.connect_doorbell(q, process_page, index, &mut victimizer)?;
         // 3. Dxgkrnl maps the physical doorbell at the doorbell's CPU VA.
         page.rotate_to(&self.bar, step.page_offset)?;
         self.trace.push(now, Event::Rotate { queue: q, to: PageTarget::Bar });
@@ -343,10 +366,6 @@ impl Os {
         self.write_status(pid, q, status, now);
         self.proc(pid)?.doorbells.get_mut(d)?.connected = true;
         self.stats.connects += 1;
-        // 5. After D3: resume every context.
-        if woke {
-            self.resume_after_d3(now)?;
-        }
         Ok(())
     }
 
