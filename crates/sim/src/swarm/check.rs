@@ -12,7 +12,8 @@
 //! - `liveness`: a live queue with work makes progress within [`LIVENESS_BOUND_NS`] of its
 //!   oldest command buffer's submission, of its last progress and of the last fault that could
 //!   delay it (a hold, a suspend, a DDI failure, a D3 request, a kill, a hang), unless it is held
-//!   or suspended, or it is the queue that hung.
+//!   or suspended, it is the queue that hung, the kernel ended it, or it waits (`after`) on
+//!   a queue that will never signal again (hung, killed or ended, directly or further up).
 //! - `hang-detected`: a queue whose kernel hung, on an engine with a per-queue hang timer,
 //!   ends (is reset, lost) within the timer plus the liveness bound of its hung submission.
 //! - `census`: once every client process ended, the kernel holds nothing: no process, queue,
@@ -136,6 +137,8 @@ struct Ledger {
     killed: bool,
     /// The kernel reset or faulted it (seen by [`Checker::ended_by_kernel`]).
     lost: bool,
+    /// The runner reported it ended (noted once).
+    ended: bool,
     history: VecDeque<String>,
 }
 
@@ -164,6 +167,8 @@ pub struct Checker {
     group_first: Vec<usize>,
     /// Each group's engine (index).
     group_engine: Vec<usize>,
+    /// Each queue's upstream queue (`after`): the one whose fence its command buffers wait for.
+    upstream: Vec<Option<usize>>,
     /// Hang timer per engine (ns; 0: off), as the checker expects it.
     hang_ns: Vec<u64>,
     faults: VecDeque<(u64, Fault)>,
@@ -195,6 +200,14 @@ impl Checker {
             group_first.push(n);
             n += g.count as usize;
         }
+        let upstream = plan
+            .groups
+            .iter()
+            .flat_map(|g| {
+                let up = g.after.map(|u| (group_first[u], plan.groups[u].count as usize));
+                (0..g.count as usize).map(move |k| up.map(|(first, count)| first + k % count))
+            })
+            .collect();
         let tdr = &plan.system.tdr;
         let hang_ns = plan
             .system
@@ -213,6 +226,7 @@ impl Checker {
             events: plan.events.iter().cloned().collect(),
             group_first,
             group_engine: plan.groups.iter().map(|g| g.engine).collect(),
+            upstream,
             hang_ns,
             faults: faults.iter().cloned().collect(),
             held: Vec::new(),
@@ -264,6 +278,24 @@ impl Checker {
         l.lost = true;
         l.note(now, format!("found lost: {why}"));
         true
+    }
+
+    /// Whether queue `i` waits (on the GPU, `after`) for a queue that will never signal again:
+    /// one whose kernel hung, whose process was killed, or that the kernel ended — directly or
+    /// further up. Its work then waits for ever, as the scenario asked, and liveness does not
+    /// apply to it.
+    fn upstream_stopped(&self, i: usize) -> bool {
+        let mut at = self.upstream[i];
+        // A chain is at most as long as the groups (no cycles: the scenario refuses them).
+        for _ in 0..self.upstream.len() {
+            let Some(u) = at else { return false };
+            let l = &self.queues[u];
+            if l.hung.is_some() || l.killed || l.lost {
+                return true;
+            }
+            at = self.upstream[u];
+        }
+        false
     }
 
     /// Scenario events due by `now`: what they exempt and disturb.
@@ -426,10 +458,11 @@ impl Observer for Checker {
                 l.read = l.read.max(read);
             }
             let l = &self.queues[i];
-            if v.ended.is_some() {
-                if l.history.back().is_none_or(|h| !h.contains("ended")) {
-                    let why = v.ended.unwrap_or_default().to_string();
-                    self.queues[i].note(now, format!("ended: {why}"));
+            if let Some(why) = v.ended {
+                if !l.ended {
+                    let l = &mut self.queues[i];
+                    l.ended = true;
+                    l.note(now, format!("ended: {why}"));
                 }
                 continue;
             }
@@ -462,6 +495,7 @@ impl Observer for Checker {
                 let since = submitted.max(l.progressed).max(l.exempt_until).max(self.last_disturbance);
                 let progressed = l.progressed;
                 if l.exempt_until != u64::MAX
+                    && !self.upstream_stopped(i)
                     && now > since.saturating_add(LIVENESS_BOUND_NS)
                     && !self.ended_by_kernel(i, now, &v)
                 {
@@ -522,7 +556,13 @@ impl Checker {
             let lost = q.submitted - q.completed;
             let hung_target = l.hung.is_some();
             let reason = q.ended.as_deref().unwrap_or("");
-            if lost > 0 && (q.ended.is_none() || reason.starts_with("work outstanding")) && !hung_target && !l.lost {
+            let waits_forever = self.upstream_stopped(i);
+            if lost > 0
+                && (q.ended.is_none() || reason.starts_with("work outstanding"))
+                && !hung_target
+                && !l.lost
+                && !waits_forever
+            {
                 let what = format!(
                     "queue {i}: {lost} of {} command buffers never completed and the queue did not end ({})",
                     q.submitted,
