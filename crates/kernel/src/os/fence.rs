@@ -56,8 +56,13 @@ pub(crate) struct FenceWait {
 
 impl FenceWait {
     /// The kernel-mode scheduler's wait for a held-back submission's fences.
-    pub(crate) fn for_scheduler(waits: &mut Waits, conds: Vec<(NativeFenceHandle, u64)>) -> Arc<FenceWait> {
-        Arc::new(FenceWait { conds, mode: WaitMode::All, wait: waits.open(), scheduler: true })
+    /// The wait belongs to `pid`, whose submission it holds back: it ends with the process.
+    pub(crate) fn for_scheduler(
+        waits: &mut Waits,
+        pid: ProcessId,
+        conds: Vec<(NativeFenceHandle, u64)>,
+    ) -> Arc<FenceWait> {
+        Arc::new(FenceWait { conds, mode: WaitMode::All, wait: waits.open_for(pid), scheduler: true })
     }
 }
 

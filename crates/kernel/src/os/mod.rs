@@ -389,7 +389,7 @@ pub(crate) struct Waits {
 }
 
 impl Waits {
-    /// A wait of the kernel's own (the kernel-mode scheduler's).
+    /// A wait no process owns.
     fn open(&mut self) -> WaitId {
         self.next += 1;
         let id = WaitId(self.next);

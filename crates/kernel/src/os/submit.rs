@@ -328,7 +328,7 @@ impl Os {
             sub.waits.iter().copied().filter(|&(h, v)| p.fences.get(h).is_ok_and(|f| f.current() < v)).collect();
         if !unmet.is_empty() {
             if sub.pending.as_ref().is_none_or(|w| self.waits.is_done(w.wait)) {
-                let wait = FenceWait::for_scheduler(&mut self.waits, unmet);
+                let wait = FenceWait::for_scheduler(&mut self.waits, pid, unmet);
                 sub.pending = Some(wait.clone());
                 // Cannot fail: every fence in `unmet` was just found in the process's table.
                 let _ = self.register_wait(pid, &wait, now);
@@ -339,6 +339,8 @@ impl Os {
         sub.waits.clear();
         if let Some(w) = pending {
             self.forget_wait(pid, &w);
+            // Met before its answer came: nobody will end it.
+            self.waits.take(w.wait);
         }
         true
     }
