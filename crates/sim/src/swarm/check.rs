@@ -12,8 +12,10 @@
 //! - `liveness`: a live queue with work makes progress within [`LIVENESS_BOUND_NS`] of its
 //!   oldest command buffer's submission, of its last progress and of the last fault that could
 //!   delay it (a hold, a suspend, a DDI failure, a D3 request, a kill, a hang), unless it is held
-//!   or suspended, it is the queue that hung, the kernel ended it, or it waits (`after`) on
-//!   a queue that will never signal again (hung, killed or ended, directly or further up).
+//!   or suspended, it is the queue that hung, the kernel ended it, a hung kernel holds its
+//!   engine (undetected, or undetectable without a hang timer: `hang-detected` covers the
+//!   first; the bound starts again when the hang ends), or it waits (`after`) on a queue that
+//!   will never signal again (hung, killed or ended, directly or further up).
 //! - `hang-detected`: a queue whose kernel hung, on an engine with a per-queue hang timer,
 //!   ends (is reset, lost) within the timer plus the liveness bound of its hung submission.
 //! - `census`: once every client process ended, the kernel holds nothing: no process, queue,
@@ -169,6 +171,8 @@ pub struct Checker {
     group_engine: Vec<usize>,
     /// Each queue's upstream queue (`after`): the one whose fence its command buffers wait for.
     upstream: Vec<Option<usize>>,
+    /// Per engine: a hung kernel holds it (not detected yet, or never: no hang timer).
+    hung_engines: Vec<bool>,
     /// Hang timer per engine (ns; 0: off), as the checker expects it.
     hang_ns: Vec<u64>,
     faults: VecDeque<(u64, Fault)>,
@@ -227,6 +231,7 @@ impl Checker {
             group_first,
             group_engine: plan.groups.iter().map(|g| g.engine).collect(),
             upstream,
+            hung_engines: vec![false; plan.system.gpu.engines.len()],
             hang_ns,
             faults: faults.iter().cloned().collect(),
             held: Vec::new(),
@@ -446,6 +451,24 @@ impl Observer for Checker {
         if self.inject == Some(Inject::Leak) && self.leaked.is_none() {
             self.leaked = world.system().open_process().ok();
         }
+        // Engines a hung kernel still holds: their other queues may wait behind it for as long
+        // as it is not detected (hang-detected reports that, where a timer should detect it).
+        let mut hung_engines = vec![false; self.hang_ns.len()];
+        for i in 0..world.queue_count() {
+            let l = &self.queues[i];
+            if let Some((value, _)) = l.hung
+                && l.recorded < value
+                && !l.lost
+                && world.queue(i).live
+            {
+                hung_engines[self.group_engine[world.queue(i).group]] = true;
+            }
+        }
+        if hung_engines != self.hung_engines {
+            // A hang ended (reset, killed): the queues behind it start their wait again.
+            self.last_disturbance = now;
+            self.hung_engines = hung_engines;
+        }
         for i in 0..world.queue_count() {
             let v = world.queue(i);
             if let Some(read) = v.completed {
@@ -495,6 +518,7 @@ impl Observer for Checker {
                 let since = submitted.max(l.progressed).max(l.exempt_until).max(self.last_disturbance);
                 let progressed = l.progressed;
                 if l.exempt_until != u64::MAX
+                    && !self.hung_engines[engine]
                     && !self.upstream_stopped(i)
                     && now > since.saturating_add(LIVENESS_BOUND_NS)
                     && !self.ended_by_kernel(i, now, &v)
