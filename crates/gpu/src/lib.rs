@@ -452,11 +452,12 @@ impl Gpu {
         fw.reset_engine(engine, now, vms)
     }
 
-    /// Resets one queue (amdgpu's per-queue reset): it hangs, nothing else is touched.
+    /// Resets one queue (amdgpu's per-queue reset): it hangs with `why` (the kernel's reason:
+    /// a preemption it would not answer, or the hang timer), nothing else is touched.
     /// Returns the last progress value the engine accepted from it.
-    pub fn reset_queue(&mut self, id: FwQueueId, requested_at: Time, now: Time) -> Result<u64, GpuError> {
+    pub fn reset_queue(&mut self, id: FwQueueId, why: abi::queue::FaultKind, now: Time) -> Result<u64, GpuError> {
         let Gpu { vms, fw, .. } = self;
-        fw.reset_queue(id, requested_at, now, vms)
+        fw.reset_queue(id, why, now, vms)
     }
 
     /// Where a queue held off the run list for the kernel (answered preemption, suspended
