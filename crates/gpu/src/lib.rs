@@ -489,9 +489,11 @@ impl Gpu {
 
     /// The device time queue `id` has spent executing its work in a hardware slot, in all:
     /// not the time it waited for a slot, was held off one, or only re-checked a `WAIT` that
-    /// did not pass. It only grows; the kernel's hang timer takes differences of it (a queue
-    /// that ran this long without its progress fence moving is hung, whether or not it yields
-    /// to preemption).
+    /// did not pass. It is counted as [`Gpu::engine_busy_ns`] counts its engine's: the cost
+    /// model's charge for each turn, on either timing (a hardware slot's: the time between
+    /// steps it was loaded and running). It only grows; the kernel's hang timer takes
+    /// differences of it (a queue that ran this long without its progress fence moving is
+    /// hung, whether or not it yields to preemption).
     pub fn queue_run_time(&self, id: FwQueueId) -> Result<std::time::Duration, GpuError> {
         self.fw.queue_run_ns(id).map(std::time::Duration::from_nanos)
     }

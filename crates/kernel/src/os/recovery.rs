@@ -36,7 +36,7 @@
 //! request; a kernel that never ends but yields at every instruction (`Shader` granularity)
 //! answers every request and would run forever. Spec 001, "Queue Resets", says what may be
 //! done about it: "When a hung queue is detected, it can be reset either via the scheduling
-//! firmware or MMIO", and the driver "record[s] which queues are hung" for `QUERY_STATUS`; it
+//! firmware or MMIO", and the driver is to "record which queues are hung" for `QUERY_STATUS`; it
 //! leaves how a hang is detected open ("e.g., due to failed preemption"). Spec 003 adds the
 //! one constraint: preemption requests are sent to the GPU before it initiates a TDR
 //! process. So the timer works in two steps, a preemption request first, always:
