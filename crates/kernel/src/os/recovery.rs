@@ -59,10 +59,11 @@
 //!    queue that runs only part of the time is caught once its running time adds up.
 //!
 //! Both resets go through the same path: amdgpu's per-queue reset through the scheduling
-//! firmware ([`Kmd::reset_queue`]), its report checked against the queue's `[completed, submitted]`, the queue hung and
-//! reported (doorbell `DisconnectedAbort`, `QUERY_STATUS` hung and guilty, the fault's kind
-//! naming the mechanism), its neighbours untouched, and a recovery counted against
-//! `TdrLimitCount`; a failed or refused reset escalates to the adapter. A slow queue whose
+//! firmware ([`Kmd::reset_queue`]), its report checked against the queue's `[completed,
+//! submitted]`, the queue hung and reported (doorbell `DisconnectedAbort`, `QUERY_STATUS` hung
+//! and guilty, the fault's kind naming the mechanism), its neighbours untouched, and a
+//! recovery counted against `TdrLimitCount`; a failed or refused reset escalates to the
+//! adapter. A slow queue whose
 //! command buffers each run shorter than the timeout is never reset, however many run in a
 //! row; one kernel longer than the timeout is (as amdgpu's job timeout resets one): the
 //! timeout is the longest a command buffer may run. On a device that reports no run time
@@ -135,6 +136,15 @@ impl TdrConfig {
 
     /// The most recoveries [`TdrConfig::limit_count`] may allow.
     pub const MAX_LIMIT_COUNT: u32 = 1000;
+
+    /// The hang timeout of a queue on an engine of `kind`: `hang_copy` on copy and video
+    /// engines, `hang_compute` otherwise.
+    fn hang_timeout(&self, kind: Option<abi::EngineKind>) -> Option<Duration> {
+        match kind {
+            Some(abi::EngineKind::Copy | abi::EngineKind::Video) => self.hang_copy,
+            _ => self.hang_compute,
+        }
+    }
 
     /// Refuses zero or absurd settings, naming the field and the value.
     pub fn validate(&self) -> Result<(), KernelError> {
@@ -474,14 +484,11 @@ impl Os {
         (ran >= timeout).then_some(ran)
     }
 
-    /// Queue `q`'s hang timeout: its engine's kind picks `hang_copy` or `hang_compute`.
+    /// Queue `q`'s hang timeout ([`TdrConfig::hang_timeout`] of its engine's kind).
     fn hang_timeout(&mut self, q: HwQueueHandle) -> Option<Duration> {
         let engine = self.queue(q.owner(), q).ok()?.engine;
         let kind = self.ddi.adapter_info().engines.get(engine.0 as usize).map(|e| e.kind);
-        match kind {
-            Some(abi::EngineKind::Copy | abi::EngineKind::Video) => self.recovery.cfg.hang_copy,
-            _ => self.recovery.cfg.hang_compute,
-        }
+        self.recovery.cfg.hang_timeout(kind)
     }
 
     /// Fires what is due: every request unanswered for `TdrDelay` starts recovery (an engine
@@ -563,10 +570,7 @@ impl Os {
                     qo.progress_seen = None;
                     continue;
                 }
-                let timeout = match kinds.get(qo.engine.0 as usize) {
-                    Some(abi::EngineKind::Copy | abi::EngineKind::Video) => cfg.hang_copy,
-                    _ => cfg.hang_compute,
-                };
+                let timeout = cfg.hang_timeout(kinds.get(qo.engine.0 as usize).copied());
                 let completed = qo.completed();
                 let Some(t) = timeout.filter(|_| submitted > completed) else {
                     qo.progress_seen = None;
