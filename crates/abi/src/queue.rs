@@ -418,6 +418,16 @@ pub enum FaultKind {
         /// How long the request waited before recovery started (ms).
         waited_ms: u64,
     },
+    /// The hang timer's per-queue reset (amdgpu's hang detection, spec 001 "Queue Resets"):
+    /// the queue ran — executed its work in a hardware slot, not waiting for a slot, held, or
+    /// blocked in a `WAIT` — for the timer's limit without its progress fence moving. It
+    /// answered the preemption request sent first (spec 003), or [`FaultKind::PreemptTimeout`]
+    /// would say so: a kernel that yields can still hang.
+    #[error("reset: the queue ran {ran_ms} ms without completing a command buffer (hang timer)")]
+    HangTimeout {
+        /// How long it ran without progress (ms of device time executing).
+        ran_ms: u64,
+    },
     /// The queue's device was lost (a device error, an adapter reset, the adapter's
     /// recovery limit): the queue stopped, and user mode must destroy and recreate it with its
     /// doorbell and ring (spec 000).

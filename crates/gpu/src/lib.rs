@@ -452,11 +452,12 @@ impl Gpu {
         fw.reset_engine(engine, now, vms)
     }
 
-    /// Resets one queue (amdgpu's per-queue reset): it hangs, nothing else is touched.
+    /// Resets one queue (amdgpu's per-queue reset): it hangs with `why` (the kernel's reason:
+    /// a preemption it would not answer, or the hang timer), nothing else is touched.
     /// Returns the last progress value the engine accepted from it.
-    pub fn reset_queue(&mut self, id: FwQueueId, requested_at: Time, now: Time) -> Result<u64, GpuError> {
+    pub fn reset_queue(&mut self, id: FwQueueId, why: abi::queue::FaultKind, now: Time) -> Result<u64, GpuError> {
         let Gpu { vms, fw, .. } = self;
-        fw.reset_queue(id, requested_at, now, vms)
+        fw.reset_queue(id, why, now, vms)
     }
 
     /// Where a queue held off the run list for the kernel (answered preemption, suspended
@@ -484,6 +485,17 @@ impl Gpu {
     /// work can complete; 0 for a queue without a last-queued word).
     pub fn queue_progress(&self, id: FwQueueId) -> Result<(u64, u64), GpuError> {
         self.fw.queue_progress(id)
+    }
+
+    /// The device time queue `id` has spent executing its work in a hardware slot, in all:
+    /// not the time it waited for a slot, was held off one, or only re-checked a `WAIT` that
+    /// did not pass. It is counted as [`Gpu::engine_busy_ns`] counts its engine's: the cost
+    /// model's charge for each turn, on either timing (a hardware slot's: the time between
+    /// steps it was loaded and running). It only grows; the kernel's hang timer takes
+    /// differences of it (a queue that ran this long without its progress fence moving is
+    /// hung, whether or not it yields to preemption).
+    pub fn queue_run_time(&self, id: FwQueueId) -> Result<std::time::Duration, GpuError> {
+        self.fw.queue_run_ns(id).map(std::time::Duration::from_nanos)
     }
 
     /// The firmware log: preemption requests, saves, answers, restores and resets, oldest

@@ -32,11 +32,18 @@ struct Rig {
 }
 
 fn rig() -> Rig {
+    rig_with(gpu::Timing::Real)
+}
+
+/// [`rig`] with `timing`: `Modelled` for tests whose work takes device time (a `SYNTHETIC`
+/// spins for its time on a real clock, and these steps' clock stands still).
+fn rig_with(timing: gpu::Timing) -> Rig {
     let mut gpu = Gpu::new(GpuConfig {
         engines: vec![EngineKind::Compute, EngineKind::Copy],
         doorbell_pages: 2,
         idle_period: Duration::from_millis(10),
         packet_budget: 64,
+        timing,
         ..GpuConfig::default()
     })
     .unwrap();
@@ -228,6 +235,40 @@ fn a_wait_blocks_its_queue_until_the_value_arrives() {
     r.data.atomic_u64(64).unwrap().store(3, Ordering::Release);
     assert_eq!(r.run(2).packets, 2);
     assert_eq!(r.data_u64(0), 1);
+}
+
+/// A queue's run time (the kernel's hang timer reads it) counts the device time of the turns
+/// that executed its work, and nothing while it sits blocked in a `WAIT`, however many steps
+/// pass: 300 µs of `SYNTHETIC` in 100 µs turns, plus the command processor's 50 ns for each
+/// packet it ran.
+#[test]
+fn run_time_counts_executed_turns_not_a_blocked_wait() {
+    let mut r = rig_with(gpu::Timing::Modelled);
+    r.publish(&[
+        Packet::Synthetic { ns: 300_000 },
+        Packet::Wait { va: DATA + 64, value: 3 },
+        Packet::Signal { va: DATA, value: 1 },
+    ]);
+    assert_eq!(r.gpu.queue_run_time(r.q).unwrap(), Duration::ZERO);
+    r.ring_doorbell();
+    let mut now = 1;
+    let mut step = |r: &mut Rig| {
+        r.run(now);
+        now += 1_000_000;
+    };
+    for _ in 0..4 {
+        step(&mut r);
+    }
+    let ran = r.gpu.queue_run_time(r.q).unwrap();
+    assert_eq!(ran, Duration::from_nanos(300_000 + 3 * 50), "three slices of the SYNTHETIC");
+    for _ in 0..10 {
+        step(&mut r);
+    }
+    assert_eq!(r.gpu.queue_run_time(r.q).unwrap(), ran, "blocked in the WAIT: not running");
+    r.data.atomic_u64(64).unwrap().store(3, Ordering::Release);
+    step(&mut r);
+    assert_eq!(r.data_u64(0), 1);
+    assert_eq!(r.gpu.queue_run_time(r.q).unwrap(), ran + Duration::from_nanos(2 * 50), "the WAIT and the SIGNAL");
 }
 
 /// A `WAIT` on a native fence parks until a fence may have changed (spec 002: "the firmware

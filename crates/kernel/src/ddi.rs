@@ -19,6 +19,7 @@
 //!   tested.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use abi::doorbell::RingMethod;
 use abi::port::{AdapterInfo, DeviceRefusal, Invalid, KernelError};
@@ -433,15 +434,18 @@ pub trait Kmd: Send {
     /// `DxgkDdiResetEngine`: resets one engine. The queues that owe an answer to a preemption
     /// request hang; every other queue there keeps its work.
     fn reset_engine(&mut self, engine: EngineId, now: Time) -> Result<EngineResetOutcome, DdiError>;
-    /// amdgpu's per-queue reset (through the scheduling firmware): `queue` hangs, its
-    /// neighbours are not touched. `requested_at` is when the preemption it would not answer
-    /// was asked for. Returns the last progress value ("fence ID") the reset aborted.
-    fn reset_queue(
-        &mut self,
-        queue: HwQueueHandle,
-        requested_at: Time,
-        now: Time,
-    ) -> Result<QueueResetOutcome, DdiError>;
+    /// amdgpu's per-queue reset (through the scheduling firmware): `queue` hangs with `why`
+    /// (the OS's reason: a preemption it would not answer, or the hang timer), its neighbours
+    /// are not touched. Returns the last progress value ("fence ID") the reset aborted.
+    fn reset_queue(&mut self, queue: HwQueueHandle, why: FaultKind, now: Time) -> Result<QueueResetOutcome, DdiError>;
+    /// The device time `queue` has spent executing its work in a hardware slot, in all (it
+    /// only grows): not the time it waited for a slot, was held off one, or only re-checked a
+    /// `WAIT` that did not pass. The OS's hang timer takes differences of it. `None`: the
+    /// device does not say, and the hang timer catches only a queue that does not answer its
+    /// preemption request.
+    fn queue_run_time(&self, _queue: HwQueueHandle) -> Option<Duration> {
+        None
+    }
     /// Moves the allocation at `[va, va + bytes)` of `process` to `domain`, updates the GPU
     /// page tables and invalidates the TLB (spec 001 migration, step 2; Windows' paging
     /// operation). The caller has preempted every queue of the process.
@@ -806,6 +810,9 @@ impl Kmd for Traced {
     fn queue_has_work(&self, queue: HwQueueHandle) -> bool {
         self.inner.queue_has_work(queue)
     }
+    fn queue_run_time(&self, queue: HwQueueHandle) -> Option<Duration> {
+        self.inner.queue_run_time(queue)
+    }
     fn queue_state(&self, queue: HwQueueHandle) -> Option<QueueState> {
         self.inner.queue_state(queue)
     }
@@ -831,15 +838,10 @@ impl Kmd for Traced {
         }
         Ok(out)
     }
-    fn reset_queue(
-        &mut self,
-        queue: HwQueueHandle,
-        requested_at: Time,
-        now: Time,
-    ) -> Result<QueueResetOutcome, DdiError> {
+    fn reset_queue(&mut self, queue: HwQueueHandle, why: FaultKind, now: Time) -> Result<QueueResetOutcome, DdiError> {
         self.log(Ddi::ResetQueue(queue));
         self.gate(DdiKind::ResetQueue)?;
-        let mut out = self.inner.reset_queue(queue, requested_at, now)?;
+        let mut out = self.inner.reset_queue(queue, why, now)?;
         match self.misbehaviour(DdiKind::ResetQueue) {
             Some(Misbehaviour::BogusFenceId) => out.aborted += BOGUS_FENCE_OFFSET,
             Some(Misbehaviour::Slow(d)) => out.took += d,

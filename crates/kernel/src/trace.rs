@@ -241,6 +241,16 @@ pub enum Event {
         /// Its engine.
         engine: EngineId,
     },
+    /// The hang timer found a queue that ran for its limit without its progress fence moving
+    /// (it answered the preemption request sent first): a per-queue reset follows.
+    HangTimeout {
+        /// The queue that made no progress.
+        queue: HwQueueHandle,
+        /// Its engine.
+        engine: EngineId,
+        /// How long it ran without progress (ms of device time executing).
+        ran_ms: u64,
+    },
     /// A recovery finished: an engine reset (`engine` set) or an adapter reset; `count` is
     /// the recoveries within `TdrLimitTime`, this one included.
     Recovered {
@@ -338,6 +348,8 @@ pub enum Notable {
     Fault,
     /// A preemption request timed out (TDR).
     Tdr,
+    /// The hang timer found a queue running without progress (it answered its preemption).
+    Hang,
     /// An engine or the adapter was reset.
     Reset,
     /// A doorbell was victimized (its physical doorbell taken for another queue).
@@ -355,12 +367,13 @@ pub enum Notable {
 }
 
 impl Notable {
-    /// A short name: `fault`, `tdr`, `reset`, `victimized`, `device error`, `device lost`,
+    /// A short name: `fault`, `tdr`, `hang timeout`, `reset`, `victimized`, `device error`, `device lost`,
     /// `adapter lost`, `preempted`, `d3`.
     pub fn name(self) -> &'static str {
         match self {
             Notable::Fault => "fault",
             Notable::Tdr => "tdr",
+            Notable::Hang => "hang timeout",
             Notable::Reset => "reset",
             Notable::Victimized => "victimized",
             Notable::DeviceError => "device error",
@@ -384,6 +397,7 @@ impl Event {
         Some(match self {
             Event::QueueFault { .. } => Notable::Fault,
             Event::TdrTimeout { .. } => Notable::Tdr,
+            Event::HangTimeout { .. } => Notable::Hang,
             Event::Recovered { .. } => Notable::Reset,
             Event::VictimUnbound { .. } => Notable::Victimized,
             Event::DeviceError { .. } => Notable::DeviceError,
@@ -436,6 +450,9 @@ impl core::fmt::Display for Event {
             Event::DdiTimeout { ddi, took_ms } => write!(f, "{ddi:?} took {took_ms} ms, past TdrDdiDelay: escalating"),
             Event::TdrTimeout { queue, engine } => {
                 write!(f, "{queue} on {engine}: TDR timeout, no answer to preemption")
+            }
+            Event::HangTimeout { queue, engine, ran_ms } => {
+                write!(f, "{queue} on {engine}: hang timeout, ran {ran_ms} ms without progress")
             }
             Event::Recovered { engine: Some(e), count } => write!(f, "{e}: engine reset (recovery {count})"),
             Event::Recovered { engine: None, count } => write!(f, "adapter reset and restarted (recovery {count})"),

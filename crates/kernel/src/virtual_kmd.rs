@@ -821,6 +821,10 @@ impl Kmd for VirtualKmd {
         self.fw(queue).is_ok_and(|fw| self.device().queue_has_work(fw).unwrap_or(false))
     }
 
+    fn queue_run_time(&self, queue: HwQueueHandle) -> Option<Duration> {
+        self.device().queue_run_time(self.fw(queue).ok()?).ok()
+    }
+
     fn queue_state(&self, queue: HwQueueHandle) -> Option<QueueState> {
         self.device().queue_state(self.fw(queue).ok()?).ok()
     }
@@ -860,12 +864,12 @@ impl Kmd for VirtualKmd {
     fn reset_queue(
         &mut self,
         queue: HwQueueHandle,
-        requested_at: Time,
+        why: FaultKind,
         now: Time,
     ) -> Result<crate::ddi::QueueResetOutcome, DdiError> {
         let fw = self.fw(queue)?;
         let started = self.device_now(now);
-        let aborted = self.device().reset_queue(fw, requested_at, now).map_err(refused("queue", &queue))?;
+        let aborted = self.device().reset_queue(fw, why, now).map_err(refused("queue", &queue))?;
         self.waker.wake();
         Ok(crate::ddi::QueueResetOutcome { aborted, took: self.device_now(now).since(started) })
     }

@@ -89,7 +89,10 @@ fn a_wait_with_no_timeout_is_a_deadlock_after_60_s_even_beside_an_endless_kernel
 
 #[test]
 fn a_normal_termination_beside_its_own_endless_kernel_runs_out_its_budget_then_ends_abnormally() {
-    let sys = common::sim_with(slow_engines());
+    // The hang timer off: it would reset the endless kernel after 2 s of running (it yields,
+    // but never completes), and the termination would not wait out its budget.
+    let tdr = kernel::TdrConfig { hang_compute: None, ..kernel::TdrConfig::default() };
+    let sys = common::sim_with(SystemConfig { tdr, ..slow_engines() });
     let (h, hog_q, _) = hog(&sys);
     let pid = h.port.process();
     let mark = sys.trace().0.len();

@@ -281,7 +281,8 @@ fn a_blocked_wait_is_preemptible_except_under_none_where_it_times_out() {
     }
 }
 
-/// A long kernel that yields is never reset: its preemption succeeds.
+/// A long kernel that yields is never reset by TDR: its preemption succeeds. (Held off its
+/// engine afterwards, it does not run, so the hang timer does not count the time either.)
 #[test]
 fn a_long_kernel_that_yields_is_preempted_and_never_reset() {
     let sys = common::sim_with(slow(ComputeGranularity::Shader, TdrConfig::default()));

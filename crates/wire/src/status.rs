@@ -71,7 +71,7 @@ pub const RECENT_EVENTS: usize = 16;
 pub struct EventLine {
     /// Device time (ns).
     pub time_ns: u64,
-    /// What happened: `kernel::trace::Notable::name` of a fault, TDR timeout, reset,
+    /// What happened: `kernel::trace::Notable::name` of a fault, TDR timeout, hang timeout, reset,
     /// victimization, device error or loss, or adapter loss.
     pub kind: String,
     /// The event, as the kernel's trace prints it.

@@ -332,6 +332,12 @@ impl Firmware {
                     if packets > 0 || charged > 0 {
                         e.busy.record(Time(stopped_at.0.saturating_sub(charged)), stopped_at);
                     }
+                    // The queue ran for what the turn charged, unless the turn only re-checked
+                    // a `WAIT` that still does not pass: waiting is not running (the hang
+                    // timer's measure, `FwQueue::run_ns`).
+                    if packets > 0 || !q.blocked {
+                        q.run_ns = q.run_ns.saturating_add(charged);
+                    }
                     elapsed = env.elapsed;
                     cut = env.cut;
                     if !cut {

@@ -188,9 +188,21 @@ impl Firmware {
     /// [`Firmware::step`] on a device whose slots are hardware.
     pub(super) fn step_hardware(&mut self, clock: &dyn Fn() -> Time, vms: &[Option<AddressSpace>]) -> StepReport {
         let now = clock();
+        let since_last = now.0.saturating_sub(self.last_step.0);
         self.last_step = now;
         let mut report = StepReport::default();
         let Some(hw) = self.hw.as_mut() else { return report };
+        // A slot runs its queue by itself between steps: a queue loaded, with work and not
+        // blocked in a `WAIT` as of the last step ran all the time since (`FwQueue::run_ns`).
+        for id in hw.slots.iter().flatten().filter_map(|s| s.queue) {
+            if let Ok(q) = self.queues.get_mut(id.0)
+                && q.pending
+                && !q.blocked
+                && q.state == QueueState::Mapped
+            {
+                q.run_ns = q.run_ns.saturating_add(since_last);
+            }
+        }
         // Address spaces the hardware has not seen as they are (a vm_mut the hardware was not
         // told of cannot happen: its guard tells it; this catches spaces created since).
         for (k, vm) in vms.iter().enumerate() {

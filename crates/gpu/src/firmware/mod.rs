@@ -248,6 +248,13 @@ struct FwQueue {
     slice_start: Time,
     /// When it last executed.
     last_run: Time,
+    /// Device time it has spent executing its work in a hardware slot (ns, only grows): the
+    /// turns that ran packets, instructions or chunks of its ring. A turn that only re-checked
+    /// a `WAIT` that did not pass adds nothing, nor does time off a slot (waiting for one,
+    /// preempted, suspended, its engine in F1). The kernel's hang timer reads it
+    /// ([`Firmware::queue_run_ns`]) to tell a queue that runs without progress from one that
+    /// waits.
+    run_ns: u64,
     /// A `DISPATCH` at rptr is part-way done: its state is in `live`, or in the context save
     /// area.
     dispatch_active: bool,
@@ -746,6 +753,7 @@ impl Firmware {
             fault: None,
             slice_start: Time::ZERO,
             last_run: Time::ZERO,
+            run_ns: 0,
             dispatch_active: false,
             live: None,
             bulk_done: None,
@@ -936,6 +944,11 @@ impl Firmware {
     pub(crate) fn queue_progress(&self, id: FwQueueId) -> Result<(u64, u64), GpuError> {
         let q = self.queue(id)?;
         Ok((q.completed, q.queued))
+    }
+
+    /// Queue `id`'s executed device time ([`FwQueue::run_ns`]).
+    pub(crate) fn queue_run_ns(&self, id: FwQueueId) -> Result<u64, GpuError> {
+        Ok(self.queue(id)?.run_ns)
     }
 
     pub(crate) fn queue_has_work(&self, id: FwQueueId) -> Result<bool, GpuError> {

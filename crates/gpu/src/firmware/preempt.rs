@@ -476,14 +476,15 @@ impl Firmware {
     }
 
     /// Resets one queue (amdgpu: the per-queue reset through the scheduling firmware): it
-    /// leaves its slot and the run list and hangs with [`FaultKind::PreemptTimeout`] (it would
-    /// not yield to a preemption request made at `requested_at`); its neighbours are not
-    /// touched. Returns the last progress value the engine accepted from it (the last
-    /// "fence ID" the reset aborted).
+    /// leaves its slot and the run list and hangs with `why`, the kernel's reason
+    /// ([`FaultKind::PreemptTimeout`]: it would not yield to a preemption request;
+    /// [`FaultKind::HangTimeout`]: it ran without progress for the hang timer's limit); its
+    /// neighbours are not touched. Returns the last progress value the engine accepted from
+    /// it (the last "fence ID" the reset aborted).
     pub(crate) fn reset_queue(
         &mut self,
         id: FwQueueId,
-        requested_at: Time,
+        why: FaultKind,
         now: Time,
         vms: &[Option<AddressSpace>],
     ) -> Result<u64, GpuError> {
@@ -492,7 +493,7 @@ impl Firmware {
         let q = queues.get_mut(id.0).map_err(|_| GpuError::StaleQueue(id))?;
         let e = engines.get_mut(q.cfg.engine.0 as usize).ok_or(GpuError::BadEngine(q.cfg.engine.0))?;
         q.preempt = None;
-        hang(q, FaultKind::PreemptTimeout { waited_ms: now.since(requested_at).as_millis() as u64 });
+        hang(q, why);
         e.hqd.retain(|&h| h != id);
         e.resched = true;
         sync_waiting(e, q, id);

@@ -227,8 +227,8 @@ struct QueueObj {
     /// [`QueueStatus::flags`]: abi::port::QueueStatus::flags
     adapter_resets: u64,
     /// The hang timer (amdgpu): the completed progress value last seen with work outstanding,
-    /// and since when it has not moved.
-    progress_seen: Option<(u64, Time)>,
+    /// since when it has not moved, and how long the queue had run when it was first seen.
+    progress_seen: Option<recovery::Stall>,
     /// Held off its engine by a caller's preemption request ([`Os::preempt_queue`]) until
     /// [`Os::resume_queue`]: no other resume (its context's, the return to D0, a migration's,
     /// the hang timer's) puts it back on the run list.

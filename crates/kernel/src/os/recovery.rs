@@ -9,7 +9,8 @@
 //! **Timeout detection.** Spec 003: the OS "guarantees that preemption requests are sent to the
 //! GPU before it initiates a Timeout Detection and Recovery process". So detection is exactly
 //! this: a request with no answer after `TdrDelay` ([`TdrConfig::delay`]). A long kernel that
-//! yields answers and is never reset; a queue blocked in a preemptible `WAIT` answers too.
+//! yields answers and is never reset by TDR (the hang timer, below, may reset it); a queue
+//! blocked in a preemptible `WAIT` answers too, and is reset by neither.
 //!
 //! **Recovery**, in Windows' order:
 //! 1. the OS snapshots, for each queue on the engine, the last submitted and last completed
@@ -29,6 +30,44 @@
 //!
 //! More than `TdrLimitCount` recoveries within `TdrLimitTime` is fatal: every device is lost
 //! and the adapter refuses new work with [`KernelError::AdapterLost`].
+//!
+//! **The hang timer** (amdgpu's per-queue hang detection; [`TdrConfig::hang_compute`],
+//! [`TdrConfig::hang_copy`]). TDR above catches only a queue that does not answer a preemption
+//! request; a kernel that never ends but yields at every instruction (`Shader` granularity)
+//! answers every request and would run forever. Spec 001, "Queue Resets", says what may be
+//! done about it: "When a hung queue is detected, it can be reset either via the scheduling
+//! firmware or MMIO", and the driver is to "record which queues are hung" for `QUERY_STATUS`; it
+//! leaves how a hang is detected open ("e.g., due to failed preemption"). Spec 003 adds the
+//! one constraint: preemption requests are sent to the GPU before it initiates a TDR
+//! process. So the timer works in two steps, a preemption request first, always:
+//!
+//! 1. **Suspect.** Every quarter of the timeout the OS looks at each queue with work
+//!    outstanding ([`Stall`]). It is a suspect when its completed progress value has not
+//!    moved for the timeout of wall time (a queue that waits counts too: blocked in a `WAIT`,
+//!    or waiting for a slot), or when it has *run* for the timeout since the value last moved.
+//!    "Run" is the device's measure ([`Kmd::queue_run_time`]): time executing its work in a
+//!    hardware slot, not time waiting for a slot, held off one, or only re-checking a `WAIT`
+//!    that does not pass. A queue the kernel holds (a caller's request, a migration, its
+//!    context suspended, D3) is not watched, and its windows start over when it is released.
+//!    A suspect is asked to preempt ([`Cause::HangCheck`]).
+//! 2. **Decide.** No answer within `TdrDelay`: the TDR path, a per-queue reset with
+//!    [`FaultKind::PreemptTimeout`] (traced [`Event::TdrTimeout`]). An answer, with the value
+//!    still where it was and the queue having run for the timeout since it last moved: a
+//!    per-queue reset with [`FaultKind::HangTimeout`] (traced [`Event::HangTimeout`]) — it
+//!    yields, but its work never completes. Any other answer: it was waiting, or shared its
+//!    slot, and it is resumed at once; its running window is kept (not restarted), so a hung
+//!    queue that runs only part of the time is caught once its running time adds up.
+//!
+//! Both resets go through the same path: amdgpu's per-queue reset through the scheduling
+//! firmware ([`Kmd::reset_queue`]), its report checked against the queue's `[completed,
+//! submitted]`, the queue hung and reported (doorbell `DisconnectedAbort`, `QUERY_STATUS` hung
+//! and guilty, the fault's kind naming the mechanism), its neighbours untouched, and a
+//! recovery counted against `TdrLimitCount`; a failed or refused reset escalates to the
+//! adapter. A slow queue whose
+//! command buffers each run shorter than the timeout is never reset, however many run in a
+//! row; one kernel longer than the timeout is (as amdgpu's job timeout resets one): the
+//! timeout is the longest a command buffer may run. On a device that reports no run time
+//! (`queue_run_time` is `None`), only the TDR path remains.
 //!
 //! **Device lost** ([`Os::device_lost`]): the device's fences become AlwaysSignaled and their
 //! CPU waits fail with `DeviceLost`; each of its queues is stopped (its context suspended) and
@@ -64,10 +103,12 @@ pub struct TdrConfig {
     /// How long a reset DDI may take (`TdrDdiDelay`, default 5 s): an engine or queue reset
     /// that takes longer is treated as one that never answered, and the adapter is reset.
     pub ddi_delay: Duration,
-    /// amdgpu's per-queue hang timer on compute queues (default 2 s; `None`: off): a queue
-    /// with work outstanding whose progress fence has not moved for this long is asked to
-    /// preempt; if it answers it was only busy or waiting, and runs on; if it does not answer
-    /// within `delay` it gets a per-queue reset.
+    /// amdgpu's per-queue hang timer on compute queues (default 2 s; `None`: off; module
+    /// docs): a queue with work outstanding whose progress fence has not moved for this long,
+    /// or that has run this long since it last moved, is asked to preempt. No answer within
+    /// `delay`: a per-queue reset ([`FaultKind::PreemptTimeout`]). An answer after running
+    /// this long without progress: a per-queue reset ([`FaultKind::HangTimeout`]). Any other
+    /// answer (it was waiting, or shared its slot): it runs on.
     pub hang_compute: Option<Duration>,
     /// The same on copy queues.
     pub hang_copy: Option<Duration>,
@@ -95,6 +136,15 @@ impl TdrConfig {
 
     /// The most recoveries [`TdrConfig::limit_count`] may allow.
     pub const MAX_LIMIT_COUNT: u32 = 1000;
+
+    /// The hang timeout of a queue on an engine of `kind`: `hang_copy` on copy and video
+    /// engines, `hang_compute` otherwise.
+    fn hang_timeout(&self, kind: Option<abi::EngineKind>) -> Option<Duration> {
+        match kind {
+            Some(abi::EngineKind::Copy | abi::EngineKind::Video) => self.hang_copy,
+            _ => self.hang_compute,
+        }
+    }
 
     /// Refuses zero or absurd settings, naming the field and the value.
     pub fn validate(&self) -> Result<(), KernelError> {
@@ -141,8 +191,9 @@ enum Cause {
     /// A caller of [`Os::preempt_queue`]: the queue stays off the run list until resumed; no
     /// answer in time means an engine reset.
     Request,
-    /// The hang timer's check: an answer resumes the queue at once; no answer in time means a
-    /// per-queue reset.
+    /// The hang timer's check: no answer in time means a per-queue reset
+    /// ([`FaultKind::PreemptTimeout`]); an answer from a queue that ran the timeout without
+    /// progress too ([`FaultKind::HangTimeout`]); any other answer resumes the queue at once.
     HangCheck,
     /// A memory migration ([`super::migrate`]): the last answer lets it proceed, and it
     /// resumes the queue; no answer in time means an engine reset, as for a request.
@@ -151,6 +202,26 @@ enum Cause {
     /// not stop it: it leaves at its next allowed point; no answer in time means an engine
     /// reset, as for a request.
     Suspend,
+}
+
+/// What the hang timer knows of a queue with work outstanding (module docs): its completed
+/// progress value, since when it has not moved (the wall window, restarted by each check the
+/// queue answered), and how long the queue had run when the value was first seen (the
+/// running window's start, kept until the value moves).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Stall {
+    value: u64,
+    since: Time,
+    /// [`Kmd::queue_run_time`] when `value` was first seen (`None`: the device does not say).
+    ran_at: Option<Duration>,
+}
+
+impl Stall {
+    /// How long the queue has run since its progress value last moved, given its run time
+    /// now.
+    fn ran(&self, run: Option<Duration>) -> Option<Duration> {
+        Some(run?.saturating_sub(self.ran_at?))
+    }
 }
 
 /// The OS's recovery state.
@@ -388,10 +459,36 @@ impl Os {
             self.migration_answered(queue, now);
         }
         if p.cause == Cause::HangCheck {
-            // It yielded: busy or waiting, not hung. It runs on (unless the kernel took hold
+            // It yielded. Having run for the timeout without progress, it is hung all the
+            // same: reset, off its slot now.
+            if let Some(ran) = self.ran_without_progress(queue) {
+                let ran_ms = ran.as_millis() as u64;
+                let fault = FaultKind::HangTimeout { ran_ms };
+                self.recover_queue(p, fault, Event::HangTimeout { queue, engine: p.engine, ran_ms }, now);
+                return;
+            }
+            // Waiting, or sharing its slot: not hung. It runs on (unless the kernel took hold
             // of it meanwhile: its context suspended, or a request of its own).
             let _ = self.release_queue(queue.owner(), queue, now);
         }
+    }
+
+    /// How long queue `q` has run since its progress value last moved, if that is at least
+    /// its engine's hang timeout (and the value has not moved since the hang timer saw it).
+    fn ran_without_progress(&mut self, q: HwQueueHandle) -> Option<Duration> {
+        let run = self.ddi.queue_run_time(q);
+        let timeout = self.hang_timeout(q)?;
+        let qo = self.queue(q.owner(), q).ok()?;
+        let completed = qo.completed();
+        let ran = qo.progress_seen.filter(|s| s.value == completed)?.ran(run)?;
+        (ran >= timeout).then_some(ran)
+    }
+
+    /// Queue `q`'s hang timeout ([`TdrConfig::hang_timeout`] of its engine's kind).
+    fn hang_timeout(&mut self, q: HwQueueHandle) -> Option<Duration> {
+        let engine = self.queue(q.owner(), q).ok()?.engine;
+        let kind = self.ddi.adapter_info().engines.get(engine.0 as usize).map(|e| e.kind);
+        self.recovery.cfg.hang_timeout(kind)
     }
 
     /// Fires what is due: every request unanswered for `TdrDelay` starts recovery (an engine
@@ -420,7 +517,10 @@ impl Os {
         let mut engines: Vec<EngineId> = Vec::new();
         for p in due {
             match p.cause {
-                Cause::HangCheck => self.recover_queue(p, now),
+                Cause::HangCheck => {
+                    let fault = FaultKind::PreemptTimeout { waited_ms: now.since(p.at).as_millis() as u64 };
+                    self.recover_queue(p, fault, Event::TdrTimeout { queue: p.queue, engine: p.engine }, now);
+                }
                 Cause::Request | Cause::Migration | Cause::Suspend if !engines.contains(&p.engine) => {
                     engines.push(p.engine);
                     self.recover(p.engine, p.queue, now);
@@ -436,9 +536,10 @@ impl Os {
         }
     }
 
-    /// The hang timer (amdgpu): a queue with work outstanding whose progress fence has not
-    /// moved for its engine's hang timeout is asked to preempt ([`Cause::HangCheck`]). A
-    /// queue the kernel holds is not watched while held.
+    /// The hang timer's scan (module docs, step 1): a queue with work outstanding whose
+    /// progress fence has not moved for its engine's hang timeout, or that has run that long
+    /// since it last moved, is asked to preempt ([`Cause::HangCheck`]). A queue the kernel
+    /// holds is not watched while held.
     fn hang_scan(&mut self, now: Time) {
         let kinds: Vec<abi::EngineKind> = self.ddi.adapter_info().engines.iter().map(|e| e.kind).collect();
         let cfg = self.recovery.cfg;
@@ -469,24 +570,33 @@ impl Os {
                     qo.progress_seen = None;
                     continue;
                 }
-                let timeout = match kinds.get(qo.engine.0 as usize) {
-                    Some(abi::EngineKind::Copy | abi::EngineKind::Video) => cfg.hang_copy,
-                    _ => cfg.hang_compute,
-                };
+                let timeout = cfg.hang_timeout(kinds.get(qo.engine.0 as usize).copied());
                 let completed = qo.completed();
-                qo.progress_seen = match (timeout, qo.progress_seen) {
-                    (None, _) => None,
-                    _ if submitted <= completed => None,
-                    (Some(t), Some((seen, since))) if seen == completed => {
-                        if now.since(since) >= t && !checking.contains(&q) {
-                            suspects.push((q, qo.engine));
-                            Some((completed, now))
+                let Some(t) = timeout.filter(|_| submitted > completed) else {
+                    qo.progress_seen = None;
+                    continue;
+                };
+                let (engine, seen) = (qo.engine, qo.progress_seen.filter(|s| s.value == completed));
+                // Read only for a queue with work outstanding: a device lock each.
+                let run = self.ddi.queue_run_time(q);
+                let next = match seen {
+                    None => Stall { value: completed, since: now, ran_at: run },
+                    Some(s) => {
+                        let stalled = now.since(s.since) >= t;
+                        let ran_out = s.ran(run).is_some_and(|r| r >= t);
+                        if (stalled || ran_out) && !checking.contains(&q) {
+                            suspects.push((q, engine));
+                            // The wall window starts over; the running window runs on until
+                            // the value moves.
+                            Stall { since: now, ..s }
                         } else {
-                            Some((seen, since))
+                            s
                         }
                     }
-                    _ => Some((completed, now)),
                 };
+                if let Ok(qo) = self.queue(pid, q) {
+                    qo.progress_seen = Some(next);
+                }
             }
         }
         for (q, engine) in suspects {
@@ -495,24 +605,21 @@ impl Os {
         self.recovery.hang_scan_at = if any { self.recovery.hang_period().map(|p| now.plus(p)) } else { None };
     }
 
-    /// A hang check went unanswered: the queue gets a per-queue reset (amdgpu); a failed or
-    /// refused reset escalates to an adapter reset.
-    fn recover_queue(&mut self, p: Pending, now: Time) {
+    /// The hang timer's per-queue reset (amdgpu; module docs, step 2), traced as `event`: its
+    /// check went unanswered ([`FaultKind::PreemptTimeout`]), or was answered by a queue that
+    /// ran its timeout without progress ([`FaultKind::HangTimeout`]). The queue hangs with
+    /// `kind`; a failed or refused reset escalates to an adapter reset.
+    fn recover_queue(&mut self, p: Pending, kind: FaultKind, event: Event, now: Time) {
         self.at(now);
         self.recovery.pending.retain(|_, x| x.queue != p.queue);
-        self.trace.push(now, Event::TdrTimeout { queue: p.queue, engine: p.engine });
+        self.trace.push(now, event);
         let pid = p.queue.owner();
         let submitted = self.last_queued(pid, p.queue);
         let completed = self.queue(pid, p.queue).map_or(0, |q| q.completed());
-        let done = match self.ddi.reset_queue(p.queue, p.at, now) {
+        let done = match self.ddi.reset_queue(p.queue, kind.clone(), now) {
             Ok(out) if self.ddi_too_slow(DdiKind::ResetQueue, out.took, now) => false,
             Ok(crate::ddi::QueueResetOutcome { aborted, .. }) if completed <= aborted && aborted <= submitted => {
-                let fault = FaultRecord {
-                    kind: FaultKind::PreemptTimeout { waited_ms: now.since(p.at).as_millis() as u64 },
-                    rptr: 0,
-                    opcode: None,
-                    in_indirect: false,
-                };
+                let fault = FaultRecord { kind, rptr: 0, opcode: None, in_indirect: false };
                 self.fault_queue(pid, p.queue, fault, now);
                 true
             }
