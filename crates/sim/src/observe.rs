@@ -9,6 +9,7 @@
 //!   repeat one), which is what a device that loses or repeats a completion looks like to
 //!   everything above it.
 //! - [`Observer::submitted`]: a command buffer the queue accepted, with its progress value.
+//! - [`Observer::scenario_event`]: a scenario event (kill, hang, D3, suspend) as it is applied.
 //! - [`Observer::instant`]: once per instant of the loop, after the world ran and the
 //!   completions were retired, with a read-only [`World`] (every queue's state as its client
 //!   sees it, the kernel through [`World::system`]), and the chance to act on the system
@@ -44,6 +45,10 @@ pub trait Observer {
     /// Queue `queue` accepted a command buffer at `now` whose progress value is `value`.
     fn submitted(&mut self, queue: usize, value: u64, now: u64) {
         let _ = (queue, value, now);
+    }
+    /// A scenario event, just before the runner applies it (the world as it was).
+    fn scenario_event(&mut self, now: u64, action: &crate::scenario::Action, world: &World<'_>) {
+        let _ = (now, action, world);
     }
     /// An instant of the run: the world after it ran and its completions were retired.
     fn instant(&mut self, now: u64, world: &World<'_>) {

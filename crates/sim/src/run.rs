@@ -803,6 +803,11 @@ pub fn run_observed(
                         if marks.len() < MAX_MARKS {
                             marks.push(scenario_mark(plan, &group_first, k, t - t0));
                         }
+                        if let Some(o) = observer.as_deref_mut() {
+                            let view = |i: usize| queue_view(&qs[i], &clients, t0);
+                            let world = World { sys: &sys, queues: &view, len: qs.len(), group_first: &group_first };
+                            o.scenario_event(t - t0, &plan.events[k].1, &world);
+                        }
                         apply_event(
                             &sys,
                             plan,

@@ -164,8 +164,6 @@ pub struct Checker {
     seed: u64,
     inject: Option<Inject>,
     queues: Vec<Ledger>,
-    /// Scenario events (time, action) not yet seen happen, in time order.
-    events: VecDeque<(u64, Action)>,
     group_first: Vec<usize>,
     /// Each group's engine (index).
     group_engine: Vec<usize>,
@@ -227,7 +225,6 @@ impl Checker {
             seed,
             inject,
             queues: (0..n).map(|_| Ledger::default()).collect(),
-            events: plan.events.iter().cloned().collect(),
             group_first,
             group_engine: plan.groups.iter().map(|g| g.engine).collect(),
             upstream,
@@ -303,37 +300,34 @@ impl Checker {
         false
     }
 
-    /// Scenario events due by `now`: what they exempt and disturb.
-    fn events_due(&mut self, now: u64, world: &World<'_>) {
-        while self.events.front().is_some_and(|(t, _)| *t <= now) {
-            let (t, a) = self.events.pop_front().expect("checked");
-            self.last_disturbance = self.last_disturbance.max(t);
-            match a {
-                Action::Kill { group, queue } => {
-                    // Every queue of its process ends with it.
-                    let pid = world.queue(world.global(group, queue)).process;
-                    for i in 0..world.queue_count() {
-                        if world.queue(i).process == pid {
-                            self.queues[i].killed = true;
-                        }
+    /// A scenario event as the runner applies it: what it exempts and disturbs.
+    fn scenario_event_at(&mut self, t: u64, a: &Action, world: &World<'_>) {
+        self.last_disturbance = self.last_disturbance.max(t);
+        match *a {
+            Action::Kill { group, queue } => {
+                // Every queue of its process ends with it.
+                let pid = world.queue(world.global(group, queue)).process;
+                for i in 0..world.queue_count() {
+                    if world.queue(i).process == pid {
+                        self.queues[i].killed = true;
                     }
                 }
-                Action::Hang { group, queue } => {
-                    let i = self.group_first[group] + queue as usize;
-                    self.queues[i].hang_armed = true;
-                    self.queues[i].note(t, "hang armed".into());
-                }
-                Action::D3 => {}
-                Action::Suspend { group, queue, for_ns } => {
-                    // Every queue of the context (its process's queues of that group).
-                    let pid = world.queue(world.global(group, queue)).process;
-                    let until = for_ns.map_or(u64::MAX, |d| t + d);
-                    for i in 0..world.queue_count() {
-                        let v = world.queue(i);
-                        if v.process == pid && v.group == group {
-                            self.queues[i].exempt_until = self.queues[i].exempt_until.max(until);
-                            self.queues[i].note(t, "context suspended".into());
-                        }
+            }
+            Action::Hang { group, queue } => {
+                let i = self.group_first[group] + queue as usize;
+                self.queues[i].hang_armed = true;
+                self.queues[i].note(t, "hang armed".into());
+            }
+            Action::D3 => {}
+            Action::Suspend { group, queue, for_ns } => {
+                // Every queue of the context (its process's queues of that group).
+                let pid = world.queue(world.global(group, queue)).process;
+                let until = for_ns.map_or(u64::MAX, |d| t + d);
+                for i in 0..world.queue_count() {
+                    let v = world.queue(i);
+                    if v.process == pid && v.group == group {
+                        self.queues[i].exempt_until = self.queues[i].exempt_until.max(until);
+                        self.queues[i].note(t, "context suspended".into());
                     }
                 }
             }
@@ -383,6 +377,10 @@ impl Checker {
 }
 
 impl Observer for Checker {
+    fn scenario_event(&mut self, now: u64, action: &Action, world: &World<'_>) {
+        self.scenario_event_at(now, action, world);
+    }
+
     fn completions(&mut self, now: u64, records: &mut Vec<Record>) {
         // The twins that break the device's records.
         match self.inject {
@@ -446,7 +444,6 @@ impl Observer for Checker {
 
     fn instant(&mut self, now: u64, world: &World<'_>) {
         self.instants += 1;
-        self.events_due(now, world);
         self.apply_faults(now, world);
         if self.inject == Some(Inject::Leak) && self.leaked.is_none() {
             self.leaked = world.system().open_process().ok();
@@ -566,8 +563,7 @@ impl Observer for Checker {
     fn wake_at(&self) -> Option<u64> {
         let hold = self.held.iter().map(|h| h.until).min();
         let fault = self.faults.front().map(|f| f.0);
-        let event = self.events.front().map(|e| e.0);
-        [hold, fault, event].into_iter().flatten().min()
+        [hold, fault].into_iter().flatten().min()
     }
 }
 
@@ -580,7 +576,7 @@ impl Checker {
             let lost = q.submitted - q.completed;
             let hung_target = l.hung.is_some();
             let reason = q.ended.as_deref().unwrap_or("");
-            let waits_forever = self.upstream_stopped(i);
+            let waits_forever = self.upstream_stopped(i) || self.hung_engines[self.group_engine[q.group]];
             if lost > 0
                 && (q.ended.is_none() || reason.starts_with("work outstanding"))
                 && !hung_target
