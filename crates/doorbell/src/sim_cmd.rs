@@ -95,6 +95,11 @@ enum SimCommand {
         /// Print each seed's drawn scenario and fault schedule before running it.
         #[arg(long)]
         print: bool,
+        /// Violations known and not yet fixed (`SEED CHECKER` lines, `#` comments, as in
+        /// crates/sim/swarm-known.txt): they are reported but do not fail the run; a listed one
+        /// that no longer happens does (take it off the list).
+        #[arg(long)]
+        known: Option<PathBuf>,
         /// No progress line.
         #[arg(long)]
         quiet: bool,
@@ -166,8 +171,16 @@ pub fn run(a: SimArgs) -> Result<(), CliError> {
             Ok(())
         }
         Some(SimCommand::Calibrate { out }) => calibrate(&out),
-        Some(SimCommand::Swarm { seeds, from, minutes, inject, json, print, quiet }) => {
-            swarm(sim::swarm::Options { seeds, from, minutes, inject }, json, print, quiet)
+        Some(SimCommand::Swarm { seeds, from, minutes, inject, json, print, known, quiet }) => {
+            let known = match known {
+                Some(path) => {
+                    let text = std::fs::read_to_string(&path)
+                        .map_err(|e| CliError::Input(format!("--known {}: {e}", path.display())))?;
+                    sim::swarm::Known::parse(&path.display().to_string(), &text).map_err(CliError::Input)?
+                }
+                None => sim::swarm::Known::default(),
+            };
+            swarm(sim::swarm::Options { seeds, from, minutes, inject }, &known, json, print, quiet)
         }
         None => {
             let Some(path) = a.scenario else {
@@ -199,7 +212,13 @@ pub fn run(a: SimArgs) -> Result<(), CliError> {
 }
 
 /// `doorbell sim swarm`.
-fn swarm(o: sim::swarm::Options, json: bool, print: bool, quiet: bool) -> Result<(), CliError> {
+fn swarm(
+    o: sim::swarm::Options,
+    known: &sim::swarm::Known,
+    json: bool,
+    print: bool,
+    quiet: bool,
+) -> Result<(), CliError> {
     use std::sync::atomic::{AtomicU64, Ordering};
     if print {
         for k in 0..o.seeds {
@@ -221,10 +240,15 @@ fn swarm(o: sim::swarm::Options, json: bool, print: bool, quiet: bool) -> Result
     });
     pb.finish_and_clear();
     let violations: Vec<_> = report.violations().collect();
+    let verdict = report.verdict(known);
     if json {
-        outln!("{:#}", report.json(&o));
+        outln!("{:#}", report.json(&o, &verdict));
     } else {
         for v in &violations {
+            if verdict.known.iter().any(|k| std::ptr::eq(*k, *v)) {
+                outln!("seed {} · {} (known, listed in --known)", v.seed, v.checker);
+                continue;
+            }
             outln!(
                 "seed {} · {} at {:.3} ms{}",
                 v.seed,
@@ -240,23 +264,37 @@ fn swarm(o: sim::swarm::Options, json: bool, print: bool, quiet: bool) -> Result
         }
         let faults: Vec<String> = report.faults().iter().map(|(k, n)| format!("{k} {n}")).collect();
         outln!(
-            "{} seeds ({}–{}){}: {} violations, {} instants checked, {} queues, {:.1} s of virtual time in {:.1} s",
+            "{} seeds ({}–{}){}: {} violations ({} known), {} instants checked, {} queues, {:.1} s of virtual time in {:.1} s",
             report.seeds.len(),
             o.from,
             o.from.wrapping_add(report.seeds.len().saturating_sub(1) as u64),
             if report.skipped > 0 { format!(", {} skipped (--minutes)", report.skipped) } else { String::new() },
             violations.len(),
+            verdict.known.len(),
             report.instants(),
             report.seeds.iter().map(|s| s.queues).sum::<usize>(),
             report.seeds.iter().map(|s| s.virtual_ns).sum::<u64>() as f64 / 1e9,
             report.wall_seconds
         );
         outln!("faults injected: {}", if faults.is_empty() { "none".into() } else { faults.join(", ") });
+        for (seed, checker) in &verdict.fixed {
+            outln!("seed {seed} · {checker}: listed as known but passed: fixed? take it off the --known list");
+        }
     }
-    if violations.is_empty() {
+    if verdict.passed() {
         Ok(())
     } else {
-        Err(CliError::Check(format!("{} violations in {} seeds", violations.len(), report.seeds.len())))
+        Err(CliError::Check(format!(
+            "{} new violations ({} known) in {} seeds{}",
+            verdict.new.len(),
+            verdict.known.len(),
+            report.seeds.len(),
+            if verdict.fixed.is_empty() {
+                String::new()
+            } else {
+                format!("; {} known ones fixed", verdict.fixed.len())
+            }
+        )))
     }
 }
 

@@ -1394,13 +1394,18 @@ fn queue_view<'a>(q: &'a SimQ, clients: &[Client], t0: u64) -> QueueView<'a> {
 }
 
 /// Starts a CPU wait for the fence signal of queue `q`'s last command buffer (none if the
-/// signal already happened).
+/// signal already happened, or its device is lost).
 fn begin_wait(sys: &System, clients: &[Client], q: &mut SimQ) -> Result<(), RunError> {
     let (Some(f), Some(queue)) = (&q.signal, &q.q) else { return Ok(()) };
     let v = queue.last_submitted();
     let pid = clients[q.client].port.process();
-    if let Some(w) = sys.begin_fence_wait(pid, &[(f.handle(), v)], abi::port::WaitMode::All)? {
-        q.waits.push_back((v, w));
+    match sys.begin_fence_wait(pid, &[(f.handle(), v)], abi::port::WaitMode::All) {
+        Ok(Some(w)) => q.waits.push_back((v, w)),
+        Ok(None) => {}
+        // A device in error (an adapter reset lost it): its fences read as signalled, so the
+        // waiter has nothing to wait for, and the run goes on.
+        Err(abi::port::KernelError::DeviceLost { .. }) => {}
+        Err(e) => return Err(e.into()),
     }
     Ok(())
 }

@@ -154,9 +154,13 @@ impl Report {
         }
         out
     }
-    /// The `--json` object.
-    pub fn json(&self, o: &Options) -> serde_json::Value {
+    /// The `--json` object (`violations` lists every violation, `known` those of them the
+    /// known list names, `fixed` the listed ones that did not happen).
+    pub fn json(&self, o: &Options, verdict: &Verdict<'_>) -> serde_json::Value {
         serde_json::json!({
+            "passed": verdict.passed(),
+            "known": verdict.known.iter().map(|v| serde_json::json!({"seed": v.seed, "checker": v.checker})).collect::<Vec<_>>(),
+            "fixed": verdict.fixed.iter().map(|(s, c)| serde_json::json!({"seed": s, "checker": c})).collect::<Vec<_>>(),
             "seeds": self.seeds.len(),
             "from": o.from,
             "skipped": self.skipped,
@@ -200,6 +204,71 @@ pub fn swarm(o: &Options, done: &(dyn Fn(&SeedResult) + Sync)) -> Report {
     report.skipped = o.seeds - next;
     report.wall_seconds = start.elapsed().as_secs_f64();
     report
+}
+
+/// Violations already known and not yet fixed, each a seed and a checker (a file of
+/// `SEED CHECKER` lines, `#` comments): a swarm run against them fails only on a violation
+/// not listed, or on a listed one that no longer happens (fixed: take it off the list).
+#[derive(Clone, Debug, Default)]
+pub struct Known(pub Vec<(u64, String)>);
+
+impl Known {
+    /// Parses the file's text; `path` names it in errors.
+    pub fn parse(path: &str, text: &str) -> Result<Known, String> {
+        let mut out = Vec::new();
+        for (n, line) in text.lines().enumerate() {
+            let line = line.split('#').next().unwrap_or("").trim();
+            if line.is_empty() {
+                continue;
+            }
+            let mut words = line.split_whitespace();
+            let (Some(seed), Some(checker), None) = (words.next(), words.next(), words.next()) else {
+                return Err(format!("{path}:{}: `{line}`: expected SEED CHECKER", n + 1));
+            };
+            let seed = seed.parse().map_err(|_| format!("{path}:{}: seed `{seed}` is not a number", n + 1))?;
+            if !CHECKERS.contains(&checker) && checker != RUN_COMPLETES {
+                return Err(format!("{path}:{}: no checker `{checker}` (one of {})", n + 1, CHECKERS.join(", ")));
+            }
+            out.push((seed, checker.to_string()));
+        }
+        Ok(Known(out))
+    }
+    fn contains(&self, v: &Violation) -> bool {
+        self.0.iter().any(|(s, c)| *s == v.seed && c == v.checker)
+    }
+}
+
+/// A swarm's result held against the known violations.
+#[derive(Clone, Debug, Default)]
+pub struct Verdict<'a> {
+    /// Violations not on the list: failures.
+    pub new: Vec<&'a Violation>,
+    /// Listed violations that happened again.
+    pub known: Vec<&'a Violation>,
+    /// Listed (seed, checker) pairs, within the seeds run, that did not fire: fixed.
+    pub fixed: Vec<(u64, String)>,
+}
+
+impl Verdict<'_> {
+    /// Whether the run passes: nothing new, nothing listed that is fixed.
+    pub fn passed(&self) -> bool {
+        self.new.is_empty() && self.fixed.is_empty()
+    }
+}
+
+impl Report {
+    /// This report against `known`.
+    pub fn verdict<'a>(&'a self, known: &Known) -> Verdict<'a> {
+        let (known_hit, new): (Vec<_>, Vec<_>) = self.violations().partition(|v| known.contains(v));
+        let ran: std::collections::BTreeSet<u64> = self.seeds.iter().map(|s| s.seed).collect();
+        let fixed = known
+            .0
+            .iter()
+            .filter(|(s, c)| ran.contains(s) && !known_hit.iter().any(|v| v.seed == *s && v.checker == c))
+            .cloned()
+            .collect();
+        Verdict { new, known: known_hit, fixed }
+    }
 }
 
 impl std::str::FromStr for Inject {
@@ -264,6 +333,49 @@ mod tests {
         assert_eq!(a.faults, b.faults);
         assert_eq!(format!("{:?}", a.violations), format!("{:?}", b.violations));
         assert!(a.instants > 0);
+    }
+
+    #[test]
+    fn a_known_list_parses_names_its_errors_and_judges_a_report() {
+        let k = Known::parse("k.txt", "# open\n7 liveness  # why\n\n9 census\n").unwrap();
+        assert_eq!(k.0, vec![(7, "liveness".to_string()), (9, "census".to_string())]);
+        let e = Known::parse("k.txt", "7\n").unwrap_err();
+        assert!(e.contains("k.txt:1") && e.contains("SEED CHECKER"), "{e}");
+        let e = Known::parse("k.txt", "x census\n").unwrap_err();
+        assert!(e.contains("seed `x`"), "{e}");
+        let e = Known::parse("k.txt", "3 nothing\n").unwrap_err();
+        assert!(e.contains("no checker `nothing`"), "{e}");
+        let v = |seed, checker| Violation {
+            seed,
+            checker,
+            instant_ns: 0,
+            queue: None,
+            what: String::new(),
+            history: Vec::new(),
+            repro: String::new(),
+        };
+        let seed = |s: u64, vs: Vec<Violation>| SeedResult {
+            seed: s,
+            violations: vs,
+            instants: 1,
+            faults: BTreeMap::new(),
+            queues: 1,
+            virtual_ns: 1,
+            redraws: 0,
+        };
+        // 7 fires as listed, 8 fires unlisted, 9 is listed but passes; 11 is listed, not run.
+        let k = Known::parse("k", "7 liveness\n9 census\n11 census\n").unwrap();
+        let r = Report {
+            seeds: vec![seed(7, vec![v(7, "liveness")]), seed(8, vec![v(8, "census")]), seed(9, vec![])],
+            ..Report::default()
+        };
+        let verdict = r.verdict(&k);
+        assert_eq!(verdict.known.len(), 1);
+        assert_eq!(verdict.new.iter().map(|v| v.seed).collect::<Vec<_>>(), vec![8]);
+        assert_eq!(verdict.fixed, vec![(9, "census".to_string())]);
+        assert!(!verdict.passed());
+        let only_known = Report { seeds: vec![seed(7, vec![v(7, "liveness")])], ..Report::default() };
+        assert!(only_known.verdict(&k).passed());
     }
 
     #[test]
