@@ -1267,16 +1267,23 @@ fn encode_and_submit(
 /// once the doorbell is connected and rung — and the client rings again at once
 /// ([`Queue::ring`], which reconnects); should that fail too, `ended` says so (the published
 /// work is still accounted, and the next submission tries again).
+#[inline(always)]
 fn published(r: Result<u64, umd::UmdError>, q: &mut Queue, ended: &mut Option<String>) -> Result<u64, umd::UmdError> {
     match r {
-        Err(umd::UmdError::NotRung { value, .. }) => {
-            if let Err(e) = q.ring() {
-                ended.get_or_insert_with(|| format!("doorbell not reconnected after command buffer {value}: {e}"));
-            }
-            Ok(value)
-        }
-        r => r,
+        Ok(v) => Ok(v),
+        Err(e) => published_not_rung(e, q, ended),
     }
+}
+
+/// [`published`]'s error path, off the hot one.
+#[cold]
+#[inline(never)]
+fn published_not_rung(e: umd::UmdError, q: &mut Queue, ended: &mut Option<String>) -> Result<u64, umd::UmdError> {
+    let umd::UmdError::NotRung { value, .. } = e else { return Err(e) };
+    if let Err(e) = q.ring() {
+        ended.get_or_insert_with(|| format!("doorbell not reconnected after command buffer {value}: {e}"));
+    }
+    Ok(value)
 }
 
 /// The marker of scenario event `k`, applied at `t`.

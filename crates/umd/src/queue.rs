@@ -533,11 +533,9 @@ impl Queue {
                 DoorbellStatus::DisconnectedRetry => {
                     // The work is published: a failed reconnect must not read as a refused
                     // submission (its value is taken, and the work runs once reconnected).
-                    u.q.connect().map_err(|e| UmdError::NotRung {
-                        queue: u.q.handle(),
-                        value: self.next_progress,
-                        source: Box::new(e),
-                    })?;
+                    if let Err(e) = u.q.connect() {
+                        return Err(not_rung(u.q.handle(), self.next_progress, e));
+                    }
                     self.reconnects += 1;
                 }
                 DoorbellStatus::DisconnectedAbort => return Err(u.q.lost()),
@@ -671,4 +669,11 @@ mod tests {
             ring_bytes / bytes
         );
     }
+}
+
+/// [`UmdError::NotRung`], off the hot path.
+#[cold]
+#[inline(never)]
+fn not_rung(queue: HwQueueHandle, value: u64, source: UmdError) -> UmdError {
+    UmdError::NotRung { queue, value, source: Box::new(source) }
 }
