@@ -634,6 +634,13 @@ fn place_log_positions(words: &mut [u32], fields: &[(usize, abi::fence_log::Fenc
     }
 }
 
+/// [`UmdError::NotRung`], off the hot path.
+#[cold]
+#[inline(never)]
+fn not_rung(queue: HwQueueHandle, value: u64, source: UmdError) -> UmdError {
+    UmdError::NotRung { queue, value, source: Box::new(source) }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -669,11 +676,4 @@ mod tests {
             ring_bytes / bytes
         );
     }
-}
-
-/// [`UmdError::NotRung`], off the hot path.
-#[cold]
-#[inline(never)]
-fn not_rung(queue: HwQueueHandle, value: u64, source: UmdError) -> UmdError {
-    UmdError::NotRung { queue, value, source: Box::new(source) }
 }
