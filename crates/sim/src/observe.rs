@@ -20,7 +20,6 @@
 //! Invariant: an observer that changes nothing (every checker) leaves the run byte-identical
 //! to `run::run`'s; the world it sees is the one the outputs describe.
 
-use abi::doorbell::DoorbellStatus;
 use abi::{HwQueueHandle, ProcessId};
 use kernel::System;
 
@@ -87,11 +86,9 @@ pub struct QueueView<'a> {
     pub oldest_outstanding: Option<(u64, u64)>,
     /// Command buffers not retired.
     pub outstanding: usize,
-    /// Its doorbell status word (user-mode queues that exist).
-    pub doorbell: Option<DoorbellStatus>,
     /// Its handle in its process, while the queue exists.
     pub handle: Option<HwQueueHandle>,
-    /// The queue itself, while it exists (for queries: `status`, `doorbell_status`).
+    /// The queue itself, while it exists (for queries: `status`, `doorbell_status`; read only when needed).
     pub queue: Option<&'a umd::Queue>,
 }
 

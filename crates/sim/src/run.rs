@@ -1394,7 +1394,6 @@ fn queue_view<'a>(q: &'a SimQ, clients: &[Client], t0: u64) -> QueueView<'a> {
         last_submitted: q.q.as_ref().map_or(0, Queue::last_submitted),
         oldest_outstanding: q.outstanding.front().map(|&(v, t, _)| (v, t - t0)),
         outstanding: q.outstanding.len(),
-        doorbell: q.q.as_ref().and_then(|q| q.doorbell_status().ok()),
         handle: q.q.as_ref().map(Queue::handle),
         queue: q.q.as_ref(),
     }

@@ -190,7 +190,6 @@ pub struct Checker {
     leaked: Option<Arc<ProcessPort>>,
     /// The run's end (the window), for twins that act halfway.
     window: u64,
-    finished: bool,
 }
 
 impl Checker {
@@ -241,7 +240,6 @@ impl Checker {
             backwards: false,
             leaked: None,
             window: plan.duration.unwrap_or(0),
-            finished: false,
         }
     }
 
@@ -532,7 +530,6 @@ impl Observer for Checker {
     }
 
     fn teardown(&mut self, now: u64, sys: &System) {
-        self.finished = true;
         let c = sys.census();
         let left: Vec<String> = [
             ("processes", c.processes),

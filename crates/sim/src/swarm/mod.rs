@@ -55,15 +55,7 @@ pub fn run_seed(seed: u64, inject: Option<Inject>) -> SeedResult {
     let d = match draw::draw(seed) {
         Ok(d) => d,
         Err(e) => {
-            let v = Violation {
-                seed,
-                checker: RUN_COMPLETES,
-                instant_ns: 0,
-                queue: None,
-                what: format!("no scenario drawn from this seed passed the checks: {e}"),
-                history: Vec::new(),
-                repro: check::Checker::repro(seed, inject),
-            };
+            let v = run_failed(seed, inject, format!("no scenario drawn from this seed passed the checks: {e}"));
             let (faults, queues, virtual_ns, redraws) = (BTreeMap::new(), 0, 0, 0);
             return SeedResult { seed, violations: vec![v], instants: 0, faults, queues, virtual_ns, redraws };
         }
@@ -94,21 +86,19 @@ pub fn run_seed(seed: u64, inject: Option<Inject>) -> SeedResult {
             checker.finish(&o);
             virtual_ns = o.end;
         }
-        Err(e) => violations.push(Violation {
-            seed,
-            checker: RUN_COMPLETES,
-            instant_ns: 0,
-            queue: None,
-            what: format!("the run failed: {e}"),
-            history: Vec::new(),
-            repro: check::Checker::repro(seed, inject),
-        }),
+        Err(e) => violations.push(run_failed(seed, inject, format!("the run failed: {e}"))),
     }
     for (k, n) in std::mem::take(&mut checker.applied) {
         *faults.entry(k).or_default() += n;
     }
     violations.extend(checker.violations.values().map(|(v, _)| v.clone()));
     SeedResult { seed, violations, instants: checker.instants, faults, queues, virtual_ns, redraws: d.redraws }
+}
+
+/// A `run-completes` violation of seed `seed`: `what` went wrong before any checker could look.
+fn run_failed(seed: u64, inject: Option<Inject>, what: String) -> Violation {
+    let repro = check::Checker::repro(seed, inject);
+    Violation { seed, checker: RUN_COMPLETES, instant_ns: 0, queue: None, what, history: Vec::new(), repro }
 }
 
 /// A swarm's request.
