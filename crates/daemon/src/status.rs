@@ -10,14 +10,36 @@ use wire::{DaemonStatus, PROTOCOL_VERSION};
 
 use crate::Shared;
 
+/// The recoveries and the timeouts behind them, in the kernel's trace window.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Trouble {
+    recoveries: u64,
+    tdr_timeouts: u64,
+    hang_timeouts: u64,
+}
+
+impl Trouble {
+    fn count(trace: &[kernel::trace::TraceEntry]) -> Trouble {
+        use kernel::trace::Event;
+        let mut t = Trouble::default();
+        for e in trace {
+            match e.event {
+                Event::Recovered { .. } => t.recoveries += 1,
+                Event::TdrTimeout { .. } => t.tdr_timeouts += 1,
+                Event::HangTimeout { .. } => t.hang_timeouts += 1,
+                _ => {}
+            }
+        }
+        t
+    }
+}
+
 pub(crate) fn collect(shared: &Arc<Shared>) -> DaemonStatus {
     let sys = &shared.sys;
     let census = sys.census();
     let stats = sys.stats();
     let (trace, trace_dropped) = sys.trace();
-    let count = |f: fn(&kernel::trace::Event) -> bool| trace.iter().filter(|e| f(&e.event)).count() as u64;
-    let recoveries = count(|e| matches!(e, kernel::trace::Event::Recovered { .. }));
-    let tdr_timeouts = count(|e| matches!(e, kernel::trace::Event::TdrTimeout { .. }));
+    let trouble = Trouble::count(&trace);
     let mut events: Vec<EventLine> = trace
         .iter()
         .rev()
@@ -98,8 +120,9 @@ pub(crate) fn collect(shared: &Arc<Shared>) -> DaemonStatus {
             victimizations: stats.victimizations,
             faults: stats.faults,
             interrupts: stats.interrupts,
-            recoveries,
-            tdr_timeouts,
+            recoveries: trouble.recoveries,
+            tdr_timeouts: trouble.tdr_timeouts,
+            hang_timeouts: trouble.hang_timeouts,
             trace_dropped,
             engines,
             firmware_thread_calls: shared.sys.firmware_thread_calls(),
@@ -107,5 +130,29 @@ pub(crate) fn collect(shared: &Arc<Shared>) -> DaemonStatus {
             events,
         }],
         processes,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use abi::{EngineId, HwQueueHandle, ProcessId, Time};
+    use kernel::trace::{Event, TraceEntry};
+
+    #[test]
+    fn recoveries_tdr_and_hang_timeouts_are_counted_apart() {
+        let queue = HwQueueHandle::new(ProcessId(1), 0, 1);
+        let engine = EngineId(0);
+        let at = |event| TraceEntry { time: Time(0), event };
+        let trace = vec![
+            at(Event::HangTimeout { queue, engine, ran_ms: 10 }),
+            at(Event::Recovered { engine: Some(engine), count: 1 }),
+            at(Event::TdrTimeout { queue, engine }),
+            at(Event::HangTimeout { queue, engine, ran_ms: 12 }),
+            at(Event::Recovered { engine: None, count: 2 }),
+            at(Event::Recovered { engine: Some(engine), count: 3 }),
+        ];
+        assert_eq!(Trouble::count(&trace), Trouble { recoveries: 3, tdr_timeouts: 1, hang_timeouts: 2 });
+        assert_eq!(Trouble::count(&[]), Trouble::default());
     }
 }

@@ -120,7 +120,7 @@ pub fn status(a: StatusArgs) -> Result<(), CliError> {
     );
     for ad in &s.adapters {
         outln!(
-            "adapter {}: doorbells {} ({}, {}{}), {}, {}, {}, {}, {}, {}",
+            "adapter {}: doorbells {} ({}, {}{}), {}, {}, {}, {}, {}, {}, {}",
             ad.index,
             ad.doorbell_model,
             counted(ad.doorbells, "object", "objects"),
@@ -131,7 +131,8 @@ pub fn status(a: StatusArgs) -> Result<(), CliError> {
             counted(ad.faults, "fault", "faults"),
             counted(ad.interrupts, "interrupt", "interrupts"),
             counted(ad.recoveries, "recovery", "recoveries"),
-            counted(ad.tdr_timeouts, "TDR timeout", "TDR timeouts")
+            counted(ad.tdr_timeouts, "TDR timeout", "TDR timeouts"),
+            counted(ad.hang_timeouts, "hang timeout", "hang timeouts")
         );
         outln!("  {:<6} {:<8} {:<6} {:>10}", "engine", "kind", "power", "slots");
         for e in &ad.engines {

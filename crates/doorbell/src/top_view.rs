@@ -270,7 +270,7 @@ fn draw_header(f: &mut Frame, m: &Model, area: Rect) {
     ])];
     if let Some(a) = s.adapters.first() {
         lines.push(Line::raw(format!(
-            "adapter {}: doorbells {} ({} in use{}), {}, {}, {}, {}, {}",
+            "adapter {}: doorbells {} ({} in use{}), {}, {}, {}, {}, {}, {}",
             a.index,
             a.doorbell_model,
             a.doorbells,
@@ -280,6 +280,7 @@ fn draw_header(f: &mut Frame, m: &Model, area: Rect) {
             wire::counted(a.faults, "fault", "faults"),
             wire::counted(a.recoveries, "recovery", "recoveries"),
             wire::counted(a.tdr_timeouts, "TDR timeout", "TDR timeouts"),
+            wire::counted(a.hang_timeouts, "hang timeout", "hang timeouts"),
         )));
     }
     f.render_widget(Paragraph::new(lines), area);

@@ -79,7 +79,8 @@ pub(crate) fn write(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), SimError
 }
 
 /// Runs `plan` with `seed` and writes every output into `dir`: `summary.json`,
-/// `queues.csv`, `timeseries.csv`, `trace.json`, the plots (SVG and PNG) and `report.html`.
+/// `queues.csv`, `latency.csv`, `timeseries.csv`, `trace.json`, the plots (SVG and PNG) and
+/// `report.html`.
 pub fn run_to_dir(
     plan: &Plan,
     seed: u64,
@@ -91,6 +92,7 @@ pub fn run_to_dir(
     let summary = output::summary(plan, &o);
     write(dir, "summary.json", format!("{:#}\n", summary).as_bytes())?;
     write(dir, "queues.csv", output::queues_csv(plan, &o).as_bytes())?;
+    write(dir, "latency.csv", output::latency_csv(plan, &o).as_bytes())?;
     write(dir, "timeseries.csv", output::timeseries_csv(&o).as_bytes())?;
     write(dir, "trace.json", output::trace_json(plan, &o).as_bytes())?;
     report::write_run_report(plan, &o, &summary, dir)?;

@@ -32,6 +32,10 @@ pub struct Record {
     pub value: u64,
     /// The modelled end of the `PROGRESS_FENCE` packet (ns since the run's start).
     pub at: u64,
+    /// When the command buffer it ends began executing (ns since the run's start).
+    pub started: u64,
+    /// Device time its packets executed (ns).
+    pub execution: u64,
 }
 
 /// What watches a run. Every method has an empty default.

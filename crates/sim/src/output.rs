@@ -1,4 +1,10 @@
-//! What a run writes: `summary.json`, `queues.csv`, `timeseries.csv`, `trace.json`.
+//! What a run writes: `summary.json`, `queues.csv`, `latency.csv`, `timeseries.csv`,
+//! `trace.json`.
+//!
+//! The warm-up (`warmup_ms`) is out of every measured figure: a command buffer submitted in it
+//! gives no latency (summary, `queues.csv`'s mean and max, `latency.csv`), and a completion
+//! in it counts towards neither throughput nor fairness (`completed_in_window`), whose window
+//! is `[warmup, window end)`. Totals (`submissions`, `completions`, `lost`) count everything.
 //!
 //! Every figure is derived from the [`Outcome`] and the [`Plan`] alone, with integer or
 //! fixed-precision formatting and sorted keys, so the same outcome gives the same bytes. The
@@ -12,7 +18,7 @@ use std::collections::BTreeMap;
 
 use serde_json::{Map, Value, json};
 
-use crate::run::Outcome;
+use crate::run::{Outcome, Span};
 use crate::scenario::Plan;
 
 /// Percentiles of a sample (nearest rank), in ns.
@@ -112,7 +118,8 @@ pub fn summary(plan: &Plan, o: &Outcome) -> Value {
     let completed: u64 = o.queues.iter().map(|q| q.completed).sum();
     let in_window: u64 = o.queues.iter().map(|q| q.completed_in_window).sum();
     let reconnects: u64 = o.queues.iter().map(|q| q.reconnects).sum();
-    let window_s = o.window_end.max(1) as f64 / 1e9;
+    // Throughput's window: from the warm-up's end to the submission window's.
+    let window_s = o.window_end.saturating_sub(plan.warmup).max(1) as f64 / 1e9;
     let mut per_class = Map::new();
     let mut per_prio: std::collections::BTreeMap<String, Vec<u64>> = Default::default();
     for (gi, g) in plan.groups.iter().enumerate() {
@@ -123,6 +130,7 @@ pub fn summary(plan: &Plan, o: &Outcome) -> Value {
         obj["queues"] = json!(g.count);
         obj["jain_fairness"] = jain_value(&fair);
         obj["completed"] = json!(o.queues.iter().filter(|q| q.group == gi).map(|q| q.completed).sum::<u64>());
+        obj["latency_split"] = latency_split(o.latency_rows.iter().filter(|r| o.queues[r.queue].group == gi));
         per_class.insert(g.name.clone(), obj);
         per_prio.entry(format!("{:?}", g.priority).to_lowercase()).or_default().extend_from_slice(&o.latencies[gi]);
     }
@@ -156,6 +164,9 @@ pub fn summary(plan: &Plan, o: &Outcome) -> Value {
         "throughput_per_s": r4(in_window as f64 / window_s),
         "latency_by_priority": Value::Object(prio),
         "latency_by_class": Value::Object(per_class),
+        "latency_split": latency_split(o.latency_rows.iter()),
+        "latency_rows": o.latency_rows.len(),
+        "latency_rows_omitted": o.latency_rows_omitted,
         "jain_fairness": jain_value(&all),
         "slot_occupancy": occupancy,
         "slot_changes": o.slot_changes,
@@ -171,14 +182,59 @@ pub fn summary(plan: &Plan, o: &Outcome) -> Value {
     })
 }
 
-/// `queues.csv`: one row per queue.
+/// How the latency of `rows` (command buffers of latency.csv) divides, in total (ns), and as
+/// shares of their summed latency: queueing, execution, preempted.
+fn latency_split<'a>(rows: impl Iterator<Item = &'a Span> + Clone) -> Value {
+    let sum = |f: fn(&Span) -> u64| rows.clone().map(f).sum::<u64>();
+    let (queueing, execution, preempted) = (sum(Span::queueing), sum(|s| s.execution), sum(Span::preempted));
+    let total = (queueing + execution + preempted).max(1) as f64;
+    json!({
+        "queueing_ns": queueing,
+        "execution_ns": execution,
+        "preempted_ns": preempted,
+        "queueing_share": r4(queueing as f64 / total),
+        "execution_share": r4(execution as f64 / total),
+        "preempted_share": r4(preempted as f64 / total),
+    })
+}
+
+/// `latency.csv`: one row per command buffer submitted after the warm-up, in completion
+/// order (at most `latency_rows`; the summary counts those left out): its queue and class,
+/// its number on the queue, when it was submitted, started and ended (ns since the run's
+/// start), its latency, and the latency's split into queueing, execution and preempted time
+/// ([`crate::run::Span`]), which sum to it.
+pub fn latency_csv(plan: &Plan, o: &Outcome) -> String {
+    let mut s = String::with_capacity(64 + 72 * o.latency_rows.len());
+    s.push_str("queue,group,cb,submit_ns,start_ns,end_ns,latency_ns,queueing_ns,execution_ns,preempted_ns\n");
+    for r in &o.latency_rows {
+        let g = &plan.groups[o.queues[r.queue].group];
+        let _ = writeln!(
+            s,
+            "{},{},{},{},{},{},{},{},{},{}",
+            r.queue,
+            g.name,
+            r.cb,
+            r.submit,
+            r.start,
+            r.end,
+            r.latency(),
+            r.queueing(),
+            r.execution,
+            r.preempted()
+        );
+    }
+    s
+}
+
+/// `queues.csv`: one row per queue; its mean and max latency are of the command buffers it
+/// submitted after the warm-up, `completed_in_window` its completions in the measured window.
 pub fn queues_csv(plan: &Plan, o: &Outcome) -> String {
     let mut s = String::from(
         "queue,group,index,engine,priority,submitted,completed,completed_in_window,lost,mean_latency_ns,max_latency_ns,reconnects,ended\n",
     );
     for (i, q) in o.queues.iter().enumerate() {
         let g = &plan.groups[q.group];
-        let mean = q.latency_sum.checked_div(q.completed).unwrap_or(0);
+        let mean = q.latency_sum.checked_div(q.measured).unwrap_or(0);
         let _ = writeln!(
             s,
             "{i},{},{},{},{},{},{},{},{},{mean},{},{},{}",
@@ -253,7 +309,8 @@ pub fn busy_shares(o: &Outcome) -> Vec<(u64, u64, Vec<f64>)> {
 /// `trace.json`: Chrome/Perfetto trace events.
 ///
 /// - Each traced queue's command buffers are slices from submission to completion, with
-///   their queue, class, priority, sequence number and latency as arguments. A queue with
+///   their queue, class, priority, number on the queue, latency and its split (queueing,
+///   execution, preempted; [`crate::run::Span`]) as arguments. A queue with
 ///   several command buffers outstanding gets one track per outstanding position (`#0`,
 ///   `#1`, …), so slices on one track never overlap: the format requires slices on a track to
 ///   nest, and a queue's command buffers overlap without nesting.
@@ -267,7 +324,6 @@ pub fn trace_json(plan: &Plan, o: &Outcome) -> String {
     // (queue, lane) -> tid, in order of first use; each queue's lanes' latest ends.
     let mut tids: BTreeMap<(usize, usize), usize> = BTreeMap::new();
     let mut ends: BTreeMap<usize, Vec<u64>> = BTreeMap::new();
-    let mut seq: BTreeMap<usize, u64> = BTreeMap::new();
     let tid = |tids: &mut BTreeMap<(usize, usize), usize>, q: usize, lane: usize| {
         let next = tids.len() + 1;
         *tids.entry((q, lane)).or_insert(next)
@@ -290,13 +346,14 @@ pub fn trace_json(plan: &Plan, o: &Outcome) -> String {
             }
         };
         lanes[lane] = s.end;
-        let n = seq.entry(s.queue).or_default();
-        *n += 1;
         let (_, class, priority) = label(s.queue);
         slices.push(json!({
             "name": "cb", "ph": "X", "pid": 1, "tid": tid(&mut tids, s.queue, lane),
             "ts": s.submit as f64 / 1e3, "dur": (s.end - s.submit) as f64 / 1e3,
-            "args": {"queue": s.queue, "class": class, "priority": priority, "cb": *n, "latency_ns": s.end - s.submit},
+            "args": {
+                "queue": s.queue, "class": class, "priority": priority, "cb": s.cb, "latency_ns": s.latency(),
+                "queueing_ns": s.queueing(), "execution_ns": s.execution, "preempted_ns": s.preempted(),
+            },
         }));
     }
     let traced: std::collections::BTreeSet<usize> = o.traced_queues.iter().copied().collect();

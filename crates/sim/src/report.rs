@@ -941,7 +941,8 @@ fn flatten(prefix: &str, v: &Value, out: &mut Vec<(String, Value)>) {
 }
 
 /// A summary value with its unit, by its key's suffix: `_ns` and `_us` as times in the unit
-/// that reads best, `_per_s` as a rate, bytes as bytes; whole numbers with separators.
+/// that reads best, `_per_s` as a rate, `_share` as a percentage, bytes as bytes; whole
+/// numbers with separators.
 pub fn with_unit(key: &str, v: &Value) -> String {
     let Some(x) = v.as_f64() else {
         return match v {
@@ -960,6 +961,8 @@ pub fn with_unit(key: &str, v: &Value) -> String {
         format_ns(x)
     } else if leaf.ends_with("_us") {
         format_ns(x * 1e3)
+    } else if leaf.ends_with("_share") {
+        format!("{:.1}%", x * 100.0)
     } else if leaf.ends_with("_per_s") {
         format!("{} /s", plain(x.round()))
     } else {
@@ -1053,6 +1056,10 @@ fn summary_tables(plan: &Plan, summary: &Value) -> String {
         ];
         r.extend(cells(o));
         r.push(esc(&with_unit("jain_fairness", &o["jain_fairness"])));
+        let split = &o["latency_split"];
+        r.push(esc(&["queueing_share", "execution_share", "preempted_share"]
+            .map(|k| with_unit(k, &split[k]))
+            .join(" / ")));
         class_rows.push(r);
     }
     let mut h = String::new();
@@ -1068,6 +1075,7 @@ fn summary_tables(plan: &Plan, summary: &Value) -> String {
     let mut head = vec!["class", "priority", "queues", "completed", "samples"];
     head.extend(lat_head);
     head.push("Jain fairness");
+    head.push("queueing / execution / preempted");
     h.push_str(&grid(&format!("Latency per class{samples_note}"), &head, &class_rows));
     h
 }
@@ -1126,6 +1134,7 @@ mod tests {
         assert_eq!(unit_label(0.5, Unit::Percent), "50%");
         assert_eq!(thousands(1_234_567), "1,234,567");
         assert_eq!(with_unit("latency_by_class.a.p99_ns", &serde_json::json!(53_000_000)), "53 ms");
+        assert_eq!(with_unit("latency_split.queueing_share", &serde_json::json!(0.9512)), "95.1%");
         assert_eq!(with_unit("throughput_per_s", &serde_json::json!(12345.678)), "12,346 /s");
         assert_eq!(with_unit("cost.turn_us", &serde_json::json!(100.0)), "100 µs");
         // Four decades: a tick at each power of ten, labelled in time units.

@@ -66,9 +66,12 @@ pub struct QueueResult {
     pub completed_in_window: u64,
     /// Doorbell reconnects.
     pub reconnects: u64,
-    /// Latency sum (ns) and max.
+    /// Completed command buffers submitted after the warm-up (those that gave a latency
+    /// sample).
+    pub measured: u64,
+    /// Their latency sum (ns).
     pub latency_sum: u64,
-    /// Max latency (ns).
+    /// Their max latency (ns).
     pub latency_max: u64,
     /// Lost: the queue ended (killed, hung, lost) with work outstanding.
     pub ended: Option<String>,
@@ -89,15 +92,52 @@ pub struct Sample {
     pub busy_ns: Vec<u64>,
 }
 
-/// One traced command buffer (for trace.json).
-#[derive(Clone, Copy, Debug)]
+/// One completed command buffer's life (a trace.json slice, a latency.csv row), in ns since
+/// the run's start. Its latency, `end - submit`, splits into queueing (until its first packet
+/// executed), execution (device time its packets executed) and preempted time (the rest after
+/// its start, when it was not executing: switched out, preempted, blocked part-way); see
+/// `gpu`'s `firmware/cb_clock.rs`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Span {
     /// The queue (global index).
     pub queue: usize,
-    /// Submitted (ns).
+    /// Its number on its queue (the progress value it ends with: 1, 2, …).
+    pub cb: u64,
+    /// Submitted (the client's submission instant; in a backlog, its arrival).
     pub submit: u64,
-    /// Completed (ns).
+    /// Its first packet executed.
+    pub start: u64,
+    /// Completed (its `PROGRESS_FENCE` ended).
     pub end: u64,
+    /// Device time its packets executed.
+    pub execution: u64,
+}
+
+impl Span {
+    /// The span of command buffer `cb` of `queue`, from the device's times, clamped so that
+    /// `submit <= start <= end` and `execution <= end - start` (a device time never lies
+    /// outside its command buffer's life; the clamp keeps a slip from underflowing).
+    pub fn new(queue: usize, cb: u64, submit: u64, start: u64, end: u64, execution: u64) -> Span {
+        let end = end.max(submit);
+        let start = start.clamp(submit, end);
+        Span { queue, cb, submit, start, end, execution: execution.min(end - start) }
+    }
+
+    /// Submission to completion.
+    pub fn latency(&self) -> u64 {
+        self.end - self.submit
+    }
+
+    /// Submission to its first packet: waiting in a backlog, for the doorbell to be heard, for
+    /// a slot and a turn, in a `WAIT` at its head, behind its queue's earlier work.
+    pub fn queueing(&self) -> u64 {
+        self.start - self.submit
+    }
+
+    /// After its start, the time it was not executing.
+    pub fn preempted(&self) -> u64 {
+        self.end - self.start - self.execution
+    }
 }
 
 /// Something that happened at an instant (for trace.json's markers): a scenario event
@@ -126,6 +166,11 @@ pub struct Outcome {
     pub queues: Vec<QueueResult>,
     /// Latencies (ns) per group, of command buffers submitted after the warm-up.
     pub latencies: Vec<Vec<u64>>,
+    /// Those command buffers, in completion order (latency.csv), at most
+    /// [`Plan::latency_rows`].
+    pub latency_rows: Vec<Span>,
+    /// Those left out of `latency_rows` (over the limit).
+    pub latency_rows_omitted: u64,
     /// Virtual time submission stopped (ns).
     pub window_end: u64,
     /// Virtual time the run ended (ns).
@@ -550,6 +595,8 @@ pub fn run_observed(
 
     let mut latencies: Vec<Vec<u64>> = vec![Vec::new(); plan.groups.len()];
     let mut spans = Vec::new();
+    let mut latency_rows = Vec::new();
+    let mut latency_rows_omitted = 0u64;
     let mut marks: Vec<Mark> = Vec::new();
     let mut comps = Vec::new();
     let mut records: Vec<Record> = Vec::new();
@@ -612,7 +659,13 @@ pub fn run_observed(
             let bits = c.queue.to_bits();
             let Some(Some((fw, i))) = fw_map.get((bits & 0xffff_ffff) as usize).copied() else { continue };
             if fw == bits {
-                records.push(Record { queue: i, value: c.value, at: c.at.0 - t0 });
+                records.push(Record {
+                    queue: i,
+                    value: c.value,
+                    at: c.at.0 - t0,
+                    started: c.started.0.saturating_sub(t0),
+                    execution: c.exec_ns,
+                });
             }
         }
         if let Some(o) = observer.as_deref_mut()
@@ -625,6 +678,8 @@ pub fn run_observed(
             let q = &mut qs[i];
             let at = c.at + t0;
             last_completion = last_completion.max(at);
+            // The record's split is its command buffer's (one progress value each).
+            let mut split = Some((c.started, c.execution));
             while let Some(&(v, t, np)) = q.outstanding.front() {
                 if v > c.value {
                     break;
@@ -633,20 +688,30 @@ pub fn run_observed(
                 if q.q.is_some() {
                     in_flight -= 1;
                 }
-                let lat = at.saturating_sub(t);
+                let (start, execution) = split.take().unwrap_or((c.at, 0));
+                let span = Span::new(i, v, t - t0, start, c.at, execution);
+                let lat = span.latency();
                 q.res.completed += 1;
                 completions_total += 1;
                 packets += np as u64;
-                if window_end.is_none_or(|w| at < w) && !stopped_before(stop_time, at) {
+                // Throughput and fairness count completions in [warm-up end, window end).
+                if window_end.is_none_or(|w| at < w) && !stopped_before(stop_time, at) && c.at >= plan.warmup {
                     q.res.completed_in_window += 1;
                 }
-                q.res.latency_sum += lat;
-                q.res.latency_max = q.res.latency_max.max(lat);
-                if t.saturating_sub(t0) >= plan.warmup {
-                    latencies[q.group].push(lat); // warmup_ms: no sample from the warm-up
+                // warmup_ms: a command buffer submitted in the warm-up gives no latency figure.
+                if span.submit >= plan.warmup {
+                    q.res.measured += 1;
+                    q.res.latency_sum += lat;
+                    q.res.latency_max = q.res.latency_max.max(lat);
+                    latencies[q.group].push(lat);
+                    if latency_rows.len() < plan.latency_rows {
+                        latency_rows.push(span);
+                    } else {
+                        latency_rows_omitted += 1;
+                    }
                 }
                 if q.traced && spans.len() < TRACE_SPANS {
-                    spans.push(Span { queue: i, submit: t, end: at });
+                    spans.push(span);
                 }
                 // Its bucket by its own time (it may lie ahead of the clock: the engine ran it
                 // from the step's start).
@@ -1001,6 +1066,8 @@ pub fn run_observed(
         seed,
         queues: queues_out,
         latencies,
+        latency_rows,
+        latency_rows_omitted,
         window_end: window_end.unwrap_or(if stop_time == u64::MAX { end } else { stop_time }) - t0,
         end: end - t0,
         samples: series,

@@ -85,6 +85,10 @@ pub struct Scenario {
     /// queue a scenario event names, then queues spread evenly over the rest.
     #[serde(default = "default_trace_queues")]
     pub trace_queues: Spanned<u32>,
+    /// The most rows latency.csv holds, one per command buffer that gave a latency sample
+    /// (default 1,000,000; 0 writes the header alone).
+    #[serde(default = "default_latency_rows")]
+    pub latency_rows: Spanned<u64>,
     /// The device.
     #[serde(default)]
     pub device: Device,
@@ -119,6 +123,11 @@ fn default_warmup() -> Spanned<f64> {
 }
 fn default_samples() -> u32 {
     200
+}
+
+/// A million rows: about 70 MB of latency.csv.
+fn default_latency_rows() -> Spanned<u64> {
+    Spanned::new(0..0, 1_000_000)
 }
 
 fn default_trace_queues() -> Spanned<u32> {
@@ -658,6 +667,8 @@ pub struct Plan {
     pub samples: u32,
     /// Queues trace.json shows (more when the classes and event targets alone are more).
     pub trace_queues: usize,
+    /// The most rows latency.csv holds.
+    pub latency_rows: usize,
     /// The system to build.
     pub system: kernel::SystemConfig,
     /// Groups.
@@ -1152,6 +1163,12 @@ impl Scenario {
             return self.err(self.trace_queues.span(), "trace_queues", trace_queues, "at most 10000");
         }
         let trace_queues = trace_queues as usize;
+        let latency_rows = *self.latency_rows.get_ref();
+        if latency_rows > 100_000_000 {
+            let why = "at most 100000000 (about 7 GB of latency.csv)";
+            return self.err(self.latency_rows.span(), "latency_rows", latency_rows, why);
+        }
+        let latency_rows = latency_rows as usize;
         let doorbell_latency = nonneg(&self.cost.doorbell_latency_ns, "cost.doorbell_latency_ns")?.round() as u64;
         let kernel_call = nonneg(&self.cost.kernel_call_ns, "cost.kernel_call_ns")?.round() as u64;
         Ok(Plan {
@@ -1165,6 +1182,7 @@ impl Scenario {
             warmup,
             samples: self.samples,
             trace_queues,
+            latency_rows,
             system,
             groups,
             events,

@@ -41,6 +41,54 @@ fn the_warm_up_is_excluded_from_latency_statistics() {
     let min = |o: &sim::Outcome| *o.latencies[0].iter().min().unwrap();
     assert!(min(&warm) > min(&all), "{:?} vs {:?}", warm.latencies[0], all.latencies[0]);
     assert_eq!(sim::output::summary(&backlog(""), &all)["warmup_ns"], 0);
+    // Throughput and fairness count the completions in [warm-up end, window end), over that
+    // window's length; queues.csv's latencies and latency.csv are of the measured ones.
+    let ends = |from: u64| all.latency_rows.iter().filter(|r| (from..1_000_000).contains(&r.end)).count() as u64;
+    assert_eq!(all.queues[0].completed_in_window, ends(0));
+    assert_eq!(warm.queues[0].completed_in_window, ends(350_000));
+    assert!(ends(350_000) < ends(0));
+    let per_s = ends(350_000) as f64 / 650e-6;
+    assert_eq!(s["throughput_per_s"].as_f64().unwrap(), (per_s * 1e4).round() / 1e4);
+    assert_eq!(warm.latency_rows, all.latency_rows[4..]);
+    let mean = warm.latencies[0].iter().sum::<u64>() / 6;
+    let csv = sim::output::queues_csv(&p, &warm);
+    let row: Vec<&str> = csv.lines().nth(1).unwrap().split(',').collect();
+    assert_eq!((row[7], row[9]), (ends(350_000).to_string().as_str(), mean.to_string().as_str()), "{csv}");
+}
+
+/// `latency_rows` bounds latency.csv; the summary counts what it left out.
+#[test]
+fn latency_csv_holds_at_most_latency_rows_and_the_summary_counts_the_rest() {
+    let d = tempfile::tempdir().unwrap();
+    let (o, summary) = run_to_dir(&plan(&format!("latency_rows = 5\n{EVENTS}")), 1, d.path(), &mut |_| {}).unwrap();
+    let samples: usize = o.latencies.iter().map(Vec::len).sum();
+    assert!(samples > 5);
+    assert_eq!(latency_rows(&read(d.path(), "latency.csv")).len(), 5);
+    assert_eq!(summary["latency_rows"], 5);
+    assert_eq!(summary["latency_rows_omitted"].as_u64(), Some(samples as u64 - 5));
+    // Unbounded, every command buffer that gave a latency sample has its row, its split
+    // summing to its latency, none submitted in the warm-up.
+    let (o, summary) = run_to_dir(&plan(EVENTS), 1, d.path(), &mut |_| {}).unwrap();
+    // The split per class adds up to the whole run's.
+    for k in ["queueing_ns", "execution_ns", "preempted_ns"] {
+        let classes: u64 = ["bulk", "rare", "urgent"]
+            .iter()
+            .map(|c| summary["latency_by_class"][c]["latency_split"][k].as_u64().unwrap())
+            .sum();
+        assert_eq!(Some(classes), summary["latency_split"][k].as_u64(), "{k}");
+    }
+    let rows = latency_rows(&read(d.path(), "latency.csv"));
+    assert_eq!(rows.len(), samples);
+    for r in &rows {
+        assert_eq!(r[6] + r[7] + r[8], r[5], "{r:?}");
+        assert_eq!(r[4] - r[2], r[5], "{r:?}");
+        assert!(r[2] >= 1_000_000 && r[3] >= r[2], "{r:?}");
+    }
+    let mut by_group: Vec<Vec<u64>> = vec![Vec::new(); 3];
+    for r in &o.latency_rows {
+        by_group[o.queues[r.queue].group].push(r.latency());
+    }
+    assert_eq!(by_group, o.latencies);
 }
 
 /// `version` is the package's, `commit` the build's (`git rev-parse --short HEAD`, or
@@ -173,7 +221,15 @@ fn the_report_reads_at_a_glance() {
     assert!(text_at(&read(d.path(), "utilisation.svg"), "100%").is_some());
     // The summary in units: latencies in µs or ms, rates per second, the build named.
     let html = read(d.path(), "report.html");
-    for want in ["Latency per class", "Cost model", " µs</td>", " /s</td>", "<td>commit</td>", "<td>version</td>"] {
+    for want in [
+        "Latency per class",
+        "Cost model",
+        " µs</td>",
+        " /s</td>",
+        "<td>commit</td>",
+        "<td>version</td>",
+        "queueing / execution / preempted",
+    ] {
         assert!(html.contains(want), "report.html lacks {want:?}");
     }
     assert!(!html.contains(&format!("<td>{}</td>", summary["latency_by_class"]["bulk"]["p50_ns"])), "raw ns");
@@ -208,4 +264,81 @@ fn a_sweep_draws_names_as_categories_and_legends_in_numeric_order() {
     assert_eq!(m, 2.0);
     assert!((hi - m - 4.303 / 3f64.sqrt()).abs() < 1e-9 && (m - lo - (hi - m)).abs() < 1e-12);
     assert_eq!(sim::sweep::mean_interval(&[5.0]), (5.0, 5.0, 5.0));
+}
+
+/// The rows of `latency.csv`, parsed: (queue, cb, submit, start, end, latency, queueing,
+/// execution, preempted), checking the header.
+fn latency_rows(csv: &str) -> Vec<[u64; 9]> {
+    let mut lines = csv.lines();
+    assert_eq!(
+        lines.next(),
+        Some("queue,group,cb,submit_ns,start_ns,end_ns,latency_ns,queueing_ns,execution_ns,preempted_ns")
+    );
+    lines
+        .map(|l| {
+            let f: Vec<&str> = l.split(',').collect();
+            assert_eq!(f.len(), 10, "{l}");
+            let n = |i: usize| f[i].parse::<u64>().unwrap_or_else(|e| panic!("{l}: field {i}: {e}"));
+            [n(0), n(2), n(3), n(4), n(5), n(6), n(7), n(8), n(9)]
+        })
+        .collect()
+}
+
+/// Each command buffer's latency splits into queueing (until its first packet executes),
+/// execution (what its packets cost) and preempted time, by hand: alone on the engine it
+/// queues only behind its own queue's earlier work and the doorbell's latency, and is never
+/// switched out.
+#[test]
+fn latency_splits_into_hand_computed_queueing_execution_and_preempted_time() {
+    // Two outstanding, a 2 µs think time (the cost model's test): the first runs at once,
+    // the second queues behind it (10,100), the third is submitted at 12,100 and queues until
+    // 20,200. Each executes its 10 µs kernel, its packet (50) and its fence (50).
+    let p = plan(
+        "submissions = 3\n[cost]\ndoorbell_latency_ns = 300\n[[group]]\nname = \"q\"\n[group.workload]\noutstanding = 2\nthink_us = 2\n[group.commands]\nsynthetic = { us = 10 }\n",
+    );
+    let d = tempfile::tempdir().unwrap();
+    let (_, summary) = run_to_dir(&p, 1, d.path(), &mut |_| {}).unwrap();
+    let rows = latency_rows(&read(d.path(), "latency.csv"));
+    // (queue, cb, submit, start, end, latency, queueing, execution, preempted)
+    assert_eq!(
+        rows,
+        vec![
+            [0, 1, 0, 300, 10_400, 10_400, 300, 10_100, 0],
+            [0, 2, 0, 10_400, 20_500, 20_500, 10_400, 10_100, 0],
+            [0, 3, 12_400, 20_500, 30_600, 18_200, 8_100, 10_100, 0],
+        ]
+    );
+    let split = &summary["latency_split"];
+    assert_eq!((split["queueing_ns"].as_u64(), split["execution_ns"].as_u64()), (Some(18_800), Some(30_300)));
+    assert_eq!((summary["latency_rows"].as_u64(), summary["latency_rows_omitted"].as_u64()), (Some(3), Some(0)));
+}
+
+/// Two queues sharing one engine's two slots take 100 µs turns: each 250 µs kernel executes
+/// for exactly its cost, and the time the other's turns took is its preempted time.
+#[test]
+fn time_another_queue_runs_is_preempted_time() {
+    let p = plan(
+        "submissions = 2\n[device]\nslots = 2\n[[group]]\nname = \"q\"\ncount = 2\n[group.commands]\nsynthetic = { us = 250 }\n",
+    );
+    let o = run(&p, 1, &mut |_| {}).unwrap();
+    let r = &o.latency_rows;
+    assert_eq!(r.len(), 2);
+    for s in r {
+        // 250,000 in three slices, each paying its packet (50), and the fence (50).
+        assert_eq!(s.execution, 250_200, "{s:?}");
+        assert_eq!(s.queueing() + s.execution + s.preempted(), s.latency());
+    }
+    // Together they kept the engine busy from 0 to the last end, one at a time: what one
+    // waited after its start is what the other executed meanwhile.
+    let (first, second) = if r[0].start <= r[1].start { (r[0], r[1]) } else { (r[1], r[0]) };
+    assert_eq!(first.start, 0);
+    assert_eq!(second.queueing(), 100_050, "the first's first turn: {second:?}");
+    assert_eq!(r.iter().map(|s| s.end).max(), Some(500_400));
+    // The engine was never idle and ran one at a time.
+    assert_eq!(first.execution + second.execution, second.end);
+    // The first was switched out while the second executed, up to the first's end; the
+    // second after its start while the first executed.
+    assert_eq!(first.preempted(), second.execution - (second.end - first.end), "{r:?}");
+    assert_eq!(second.preempted(), first.execution - second.queueing(), "{r:?}");
+    assert!(first.preempted() > 0 && second.preempted() > 0, "{r:?}");
 }

@@ -68,10 +68,19 @@ fn smoke_trace_nests_on_every_track_and_shows_every_class_with_arguments() {
     let names = track_names(&v);
     assert!(names.iter().any(|n| n.starts_with("normal[0] #1")), "outstanding 2: a second track: {names:?}");
     assert!(names.iter().any(|n| n.starts_with("high[0] #0")), "the one high-priority queue is traced: {names:?}");
-    let slice = v["traceEvents"].as_array().unwrap().iter().find(|e| e["ph"] == "X").unwrap();
-    for k in ["queue", "class", "priority", "cb", "latency_ns"] {
-        assert!(!slice["args"][k].is_null(), "{k} missing: {slice}");
+    let slices: Vec<&Value> = v["traceEvents"].as_array().unwrap().iter().filter(|e| e["ph"] == "X").collect();
+    for k in ["queue", "class", "priority", "cb", "latency_ns", "queueing_ns", "execution_ns", "preempted_ns"] {
+        assert!(!slices[0]["args"][k].is_null(), "{k} missing: {}", slices[0]);
     }
+    // Every slice's latency is its duration, and splits into queueing, execution and
+    // preempted time; some command buffers of this scenario were switched out part-way.
+    let arg = |e: &Value, k: &str| e["args"][k].as_u64().unwrap_or_else(|| panic!("{k}: {e}"));
+    for e in &slices {
+        let split = arg(e, "queueing_ns") + arg(e, "execution_ns") + arg(e, "preempted_ns");
+        assert_eq!(split, arg(e, "latency_ns"), "{e}");
+        assert_eq!((e["dur"].as_f64().unwrap() * 1e3).round() as u64, arg(e, "latency_ns"), "{e}");
+    }
+    assert!(slices.iter().any(|e| arg(e, "preempted_ns") > 0));
 }
 
 #[test]

@@ -68,7 +68,7 @@ pub use status::DaemonStatus;
 /// The first four bytes of every [`Hello`]: "DBL\x01".
 pub const MAGIC: u32 = u32::from_le_bytes(*b"DBL\x01");
 /// This format's version. Bumped on any change to a message's encoding.
-pub const PROTOCOL_VERSION: u32 = 6;
+pub const PROTOCOL_VERSION: u32 = 7;
 /// The largest frame payload, in bytes. A `SOCK_SEQPACKET` packet must fit the socket's send
 /// buffer (about 208 KiB by default), so frames stay well below it.
 pub const MAX_FRAME: usize = 128 << 10;

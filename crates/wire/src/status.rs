@@ -48,6 +48,9 @@ pub struct AdapterStatus {
     pub recoveries: u64,
     /// Preemption requests that timed out (TDR) in the kernel's trace window.
     pub tdr_timeouts: u64,
+    /// Queues the per-queue hang timer reset (they ran their limit without progress) in the
+    /// kernel's trace window.
+    pub hang_timeouts: u64,
     /// Trace entries dropped so far (the window's start).
     pub trace_dropped: u64,
     /// Engines.

@@ -539,6 +539,7 @@ pub(super) fn run_queue(
 /// Queue `q`'s engine faulted on its work (`fault` says where): it hangs, its partial work
 /// dropped, until the kernel resets it. The caller raises the interrupt.
 pub(super) fn fault(q: &mut FwQueue, fault: FaultRecord) {
+    q.cb.clear();
     q.state = QueueState::Hung;
     q.pending = false;
     q.dispatch_active = false;
@@ -788,11 +789,21 @@ pub(super) fn exec(
     env: &mut Env<'_>,
     in_indirect: bool,
 ) -> Result<Flow, FaultKind> {
+    // The command buffer's clock, only while completions are recorded (it reads the time).
+    let clock = env.completions.is_some().then(|| (env.now(), env.elapsed));
+    let ends_cb = matches!(p, Packet::ProgressFence { .. });
     let flow = exec_packet(p, q, id, vm, env, in_indirect);
     // A WAIT that stays blocked costs nothing: it is re-checked at the next event, and it
     // must not keep its engine busy (and the deterministic clock crawling) while it waits.
     if !matches!(flow, Ok(Flow::Blocked { .. })) {
         env.charge(env.packet_ns);
+        // (A `PROGRESS_FENCE` ended its command buffer's clock itself, its cost included.)
+        if let Some((start, before)) = clock
+            && !ends_cb
+            && flow.is_ok()
+        {
+            q.cb.ran(start, env.elapsed - before);
+        }
     }
     flow
 }
@@ -931,8 +942,9 @@ fn exec_packet(
             if env.completions.is_some() {
                 // The packet ends once its own cost (charged after it executes) is spent.
                 let at = env.packet_end();
+                let (started, exec_ns) = q.cb.end(env.now(), env.packet_ns);
                 if let Some(c) = env.completions.as_deref_mut() {
-                    c.push(super::Completion { queue: id, value, at });
+                    c.push(super::Completion { queue: id, value, at, started, exec_ns });
                 }
             }
             if value > q.monitored {

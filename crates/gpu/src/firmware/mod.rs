@@ -60,6 +60,7 @@ use crate::memory::{AddressSpace, Vmid};
 use crate::{GpuConfig, GpuError, Time};
 
 mod busy;
+mod cb_clock;
 mod doorbells;
 mod exec;
 mod hardware;
@@ -281,6 +282,9 @@ struct FwQueue {
     at_cb_boundary: bool,
     /// Its last turn ended in a `WAIT` that did not pass.
     blocked: bool,
+    /// Its current command buffer's start and execution time, while completions are
+    /// recorded.
+    cb: cb_clock::CbClock,
     /// The condition of the last `WAIT` it blocked on (what [`exec::wake_sleepers`] checks
     /// while it sleeps off its slot).
     wait_on: Option<WaitOn>,
@@ -561,8 +565,10 @@ impl Firmware {
     }
 }
 
-/// A `PROGRESS_FENCE` the engine executed: which queue, the value it wrote, and the device
-/// time at which the packet ended (its modelled end with [`crate::Timing::Modelled`]).
+/// A `PROGRESS_FENCE` the engine executed: which queue, the value it wrote, the device time at
+/// which the packet ended (its modelled end with [`crate::Timing::Modelled`]), and how its
+/// command buffer ran: when its first packet executed and for how long its packets executed
+/// (`cb_clock.rs`). All device times, so with modelled timing the latency split is exact.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Completion {
     /// The queue.
@@ -571,6 +577,12 @@ pub struct Completion {
     pub value: u64,
     /// When the packet ended.
     pub at: Time,
+    /// When the command buffer it ends began executing (its first packet; a `WAIT` at its
+    /// head starts it when it passes). At most `at`.
+    pub started: Time,
+    /// Device time its packets executed, between `started` and `at` (ns); the rest of that
+    /// span it was off the engine (switched out, preempted, blocked in a `WAIT` part-way).
+    pub exec_ns: u64,
 }
 
 /// A native fence the firmware knows (`DxgkDdiCreateNativeFence`).
@@ -763,6 +775,7 @@ impl Firmware {
             preempt: None,
             at_cb_boundary: true,
             blocked: false,
+            cb: cb_clock::CbClock::default(),
             wait_on: None,
             asleep: false,
             process_start: Time::ZERO,

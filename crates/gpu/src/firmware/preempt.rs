@@ -549,6 +549,7 @@ impl Firmware {
 /// Hangs `q` with `kind` (a reset, not a fault it raised: no interrupt; the kernel that asked
 /// for the reset reports it).
 pub(super) fn hang(q: &mut FwQueue, kind: FaultKind) {
+    q.cb.clear();
     q.state = QueueState::Hung;
     q.pending = false;
     q.dispatch_active = false;
