@@ -981,7 +981,8 @@ pub fn page(title: &str, sections: &[(String, String)]) -> String {
          th{background:#f3f3f3}caption{text-align:left;font-weight:bold;padding:4px 0}\
          pre{background:#f6f6f6;padding:1em;overflow:auto}figure{margin:1em 0}\
          figure svg{max-width:100%;height:auto}.sw{display:inline-block;width:10px;height:10px;margin-right:5px}\
-         .row{display:flex;gap:2em;align-items:flex-start;flex-wrap:wrap}</style></head><body>\n",
+         .row{display:flex;gap:2em;align-items:flex-start;flex-wrap:wrap}\
+         .split{display:inline-flex;width:120px;height:10px;margin-left:6px;vertical-align:middle;background:#eee}</style></head><body>\n",
     );
     h.push_str(&format!("<h1>{}</h1>\n", esc(title)));
     for (head, body) in sections {
@@ -1020,6 +1021,29 @@ fn grid(caption: &str, head: &[&str], rows: &[Vec<String>]) -> String {
     t
 }
 
+/// The colours of a latency split's parts: queueing, execution, preempted.
+pub const SPLIT_COLORS: [Rgb; 3] = [(0xbb, 0xbb, 0xbb), (0x2c, 0xa0, 0x2c), (0xd6, 0x27, 0x28)];
+
+/// A latency split (`latency_split` of the summary) as a bar of its three shares in
+/// [`SPLIT_COLORS`] after the shares in words (the bars line up in a right-aligned column).
+fn split_bar(split: &Value) -> String {
+    let keys = ["queueing_share", "execution_share", "preempted_share"];
+    let mut h = esc(&keys.map(|k| with_unit(k, &split[k])).join(" / "));
+    h.push_str("<span class=\"split\">");
+    for (k, c) in keys.iter().zip(SPLIT_COLORS) {
+        let share = split[k].as_f64().unwrap_or(0.0).clamp(0.0, 1.0);
+        h.push_str(&format!(
+            "<span style=\"width:{:.1}%;background:#{:02x}{:02x}{:02x}\"></span>",
+            share * 100.0,
+            c.0,
+            c.1,
+            c.2
+        ));
+    }
+    h.push_str("</span>");
+    h
+}
+
 fn swatch(c: Rgb) -> String {
     format!("<span class=\"sw\" style=\"background:#{:02x}{:02x}{:02x}\"></span>", c.0, c.1, c.2)
 }
@@ -1056,10 +1080,7 @@ fn summary_tables(plan: &Plan, summary: &Value) -> String {
         ];
         r.extend(cells(o));
         r.push(esc(&with_unit("jain_fairness", &o["jain_fairness"])));
-        let split = &o["latency_split"];
-        r.push(esc(&["queueing_share", "execution_share", "preempted_share"]
-            .map(|k| with_unit(k, &split[k]))
-            .join(" / ")));
+        r.push(split_bar(&o["latency_split"]));
         class_rows.push(r);
     }
     let mut h = String::new();
@@ -1075,7 +1096,7 @@ fn summary_tables(plan: &Plan, summary: &Value) -> String {
     let mut head = vec!["class", "priority", "queues", "completed", "samples"];
     head.extend(lat_head);
     head.push("Jain fairness");
-    head.push("queueing / execution / preempted");
+    head.push("latency: queueing / execution / preempted");
     h.push_str(&grid(&format!("Latency per class{samples_note}"), &head, &class_rows));
     h
 }

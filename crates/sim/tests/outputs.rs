@@ -229,6 +229,7 @@ fn the_report_reads_at_a_glance() {
         "<td>commit</td>",
         "<td>version</td>",
         "queueing / execution / preempted",
+        "class=\"split\"",
     ] {
         assert!(html.contains(want), "report.html lacks {want:?}");
     }

@@ -32,12 +32,11 @@ impl CbClock {
         self.exec_ns = self.exec_ns.saturating_add(ns);
     }
 
-    /// The command buffer ends with the `PROGRESS_FENCE` that starts executing at `now` and
-    /// costs `ns`: its start and its execution time, that packet's included. The clock starts
-    /// over for the next command buffer.
-    pub(super) fn end(&mut self, now: Time, ns: u64) -> (Time, u64) {
-        let started = self.started.take().unwrap_or(now);
-        (started, std::mem::take(&mut self.exec_ns).saturating_add(ns))
+    /// The command buffer ended with the packet that [`CbClock::ran`] last: its start and its
+    /// execution time. The clock starts over for the next command buffer.
+    pub(super) fn end(&mut self) -> (Time, u64) {
+        let started = self.started.take().unwrap_or_default();
+        (started, std::mem::take(&mut self.exec_ns))
     }
 
     /// The queue's partial work is gone (it faulted or was hung by a reset).
@@ -55,9 +54,11 @@ mod tests {
         let mut c = CbClock::default();
         c.ran(Time(100), 10);
         c.ran(Time(500), 30);
-        assert_eq!(c.end(Time(900), 5), (Time(100), 45));
-        // The next starts over; one that is only its fence starts with it.
-        assert_eq!(c.end(Time(1_000), 5), (Time(1_000), 5));
+        c.ran(Time(900), 5);
+        assert_eq!(c.end(), (Time(100), 45));
+        // The next starts over.
+        c.ran(Time(1_000), 5);
+        assert_eq!(c.end(), (Time(1_000), 5));
         c.ran(Time(2_000), 7);
         c.clear();
         assert_eq!(c, CbClock::default());

@@ -789,23 +789,38 @@ pub(super) fn exec(
     env: &mut Env<'_>,
     in_indirect: bool,
 ) -> Result<Flow, FaultKind> {
-    // The command buffer's clock, only while completions are recorded (it reads the time).
-    let clock = env.completions.is_some().then(|| (env.now(), env.elapsed));
-    let ends_cb = matches!(p, Packet::ProgressFence { .. });
+    let before = env.elapsed;
     let flow = exec_packet(p, q, id, vm, env, in_indirect);
     // A WAIT that stays blocked costs nothing: it is re-checked at the next event, and it
     // must not keep its engine busy (and the deterministic clock crawling) while it waits.
     if !matches!(flow, Ok(Flow::Blocked { .. })) {
         env.charge(env.packet_ns);
-        // (A `PROGRESS_FENCE` ended its command buffer's clock itself, its cost included.)
-        if let Some((start, before)) = clock
-            && !ends_cb
-            && flow.is_ok()
-        {
-            q.cb.ran(start, env.elapsed - before);
+        if env.completions.is_some() {
+            record(p, &flow, q, id, env, before);
         }
     }
     flow
+}
+
+/// While completions are recorded: the packet `p` of queue `id` executed from `before` (the
+/// turn's device time) to now, which its command buffer's clock counts; a `PROGRESS_FENCE`
+/// ends the command buffer, and its completion is recorded at the packet's end.
+fn record(p: Packet, flow: &Result<Flow, FaultKind>, q: &mut FwQueue, id: FwQueueId, env: &mut Env<'_>, before: u64) {
+    if flow.is_err() {
+        return;
+    }
+    let start = match env.timing {
+        crate::cost::Timing::Modelled => Time(env.start.0.saturating_add(before)),
+        crate::cost::Timing::Real => (env.clock)(),
+    };
+    q.cb.ran(start, env.elapsed - before);
+    if let Packet::ProgressFence { value } = p {
+        let (started, exec_ns) = q.cb.end();
+        let at = env.now();
+        if let Some(c) = env.completions.as_deref_mut() {
+            c.push(super::Completion { queue: id, value, at, started, exec_ns });
+        }
+    }
 }
 
 /// Executes one packet (see [`exec`]).
@@ -939,14 +954,7 @@ fn exec_packet(
                 None => word.get().store(value, Ordering::Release),
             }
             q.completed = value;
-            if env.completions.is_some() {
-                // The packet ends once its own cost (charged after it executes) is spent.
-                let at = env.packet_end();
-                let (started, exec_ns) = q.cb.end(env.now(), env.packet_ns);
-                if let Some(c) = env.completions.as_deref_mut() {
-                    c.push(super::Completion { queue: id, value, at, started, exec_ns });
-                }
-            }
+            // (Its completion is recorded once its cost is charged: [`record`].)
             if value > q.monitored {
                 env.raise(Interrupt::ProgressFence { queue: id, value });
             }
