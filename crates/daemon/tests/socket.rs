@@ -9,12 +9,9 @@ use std::path::{Path, PathBuf};
 
 use daemon::{MAX_SOCKET_PATH_BYTES, SocketError, prepare_socket};
 
-/// A fresh directory for one test (each test names its own).
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("doorbell-socket-test-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+/// A fresh directory for one test, removed when the test ends.
+fn scratch(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new().prefix(&format!("doorbell-socket-test-{name}-")).tempdir().unwrap()
 }
 
 fn lock_of(socket: &Path) -> PathBuf {
@@ -30,7 +27,8 @@ fn entries(dir: &Path) -> Vec<String> {
 
 #[test]
 fn a_regular_file_at_the_path_is_refused_and_left_byte_for_byte() {
-    let dir = scratch("file");
+    let tmp = scratch("file");
+    let dir = tmp.path();
     let path = dir.join("doorbell.sock");
     let bytes: Vec<u8> = (0..=255u8).cycle().take(5000).collect();
     std::fs::write(&path, &bytes).unwrap();
@@ -47,7 +45,8 @@ fn a_regular_file_at_the_path_is_refused_and_left_byte_for_byte() {
 
 #[test]
 fn a_directory_at_the_path_is_refused_and_left_with_its_contents() {
-    let dir = scratch("dir");
+    let tmp = scratch("dir");
+    let dir = tmp.path();
     let path = dir.join("doorbell.sock");
     std::fs::create_dir(&path).unwrap();
     std::fs::write(path.join("keep"), b"mine").unwrap();
@@ -59,7 +58,8 @@ fn a_directory_at_the_path_is_refused_and_left_with_its_contents() {
 
 #[test]
 fn a_symbolic_link_at_the_path_is_refused_not_followed() {
-    let dir = scratch("link");
+    let tmp = scratch("link");
+    let dir = tmp.path();
     let target = dir.join("target");
     std::fs::write(&target, b"precious").unwrap();
     let path = dir.join("doorbell.sock");
@@ -77,7 +77,8 @@ fn a_symbolic_link_at_the_path_is_refused_not_followed() {
 
 #[test]
 fn a_socket_someone_listens_on_is_refused_and_kept() {
-    let dir = scratch("live");
+    let tmp = scratch("live");
+    let dir = tmp.path();
     let path = dir.join("doorbell.sock");
     let listener = UnixListener::bind(&path).unwrap();
     let e = prepare_socket(&path).unwrap_err();
@@ -91,7 +92,8 @@ fn a_socket_someone_listens_on_is_refused_and_kept() {
 
 #[test]
 fn a_stale_socket_is_removed_and_the_lock_file_goes_at_the_stop() {
-    let dir = scratch("stale");
+    let tmp = scratch("stale");
+    let dir = tmp.path();
     let path = dir.join("doorbell.sock");
     drop(UnixListener::bind(&path).unwrap()); // the file stays; nobody listens
     assert!(path.exists());
@@ -109,7 +111,8 @@ fn a_stale_socket_is_removed_and_the_lock_file_goes_at_the_stop() {
 
 #[test]
 fn a_directory_the_daemon_created_is_removed_at_the_stop_if_empty() {
-    let dir = scratch("created");
+    let tmp = scratch("created");
+    let dir = tmp.path();
     let sub = dir.join("a/b");
     let path = sub.join("doorbell.sock");
     let lock = prepare_socket(&path).unwrap();
@@ -126,7 +129,8 @@ fn a_directory_the_daemon_created_is_removed_at_the_stop_if_empty() {
 
 #[test]
 fn a_path_too_long_is_refused_before_anything_is_created() {
-    let dir = scratch("long");
+    let tmp = scratch("long");
+    let dir = tmp.path();
     let sub = dir.join("x".repeat(120));
     let path = sub.join("doorbell.sock");
     let e = prepare_socket(&path).unwrap_err();

@@ -16,6 +16,7 @@
 pub mod observe;
 pub mod output;
 pub mod report;
+pub mod rows;
 pub mod run;
 pub mod scenario;
 pub mod swarm;

@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 
 use serde_json::{Map, Value, json};
 
-use crate::run::{Outcome, Span};
+use crate::run::Outcome;
 use crate::scenario::Plan;
 
 /// Percentiles of a sample (nearest rank), in ns.
@@ -130,7 +130,7 @@ pub fn summary(plan: &Plan, o: &Outcome) -> Value {
         obj["queues"] = json!(g.count);
         obj["jain_fairness"] = jain_value(&fair);
         obj["completed"] = json!(o.queues.iter().filter(|q| q.group == gi).map(|q| q.completed).sum::<u64>());
-        obj["latency_split"] = latency_split(o.latency_rows.iter().filter(|r| o.queues[r.queue].group == gi));
+        obj["latency_split"] = latency_split(o.latency_split.get(gi).into_iter());
         per_class.insert(g.name.clone(), obj);
         per_prio.entry(format!("{:?}", g.priority).to_lowercase()).or_default().extend_from_slice(&o.latencies[gi]);
     }
@@ -164,9 +164,10 @@ pub fn summary(plan: &Plan, o: &Outcome) -> Value {
         "throughput_per_s": r4(in_window as f64 / window_s),
         "latency_by_priority": Value::Object(prio),
         "latency_by_class": Value::Object(per_class),
-        "latency_split": latency_split(o.latency_rows.iter()),
-        "latency_rows": o.latency_rows.len(),
-        "latency_rows_omitted": o.latency_rows_omitted,
+        "latency_split": latency_split(o.latency_split.iter()),
+        "latency_rows": o.latency_rows.rows().len(),
+        "latency_rows_stride": o.latency_rows.stride(),
+        "latency_rows_omitted": o.latency_rows.omitted(),
         "jain_fairness": jain_value(&all),
         "slot_occupancy": occupancy,
         "slot_changes": o.slot_changes,
@@ -182,11 +183,11 @@ pub fn summary(plan: &Plan, o: &Outcome) -> Value {
     })
 }
 
-/// How the latency of `rows` (command buffers of latency.csv) divides, in total (ns), and as
-/// shares of their summed latency: queueing, execution, preempted.
-fn latency_split<'a>(rows: impl Iterator<Item = &'a Span> + Clone) -> Value {
-    let sum = |f: fn(&Span) -> u64| rows.clone().map(f).sum::<u64>();
-    let (queueing, execution, preempted) = (sum(Span::queueing), sum(|s| s.execution), sum(Span::preempted));
+/// How the latency of the command buffers of `groups` (their summed `Outcome::latency_split`)
+/// divides, in total (ns), and as shares of their summed latency: queueing, execution,
+/// preempted.
+fn latency_split<'a>(groups: impl Iterator<Item = &'a [u64; 3]>) -> Value {
+    let [queueing, execution, preempted] = groups.fold([0u64; 3], |a, g| [a[0] + g[0], a[1] + g[1], a[2] + g[2]]);
     let total = (queueing + execution + preempted).max(1) as f64;
     json!({
         "queueing_ns": queueing,
@@ -199,14 +200,16 @@ fn latency_split<'a>(rows: impl Iterator<Item = &'a Span> + Clone) -> Value {
 }
 
 /// `latency.csv`: one row per command buffer submitted after the warm-up, in completion
-/// order (at most `latency_rows`; the summary counts those left out): its queue and class,
+/// order (past `latency_rows` of them, every `latency_rows_stride`-th: [`crate::rows`]; the
+/// summary counts those left out): its queue and class,
 /// its number on the queue, when it was submitted, started and ended (ns since the run's
 /// start), its latency, and the latency's split into queueing, execution and preempted time
 /// ([`crate::run::Span`]), which sum to it.
 pub fn latency_csv(plan: &Plan, o: &Outcome) -> String {
-    let mut s = String::with_capacity(64 + 72 * o.latency_rows.len());
+    let rows = o.latency_rows.rows();
+    let mut s = String::with_capacity(64 + 72 * rows.len());
     s.push_str("queue,group,cb,submit_ns,start_ns,end_ns,latency_ns,queueing_ns,execution_ns,preempted_ns\n");
-    for r in &o.latency_rows {
+    for r in rows {
         let g = &plan.groups[o.queues[r.queue].group];
         let _ = writeln!(
             s,

@@ -166,11 +166,12 @@ pub struct Outcome {
     pub queues: Vec<QueueResult>,
     /// Latencies (ns) per group, of command buffers submitted after the warm-up.
     pub latencies: Vec<Vec<u64>>,
-    /// Those command buffers, in completion order (latency.csv), at most
-    /// [`Plan::latency_rows`].
-    pub latency_rows: Vec<Span>,
-    /// Those left out of `latency_rows` (over the limit).
-    pub latency_rows_omitted: u64,
+    /// Those command buffers, in completion order (latency.csv): every one, or past
+    /// [`Plan::latency_rows`] an even sample ([`crate::rows`]).
+    pub latency_rows: crate::rows::Rows,
+    /// Per group, their latencies' split summed, every one counted: queueing, execution and
+    /// preempted time (ns).
+    pub latency_split: Vec<[u64; 3]>,
     /// Virtual time submission stopped (ns).
     pub window_end: u64,
     /// Virtual time the run ended (ns).
@@ -595,8 +596,8 @@ pub fn run_observed(
 
     let mut latencies: Vec<Vec<u64>> = vec![Vec::new(); plan.groups.len()];
     let mut spans = Vec::new();
-    let mut latency_rows = Vec::new();
-    let mut latency_rows_omitted = 0u64;
+    let mut latency_rows = crate::rows::Rows::new(plan.latency_rows);
+    let mut latency_split = vec![[0u64; 3]; plan.groups.len()];
     let mut marks: Vec<Mark> = Vec::new();
     let mut comps = Vec::new();
     let mut records: Vec<Record> = Vec::new();
@@ -704,11 +705,11 @@ pub fn run_observed(
                     q.res.latency_sum += lat;
                     q.res.latency_max = q.res.latency_max.max(lat);
                     latencies[q.group].push(lat);
-                    if latency_rows.len() < plan.latency_rows {
-                        latency_rows.push(span);
-                    } else {
-                        latency_rows_omitted += 1;
-                    }
+                    let split = &mut latency_split[q.group];
+                    split[0] += span.queueing();
+                    split[1] += span.execution;
+                    split[2] += span.preempted();
+                    latency_rows.push(span);
                 }
                 if q.traced && spans.len() < TRACE_SPANS {
                     spans.push(span);
@@ -1064,7 +1065,7 @@ pub fn run_observed(
         queues: queues_out,
         latencies,
         latency_rows,
-        latency_rows_omitted,
+        latency_split,
         window_end: window_end.unwrap_or(if stop_time == u64::MAX { end } else { stop_time }) - t0,
         end: end - t0,
         samples: series,

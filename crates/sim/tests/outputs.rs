@@ -43,52 +43,63 @@ fn the_warm_up_is_excluded_from_latency_statistics() {
     assert_eq!(sim::output::summary(&backlog(""), &all)["warmup_ns"], 0);
     // Throughput and fairness count the completions in [warm-up end, window end), over that
     // window's length; queues.csv's latencies and latency.csv are of the measured ones.
-    let ends = |from: u64| all.latency_rows.iter().filter(|r| (from..1_000_000).contains(&r.end)).count() as u64;
+    let ends = |from: u64| all.latency_rows.rows().iter().filter(|r| (from..1_000_000).contains(&r.end)).count() as u64;
     assert_eq!(all.queues[0].completed_in_window, ends(0));
     assert_eq!(warm.queues[0].completed_in_window, ends(350_000));
     assert!(ends(350_000) < ends(0));
     let per_s = ends(350_000) as f64 / 650e-6;
     assert_eq!(s["throughput_per_s"].as_f64().unwrap(), (per_s * 1e4).round() / 1e4);
-    assert_eq!(warm.latency_rows, all.latency_rows[4..]);
+    assert_eq!(warm.latency_rows.rows(), &all.latency_rows.rows()[4..]);
     let mean = warm.latencies[0].iter().sum::<u64>() / 6;
     let csv = sim::output::queues_csv(&p, &warm);
     let row: Vec<&str> = csv.lines().nth(1).unwrap().split(',').collect();
     assert_eq!((row[7], row[9]), (ends(350_000).to_string().as_str(), mean.to_string().as_str()), "{csv}");
 }
 
-/// `latency_rows` bounds latency.csv; the summary counts what it left out.
+/// latency.csv lists every command buffer that gave a latency sample, each row's split
+/// summing to its latency; past `latency_rows` of them, an even sample of the whole run, which
+/// the summary describes. The summary's split is of every command buffer, per class too.
 #[test]
-fn latency_csv_holds_at_most_latency_rows_and_the_summary_counts_the_rest() {
+fn latency_csv_lists_every_command_buffer_or_an_even_sample_past_latency_rows() {
     let d = tempfile::tempdir().unwrap();
-    let (o, summary) = run_to_dir(&plan(&format!("latency_rows = 5\n{EVENTS}")), 1, d.path(), &mut |_| {}).unwrap();
-    let samples: usize = o.latencies.iter().map(Vec::len).sum();
-    assert!(samples > 5);
-    assert_eq!(latency_rows(&read(d.path(), "latency.csv")).len(), 5);
-    assert_eq!(summary["latency_rows"], 5);
-    assert_eq!(summary["latency_rows_omitted"].as_u64(), Some(samples as u64 - 5));
-    // Unbounded, every command buffer that gave a latency sample has its row, its split
-    // summing to its latency, none submitted in the warm-up.
-    let (o, summary) = run_to_dir(&plan(EVENTS), 1, d.path(), &mut |_| {}).unwrap();
-    // The split per class adds up to the whole run's.
-    for k in ["queueing_ns", "execution_ns", "preempted_ns"] {
-        let classes: u64 = ["bulk", "rare", "urgent"]
-            .iter()
-            .map(|c| summary["latency_by_class"][c]["latency_split"][k].as_u64().unwrap())
-            .sum();
-        assert_eq!(Some(classes), summary["latency_split"][k].as_u64(), "{k}");
-    }
+    let (all, summary) = run_to_dir(&plan(EVENTS), 1, d.path(), &mut |_| {}).unwrap();
+    let samples: usize = all.latencies.iter().map(Vec::len).sum();
     let rows = latency_rows(&read(d.path(), "latency.csv"));
     assert_eq!(rows.len(), samples);
+    assert_eq!((summary["latency_rows_stride"].as_u64(), summary["latency_rows_omitted"].as_u64()), (Some(1), Some(0)));
     for r in &rows {
         assert_eq!(r[6] + r[7] + r[8], r[5], "{r:?}");
         assert_eq!(r[4] - r[2], r[5], "{r:?}");
         assert!(r[2] >= 1_000_000 && r[3] >= r[2], "{r:?}");
     }
     let mut by_group: Vec<Vec<u64>> = vec![Vec::new(); 3];
-    for r in &o.latency_rows {
-        by_group[o.queues[r.queue].group].push(r.latency());
+    for r in all.latency_rows.rows() {
+        by_group[all.queues[r.queue].group].push(r.latency());
     }
-    assert_eq!(by_group, o.latencies);
+    assert_eq!(by_group, all.latencies);
+    // The split per class adds up to the whole run's, and to the rows' own.
+    let sum = |k: usize| rows.iter().map(|r| r[k]).sum::<u64>();
+    for (k, col) in [("queueing_ns", 6), ("execution_ns", 7), ("preempted_ns", 8)] {
+        let classes: u64 = ["bulk", "rare", "urgent"]
+            .iter()
+            .map(|c| summary["latency_by_class"][c]["latency_split"][k].as_u64().unwrap())
+            .sum();
+        assert_eq!(Some(classes), summary["latency_split"][k].as_u64(), "{k}");
+        assert_eq!(classes, sum(col), "{k}");
+    }
+    // Bounded: every stride-th of the same command buffers, from the run's start to its end;
+    // the summary's split still counts them all.
+    let (_, small) = run_to_dir(&plan(&format!("latency_rows = 5\n{EVENTS}")), 1, d.path(), &mut |_| {}).unwrap();
+    let sampled = latency_rows(&read(d.path(), "latency.csv"));
+    let stride = small["latency_rows_stride"].as_u64().unwrap();
+    assert!(stride > 1 && stride.is_power_of_two());
+    assert!((3..=5).contains(&sampled.len()), "{}", sampled.len());
+    let every: Vec<[u64; 9]> = rows.iter().step_by(stride as usize).copied().collect();
+    assert_eq!(sampled, every);
+    assert!(sampled.last().unwrap()[4] > rows[rows.len() / 2][4], "the sample reaches the run's second half");
+    assert_eq!(small["latency_rows"], sampled.len());
+    assert_eq!(small["latency_rows_omitted"].as_u64(), Some((samples - sampled.len()) as u64));
+    assert_eq!(small["latency_split"], summary["latency_split"]);
 }
 
 /// `version` is the package's, `commit` the build's (`git rev-parse --short HEAD`, or
@@ -322,7 +333,7 @@ fn time_another_queue_runs_is_preempted_time() {
         "submissions = 2\n[device]\nslots = 2\n[[group]]\nname = \"q\"\ncount = 2\n[group.commands]\nsynthetic = { us = 250 }\n",
     );
     let o = run(&p, 1, &mut |_| {}).unwrap();
-    let r = &o.latency_rows;
+    let r = o.latency_rows.rows();
     assert_eq!(r.len(), 2);
     for s in r {
         // 250,000 in three slices, each paying its packet (50), and the fence (50).
