@@ -40,7 +40,7 @@ fn a_regular_file_at_the_path_is_refused_and_left_byte_for_byte() {
     let msg = e.to_string();
     assert!(msg.contains(path.to_str().unwrap()) && msg.contains("left untouched"), "{msg}");
     assert_eq!(std::fs::read(&path).unwrap(), bytes);
-    assert_eq!(entries(&dir), ["doorbell.sock"], "nothing else created (no lock file)");
+    assert_eq!(entries(dir), ["doorbell.sock"], "nothing else created (no lock file)");
 }
 
 #[test]
@@ -53,7 +53,7 @@ fn a_directory_at_the_path_is_refused_and_left_with_its_contents() {
     let e = prepare_socket(&path).unwrap_err();
     assert!(matches!(&e, SocketError::Occupied { what, .. } if what == "a directory"), "{e}");
     assert_eq!(std::fs::read(path.join("keep")).unwrap(), b"mine");
-    assert_eq!(entries(&dir), ["doorbell.sock"]);
+    assert_eq!(entries(dir), ["doorbell.sock"]);
 }
 
 #[test]
@@ -104,7 +104,7 @@ fn a_stale_socket_is_removed_and_the_lock_file_goes_at_the_stop() {
     let e = prepare_socket(&path).unwrap_err();
     assert!(matches!(e, SocketError::InUse { .. }), "{e}");
     drop(lock);
-    assert_eq!(entries(&dir), Vec::<String>::new(), "the lock file is removed at the stop");
+    assert_eq!(entries(dir), Vec::<String>::new(), "the lock file is removed at the stop");
     // And the path can be taken again.
     drop(prepare_socket(&path).unwrap());
 }
@@ -139,5 +139,5 @@ fn a_path_too_long_is_refused_before_anything_is_created() {
     let msg = e.to_string();
     assert!(msg.contains(path.to_str().unwrap()) && msg.contains("at most 107 bytes"), "{msg}");
     assert!(!sub.exists(), "no directory created");
-    assert_eq!(entries(&dir), Vec::<String>::new());
+    assert_eq!(entries(dir), Vec::<String>::new());
 }
