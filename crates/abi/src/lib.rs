@@ -35,6 +35,7 @@
 //! read from another actor's memory are decoded through checked constructors
 //! ([`packet::Packet::decode`], [`doorbell::DoorbellStatus::from_word`],
 //! [`queue::QueueState::from_word`]) that never panic.
+#![forbid(unsafe_code)]
 
 pub mod doorbell;
 pub mod fence_log;

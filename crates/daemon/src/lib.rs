@@ -58,6 +58,7 @@
 //! - A client's resources return when its primary connection ends, whatever it sent, and
 //!   whatever its thread was doing: while that thread is blocked serving a wait, the
 //!   connection is watched for a hang-up (`hangup.rs`).
+#![forbid(unsafe_code)]
 
 use std::collections::{HashMap, HashSet};
 use std::os::fd::BorrowedFd;

@@ -145,13 +145,11 @@ pub(crate) fn progress(json: bool, msg: &str) {
     }
 }
 
-/// p50 and p99 of a sample set.
+/// p50 and p99 of a sample set (nearest rank, as the simulator's figures:
+/// [`sim::output::percentile`]; 0 for no samples).
 pub(crate) fn percentiles(mut v: Vec<u64>) -> (u64, u64) {
     v.sort_unstable();
-    if v.is_empty() {
-        return (0, 0);
-    }
-    (v[v.len() / 2], v[(v.len() * 99 / 100).min(v.len() - 1)])
+    (sim::output::percentile(&v, 50.0), sim::output::percentile(&v, 99.0))
 }
 
 /// A benchmark's human-readable table: each latency beside its ratio to the cache-line round

@@ -28,6 +28,7 @@
 //!   the queues still in it at once, before its [`Vmid`] can name another process's space.
 //! - Work is never lost across a doorbell unbind or an F1 request: both re-read the queue's
 //!   wptr, and F1 is refused while any queue has `rptr != wptr`.
+#![forbid(unsafe_code)]
 
 pub mod compute;
 pub mod cost;

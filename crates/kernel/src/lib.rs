@@ -22,6 +22,7 @@
 //! Invariants: a handle from another process, or of a destroyed object, is refused; every
 //! failure is a [`abi::port::KernelError`] naming the field or handle and its value; one
 //! process's bad input changes nothing for any other process.
+#![forbid(unsafe_code)]
 
 pub mod cross;
 pub mod ddi;

@@ -12,6 +12,7 @@
 //! Invariants: a run depends only on the scenario and the seed (no wall clock, no hash
 //! order, no thread timing reaches an output), so the same pair gives byte-identical files;
 //! a bad scenario is refused before anything runs, naming the file, line, key and value.
+#![forbid(unsafe_code)]
 
 pub mod observe;
 pub mod output;

@@ -108,6 +108,7 @@
 //! spell costs a kernel call and nothing is lost. A loop written on [`lowlevel::UserQueue`]
 //! must do the same: on `DisconnectedRetry` call [`lowlevel::UserQueue::connect`] and ring
 //! again; on `DisconnectedAbort` the queue is lost ([`lowlevel::UserQueue::lost`] says why).
+#![forbid(unsafe_code)]
 
 pub mod background;
 mod command;

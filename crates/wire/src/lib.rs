@@ -40,6 +40,7 @@
 //!   refused leaks nothing.
 //! - Handles cross as `(owner, index, generation)`; the daemon checks them against the
 //!   caller's object table like any other handle, so a forged or replayed one is refused.
+#![forbid(unsafe_code)]
 
 use std::io::{IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;

@@ -633,8 +633,12 @@ impl Os {
 
     /// When [`Os::handle_timeout`] next has something to do.
     pub fn poll_timeout(&self) -> Option<Time> {
-        let d3 = self.d3_idle.and_then(|period| self.all_f1_since.map(|t| t.plus(period)));
-        [d3, self.recovery.poll_timeout()].into_iter().flatten().min()
+        [self.d3_deadline(), self.recovery.poll_timeout()].into_iter().flatten().min()
+    }
+
+    /// When the D3 idle timer fires: the idle period after every engine entered F1.
+    fn d3_deadline(&self) -> Option<Time> {
+        self.d3_idle.and_then(|period| self.all_f1_since.map(|t| t.plus(period)))
     }
 
     /// The device reports whether every engine is in F1 at `now` (its pump calls this): the
@@ -655,8 +659,7 @@ impl Os {
         if self.recovery.poll_timeout().is_some_and(|t| now >= t) {
             self.handle_recovery_timeout(now);
         }
-        let d3 = self.d3_idle.and_then(|period| self.all_f1_since.map(|t| t.plus(period)));
-        if d3.is_none_or(|t| now < t) {
+        if self.d3_deadline().is_none_or(|t| now < t) {
             return;
         }
         self.all_f1_since = None;
