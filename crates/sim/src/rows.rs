@@ -15,7 +15,7 @@
 use crate::run::Span;
 
 /// A bounded, evenly spaced list of spans.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct Rows {
     rows: Vec<Span>,
     limit: usize,
@@ -69,6 +69,13 @@ impl Rows {
     }
 }
 
+impl Default for Rows {
+    /// Keeps none (and holds the invariants: a derived default's stride would be 0).
+    fn default() -> Rows {
+        Rows::new(0)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -103,5 +110,8 @@ mod tests {
         let mut none = Rows::new(0);
         none.push(span(0));
         assert_eq!((none.rows().len(), none.omitted()), (0, 1));
+        let mut default = Rows::default();
+        default.push(span(0));
+        assert_eq!((default.rows().len(), default.stride(), default.omitted()), (0, 1, 1));
     }
 }
