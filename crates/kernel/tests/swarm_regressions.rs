@@ -61,3 +61,51 @@ fn a_failed_reconnect_after_publishing_reports_the_published_value_and_the_work_
     cb.write_u32(c.buf.va(), 2);
     assert_eq!(q.submit(&cb).unwrap(), 2);
 }
+
+/// A lost device stops its queues even where the engine cannot preempt them: under
+/// `ComputeGranularity::None` a queue leaves its slot only when it runs dry, so the context
+/// suspension of a device lost is not answered while work is queued, and the kernel resets the
+/// queue instead (`DxgkDdiResetQueue` with `DeviceLost`). Nothing published before the loss runs
+/// after it: the client, told `DisconnectedAbort`, counts that work lost. Before the fix the
+/// queue ran its whole ring after the loss (the swarm's exactly-once checker, seed 117: the
+/// adapter's fatal recovery lost every device while a queue drained a long backlog).
+#[test]
+fn a_lost_device_runs_nothing_more_even_where_its_engine_cannot_preempt() {
+    use abi::preempt::{ComputeGranularity, PreemptionCaps};
+    use gpu::GpuConfig;
+    use kernel::SystemConfig;
+    use kernel::trace::{Ddi, Event};
+    use std::time::Duration;
+
+    let cfg = SystemConfig {
+        gpu: GpuConfig {
+            preemption: PreemptionCaps { compute: ComputeGranularity::None, ..PreemptionCaps::default() },
+            ..GpuConfig::default()
+        },
+        ..SystemConfig::default()
+    };
+    let sys = common::sim_with(cfg);
+    let c = common::client(&sys);
+    let mut q = c.user_queue();
+    let mut long = umd::CommandBuffer::new();
+    long.synthetic(5_000_000);
+    q.submit(&long).unwrap();
+    let mut late = umd::CommandBuffer::new();
+    late.write_u32(c.buf.va(), 0xbad);
+    q.submit(&late).unwrap();
+    sys.run_for(Duration::from_millis(1));
+    assert_eq!(q.completed(), 0, "the long command buffer is running");
+    let before = common::events(&sys).len();
+    sys.mark_device_error(c.port.process(), c.device.handle()).unwrap();
+    sys.run_for(Duration::from_millis(50));
+    assert_eq!(c.buf.read_u32(0).unwrap(), 0, "the command buffer published before the loss never ran");
+    assert_eq!(q.completed(), 0);
+    assert_eq!(q.doorbell_status().unwrap(), abi::DoorbellStatus::DisconnectedAbort);
+    assert_eq!(q.status().unwrap().state, abi::QueueState::Hung);
+    // The suspension first (the spec's stop), then the reset for the queue that did not stop.
+    let evs = common::events_from(&sys, before);
+    let suspend = evs.iter().position(|e| matches!(e, Event::Ddi(Ddi::SuspendContext(_))));
+    let reset = evs.iter().position(|e| matches!(e, Event::Ddi(Ddi::ResetQueue(h)) if *h == q.handle()));
+    assert!(suspend.is_some() && suspend < reset, "{evs:#?}");
+    assert!(!evs.iter().any(|e| matches!(e, Event::Ddi(Ddi::ResetFromTimeout))), "no adapter reset: {evs:#?}");
+}

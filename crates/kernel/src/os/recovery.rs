@@ -28,8 +28,9 @@
 //!    `DxgkDdiResetFromTimeout` then `DxgkDdiRestartFromTimeout`, and every device on the
 //!    adapter is lost.
 //!
-//! More than `TdrLimitCount` recoveries within `TdrLimitTime` is fatal: every device is lost
-//! and the adapter refuses new work with [`KernelError::AdapterLost`].
+//! More than `TdrLimitCount` recoveries within `TdrLimitTime` is fatal: the adapter is stopped
+//! (`DxgkDdiResetFromTimeout` with no restart, so nothing published before runs), every device
+//! is lost, and the adapter refuses new work with [`KernelError::AdapterLost`].
 //!
 //! **The hang timer** (amdgpu's per-queue hang detection; [`TdrConfig::hang_compute`],
 //! [`TdrConfig::hang_copy`]). TDR above catches only a queue that does not answer a preemption
@@ -70,8 +71,9 @@
 //! (`queue_run_time` is `None`), only the TDR path remains.
 //!
 //! **Device lost** ([`Os::device_lost`]): the device's fences become AlwaysSignaled and their
-//! CPU waits fail with `DeviceLost`; each of its queues is stopped (its context suspended) and
-//! hung, its progress waits fail with `DeviceLost`, and its doorbell is disconnected with
+//! CPU waits fail with `DeviceLost`; each of its queues is stopped (its context suspended, and
+//! a queue that does not stop at once, inside work its engine cannot preempt, reset through
+//! the firmware; a reset that fails resets the adapter) and hung, its progress waits fail with `DeviceLost`, and its doorbell is disconnected with
 //! `DisconnectedAbort`, which tells the UMD to destroy and recreate queue, doorbell and ring.
 
 use std::collections::{BTreeMap, VecDeque};
@@ -762,7 +764,29 @@ impl Os {
             self.recovery.fatal =
                 Some(KernelError::AdapterLost { recoveries: count, window_ms: window.as_millis() as u64 });
             self.recovery.pending.clear();
+            // Lost for good, the adapter is stopped (`DxgkDdiResetFromTimeout`, with no
+            // restart) before its devices are lost: a context suspension only asks, and a
+            // queue inside a kernel its engine cannot preempt would go on running what was
+            // published before the loss, which its client was told is lost.
+            let _ = self.ddi.reset_from_timeout(now);
             self.lose_every_device(now);
+        }
+    }
+
+    /// A lost device's queue that still runs is reset through the scheduling firmware
+    /// ([`Kmd::reset_queue`], [`FaultKind::DeviceLost`]), which takes it off its slot now and
+    /// answers what it owed. A reset that fails or answers too late escalates to the adapter,
+    /// as the hang timer's does, and counts as a recovery.
+    fn stop_lost_queue(&mut self, q: HwQueueHandle, now: Time) {
+        let stopped = match self.ddi.reset_queue(q, FaultKind::DeviceLost, now) {
+            Ok(out) => !self.ddi_too_slow(DdiKind::ResetQueue, out.took, now),
+            Err(_) => false,
+        };
+        if stopped {
+            self.recovery.pending.retain(|_, p| p.queue != q);
+        } else {
+            self.reset_adapter(now);
+            self.count_recovery(None, now);
         }
     }
 
@@ -787,13 +811,16 @@ impl Os {
         let contexts: Vec<_> =
             self.proc(pid)?.contexts.iter().filter(|(_, c)| c.device == device).map(|(h, _)| h).collect();
         for c in contexts {
-            // Its queues stop running.
-            if !self.proc(pid)?.contexts.get(c)?.suspended {
-                self.suspend_context(pid, c, now)?;
-            }
+            // Its queues stop running: the context is suspended, and a queue that did not
+            // stop at once (inside work its engine cannot preempt), or all of them if the
+            // suspension failed, is reset.
+            let suspended = self.proc(pid)?.contexts.get(c)?.suspended || self.suspend_context(pid, c, now).is_ok();
             for q in self.context_queues(pid, c)? {
                 if self.queue(pid, q)?.live(q).is_err() {
                     continue;
+                }
+                if !suspended || self.recovery.pending.values().any(|p| p.queue == q) {
+                    self.stop_lost_queue(q, now);
                 }
                 let fault = FaultRecord { kind: FaultKind::DeviceLost, rptr: 0, opcode: None, in_indirect: false };
                 self.set_state(pid, q, QueueLife::Hung(fault));

@@ -17,7 +17,9 @@
 //!   first; the bound starts again when the hang ends), or it waits (`after`) on a queue that
 //!   will never signal again (hung, killed or ended, directly or further up).
 //! - `hang-detected`: a queue whose kernel hung, on an engine with a per-queue hang timer,
-//!   ends (is reset, lost) within the timer plus the liveness bound of its hung submission.
+//!   ends (is reset, lost) within the timer plus the liveness bound of its hung submission,
+//!   unless that kernel never starts: its command buffer waits (`after`) for a value that a
+//!   stopped upstream queue never signals.
 //! - `census`: once every client process ended, the kernel holds nothing: no process, queue,
 //!   doorbell, allocation, fence, doorbell page, GPU mapping or wait.
 //!
@@ -132,9 +134,11 @@ struct Ledger {
     progressed: u64,
     /// Exempt from liveness until then (held, suspended).
     exempt_until: u64,
-    /// A hang event armed its next submission; then that submission's value and time.
+    /// A hang event armed its next submission; then that submission's value and time, and
+    /// the upstream value its `WAIT` asks for (`after`), if it has one.
     hang_armed: bool,
     hung: Option<(u64, u64)>,
+    hung_waits_for: Option<u64>,
     /// Its process was killed by a scenario event.
     killed: bool,
     /// The kernel reset or faulted it (seen by [`Checker::ended_by_kernel`]).
@@ -285,7 +289,19 @@ impl Checker {
     /// further up. Its work then waits for ever, as the scenario asked, and liveness does not
     /// apply to it.
     fn upstream_stopped(&self, i: usize) -> bool {
-        let mut at = self.upstream[i];
+        self.stopped_from(self.upstream[i])
+    }
+
+    /// Whether the hung kernel of queue `i` can never start: its command buffer waits
+    /// (`after`) for an upstream value that will never come, the upstream having stopped
+    /// below it. Nothing then runs on the engine that a hang timer could catch.
+    fn hang_never_starts(&self, i: usize) -> bool {
+        let (Some(u), Some(w)) = (self.upstream[i], self.queues[i].hung_waits_for) else { return false };
+        self.queues[u].recorded < w && self.stopped_from(Some(u))
+    }
+
+    /// Whether queue `at`, or one further up from it, will never signal again.
+    fn stopped_from(&self, mut at: Option<usize>) -> bool {
         // A chain is at most as long as the groups (no cycles: the scenario refuses them).
         for _ in 0..self.upstream.len() {
             let Some(u) = at else { return false };
@@ -437,6 +453,9 @@ impl Observer for Checker {
             l.hang_armed = false;
             l.hung = Some((value, now));
             l.note(now, format!("command buffer {value} holds the hung kernel"));
+            // Its `WAIT` asks for the upstream's last accepted value (the runner encodes it so).
+            let waits_for = self.upstream[queue].map(|u| self.queues[u].submitted);
+            self.queues[queue].hung_waits_for = waits_for;
         }
     }
 
@@ -455,6 +474,7 @@ impl Observer for Checker {
                 && l.recorded < value
                 && !l.lost
                 && world.queue(i).live
+                && !self.hang_never_starts(i)
             {
                 hung_engines[self.group_engine[world.queue(i).group]] = true;
             }
@@ -496,7 +516,7 @@ impl Observer for Checker {
                 && self.hang_ns.get(engine).is_some_and(|&h| h > 0)
             {
                 let limit = at + self.hang_ns[engine] + LIVENESS_BOUND_NS;
-                if now > limit && !self.ended_by_kernel(i, now, &v) {
+                if now > limit && !self.hang_never_starts(i) && !self.ended_by_kernel(i, now, &v) {
                     let what = format!(
                         "queue {i}: its kernel hung at {:.3} ms and the {} ms hang timer never ended it",
                         at as f64 / 1e6,

@@ -304,6 +304,8 @@ mod tests {
             (10, "census", "a killed process's CPU waits stayed in the kernel"),
             (106, "census", "a killed process's held-back kernel-mode submission left the scheduler's wait"),
             (114, "exactly-once", "a failed reconnect read as a refusal, and the work ran anyway"),
+            (117, "exactly-once", "a lost device's queue, not preemptible, ran what it had published before the loss"),
+            (1940, "hang-detected", "a hung kernel waiting on a stopped upstream never starts: no timer can catch it"),
         ];
         for &(seed, checker, bug) in found {
             let r = run_seed(seed, None);
