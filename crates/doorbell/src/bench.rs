@@ -364,7 +364,7 @@ fn submit(a: SubmitArgs) -> Result<(), CliError> {
 /// The ALU-bound kernel: each thread loops `iterations` (argument slot 0) times over seven
 /// integer and float operations plus the loop's own four.
 fn alu_kernel() -> Vec<u8> {
-    use abi::isa::{Builtin, FLAG_IMM, Inst, KernelHeader, Op};
+    use abi::isa::{Builtin, FLAG_IMM, Inst, Op, ProgramHeader};
     let p = [
         Inst::new(Op::SArg, 0, 0, 0, 0, 0),
         Inst::new(Op::VFromS, 2, 0, 0, 0, 0),
@@ -383,7 +383,7 @@ fn alu_kernel() -> Vec<u8> {
         Inst::new(Op::EndLoop, 0, 0, 0, 0, 3),
     ];
     let mut bytes = Vec::new();
-    for w in KernelHeader::new(p.len() as u32).to_words() {
+    for w in ProgramHeader::new(p.len() as u32).to_words() {
         bytes.extend_from_slice(&w.to_le_bytes());
     }
     for i in &p {

@@ -171,10 +171,10 @@ impl CommandBuffer {
         self.packet(Packet::Wait { va, value })
     }
 
-    /// `DISPATCH`: run the kernel at `kernel` over `grid` workgroups of `group` threads, with
-    /// its argument buffer at `args`.
-    pub fn dispatch(&mut self, kernel: u64, grid: [u32; 3], group: [u32; 3], args: u64) -> &mut Self {
-        self.packet(Packet::Dispatch { kernel, grid, group, args })
+    /// `DISPATCH`: run the program binary at `program` over `grid` workgroups of `group`
+    /// threads, with its argument buffer at `args`.
+    pub fn dispatch(&mut self, program: u64, grid: [u32; 3], group: [u32; 3], args: u64) -> &mut Self {
+        self.packet(Packet::Dispatch { program, grid, group, args })
     }
 
     /// `INTERRUPT`.

@@ -2,7 +2,7 @@
 //! of [`abi::isa`] (the user-facing spec is `docs/isa.md`).
 //!
 //! - [`KernelBinary`]: a validated program; [`KernelBinary::to_bytes`] is exactly what a
-//!   `DISPATCH` reads at its kernel VA (a [`KernelHeader`] and the instruction words).
+//!   `DISPATCH` reads at its kernel VA (a [`ProgramHeader`] and the instruction words).
 //! - [`KernelBuilder`]: one method per instruction, with registers typed as [`V`] and [`S`] so
 //!   they cannot be swapped. Control flow (`if_`/`else_`/`endif`, `loop_`/`break_`/`endloop`)
 //!   is written as structure; the builder fills in every branch target.
@@ -15,7 +15,7 @@ mod asm;
 
 use core::fmt;
 
-use abi::isa::{self, Builtin, Form, Inst, KernelError, KernelErrorKind, KernelHeader, Op};
+use abi::isa::{self, Builtin, Form, Inst, Op, ProgramError, ProgramErrorKind, ProgramHeader};
 
 pub use asm::{AsmError, assemble, assemble_with_lines, disassemble};
 
@@ -93,7 +93,7 @@ pub struct KernelBinary {
 
 impl KernelBinary {
     /// Validates instruction words (no header).
-    pub fn from_words(words: Vec<u64>) -> Result<KernelBinary, KernelError> {
+    pub fn from_words(words: Vec<u64>) -> Result<KernelBinary, ProgramError> {
         isa::validate(&words)?;
         Ok(KernelBinary { words })
     }
@@ -101,20 +101,20 @@ impl KernelBinary {
     /// Parses and validates a binary as [`KernelBinary::to_bytes`] writes it: the header, then
     /// exactly `header.instructions` little-endian words. A buffer too short for its header or
     /// for the count it declares, or with bytes after the last instruction, is refused with
-    /// [`KernelErrorKind::BadLength`] (a header cut short reads as zeros, so it usually fails its
+    /// [`ProgramErrorKind::BadLength`] (a header cut short reads as zeros, so it usually fails its
     /// magic first).
-    pub fn from_bytes(bytes: &[u8]) -> Result<KernelBinary, KernelError> {
-        let mut header = [0u8; isa::KERNEL_HEADER_BYTES as usize];
+    pub fn from_bytes(bytes: &[u8]) -> Result<KernelBinary, ProgramError> {
+        let mut header = [0u8; isa::PROGRAM_HEADER_BYTES as usize];
         let n = bytes.len().min(header.len());
         header[..n].copy_from_slice(&bytes[..n]);
         let mut hw = [0u32; 8];
         for (w, c) in hw.iter_mut().zip(header.chunks_exact(4)) {
             *w = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
         }
-        let h = KernelHeader::from_words(&hw)?;
+        let h = ProgramHeader::from_words(&hw)?;
         let body = &bytes[n..];
         if bytes.len() < header.len() || body.len() as u64 != h.instructions as u64 * 8 {
-            return Err(KernelError::at(0, KernelErrorKind::BadLength(h.instructions)));
+            return Err(ProgramError::at(0, ProgramErrorKind::BadLength(h.instructions)));
         }
         let words = body
             .chunks_exact(8)
@@ -136,8 +136,8 @@ impl KernelBinary {
     }
 
     /// Its header.
-    pub fn header(&self) -> KernelHeader {
-        KernelHeader::new(self.words.len() as u32)
+    pub fn header(&self) -> ProgramHeader {
+        ProgramHeader::new(self.words.len() as u32)
     }
 
     /// The instruction words.
@@ -163,7 +163,7 @@ impl KernelBinary {
 
     /// Size of [`KernelBinary::to_bytes`].
     pub fn byte_len(&self) -> u64 {
-        isa::KERNEL_HEADER_BYTES + self.words.len() as u64 * 8
+        isa::PROGRAM_HEADER_BYTES + self.words.len() as u64 * 8
     }
 }
 
@@ -254,7 +254,7 @@ pub enum BuildError {
     TooLong,
     /// [`isa::validate`] refused the result (a builder bug if it ever happens).
     #[error(transparent)]
-    Invalid(#[from] KernelError),
+    Invalid(#[from] ProgramError),
 }
 
 impl BuildError {
@@ -978,19 +978,19 @@ mod tests {
         assert_eq!(bytes.len() as u64, k.byte_len());
         assert_eq!(&bytes[..4], b"DBK1");
         assert_eq!(KernelBinary::from_bytes(&bytes), Ok(k.clone()));
-        let len_err = |n| Err(KernelError::at(0, KernelErrorKind::BadLength(n)));
+        let len_err = |n| Err(ProgramError::at(0, ProgramErrorKind::BadLength(n)));
         assert_eq!(KernelBinary::from_bytes(&bytes[..bytes.len() - 1]), len_err(4));
         let mut long = bytes.clone();
         long.push(0);
         assert_eq!(KernelBinary::from_bytes(&long), len_err(4));
         assert!(matches!(
             KernelBinary::from_bytes(&bytes[..3]),
-            Err(KernelError { kind: KernelErrorKind::BadMagic(_), .. })
+            Err(ProgramError { kind: ProgramErrorKind::BadMagic(_), .. })
         ));
         assert!(KernelBinary::from_bytes(&[]).is_err());
         let mut bad = bytes.clone();
         bad[32] = 0xff; // unknown opcode
-        assert_eq!(KernelBinary::from_bytes(&bad), Err(KernelError::at(0, KernelErrorKind::UnknownOpcode(0xff))));
+        assert_eq!(KernelBinary::from_bytes(&bad), Err(ProgramError::at(0, ProgramErrorKind::UnknownOpcode(0xff))));
         assert_eq!(KernelBinary::from_words(k.instructions().to_vec()), Ok(k));
     }
 }
