@@ -1570,7 +1570,7 @@ fn floats(rng: &mut Rng, n: usize) -> Vec<u32> {
     (0..n).map(|_| ((rng.next() as i32 % 20000) as f32 / 1000.0).to_bits()).collect()
 }
 
-/// The example kernels (umd::examples) on random inputs, with several slice plans and two
+/// The example kernels (program::examples) on random inputs, with several slice plans and two
 /// workgroup sizes.
 fn example_cases() -> Vec<(&'static str, Case)> {
     let mut rng = Rng(42);
@@ -1586,7 +1586,7 @@ fn example_cases() -> Vec<(&'static str, Case)> {
         ],
     ];
     let mut out = Vec::new();
-    for ex in umd::examples::ALL {
+    for ex in program::examples::ALL {
         let words = ex.assemble().expect("assembles").instructions().to_vec();
         let (mut regions, slots, threads): (Vec<Region>, Vec<u64>, u32) = match ex.name {
             "saxpy" => {

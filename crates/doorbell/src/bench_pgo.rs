@@ -208,7 +208,7 @@ fn feeder(
                     move |_| {
                         for t in 0..8 {
                             let b = umd::pgo::Binding::new([(2, 4096), (3, taps + t)]);
-                            let _ = umd::pgo::specialize::specialize(&k, &b, Default::default());
+                            let _ = program::specialize::specialize(&k, &b, Default::default());
                         }
                         d.fetch_add(1, Ordering::Relaxed);
                     },

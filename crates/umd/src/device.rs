@@ -218,7 +218,7 @@ impl Device {
         Ok(Buffer { device: self.inner.clone(), info, map: Arc::new(map), domain: desc.domain })
     }
 
-    /// Allocates a buffer holding `bytes` (a kernel binary, an argument buffer, input data).
+    /// Allocates a buffer holding `bytes` (a program binary, an argument buffer, input data).
     pub fn upload(&self, bytes: &[u8]) -> Result<Buffer, UmdError> {
         let b = self.allocate(bytes.len().max(1) as u64)?;
         b.write(0, bytes)?;

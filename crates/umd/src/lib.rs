@@ -12,10 +12,10 @@
 //!   CPU page, kernel page) as typed views, created without connecting, for people writing
 //!   their own submission loop; [`Queue`] is built on it.
 //! - [`CommandBuffer`]: one typed method per packet of [`abi::packet`].
-//! - Compute kernels: [`KernelBuilder`], the text assembler [`assemble`] (`docs/isa.md`),
-//!   [`KernelBinary`] to upload, the example kernels ([`examples`]) and [`verify`], which runs
-//!   them on a device against their CPU references; [`workloads`]: long deterministic kernels
-//!   and an endless one, for preemption studies, benchmarks and tests.
+//! - Compute programs come from crate `program` (the builder, the `.dbk` assembler, the
+//!   example programs; `docs/isa.md`): [`Device::upload`] puts a binary's bytes in GPU memory
+//!   and [`CommandBuffer::dispatch`] runs it. [`verify`] runs the example programs on a device
+//!   against their CPU references.
 //!
 //! - [`remote`]: the [`abi::port::KernelPort`] of a client process of a doorbell daemon
 //!   (`doorbell serve`), over its Unix socket; [`Device::connect`] opens a device on it.
@@ -113,22 +113,16 @@
 pub mod background;
 mod command;
 mod device;
-pub mod examples;
 mod fence;
-mod kernel;
 pub mod lowlevel;
 pub mod pgo;
 mod queue;
 pub mod remote;
 pub mod verify;
-pub mod workloads;
 
 pub use command::CommandBuffer;
 pub use device::{Buffer, Context, Device, DeviceOptions, DoorbellChoice, DoorbellPage, FeatureSupport};
 pub use fence::NativeFence;
-pub use kernel::{
-    AsmError, BuildError, Imm, KernelBinary, KernelBuilder, Operand, S, V, assemble, assemble_with_lines, disassemble,
-};
 pub use queue::{GpuKick, Queue, QueueOptions, SubmissionKind};
 
 pub use abi::port::{KernelError, KernelPort, NativeFenceType, WaitMode};

@@ -7,8 +7,8 @@
 
 use std::time::Duration;
 
-use crate::examples::{self, Example};
 use crate::{Buffer, CommandBuffer, Device, Queue, UmdError};
+use program::examples::{self, Example};
 
 /// A successful check.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -96,13 +96,13 @@ proptest! {
 fn variants_are_shorter_where_it_pays() {
     for s in samples::ALL {
         let k = s.kernel();
-        let v = umd::pgo::specialize::specialize(&k, &hot(&s, 64, [16, 0]), Default::default()).unwrap();
+        let v = program::specialize::specialize(&k, &hot(&s, 64, [16, 0]), Default::default()).unwrap();
         let loops = v.decode().iter().filter(|i| i.op == abi::isa::Op::Loop).count();
-        assert_eq!(loops, 0, "{}: the argument-bound loop is unrolled:\n{}", s.name, umd::disassemble(&v));
+        assert_eq!(loops, 0, "{}: the argument-bound loop is unrolled:\n{}", s.name, program::disassemble(&v));
         assert_eq!(v.decode().iter().filter(|i| i.op == abi::isa::Op::Break).count(), 0);
     }
     // iterate with op 0: each round is one ffma, and the branch on op is gone.
-    let v = umd::pgo::specialize::specialize(
+    let v = program::specialize::specialize(
         &samples::ITERATE.kernel(),
         &hot(&samples::ITERATE, 64, [16, 0]),
         Default::default(),

@@ -43,17 +43,17 @@
 //! `tests/pgo.rs`).
 
 pub mod samples;
-pub mod specialize;
 pub mod workflow;
 
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use crate::background::{MeasurementsAction, Mode, Queued, Runtime};
-use crate::kernel::KernelBinary;
 use crate::{Buffer, CommandBuffer, Device, UmdError};
+use program::ProgramBinary;
+use program::specialize;
 
-pub use specialize::{Binding, Dims, Limits, SpecializeError};
+pub use program::specialize::{Binding, Dims, Limits, SpecializeError};
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // Nothing here panics while holding a lock; recover the data if something did.
@@ -211,12 +211,12 @@ pub struct PgoStats {
 /// The part of a pipeline a compile task may reach: measurements and compiled variants, no
 /// GPU memory and no device reference.
 struct Core {
-    binary: KernelBinary,
+    binary: ProgramBinary,
     slots: u32,
     pointers: Vec<u32>,
     profile: Mutex<Profile>,
     /// Compiled variants (not yet uploaded ones included).
-    variants: Mutex<Vec<(Binding, KernelBinary)>>,
+    variants: Mutex<Vec<(Binding, ProgramBinary)>>,
     /// Bindings whose compile is queued or running.
     pending: Mutex<Vec<Binding>>,
     dispatches: AtomicU64,
@@ -407,7 +407,7 @@ pub enum JobOutcome {
 pub struct CompileJob {
     link: Weak<Core>,
     binding: Binding,
-    binary: KernelBinary,
+    binary: ProgramBinary,
     limits: Limits,
     counters: Arc<PgoCounters>,
 }
@@ -419,12 +419,12 @@ impl CompileJob {
     }
 
     /// The compile itself (touches nothing shared).
-    pub fn compile(&self) -> Result<KernelBinary, SpecializeError> {
+    pub fn compile(&self) -> Result<ProgramBinary, SpecializeError> {
         specialize::specialize(&self.binary, &self.binding, self.limits)
     }
 
     /// Hands a result back: attached if the pipeline is alive, dropped if not.
-    pub fn attach(self, result: Result<KernelBinary, SpecializeError>) -> JobOutcome {
+    pub fn attach(self, result: Result<ProgramBinary, SpecializeError>) -> JobOutcome {
         let Some(core) = self.link.upgrade() else {
             self.counters.dropped.fetch_add(1, Ordering::Relaxed);
             return JobOutcome::Dropped;
@@ -479,7 +479,7 @@ pub struct Pipeline {
 
 impl Pipeline {
     /// Uploads `kernel` and registers it with the device's specializer.
-    pub fn new(device: &Device, kernel: &KernelBinary) -> Result<Pipeline, UmdError> {
+    pub fn new(device: &Device, kernel: &ProgramBinary) -> Result<Pipeline, UmdError> {
         let generic = device.upload(&kernel.to_bytes())?;
         let (slots, pointers) = specialize::argument_slots(kernel);
         let core = Arc::new(Core {
@@ -497,7 +497,7 @@ impl Pipeline {
     }
 
     /// The generic kernel.
-    pub fn kernel(&self) -> &KernelBinary {
+    pub fn kernel(&self) -> &ProgramBinary {
         &self.core.binary
     }
 
@@ -517,7 +517,7 @@ impl Pipeline {
     }
 
     /// A compiled variant's binary.
-    pub fn variant(&self, b: &Binding) -> Option<KernelBinary> {
+    pub fn variant(&self, b: &Binding) -> Option<ProgramBinary> {
         lock(&self.core.variants).iter().find(|v| &v.0 == b).map(|v| v.1.clone())
     }
 

@@ -10,9 +10,9 @@
 //!
 //! Both bounds-check their thread index against `n`, so the grid may overshoot.
 
-use crate::examples::{arg_u32, args_to_bytes};
-use crate::kernel::{KernelBinary, assemble};
 use crate::{Buffer, Device, UmdError};
+use program::examples::{arg_u32, args_to_bytes};
+use program::{ProgramBinary, assemble};
 
 /// An example kernel for the specializer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -143,7 +143,7 @@ fn xorshift(seed: &mut u64) -> u32 {
 
 impl Sample {
     /// The assembled kernel.
-    pub fn kernel(&self) -> KernelBinary {
+    pub fn kernel(&self) -> ProgramBinary {
         // The sources are fixed and tested to assemble.
         assemble(self.source).unwrap_or_else(|e| panic!("sample {} does not assemble: {e}", self.name))
     }
