@@ -5,7 +5,7 @@ use std::sync::Arc;
 use abi::EngineKind;
 use abi::port::KernelPort;
 use kernel::{System, SystemConfig};
-use umd::verify::{Verified, VerifyError, verify_all};
+use runtime::verify::{Verified, VerifyError, verify_all};
 use umd::{Device, QueueOptions, SubmissionKind};
 
 use crate::CliError;

@@ -137,10 +137,10 @@ pub enum CliError {
     Kernel(#[from] abi::port::KernelError),
     /// A background processing mode change was refused.
     #[error(transparent)]
-    Mode(#[from] umd::background::ModeError),
+    Mode(#[from] runtime::background::ModeError),
     /// A background commit's completion event did not come.
     #[error(transparent)]
-    CommitWait(#[from] umd::pgo::workflow::WaitTimedOut),
+    CommitWait(#[from] runtime::pgo::workflow::WaitTimedOut),
     /// Shared memory failed.
     #[error(transparent)]
     Shm(#[from] shm::ShmError),

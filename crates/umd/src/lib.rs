@@ -14,15 +14,14 @@
 //! - [`CommandBuffer`]: one typed method per packet of [`abi::packet`].
 //! - Compute programs come from crate `program` (the builder, the `.dbk` assembler, the
 //!   example programs; `docs/isa.md`): [`Device::upload`] puts a binary's bytes in GPU memory
-//!   and [`CommandBuffer::dispatch`] runs it. [`verify`] runs the example programs on a device
-//!   against their CPU references.
+//!   and [`CommandBuffer::dispatch`] runs it.
 //!
 //! - [`remote`]: the [`abi::port::KernelPort`] of a client process of a doorbell daemon
 //!   (`doorbell serve`), over its Unix socket; [`Device::connect`] opens a device on it.
 //!
-//! - Background processing (spec 004): [`background`] is the runtime's half (a pool of
-//!   low-priority threads, modes, commits, exactly-once tasks); [`pgo`] is the UMD's use of it
-//!   (dispatch measurement and profile-guided kernel specialization, [`pgo::Pipeline`]).
+//! Background processing (spec 004: the runtime's pool, `SetBackgroundProcessingMode`,
+//! profile-guided specialization) is crate `runtime`, built on this one; the driver knows
+//! nothing of it.
 //!
 //! The user-mode submission loop follows spec 000's order exactly; see [`Queue::submit`].
 //! Waits check memory first and enter the kernel only when the value has not been reached.
@@ -110,18 +109,15 @@
 //! again; on `DisconnectedAbort` the queue is lost ([`lowlevel::UserQueue::lost`] says why).
 #![forbid(unsafe_code)]
 
-pub mod background;
 mod command;
 mod device;
 mod fence;
 pub mod lowlevel;
-pub mod pgo;
 mod queue;
 pub mod remote;
-pub mod verify;
 
 pub use command::CommandBuffer;
-pub use device::{Buffer, Context, Device, DeviceOptions, DoorbellChoice, DoorbellPage, FeatureSupport};
+pub use device::{Buffer, Context, Device, DoorbellChoice, DoorbellPage};
 pub use fence::NativeFence;
 pub use queue::{GpuKick, Queue, QueueOptions, SubmissionKind};
 
