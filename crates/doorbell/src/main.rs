@@ -81,7 +81,7 @@ enum Command {
     #[command(subcommand)]
     Bench(bench::BenchCommand),
     /// Run the daemon: the kernel and the virtual GPU in this process, serving client
-    /// processes over a Unix socket (umd::Device::connect, DOORBELL_SOCKET). Stops on SIGINT
+    /// processes over a Unix socket (wire::client::connect, DOORBELL_SOCKET). Stops on SIGINT
     /// or SIGTERM; every client then sees its device lost.
     Serve(serve::ServeArgs),
     /// Ask a running daemon what it holds: adapters, engines (power, slots), processes and
@@ -135,6 +135,9 @@ pub enum CliError {
     /// The kernel failed.
     #[error(transparent)]
     Kernel(#[from] abi::port::KernelError),
+    /// The daemon could not be reached or refused the connection.
+    #[error(transparent)]
+    Connect(#[from] wire::ConnectError),
     /// A background processing mode change was refused.
     #[error(transparent)]
     Mode(#[from] runtime::background::ModeError),

@@ -41,7 +41,7 @@ pub struct TopArgs {
 }
 
 fn read(path: &std::path::Path) -> Result<wire::DaemonStatus, CliError> {
-    umd::remote::daemon_status(path)
+    wire::client::daemon_status(path)
         .map_err(|e| CliError::Input(format!("no daemon answers at {}: {e}", path.display())))
 }
 

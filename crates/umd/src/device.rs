@@ -37,18 +37,6 @@ impl Device {
         Ok(Device { inner: Arc::new(DeviceInner { port, handle, info, fence_caps }) })
     }
 
-    /// Opens a device of a new client process of the doorbell daemon listening at `path`
-    /// (`doorbell serve`): the same API as the embedded mode, over [`crate::remote::RemotePort`].
-    pub fn connect(path: &std::path::Path) -> Result<Device, UmdError> {
-        Device::open(Arc::new(crate::remote::RemotePort::connect(path)?))
-    }
-
-    /// [`Device::connect`] to `$DOORBELL_SOCKET`, else the daemon's default socket
-    /// (`$XDG_RUNTIME_DIR/doorbell/doorbell.sock`, else `/tmp/doorbell-$UID/doorbell.sock`).
-    pub fn connect_default() -> Result<Device, UmdError> {
-        Device::connect(&wire::client_socket_path())
-    }
-
     /// The kernel handle.
     pub fn handle(&self) -> DeviceHandle {
         self.inner.handle

@@ -16,9 +16,6 @@
 //!   example programs; `docs/isa.md`): [`Device::upload`] puts a binary's bytes in GPU memory
 //!   and [`CommandBuffer::dispatch`] runs it.
 //!
-//! - [`remote`]: the [`abi::port::KernelPort`] of a client process of a doorbell daemon
-//!   (`doorbell serve`), over its Unix socket; [`Device::connect`] opens a device on it.
-//!
 //! Background processing (spec 004: the runtime's pool, `SetBackgroundProcessingMode`,
 //! profile-guided specialization) is crate `runtime`, built on this one; the driver knows
 //! nothing of it.
@@ -33,8 +30,9 @@
 //! places one comes from, and the rest of the code is the same for all of them. The `abi`
 //! types a client names ([`EngineKind`], [`Priority`], [`NativeFenceType`], [`WaitMode`],
 //! [`DoorbellStatus`], [`QueueState`], [`KernelError`]) are re-exported here, so a client of
-//! a daemon needs only `umd`. Runnable versions: `cargo run -p umd --example embedded_live`
-//! (and `embedded_sim`, `daemon_client`, `lowlevel_loop`), in `crates/umd/examples/`.
+//! a daemon needs only `umd` and `wire`. Runnable versions: `cargo run -p umd --example
+//! embedded_live` (and `embedded_sim`, `lowlevel_loop`), in `crates/umd/examples/`, and
+//! `cargo run -p wire --example daemon_client`.
 //!
 //! **Embedded, on the live driver** (crates `umd` and `kernel`): the virtual GPU runs in this
 //! process on its own threads, in real time.
@@ -79,15 +77,17 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
-//! **A client of a running daemon** (crate `umd` only): `doorbell serve` hosts the GPU;
-//! [`Device::connect`] (or [`Device::connect_default`]: `$DOORBELL_SOCKET`, else the
-//! daemon's default path) opens a device over its socket. Rings and waits still go through
-//! shared memory; only control calls cross the socket.
+//! **A client of a running daemon** (crates `umd` and `wire`): `doorbell serve` hosts the
+//! GPU; `wire::client::connect` (or `wire::client::connect_default`: `$DOORBELL_SOCKET`,
+//! else the daemon's default path) gives the port over its socket, from the transport's
+//! crate, and [`Device::open`] opens a device on it. Rings and waits still go through shared
+//! memory; only control calls cross the socket. (Not compiled here, since `umd` does not
+//! depend on `wire`; the same code is compiled in `wire::client`'s documentation.)
 //!
-//! ```no_run
+//! ```ignore
 //! use umd::{CommandBuffer, Device, EngineKind, QueueOptions};
 //!
-//! let dev = Device::connect(std::path::Path::new("/tmp/doorbell.sock"))?;
+//! let dev = Device::open(wire::client::connect(std::path::Path::new("/tmp/doorbell.sock"))?)?;
 //! let ctx = dev.create_context(dev.engine(EngineKind::Compute)?)?;
 //! let mut q = ctx.create_queue(QueueOptions::user_mode())?;
 //! let buf = dev.allocate(4096)?;
@@ -114,7 +114,6 @@ mod device;
 mod fence;
 pub mod lowlevel;
 mod queue;
-pub mod remote;
 
 pub use command::CommandBuffer;
 pub use device::{Buffer, Context, Device, DoorbellChoice, DoorbellPage};
@@ -187,9 +186,6 @@ pub enum UmdError {
     /// Shared memory access failed (an offset outside a buffer).
     #[error("shared memory: {0}")]
     Shm(#[from] shm::ShmError),
-    /// The daemon could not be reached or refused the connection ([`Device::connect`]).
-    #[error(transparent)]
-    Connect(#[from] wire::ConnectError),
     /// The command buffer is in the ring and published (it has its progress value), but its
     /// doorbell was disconnected and reconnecting it failed: the engine was not told. It is
     /// not lost: it runs once the doorbell is connected and rung again — [`Queue::ring`], or

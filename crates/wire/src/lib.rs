@@ -3,8 +3,9 @@
 //! In the multi-process mode (roadmap item 6) the kernel and the virtual GPU live in a daemon
 //! (crate `daemon`, `doorbell serve`) and every client process reaches it through a Unix
 //! socket. This crate is what both ends share: the messages, their encoding, the handshake
-//! and the transport, so that neither end knows the other's internals (the client side is
-//! `umd::remote`, which depends on `abi` and this crate only).
+//! and the transport, so that neither end knows the other's internals. It also holds the
+//! client's end, [`client`]: the [`abi::port::KernelPort`] a client process opens a
+//! `umd::Device` on. The driver (`umd`) does not depend on this crate; a client links both.
 //!
 //! ## What crosses the socket
 //!
@@ -62,6 +63,7 @@ use rustix::net::{
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
+pub mod client;
 pub mod status;
 
 pub use status::DaemonStatus;
