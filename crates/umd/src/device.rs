@@ -6,21 +6,8 @@ use abi::port::{AdapterInfo, AllocationDesc, AllocationInfo, KernelPort, MemoryD
 use abi::{ContextHandle, DeviceHandle, EngineId, EngineKind};
 
 use crate::UmdError;
-use crate::queue::{Queue, QueueOptions};
-
-pub(crate) struct DeviceInner {
-    pub(crate) port: Arc<dyn KernelPort>,
-    pub(crate) handle: DeviceHandle,
-    pub(crate) info: AdapterInfo,
-    /// The native fence caps, asked once at open ([`KernelPort::native_fence_caps`]).
-    pub(crate) fence_caps: abi::port::NativeFenceCaps,
-}
-
-impl Drop for DeviceInner {
-    fn drop(&mut self) {
-        let _ = self.port.destroy_device(self.handle);
-    }
-}
+use crate::fence::{self, NativeFence};
+use crate::inner::DeviceInner;
 
 /// A device opened by a process.
 #[derive(Clone)]
@@ -97,36 +84,36 @@ impl Device {
     }
 
     /// Creates a native fence (`D3DKMTCreateNativeFence`).
-    pub fn create_fence(&self, initial: u64, kind: abi::port::NativeFenceType) -> Result<crate::NativeFence, UmdError> {
-        crate::NativeFence::create(self.inner.clone(), &abi::port::NativeFenceDesc::new(initial, kind))
+    pub fn create_fence(&self, initial: u64, kind: abi::port::NativeFenceType) -> Result<NativeFence, UmdError> {
+        NativeFence::create(self.inner.clone(), &abi::port::NativeFenceDesc::new(initial, kind))
     }
 
     /// Creates a native fence with a full description.
-    pub fn create_fence_with(&self, desc: &abi::port::NativeFenceDesc) -> Result<crate::NativeFence, UmdError> {
-        crate::NativeFence::create(self.inner.clone(), desc)
+    pub fn create_fence_with(&self, desc: &abi::port::NativeFenceDesc) -> Result<NativeFence, UmdError> {
+        NativeFence::create(self.inner.clone(), desc)
     }
 
     /// Opens a cross-adapter fence created on another adapter (by its
-    /// [`crate::NativeFence::cross_adapter`] handle). On an adapter without native fences it is
+    /// [`NativeFence::cross_adapter`] handle). On an adapter without native fences it is
     /// a monitored fence.
-    pub fn open_cross_adapter_fence(&self, handle: u64) -> Result<crate::NativeFence, UmdError> {
-        crate::NativeFence::open_cross_adapter(self.inner.clone(), handle)
+    pub fn open_cross_adapter_fence(&self, handle: u64) -> Result<NativeFence, UmdError> {
+        NativeFence::open_cross_adapter(self.inner.clone(), handle)
     }
 
-    /// Opens a fence another process shared (by its [`crate::NativeFence::global`] handle).
-    pub fn open_fence(&self, global: u64) -> Result<crate::NativeFence, UmdError> {
-        crate::NativeFence::open(self.inner.clone(), global)
+    /// Opens a fence another process shared (by its [`NativeFence::global`] handle).
+    pub fn open_fence(&self, global: u64) -> Result<NativeFence, UmdError> {
+        NativeFence::open(self.inner.clone(), global)
     }
 
     /// Waits until every fence (`WaitMode::All`) or any (`WaitMode::Any`) reaches its value;
     /// returns the index of a reached fence for `Any`. Memory first, then the kernel.
     pub fn wait_fences(
         &self,
-        conds: &[(&crate::NativeFence, u64)],
+        conds: &[(&NativeFence, u64)],
         mode: abi::port::WaitMode,
         timeout: Option<std::time::Duration>,
     ) -> Result<usize, UmdError> {
-        crate::fence::wait_fences(&self.inner, conds, mode, timeout)
+        fence::wait_fences(&self.inner, conds, mode, timeout)
     }
 
     /// Creates a context on an engine.
@@ -269,10 +256,6 @@ impl Context {
     /// The kernel handle.
     pub fn handle(&self) -> ContextHandle {
         self.handle
-    }
-    /// Creates a queue on this context.
-    pub fn create_queue(&self, opts: QueueOptions) -> Result<Queue, UmdError> {
-        Queue::create(self, opts)
     }
 }
 

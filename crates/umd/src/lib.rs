@@ -112,13 +112,14 @@
 mod command;
 mod device;
 mod fence;
+mod inner;
 pub mod lowlevel;
 mod queue;
 
-pub use command::CommandBuffer;
+pub use command::{CommandBuffer, GpuKick};
 pub use device::{Buffer, Context, Device, DoorbellChoice, DoorbellPage};
 pub use fence::NativeFence;
-pub use queue::{GpuKick, Queue, QueueOptions, SubmissionKind};
+pub use queue::{Queue, QueueOptions, SubmissionKind};
 
 pub use abi::port::{KernelError, KernelPort, NativeFenceType, WaitMode};
 pub use abi::{DoorbellStatus, EngineKind, Priority, QueueState};
