@@ -635,11 +635,16 @@ pub fn connect(path: &Path) -> Result<Arc<dyn KernelPort>, ConnectError> {
     Ok(Arc::new(RemotePort::connect(path)?))
 }
 
-/// [`connect`] to `$DOORBELL_SOCKET`, else the daemon's default socket
-/// (`$XDG_RUNTIME_DIR/doorbell/doorbell.sock`, else `/tmp/doorbell-$UID/doorbell.sock`;
-/// [`crate::client_socket_path`]).
+/// [`connect`] to [`socket_path`]: `$DOORBELL_SOCKET`, else the daemon's default socket
+/// (`$XDG_RUNTIME_DIR/doorbell/doorbell.sock`, else `/tmp/doorbell-$UID/doorbell.sock`).
 pub fn connect_default() -> Result<Arc<dyn KernelPort>, ConnectError> {
-    connect(&crate::client_socket_path())
+    connect(&socket_path())
+}
+
+/// The socket a client uses: `$DOORBELL_SOCKET` ([`crate::SOCKET_ENV`]), else
+/// [`crate::default_socket_path`].
+pub fn socket_path() -> std::path::PathBuf {
+    std::env::var_os(crate::SOCKET_ENV).filter(|p| !p.is_empty()).map_or_else(crate::default_socket_path, Into::into)
 }
 
 /// Asks the daemon at `path` for its status (an observer connection: no process is opened).

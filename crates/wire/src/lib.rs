@@ -548,11 +548,6 @@ pub fn counted(n: u64, one: &str, many: &str) -> String {
     format!("{n} {}", if n == 1 { one } else { many })
 }
 
-/// The socket a client uses: `$DOORBELL_SOCKET`, else [`default_socket_path`].
-pub fn client_socket_path() -> std::path::PathBuf {
-    std::env::var_os(SOCKET_ENV).filter(|p| !p.is_empty()).map_or_else(default_socket_path, Into::into)
-}
-
 /// A descriptor carried by the frame, by its index in the frame's list.
 pub type FdRef = u8;
 
