@@ -43,7 +43,7 @@ pub struct PgoArgs {
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
-    /// Dispatches timed per kernel and variant (1 to 100,000).
+    /// Dispatches timed per program and variant (1 to 100,000).
     #[arg(long, default_value_t = 200, value_parser = num::within(1u32, 100_000))]
     samples: u32,
     /// Elements (threads) per dispatch (1 to 1,048,576).
@@ -187,7 +187,7 @@ fn phase(sys: &System, q: &mut Queue, buf: &umd::Buffer, n: u32, d: Duration) ->
     Ok(out)
 }
 
-/// Keeps the pool's workers busy with compiles of the sample kernels while `feeding`, until
+/// Keeps the pool's workers busy with compiles of the sample programs while `feeding`, until
 /// `stop`.
 fn feeder(
     dev: Device,

@@ -51,7 +51,7 @@ pub struct PreemptArgs {
     /// dispatch or a command buffer to end).
     #[arg(long, default_value_t = 500, value_parser = num::within(1u32, 100_000))]
     samples: u32,
-    /// Loop rounds per thread of the long kernel (1 to 10,000,000): each dispatch is 16
+    /// Loop rounds per thread of the long program (1 to 10,000,000): each dispatch is 16
     /// workgroups of 64 threads.
     #[arg(long, default_value_t = 400, value_parser = num::within(1u32, 10_000_000))]
     rounds: u32,

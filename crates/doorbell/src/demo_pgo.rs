@@ -55,7 +55,7 @@ fn identical(
 
 /// The step: what to say, and how many results it checked.
 pub fn run(sys: &System) -> Result<(Vec<String>, u32), CliError> {
-    let mut say = vec!["\n== background processing (spec 004): profile-guided kernel specialization ==".to_string()];
+    let mut say = vec!["\n== background processing (spec 004): profile-guided specialization ==".to_string()];
     let dev = Device::open_with(sys.open_process()?, DeviceOptions { developer_mode: true, ..Default::default() })?;
     let ctx = dev.create_context(dev.engine(EngineKind::Compute)?)?;
     let mut q = ctx.create_queue(QueueOptions::user_mode())?;
