@@ -3,7 +3,7 @@
 //! A small SIMT instruction set in the manner of real GPU ISAs. A **wave** executes one
 //! instruction for all its lanes at once under an **execution mask**; divergent control flow
 //! narrows the mask instead of splitting the wave. The device's wave width is a device
-//! property (32 by default); kernels are written per lane and do not depend on it.
+//! property (32 by default); programs are written per lane and do not depend on it.
 //!
 //! ## State
 //!
@@ -17,7 +17,7 @@
 //!
 //! ## Binary format
 //!
-//! A kernel binary is a [`KernelHeader`] (32 bytes) followed by `instructions` 64-bit
+//! A program binary is a [`ProgramHeader`] (32 bytes) followed by `instructions` 64-bit
 //! instruction words, little-endian. An instruction word:
 //!
 //! | bits   | field | meaning                                                   |
@@ -43,7 +43,7 @@
 //! process's mappings; otherwise the queue faults with the address, the access and the `pc`.
 //! `LD64`/`ST64` use the register pair `v[d]` (low) and `v[d+1]` (high).
 //!
-//! Control flow is structured, and every branch target is checked when the kernel is loaded:
+//! Control flow is structured, and every branch target is checked when the program is loaded:
 //!
 //! - `IF a` (imm → its `ELSE` or `ENDIF`): lanes where `v[a] != 0` continue, the others wait
 //!   for the `ELSE`. If none continue, the wave jumps to the target.
@@ -74,7 +74,7 @@
 //!   wrapping at 2^64. `SARG s, k` reads the u64 at `args + 8k` and faults like a load.
 //! - **Conversions** f32 → integer truncate toward zero and saturate; NaN becomes 0.
 //! - **Encoding.** Every field an instruction's form does not use must be 0
-//!   ([`Inst::used_fields`]), so each kernel has one encoding; [`validate`] refuses others.
+//!   ([`Inst::used_fields`]), so each program has one encoding; [`validate`] refuses others.
 //!
 //! There are no barriers and no shared memory in version 1: waves and workgroups are
 //! independent, so a dispatch can stop between any two instructions and resume exactly.
@@ -85,14 +85,14 @@ use core::mem::size_of;
 /// ISA version.
 pub const ISA_VERSION: u32 = 1;
 /// `"DBK1"` little-endian.
-pub const KERNEL_MAGIC: u32 = u32::from_le_bytes(*b"DBK1");
+pub const PROGRAM_MAGIC: u32 = u32::from_le_bytes(*b"DBK1");
 /// Vector registers.
 pub const VREGS: usize = 64;
 /// Scalar registers.
 pub const SREGS: usize = 16;
 /// Deepest control-flow nesting.
 pub const MAX_NESTING: usize = 16;
-/// Longest kernel.
+/// Longest program.
 pub const MAX_INSTRUCTIONS: u32 = 1 << 16;
 /// Flag in `c`: the second operand is `imm`.
 pub const FLAG_IMM: u8 = 1;
@@ -100,11 +100,11 @@ pub const FLAG_IMM: u8 = 1;
 /// can reach an address or a comparison, so every engine writes the same one.
 pub const CANONICAL_NAN: u32 = 0x7fff_ffff;
 
-/// The header of a kernel binary.
+/// The header of a program binary.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct KernelHeader {
-    /// [`KERNEL_MAGIC`].
+pub struct ProgramHeader {
+    /// [`PROGRAM_MAGIC`].
     pub magic: u32,
     /// [`ISA_VERSION`].
     pub version: u32,
@@ -116,14 +116,14 @@ pub struct KernelHeader {
     pub reserved: [u32; 4],
 }
 
-/// Bytes of [`KernelHeader`].
-pub const KERNEL_HEADER_BYTES: u64 = size_of::<KernelHeader>() as u64;
-const _: () = assert!(KERNEL_HEADER_BYTES == 32);
+/// Bytes of [`ProgramHeader`].
+pub const PROGRAM_HEADER_BYTES: u64 = size_of::<ProgramHeader>() as u64;
+const _: () = assert!(PROGRAM_HEADER_BYTES == 32);
 
-impl KernelHeader {
+impl ProgramHeader {
     /// A header for `instructions` words.
     pub const fn new(instructions: u32) -> Self {
-        KernelHeader { magic: KERNEL_MAGIC, version: ISA_VERSION, instructions, flags: 0, reserved: [0; 4] }
+        ProgramHeader { magic: PROGRAM_MAGIC, version: ISA_VERSION, instructions, flags: 0, reserved: [0; 4] }
     }
     /// Encodes to 8 dwords.
     pub fn to_words(&self) -> [u32; 8] {
@@ -131,25 +131,25 @@ impl KernelHeader {
         [self.magic, self.version, self.instructions, self.flags, r[0], r[1], r[2], r[3]]
     }
     /// Decodes and checks 8 dwords.
-    pub fn from_words(w: &[u32; 8]) -> Result<Self, KernelError> {
-        let h = KernelHeader {
+    pub fn from_words(w: &[u32; 8]) -> Result<Self, ProgramError> {
+        let h = ProgramHeader {
             magic: w[0],
             version: w[1],
             instructions: w[2],
             flags: w[3],
             reserved: [w[4], w[5], w[6], w[7]],
         };
-        if h.magic != KERNEL_MAGIC {
-            return Err(KernelError::at(0, KernelErrorKind::BadMagic(h.magic)));
+        if h.magic != PROGRAM_MAGIC {
+            return Err(ProgramError::at(0, ProgramErrorKind::BadMagic(h.magic)));
         }
         if h.version != ISA_VERSION {
-            return Err(KernelError::at(0, KernelErrorKind::BadVersion(h.version)));
+            return Err(ProgramError::at(0, ProgramErrorKind::BadVersion(h.version)));
         }
         if h.instructions == 0 || h.instructions > MAX_INSTRUCTIONS {
-            return Err(KernelError::at(0, KernelErrorKind::BadLength(h.instructions)));
+            return Err(ProgramError::at(0, ProgramErrorKind::BadLength(h.instructions)));
         }
         if h.flags != 0 || h.reserved != [0; 4] {
-            return Err(KernelError::at(0, KernelErrorKind::Reserved));
+            return Err(ProgramError::at(0, ProgramErrorKind::Reserved));
         }
         Ok(h)
     }
@@ -303,7 +303,7 @@ ops! {
     Sel = 0x49, "sel", Ternary;
     /// A builtin value ([`Builtin`]).
     Builtin = 0x50, "builtin", Builtin;
-    /// Load a 64-bit kernel argument into a scalar register.
+    /// Load a 64-bit program argument into a scalar register.
     SArg = 0x51, "sarg", ScalarArg;
     /// Scalar immediate.
     SMov = 0x52, "smov", ScalarImm;
@@ -499,8 +499,8 @@ impl Inst {
 
     /// Decodes a 64-bit word (the opcode must be known; fields are not range-checked here:
     /// see [`validate`]).
-    pub fn decode(w: u64, pc: u32) -> Result<Inst, KernelError> {
-        let op = Op::from_u8(w as u8).ok_or(KernelError::at(pc, KernelErrorKind::UnknownOpcode(w as u8)))?;
+    pub fn decode(w: u64, pc: u32) -> Result<Inst, ProgramError> {
+        let op = Op::from_u8(w as u8).ok_or(ProgramError::at(pc, ProgramErrorKind::UnknownOpcode(w as u8)))?;
         Ok(Inst {
             op,
             d: ((w >> 8) & 63) as u8,
@@ -512,10 +512,10 @@ impl Inst {
     }
 }
 
-/// Why a kernel binary is refused.
+/// Why a program binary is refused.
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum KernelErrorKind {
+pub enum ProgramErrorKind {
     /// Wrong magic.
     BadMagic(u32),
     /// Wrong ISA version.
@@ -540,56 +540,56 @@ pub enum KernelErrorKind {
     UnusedField(#[cfg_attr(feature = "serde", serde(deserialize_with = "crate::serde_str::de"))] crate::StaticStr, u32),
 }
 
-/// A refused kernel, with the instruction index.
+/// A refused program, with the instruction index.
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct KernelError {
+pub struct ProgramError {
     /// Instruction index (0 for header errors).
     pub pc: u32,
     /// What is wrong.
-    pub kind: KernelErrorKind,
+    pub kind: ProgramErrorKind,
 }
 
-impl KernelError {
+impl ProgramError {
     /// An error at `pc`.
-    pub const fn at(pc: u32, kind: KernelErrorKind) -> Self {
-        KernelError { pc, kind }
+    pub const fn at(pc: u32, kind: ProgramErrorKind) -> Self {
+        ProgramError { pc, kind }
     }
 }
 
-impl fmt::Display for KernelError {
+impl fmt::Display for ProgramError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "kernel instruction {}: ", self.pc)?;
+        write!(f, "program instruction {}: ", self.pc)?;
         match self.kind {
-            KernelErrorKind::BadMagic(m) => write!(f, "header magic {m:#010x}, expected \"DBK1\""),
-            KernelErrorKind::BadVersion(v) => write!(f, "ISA version {v}, expected {ISA_VERSION}"),
-            KernelErrorKind::BadLength(n) => write!(f, "{n} instructions, expected 1 to {MAX_INSTRUCTIONS}"),
-            KernelErrorKind::Reserved => f.write_str("reserved header fields are not 0"),
-            KernelErrorKind::UnknownOpcode(o) => write!(f, "unknown opcode {o:#04x}"),
-            KernelErrorKind::BadRegister(field, r) => write!(f, "register field `{field}` = {r} is out of range"),
-            KernelErrorKind::BadBuiltin(b) => write!(f, "unknown builtin {b}"),
-            KernelErrorKind::BadTarget(t) => {
+            ProgramErrorKind::BadMagic(m) => write!(f, "header magic {m:#010x}, expected \"DBK1\""),
+            ProgramErrorKind::BadVersion(v) => write!(f, "ISA version {v}, expected {ISA_VERSION}"),
+            ProgramErrorKind::BadLength(n) => write!(f, "{n} instructions, expected 1 to {MAX_INSTRUCTIONS}"),
+            ProgramErrorKind::Reserved => f.write_str("reserved header fields are not 0"),
+            ProgramErrorKind::UnknownOpcode(o) => write!(f, "unknown opcode {o:#04x}"),
+            ProgramErrorKind::BadRegister(field, r) => write!(f, "register field `{field}` = {r} is out of range"),
+            ProgramErrorKind::BadBuiltin(b) => write!(f, "unknown builtin {b}"),
+            ProgramErrorKind::BadTarget(t) => {
                 write!(f, "branch target {t} is outside the program or not the matching instruction")
             }
-            KernelErrorKind::Unbalanced(what) => write!(f, "unbalanced control flow: {what}"),
-            KernelErrorKind::TooDeep => write!(f, "control flow nested deeper than {MAX_NESTING}"),
-            KernelErrorKind::UnusedField(field, v) => {
+            ProgramErrorKind::Unbalanced(what) => write!(f, "unbalanced control flow: {what}"),
+            ProgramErrorKind::TooDeep => write!(f, "control flow nested deeper than {MAX_NESTING}"),
+            ProgramErrorKind::UnusedField(field, v) => {
                 write!(f, "field `{field}` = {v} is unused by this instruction and must be 0")
             }
         }
     }
 }
 
-impl std::error::Error for KernelError {}
+impl std::error::Error for ProgramError {}
 
 /// Decodes and validates a whole program: opcodes, register ranges, builtins, and the
 /// structure of every branch (each target is exactly its matching instruction; nesting is
 /// balanced and at most [`MAX_NESTING`] deep). A program that passes can be executed without
 /// any further check on its control flow.
-pub fn validate(words: &[u64]) -> Result<Vec<Inst>, KernelError> {
+pub fn validate(words: &[u64]) -> Result<Vec<Inst>, ProgramError> {
     let n = words.len() as u32;
     if n == 0 || n > MAX_INSTRUCTIONS {
-        return Err(KernelError::at(0, KernelErrorKind::BadLength(n)));
+        return Err(ProgramError::at(0, ProgramErrorKind::BadLength(n)));
     }
     /// An open `IF` or `LOOP`.
     struct Open {
@@ -605,48 +605,48 @@ pub fn validate(words: &[u64]) -> Result<Vec<Inst>, KernelError> {
         let pc = pc as u32;
         let i = Inst::decode(w, pc)?;
         check_fields(&i, pc)?;
-        let err = |kind| KernelError::at(pc, kind);
+        let err = |kind| ProgramError::at(pc, kind);
         match i.op {
             Op::If | Op::Loop => {
                 open.push(Open { op: i.op, start: pc, target: i.imm, else_at: None, breaks: Vec::new() });
                 if open.len() > MAX_NESTING {
-                    return Err(err(KernelErrorKind::TooDeep));
+                    return Err(err(ProgramErrorKind::TooDeep));
                 }
             }
             Op::Else => match open.last_mut() {
                 Some(o) if o.op == Op::If && o.else_at.is_none() => o.else_at = Some((pc, i.imm)),
-                _ => return Err(err(KernelErrorKind::Unbalanced("ELSE without IF"))),
+                _ => return Err(err(ProgramErrorKind::Unbalanced("ELSE without IF"))),
             },
             Op::EndIf => match open.pop() {
                 Some(o) if o.op == Op::If => {
                     // IF jumps to its own ELSE, or to this ENDIF; ELSE jumps to this ENDIF.
                     let want = o.else_at.map_or(pc, |(e, _)| e);
                     if o.target != want {
-                        return Err(KernelError::at(o.start, KernelErrorKind::BadTarget(o.target)));
+                        return Err(ProgramError::at(o.start, ProgramErrorKind::BadTarget(o.target)));
                     }
                     if let Some((e, t)) = o.else_at.filter(|&(_, t)| t != pc) {
-                        return Err(KernelError::at(e, KernelErrorKind::BadTarget(t)));
+                        return Err(ProgramError::at(e, ProgramErrorKind::BadTarget(t)));
                     }
                 }
-                _ => return Err(err(KernelErrorKind::Unbalanced("ENDIF without IF"))),
+                _ => return Err(err(ProgramErrorKind::Unbalanced("ENDIF without IF"))),
             },
             Op::Break => match open.iter_mut().rev().find(|o| o.op == Op::Loop) {
                 Some(l) => l.breaks.push((pc, i.imm)),
-                None => return Err(err(KernelErrorKind::Unbalanced("BREAK outside a LOOP"))),
+                None => return Err(err(ProgramErrorKind::Unbalanced("BREAK outside a LOOP"))),
             },
             Op::EndLoop => match open.pop() {
                 Some(o) if o.op == Op::Loop => {
                     if o.target != pc {
-                        return Err(KernelError::at(o.start, KernelErrorKind::BadTarget(o.target)));
+                        return Err(ProgramError::at(o.start, ProgramErrorKind::BadTarget(o.target)));
                     }
                     if i.imm != o.start {
-                        return Err(err(KernelErrorKind::BadTarget(i.imm)));
+                        return Err(err(ProgramErrorKind::BadTarget(i.imm)));
                     }
                     if let Some(&(b, t)) = o.breaks.iter().find(|&&(_, t)| t != pc) {
-                        return Err(KernelError::at(b, KernelErrorKind::BadTarget(t)));
+                        return Err(ProgramError::at(b, ProgramErrorKind::BadTarget(t)));
                     }
                 }
-                _ => return Err(err(KernelErrorKind::Unbalanced("ENDLOOP without LOOP"))),
+                _ => return Err(err(ProgramErrorKind::Unbalanced("ENDLOOP without LOOP"))),
             },
             _ => {}
         }
@@ -654,20 +654,20 @@ pub fn validate(words: &[u64]) -> Result<Vec<Inst>, KernelError> {
     }
     if let Some(o) = open.last() {
         let what = if o.op == Op::Loop { "LOOP without ENDLOOP" } else { "IF without ENDIF" };
-        return Err(KernelError::at(o.start, KernelErrorKind::Unbalanced(what)));
+        return Err(ProgramError::at(o.start, ProgramErrorKind::Unbalanced(what)));
     }
     Ok(out)
 }
 
 /// Checks the fields of one instruction against its form: registers in range, builtins
-/// known, and every field the form does not use equal to 0 (so each kernel has exactly one
+/// known, and every field the form does not use equal to 0 (so each program has exactly one
 /// encoding, and later ISA versions can give those bits a meaning).
-fn check_fields(i: &Inst, pc: u32) -> Result<(), KernelError> {
+fn check_fields(i: &Inst, pc: u32) -> Result<(), ProgramError> {
     let reg = |field: &'static str, r: u8, limit: usize| {
-        if (r as usize) < limit { Ok(()) } else { Err(KernelError::at(pc, KernelErrorKind::BadRegister(field, r))) }
+        if (r as usize) < limit { Ok(()) } else { Err(ProgramError::at(pc, ProgramErrorKind::BadRegister(field, r))) }
     };
     let zero = |field: &'static str, v: u32| {
-        if v == 0 { Ok(()) } else { Err(KernelError::at(pc, KernelErrorKind::UnusedField(field, v))) }
+        if v == 0 { Ok(()) } else { Err(ProgramError::at(pc, ProgramErrorKind::UnusedField(field, v))) }
     };
     let [d, a, b, c, imm] = i.used_fields();
     for (used, field, v) in
@@ -683,7 +683,7 @@ fn check_fields(i: &Inst, pc: u32) -> Result<(), KernelError> {
             // 6-bit vector register fields cannot exceed v63.
         }
         Form::Builtin => {
-            Builtin::from_u32(i.imm).ok_or(KernelError::at(pc, KernelErrorKind::BadBuiltin(i.imm)))?;
+            Builtin::from_u32(i.imm).ok_or(ProgramError::at(pc, ProgramErrorKind::BadBuiltin(i.imm)))?;
         }
         Form::ScalarArg | Form::ScalarImm => reg("d", i.d, sd)?,
         Form::ScalarAdd => {
@@ -745,7 +745,7 @@ mod tests {
             assert_eq!(Inst::decode(inst.encode(), 0).unwrap(), inst);
             assert_eq!(Op::from_u8(op as u8), Some(op));
         }
-        assert_eq!(Inst::decode(0xff, 3), Err(KernelError::at(3, KernelErrorKind::UnknownOpcode(0xff))));
+        assert_eq!(Inst::decode(0xff, 3), Err(ProgramError::at(3, ProgramErrorKind::UnknownOpcode(0xff))));
     }
 
     #[test]
@@ -768,24 +768,24 @@ mod tests {
         // IF pointing at the inner ENDIF instead of its own ELSE.
         let mut bad = p;
         bad[0] = i(Op::If, 0, 1, 0, 0, 4);
-        assert_eq!(validate(&bad), Err(KernelError::at(0, KernelErrorKind::BadTarget(4))));
+        assert_eq!(validate(&bad), Err(ProgramError::at(0, ProgramErrorKind::BadTarget(4))));
         // BREAK to the wrong place.
         let mut bad = p;
         bad[6] = i(Op::Break, 0, 2, 0, 0, 8);
-        assert_eq!(validate(&bad), Err(KernelError::at(6, KernelErrorKind::BadTarget(8))));
+        assert_eq!(validate(&bad), Err(ProgramError::at(6, ProgramErrorKind::BadTarget(8))));
         // Branch outside the program.
         let mut bad = p;
         bad[5] = i(Op::Loop, 0, 0, 0, 0, 1000);
-        assert_eq!(validate(&bad), Err(KernelError::at(5, KernelErrorKind::BadTarget(1000))));
+        assert_eq!(validate(&bad), Err(ProgramError::at(5, ProgramErrorKind::BadTarget(1000))));
         // Unterminated loop.
         let unterminated = [i(Op::Loop, 0, 0, 0, 0, 1), i(Op::Nop, 0, 0, 0, 0, 0)];
         assert_eq!(
             validate(&unterminated),
-            Err(KernelError::at(0, KernelErrorKind::Unbalanced("LOOP without ENDLOOP")))
+            Err(ProgramError::at(0, ProgramErrorKind::Unbalanced("LOOP without ENDLOOP")))
         );
         assert!(matches!(
             validate(&[i(Op::EndIf, 0, 0, 0, 0, 0)]),
-            Err(KernelError { kind: KernelErrorKind::Unbalanced(_), .. })
+            Err(ProgramError { kind: ProgramErrorKind::Unbalanced(_), .. })
         ));
     }
 
@@ -793,43 +793,43 @@ mod tests {
     fn register_and_builtin_fields_are_checked() {
         assert_eq!(
             validate(&[i(Op::SArg, 16, 0, 0, 0, 0)]),
-            Err(KernelError::at(0, KernelErrorKind::BadRegister("d", 16)))
+            Err(ProgramError::at(0, ProgramErrorKind::BadRegister("d", 16)))
         );
         assert_eq!(
             validate(&[i(Op::Ld64, 63, 0, 0, 0, 0)]),
-            Err(KernelError::at(0, KernelErrorKind::BadRegister("d", 63)))
+            Err(ProgramError::at(0, ProgramErrorKind::BadRegister("d", 63)))
         );
         assert_eq!(
             validate(&[i(Op::Builtin, 0, 0, 0, 0, 99)]),
-            Err(KernelError::at(0, KernelErrorKind::BadBuiltin(99)))
+            Err(ProgramError::at(0, ProgramErrorKind::BadBuiltin(99)))
         );
         // With the immediate flag, `b` is unused and must be 0; without it, `imm` must be 0.
         assert!(validate(&[i(Op::Add, 0, 0, 0, FLAG_IMM, 5)]).is_ok());
         assert_eq!(
             validate(&[i(Op::Add, 0, 0, 63, FLAG_IMM, 5)]),
-            Err(KernelError::at(0, KernelErrorKind::UnusedField("b", 63)))
+            Err(ProgramError::at(0, ProgramErrorKind::UnusedField("b", 63)))
         );
         assert_eq!(
             validate(&[i(Op::Add, 0, 0, 1, 0, 5)]),
-            Err(KernelError::at(0, KernelErrorKind::UnusedField("imm", 5)))
+            Err(ProgramError::at(0, ProgramErrorKind::UnusedField("imm", 5)))
         );
         assert_eq!(
             validate(&[i(Op::Ld32, 0, 0, 0, 2, 0)]),
-            Err(KernelError::at(0, KernelErrorKind::UnusedField("c", 2)))
+            Err(ProgramError::at(0, ProgramErrorKind::UnusedField("c", 2)))
         );
         let deep: Vec<u64> = (0..=MAX_NESTING as u32).map(|k| i(Op::Loop, 0, 0, 0, 0, 1000 + k)).collect();
-        assert_eq!(validate(&deep), Err(KernelError::at(MAX_NESTING as u32, KernelErrorKind::TooDeep)));
+        assert_eq!(validate(&deep), Err(ProgramError::at(MAX_NESTING as u32, ProgramErrorKind::TooDeep)));
     }
 
     #[test]
     fn header_checks() {
-        let h = KernelHeader::new(3);
-        assert_eq!(KernelHeader::from_words(&h.to_words()), Ok(h));
+        let h = ProgramHeader::new(3);
+        assert_eq!(ProgramHeader::from_words(&h.to_words()), Ok(h));
         let mut w = h.to_words();
         w[0] = 0;
-        assert!(matches!(KernelHeader::from_words(&w), Err(KernelError { kind: KernelErrorKind::BadMagic(0), .. })));
+        assert!(matches!(ProgramHeader::from_words(&w), Err(ProgramError { kind: ProgramErrorKind::BadMagic(0), .. })));
         let mut w = h.to_words();
         w[2] = 0;
-        assert!(KernelHeader::from_words(&w).is_err());
+        assert!(ProgramHeader::from_words(&w).is_err());
     }
 }

@@ -26,7 +26,7 @@
 //! | 7      | `WAIT`            | 5      | va:u64, value:u64 — block until `*va >= value`|
 //! | 8      | `PROGRESS_FENCE`  | 3      | value:u64 — the queue's own progress fence    |
 //! | 9      | `INTERRUPT`       | 2      | id:u32 — raise a user interrupt               |
-//! | 10     | `DISPATCH`        | 11     | kernel:u64, grid x,y,z:u32, group x,y,z:u32, args:u64 |
+//! | 10     | `DISPATCH`        | 11     | program:u64, grid x,y,z:u32, group x,y,z:u32, args:u64 |
 //!
 //! Flags: `SIGNAL` may carry [`FLAG_NATIVE_FENCE`]: `va` is then a native fence's
 //! CurrentValue, and after the store the engine makes the conditional-interrupt check against
@@ -36,7 +36,7 @@
 //! the engine places it in the log); the packet is then 6 dwords ([`Packet::Logged`]).
 //! Every other flag bit is reserved and refused.
 //!
-//! `DISPATCH` runs the kernel binary at `kernel` ([`crate::isa`]) over a grid of `grid`
+//! `DISPATCH` runs the program binary at `program` ([`crate::isa`]) over a grid of `grid`
 //! workgroups of `group` threads each (every dimension at least 1, at most 1024 threads per
 //! group), with `args` the GPU VA of its argument buffer (64-bit slots). It is the one packet
 //! that may take many engine steps: the engine runs it in bounded slices, saving its state in
@@ -93,10 +93,10 @@ pub enum Opcode {
     ProgressFence = 8,
     /// Raise a user interrupt.
     Interrupt = 9,
-    /// Run a compute kernel.
+    /// Run a compute program.
     Dispatch = 10,
     /// Occupy the engine for a given device time without executing anything (the
-    /// simulator's synthetic kernel: a dispatch whose duration is given, not interpreted).
+    /// simulator's synthetic dispatch: one whose duration is given, not interpreted).
     Synthetic = 11,
 }
 
@@ -336,8 +336,8 @@ pub enum Packet {
     },
     /// `DISPATCH`.
     Dispatch {
-        /// GPU VA of the kernel binary.
-        kernel: u64,
+        /// GPU VA of the program binary.
+        program: u64,
         /// Workgroups per dimension.
         grid: [u32; 3],
         /// Threads per workgroup per dimension.
@@ -506,8 +506,8 @@ impl Packet {
             Packet::ProgressFence { value } => out.extend_from_slice(&progress_fence_words(value)[1..]),
             Packet::Interrupt { id } => out.push(id),
             Packet::Synthetic { ns } => push_u64(out, ns),
-            Packet::Dispatch { kernel, grid, group, args } => {
-                push_u64(out, kernel);
+            Packet::Dispatch { program, grid, group, args } => {
+                push_u64(out, program);
                 out.extend_from_slice(&grid);
                 out.extend_from_slice(&group);
                 push_u64(out, args);
@@ -592,7 +592,7 @@ impl Packet {
             Opcode::Interrupt => Packet::Interrupt { id: w[1] },
             Opcode::Synthetic => Packet::Synthetic { ns: u64_at(1) },
             Opcode::Dispatch => Packet::Dispatch {
-                kernel: u64_at(1),
+                program: u64_at(1),
                 grid: [w[3], w[4], w[5]],
                 group: [w[6], w[7], w[8]],
                 args: u64_at(9),
@@ -638,7 +638,7 @@ mod tests {
             Packet::Wait { va: 0x58, value: 10 },
             Packet::ProgressFence { value: 42 },
             Packet::Interrupt { id: 7 },
-            Packet::Dispatch { kernel: 0x1000, grid: [4, 2, 1], group: [64, 1, 1], args: 0x2000 },
+            Packet::Dispatch { program: 0x1000, grid: [4, 2, 1], group: [64, 1, 1], args: 0x2000 },
             Packet::Synthetic { ns: 1_234_567_890_123 },
         ]
     }

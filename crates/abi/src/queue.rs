@@ -437,10 +437,10 @@ pub enum FaultKind {
     /// whatever it was running.
     #[error("reset: the adapter was reset and the queue's state is lost")]
     AdapterReset,
-    /// A kernel binary refused at dispatch (bad header, unknown opcode, bad register, branch
+    /// A program binary refused at dispatch (bad header, unknown opcode, bad register, branch
     /// outside the program, unbalanced control flow).
-    #[error("DISPATCH: invalid kernel: {0}")]
-    BadKernel(crate::isa::KernelError),
+    #[error("DISPATCH: invalid program: {0}")]
+    BadProgram(crate::isa::ProgramError),
     /// Grid or workgroup dimensions out of range.
     #[error("DISPATCH: {why}")]
     BadDispatch {
@@ -448,9 +448,9 @@ pub enum FaultKind {
         #[cfg_attr(feature = "serde", serde(deserialize_with = "crate::serde_str::de"))]
         why: crate::StaticStr,
     },
-    /// A kernel instruction's memory access faulted.
-    #[error("kernel instruction {pc}: {fault}")]
-    KernelAccess {
+    /// A program instruction's memory access faulted.
+    #[error("program instruction {pc}: {fault}")]
+    ProgramAccess {
         /// Instruction index.
         pc: u32,
         /// The access fault (VA, length, access kind).

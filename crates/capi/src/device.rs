@@ -129,10 +129,11 @@ pub unsafe extern "C" fn db_device_connect(
     guard(|| {
         // SAFETY: the function's contract (above).
         let (path, out) = unsafe { (opt_path(socket_path), Out::new(out_device, "out_device")?) };
-        let device = match path {
-            Some(p) => umd::Device::connect(p)?,
-            None => umd::Device::connect_default()?,
+        let port = match path {
+            Some(p) => wire::client::connect(p)?,
+            None => wire::client::connect_default()?,
         };
+        let device = umd::Device::open(port)?;
         out.set(new_handle(db_device { device, _system: None }));
         Ok(())
     })

@@ -147,6 +147,8 @@ pub(crate) enum Error {
     },
     /// The driver refused or failed.
     Umd(UmdError),
+    /// The daemon could not be reached or refused the connection (`db_device_connect`).
+    Connect(wire::ConnectError),
     /// A handle's lock was poisoned by an earlier panic while it was held.
     Poisoned(&'static str),
 }
@@ -166,6 +168,7 @@ impl Error {
             Error::OutOfBounds { .. } => DB_OUT_OF_BOUNDS,
             Error::Poisoned(_) => DB_PANIC,
             Error::Umd(e) => umd_status(e),
+            Error::Connect(_) => DB_CONNECT,
         }
     }
 }
@@ -181,7 +184,6 @@ fn umd_status(e: &UmdError) -> db_status {
         UmdError::Corrupt { .. } => DB_CORRUPT,
         UmdError::NoEngine { .. } => DB_NO_ENGINE,
         UmdError::Shm(s) => shm_status(s),
-        UmdError::Connect(_) => DB_CONNECT,
         // The reconnect's own status; db_last_error names the published value.
         UmdError::NotRung { source, .. } => umd_status(source),
     }
@@ -229,6 +231,7 @@ impl fmt::Display for Error {
                 "`offset` = {offset:#x} with `bytes` = {bytes:#x} runs past the end of the buffer ({size:#x} bytes)"
             ),
             Error::Umd(e) => write!(f, "{e}"),
+            Error::Connect(e) => write!(f, "{e}"),
             Error::Poisoned(what) => write!(
                 f,
                 "`{what}` was left in an unknown state by an earlier internal panic (see the DB_PANIC \
@@ -241,6 +244,12 @@ impl fmt::Display for Error {
 impl From<UmdError> for Error {
     fn from(e: UmdError) -> Self {
         Error::Umd(e)
+    }
+}
+
+impl From<wire::ConnectError> for Error {
+    fn from(e: wire::ConnectError) -> Self {
+        Error::Connect(e)
     }
 }
 

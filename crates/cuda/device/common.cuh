@@ -251,7 +251,7 @@ enum Str : u32 {
 #define ACCESS_WRITE 1u
 
 /// FaultKind variants. Fields go to a, b, c in the variant's declaration order; `sub` holds an
-/// Access, a DecodeError or a KernelErrorKind; `s1`, `s2` hold Str numbers (or, for a
+/// Access, a DecodeError or a ProgramErrorKind; `s1`, `s2` hold Str numbers (or, for a
 /// DecodeError that names an opcode, the opcode number in s1).
 enum FaultKindCode : u32 {
     FK_NONE = 0,
@@ -287,7 +287,7 @@ enum DecodeErrorCode : u32 {
     DE_BAD_FIELD = 7,       // s1 opcode number, s2 field, a value
 };
 
-/// abi::isa::KernelErrorKind variants.
+/// abi::isa::ProgramErrorKind variants.
 enum KernelErrorCode : u32 {
     KE_BAD_MAGIC = 1,      // a magic
     KE_BAD_VERSION = 2,    // a version
@@ -307,8 +307,8 @@ struct Fault {
     u32 kind;  // FaultKindCode
     u32 sub;   // Access, DecodeErrorCode or KernelErrorCode
     u64 a, b, c;
-    u32 pc;    // BadKernel: the error's instruction; KernelAccess: the faulting instruction
-    u32 inner; // KernelAccess: the inner access fault's kind (its fields in a, b, sub)
+    u32 pc;    // BadProgram: the error's instruction; ProgramAccess: the faulting instruction
+    u32 inner; // ProgramAccess: the inner access fault's kind (its fields in a, b, sub)
     u32 s1, s2;
 };
 DB_STATIC_ASSERT(sizeof(Fault) == 48, "Fault layout");
@@ -347,7 +347,7 @@ DB_FN bool fault_kernel(Fault* f, u32 pc, u32 code, u64 a, u32 s1) {
     return false;
 }
 
-/// Wraps an access fault `f` of instruction `pc` into a KernelAccess.
+/// Wraps an access fault `f` of instruction `pc` into a ProgramAccess.
 DB_FN void fault_in_kernel(Fault* f, u32 pc) {
     f->inner = f->kind;
     f->kind = FK_KERNEL_ACCESS;

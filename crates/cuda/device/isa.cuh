@@ -400,7 +400,7 @@ struct IsaOpen {
     u32 has_diff, bd_pc, bd_t;
 };
 
-/// abi::isa::validate over `n` (1..=ISA_MAX_INSTRUCTIONS) words; sets BadKernel on failure.
+/// abi::isa::validate over `n` (1..=ISA_MAX_INSTRUCTIONS) words; sets BadProgram on failure.
 DB_SLOW bool isa_validate(const u64* prog, u32 n, Fault* f) {
     IsaOpen open[ISA_MAX_NESTING];
     u32 depth = 0;

@@ -147,9 +147,10 @@ fn run_stream(sys: &System, seed: u64, submissions: usize) -> Result<StreamResul
     let stamps = device.allocate(4096).map_err(run_err("stamps"))?;
     let words = device.allocate(DISPATCH_WORDS * 4).map_err(run_err("words"))?;
     let kernel =
-        umd::assemble(RMW_KERNEL).map_err(|e| CheckError::Run { what: "assemble".into(), error: e.to_string() })?;
+        program::assemble(RMW_KERNEL).map_err(|e| CheckError::Run { what: "assemble".into(), error: e.to_string() })?;
     let kernel = device.upload(&kernel.to_bytes()).map_err(run_err("kernel"))?;
-    let args = device.upload(&umd::examples::args_to_bytes(&[words.va(), DISPATCH_WORDS])).map_err(run_err("args"))?;
+    let args =
+        device.upload(&program::examples::args_to_bytes(&[words.va(), DISPATCH_WORDS])).map_err(run_err("args"))?;
     // An indirect buffer: three writes into the last page of the data buffer.
     let mut ib = CommandBuffer::new();
     ib.write_u32(data.va() + DATA - 4096, 0x1b1b_0001).fill(data.va() + DATA - 4000, 100, 0x0102_0304).nop(3);
@@ -460,8 +461,8 @@ pub fn bad_streams(hw: HardwareFactory, driver: Driver) -> Result<usize, CheckEr
         let device = Device::open(port).map_err(run_err("device"))?;
         let engine = device.engine(EngineKind::Compute).map_err(run_err("engine"))?;
         let ctx = device.create_context(engine).map_err(run_err("context"))?;
-        let kernel =
-            umd::assemble(RMW_KERNEL).map_err(|e| CheckError::Run { what: "assemble".into(), error: e.to_string() })?;
+        let kernel = program::assemble(RMW_KERNEL)
+            .map_err(|e| CheckError::Run { what: "assemble".into(), error: e.to_string() })?;
         let b = Buffers {
             data: device.allocate(8192).map_err(run_err("data"))?,
             kernel: device.upload(&kernel.to_bytes()).map_err(run_err("kernel"))?,
@@ -535,14 +536,14 @@ pub fn recovery(hw: HardwareFactory) -> Result<RecoveryReport, CheckError> {
     let mut nq = queue(&nctx, "neighbour")?;
     let rounds = 2000;
     let out = ndev.allocate(256 * 4).map_err(run_err("neighbour"))?;
-    let kernel = ndev.upload(&umd::workloads::rounds().to_bytes()).map_err(run_err("neighbour"))?;
-    let args = ndev.upload(&umd::workloads::rounds_args(out.va(), rounds)).map_err(run_err("neighbour"))?;
+    let kernel = ndev.upload(&program::workloads::rounds().to_bytes()).map_err(run_err("neighbour"))?;
+    let args = ndev.upload(&program::workloads::rounds_args(out.va(), rounds)).map_err(run_err("neighbour"))?;
     let mut ncb = CommandBuffer::new();
     ncb.dispatch(kernel.va(), [4, 1, 1], [64, 1, 1], args.va());
     // The hung queue: an endless kernel.
     let (_, hdev, hctx) = open("hung")?;
     let mut hq = queue(&hctx, "hung")?;
-    let forever = hdev.upload(&umd::workloads::forever().to_bytes()).map_err(run_err("hung"))?;
+    let forever = hdev.upload(&program::workloads::forever().to_bytes()).map_err(run_err("hung"))?;
     let mut hcb = CommandBuffer::new();
     hcb.dispatch(forever.va(), [1, 1, 1], [32, 1, 1], forever.va());
     hq.submit(&hcb).map_err(run_err("hung"))?;
@@ -550,8 +551,8 @@ pub fn recovery(hw: HardwareFactory) -> Result<RecoveryReport, CheckError> {
     let (dpid, ddev, dctx) = open("killed")?;
     let mut dq = queue(&dctx, "killed")?;
     let dout = ddev.allocate(256 * 4).map_err(run_err("killed"))?;
-    let dkernel = ddev.upload(&umd::workloads::rounds().to_bytes()).map_err(run_err("killed"))?;
-    let dargs = ddev.upload(&umd::workloads::rounds_args(dout.va(), 50_000_000)).map_err(run_err("killed"))?;
+    let dkernel = ddev.upload(&program::workloads::rounds().to_bytes()).map_err(run_err("killed"))?;
+    let dargs = ddev.upload(&program::workloads::rounds_args(dout.va(), 50_000_000)).map_err(run_err("killed"))?;
     let mut dcb = CommandBuffer::new();
     dcb.dispatch(dkernel.va(), [4, 1, 1], [64, 1, 1], dargs.va());
     dq.submit(&dcb).map_err(run_err("killed"))?;
@@ -565,7 +566,7 @@ pub fn recovery(hw: HardwareFactory) -> Result<RecoveryReport, CheckError> {
         last = nq.submit(&ncb).map_err(run_err("neighbour"))?;
     }
     nq.wait(last, WAIT).map_err(run_err("the neighbour's last command buffer"))?;
-    let want = umd::workloads::rounds_result(rounds);
+    let want = program::workloads::rounds_result(rounds);
     for i in 0..256u64 {
         let got = out.read_u32(i * 4).map_err(run_err("neighbour"))?;
         if got != want {
@@ -613,9 +614,9 @@ impl Spinner {
             .create_context(dev.engine(EngineKind::Compute).map_err(run_err("engine"))?)
             .map_err(run_err("context"))?;
         let q = ctx.create_queue(QueueOptions { priority, ..QueueOptions::user_mode() }).map_err(run_err("queue"))?;
-        let kernel = dev.upload(&umd::workloads::rounds().to_bytes()).map_err(run_err("kernel"))?;
+        let kernel = dev.upload(&program::workloads::rounds().to_bytes()).map_err(run_err("kernel"))?;
         let out = dev.allocate(256 * 4).map_err(run_err("out"))?;
-        let args = dev.upload(&umd::workloads::rounds_args(out.va(), rounds)).map_err(run_err("args"))?;
+        let args = dev.upload(&program::workloads::rounds_args(out.va(), rounds)).map_err(run_err("args"))?;
         let mut cb = CommandBuffer::new();
         cb.dispatch(kernel.va(), [4, 1, 1], [64, 1, 1], args.va());
         Ok(Spinner { pid, _dev: dev, _ctx: ctx, q, out, cb, last: 0, rounds, _bufs: (kernel, args) })
@@ -642,7 +643,7 @@ impl Spinner {
     /// Waits for everything submitted, then checks every thread's result.
     pub fn check(&self) -> Result<(), CheckError> {
         self.q.wait(self.last, WAIT).map_err(run_err("spinner's last command buffer"))?;
-        let want = umd::workloads::rounds_result(self.rounds);
+        let want = program::workloads::rounds_result(self.rounds);
         for i in 0..256u64 {
             let got = self.out.read_u32(i * 4).map_err(run_err("spinner"))?;
             if got != want {

@@ -5,7 +5,7 @@
 //! The device names static texts (a field, a reason) by number; [`STRINGS`] is the list, in
 //! the order of `enum Str` in common.cuh, which a test checks entry by entry.
 
-use abi::isa::{KernelError, KernelErrorKind};
+use abi::isa::{ProgramError, ProgramErrorKind};
 use abi::packet::{DecodeError, Opcode};
 use abi::queue::{Access, FaultKind};
 
@@ -95,20 +95,20 @@ pub fn decode(f: &Fault) -> FaultKind {
         13 => FaultKind::ProgressBeyondQueued { value: f.a, last_queued: f.b },
         17 => {
             let kind = match f.sub {
-                1 => KernelErrorKind::BadMagic(f.a as u32),
-                2 => KernelErrorKind::BadVersion(f.a as u32),
-                3 => KernelErrorKind::BadLength(f.a as u32),
-                4 => KernelErrorKind::Reserved,
-                5 => KernelErrorKind::UnknownOpcode(f.a as u8),
-                6 => KernelErrorKind::BadRegister(text(f.s1), f.a as u8),
-                7 => KernelErrorKind::BadBuiltin(f.a as u32),
-                8 => KernelErrorKind::BadTarget(f.a as u32),
-                9 => KernelErrorKind::Unbalanced(text(f.s1)),
-                10 => KernelErrorKind::TooDeep,
-                11 => KernelErrorKind::UnusedField(text(f.s1), f.a as u32),
+                1 => ProgramErrorKind::BadMagic(f.a as u32),
+                2 => ProgramErrorKind::BadVersion(f.a as u32),
+                3 => ProgramErrorKind::BadLength(f.a as u32),
+                4 => ProgramErrorKind::Reserved,
+                5 => ProgramErrorKind::UnknownOpcode(f.a as u8),
+                6 => ProgramErrorKind::BadRegister(text(f.s1), f.a as u8),
+                7 => ProgramErrorKind::BadBuiltin(f.a as u32),
+                8 => ProgramErrorKind::BadTarget(f.a as u32),
+                9 => ProgramErrorKind::Unbalanced(text(f.s1)),
+                10 => ProgramErrorKind::TooDeep,
+                11 => ProgramErrorKind::UnusedField(text(f.s1), f.a as u32),
                 _ => return unknown,
             };
-            FaultKind::BadKernel(KernelError { pc: f.pc, kind })
+            FaultKind::BadProgram(ProgramError { pc: f.pc, kind })
         }
         18 => FaultKind::BadDispatch { why: text(f.s1) },
         19 => {
@@ -117,7 +117,7 @@ pub fn decode(f: &Fault) -> FaultKind {
                 4..=6 => decode(&inner),
                 _ => return unknown,
             };
-            FaultKind::KernelAccess { pc: f.pc, fault: Box::new(fault) }
+            FaultKind::ProgramAccess { pc: f.pc, fault: Box::new(fault) }
         }
         20 => FaultKind::BadSaveArea { why: text(f.s1) },
         21 => FaultKind::BadIndirect { why: text(f.s1) },
@@ -166,7 +166,7 @@ mod tests {
         let f = Fault { kind: 19, inner: 6, pc: 7, a: 0x1002, b: 4, sub: 0, ..Default::default() };
         assert_eq!(
             decode(&f),
-            FaultKind::KernelAccess {
+            FaultKind::ProgramAccess {
                 pc: 7,
                 fault: Box::new(FaultKind::Misaligned { va: 0x1002, align: 4, access: Access::Read })
             }
@@ -174,7 +174,7 @@ mod tests {
         let f = Fault { kind: 17, sub: 9, pc: 3, s1: 12, ..Default::default() };
         assert_eq!(
             decode(&f),
-            FaultKind::BadKernel(KernelError { pc: 3, kind: KernelErrorKind::Unbalanced("BREAK outside a LOOP") })
+            FaultKind::BadProgram(ProgramError { pc: 3, kind: ProgramErrorKind::Unbalanced("BREAK outside a LOOP") })
         );
         // A record no variant matches is a typed fault, not a panic.
         assert!(matches!(decode(&Fault { kind: 99, ..Default::default() }), FaultKind::BadField { .. }));

@@ -158,7 +158,7 @@ pub struct Fault {
     pub c: u64,
     /// An instruction index.
     pub pc: u32,
-    /// `KernelAccess`: the inner access fault's kind.
+    /// `ProgramAccess`: the inner access fault's kind.
     pub inner: u32,
     /// A `Str` number (or an opcode number).
     pub s1: u32,

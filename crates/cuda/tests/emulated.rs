@@ -157,7 +157,7 @@ fn the_four_example_kernels_give_their_cpu_references_results() {
         let dev = Device::open(sys.open_process().unwrap()).unwrap();
         let ctx = dev.create_context(dev.engine(EngineKind::Compute).unwrap()).unwrap();
         let mut q = ctx.create_queue(QueueOptions::user_mode()).unwrap();
-        for (name, r) in umd::verify::verify_all(&dev, &mut q, 300) {
+        for (name, r) in runtime::verify::verify_all(&dev, &mut q, 300) {
             r.unwrap_or_else(|e| panic!("{name}: {e}"));
         }
     }

@@ -21,7 +21,7 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use abi::isa::{CANONICAL_NAN, FLAG_IMM, Form, Inst, KernelError, KernelErrorKind, KernelHeader, Op};
+use abi::isa::{CANONICAL_NAN, FLAG_IMM, Form, Inst, Op, ProgramError, ProgramErrorKind, ProgramHeader};
 use abi::preempt::StopPoint;
 use abi::queue::FaultKind;
 use cuda::fault::decode;
@@ -180,7 +180,7 @@ impl Drop for Emu {
     }
 }
 
-fn emu_validate(words: &[u64]) -> Result<(), KernelError> {
+fn emu_validate(words: &[u64]) -> Result<(), ProgramError> {
     let mut f = Fault::default();
     // SAFETY: `words` is a valid array of its length.
     let ok = unsafe { ffi::db_isa_check_validate(words.as_ptr(), words.len() as u32, &mut f) };
@@ -188,7 +188,7 @@ fn emu_validate(words: &[u64]) -> Result<(), KernelError> {
         return Ok(());
     }
     match decode(&f) {
-        FaultKind::BadKernel(e) => Err(e),
+        FaultKind::BadProgram(e) => Err(e),
         other => panic!("validate faulted with {other:?}"),
     }
 }
@@ -458,7 +458,7 @@ fn w(op: Op, d: u32, a: u32, b: u32, c: u32, imm: u32) -> u64 {
 
 /// A kernel binary's bytes (header + words).
 fn kernel_bytes(words: &[u64]) -> Vec<u8> {
-    let mut out = words_le(&KernelHeader::new(words.len() as u32).to_words());
+    let mut out = words_le(&ProgramHeader::new(words.len() as u32).to_words());
     out.extend(u64s_le(words));
     out
 }
@@ -1200,7 +1200,7 @@ fn a_nan_used_as_an_address_faults_alike() {
     let regions = vec![region(A_VA, true, vec![0; 128]), region(K_VA, false, kernel_bytes(&a.words))];
     let (run, _) = Case::new(regions, launch1(8)).run(1 << 20).unwrap();
     match run.end {
-        End::Fault(FaultKind::KernelAccess { fault, .. }) => {
+        End::Fault(FaultKind::ProgramAccess { fault, .. }) => {
             assert!(matches!(*fault, FaultKind::Misaligned { va: 0x8000_007f, .. }), "{fault:?}")
         }
         other => panic!("{other:?}"),
@@ -1376,7 +1376,7 @@ fn the_lowest_faulting_lane_stops_the_instruction() {
         }
         let va = A_VA + ((k as u64) << if wide { 3 } else { 2 }) + bad as u64;
         match run.end {
-            End::Fault(FaultKind::KernelAccess { pc: 10, fault }) => {
+            End::Fault(FaultKind::ProgramAccess { pc: 10, fault }) => {
                 let got = match *fault {
                     FaultKind::Misaligned { va, .. }
                     | FaultKind::OutsideMappings { va, .. }
@@ -1485,7 +1485,7 @@ fn scalar_argument_faults_and_wrapping_addresses() {
         let run = lockstep(&p, &l, &[], 1 << 20).unwrap();
         match args {
             ARGS_VA => assert_eq!(run.end, End::Done),
-            _ => assert!(matches!(run.end, End::Fault(FaultKind::KernelAccess { .. })), "{:?}", run.end),
+            _ => assert!(matches!(run.end, End::Fault(FaultKind::ProgramAccess { .. })), "{:?}", run.end),
         }
     }
 }
@@ -1550,7 +1550,7 @@ fn random_kernels_cover_their_outcomes() {
         lane_ops += run.stats.lane_ops;
         match run.end {
             End::Done => done += 1,
-            End::Fault(FaultKind::KernelAccess { fault, .. }) => {
+            End::Fault(FaultKind::ProgramAccess { fault, .. }) => {
                 kinds.insert(format!("{:?}", std::mem::discriminant(&*fault)));
             }
             other => panic!("seed {seed}: {other:?}"),
@@ -1570,7 +1570,7 @@ fn floats(rng: &mut Rng, n: usize) -> Vec<u32> {
     (0..n).map(|_| ((rng.next() as i32 % 20000) as f32 / 1000.0).to_bits()).collect()
 }
 
-/// The example kernels (umd::examples) on random inputs, with several slice plans and two
+/// The example kernels (program::examples) on random inputs, with several slice plans and two
 /// workgroup sizes.
 fn example_cases() -> Vec<(&'static str, Case)> {
     let mut rng = Rng(42);
@@ -1586,7 +1586,7 @@ fn example_cases() -> Vec<(&'static str, Case)> {
         ],
     ];
     let mut out = Vec::new();
-    for ex in umd::examples::ALL {
+    for ex in program::examples::ALL {
         let words = ex.assemble().expect("assembles").instructions().to_vec();
         let (mut regions, slots, threads): (Vec<Region>, Vec<u64>, u32) = match ex.name {
             "saxpy" => {
@@ -1737,7 +1737,7 @@ fn validation_matches_error_for_error() {
         assert_eq!(got, want, "{}", disasm(&words));
         if let Err(e) = want {
             kinds.insert(format!("{:?}", std::mem::discriminant(&e.kind)));
-            if let KernelErrorKind::Unbalanced(what) = e.kind {
+            if let ProgramErrorKind::Unbalanced(what) = e.kind {
                 unbalanced.insert(what);
             }
         }
@@ -1952,7 +1952,7 @@ fn corrupt_save_areas_are_refused_alike() {
     put64(&mut b, 8, 0x9999_0000);
     assert!(matches!(restore_both(&p, &b, len).unwrap(), Err(FaultKind::OutsideMappings { .. })));
     put64(&mut b, 8, A_VA);
-    assert!(matches!(restore_both(&p, &b, len).unwrap(), Err(FaultKind::BadKernel(_))));
+    assert!(matches!(restore_both(&p, &b, len).unwrap(), Err(FaultKind::BadProgram(_))));
     let mut b = good[..len].to_vec();
     put32(&mut b, 16, 0);
     assert!(matches!(restore_both(&p, &b, len).unwrap(), Err(FaultKind::BadDispatch { .. })));

@@ -3,7 +3,7 @@
 //! Roadmap item 6: `doorbell serve` hosts one [`kernel::System`] on the live driver and serves
 //! client processes over a Unix socket (format and transport: crate `wire`). This is spec
 //! 000's picture with real processes: an application (here a `umd::Device` opened with
-//! `Device::connect`) reaches the kernel only through "system calls" (the socket), and the
+//! `wire::client`) reaches the kernel only through "system calls" (the socket), and the
 //! GPU only through memory it was given (descriptors passed with `SCM_RIGHTS`).
 //!
 //! ## Process model

@@ -32,9 +32,9 @@ pub enum BenchCommand {
     /// Submission latency (user-mode vs kernel-mode, warm and cold) and throughput, with the
     /// cache-line round trip measured in the same run as the floor.
     Submit(SubmitArgs),
-    /// Compute: lane operations per second of an ALU-bound kernel on one engine thread, with
+    /// Compute: lane operations per second of an ALU-bound program on one engine thread, with
     /// the default wave width and with a wave width of 1 (what SIMT buys), and the example
-    /// kernels checked against their CPU references.
+    /// programs checked against their CPU references.
     Compute(ComputeArgs),
     /// Native fences: interrupts per signal (no waiter, a waiter, legacy), CPU wake latency
     /// (blocked and spinning), and a queue waiting on another engine's signal (GPU-side and
@@ -54,8 +54,8 @@ pub enum BenchCommand {
     /// preemption every millisecond, and the time from a TDR timeout to the other queues
     /// running again.
     Preempt(crate::bench_preempt::PreemptArgs),
-    /// Profile-guided kernel specialization (spec 004 background processing): generic vs
-    /// specialized dispatch time of two sample kernels, commit to completion event, and the
+    /// Profile-guided specialization (spec 004 background processing): generic vs
+    /// specialized dispatch time of two sample programs, commit to completion event, and the
     /// foreground submit p99 with background compiles running vs disabled.
     Pgo(crate::bench_pgo::PgoArgs),
     /// The consumer side of `bench submit --daemon`'s peer measurements (run as a child).
@@ -86,7 +86,7 @@ pub struct ComputeArgs {
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
-    /// Loop iterations per thread of the ALU kernel at the default wave width, 1 to 4294967295
+    /// Loop iterations per thread of the ALU program at the default wave width, 1 to 4294967295
     /// (the scalar run uses a twentieth, at least 1: it is that much slower).
     #[arg(long, default_value_t = 20_000, value_parser = num::within(1u32, u32::MAX))]
     iterations: u32,
@@ -361,10 +361,10 @@ fn submit(a: SubmitArgs) -> Result<(), CliError> {
     Ok(())
 }
 
-/// The ALU-bound kernel: each thread loops `iterations` (argument slot 0) times over seven
+/// The ALU-bound program: each thread loops `iterations` (argument slot 0) times over seven
 /// integer and float operations plus the loop's own four.
 fn alu_kernel() -> Vec<u8> {
-    use abi::isa::{Builtin, FLAG_IMM, Inst, KernelHeader, Op};
+    use abi::isa::{Builtin, FLAG_IMM, Inst, Op, ProgramHeader};
     let p = [
         Inst::new(Op::SArg, 0, 0, 0, 0, 0),
         Inst::new(Op::VFromS, 2, 0, 0, 0, 0),
@@ -383,7 +383,7 @@ fn alu_kernel() -> Vec<u8> {
         Inst::new(Op::EndLoop, 0, 0, 0, 0, 3),
     ];
     let mut bytes = Vec::new();
-    for w in KernelHeader::new(p.len() as u32).to_words() {
+    for w in ProgramHeader::new(p.len() as u32).to_words() {
         bytes.extend_from_slice(&w.to_le_bytes());
     }
     for i in &p {
@@ -392,7 +392,7 @@ fn alu_kernel() -> Vec<u8> {
     bytes
 }
 
-/// Lane operations per second of the ALU kernel on a live system with `width`-lane waves.
+/// Lane operations per second of the ALU program on a live system with `width`-lane waves.
 fn lane_ops_per_s(width: u32, groups: u32, iterations: u32) -> Result<f64, CliError> {
     let Rig { sys, dev, ctx, .. } =
         rig_with(GpuConfig { wave_width: width, idle_period: Duration::from_secs(3600), ..GpuConfig::default() })?;

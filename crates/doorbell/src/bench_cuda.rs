@@ -170,9 +170,9 @@ pub(crate) fn submit(kind: DeviceKind, json: bool, samples: u32, throughput_coun
     let writes = packets_per_s(&mut big, 4_096, |cb, i| {
         cb.write_u32(buf.va() + (i as u64 % 1024) * 4, i as u32);
     })?;
-    let kernel = dev.upload(&umd::workloads::rounds().to_bytes())?;
+    let kernel = dev.upload(&program::workloads::rounds().to_bytes())?;
     let kout = dev.allocate(256 * 4)?;
-    let kargs = dev.upload(&umd::workloads::rounds_args(kout.va(), 2000))?;
+    let kargs = dev.upload(&program::workloads::rounds_args(kout.va(), 2000))?;
     let mut kcb = CommandBuffer::new();
     kcb.dispatch(kernel.va(), [4, 1, 1], [64, 1, 1], kargs.va());
     let before = sys.with_gpu(|g| g.compute_stats().instructions);
@@ -181,7 +181,7 @@ pub(crate) fn submit(kind: DeviceKind, json: bool, samples: u32, throughput_coun
     big.wait(kv, Some(Duration::from_secs(60)))?;
     let wave_instructions =
         (sys.with_gpu(|g| g.compute_stats().instructions) - before) as f64 / t0.elapsed().as_secs_f64();
-    if kout.read_u32(0)? != umd::workloads::rounds_result(2000) {
+    if kout.read_u32(0)? != program::workloads::rounds_result(2000) {
         return Err(CliError::Check("the rounds kernel's result is wrong".into()));
     }
     drop((big, kernel, kout, kargs));

@@ -36,8 +36,8 @@ use std::time::{Duration, Instant};
 
 use abi::EngineKind;
 use clap::Args;
-use umd::remote::RemotePort;
 use umd::{CommandBuffer, Device, QueueOptions};
+use wire::client::RemotePort;
 
 use crate::child::DaemonChild;
 
@@ -334,7 +334,7 @@ pub fn submit(a: DaemonSubmitArgs) -> Result<(), CliError> {
 
     progress(json, "starting a daemon (doorbell serve) and connecting as a client process");
     let d = DaemonChild::start_with("idle_period_ms = 3600000\n")?;
-    let port = Arc::new(RemotePort::connect(&d.socket).map_err(umd::UmdError::from)?);
+    let port = Arc::new(RemotePort::connect(&d.socket)?);
     let dev = Device::open(port.clone())?;
     let ctx = dev.create_context(dev.engine(EngineKind::Compute)?)?;
     let buf = dev.allocate(1 << 20)?;

@@ -1,7 +1,7 @@
 //! `doorbell bench pgo`: what profile-guided specialization (spec 004 background processing)
 //! buys, and what the background work costs the foreground.
 //!
-//! - `kernels`: for each sample kernel of `umd::pgo::samples` (`fir`, an argument-bound loop;
+//! - `kernels`: for each sample kernel of `runtime::pgo::samples` (`fir`, an argument-bound loop;
 //!   `iterate`, a loop around a branch on an argument), the device time of one `DISPATCH` —
 //!   from a `TIMESTAMP` just before it to one just after, on the device clock — p50 over
 //!   `--samples` dispatches, for the generic kernel and for the variant the specializer made
@@ -29,10 +29,11 @@ use abi::port::KernelPort;
 use clap::Args;
 use gpu::GpuConfig;
 use kernel::{System, SystemConfig};
-use umd::background::{CompletionEvent, MeasurementsAction as A, Mode};
-use umd::pgo::samples::{self, Instance, Sample};
-use umd::pgo::{Pipeline, Selected};
-use umd::{CommandBuffer, Device, DeviceOptions, Queue, QueueOptions};
+use runtime::background::{CompletionEvent, MeasurementsAction as A, Mode};
+use runtime::pgo::samples::{self, Instance, Sample};
+use runtime::pgo::{Pipeline, Selected};
+use runtime::{Device, DeviceOptions};
+use umd::{CommandBuffer, Queue, QueueOptions};
 
 use crate::bench::{cacheline_rtt_ns, latencies, percentiles, progress};
 use crate::{CliError, num};
@@ -42,7 +43,7 @@ pub struct PgoArgs {
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
-    /// Dispatches timed per kernel and variant (1 to 100,000).
+    /// Dispatches timed per program and variant (1 to 100,000).
     #[arg(long, default_value_t = 200, value_parser = num::within(1u32, 100_000))]
     samples: u32,
     /// Elements (threads) per dispatch (1 to 1,048,576).
@@ -106,7 +107,7 @@ fn run_once(q: &mut Queue, va: u64, inst: &Instance) -> Result<(), CliError> {
 
 fn kernel(dev: &Device, q: &mut Queue, s: &Sample, a: &PgoArgs) -> Result<KernelResult, CliError> {
     let params = PARAMS;
-    let bin = s.kernel();
+    let bin = s.program();
     let generic = dev.upload(&bin.to_bytes())?;
     let stamps = dev.allocate(4096)?;
     let inst = s.instance(dev, a.elements, params, 1)?;
@@ -118,7 +119,7 @@ fn kernel(dev: &Device, q: &mut Queue, s: &Sample, a: &PgoArgs) -> Result<Kernel
     })?);
     // Spec 004's benchmark workflow: prime until no further measurements are desired.
     let p = Pipeline::new(dev, &bin)?;
-    let primed = umd::pgo::workflow::prime(dev, 10_000, || -> Result<(), CliError> {
+    let primed = runtime::pgo::workflow::prime(dev, 10_000, || -> Result<(), CliError> {
         let mut cb = CommandBuffer::new();
         for _ in 0..8 {
             p.dispatch(&mut cb, inst.grid, inst.group, &inst.args)?;
@@ -157,7 +158,7 @@ fn commit_to_event(dev: &Device, q: &mut Queue, commits: u32, elements: u32) -> 
     let mut out = Vec::new();
     let ev = CompletionEvent::new();
     for i in 0..commits {
-        let p = Pipeline::new(dev, &samples::FIR.kernel())?;
+        let p = Pipeline::new(dev, &samples::FIR.program())?;
         let inst = samples::FIR.instance(dev, elements.min(256), [4 + i % 60, 0], 3)?;
         let mut cb = CommandBuffer::new();
         p.dispatch(&mut cb, inst.grid, inst.group, &inst.args)?;
@@ -186,7 +187,7 @@ fn phase(sys: &System, q: &mut Queue, buf: &umd::Buffer, n: u32, d: Duration) ->
     Ok(out)
 }
 
-/// Keeps the pool's workers busy with compiles of the sample kernels while `feeding`, until
+/// Keeps the pool's workers busy with compiles of the sample programs while `feeding`, until
 /// `stop`.
 fn feeder(
     dev: Device,
@@ -195,7 +196,7 @@ fn feeder(
     done: Arc<AtomicU64>,
 ) -> std::thread::JoinHandle<()> {
     std::thread::spawn(move || {
-        let kernels: Vec<_> = samples::ALL.iter().map(|s| s.kernel()).collect();
+        let kernels: Vec<_> = samples::ALL.iter().map(|s| s.program()).collect();
         let mut i = 0u64;
         while !stop.load(Ordering::Relaxed) {
             // Keep about four tasks queued; each compiles a variant (a few hundred µs).
@@ -207,8 +208,8 @@ fn feeder(
                 let _ = dev.background().queue_processing_work(
                     move |_| {
                         for t in 0..8 {
-                            let b = umd::pgo::Binding::new([(2, 4096), (3, taps + t)]);
-                            let _ = umd::pgo::specialize::specialize(&k, &b, Default::default());
+                            let b = runtime::pgo::Binding::new([(2, 4096), (3, taps + t)]);
+                            let _ = program::specialize::specialize(&k, &b, Default::default());
                         }
                         d.fetch_add(1, Ordering::Relaxed);
                     },

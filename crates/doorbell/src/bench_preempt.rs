@@ -1,7 +1,7 @@
 //! `doorbell bench preempt`: what preemption costs and buys on the live driver (spec 003).
 //!
 //! - `preempt_latency_p50_ns_<level>` / `_p99_ns_<level>`: a queue runs command buffers of
-//!   four long dispatches (`umd::workloads::ROUNDS`) back to back; at a pseudo-random moment the kernel asks the engine
+//!   four long dispatches (`program::workloads::ROUNDS`) back to back; at a pseudo-random moment the kernel asks the engine
 //!   to preempt it, and the latency is from the request to the engine's answer (the queue off
 //!   its slot, state saved), on the device clock. One device per compute level:
 //!   `dma_buffer`, `dispatch`, `thread_group`, `thread`, `shader`. Each sample then resumes
@@ -51,7 +51,7 @@ pub struct PreemptArgs {
     /// dispatch or a command buffer to end).
     #[arg(long, default_value_t = 500, value_parser = num::within(1u32, 100_000))]
     samples: u32,
-    /// Loop rounds per thread of the long kernel (1 to 10,000,000): each dispatch is 16
+    /// Loop rounds per thread of the long program (1 to 10,000,000): each dispatch is 16
     /// workgroups of 64 threads.
     #[arg(long, default_value_t = 400, value_parser = num::within(1u32, 10_000_000))]
     rounds: u32,
@@ -72,7 +72,7 @@ const PAIRS: usize = 5;
 /// Start-latency samples taken and dropped before the measured ones.
 const WARM_UP: usize = 50;
 
-use umd::workloads::rounds_result as expected;
+use program::workloads::rounds_result as expected;
 
 /// A live system whose compute engine preempts at `level`, with `slots` hardware slots.
 fn system(level: ComputeGranularity, slots: u32, tdr: TdrConfig) -> Result<System, CliError> {
@@ -131,9 +131,9 @@ impl Spinner {
         let ctx = dev.create_context(dev.engine(EngineKind::Compute)?)?;
         let mut q = ctx.create_queue(QueueOptions { priority, ..QueueOptions::user_mode() })?;
         q.set_spin(0);
-        let kernel = dev.upload(&umd::workloads::rounds().to_bytes())?;
+        let kernel = dev.upload(&program::workloads::rounds().to_bytes())?;
         let out = dev.allocate((groups * GROUP) as u64 * 4)?;
-        let args = dev.upload(&umd::workloads::rounds_args(out.va(), rounds))?;
+        let args = dev.upload(&program::workloads::rounds_args(out.va(), rounds))?;
         let mut cb = CommandBuffer::new();
         for _ in 0..dispatches {
             cb.dispatch(kernel.va(), [groups, 1, 1], [GROUP, 1, 1], args.va());
@@ -319,7 +319,7 @@ fn tdr_recover() -> Result<(u64, bool), CliError> {
     let dev = Device::open(port.clone())?;
     let ctx = dev.create_context(dev.engine(EngineKind::Compute)?)?;
     let mut hog = ctx.create_queue(QueueOptions::user_mode())?;
-    let spin = dev.upload(&umd::workloads::forever().to_bytes())?;
+    let spin = dev.upload(&program::workloads::forever().to_bytes())?;
     let mut cb = CommandBuffer::new();
     cb.dispatch(spin.va(), [1, 1, 1], [64, 1, 1], spin.va());
     hog.submit(&cb)?;

@@ -79,7 +79,7 @@ impl DaemonChild {
         }
         let deadline = Instant::now() + Duration::from_secs(30);
         let mut d = d;
-        while umd::remote::daemon_status(&d.socket).is_err() {
+        while wire::client::daemon_status(&d.socket).is_err() {
             if let Ok(Some(st)) = d.child.try_wait() {
                 return Err(CliError::Check(format!("the daemon exited before it listened ({st})")));
             }

@@ -38,7 +38,7 @@ fn say(what: &str) {
 
 /// One client's part (run as a child process; `DOORBELL_SOCKET` names the daemon).
 pub fn client(a: DemoClientArgs) -> Result<(), CliError> {
-    let dev = Device::connect_default()?;
+    let dev = Device::open(wire::client::connect_default()?)?;
     match a.role.as_str() {
         "a" => {
             let copy = dev.create_context(dev.engine(EngineKind::Copy)?)?;
@@ -122,7 +122,7 @@ impl Proc {
 }
 
 fn show_status(socket: &std::path::Path) -> Result<(), CliError> {
-    let s = umd::remote::daemon_status(socket).map_err(|e| CliError::Input(e.to_string()))?;
+    let s = wire::client::daemon_status(socket).map_err(|e| CliError::Input(e.to_string()))?;
     for p in &s.processes {
         outln!("  process p{} (os pid {}): {} allocations, {} queues", p.pid, p.os_pid, p.allocations, p.queues.len());
         for q in &p.queues {
@@ -162,7 +162,7 @@ pub fn run(quiet: bool) -> Result<(), CliError> {
     let lb = b.finish()?;
     outln!("A: {la}");
     outln!("B: {lb}");
-    let s = umd::remote::daemon_status(&d.socket).map_err(|e| CliError::Input(e.to_string()))?;
+    let s = wire::client::daemon_status(&d.socket).map_err(|e| CliError::Input(e.to_string()))?;
     if !s.processes.is_empty() {
         return Err(CliError::Check(format!("{} processes left after both clients closed", s.processes.len())));
     }

@@ -9,10 +9,11 @@ use std::time::Duration;
 
 use abi::EngineKind;
 use kernel::System;
-use umd::background::CompletionEvent;
-use umd::pgo::samples::{self, Instance, Sample};
-use umd::pgo::{Pipeline, Selected, workflow};
-use umd::{CommandBuffer, Device, DeviceOptions, Queue, QueueOptions};
+use runtime::background::CompletionEvent;
+use runtime::pgo::samples::{self, Instance, Sample};
+use runtime::pgo::{Pipeline, Selected, workflow};
+use runtime::{Device, DeviceOptions};
+use umd::{CommandBuffer, Queue, QueueOptions};
 
 use crate::CliError;
 
@@ -44,7 +45,7 @@ fn identical(
     if !matches!(dispatch(q, p, &x, 1)?, Selected::Specialized(_)) {
         return Err(CliError::Check(format!("{}: the variant was not selected", s.name)));
     }
-    let generic = dev.upload(&p.kernel().to_bytes())?;
+    let generic = dev.upload(&p.program().to_bytes())?;
     let mut cb = CommandBuffer::new();
     cb.dispatch(generic.va(), y.grid, y.group, y.args.va());
     let v = q.submit(&cb)?;
@@ -54,7 +55,7 @@ fn identical(
 
 /// The step: what to say, and how many results it checked.
 pub fn run(sys: &System) -> Result<(Vec<String>, u32), CliError> {
-    let mut say = vec!["\n== background processing (spec 004): profile-guided kernel specialization ==".to_string()];
+    let mut say = vec!["\n== background processing (spec 004): profile-guided specialization ==".to_string()];
     let dev = Device::open_with(sys.open_process()?, DeviceOptions { developer_mode: true, ..Default::default() })?;
     let ctx = dev.create_context(dev.engine(EngineKind::Compute)?)?;
     let mut q = ctx.create_queue(QueueOptions::user_mode())?;
@@ -65,7 +66,7 @@ pub fn run(sys: &System) -> Result<(Vec<String>, u32), CliError> {
     ));
 
     // Workflow 1: a benchmark primes the optimization state, then runs for real.
-    let fir = Pipeline::new(&dev, &samples::FIR.kernel())?;
+    let fir = Pipeline::new(&dev, &samples::FIR.program())?;
     let scene = samples::FIR.instance(&dev, 512, [24, 0], 1)?;
     let primed = workflow::prime(&dev, 1_000, || dispatch(&mut q, &fir, &scene, 16).map(|_| ()))?;
     if !primed.steady {
@@ -79,7 +80,7 @@ pub fn run(sys: &System) -> Result<(Vec<String>, u32), CliError> {
         primed.passes,
         b.pairs(),
         b.dims().map(|d| format!(" and grid {:?} x group {:?}", d.grid, d.group)).unwrap_or_default(),
-        fir.kernel().len(),
+        fir.program().len(),
         fir.variant(&b).map_or(0, |v| v.len())
     ));
     if !same {
@@ -87,7 +88,7 @@ pub fn run(sys: &System) -> Result<(Vec<String>, u32), CliError> {
     }
 
     // Workflow 2: an analysis tool trains on one captured frame and locks everything down.
-    let it = Pipeline::new(&dev, &samples::ITERATE.kernel())?;
+    let it = Pipeline::new(&dev, &samples::ITERATE.program())?;
     let frame = samples::ITERATE.instance(&dev, 512, [20, 0], 2)?;
     let handle = CompletionEvent::new();
     let locked = workflow::train_and_lock(&dev, 8, &handle, Duration::from_secs(10), || {

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use abi::EngineKind;
 use abi::port::KernelPort;
 use kernel::{System, SystemConfig};
-use umd::verify::{Verified, VerifyError, verify_all};
+use runtime::verify::{Verified, VerifyError, verify_all};
 use umd::{Device, QueueOptions, SubmissionKind};
 
 use crate::CliError;
@@ -29,8 +29,8 @@ pub fn verify_all_live() -> Result<(usize, usize), CliError> {
     let sys = System::live(SystemConfig::default())?;
     let port: Arc<dyn KernelPort> = sys.open_process()?;
     let outcomes = run_all(&Device::open(port)?, 4096)?;
-    let total = umd::examples::ALL.len();
-    let verified = umd::examples::ALL
+    let total = program::examples::ALL.len();
+    let verified = program::examples::ALL
         .iter()
         .filter(|ex| outcomes.iter().all(|(_, rs)| rs.iter().any(|(n, r)| *n == ex.name && r.is_ok())))
         .count();

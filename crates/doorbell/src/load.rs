@@ -63,10 +63,11 @@ fn seconds_or_zero(s: &str) -> Result<f64, String> {
 }
 
 pub fn run(a: LoadArgs) -> Result<(), CliError> {
-    let dev = match &a.socket {
-        Some(p) => Device::connect(p)?,
-        None => Device::connect_default()?,
+    let port = match &a.socket {
+        Some(p) => wire::client::connect(p)?,
+        None => wire::client::connect_default()?,
     };
+    let dev = Device::open(port)?;
     let kinds: &[EngineKind] = match a.engines {
         Engines::Compute => &[EngineKind::Compute],
         Engines::Copy => &[EngineKind::Copy],

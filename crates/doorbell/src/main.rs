@@ -1,14 +1,14 @@
 //! # doorbell — the command-line front end
 //!
 //! `doorbell demo` runs a small workload end to end on a live embedded system and prints what
-//! happened; `doorbell run` assembles and dispatches a kernel; `doorbell trace` writes a fence
+//! happened; `doorbell run` assembles and dispatches a compute program; `doorbell trace` writes a fence
 //! pipeline's timeline; `doorbell bench …` measures the submission paths, compute, fences and
 //! oversubscription against the machine's floor. See `--help` on each.
 //!
 //! Input is checked here, before anything reaches the device, so a refusal names the flag, the
 //! value and what is allowed rather than coming back as a lost queue: every numeric flag goes
 //! through one parser ([`num`]), dispatch dimensions are checked against the ISA's limits and
-//! `run`'s arguments against the slots the kernel reads.
+//! `run`'s arguments against the slots the program reads.
 
 #[macro_use]
 mod out;
@@ -49,7 +49,7 @@ enum Command {
     /// Run a small workload end to end on a live system and print what happened.
     ///
     /// Two client processes (A and B): user-mode and kernel-mode queues with checked results, a
-    /// cross-engine WAIT/SIGNAL, engines going idle (F1) and waking, the example kernels, a
+    /// cross-engine WAIT/SIGNAL, engines going idle (F1) and waking, the example programs, a
     /// native fence shared between the processes, a fault contained in its queue and a
     /// cross-adapter fence; then the kernel's trace (doorbell status changes, power, faults)
     /// and a summary. Exits non-zero if any result is wrong.
@@ -65,13 +65,13 @@ enum Command {
     /// One client of `demo --daemon` (run as a child process).
     #[command(hide = true)]
     DemoClient(demo_daemon::DemoClientArgs),
-    /// Assemble a kernel (.dbk) and run it on the compute engine; print a summary of its
+    /// Assemble a compute program (.dbk) and run it on the compute engine; print a summary of its
     /// buffers.
     ///
     /// Example: doorbell run examples/saxpy.dbk --grid 4 --group 256 --args
     /// buf:4096:iotaf,buf:4096:iotaf,f:2.0,1000 (saxpy's slots are x, y, a, n: the header of
     /// each example file lists its slots). --grid, --group and --args are checked before the
-    /// kernel runs: against the ISA's DISPATCH limits and the slots the kernel reads.
+    /// program runs: against the ISA's DISPATCH limits and the slots the program reads.
     Run(run::RunArgs),
     /// Run a fence pipeline across three queues and two engines and write its timeline as
     /// Chrome/Perfetto trace JSON: one track per queue, a box per signal and wait from when it
@@ -81,7 +81,7 @@ enum Command {
     #[command(subcommand)]
     Bench(bench::BenchCommand),
     /// Run the daemon: the kernel and the virtual GPU in this process, serving client
-    /// processes over a Unix socket (umd::Device::connect, DOORBELL_SOCKET). Stops on SIGINT
+    /// processes over a Unix socket (wire::client::connect, DOORBELL_SOCKET). Stops on SIGINT
     /// or SIGTERM; every client then sees its device lost.
     Serve(serve::ServeArgs),
     /// Ask a running daemon what it holds: adapters, engines (power, slots), processes and
@@ -135,12 +135,15 @@ pub enum CliError {
     /// The kernel failed.
     #[error(transparent)]
     Kernel(#[from] abi::port::KernelError),
+    /// The daemon could not be reached or refused the connection.
+    #[error(transparent)]
+    Connect(#[from] wire::ConnectError),
     /// A background processing mode change was refused.
     #[error(transparent)]
-    Mode(#[from] umd::background::ModeError),
+    Mode(#[from] runtime::background::ModeError),
     /// A background commit's completion event did not come.
     #[error(transparent)]
-    CommitWait(#[from] umd::pgo::workflow::WaitTimedOut),
+    CommitWait(#[from] runtime::pgo::workflow::WaitTimedOut),
     /// Shared memory failed.
     #[error(transparent)]
     Shm(#[from] shm::ShmError),

@@ -1,4 +1,4 @@
-//! `doorbell run FILE.dbk`: assemble a kernel, dispatch it on a live system, summarize its
+//! `doorbell run FILE.dbk`: assemble a compute program, dispatch it on a live system, summarize its
 //! buffers.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -19,7 +19,7 @@ use crate::{CliError, num};
 /// Arguments of `doorbell run`.
 #[derive(Args)]
 pub struct RunArgs {
-    /// The kernel source (`.dbk`, see docs/isa.md).
+    /// The program source (`.dbk`, see docs/isa.md).
     file: PathBuf,
     /// Workgroups per dimension: X or X,Y or X,Y,Z; each 1 to 4294967295, at most 2^40
     /// workgroups in all (the ISA's DISPATCH limit).
@@ -29,8 +29,8 @@ pub struct RunArgs {
     /// (the ISA's DISPATCH limit).
     #[arg(long, value_parser = parse_group, default_value = "64")]
     group: [u32; 3],
-    /// Kernel arguments, one per 64-bit slot, in order, comma-separated; give exactly as many
-    /// as the kernel reads (`sarg`). Each is an integer from -2^63 to 2^64-1 (`1000`, `-1`,
+    /// Program arguments, one per 64-bit slot, in order, comma-separated; give exactly as many
+    /// as the program reads (`sarg`). Each is an integer from -2^63 to 2^64-1 (`1000`, `-1`,
     /// `0x40`), a float (`f:1.5`, stored as f32 bits), or a buffer `buf:BYTES[:INIT]` (1 byte
     /// to 1 GiB; INIT one of zero (default), iota (u32 0,1,2,…), iotaf (f32 0.0,1.0,…), ones
     /// (u32 1)) — the slot receives its GPU address.
@@ -40,13 +40,13 @@ pub struct RunArgs {
     /// printed; asking for more says so).
     #[arg(long, default_value_t = 8, value_parser = num::within(0u32, u32::MAX))]
     show: u32,
-    /// Stop after this long if the kernel has not finished, report it and exit non-zero:
+    /// Stop after this long if the program has not finished, report it and exit non-zero:
     /// `500ms`, `10s`, `2m`, `1h` (a bare number is seconds). Without it, `run` waits for as long
-    /// as the kernel runs.
+    /// as the program runs.
     #[arg(long, value_parser = num::parse_duration)]
     timeout: Option<Duration>,
     /// Show the elapsed time and the wave-instructions executed so far on stderr while the
-    /// kernel runs: `auto` only when stderr is a terminal, `always`, or `never`.
+    /// program runs: `auto` only when stderr is a terminal, `always`, or `never`.
     #[arg(long, value_enum, default_value_t = When::Auto)]
     progress: When,
 }
@@ -122,7 +122,7 @@ fn parse_slot(s: &str) -> Result<Slot, CliError> {
     }
 }
 
-/// What the kernel's header comment says of each argument slot: lines like
+/// What the program's header comment says of each argument slot: lines like
 /// `;   slot 1  n    u32, number of elements` (the examples' convention).
 fn documented_slots(src: &str) -> BTreeMap<u32, String> {
     src.lines()
@@ -137,9 +137,9 @@ fn documented_slots(src: &str) -> BTreeMap<u32, String> {
         .collect()
 }
 
-/// Checks `--args` gave exactly the slots the kernel reads with `sarg` (slot 0 up to the highest
-/// one read); the refusal lists what the kernel expects.
-fn check_arity(file: &str, src: &str, binary: &umd::KernelBinary, given: usize) -> Result<(), CliError> {
+/// Checks `--args` gave exactly the slots the program reads with `sarg` (slot 0 up to the highest
+/// one read); the refusal lists what the program expects.
+fn check_arity(file: &str, src: &str, binary: &program::ProgramBinary, given: usize) -> Result<(), CliError> {
     let read: BTreeSet<u32> = binary.decode().iter().filter(|i| i.op == Op::SArg).map(|i| i.imm).collect();
     let want = read.last().map_or(0, |&m| m as usize + 1);
     if given == want {
@@ -213,7 +213,7 @@ const TICK: Duration = Duration::from_millis(250);
 pub fn run(a: RunArgs) -> Result<(), CliError> {
     let file = a.file.display().to_string();
     let src = std::fs::read_to_string(&a.file).map_err(|e| CliError::Input(format!("cannot read {file}: {e}")))?;
-    let binary = umd::assemble(&src).map_err(|e| CliError::Input(format!("{file}:{e}")))?;
+    let binary = program::assemble(&src).map_err(|e| CliError::Input(format!("{file}:{e}")))?;
     let slots = a.args.iter().filter(|s| !s.is_empty()).map(|s| parse_slot(s)).collect::<Result<Vec<_>, _>>()?;
     check_arity(&file, &src, &binary, slots.len())?;
 

@@ -105,8 +105,8 @@ pub fn serve(a: ServeArgs) -> Result<(), CliError> {
 }
 
 pub fn status(a: StatusArgs) -> Result<(), CliError> {
-    let path = a.socket.unwrap_or_else(wire::client_socket_path);
-    let s = umd::remote::daemon_status(&path).map_err(|e| CliError::Input(e.to_string()))?;
+    let path = a.socket.unwrap_or_else(wire::client::socket_path);
+    let s = wire::client::daemon_status(&path).map_err(|e| CliError::Input(e.to_string()))?;
     if a.json {
         outln!("{}", serde_json::to_string(&s).map_err(|e| CliError::Input(e.to_string()))?);
         return Ok(());

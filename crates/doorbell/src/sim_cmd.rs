@@ -471,9 +471,9 @@ fn calibrate(out: &std::path::Path) -> Result<(), CliError> {
     let bulk_bytes_per_us = (16u64 << 20) as f64 / (fill_ns.max(1) as f64 / 1e3);
     // The `rounds` kernel (about five wave-instructions a round): the device counts the
     // wave-instructions it ran.
-    let kernel = dev.upload(&umd::workloads::rounds().to_bytes())?;
+    let kernel = dev.upload(&program::workloads::rounds().to_bytes())?;
     let out_buf = dev.allocate(4 * 1024)?;
-    let args = dev.upload(&umd::workloads::rounds_args(out_buf.va(), 2_000))?;
+    let args = dev.upload(&program::workloads::rounds_args(out_buf.va(), 2_000))?;
     let mut wave_ns = f64::MAX;
     let mut waves = 0;
     for _ in 0..5 {

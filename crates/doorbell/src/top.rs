@@ -41,7 +41,7 @@ pub struct TopArgs {
 }
 
 fn read(path: &std::path::Path) -> Result<wire::DaemonStatus, CliError> {
-    umd::remote::daemon_status(path)
+    wire::client::daemon_status(path)
         .map_err(|e| CliError::Input(format!("no daemon answers at {}: {e}", path.display())))
 }
 
@@ -67,7 +67,7 @@ pub fn run(a: TopArgs) -> Result<(), CliError> {
     if a.interval < 0.1 {
         return Err(CliError::Input(format!("--interval {}: at least 0.1 s", a.interval)));
     }
-    let path = a.socket.clone().unwrap_or_else(wire::client_socket_path);
+    let path = a.socket.clone().unwrap_or_else(wire::client::socket_path);
     let mut interval = Duration::from_secs_f64(a.interval);
     let first = read(&path)?;
     let filter = a.process.as_deref().map(|w| resolve_process(&first, w)).transpose()?;

@@ -9,7 +9,7 @@
 //! traced size and hold every round. The output is Chrome trace-event JSON, which
 //! ui.perfetto.dev and chrome://tracing open.
 //!
-//! The producer also dispatches a sample kernel through a `umd::pgo::Pipeline`, measured in
+//! The producer also dispatches a sample kernel through a `runtime::pgo::Pipeline`, measured in
 //! `AllowIntrusiveMeasurements`; halfway through, a `CommitResults` has the runtime compile
 //! its specialized variant in the background. Every background task's run (spec 004's start
 //! and finish events) is a box on a track of its own per pool worker, on the same clock.
@@ -23,8 +23,9 @@ use abi::fence_log::{FenceLogOp, FenceLogType};
 use abi::port::{KernelPort, NativeFenceType};
 use clap::Args;
 use kernel::{System, SystemConfig};
+use runtime::Device;
 use serde_json::json;
-use umd::{CommandBuffer, Device, NativeFence, Queue, QueueOptions};
+use umd::{CommandBuffer, NativeFence, Queue, QueueOptions};
 
 use crate::{CliError, num};
 
@@ -68,15 +69,15 @@ pub fn run(a: TraceArgs) -> Result<(), CliError> {
     let mut queued: Vec<Queued> = Vec::new();
     let mut last = [0u64; 3];
     // Background work: a kernel measured on every dispatch, committed halfway.
-    let pipeline = umd::pgo::Pipeline::new(&dev, &umd::pgo::samples::FIR.kernel())?;
-    let fir = umd::pgo::samples::FIR.instance(&dev, 256, [16, 0], 1)?;
+    let pipeline = runtime::pgo::Pipeline::new(&dev, &runtime::pgo::samples::FIR.program())?;
+    let fir = runtime::pgo::samples::FIR.instance(&dev, 256, [16, 0], 1)?;
     dev.set_background_processing_mode(
-        umd::background::Mode::AllowIntrusiveMeasurements,
-        umd::background::MeasurementsAction::DiscardPrevious,
+        runtime::background::Mode::AllowIntrusiveMeasurements,
+        runtime::background::MeasurementsAction::DiscardPrevious,
         None,
         None,
     )?;
-    let committed = umd::background::CompletionEvent::new();
+    let committed = runtime::background::CompletionEvent::new();
     let note = |queued: &mut Vec<Queued>, queue: usize, log, name: String| {
         queued.push(Queued { queue, log, name, at_ns: sys.now().as_nanos() });
     };
@@ -86,8 +87,8 @@ pub fn run(a: TraceArgs) -> Result<(), CliError> {
         pipeline.dispatch(&mut cb, fir.grid, fir.group, &fir.args)?;
         if r == (a.rounds as u64).div_ceil(2) {
             dev.set_background_processing_mode(
-                umd::background::Mode::Allowed,
-                umd::background::MeasurementsAction::CommitResults,
+                runtime::background::Mode::Allowed,
+                runtime::background::MeasurementsAction::CommitResults,
                 Some(&committed),
                 None,
             )?;

@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 
 use abi::EngineKind;
 use abi::port::{HandleProblem, KernelError, KernelPort, NativeFenceDesc, NativeFenceType};
-use umd::remote::RemotePort;
 use umd::{CommandBuffer, Device, QueueOptions, UmdError};
+use wire::client::RemotePort;
 
 const T: Duration = Duration::from_secs(60);
 
@@ -84,12 +84,12 @@ impl Daemon {
         let log = std::fs::File::create(dir.join("daemon.log")).unwrap();
         let child = cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(log).spawn().unwrap();
         let d = Daemon { child, socket };
-        until("the daemon to listen", || umd::remote::daemon_status(&d.socket).is_ok());
+        until("the daemon to listen", || wire::client::daemon_status(&d.socket).is_ok());
         d
     }
 
     fn status(&self) -> wire::DaemonStatus {
-        umd::remote::daemon_status(&self.socket).unwrap()
+        wire::client::daemon_status(&self.socket).unwrap()
     }
 
     fn pid(&self) -> i32 {
@@ -217,7 +217,7 @@ fn read_stdin_line() -> String {
 
 /// `n` WRITE_DATAs on a user-mode queue and `n / 8` on a kernel-mode one, each value checked.
 fn role_submit(n: u32) -> String {
-    let dev = Device::connect_default().unwrap();
+    let dev = Device::open(wire::client::connect_default().unwrap()).unwrap();
     let ctx = dev.create_context(dev.engine(EngineKind::Compute).unwrap()).unwrap();
     let buf = dev.allocate(4 * n as u64).unwrap();
     let seed = std::process::id();
@@ -245,7 +245,7 @@ fn role_submit(n: u32) -> String {
 
 /// Submits forever (until killed), saying `ready` once work has completed.
 fn role_spin() -> String {
-    let dev = Device::connect_default().unwrap();
+    let dev = Device::open(wire::client::connect_default().unwrap()).unwrap();
     let ctx = dev.create_context(dev.engine(EngineKind::Compute).unwrap()).unwrap();
     let buf = dev.allocate(1 << 16).unwrap();
     let mut q = ctx.create_queue(QueueOptions::user_mode()).unwrap();
@@ -265,7 +265,7 @@ fn role_spin() -> String {
 /// Creates a shareable fence, says its global handle, waits for `go`, then signals 5 from a
 /// copy queue (the GPU).
 fn role_fence_a() -> String {
-    let dev = Device::connect_default().unwrap();
+    let dev = Device::open(wire::client::connect_default().unwrap()).unwrap();
     let ctx = dev.create_context(dev.engine(EngineKind::Copy).unwrap()).unwrap();
     let desc = NativeFenceDesc { shareable: true, ..NativeFenceDesc::new(0, NativeFenceType::Default) };
     let fence = dev.create_fence_with(&desc).unwrap();
@@ -282,7 +282,7 @@ fn role_fence_a() -> String {
 /// Opens fence `global`, has its compute queue WAIT on 5 then write a word, and blocks a CPU
 /// thread on 5 too.
 fn role_fence_b(global: u64) -> String {
-    let dev = Device::connect_default().unwrap();
+    let dev = Device::open(wire::client::connect_default().unwrap()).unwrap();
     let ctx = dev.create_context(dev.engine(EngineKind::Compute).unwrap()).unwrap();
     let fence = dev.open_fence(global).unwrap();
     let buf = dev.allocate(4096).unwrap();
@@ -301,7 +301,7 @@ fn role_fence_b(global: u64) -> String {
 /// but `read`, `write`, `exit` and `sigreturn` kills the process. The thread submits, spins
 /// on the progress fence in memory, and reports through a pipe.
 fn role_no_syscall() -> String {
-    let dev = Device::connect_default().unwrap();
+    let dev = Device::open(wire::client::connect_default().unwrap()).unwrap();
     let ctx = dev.create_context(dev.engine(EngineKind::Compute).unwrap()).unwrap();
     let buf = dev.allocate(4096).unwrap();
     let mut q = ctx.create_queue(QueueOptions { ring_bytes: 1 << 16, ..QueueOptions::user_mode() }).unwrap();
@@ -373,7 +373,7 @@ fn rusage_switches() -> i64 {
 
 /// Blocks in a kernel wait that only the daemon's end can finish; says the error it gets.
 fn role_wait_forever() -> String {
-    role_wait_forever_on(&Device::connect_default().unwrap())
+    role_wait_forever_on(&Device::open(wire::client::connect_default().unwrap()).unwrap())
 }
 
 fn role_wait_forever_on(dev: &Device) -> String {
@@ -394,7 +394,7 @@ fn role_wait_forever_on(dev: &Device) -> String {
 /// Two threads blocked at once in waits that never complete: a queue's progress and a
 /// native fence (the second goes over a further connection of the same process).
 fn role_two_endless_waits() -> String {
-    let dev = Arc::new(Device::connect_default().unwrap());
+    let dev = Arc::new(Device::open(wire::client::connect_default().unwrap()).unwrap());
     let fence = dev.create_fence(0, NativeFenceType::Default).unwrap();
     let other = {
         let dev = dev.clone();
@@ -415,7 +415,7 @@ fn role_two_endless_waits() -> String {
 /// same connection; then a wait decided from memory before its answer arrives, then more
 /// calls (the connection reads the answer it owes first).
 fn role_wait_timeout() -> String {
-    let dev = Device::connect_default().unwrap();
+    let dev = Device::open(wire::client::connect_default().unwrap()).unwrap();
     let ctx = dev.create_context(dev.engine(EngineKind::Compute).unwrap()).unwrap();
     let buf = dev.allocate(4096).unwrap();
     let mut q = ctx.create_queue(QueueOptions::user_mode()).unwrap();
@@ -556,7 +556,7 @@ fn protocol_version_mismatch_malformed_frames_and_forged_handles_are_refused() {
 fn per_process_limits_are_typed_errors() {
     let dir = scratch("limits");
     let d = Daemon::start(&dir, Some("[limits]\nqueues = 2\nallocations = 3\nbytes = 65536\n"));
-    let dev = Device::connect(&d.socket).unwrap();
+    let dev = Device::open(wire::client::connect(&d.socket).unwrap()).unwrap();
     let ctx = dev.create_context(dev.engine(EngineKind::Copy).unwrap()).unwrap();
     let _q1 = ctx.create_queue(QueueOptions::kernel_mode()).unwrap();
     let _q2 = ctx.create_queue(QueueOptions::kernel_mode()).unwrap();
@@ -686,7 +686,7 @@ fn ll_queue(dev: &Device) -> (umd::lowlevel::UserQueue, umd::Buffer, u64, u64, u
 /// (it shuts its socket: the daemon sees a crash), and on `scribble` writes into every word
 /// of the doorbell page it still maps, ringing as hard as it can.
 fn role_orphan() -> String {
-    let dev = Device::connect_default().unwrap();
+    let dev = Device::open(wire::client::connect_default().unwrap()).unwrap();
     let (q, _buf, wptr, _, page) = ll_queue(&dev);
     say(&format!("page {page}"));
     for fd in std::fs::read_dir("/proc/self/fd").unwrap().flatten() {
@@ -714,7 +714,7 @@ fn role_orphan() -> String {
 /// Takes a doorbell (on the page the orphan had), then on `check` reads its doorbell word
 /// back, and submits more work, each result checked.
 fn role_heir() -> String {
-    let dev = Device::connect_default().unwrap();
+    let dev = Device::open(wire::client::connect_default().unwrap()).unwrap();
     let (q, buf, mut wptr, mut progress, page) = ll_queue(&dev);
     say(&format!("page {page}"));
     assert_eq!(read_stdin_line(), "check");
@@ -733,7 +733,7 @@ fn role_heir() -> String {
 /// On each `batch N` line: N user-mode submissions, then a spin on the progress fence in
 /// memory (no kernel call), then `done N`; ends on `end`.
 fn role_batches() -> String {
-    let dev = Device::connect_default().unwrap();
+    let dev = Device::open(wire::client::connect_default().unwrap()).unwrap();
     let ctx = dev.create_context(dev.engine(EngineKind::Compute).unwrap()).unwrap();
     let buf = dev.allocate(4096).unwrap();
     let mut q = ctx.create_queue(QueueOptions { ring_bytes: 1 << 20, ..QueueOptions::user_mode() }).unwrap();
@@ -1143,7 +1143,7 @@ fn a_killed_demo_leaves_no_daemon_and_no_directory() {
 fn a_blocked_wait_does_not_hold_up_other_threads() {
     let dir = scratch("threads");
     let d = Daemon::start(&dir, None);
-    let dev = Device::connect(&d.socket).unwrap();
+    let dev = Device::open(wire::client::connect(&d.socket).unwrap()).unwrap();
     let mut fence = dev.create_fence(0, NativeFenceType::Default).unwrap();
     fence.set_spin(0);
     let fence = Arc::new(fence);
@@ -1228,8 +1228,8 @@ fn userq_signal_wait_and_progress_fences_cross_the_socket() {
 fn another_process_gpu_va_reaches_only_the_offender() {
     let dir = scratch("va");
     let d = Daemon::start(&dir, None);
-    let a = Device::connect(&d.socket).unwrap();
-    let b = Device::connect(&d.socket).unwrap();
+    let a = Device::open(wire::client::connect(&d.socket).unwrap()).unwrap();
+    let b = Device::open(wire::client::connect(&d.socket).unwrap()).unwrap();
     let a_buf = a.allocate(4096).unwrap();
     a_buf.write(0, &0x1234u32.to_le_bytes()).unwrap();
     let bctx = b.create_context(b.engine(EngineKind::Compute).unwrap()).unwrap();
@@ -1299,7 +1299,7 @@ fn offender_loss(q: &mut umd::Queue, cb: &CommandBuffer) -> abi::port::LostReaso
 fn userq_signal_and_wait_and_the_progress_fence_cross_the_socket() {
     let dir = scratch("userq-fences");
     let d = Daemon::start(&dir, None);
-    let dev = Device::connect(&d.socket).unwrap();
+    let dev = Device::open(wire::client::connect(&d.socket).unwrap()).unwrap();
     let ctx = dev.create_context(dev.engine(EngineKind::Compute).unwrap()).unwrap();
     let mut uq = ctx.create_queue(QueueOptions::user_mode()).unwrap();
     let mut kq = ctx.create_queue(QueueOptions::kernel_mode()).unwrap();

@@ -14,12 +14,12 @@
 //! validates everything it reads, since that memory is not trusted.
 //!
 //! Faults never panic: a memory access outside the process's mappings or misaligned becomes
-//! [`FaultKind::KernelAccess`] with the VA, the access and the instruction index; a malformed
-//! binary is refused before the first instruction with [`FaultKind::BadKernel`].
+//! [`FaultKind::ProgramAccess`] with the VA, the access and the instruction index; a malformed
+//! binary is refused before the first instruction with [`FaultKind::BadProgram`].
 
 use std::sync::Arc;
 
-use abi::isa::{self, Builtin, CANONICAL_NAN, Inst, KernelHeader, MAX_NESTING, Op, SREGS, VREGS};
+use abi::isa::{self, Builtin, CANONICAL_NAN, Inst, MAX_NESTING, Op, ProgramHeader, SREGS, VREGS};
 use abi::queue::{Access, FaultKind};
 use shm::Shm;
 
@@ -40,17 +40,17 @@ pub struct Program {
 impl Program {
     /// Loads and validates the kernel binary at `va`.
     pub fn load(vm: &AddressSpace, va: u64) -> Result<Program, FaultKind> {
-        let r = vm.translate(va, isa::KERNEL_HEADER_BYTES, Access::Read)?;
+        let r = vm.translate(va, isa::PROGRAM_HEADER_BYTES, Access::Read)?;
         let mut hw = [0u32; 8];
         r.shm.read_u32s(r.offset, &mut hw).map_err(|_| outside(va, 32, Access::Read))?;
-        let h = KernelHeader::from_words(&hw).map_err(FaultKind::BadKernel)?;
+        let h = ProgramHeader::from_words(&hw).map_err(FaultKind::BadProgram)?;
         let bytes = h.instructions as u64 * 8;
-        let body = va + isa::KERNEL_HEADER_BYTES;
+        let body = va + isa::PROGRAM_HEADER_BYTES;
         let r = vm.translate(body, bytes, Access::Read)?;
         let mut raw = vec![0u8; bytes as usize];
         r.shm.read(r.offset, &mut raw).map_err(|_| outside(body, bytes, Access::Read))?;
         let words: Vec<u64> = raw.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes"))).collect();
-        Ok(Program { insts: isa::validate(&words).map_err(FaultKind::BadKernel)? })
+        Ok(Program { insts: isa::validate(&words).map_err(FaultKind::BadProgram)? })
     }
 
     /// Instructions.
@@ -332,7 +332,7 @@ impl Dispatch {
                 continue;
             }
             stats.lane_ops += exec.count_ones() as u64;
-            let fault = |f: FaultKind| FaultKind::KernelAccess { pc, fault: Box::new(f) };
+            let fault = |f: FaultKind| FaultKind::ProgramAccess { pc, fault: Box::new(f) };
             match i.op {
                 Op::Nop => {}
                 Op::Add => bin(w, &i, width, full, u32::wrapping_add),

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use abi::isa::{Builtin, FLAG_IMM, Inst, KernelHeader, Op};
+use abi::isa::{Builtin, FLAG_IMM, Inst, Op, ProgramHeader};
 use abi::queue::{Access, FaultKind};
 use gpu::AddressSpace;
 use gpu::compute::{CONTEXT_SAVE_BYTES, ComputeStats, Dispatch, Progress};
@@ -28,7 +28,7 @@ struct Rig {
 /// A VM with the kernel at KERNEL, an argument buffer (slot 0 = OUT, slot 1 = n) and OUT.
 fn rig(prog: &[Inst], n: u64) -> Rig {
     let mut bytes = Vec::new();
-    for w in KernelHeader::new(prog.len() as u32).to_words() {
+    for w in ProgramHeader::new(prog.len() as u32).to_words() {
         bytes.extend_from_slice(&w.to_le_bytes());
     }
     for i in prog {
@@ -188,16 +188,16 @@ fn out_of_mapping_and_misaligned_accesses_fault_with_va_access_and_pc() {
     let e = run_all(&r, 1, 1, 32).unwrap_err();
     assert_eq!(
         e,
-        FaultKind::KernelAccess {
+        FaultKind::ProgramAccess {
             pc: 2,
             fault: Box::new(FaultKind::OutsideMappings { va: OUT + OUT_BYTES, bytes: 4, access: Access::Write })
         }
     );
-    assert!(e.to_string().contains("kernel instruction 2"), "{e}");
+    assert!(e.to_string().contains("program instruction 2"), "{e}");
     let p = vec![op(Op::SArg, 0, 0, 0, 0, 0), op(Op::Ld32, 1, 0, 0, 0, 2)];
     let r = rig(&p, 1);
     assert!(
-        matches!(run_all(&r, 1, 1, 32), Err(FaultKind::KernelAccess { pc: 1, fault }) if matches!(*fault, FaultKind::Misaligned { align: 4, .. }))
+        matches!(run_all(&r, 1, 1, 32), Err(FaultKind::ProgramAccess { pc: 1, fault }) if matches!(*fault, FaultKind::Misaligned { align: 4, .. }))
     );
 }
 
@@ -207,9 +207,9 @@ fn bad_binaries_and_dimensions_are_refused_before_running() {
     // Corrupt the opcode of instruction 0.
     let k = r.vm.find(KERNEL).unwrap().shm.clone();
     k.write_u32(32, 0xee).unwrap();
-    assert!(matches!(Dispatch::start(&r.vm, KERNEL, [1; 3], [1; 3], ARGS, 32), Err(FaultKind::BadKernel(_))));
+    assert!(matches!(Dispatch::start(&r.vm, KERNEL, [1; 3], [1; 3], ARGS, 32), Err(FaultKind::BadProgram(_))));
     let r = rig(&[op(Op::Loop, 0, 0, 0, 0, 99)], 0);
-    assert!(matches!(Dispatch::start(&r.vm, KERNEL, [1; 3], [1; 3], ARGS, 32), Err(FaultKind::BadKernel(_))));
+    assert!(matches!(Dispatch::start(&r.vm, KERNEL, [1; 3], [1; 3], ARGS, 32), Err(FaultKind::BadProgram(_))));
     let r = rig(&[op(Op::Nop, 0, 0, 0, 0, 0)], 0);
     assert!(matches!(Dispatch::start(&r.vm, KERNEL, [0, 1, 1], [1; 3], ARGS, 32), Err(FaultKind::BadDispatch { .. })));
     assert!(matches!(

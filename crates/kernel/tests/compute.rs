@@ -99,8 +99,8 @@ fn dispatch_faults_stay_in_their_queue() {
     let oob = args(&c.device, &[0xdead_0000, 10]);
     type Case = (u64, u64, [u32; 3], fn(&FaultKind) -> bool);
     let cases: Vec<Case> = vec![
-        (bad.va(), a.va(), [16, 1, 1], |k| matches!(k, FaultKind::BadKernel(e) if e.pc == 5)),
-        (good.va(), oob.va(), [16, 1, 1], |k| matches!(k, FaultKind::KernelAccess { pc: 9, .. })),
+        (bad.va(), a.va(), [16, 1, 1], |k| matches!(k, FaultKind::BadProgram(e) if e.pc == 5)),
+        (good.va(), oob.va(), [16, 1, 1], |k| matches!(k, FaultKind::ProgramAccess { pc: 9, .. })),
         (good.va(), a.va(), [2000, 1, 1], |k| matches!(k, FaultKind::BadDispatch { .. })),
     ];
     for (kernel, args_va, group, expect) in cases {

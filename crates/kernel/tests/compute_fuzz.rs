@@ -3,13 +3,13 @@
 
 mod common;
 
-use abi::isa::{FLAG_IMM, Inst, KernelHeader, Op, SREGS};
+use abi::isa::{FLAG_IMM, Inst, Op, ProgramHeader, SREGS};
 use proptest::prelude::*;
 use umd::CommandBuffer;
 
 fn binary(words: &[u64], claimed: Option<u32>) -> Vec<u8> {
     let mut bytes = Vec::new();
-    for w in KernelHeader::new(claimed.unwrap_or(words.len() as u32)).to_words() {
+    for w in ProgramHeader::new(claimed.unwrap_or(words.len() as u32)).to_words() {
         bytes.extend_from_slice(&w.to_le_bytes());
     }
     for w in words {

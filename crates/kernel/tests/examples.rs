@@ -3,7 +3,7 @@
 
 mod common;
 
-use umd::verify::verify_all;
+use runtime::verify::verify_all;
 
 fn check(width: u32, dispatch_budget: u64, size: usize) {
     let sys = common::sim_with(kernel::SystemConfig {

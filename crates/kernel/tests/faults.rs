@@ -465,7 +465,7 @@ fn kernel_mode_queue_fault_is_contained() {
     assert!(matches!(err, UmdError::QueueLost { .. }), "{err}");
     let st = km.status().unwrap();
     assert_eq!(st.state, QueueState::Hung);
-    assert!(matches!(st.fault.unwrap().kind, FaultKind::BadKernel(_)));
+    assert!(matches!(st.fault.unwrap().kind, FaultKind::BadProgram(_)));
     assert_eq!(km.completed(), 0, "the progress page was not written");
     assert_eq!((a.buf.read_u32(0).unwrap(), a.buf.read_u32(4).unwrap()), (1, 0));
     let e = a.port.submit_command(km.handle(), &abi::packet::progress_fence_words(2)).unwrap_err();

@@ -183,7 +183,7 @@ fn live_tdr_resets_the_engine_and_the_other_queues_finish() {
     };
     let (hport, hdev, hctx) = open();
     let mut hog = hctx.create_queue(QueueOptions::user_mode()).unwrap();
-    let spin = hdev.upload(&umd::workloads::forever().to_bytes()).unwrap();
+    let spin = hdev.upload(&program::workloads::forever().to_bytes()).unwrap();
     let mut cb = CommandBuffer::new();
     cb.dispatch(spin.va(), [1, 1, 1], [64, 1, 1], spin.va());
     hog.submit(&cb).unwrap();

@@ -27,7 +27,7 @@ const GROUP: u32 = 64;
 const THREADS: usize = (GROUPS * GROUP) as usize;
 const ITERS: u32 = 3000;
 
-use umd::workloads::rounds_result as expected;
+use program::workloads::rounds_result as expected;
 
 fn config(caps: PreemptionCaps) -> SystemConfig {
     SystemConfig { gpu: GpuConfig { preemption: caps, ..GpuConfig::default() }, ..SystemConfig::default() }
@@ -65,7 +65,7 @@ fn saved_at(sys: &System) -> Option<StopPoint> {
     })
 }
 
-/// A process running `umd::workloads::ROUNDS` on a user compute queue, with a flag the command buffer
+/// A process running `program::workloads::ROUNDS` on a user compute queue, with a flag the command buffer
 /// writes after the dispatch.
 struct Rounds {
     c: common::Client,
@@ -82,9 +82,9 @@ impl Rounds {
     }
     fn start_at(sys: &System, priority: abi::Priority) -> Rounds {
         let c = common::client(sys);
-        let kernel = c.device.upload(&umd::workloads::rounds().to_bytes()).unwrap();
+        let kernel = c.device.upload(&program::workloads::rounds().to_bytes()).unwrap();
         let out = c.device.allocate(THREADS as u64 * 4).unwrap();
-        let args = c.device.upload(&umd::workloads::rounds_args(out.va(), ITERS)).unwrap();
+        let args = c.device.upload(&program::workloads::rounds_args(out.va(), ITERS)).unwrap();
         let mut q = c.ctx.create_queue(umd::QueueOptions { priority, ..umd::QueueOptions::user_mode() }).unwrap();
         let mut cb = CommandBuffer::new();
         cb.dispatch(kernel.va(), [GROUPS, 1, 1], [GROUP, 1, 1], args.va()).write_u32(c.buf.va(), 1);

@@ -223,7 +223,7 @@ mod review2 {
     /// typed errors, never debug-build overflow panics.
     #[test]
     fn overflowing_addresses_and_grids_fault_instead_of_panicking() {
-        use abi::isa::{FLAG_IMM, Inst, KernelHeader, Op};
+        use abi::isa::{FLAG_IMM, Inst, Op, ProgramHeader};
         let sys = common::sim();
         let c = common::client(&sys);
         let p = [
@@ -233,7 +233,7 @@ mod review2 {
             Inst::new(Op::Ld32, 1, 1, 0, 0, 0),
         ];
         let mut bytes: Vec<u8> =
-            KernelHeader::new(p.len() as u32).to_words().iter().flat_map(|w| w.to_le_bytes()).collect();
+            ProgramHeader::new(p.len() as u32).to_words().iter().flat_map(|w| w.to_le_bytes()).collect();
         bytes.extend(p.iter().flat_map(|i| i.encode().to_le_bytes()));
         let kernel = c.device.upload(&bytes).unwrap();
         let args = c.device.upload(&c.buf.va().to_le_bytes()).unwrap();
@@ -242,7 +242,7 @@ mod review2 {
         cb.dispatch(kernel.va(), [1, 1, 1], [1, 1, 1], args.va());
         let v = q.submit(&cb).unwrap();
         assert!(q.wait(v, T).is_err());
-        assert!(matches!(q.status().unwrap().fault.unwrap().kind, abi::queue::FaultKind::KernelAccess { pc: 3, .. }));
+        assert!(matches!(q.status().unwrap().fault.unwrap().kind, abi::queue::FaultKind::ProgramAccess { pc: 3, .. }));
         let mut q = c.user_queue();
         let mut cb = CommandBuffer::new();
         cb.dispatch(kernel.va(), [u32::MAX; 3], [1, 1, 1], args.va());

@@ -402,8 +402,7 @@ pub fn run_observed(
         while left > 0 {
             let port = sys.open_process()?;
             let kport: Arc<dyn KernelPort> = port.clone();
-            let dev =
-                Device::open_with(kport, umd::DeviceOptions { background_processing: false, ..Default::default() })?;
+            let dev = Device::open(kport)?;
             let engine = dev.info().engines.get(g.engine).map(|e| (e.id, e.doorbell_count)).ok_or_else(|| {
                 RunError::Check(format!("group {}: engine {} missing from the adapter", g.name, g.engine))
             })?;

@@ -44,7 +44,7 @@ impl CommandBuffer {
     /// engine's aggregated doorbell word (spec 001: "the GPU [can] submit work to itself").
     /// The engine runs packets in order, so the firmware that sees a doorbell also sees the
     /// wptr.
-    pub fn kick(&mut self, k: &crate::queue::GpuKick) -> &mut Self {
+    pub fn kick(&mut self, k: &GpuKick) -> &mut Self {
         self.write_u64(k.wptr_va, k.wptr).write_u64(k.doorbell_va, k.wptr);
         if let Some(va) = k.aggregated_va {
             // Any non-zero value rings it; wptr is past the prepared work, so it is non-zero.
@@ -171,10 +171,10 @@ impl CommandBuffer {
         self.packet(Packet::Wait { va, value })
     }
 
-    /// `DISPATCH`: run the kernel at `kernel` over `grid` workgroups of `group` threads, with
-    /// its argument buffer at `args`.
-    pub fn dispatch(&mut self, kernel: u64, grid: [u32; 3], group: [u32; 3], args: u64) -> &mut Self {
-        self.packet(Packet::Dispatch { kernel, grid, group, args })
+    /// `DISPATCH`: run the program binary at `program` over `grid` workgroups of `group`
+    /// threads, with its argument buffer at `args`.
+    pub fn dispatch(&mut self, program: u64, grid: [u32; 3], group: [u32; 3], args: u64) -> &mut Self {
+        self.packet(Packet::Dispatch { program, grid, group, args })
     }
 
     /// `INTERRUPT`.
@@ -215,4 +215,23 @@ impl CommandBuffer {
         self.logs.clear();
         self.fence_signals.clear();
     }
+}
+
+/// What another queue writes from the GPU to submit work [`crate::Queue::prepare`]d on this one:
+/// `wptr` to the wptr word, then `wptr` to the doorbell ([`CommandBuffer::kick`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GpuKick {
+    /// GPU VA of the target queue's wptr word.
+    pub wptr_va: u64,
+    /// GPU VA of the target queue's doorbell (its process's doorbell page, mapped in its own
+    /// address space).
+    pub doorbell_va: u64,
+    /// GPU VA of its engine's word of the aggregated doorbell, on a device that misses rings
+    /// of queues without a hardware slot (spec 001: the UMD "update[s] the doorbell and wptr
+    /// as normal and then write[s] to the aggregated doorbell as well").
+    pub aggregated_va: Option<u64>,
+    /// The wptr that covers the prepared work.
+    pub wptr: u64,
+    /// The prepared work's progress value (wait for it like any other).
+    pub value: u64,
 }

@@ -6,65 +6,8 @@ use abi::port::{AdapterInfo, AllocationDesc, AllocationInfo, KernelPort, MemoryD
 use abi::{ContextHandle, DeviceHandle, EngineId, EngineKind};
 
 use crate::UmdError;
-use crate::background::{
-    CompletionEvent, Config as BackgroundConfig, MeasurementsAction, Mode, ModeError, ModeRequest, Runtime,
-};
-use crate::queue::{Queue, QueueOptions};
-
-pub(crate) struct DeviceInner {
-    pub(crate) port: Arc<dyn KernelPort>,
-    pub(crate) handle: DeviceHandle,
-    pub(crate) info: AdapterInfo,
-    /// The native fence caps, asked once at open ([`KernelPort::native_fence_caps`]).
-    pub(crate) fence_caps: abi::port::NativeFenceCaps,
-    pub(crate) options: DeviceOptions,
-    /// The runtime's background work queue and pool (spec 004).
-    pub(crate) background: Runtime,
-    /// The UMD's profile-guided specializer, the user of `background`.
-    pub(crate) pgo: Arc<crate::pgo::Profiler>,
-}
-
-impl Drop for DeviceInner {
-    fn drop(&mut self) {
-        // Spec 004: every queued task runs or is cancelled and every running one finishes
-        // before the device is destroyed.
-        self.background.shutdown();
-        let _ = self.port.destroy_device(self.handle);
-    }
-}
-
-/// How to open a device.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct DeviceOptions {
-    /// Developer mode: allows `DisableBackgroundWork`, `DisableProfilingBySystem` and
-    /// `CommitResultsHighPriority` (spec 004 restricts them to developer machines).
-    pub developer_mode: bool,
-    /// Whether this UMD uses background processing (profile-guided specialization). Without
-    /// it, mode changes are benign no-ops and [`FeatureSupport`] says so.
-    pub background_processing: bool,
-    /// The runtime's pool: its limits and the progress bound.
-    pub background: BackgroundConfig,
-    /// Whether pool threads change their scheduling class (`SCHED_IDLE`, nice 19).
-    pub thread_priorities: bool,
-}
-
-impl Default for DeviceOptions {
-    fn default() -> Self {
-        DeviceOptions {
-            developer_mode: false,
-            background_processing: true,
-            background: BackgroundConfig::default(),
-            thread_priorities: true,
-        }
-    }
-}
-
-/// The answer of [`Device::feature_support`] (`D3D12_FEATURE_DATA_D3D12_OPTIONS6`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct FeatureSupport {
-    /// `BackgroundProcessingSupported`: the UMD acts on background processing modes.
-    pub background_processing_supported: bool,
-}
+use crate::fence::{self, NativeFence};
+use crate::inner::DeviceInner;
 
 /// A device opened by a process.
 #[derive(Clone)]
@@ -75,95 +18,10 @@ pub struct Device {
 impl Device {
     /// Opens a device on a kernel port (`D3DKMTCreateDevice`).
     pub fn open(port: Arc<dyn KernelPort>) -> Result<Device, UmdError> {
-        Device::open_with(port, DeviceOptions::default())
-    }
-
-    /// Opens a device with options (developer mode, background processing).
-    pub fn open_with(port: Arc<dyn KernelPort>, options: DeviceOptions) -> Result<Device, UmdError> {
         let fence_caps = port.native_fence_caps()?;
         let handle = port.create_device()?;
         let info = port.adapter_info();
-        let background = if options.thread_priorities {
-            Runtime::new(options.background)
-        } else {
-            Runtime::without_priorities(options.background)
-        };
-        let pgo = Arc::new(crate::pgo::Profiler::new());
-        Ok(Device { inner: Arc::new(DeviceInner { port, handle, info, fence_caps, options, background, pgo }) })
-    }
-
-    /// Opens a device of a new client process of the doorbell daemon listening at `path`
-    /// (`doorbell serve`): the same API as the embedded mode, over [`crate::remote::RemotePort`].
-    pub fn connect(path: &std::path::Path) -> Result<Device, UmdError> {
-        Device::open(Arc::new(crate::remote::RemotePort::connect(path)?))
-    }
-
-    /// [`Device::connect`] to `$DOORBELL_SOCKET`, else the daemon's default socket
-    /// (`$XDG_RUNTIME_DIR/doorbell/doorbell.sock`, else `/tmp/doorbell-$UID/doorbell.sock`).
-    pub fn connect_default() -> Result<Device, UmdError> {
-        Device::connect(&wire::client_socket_path())
-    }
-
-    /// The options it was opened with.
-    pub fn options(&self) -> &DeviceOptions {
-        &self.inner.options
-    }
-
-    /// `CheckFeatureSupport(D3D12_FEATURE_D3D12_OPTIONS6)`.
-    pub fn feature_support(&self) -> FeatureSupport {
-        FeatureSupport { background_processing_supported: self.inner.options.background_processing }
-    }
-
-    /// The runtime's background work queue: what the UMD queues work on
-    /// (`QueueProcessingWorkCb`), and its statistics and trace.
-    pub fn background(&self) -> &Runtime {
-        &self.inner.background
-    }
-
-    /// The profile-guided specializer (measurements, steady state).
-    pub fn pgo(&self) -> &Arc<crate::pgo::Profiler> {
-        &self.inner.pgo
-    }
-
-    /// `SetBackgroundProcessingMode`: checks the request (a typed error naming the field, and
-    /// nothing changes), then tells the UMD (which may queue tasks: on a commit they are part
-    /// of it), then the mode takes effect. A commit's `completion_event` is signalled once
-    /// every task queued when this returns has finished. `further_measurements_desired`
-    /// receives whether the specializer would like to see more work (false once a pass finds
-    /// nothing new, and always on a UMD without the feature).
-    pub fn set_background_processing_mode(
-        &self,
-        mode: Mode,
-        action: MeasurementsAction,
-        completion_event: Option<&CompletionEvent>,
-        further_measurements_desired: Option<&mut bool>,
-    ) -> Result<(), ModeError> {
-        let req = ModeRequest::new(mode, action, completion_event.is_some(), self.inner.options.developer_mode)?;
-        let further = self.inner.background.set_mode(req, completion_event, || {
-            if self.inner.options.background_processing {
-                self.inner.pgo.set_mode(&self.inner.background, mode, action)
-            } else {
-                false
-            }
-        });
-        if let Some(f) = further_measurements_desired {
-            *f = further;
-        }
-        Ok(())
-    }
-
-    /// [`Device::set_background_processing_mode`] from raw integers (an API boundary): a mode
-    /// or action out of range is refused by name.
-    pub fn set_background_processing_mode_raw(
-        &self,
-        mode: u32,
-        action: u32,
-        completion_event: Option<&CompletionEvent>,
-        further_measurements_desired: Option<&mut bool>,
-    ) -> Result<(), ModeError> {
-        let mode = Mode::try_from(mode)?;
-        let action = MeasurementsAction::try_from(action)?;
-        self.set_background_processing_mode(mode, action, completion_event, further_measurements_desired)
+        Ok(Device { inner: Arc::new(DeviceInner { port, handle, info, fence_caps }) })
     }
 
     /// The kernel handle.
@@ -218,7 +76,7 @@ impl Device {
         Ok(Buffer { device: self.inner.clone(), info, map: Arc::new(map), domain: desc.domain })
     }
 
-    /// Allocates a buffer holding `bytes` (a kernel binary, an argument buffer, input data).
+    /// Allocates a buffer holding `bytes` (a program binary, an argument buffer, input data).
     pub fn upload(&self, bytes: &[u8]) -> Result<Buffer, UmdError> {
         let b = self.allocate(bytes.len().max(1) as u64)?;
         b.write(0, bytes)?;
@@ -226,36 +84,36 @@ impl Device {
     }
 
     /// Creates a native fence (`D3DKMTCreateNativeFence`).
-    pub fn create_fence(&self, initial: u64, kind: abi::port::NativeFenceType) -> Result<crate::NativeFence, UmdError> {
-        crate::NativeFence::create(self.inner.clone(), &abi::port::NativeFenceDesc::new(initial, kind))
+    pub fn create_fence(&self, initial: u64, kind: abi::port::NativeFenceType) -> Result<NativeFence, UmdError> {
+        NativeFence::create(self.inner.clone(), &abi::port::NativeFenceDesc::new(initial, kind))
     }
 
     /// Creates a native fence with a full description.
-    pub fn create_fence_with(&self, desc: &abi::port::NativeFenceDesc) -> Result<crate::NativeFence, UmdError> {
-        crate::NativeFence::create(self.inner.clone(), desc)
+    pub fn create_fence_with(&self, desc: &abi::port::NativeFenceDesc) -> Result<NativeFence, UmdError> {
+        NativeFence::create(self.inner.clone(), desc)
     }
 
     /// Opens a cross-adapter fence created on another adapter (by its
-    /// [`crate::NativeFence::cross_adapter`] handle). On an adapter without native fences it is
+    /// [`NativeFence::cross_adapter`] handle). On an adapter without native fences it is
     /// a monitored fence.
-    pub fn open_cross_adapter_fence(&self, handle: u64) -> Result<crate::NativeFence, UmdError> {
-        crate::NativeFence::open_cross_adapter(self.inner.clone(), handle)
+    pub fn open_cross_adapter_fence(&self, handle: u64) -> Result<NativeFence, UmdError> {
+        NativeFence::open_cross_adapter(self.inner.clone(), handle)
     }
 
-    /// Opens a fence another process shared (by its [`crate::NativeFence::global`] handle).
-    pub fn open_fence(&self, global: u64) -> Result<crate::NativeFence, UmdError> {
-        crate::NativeFence::open(self.inner.clone(), global)
+    /// Opens a fence another process shared (by its [`NativeFence::global`] handle).
+    pub fn open_fence(&self, global: u64) -> Result<NativeFence, UmdError> {
+        NativeFence::open(self.inner.clone(), global)
     }
 
     /// Waits until every fence (`WaitMode::All`) or any (`WaitMode::Any`) reaches its value;
     /// returns the index of a reached fence for `Any`. Memory first, then the kernel.
     pub fn wait_fences(
         &self,
-        conds: &[(&crate::NativeFence, u64)],
+        conds: &[(&NativeFence, u64)],
         mode: abi::port::WaitMode,
         timeout: Option<std::time::Duration>,
     ) -> Result<usize, UmdError> {
-        crate::fence::wait_fences(&self.inner, conds, mode, timeout)
+        fence::wait_fences(&self.inner, conds, mode, timeout)
     }
 
     /// Creates a context on an engine.
@@ -398,10 +256,6 @@ impl Context {
     /// The kernel handle.
     pub fn handle(&self) -> ContextHandle {
         self.handle
-    }
-    /// Creates a queue on this context.
-    pub fn create_queue(&self, opts: QueueOptions) -> Result<Queue, UmdError> {
-        Queue::create(self, opts)
     }
 }
 

@@ -14,7 +14,7 @@ use abi::NativeFenceHandle;
 use abi::port::{NativeFenceDesc, NativeFenceInfo, NativeFenceType, WaitMode, WaitOutcome};
 
 use crate::UmdError;
-use crate::device::DeviceInner;
+use crate::inner::DeviceInner;
 
 /// A native GPU fence. Destroyed on drop.
 pub struct NativeFence {

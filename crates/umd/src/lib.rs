@@ -12,17 +12,13 @@
 //!   CPU page, kernel page) as typed views, created without connecting, for people writing
 //!   their own submission loop; [`Queue`] is built on it.
 //! - [`CommandBuffer`]: one typed method per packet of [`abi::packet`].
-//! - Compute kernels: [`KernelBuilder`], the text assembler [`assemble`] (`docs/isa.md`),
-//!   [`KernelBinary`] to upload, the example kernels ([`examples`]) and [`verify`], which runs
-//!   them on a device against their CPU references; [`workloads`]: long deterministic kernels
-//!   and an endless one, for preemption studies, benchmarks and tests.
+//! - Compute programs come from crate `program` (the builder, the `.dbk` assembler, the
+//!   example programs; `docs/isa.md`): [`Device::upload`] puts a binary's bytes in GPU memory
+//!   and [`CommandBuffer::dispatch`] runs it.
 //!
-//! - [`remote`]: the [`abi::port::KernelPort`] of a client process of a doorbell daemon
-//!   (`doorbell serve`), over its Unix socket; [`Device::connect`] opens a device on it.
-//!
-//! - Background processing (spec 004): [`background`] is the runtime's half (a pool of
-//!   low-priority threads, modes, commits, exactly-once tasks); [`pgo`] is the UMD's use of it
-//!   (dispatch measurement and profile-guided kernel specialization, [`pgo::Pipeline`]).
+//! Background processing (spec 004: the runtime's pool, `SetBackgroundProcessingMode`,
+//! profile-guided specialization) is crate `runtime`, built on this one; the driver knows
+//! nothing of it.
 //!
 //! The user-mode submission loop follows spec 000's order exactly; see [`Queue::submit`].
 //! Waits check memory first and enter the kernel only when the value has not been reached.
@@ -34,8 +30,9 @@
 //! places one comes from, and the rest of the code is the same for all of them. The `abi`
 //! types a client names ([`EngineKind`], [`Priority`], [`NativeFenceType`], [`WaitMode`],
 //! [`DoorbellStatus`], [`QueueState`], [`KernelError`]) are re-exported here, so a client of
-//! a daemon needs only `umd`. Runnable versions: `cargo run -p umd --example embedded_live`
-//! (and `embedded_sim`, `daemon_client`, `lowlevel_loop`), in `crates/umd/examples/`.
+//! a daemon needs only `umd` and `wire`. Runnable versions: `cargo run -p umd --example
+//! embedded_live` (and `embedded_sim`, `lowlevel_loop`), in `crates/umd/examples/`, and
+//! `cargo run -p wire --example daemon_client`.
 //!
 //! **Embedded, on the live driver** (crates `umd` and `kernel`): the virtual GPU runs in this
 //! process on its own threads, in real time.
@@ -80,15 +77,17 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
-//! **A client of a running daemon** (crate `umd` only): `doorbell serve` hosts the GPU;
-//! [`Device::connect`] (or [`Device::connect_default`]: `$DOORBELL_SOCKET`, else the
-//! daemon's default path) opens a device over its socket. Rings and waits still go through
-//! shared memory; only control calls cross the socket.
+//! **A client of a running daemon** (crates `umd` and `wire`): `doorbell serve` hosts the
+//! GPU; `wire::client::connect` (or `wire::client::connect_default`: `$DOORBELL_SOCKET`,
+//! else the daemon's default path) gives the port over its socket, from the transport's
+//! crate, and [`Device::open`] opens a device on it. Rings and waits still go through shared
+//! memory; only control calls cross the socket. (Not compiled here, since `umd` does not
+//! depend on `wire`; the same code is compiled in `wire::client`'s documentation.)
 //!
-//! ```no_run
+//! ```ignore
 //! use umd::{CommandBuffer, Device, EngineKind, QueueOptions};
 //!
-//! let dev = Device::connect(std::path::Path::new("/tmp/doorbell.sock"))?;
+//! let dev = Device::open(wire::client::connect(std::path::Path::new("/tmp/doorbell.sock"))?)?;
 //! let ctx = dev.create_context(dev.engine(EngineKind::Compute)?)?;
 //! let mut q = ctx.create_queue(QueueOptions::user_mode())?;
 //! let buf = dev.allocate(4096)?;
@@ -110,26 +109,17 @@
 //! again; on `DisconnectedAbort` the queue is lost ([`lowlevel::UserQueue::lost`] says why).
 #![forbid(unsafe_code)]
 
-pub mod background;
 mod command;
 mod device;
-pub mod examples;
 mod fence;
-mod kernel;
+mod inner;
 pub mod lowlevel;
-pub mod pgo;
 mod queue;
-pub mod remote;
-pub mod verify;
-pub mod workloads;
 
-pub use command::CommandBuffer;
-pub use device::{Buffer, Context, Device, DeviceOptions, DoorbellChoice, DoorbellPage, FeatureSupport};
+pub use command::{CommandBuffer, GpuKick};
+pub use device::{Buffer, Context, Device, DoorbellChoice, DoorbellPage};
 pub use fence::NativeFence;
-pub use kernel::{
-    AsmError, BuildError, Imm, KernelBinary, KernelBuilder, Operand, S, V, assemble, assemble_with_lines, disassemble,
-};
-pub use queue::{GpuKick, Queue, QueueOptions, SubmissionKind};
+pub use queue::{Queue, QueueOptions, SubmissionKind};
 
 pub use abi::port::{KernelError, KernelPort, NativeFenceType, WaitMode};
 pub use abi::{DoorbellStatus, EngineKind, Priority, QueueState};
@@ -197,9 +187,6 @@ pub enum UmdError {
     /// Shared memory access failed (an offset outside a buffer).
     #[error("shared memory: {0}")]
     Shm(#[from] shm::ShmError),
-    /// The daemon could not be reached or refused the connection ([`Device::connect`]).
-    #[error(transparent)]
-    Connect(#[from] wire::ConnectError),
     /// The command buffer is in the ring and published (it has its progress value), but its
     /// doorbell was disconnected and reconnecting it failed: the engine was not told. It is
     /// not lost: it runs once the doorbell is connected and rung again — [`Queue::ring`], or

@@ -91,7 +91,8 @@ use abi::{DoorbellHandle, DoorbellStatus, EngineId, HwQueueHandle, Priority, Que
 use shm::{ReadWord, RotatingPage, Word};
 
 use crate::UmdError;
-use crate::device::{Buffer, Context, DeviceInner};
+use crate::device::{Buffer, Context};
+use crate::inner::DeviceInner;
 
 /// A hardware queue object and its kernel page; destroyed on drop. Shared by both submission
 /// models of [`crate::Queue`] and by [`UserQueue`].

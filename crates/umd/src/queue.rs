@@ -37,9 +37,12 @@ use abi::packet::progress_fence_words;
 use abi::port::{HwQueueDesc, QueueStatus, SubmissionMode, WaitOutcome};
 use abi::{DoorbellStatus, EngineId, HwQueueHandle, Priority};
 
-use crate::device::Context;
+use crate::UmdError;
+use crate::command::{CommandBuffer, GpuKick};
+use crate::device::{Context, DoorbellChoice};
+use crate::fence::NativeFence;
+use crate::inner::DeviceInner;
 use crate::lowlevel::{HwQueue, UserQueue};
-use crate::{CommandBuffer, UmdError};
 
 /// Which submission model a queue uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -75,7 +78,7 @@ pub struct QueueOptions {
     /// A user-mode queue's doorbell: a page the application allocated and the index it wants
     /// there (spec 001, [`crate::DoorbellPage::doorbell`]). `None`: the kernel picks a free
     /// doorbell in the page it gave the process.
-    pub doorbell: Option<crate::DoorbellChoice>,
+    pub doorbell: Option<DoorbellChoice>,
 }
 
 impl Default for QueueOptions {
@@ -106,28 +109,9 @@ impl QueueOptions {
     }
 }
 
-/// What another queue writes from the GPU to submit work [`Queue::prepare`]d on this one:
-/// `wptr` to the wptr word, then `wptr` to the doorbell ([`CommandBuffer::kick`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct GpuKick {
-    /// GPU VA of the target queue's wptr word.
-    pub wptr_va: u64,
-    /// GPU VA of the target queue's doorbell (its process's doorbell page, mapped in its own
-    /// address space).
-    pub doorbell_va: u64,
-    /// GPU VA of its engine's word of the aggregated doorbell, on a device that misses rings
-    /// of queues without a hardware slot (spec 001: the UMD "update[s] the doorbell and wptr
-    /// as normal and then write[s] to the aggregated doorbell as well").
-    pub aggregated_va: Option<u64>,
-    /// The wptr that covers the prepared work.
-    pub wptr: u64,
-    /// The prepared work's progress value (wait for it like any other).
-    pub value: u64,
-}
-
 /// What a queue needs to fall back to kernel-mode submission: its context and priority.
 struct Fallback {
-    device: std::sync::Arc<crate::device::DeviceInner>,
+    device: std::sync::Arc<DeviceInner>,
     context: abi::ContextHandle,
     priority: Priority,
 }
@@ -199,6 +183,13 @@ pub struct Queue {
     fallback: Option<Fallback>,
     /// What a fallback left behind.
     abandoned: Option<Abandoned>,
+}
+
+impl Context {
+    /// Creates a queue on this context.
+    pub fn create_queue(&self, opts: QueueOptions) -> Result<Queue, UmdError> {
+        Queue::create(self, opts)
+    }
 }
 
 impl Queue {
@@ -410,13 +401,13 @@ impl Queue {
     /// This queue's progress fence as a native fence (spec 002 "Indicating a native progress
     /// fence for hardware queues"): wait on it with the native fence calls, or from another
     /// queue's `WAIT`. The engine alone signals it; it goes with the queue.
-    pub fn progress_fence(&self) -> Result<crate::NativeFence, UmdError> {
-        crate::NativeFence::progress_of(self.core().device.clone(), self.handle())
+    pub fn progress_fence(&self) -> Result<NativeFence, UmdError> {
+        NativeFence::progress_of(self.core().device.clone(), self.handle())
     }
 
     /// amdgpu `USERQ_SIGNAL`: once this queue completes its work up to progress value
     /// `point` (at most [`Queue::last_submitted`]), the kernel signals each fence to its value.
-    pub fn userq_signal(&self, point: u64, fences: &[(&crate::NativeFence, u64)]) -> Result<(), UmdError> {
+    pub fn userq_signal(&self, point: u64, fences: &[(&NativeFence, u64)]) -> Result<(), UmdError> {
         let list: Vec<_> = fences.iter().map(|(f, v)| (f.handle(), *v)).collect();
         Ok(self.core().device.port.userq_signal(self.handle(), point, &list)?)
     }

@@ -3,8 +3,9 @@
 //! In the multi-process mode (roadmap item 6) the kernel and the virtual GPU live in a daemon
 //! (crate `daemon`, `doorbell serve`) and every client process reaches it through a Unix
 //! socket. This crate is what both ends share: the messages, their encoding, the handshake
-//! and the transport, so that neither end knows the other's internals (the client side is
-//! `umd::remote`, which depends on `abi` and this crate only).
+//! and the transport, so that neither end knows the other's internals. It also holds the
+//! client's end, [`client`]: the [`abi::port::KernelPort`] a client process opens a
+//! `umd::Device` on. The driver (`umd`) does not depend on this crate; a client links both.
 //!
 //! ## What crosses the socket
 //!
@@ -62,6 +63,7 @@ use rustix::net::{
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
+pub mod client;
 pub mod status;
 
 pub use status::DaemonStatus;
@@ -544,11 +546,6 @@ pub fn default_socket_path() -> std::path::PathBuf {
 /// `n` and its noun, singular or plural as `n` asks: "1 client process", "2 client processes".
 pub fn counted(n: u64, one: &str, many: &str) -> String {
     format!("{n} {}", if n == 1 { one } else { many })
-}
-
-/// The socket a client uses: `$DOORBELL_SOCKET`, else [`default_socket_path`].
-pub fn client_socket_path() -> std::path::PathBuf {
-    std::env::var_os(SOCKET_ENV).filter(|p| !p.is_empty()).map_or_else(default_socket_path, Into::into)
 }
 
 /// A descriptor carried by the frame, by its index in the frame's list.

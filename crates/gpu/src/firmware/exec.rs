@@ -961,7 +961,9 @@ fn exec_packet(
         }
         Packet::Interrupt { id: user } => env.raise(Interrupt::User { queue: id, id: user }),
         Packet::Synthetic { ns } => return synthetic(q, env, ns),
-        Packet::Dispatch { kernel, grid, group, args } => return exec_dispatch(q, vm, env, kernel, grid, group, args),
+        Packet::Dispatch { program, grid, group, args } => {
+            return exec_dispatch(q, vm, env, program, grid, group, args);
+        }
     }
     Ok(Flow::Next)
 }
@@ -1059,7 +1061,7 @@ fn exec_dispatch(
     q: &mut FwQueue,
     vm: &AddressSpace,
     env: &mut Env<'_>,
-    kernel: u64,
+    program: u64,
     grid: [u32; 3],
     group: [u32; 3],
     args: u64,
@@ -1075,7 +1077,7 @@ fn exec_dispatch(
     let mut d = match live {
         Some(d) => d,
         None if q.dispatch_active => Box::new(Dispatch::restore(vm, save, 0, env.wave_width)?),
-        None => Box::new(Dispatch::start(vm, kernel, grid, group, args, env.wave_width)?),
+        None => Box::new(Dispatch::start(vm, program, grid, group, args, env.wave_width)?),
     };
     // A slice runs as many wave-instructions as the turn has time for (at least one),
     // and at most the dispatch budget.

@@ -139,11 +139,11 @@ impl Os {
                     }
                     r("INDIRECT_BUFFER.va", va, dwords as u64 * 4, 4)?;
                 }
-                Packet::Dispatch { kernel, grid, group, args } => {
+                Packet::Dispatch { program, grid, group, args } => {
                     abi::isa::check_dims(grid, group).map_err(|why| {
                         invalid("DISPATCH.grid/group", format!("{grid:?}/{group:?}"), Invalid::Dims(why))
                     })?;
-                    r("DISPATCH.kernel", kernel, abi::isa::KERNEL_HEADER_BYTES, 8)?;
+                    r("DISPATCH.program", program, abi::isa::PROGRAM_HEADER_BYTES, 8)?;
                     r("DISPATCH.args", args, 8, 8)?;
                 }
                 Packet::ProgressFence { value } => {

@@ -550,7 +550,7 @@ pub fn umd_refusal(e: &umd::UmdError) -> Option<(&'static str, &abi::port::Inval
 /// A kernel binary: the header, then the instructions.
 pub fn binary(p: &[abi::isa::Inst]) -> Vec<u8> {
     let mut bytes = Vec::new();
-    for w in abi::isa::KernelHeader::new(p.len() as u32).to_words() {
+    for w in abi::isa::ProgramHeader::new(p.len() as u32).to_words() {
         bytes.extend_from_slice(&w.to_le_bytes());
     }
     for i in p {

@@ -1,4 +1,4 @@
-//! The `.dbk` text assembler and the disassembler.
+//! The `.dbk` text assembler (the disassembler is [`crate::disassemble`]).
 //!
 //! One instruction per line; `;` or `#` starts a comment. Mnemonics are exactly
 //! [`Op::mnemonic`] (plus `ld.f32`/`st.f32`, aliases of `ld.u32`/`st.u32`). Operands:
@@ -25,11 +25,11 @@
 //! denormal); `mov` takes either.
 
 use core::fmt;
-use std::fmt::Write as _;
 
-use abi::isa::{Builtin, Form, Inst, Op};
+use abi::isa::{Builtin, Form, Op};
 
-use super::{BuildError, Imm, KernelBinary, KernelBuilder, Operand, S, V};
+use crate::lex::{Tok, Token, lex};
+use crate::{BuildError, Imm, Operand, ProgramBinary, ProgramBuilder, S, V};
 
 /// An assembler error: where, and why. Displays as `line:column: reason`. Lines and columns
 /// count from 1; columns count characters.
@@ -51,15 +51,15 @@ impl fmt::Display for AsmError {
 
 impl std::error::Error for AsmError {}
 
-/// Assembles `.dbk` text into a validated kernel binary.
-pub fn assemble(src: &str) -> Result<KernelBinary, AsmError> {
+/// Assembles `.dbk` text into a validated program binary.
+pub fn assemble(src: &str) -> Result<ProgramBinary, AsmError> {
     assemble_with_lines(src).map(|(k, _)| k)
 }
 
 /// Like [`assemble`], also returning the source line of every instruction (index = `pc`), so
 /// a fault at an instruction can be reported against the source.
-pub fn assemble_with_lines(src: &str) -> Result<(KernelBinary, Vec<usize>), AsmError> {
-    let mut b = KernelBuilder::new();
+pub fn assemble_with_lines(src: &str) -> Result<(ProgramBinary, Vec<usize>), AsmError> {
+    let mut b = ProgramBuilder::new();
     // (line, column) of each instruction's mnemonic.
     let mut at: Vec<(usize, usize)> = Vec::new();
     let mut last_line = 1;
@@ -116,118 +116,11 @@ fn locate(e: BuildError, at: &[(usize, usize)], here: (usize, usize)) -> AsmErro
         BuildError::TooDeep { pc } => {
             (pos(pc), format!("control flow nested deeper than {} levels", abi::isa::MAX_NESTING))
         }
-        BuildError::Empty => ((1, 1), "no instructions: a kernel needs at least one".into()),
+        BuildError::Empty => ((1, 1), "no instructions: a program needs at least one".into()),
         BuildError::TooLong => (here, format!("more than {} instructions", abi::isa::MAX_INSTRUCTIONS)),
-        BuildError::Invalid(k) => (pos(k.pc), format!("invalid kernel: {k}")),
+        BuildError::Invalid(k) => (pos(k.pc), format!("invalid program: {k}")),
     };
     AsmError { line, column, reason }
-}
-
-// ---- lexing ----
-
-#[derive(Clone, Debug, PartialEq)]
-enum Tok {
-    /// Mnemonic, register, builtin (`%…`), `inf`/`nan`.
-    Word(String),
-    /// A number, unsigned as written (`12`, `0x1f`, `1.5e-3`).
-    Num(String),
-    Comma,
-    LBracket,
-    RBracket,
-    Plus,
-    Minus,
-}
-
-#[derive(Clone, Debug)]
-struct Token {
-    tok: Tok,
-    col: usize,
-}
-
-impl Token {
-    fn show(&self) -> String {
-        match &self.tok {
-            Tok::Word(s) | Tok::Num(s) => s.clone(),
-            Tok::Comma => ",".into(),
-            Tok::LBracket => "[".into(),
-            Tok::RBracket => "]".into(),
-            Tok::Plus => "+".into(),
-            Tok::Minus => "-".into(),
-        }
-    }
-}
-
-/// The tokens of one line, and the column just past its last non-blank character before any
-/// comment (where "missing operand" errors point).
-fn lex(text: &str, line: usize) -> Result<(Vec<Token>, usize), AsmError> {
-    let chars: Vec<char> = text.chars().collect();
-    let code = chars.iter().position(|&c| c == ';' || c == '#').unwrap_or(chars.len());
-    let end = chars[..code].iter().rposition(|c| !c.is_whitespace()).map_or(1, |p| p + 2);
-    let mut out = Vec::new();
-    let mut i = 0;
-    while i < chars.len() {
-        let c = chars[i];
-        let col = i + 1;
-        let punct = match c {
-            ';' | '#' => break,
-            ',' => Some(Tok::Comma),
-            '[' => Some(Tok::LBracket),
-            ']' => Some(Tok::RBracket),
-            '+' => Some(Tok::Plus),
-            '-' => Some(Tok::Minus),
-            _ => None,
-        };
-        if let Some(t) = punct {
-            out.push(Token { tok: t, col });
-            i += 1;
-        } else if c.is_whitespace() {
-            i += 1;
-        } else if c.is_ascii_alphabetic() || c == '_' || c == '%' {
-            let start = i;
-            i += 1;
-            while i < chars.len() && (chars[i].is_ascii_alphanumeric() || chars[i] == '.' || chars[i] == '_') {
-                i += 1;
-            }
-            out.push(Token { tok: Tok::Word(bounded(&chars[start..i], line, col)?), col });
-        } else if c.is_ascii_digit() {
-            let start = i;
-            let hex = chars.get(i + 1).is_some_and(|&x| x == 'x' || x == 'X') && c == '0';
-            i += 1;
-            while i < chars.len() {
-                let x = chars[i];
-                let exp_sign = (x == '+' || x == '-') && !hex && matches!(chars[i - 1], 'e' | 'E');
-                if x.is_ascii_alphanumeric() || x == '.' || x == '_' || exp_sign {
-                    i += 1;
-                } else {
-                    break;
-                }
-            }
-            out.push(Token { tok: Tok::Num(bounded(&chars[start..i], line, col)?), col });
-        } else {
-            return Err(AsmError { line, column: col, reason: format!("unexpected character `{}`", c.escape_debug()) });
-        }
-    }
-    Ok((out, end))
-}
-
-/// Longest word or number token: far longer than any mnemonic, register, builtin or literal.
-/// Bounding tokens here bounds every later message that quotes one.
-const MAX_TOKEN: usize = 64;
-/// Characters of an over-long token an error quotes.
-const EXCERPT: usize = 32;
-
-/// The token's text, or an error quoting its first [`EXCERPT`] characters and its length when it
-/// is longer than [`MAX_TOKEN`].
-fn bounded(token: &[char], line: usize, column: usize) -> Result<String, AsmError> {
-    if token.len() <= MAX_TOKEN {
-        return Ok(token.iter().collect());
-    }
-    let head: String = token[..EXCERPT].iter().collect();
-    let reason = format!(
-        "`{head}…` ({} characters) is too long: no mnemonic, register, builtin or number is longer than {MAX_TOKEN}",
-        token.len()
-    );
-    Err(AsmError { line, column, reason })
 }
 
 // ---- parsing ----
@@ -322,7 +215,7 @@ impl Arg {
 }
 
 /// Whether the immediate of a binary or unary op is an f32.
-fn float_imm(op: Op) -> bool {
+pub(crate) fn float_imm(op: Op) -> bool {
     matches!(
         op,
         Op::FAdd
@@ -602,7 +495,7 @@ fn register(w: &str) -> Option<(char, u64)> {
     Some((file, digits.parse().unwrap_or(u64::MAX)))
 }
 
-fn parse_line(c: &mut Cursor<'_>, b: &mut KernelBuilder) -> Result<(), Failure> {
+fn parse_line(c: &mut Cursor<'_>, b: &mut ProgramBuilder) -> Result<(), Failure> {
     let (mnemonic, col) = match c.next() {
         Some(Token { tok: Tok::Word(w), col }) => (w, col),
         Some(t) => return Err(c.err_at(t.col, format!("expected a mnemonic, found `{}`", t.show())).into()),
@@ -662,7 +555,7 @@ fn parse_line(c: &mut Cursor<'_>, b: &mut KernelBuilder) -> Result<(), Failure> 
     emit(b, op, &args).map_err(Failure::Build)
 }
 
-fn emit(b: &mut KernelBuilder, op: Op, a: &[Arg]) -> Result<(), BuildError> {
+fn emit(b: &mut ProgramBuilder, op: Op, a: &[Arg]) -> Result<(), BuildError> {
     let arg = |k: usize| a.get(k).copied().unwrap_or(Arg::Imm(0));
     match op.form() {
         Form::None if op == Op::EndIf => b.try_endif(),
@@ -699,91 +592,12 @@ fn emit(b: &mut KernelBuilder, op: Op, a: &[Arg]) -> Result<(), BuildError> {
     }
 }
 
-// ---- disassembly ----
-
-/// An integer immediate as text the assembler reads back to the same bits.
-fn int_text(x: u32) -> String {
-    let s = x as i32;
-    if x < 0x1_0000 {
-        x.to_string()
-    } else if (-0x1_0000..0).contains(&s) {
-        s.to_string()
-    } else {
-        format!("{x:#x}")
-    }
-}
-
-/// An unsigned immediate (offsets, `smov`) as text.
-fn uint_text(x: u32) -> String {
-    if x < 0x1_0000 { x.to_string() } else { format!("{x:#x}") }
-}
-
-/// An f32 immediate as text the assembler reads back to the same bits (NaNs as raw hex).
-fn float_text(bits: u32) -> String {
-    let x = f32::from_bits(bits);
-    if x.is_nan() {
-        format!("{bits:#x}")
-    } else if x.is_infinite() {
-        if x > 0.0 { "inf".into() } else { "-inf".into() }
-    } else {
-        // `{:?}` is the shortest text that parses back to the same f32, always with a `.` or
-        // an exponent.
-        format!("{x:?}")
-    }
-}
-
-fn operand_text(i: &Inst, reg: u8) -> String {
-    if i.uses_imm() { if float_imm(i.op) { float_text(i.imm) } else { int_text(i.imm) } } else { format!("v{reg}") }
-}
-
-fn mem_text(i: &Inst) -> String {
-    if i.imm == 0 { format!("[s{} + v{}]", i.a, i.b) } else { format!("[s{} + v{} + {}]", i.a, i.b, uint_text(i.imm)) }
-}
-
-/// One instruction as assembler text (no branch targets: they follow from the structure).
-pub(crate) fn inst_text(i: &Inst) -> String {
-    let m = i.op.mnemonic();
-    match i.op.form() {
-        Form::None | Form::Branch => m.to_string(),
-        Form::Binary => format!("{m} v{}, v{}, {}", i.d, i.a, operand_text(i, i.b)),
-        Form::Ternary => format!("{m} v{}, v{}, v{}, v{}", i.d, i.a, i.b, i.c),
-        Form::Unary => format!("{m} v{}, {}", i.d, operand_text(i, i.a)),
-        Form::Builtin => {
-            let name = Builtin::from_u32(i.imm).map_or("%invalid", |b| b.name());
-            format!("{m} v{}, {name}", i.d)
-        }
-        Form::ScalarArg => format!("{m} s{}, {}", i.d, i.imm),
-        Form::ScalarImm => format!("{m} s{}, {}", i.d, uint_text(i.imm)),
-        Form::ScalarAdd => format!("{m} s{}, s{}, {}", i.d, i.a, i.imm as i32),
-        Form::FromScalar => format!("{m} v{}, s{}", i.d, i.a),
-        Form::Load => format!("{m} v{}, {}", i.d, mem_text(i)),
-        Form::Store => format!("{m} {}, v{}", mem_text(i), i.d),
-        Form::Atomic => format!("{m} v{}, {}, v{}", i.d, mem_text(i), i.c),
-        Form::CondBranch => format!("{m} v{}", i.a),
-    }
-}
-
-/// A kernel as `.dbk` text, indented by nesting. [`assemble`] turns it back into the same
-/// binary (the assembler does not keep field bits an instruction does not use, and a valid
-/// binary built by [`KernelBuilder`] or [`assemble`] has none).
-pub fn disassemble(k: &KernelBinary) -> String {
-    let mut out = String::new();
-    let mut depth = 0usize;
-    for i in k.decode() {
-        if matches!(i.op, Op::Else | Op::EndIf | Op::EndLoop) {
-            depth = depth.saturating_sub(1);
-        }
-        let _ = writeln!(out, "{:indent$}{}", "", inst_text(&i), indent = 4 * depth);
-        if matches!(i.op, Op::If | Op::Else | Op::Loop) {
-            depth += 1;
-        }
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::disasm::{float_text, int_text};
+    use crate::disassemble;
+    use abi::isa::Inst;
 
     fn err(src: &str) -> AsmError {
         assemble(src).expect_err(src)

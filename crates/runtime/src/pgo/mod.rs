@@ -1,10 +1,10 @@
-//! Profile-guided kernel specialization: the UMD's use of background processing (spec 004).
+//! Profile-guided program specialization: the UMD's use of background processing (spec 004).
 //!
-//! A [`Pipeline`] is a compute kernel as the application holds it (D3D12's PSO). Dispatching
+//! A [`Pipeline`] is a compute program as the application holds it (D3D12's PSO). Dispatching
 //! through it ([`Pipeline::dispatch`]) does three things:
 //!
 //! 1. **Select.** If a specialized variant exists whose assumptions hold for this dispatch's
-//!    argument values, its binary runs; otherwise the generic kernel does. Arguments are read
+//!    argument values, its binary runs; otherwise the generic program does. Arguments are read
 //!    from the argument buffer when the dispatch is recorded (they are bound values, like
 //!    root constants), so the choice is exact and never depends on GPU work in flight.
 //! 2. **Measure**, as the mode allows ([`Profiler`]): in `Allowed` (and
@@ -34,8 +34,8 @@
 //!
 //! **`further_measurements_desired`** ([`Profiler::set_mode`]) is true after
 //! `DiscardPrevious`, while a pass found something new, compiles are still pending, or a
-//! kernel measured in the pass is still short of the threshold (not judged yet; a commit
-//! judges it at once), and false once a pass that measured dispatches judged every kernel
+//! program measured in the pass is still short of the threshold (not judged yet; a commit
+//! judges it at once), and false once a pass that measured dispatches judged every program
 //! and found nothing new (steady state).
 //!
 //! Background work never changes a result: a variant is selected only when every value it
@@ -43,17 +43,19 @@
 //! `tests/pgo.rs`).
 
 pub mod samples;
-pub mod specialize;
 pub mod workflow;
 
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use crate::background::{MeasurementsAction, Mode, Queued, Runtime};
-use crate::kernel::KernelBinary;
-use crate::{Buffer, CommandBuffer, Device, UmdError};
+use umd::{Buffer, CommandBuffer, UmdError};
 
-pub use specialize::{Binding, Dims, Limits, SpecializeError};
+use crate::Device;
+use program::ProgramBinary;
+use program::specialize;
+
+pub use program::specialize::{Binding, Dims, Limits, SpecializeError};
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // Nothing here panics while holding a lock; recover the data if something did.
@@ -183,7 +185,7 @@ pub struct PgoCounters {
     pub dropped: AtomicU64,
     /// Compile tasks cancelled by the runtime.
     pub cancelled: AtomicU64,
-    /// Compiles that failed (the generic kernel stays).
+    /// Compiles that failed (the generic program stays).
     pub failed: AtomicU64,
     /// Dispatches that ran a specialized variant.
     pub specialized_dispatches: AtomicU64,
@@ -211,12 +213,12 @@ pub struct PgoStats {
 /// The part of a pipeline a compile task may reach: measurements and compiled variants, no
 /// GPU memory and no device reference.
 struct Core {
-    binary: KernelBinary,
+    binary: ProgramBinary,
     slots: u32,
     pointers: Vec<u32>,
     profile: Mutex<Profile>,
     /// Compiled variants (not yet uploaded ones included).
-    variants: Mutex<Vec<(Binding, KernelBinary)>>,
+    variants: Mutex<Vec<(Binding, ProgramBinary)>>,
     /// Bindings whose compile is queued or running.
     pending: Mutex<Vec<Binding>>,
     dispatches: AtomicU64,
@@ -325,7 +327,7 @@ impl Profiler {
             MeasurementsAction::KeepAll => {}
         }
         let pending = cores.iter().any(|c| !lock(&c.pending).is_empty());
-        // A kernel measured in this pass but still short of the threshold has not been judged
+        // A program measured in this pass but still short of the threshold has not been judged
         // (a commit judges it, scaling up).
         let gathering = !action.is_commit()
             && cores.iter().any(|c| {
@@ -399,7 +401,7 @@ pub enum JobOutcome {
     Attached,
     /// The pipeline was destroyed meanwhile: the result was dropped.
     Dropped,
-    /// The compiler refused (the generic kernel stays).
+    /// The compiler refused (the generic program stays).
     Failed(SpecializeError),
 }
 
@@ -407,7 +409,7 @@ pub enum JobOutcome {
 pub struct CompileJob {
     link: Weak<Core>,
     binding: Binding,
-    binary: KernelBinary,
+    binary: ProgramBinary,
     limits: Limits,
     counters: Arc<PgoCounters>,
 }
@@ -419,12 +421,12 @@ impl CompileJob {
     }
 
     /// The compile itself (touches nothing shared).
-    pub fn compile(&self) -> Result<KernelBinary, SpecializeError> {
+    pub fn compile(&self) -> Result<ProgramBinary, SpecializeError> {
         specialize::specialize(&self.binary, &self.binding, self.limits)
     }
 
     /// Hands a result back: attached if the pipeline is alive, dropped if not.
-    pub fn attach(self, result: Result<KernelBinary, SpecializeError>) -> JobOutcome {
+    pub fn attach(self, result: Result<ProgramBinary, SpecializeError>) -> JobOutcome {
         let Some(core) = self.link.upgrade() else {
             self.counters.dropped.fetch_add(1, Ordering::Relaxed);
             return JobOutcome::Dropped;
@@ -461,13 +463,13 @@ impl CompileJob {
 /// Which binary a dispatch ran.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Selected {
-    /// The generic kernel.
+    /// The generic program.
     Generic,
     /// The variant for this binding.
     Specialized(Binding),
 }
 
-/// A compute kernel with profile-guided variants (D3D12's PSO; see the module
+/// A compute program with profile-guided variants (D3D12's PSO; see the module
 /// documentation). Dropping it drops its variants; compiles in flight drop their results.
 pub struct Pipeline {
     device: Device,
@@ -478,12 +480,12 @@ pub struct Pipeline {
 }
 
 impl Pipeline {
-    /// Uploads `kernel` and registers it with the device's specializer.
-    pub fn new(device: &Device, kernel: &KernelBinary) -> Result<Pipeline, UmdError> {
-        let generic = device.upload(&kernel.to_bytes())?;
-        let (slots, pointers) = specialize::argument_slots(kernel);
+    /// Uploads `program` and registers it with the device's specializer.
+    pub fn new(device: &Device, program: &ProgramBinary) -> Result<Pipeline, UmdError> {
+        let generic = device.upload(&program.to_bytes())?;
+        let (slots, pointers) = specialize::argument_slots(program);
         let core = Arc::new(Core {
-            binary: kernel.clone(),
+            binary: program.clone(),
             slots,
             pointers,
             profile: Mutex::new(Profile::empty(slots)),
@@ -496,12 +498,12 @@ impl Pipeline {
         Ok(Pipeline { device: device.clone(), core, generic, uploaded: Mutex::new(Vec::new()) })
     }
 
-    /// The generic kernel.
-    pub fn kernel(&self) -> &KernelBinary {
+    /// The generic program.
+    pub fn program(&self) -> &ProgramBinary {
         &self.core.binary
     }
 
-    /// Argument slots the kernel reads.
+    /// Argument slots the program reads.
     pub fn slots(&self) -> u32 {
         self.core.slots
     }
@@ -517,7 +519,7 @@ impl Pipeline {
     }
 
     /// A compiled variant's binary.
-    pub fn variant(&self, b: &Binding) -> Option<KernelBinary> {
+    pub fn variant(&self, b: &Binding) -> Option<ProgramBinary> {
         lock(&self.core.variants).iter().find(|v| &v.0 == b).map(|v| v.1.clone())
     }
 
@@ -534,8 +536,8 @@ impl Pipeline {
         }
     }
 
-    /// Records a `DISPATCH` of this kernel into `cb`: reads the bound argument values from
-    /// `args` (slot `k` at byte `8k`), selects a matching variant or the generic kernel,
+    /// Records a `DISPATCH` of this program into `cb`: reads the bound argument values from
+    /// `args` (slot `k` at byte `8k`), selects a matching variant or the generic program,
     /// measures as the mode allows and may queue a compile. Returns what it selected.
     pub fn dispatch(
         &self,
@@ -552,8 +554,8 @@ impl Pipeline {
         Ok(selected)
     }
 
-    /// The kernel VA for these values: an uploaded variant that matches, else a compiled one
-    /// (uploaded now), else the generic kernel.
+    /// The program VA for these values: an uploaded variant that matches, else a compiled one
+    /// (uploaded now), else the generic program.
     fn select(&self, values: &[u64], dims: Dims) -> (u64, Selected) {
         let counters = &self.device.pgo().counters;
         let mut up = lock(&self.uploaded);
@@ -563,7 +565,7 @@ impl Pipeline {
         }
         let fresh = lock(&self.core.variants).iter().find(|(b, _)| b.matches(values, dims)).cloned();
         if let Some((b, bin)) = fresh {
-            // If GPU memory for the variant cannot be had, the generic kernel runs: background
+            // If GPU memory for the variant cannot be had, the generic program runs: background
             // work never makes a dispatch fail. The next dispatch tries again.
             if let Ok(buf) = self.device.upload(&bin.to_bytes()) {
                 let va = buf.va();

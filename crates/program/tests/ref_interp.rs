@@ -1,4 +1,4 @@
-//! A reference interpreter for the compute ISA (test code only), and the example kernels
+//! A reference interpreter for the compute ISA (test code only), and the example programs
 //! checked against their CPU references with it.
 //!
 //! The interpreter is written to be obviously correct, not fast: one wave at a time, one
@@ -21,9 +21,9 @@
 //! - `sarg` reads the u64 at `args + 8 * slot`, like a load.
 
 use abi::isa::{Builtin, Inst, Op};
+use program::examples::{self, arg_f32, arg_u32};
+use program::{Operand, ProgramBinary, ProgramBuilder, S, V, assemble};
 use proptest::prelude::*;
-use umd::examples::{self, arg_f32, arg_u32};
-use umd::{KernelBinary, KernelBuilder, Operand, S, V, assemble};
 
 mod interp {
     use super::*;
@@ -58,7 +58,7 @@ mod interp {
     #[derive(Clone, Copy, Debug, PartialEq, Eq)]
     pub enum Error {
         Fault(Fault),
-        /// The step budget ran out (a kernel that loops forever).
+        /// The step budget ran out (a program that loops forever).
         StepLimit,
     }
 
@@ -169,7 +169,7 @@ mod interp {
     }
 
     /// Runs a whole dispatch: groups in order (x fastest), waves in order.
-    pub fn run(k: &KernelBinary, mem: &mut Memory, d: &Dispatch) -> Result<u64, Error> {
+    pub fn run(k: &ProgramBinary, mem: &mut Memory, d: &Dispatch) -> Result<u64, Error> {
         assert!((1..=64).contains(&d.width));
         let prog = k.decode();
         let threads = d.group.iter().map(|&x| x as u64).product::<u64>();
@@ -548,7 +548,7 @@ fn run_matmul(m_: usize, k_: usize, n_: usize, width: usize, group: u32, extra: 
     let mut m = Memory::default();
     m.map_f32s(BUF0, &a);
     m.map_f32s(BUF1, &b);
-    // C starts as NaN so an output the kernel forgets to write shows up.
+    // C starts as NaN so an output the program forgets to write shows up.
     m.map_f32s(BUF2, &vec![f32::NAN; m_ * n_]);
     m.map_args(ARGS, &[BUF0, BUF1, BUF2, arg_u32(m_ as u32), arg_u32(k_ as u32), arg_u32(n_ as u32)]);
     let threads = examples::matmul_threads(m_ as u32, n_ as u32) as u32 + extra;
@@ -610,7 +610,7 @@ fn prefix_sum_matches_reference() {
     }
 }
 
-// ---- the interpreter's own semantics, on small kernels ----
+// ---- the interpreter's own semantics, on small programs ----
 
 /// Runs `src` over `threads` threads (one group), with `out` (`per` u32s per thread, as
 /// `[s0 + 4 * (gid * per + k)]`) mapped at BUF0 and args `[BUF0, extra...]`.
@@ -737,7 +737,7 @@ fn faults_carry_va_access_and_pc() {
     // An argument slot outside the argument buffer.
     let e = run_src("sarg s1, 9\n", 1, 1, 32, &[]).unwrap_err();
     assert!(matches!(e, Error::Fault(Fault { pc: 0, access: interp::Access::Read, .. })));
-    // A kernel that never ends runs out of steps.
+    // A program that never ends runs out of steps.
     let e = run_src("mov v1, 0\nloop\nbreak v1\nendloop\n", 1, 1, 32, &[]).unwrap_err();
     assert_eq!(e, Error::StepLimit);
 }
@@ -825,8 +825,8 @@ fn step() -> impl Strategy<Value = Step> {
 /// of v0..v11; shared counter at `s2`; a read-only
 /// table of 16 u32 at `s3`. Registers v0..v11 are random; v48.. are loop counters; v60..v62
 /// address temporaries; v63 = this thread's scratch offset.
-fn build_program(steps: &[Step]) -> KernelBuilder {
-    let mut b = KernelBuilder::new();
+fn build_program(steps: &[Step]) -> ProgramBuilder {
+    let mut b = ProgramBuilder::new();
     b.sarg(S(1), 1).sarg(S(2), 2).sarg(S(3), 3);
     b.builtin(V(0), Builtin::GlobalIdX).shl_imm(V(63), V(0), 7).mov_imm(V(62), 0);
     // (is_loop, has_else)
@@ -916,13 +916,13 @@ fn build_program(steps: &[Step]) -> KernelBuilder {
 }
 
 /// Runs a program over `threads` threads in groups of `group`; returns (scratch, counter).
-fn run_program(k: &KernelBinary, threads: u32, group: u32, width: usize, jumps: bool) -> (Vec<u32>, u32) {
+fn run_program(k: &ProgramBinary, threads: u32, group: u32, width: usize, jumps: bool) -> (Vec<u32>, u32) {
     run_program_with(k, threads, group, width, jumps, &[])
 }
 
 /// [`run_program`] with argument slots 4.. set to `extra`.
 fn run_program_with(
-    k: &KernelBinary,
+    k: &ProgramBinary,
     threads: u32,
     group: u32,
     width: usize,
@@ -953,7 +953,7 @@ proptest! {
     #[test]
     fn random_programs_are_width_independent(steps in proptest::collection::vec(step(), 0..60), threads in 1u32..70, group in 1u32..40) {
         let k = build_program(&steps).build().unwrap();
-        prop_assert_eq!(assemble(&umd::disassemble(&k)).unwrap(), k.clone());
+        prop_assert_eq!(assemble(&program::disassemble(&k)).unwrap(), k.clone());
         let base = run_program(&k, threads, group, 1, true);
         for (width, jumps) in [(32, true), (32, false), (5, true), (64, true), (1, false)] {
             let got = run_program(&k, threads, group, width, jumps);
@@ -965,7 +965,7 @@ proptest! {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
-    /// The specializer (umd::pgo) against this oracle: a random program that reads two bound
+    /// The specializer (program::specialize) against this oracle: a random program that reads two bound
     /// u32 arguments (slots 4 and 5, into v1 and v2 and a loop bound) computes the same memory
     /// generic and specialized for those values and its dispatch shape, at several wave
     /// widths.
@@ -974,7 +974,7 @@ proptest! {
         steps in proptest::collection::vec(step(), 0..60), threads in 1u32..70, group in 1u32..40,
         x in prop_oneof![0u64..8, any::<u32>().prop_map(u64::from)], y in 0u64..6,
     ) {
-        let body = umd::disassemble(&build_program(&steps).build().unwrap());
+        let body = program::disassemble(&build_program(&steps).build().unwrap());
         // Bound values feed registers, and a loop whose trip count is slot 5.
         let src = format!(
             "sarg s4, 4\nsarg s5, 5\nvfroms v1, s4\nvfroms v2, s5\nmov v40, 0\nloop\ncmp.lt.u v41, v40, v2\n\
@@ -982,13 +982,13 @@ proptest! {
         );
         let k = assemble(&src).unwrap();
         // The shape too: the builtins it decides fold.
-        let dims = umd::pgo::Dims { grid: [threads.div_ceil(group), 1, 1], group: [group, 1, 1] };
-        let b = umd::pgo::Binding::new([(4, x), (5, y)]).with_dims(Some(dims));
-        let s = umd::pgo::specialize::specialize(&k, &b, Default::default()).unwrap();
+        let dims = program::specialize::Dims { grid: [threads.div_ceil(group), 1, 1], group: [group, 1, 1] };
+        let b = program::specialize::Binding::new([(4, x), (5, y)]).with_dims(Some(dims));
+        let s = program::specialize::specialize(&k, &b, Default::default()).unwrap();
         for width in [32, 5] {
             let want = run_program_with(&k, threads, group, width, true, &[x, y]);
             let got = run_program_with(&s, threads, group, width, true, &[x, y]);
-            prop_assert_eq!(&got, &want, "width {}\n{}", width, umd::disassemble(&s));
+            prop_assert_eq!(&got, &want, "width {}\n{}", width, program::disassemble(&s));
         }
     }
 }

@@ -4,11 +4,11 @@
 //!
 //! ```text
 //! doorbell serve --socket /tmp/db.sock &
-//! cargo run --release -p umd --example daemon_client -- /tmp/db.sock
+//! cargo run --release -p wire --example daemon_client -- /tmp/db.sock
 //! ```
 //!
 //! Without an argument it uses `$DOORBELL_SOCKET`, else the daemon's default path.
-//! Crate: `umd` only.
+//! Crates: `wire` (the daemon's client: `wire::client`, the port) and `umd` (the driver on it).
 
 use std::time::Duration;
 
@@ -18,10 +18,11 @@ const T: Option<Duration> = Some(Duration::from_secs(10));
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let path = std::env::args_os().nth(1).map(std::path::PathBuf::from);
-    let dev = match &path {
-        Some(p) => Device::connect(p)?,
-        None => Device::connect_default()?,
+    let port = match &path {
+        Some(p) => wire::client::connect(p)?,
+        None => wire::client::connect_default()?,
     };
+    let dev = Device::open(port)?;
     let ctx = dev.create_context(dev.engine(EngineKind::Compute)?)?;
     let mut user = ctx.create_queue(QueueOptions::user_mode())?;
     let mut kernel = ctx.create_queue(QueueOptions::kernel_mode())?;

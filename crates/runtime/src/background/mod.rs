@@ -4,8 +4,8 @@
 //!
 //! In D3D12 the runtime (`d3d12.dll`) owns the threads and the UMD queues work through
 //! `QueueProcessingWorkCb`; the application steers with `SetBackgroundProcessingMode`. In
-//! doorbell both halves live in `umd`: this module is the runtime's half, and
-//! [`crate::pgo`] is the UMD's use of it (profile-guided kernel specialization).
+//! doorbell both halves live in crate `runtime`, above the driver (`umd`): this module is the
+//! runtime's half, and [`crate::pgo`] is the UMD's use of it (profile-guided specialization).
 //!
 //! - [`machine::WorkQueue`] decides everything — order, the two-at-a-time limit, modes,
 //!   commits and their completion events, disable, destruction, the progress guarantee — as a

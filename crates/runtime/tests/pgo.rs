@@ -7,10 +7,11 @@ use std::time::Duration;
 
 use kernel::{System, SystemConfig};
 use proptest::prelude::*;
-use umd::background::{CompletionEvent, MeasurementsAction as A, Mode};
-use umd::pgo::samples::{self, Instance, Sample};
-use umd::pgo::{Binding, JobOutcome, Pipeline, Selected};
-use umd::{CommandBuffer, Device, DeviceOptions, Queue, QueueOptions};
+use runtime::background::{CompletionEvent, MeasurementsAction as A, Mode};
+use runtime::pgo::samples::{self, Instance, Sample};
+use runtime::pgo::{Binding, JobOutcome, Pipeline, Selected};
+use runtime::{Device, DeviceOptions};
+use umd::{CommandBuffer, Queue, QueueOptions};
 
 const LONG: Duration = Duration::from_secs(60);
 
@@ -75,7 +76,7 @@ proptest! {
         let mut r = rig(false);
         let bound = params(&s, a, b);
         let used = if same { bound } else { params(&s, a2, b2) };
-        let kernel = s.kernel();
+        let kernel = s.program();
         let p = Pipeline::new(&r.dev, &kernel).unwrap();
         prop_assert_eq!(p.compile_job(hot(&s, n, bound)).run(), JobOutcome::Attached);
         // Specialized where it matches.
@@ -95,15 +96,15 @@ proptest! {
 #[test]
 fn variants_are_shorter_where_it_pays() {
     for s in samples::ALL {
-        let k = s.kernel();
-        let v = umd::pgo::specialize::specialize(&k, &hot(&s, 64, [16, 0]), Default::default()).unwrap();
+        let k = s.program();
+        let v = program::specialize::specialize(&k, &hot(&s, 64, [16, 0]), Default::default()).unwrap();
         let loops = v.decode().iter().filter(|i| i.op == abi::isa::Op::Loop).count();
-        assert_eq!(loops, 0, "{}: the argument-bound loop is unrolled:\n{}", s.name, umd::disassemble(&v));
+        assert_eq!(loops, 0, "{}: the argument-bound loop is unrolled:\n{}", s.name, program::disassemble(&v));
         assert_eq!(v.decode().iter().filter(|i| i.op == abi::isa::Op::Break).count(), 0);
     }
     // iterate with op 0: each round is one ffma, and the branch on op is gone.
-    let v = umd::pgo::specialize::specialize(
-        &samples::ITERATE.kernel(),
+    let v = program::specialize::specialize(
+        &samples::ITERATE.program(),
         &hot(&samples::ITERATE, 64, [16, 0]),
         Default::default(),
     )
@@ -116,7 +117,7 @@ fn variants_are_shorter_where_it_pays() {
 #[test]
 fn a_pipeline_destroyed_mid_compile_drops_the_result() {
     let r = rig(false);
-    let p = Pipeline::new(&r.dev, &samples::FIR.kernel()).unwrap();
+    let p = Pipeline::new(&r.dev, &samples::FIR.program()).unwrap();
     let job = p.compile_job(hot(&samples::FIR, 64, [8, 0]));
     let result = job.compile();
     assert!(result.is_ok());
@@ -143,7 +144,7 @@ fn a_pipeline_destroyed_while_its_compile_is_queued() {
         );
     }
     r.dev.set_background_processing_mode(Mode::AllowIntrusiveMeasurements, A::KeepAll, None, None).unwrap();
-    let p = Pipeline::new(&r.dev, &samples::FIR.kernel()).unwrap();
+    let p = Pipeline::new(&r.dev, &samples::FIR.program()).unwrap();
     let inst = samples::FIR.instance(&r.dev, 64, [8, 0], 1).unwrap();
     for _ in 0..r.dev.pgo().config().threshold {
         via_pipeline(&mut r, &p, &inst);
@@ -161,7 +162,7 @@ fn a_pipeline_destroyed_while_its_compile_is_queued() {
 #[test]
 fn measurement_follows_the_mode() {
     let mut r = rig(true);
-    let p = Pipeline::new(&r.dev, &samples::FIR.kernel()).unwrap();
+    let p = Pipeline::new(&r.dev, &samples::FIR.program()).unwrap();
     let inst = samples::FIR.instance(&r.dev, 32, [4, 0], 1).unwrap();
     let every = r.dev.pgo().config().sample_every;
     let measured = |r: &Rig| r.dev.pgo().stats().measured;
@@ -177,7 +178,11 @@ fn measurement_follows_the_mode() {
     }
     assert_eq!(measured(&r), 14);
     assert_eq!(p.profile().slots[3].counts, vec![(4, 14)], "taps histogram");
-    assert_eq!(p.profile().dims.counts, vec![(umd::pgo::Dims { grid: inst.grid, group: inst.group }, 14)], "shapes");
+    assert_eq!(
+        p.profile().dims.counts,
+        vec![(runtime::pgo::Dims { grid: inst.grid, group: inst.group }, 14)],
+        "shapes"
+    );
     assert!(p.profile().slots[0].counts.is_empty(), "buffer slots are not measured");
     // DisableProfilingBySystem: nothing.
     r.dev.set_background_processing_mode(Mode::DisableProfilingBySystem, A::KeepAll, None, None).unwrap();
@@ -194,7 +199,7 @@ fn measurement_follows_the_mode() {
 #[test]
 fn a_commit_scales_a_partial_histogram_and_signals_when_compiled() {
     let mut r = rig(false);
-    let p = Pipeline::new(&r.dev, &samples::ITERATE.kernel()).unwrap();
+    let p = Pipeline::new(&r.dev, &samples::ITERATE.program()).unwrap();
     let inst = samples::ITERATE.instance(&r.dev, 100, [12, 0], 3).unwrap();
     for _ in 0..3 {
         assert_eq!(via_pipeline(&mut r, &p, &inst), Selected::Generic);
@@ -206,7 +211,7 @@ fn a_commit_scales_a_partial_histogram_and_signals_when_compiled() {
     r.dev.set_background_processing_mode(Mode::Allowed, A::CommitResults, Some(&ev), Some(&mut further)).unwrap();
     assert!(further, "a compile was queued: measure again with it in place");
     assert!(ev.wait(LONG));
-    let dims = umd::pgo::Dims { grid: inst.grid, group: inst.group };
+    let dims = runtime::pgo::Dims { grid: inst.grid, group: inst.group };
     assert_eq!(
         p.variants(),
         vec![hot(&samples::ITERATE, 100, [12, 0]).with_dims(Some(dims))],
@@ -218,8 +223,8 @@ fn a_commit_scales_a_partial_histogram_and_signals_when_compiled() {
 #[test]
 fn workflow_benchmark_primes_until_no_further_measurements_are_desired() {
     let mut r = rig(false);
-    let fir = Pipeline::new(&r.dev, &samples::FIR.kernel()).unwrap();
-    let it = Pipeline::new(&r.dev, &samples::ITERATE.kernel()).unwrap();
+    let fir = Pipeline::new(&r.dev, &samples::FIR.program()).unwrap();
+    let it = Pipeline::new(&r.dev, &samples::ITERATE.program()).unwrap();
     let a = samples::FIR.instance(&r.dev, 128, [16, 0], 5).unwrap();
     let b = samples::ITERATE.instance(&r.dev, 128, [20, 1], 6).unwrap();
     r.dev.set_background_processing_mode(Mode::AllowIntrusiveMeasurements, A::DiscardPrevious, None, None).unwrap();
@@ -246,7 +251,7 @@ fn workflow_benchmark_primes_until_no_further_measurements_are_desired() {
 #[test]
 fn workflow_analysis_tool_trains_commits_high_priority_and_replays() {
     let mut r = rig(true);
-    let p = Pipeline::new(&r.dev, &samples::FIR.kernel()).unwrap();
+    let p = Pipeline::new(&r.dev, &samples::FIR.program()).unwrap();
     let frame = samples::FIR.instance(&r.dev, 96, [24, 0], 9).unwrap();
     let handle = CompletionEvent::new();
     let mut want_more = true;
@@ -278,14 +283,14 @@ fn workflow_analysis_tool_trains_commits_high_priority_and_replays() {
     // The disable took effect after the commit: a new task is cancelled.
     assert!(matches!(
         r.dev.background().queue_processing_work(|_| {}, |_| {}, ()),
-        umd::background::Queued::Cancelled(umd::background::CancelReason::Disabled)
+        runtime::background::Queued::Cancelled(runtime::background::CancelReason::Disabled)
     ));
 }
 
 #[test]
 fn further_measurements_are_desired_while_a_kernel_is_short_of_the_threshold() {
     let mut r = rig(false);
-    let p = Pipeline::new(&r.dev, &samples::FIR.kernel()).unwrap();
+    let p = Pipeline::new(&r.dev, &samples::FIR.program()).unwrap();
     let inst = samples::FIR.instance(&r.dev, 32, [6, 0], 2).unwrap();
     r.dev.set_background_processing_mode(Mode::AllowIntrusiveMeasurements, A::DiscardPrevious, None, None).unwrap();
     let threshold = r.dev.pgo().config().threshold;
@@ -317,11 +322,11 @@ fn a_umd_without_the_feature_measures_nothing() {
     let mut r =
         rig_with(DeviceOptions { background_processing: false, thread_priorities: false, ..Default::default() });
     r.dev.set_background_processing_mode(Mode::AllowIntrusiveMeasurements, A::KeepAll, None, None).unwrap();
-    let p = Pipeline::new(&r.dev, &samples::FIR.kernel()).unwrap();
+    let p = Pipeline::new(&r.dev, &samples::FIR.program()).unwrap();
     let inst = samples::FIR.instance(&r.dev, 32, [4, 0], 1).unwrap();
     for _ in 0..100 {
         assert_eq!(via_pipeline(&mut r, &p, &inst), Selected::Generic);
     }
-    assert_eq!(r.dev.pgo().stats(), umd::pgo::PgoStats::default());
+    assert_eq!(r.dev.pgo().stats(), runtime::pgo::PgoStats::default());
     assert_eq!(r.dev.background().threads(), 0, "no pool was ever started");
 }

@@ -1,5 +1,5 @@
-//! Example kernels whose hot arguments make specialization pay, with a helper that sets up
-//! their buffers: the kernels of `doorbell bench pgo`, the `doorbell demo` steps and the
+//! Example programs whose hot arguments make specialization pay, with a helper that sets up
+//! their buffers: the programs of `doorbell bench pgo`, the `doorbell demo` steps and the
 //! differential tests.
 //!
 //! - [`FIR`]: `out[i] = Σ in[i + t]` for `t < taps`: a loop whose trip count is an argument
@@ -10,11 +10,11 @@
 //!
 //! Both bounds-check their thread index against `n`, so the grid may overshoot.
 
-use crate::examples::{arg_u32, args_to_bytes};
-use crate::kernel::{KernelBinary, assemble};
-use crate::{Buffer, Device, UmdError};
+use program::examples::{arg_u32, args_to_bytes};
+use program::{ProgramBinary, assemble};
+use umd::{Buffer, Device, UmdError};
 
-/// An example kernel for the specializer.
+/// An example program for the specializer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Sample {
     /// Short name.
@@ -113,7 +113,7 @@ pub const GROUP: u32 = 64;
 pub struct Instance {
     /// The argument buffer.
     pub args: Buffer,
-    /// Every buffer the kernel reads or writes, in slot order.
+    /// Every buffer the program reads or writes, in slot order.
     pub buffers: Vec<Buffer>,
     /// The grid (1-D).
     pub grid: [u32; 3],
@@ -142,8 +142,8 @@ fn xorshift(seed: &mut u64) -> u32 {
 }
 
 impl Sample {
-    /// The assembled kernel.
-    pub fn kernel(&self) -> KernelBinary {
+    /// The assembled program.
+    pub fn program(&self) -> ProgramBinary {
         // The sources are fixed and tested to assemble.
         assemble(self.source).unwrap_or_else(|e| panic!("sample {} does not assemble: {e}", self.name))
     }

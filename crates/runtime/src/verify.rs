@@ -1,14 +1,14 @@
-//! Runs the example kernels on a device and checks them against their CPU references.
+//! Runs the example programs on a device and checks them against their CPU references.
 //!
 //! Tests, `doorbell demo` and `doorbell bench compute` all use this one routine, so "verified"
 //! means the same thing everywhere: the device's output equals the reference bit for bit
-//! (the references use fused multiply-adds in the kernels' order, so even f32 results match
+//! (the references use fused multiply-adds in the programs' order, so even f32 results match
 //! exactly).
 
 use std::time::Duration;
 
-use crate::examples::{self, Example};
-use crate::{Buffer, CommandBuffer, Device, Queue, UmdError};
+use program::examples::{self, Example};
+use umd::{Buffer, CommandBuffer, Device, Queue, UmdError};
 
 /// A successful check.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -88,7 +88,7 @@ fn groups(threads: u64) -> [u32; 3] {
 /// Runs `ex` on `q` (any submission path) with inputs of about `size` elements, and compares.
 pub fn verify(ex: &Example, dev: &Device, q: &mut Queue, size: usize, seed: u64) -> Result<Verified, VerifyError> {
     let bin = ex.assemble().map_err(|e| VerifyError::Assemble { name: ex.name, error: e.to_string() })?;
-    let kernel = dev.upload(&bin.to_bytes())?;
+    let program = dev.upload(&bin.to_bytes())?;
     let mut rng = Rng(seed | 1);
     let n = size.max(1);
     let mut cb = CommandBuffer::new();
@@ -107,7 +107,7 @@ pub fn verify(ex: &Example, dev: &Device, q: &mut Queue, size: usize, seed: u64)
                 examples::arg_f32(a),
                 examples::arg_u32(n as u32),
             ]))?;
-            cb.dispatch(kernel.va(), groups(n as u64 + 37), [GROUP, 1, 1], args.va());
+            cb.dispatch(program.va(), groups(n as u64 + 37), [GROUP, 1, 1], args.va());
             let want: Vec<u32> = examples::saxpy_ref(a, &x, &y).iter().map(|v| v.to_bits()).collect();
             keep.extend([xb, args]);
             (yb, want, 1)
@@ -118,7 +118,7 @@ pub fn verify(ex: &Example, dev: &Device, q: &mut Queue, size: usize, seed: u64)
             let outb = upload_u32s(dev, &[0])?;
             let args = dev.upload(&examples::args_to_bytes(&[inb.va(), examples::arg_u32(n as u32), outb.va()]))?;
             // Fewer threads than elements: each sums a strided chunk first.
-            cb.dispatch(kernel.va(), groups((n as u64).min(4096)), [GROUP, 1, 1], args.va());
+            cb.dispatch(program.va(), groups((n as u64).min(4096)), [GROUP, 1, 1], args.va());
             keep.extend([inb, args]);
             (outb, vec![examples::reduce_ref(&v)], 1)
         }
@@ -138,7 +138,7 @@ pub fn verify(ex: &Example, dev: &Device, q: &mut Queue, size: usize, seed: u64)
                 examples::arg_u32(k as u32),
                 examples::arg_u32(nn as u32),
             ]))?;
-            cb.dispatch(kernel.va(), groups(examples::matmul_threads(m as u32, nn as u32)), [GROUP, 1, 1], args.va());
+            cb.dispatch(program.va(), groups(examples::matmul_threads(m as u32, nn as u32)), [GROUP, 1, 1], args.va());
             let want = examples::matmul_ref(m, k, nn, &a, &b).iter().map(|v| v.to_bits()).collect();
             keep.extend([ab, bb, args]);
             (cbuf, want, 1)
@@ -157,7 +157,7 @@ pub fn verify(ex: &Example, dev: &Device, q: &mut Queue, size: usize, seed: u64)
                     examples::arg_u32(n as u32),
                     examples::arg_u32(off),
                 ]))?;
-                cb.dispatch(kernel.va(), groups(n as u64), [GROUP, 1, 1], args.va());
+                cb.dispatch(program.va(), groups(n as u64), [GROUP, 1, 1], args.va());
                 keep.push(args);
             }
             let (last, other) = if offsets.len() % 2 == 1 { (pong, ping) } else { (ping, pong) };

@@ -2,9 +2,9 @@
 //! panics and always points inside the text; disassembly assembles back to the same binary.
 
 use abi::isa::{self, Builtin, Form, Op};
+use program::examples;
+use program::{AsmError, Imm, Operand, ProgramBinary, ProgramBuilder, S, V, assemble, disassemble};
 use proptest::prelude::*;
-use umd::examples;
-use umd::{AsmError, Imm, KernelBinary, KernelBuilder, Operand, S, V, assemble, disassemble};
 
 /// Checks an assembler result: an error points at a real line and a column at most one past
 /// its end; a success round-trips through the disassembler.
@@ -13,7 +13,7 @@ fn check(src: &str) -> Result<(), TestCaseError> {
         Ok(k) => {
             let text = disassemble(&k);
             prop_assert_eq!(assemble(&text).map_err(|e| e.to_string()), Ok(k.clone()), "{}", text);
-            prop_assert_eq!(KernelBinary::from_bytes(&k.to_bytes()), Ok(k));
+            prop_assert_eq!(ProgramBinary::from_bytes(&k.to_bytes()), Ok(k));
         }
         Err(AsmError { line, column, reason }) => {
             let lines: Vec<&str> = src.lines().collect();
@@ -149,8 +149,8 @@ fn item() -> impl Strategy<Value = Item> {
 }
 
 /// Builds a valid program from arbitrary items, skipping structure that would not balance.
-fn build(items: &[Item]) -> KernelBinary {
-    let mut b = KernelBuilder::new();
+fn build(items: &[Item]) -> ProgramBinary {
+    let mut b = ProgramBuilder::new();
     let mut open: Vec<(bool, bool)> = Vec::new();
     for it in items {
         match *it {
@@ -289,8 +289,8 @@ proptest! {
         let k = build(&items);
         let text = disassemble(&k);
         prop_assert_eq!(assemble(&text).map_err(|e| e.to_string()), Ok(k.clone()), "{}", text);
-        prop_assert_eq!(KernelBinary::from_bytes(&k.to_bytes()), Ok(k.clone()));
-        prop_assert_eq!(KernelBinary::from_words(k.instructions().to_vec()), Ok(k));
+        prop_assert_eq!(ProgramBinary::from_bytes(&k.to_bytes()), Ok(k.clone()));
+        prop_assert_eq!(ProgramBinary::from_words(k.instructions().to_vec()), Ok(k));
     }
 }
 

@@ -1,8 +1,8 @@
-//! Workload kernels for preemption studies, benchmarks and tests: long, deterministic compute
-//! kernels whose results depend on every instruction they run, so that a dispatch cut at any
-//! point and resumed can be checked bit for bit, and a kernel that never ends.
+//! Workload programs for preemption studies, benchmarks and tests: long, deterministic compute
+//! programs whose results depend on every instruction they run, so that a dispatch cut at any
+//! point and resumed can be checked bit for bit, and a program that never ends.
 
-use crate::kernel::{KernelBinary, assemble};
+use crate::{ProgramBinary, assemble};
 
 /// `rounds`: each thread runs `n` (argument slot 1, a u32) rounds of `acc = acc * 3 + i`
 /// from `acc = 1`, and stores `acc` at `out[global_id.x]` (slot 0, a buffer of u32). Every
@@ -25,9 +25,9 @@ pub const ROUNDS: &str = "
     st.u32 [s0 + v5], v3
 ";
 
-/// The `rounds` kernel, assembled.
-pub fn rounds() -> KernelBinary {
-    assemble(ROUNDS).expect("the rounds kernel assembles")
+/// The `rounds` program, assembled.
+pub fn rounds() -> ProgramBinary {
+    assemble(ROUNDS).expect("the rounds program assembles")
 }
 
 /// What every thread of [`ROUNDS`] stores after `n` rounds.
@@ -42,9 +42,9 @@ pub fn rounds_args(out_va: u64, n: u32) -> Vec<u8> {
     args
 }
 
-/// A kernel that never ends: `loop { r1 += 1 }` (it touches no memory; its argument buffer
+/// A program that never ends: `loop { r1 += 1 }` (it touches no memory; its argument buffer
 /// is not read).
-pub fn forever() -> KernelBinary {
+pub fn forever() -> ProgramBinary {
     assemble(
         "
     loop
@@ -52,7 +52,7 @@ pub fn forever() -> KernelBinary {
     endloop
 ",
     )
-    .expect("the endless kernel assembles")
+    .expect("the endless program assembles")
 }
 
 #[cfg(test)]

@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
-use umd::background::machine::{Admission, Config, Outcome, Output, TaskId, ThreadClass, WorkQueue};
-use umd::background::{
+use runtime::background::machine::{Admission, Config, Outcome, Output, TaskId, ThreadClass, WorkQueue};
+use runtime::background::{
     CancelReason, CompletionEvent, MeasurementsAction, Mode, ModeError, ModeRequest, Queued, Runtime,
 };
 
@@ -323,7 +323,7 @@ fn workers_run_at_sched_idle_by_default() {
 #[test]
 fn device_mode_refusals_name_the_field_and_change_nothing() {
     let sys = kernel::System::sim(kernel::SystemConfig::default()).unwrap();
-    let retail = umd::Device::open(sys.open_process().unwrap()).unwrap();
+    let retail = runtime::Device::open(sys.open_process().unwrap()).unwrap();
     assert!(retail.feature_support().background_processing_supported);
     let ev = CompletionEvent::new();
     assert_eq!(
@@ -358,9 +358,9 @@ fn device_mode_refusals_name_the_field_and_change_nothing() {
     retail.set_background_processing_mode(Mode::Allowed, MeasurementsAction::CommitResults, Some(&ev), None).unwrap();
     assert!(ev.wait(LONG));
     // A UMD without the feature: a benign no-op that reports no further measurements.
-    let plain = umd::Device::open_with(
+    let plain = runtime::Device::open_with(
         sys.open_process().unwrap(),
-        umd::DeviceOptions { background_processing: false, ..Default::default() },
+        runtime::DeviceOptions { background_processing: false, ..Default::default() },
     )
     .unwrap();
     assert!(!plain.feature_support().background_processing_supported);
@@ -390,7 +390,7 @@ fn a_task_past_the_progress_bound_runs_at_the_lowest_normal_priority() {
 #[test]
 fn dropping_the_device_runs_or_cancels_every_task_before_it_goes() {
     let sys = kernel::System::sim(kernel::SystemConfig::default()).unwrap();
-    let dev = umd::Device::open(sys.open_process().unwrap()).unwrap();
+    let dev = runtime::Device::open(sys.open_process().unwrap()).unwrap();
     let log = Arc::new(Mutex::new(Vec::new()));
     let (g1, s1) = gated(dev.background(), &log, "a");
     let (g2, s2) = gated(dev.background(), &log, "b");

@@ -1,4 +1,4 @@
-//! The example kernels of `examples/*.dbk`, with their argument layouts and CPU references.
+//! The example programs of `examples/*.dbk`, with their argument layouts and CPU references.
 //!
 //! Every example takes its arguments as 64-bit slots in the argument buffer (slot `k` at
 //! argument-buffer VA + 8·`k`), read with `sarg`. Buffers are passed as GPU VAs; a u32
@@ -10,9 +10,9 @@
 //! threads it needs; threads beyond that do nothing, so the grid may overshoot.
 //!
 //! The CPU references compute bit-identical results: f32 products-plus-sums are fused
-//! (`f32::mul_add`, like `ffma`) and in the same order as the kernel; u32 sums wrap.
+//! (`f32::mul_add`, like `ffma`) and in the same order as the program; u32 sums wrap.
 
-use crate::kernel::{AsmError, KernelBinary, assemble};
+use crate::{AsmError, ProgramBinary, assemble};
 
 /// The type of an element of a buffer argument.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -23,7 +23,7 @@ pub enum Elem {
     F32,
 }
 
-/// What the kernel does with a buffer.
+/// What the program does with a buffer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Access {
     /// Only reads it.
@@ -41,7 +41,7 @@ pub enum ArgKind {
     Buffer {
         /// Element type.
         elem: Elem,
-        /// What the kernel does with it.
+        /// What the program does with it.
         access: Access,
     },
     /// A u32 in the low 32 bits.
@@ -63,7 +63,7 @@ pub struct ArgSlot {
     pub doc: &'static str,
 }
 
-/// An example kernel.
+/// An example program.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Example {
     /// Short name (`saxpy`, ...), also the file stem.
@@ -82,7 +82,7 @@ pub struct Example {
 
 impl Example {
     /// Assembles the source (it always assembles: a test checks it).
-    pub fn assemble(&self) -> Result<KernelBinary, AsmError> {
+    pub fn assemble(&self) -> Result<ProgramBinary, AsmError> {
         assemble(self.source)
     }
 
@@ -255,7 +255,7 @@ mod tests {
             let k = e.assemble().unwrap_or_else(|err| panic!("{}: {err}", e.path));
             abi::isa::validate(k.instructions()).unwrap();
             assert_eq!(crate::assemble(&crate::disassemble(&k)).unwrap(), k, "{}", e.name);
-            assert_eq!(crate::KernelBinary::from_bytes(&k.to_bytes()).unwrap(), k);
+            assert_eq!(crate::ProgramBinary::from_bytes(&k.to_bytes()).unwrap(), k);
             // The slot table matches the header comment and is dense.
             for (i, a) in e.args.iter().enumerate() {
                 assert_eq!(a.slot as usize, i, "{}", e.name);

@@ -1,23 +1,14 @@
-//! Compute kernels: binaries, a Rust builder, a text assembler and a disassembler for the ISA
-//! of [`abi::isa`] (the user-facing spec is `docs/isa.md`).
-//!
-//! - [`KernelBinary`]: a validated program; [`KernelBinary::to_bytes`] is exactly what a
-//!   `DISPATCH` reads at its kernel VA (a [`KernelHeader`] and the instruction words).
-//! - [`KernelBuilder`]: one method per instruction, with registers typed as [`V`] and [`S`] so
-//!   they cannot be swapped. Control flow (`if_`/`else_`/`endif`, `loop_`/`break_`/`endloop`)
-//!   is written as structure; the builder fills in every branch target.
-//! - [`assemble`]: `.dbk` text to a binary, with errors that carry line, column and reason
-//!   ([`AsmError`]). It never panics.
-//! - [`disassemble`]: a binary back to text that [`assemble`] accepts and that assembles to the
-//!   same words.
-
-mod asm;
+//! [`ProgramBuilder`]: a program from Rust, one method per instruction, with registers typed
+//! as [`V`] and [`S`] so they cannot be swapped. Control flow (`if_`/`else_`/`endif`,
+//! `loop_`/`break_`/`endloop`) is written as structure and the builder fills in every branch
+//! target. Mistakes do not panic: the first one is kept and [`ProgramBuilder::build`] returns
+//! it as a [`BuildError`]; a program it builds always passes [`abi::isa::validate`].
 
 use core::fmt;
 
-use abi::isa::{self, Builtin, Form, Inst, KernelError, KernelErrorKind, KernelHeader, Op};
+use abi::isa::{self, Builtin, Form, Inst, Op, ProgramError};
 
-pub use asm::{AsmError, assemble, assemble_with_lines, disassemble};
+use crate::ProgramBinary;
 
 /// A vector register `v0..v63`: one 32-bit value per lane.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -84,90 +75,7 @@ impl From<Imm> for Operand {
     }
 }
 
-/// A validated kernel binary: between 1 and [`isa::MAX_INSTRUCTIONS`] instruction words that
-/// pass [`isa::validate`].
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct KernelBinary {
-    words: Vec<u64>,
-}
-
-impl KernelBinary {
-    /// Validates instruction words (no header).
-    pub fn from_words(words: Vec<u64>) -> Result<KernelBinary, KernelError> {
-        isa::validate(&words)?;
-        Ok(KernelBinary { words })
-    }
-
-    /// Parses and validates a binary as [`KernelBinary::to_bytes`] writes it: the header, then
-    /// exactly `header.instructions` little-endian words. A buffer too short for its header or
-    /// for the count it declares, or with bytes after the last instruction, is refused with
-    /// [`KernelErrorKind::BadLength`] (a header cut short reads as zeros, so it usually fails its
-    /// magic first).
-    pub fn from_bytes(bytes: &[u8]) -> Result<KernelBinary, KernelError> {
-        let mut header = [0u8; isa::KERNEL_HEADER_BYTES as usize];
-        let n = bytes.len().min(header.len());
-        header[..n].copy_from_slice(&bytes[..n]);
-        let mut hw = [0u32; 8];
-        for (w, c) in hw.iter_mut().zip(header.chunks_exact(4)) {
-            *w = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-        }
-        let h = KernelHeader::from_words(&hw)?;
-        let body = &bytes[n..];
-        if bytes.len() < header.len() || body.len() as u64 != h.instructions as u64 * 8 {
-            return Err(KernelError::at(0, KernelErrorKind::BadLength(h.instructions)));
-        }
-        let words = body
-            .chunks_exact(8)
-            .map(|c| u64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
-            .collect();
-        KernelBinary::from_words(words)
-    }
-
-    /// The header and the instruction words, little-endian: what a `DISPATCH` loads.
-    pub fn to_bytes(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(self.byte_len() as usize);
-        for w in self.header().to_words() {
-            out.extend_from_slice(&w.to_le_bytes());
-        }
-        for w in &self.words {
-            out.extend_from_slice(&w.to_le_bytes());
-        }
-        out
-    }
-
-    /// Its header.
-    pub fn header(&self) -> KernelHeader {
-        KernelHeader::new(self.words.len() as u32)
-    }
-
-    /// The instruction words.
-    pub fn instructions(&self) -> &[u64] {
-        &self.words
-    }
-
-    /// The decoded instructions.
-    pub fn decode(&self) -> Vec<Inst> {
-        // Validated on construction; decoding cannot fail.
-        isa::validate(&self.words).unwrap_or_default()
-    }
-
-    /// Number of instructions.
-    pub fn len(&self) -> usize {
-        self.words.len()
-    }
-
-    /// Always false: a valid kernel has at least one instruction.
-    pub fn is_empty(&self) -> bool {
-        self.words.is_empty()
-    }
-
-    /// Size of [`KernelBinary::to_bytes`].
-    pub fn byte_len(&self) -> u64 {
-        isa::KERNEL_HEADER_BYTES + self.words.len() as u64 * 8
-    }
-}
-
-/// Why [`KernelBuilder::build`] refused a program. `pc` is an instruction index.
+/// Why [`ProgramBuilder::build`] refused a program. `pc` is an instruction index.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum BuildError {
     /// A register index beyond `v63` / `s15`.
@@ -247,14 +155,14 @@ pub enum BuildError {
         pc: u32,
     },
     /// No instructions.
-    #[error("the kernel has no instructions")]
+    #[error("the program has no instructions")]
     Empty,
     /// More than [`isa::MAX_INSTRUCTIONS`] instructions.
-    #[error("the kernel is longer than {max} instructions", max = isa::MAX_INSTRUCTIONS)]
+    #[error("the program is longer than {max} instructions", max = isa::MAX_INSTRUCTIONS)]
     TooLong,
     /// [`isa::validate`] refused the result (a builder bug if it ever happens).
     #[error(transparent)]
-    Invalid(#[from] KernelError),
+    Invalid(#[from] ProgramError),
 }
 
 impl BuildError {
@@ -292,28 +200,28 @@ impl Open {
     }
 }
 
-/// Builds a kernel instruction by instruction.
+/// Builds a program instruction by instruction.
 ///
 /// Methods append one instruction and return `&mut Self`, so calls chain. Mistakes (a register
 /// out of range, an `endif` with no `if`, ...) do not panic: the first one is kept and
-/// [`KernelBuilder::build`] returns it.
+/// [`ProgramBuilder::build`] returns it.
 ///
 /// ```
 /// use abi::isa::Builtin;
-/// use umd::{KernelBuilder, S, V};
+/// use program::{ProgramBuilder, S, V};
 ///
 /// // out[i] = i * 2 for i < n; args: slot 0 = out, slot 1 = n.
-/// let mut b = KernelBuilder::new();
+/// let mut b = ProgramBuilder::new();
 /// b.sarg(S(0), 0).sarg(S(1), 1).vfroms(V(1), S(1));
 /// b.builtin(V(0), Builtin::GlobalIdX).cmp_lt_u(V(2), V(0), V(1));
 /// b.if_(V(2));
 /// b.shl_imm(V(3), V(0), 2).mul_imm(V(4), V(0), 2).st_u32(S(0), V(3), 0, V(4));
 /// b.endif();
-/// let kernel = b.build().unwrap();
-/// assert_eq!(kernel.len(), 10);
+/// let program = b.build().unwrap();
+/// assert_eq!(program.len(), 10);
 /// ```
 #[derive(Clone, Debug, Default)]
-pub struct KernelBuilder {
+pub struct ProgramBuilder {
     words: Vec<u64>,
     open: Vec<Open>,
     error: Option<BuildError>,
@@ -352,7 +260,7 @@ macro_rules! unary_methods {
     };
 }
 
-impl KernelBuilder {
+impl ProgramBuilder {
     /// An empty program.
     pub fn new() -> Self {
         Self::default()
@@ -379,7 +287,7 @@ impl KernelBuilder {
     }
 
     /// Checks the structure and validates the program.
-    pub fn build(&self) -> Result<KernelBinary, BuildError> {
+    pub fn build(&self) -> Result<ProgramBinary, BuildError> {
         if let Some(e) = &self.error {
             return Err(e.clone());
         }
@@ -390,7 +298,7 @@ impl KernelBuilder {
         if self.words.is_empty() {
             return Err(BuildError::Empty);
         }
-        Ok(KernelBinary::from_words(self.words.clone())?)
+        Ok(ProgramBinary::from_words(self.words.clone())?)
     }
 
     // ---- internals: every public method goes through these ----
@@ -752,7 +660,7 @@ impl KernelBuilder {
         self.record(r)
     }
 
-    /// Same as [`KernelBuilder::ld_u32`]: an f32 is 32 bits.
+    /// Same as [`ProgramBuilder::ld_u32`]: an f32 is 32 bits.
     pub fn ld_f32(&mut self, d: V, base: S, index: V, offset: u32) -> &mut Self {
         self.ld_u32(d, base, index, offset)
     }
@@ -769,7 +677,7 @@ impl KernelBuilder {
         self.record(r)
     }
 
-    /// Same as [`KernelBuilder::st_u32`].
+    /// Same as [`ProgramBuilder::st_u32`].
     pub fn st_f32(&mut self, base: S, index: V, offset: u32, value: V) -> &mut Self {
         self.st_u32(base, index, offset, value)
     }
@@ -788,7 +696,7 @@ impl KernelBuilder {
         self.record(r)
     }
 
-    /// `if v[cond] != 0`: opens a region closed by [`KernelBuilder::endif`].
+    /// `if v[cond] != 0`: opens a region closed by [`ProgramBuilder::endif`].
     pub fn if_(&mut self, cond: V) -> &mut Self {
         let r = self.try_if(cond);
         self.record(r)
@@ -806,7 +714,7 @@ impl KernelBuilder {
         self.record(r)
     }
 
-    /// Opens a loop closed by [`KernelBuilder::endloop`]; it repeats while any lane is in it.
+    /// Opens a loop closed by [`ProgramBuilder::endloop`]; it repeats while any lane is in it.
     pub fn loop_(&mut self) -> &mut Self {
         let r = self.try_loop();
         self.record(r)
@@ -834,163 +742,5 @@ impl KernelBuilder {
     pub fn nop(&mut self) -> &mut Self {
         let r = self.try_simple(Op::Nop);
         self.record(r)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn targets_are_resolved() {
-        let mut b = KernelBuilder::new();
-        b.if_(V(1)).nop().else_().nop().endif();
-        b.loop_().break_(V(2)).if_(V(3)).break_(V(4)).endif().endloop().exit();
-        let k = b.build().unwrap();
-        let i = k.decode();
-        assert_eq!(i[0].imm, 2); // if -> else
-        assert_eq!(i[2].imm, 4); // else -> endif
-        assert_eq!(i[5].imm, 10); // loop -> endloop
-        assert_eq!(i[6].imm, 10); // break -> endloop
-        assert_eq!(i[7].imm, 9); // inner if -> endif
-        assert_eq!(i[8].imm, 10); // break inside if -> endloop
-        assert_eq!(i[10].imm, 5); // endloop -> loop
-    }
-
-    #[test]
-    fn structure_errors_are_reported() {
-        let err = |f: &dyn Fn(&mut KernelBuilder)| {
-            let mut b = KernelBuilder::new();
-            f(&mut b);
-            b.build().unwrap_err()
-        };
-        assert_eq!(
-            err(&|b| {
-                b.else_();
-            }),
-            BuildError::ElseWithoutIf { pc: 0 }
-        );
-        assert_eq!(
-            err(&|b| {
-                b.nop().endif();
-            }),
-            BuildError::EndIfWithoutIf { pc: 1 }
-        );
-        assert_eq!(
-            err(&|b| {
-                b.endloop();
-            }),
-            BuildError::EndLoopWithoutLoop { pc: 0 }
-        );
-        assert_eq!(
-            err(&|b| {
-                b.if_(V(0)).break_(V(0));
-            }),
-            BuildError::BreakOutsideLoop { pc: 1 }
-        );
-        assert_eq!(
-            err(&|b| {
-                b.if_(V(0)).else_().else_();
-            }),
-            BuildError::SecondElse { pc: 2, if_pc: 0 }
-        );
-        assert_eq!(
-            err(&|b| {
-                b.loop_().endif();
-            }),
-            BuildError::Mismatched { pc: 1, closer: "endif", opener: "loop", opener_pc: 0 }
-        );
-        assert_eq!(
-            err(&|b| {
-                b.if_(V(0)).loop_().else_();
-            }),
-            BuildError::Mismatched { pc: 2, closer: "else", opener: "loop", opener_pc: 1 }
-        );
-        assert_eq!(
-            err(&|b| {
-                b.if_(V(0)).endloop();
-            }),
-            BuildError::Mismatched { pc: 1, closer: "endloop", opener: "if", opener_pc: 0 }
-        );
-        assert_eq!(
-            err(&|b| {
-                b.loop_().if_(V(0));
-            }),
-            BuildError::Unclosed { pc: 1, opener: "if", closer: "endif" }
-        );
-        assert_eq!(err(&|_| ()), BuildError::Empty);
-        assert_eq!(
-            err(&|b| {
-                b.add(V(64), V(0), V(0));
-            }),
-            BuildError::BadRegister { pc: 0, register: "v64".into() }
-        );
-        assert_eq!(
-            err(&|b| {
-                b.nop().sarg(S(16), 0);
-            }),
-            BuildError::BadRegister { pc: 1, register: "s16".into() }
-        );
-        assert_eq!(
-            err(&|b| {
-                b.ld_u64(V(63), S(0), V(0), 0);
-            }),
-            BuildError::BadPair { pc: 0, index: 63 }
-        );
-        let deep = err(&|b| {
-            for _ in 0..=isa::MAX_NESTING {
-                b.loop_();
-            }
-        });
-        assert_eq!(deep, BuildError::TooDeep { pc: isa::MAX_NESTING as u32 });
-        // The first error wins.
-        assert_eq!(
-            err(&|b| {
-                b.endif().else_();
-            }),
-            BuildError::EndIfWithoutIf { pc: 0 }
-        );
-        assert!(
-            BuildError::Mismatched { pc: 1, closer: "endif", opener: "loop", opener_pc: 0 }
-                .to_string()
-                .contains("`endif` while the `loop` at instruction 0 is still open")
-        );
-    }
-
-    #[test]
-    fn too_long() {
-        let mut b = KernelBuilder::new();
-        for _ in 0..isa::MAX_INSTRUCTIONS {
-            b.nop();
-        }
-        assert!(b.build().is_ok());
-        b.nop();
-        assert_eq!(b.build(), Err(BuildError::TooLong));
-        assert_eq!(b.len(), isa::MAX_INSTRUCTIONS as usize);
-    }
-
-    #[test]
-    fn bytes_round_trip_and_refusals() {
-        let mut b = KernelBuilder::new();
-        b.mov_imm(V(1), 7).add_imm(V(2), V(1), -1).fmul_imm(V(3), V(2), 0.5).exit();
-        let k = b.build().unwrap();
-        let bytes = k.to_bytes();
-        assert_eq!(bytes.len() as u64, k.byte_len());
-        assert_eq!(&bytes[..4], b"DBK1");
-        assert_eq!(KernelBinary::from_bytes(&bytes), Ok(k.clone()));
-        let len_err = |n| Err(KernelError::at(0, KernelErrorKind::BadLength(n)));
-        assert_eq!(KernelBinary::from_bytes(&bytes[..bytes.len() - 1]), len_err(4));
-        let mut long = bytes.clone();
-        long.push(0);
-        assert_eq!(KernelBinary::from_bytes(&long), len_err(4));
-        assert!(matches!(
-            KernelBinary::from_bytes(&bytes[..3]),
-            Err(KernelError { kind: KernelErrorKind::BadMagic(_), .. })
-        ));
-        assert!(KernelBinary::from_bytes(&[]).is_err());
-        let mut bad = bytes.clone();
-        bad[32] = 0xff; // unknown opcode
-        assert_eq!(KernelBinary::from_bytes(&bad), Err(KernelError::at(0, KernelErrorKind::UnknownOpcode(0xff))));
-        assert_eq!(KernelBinary::from_words(k.instructions().to_vec()), Ok(k));
     }
 }

@@ -1,5 +1,5 @@
-//! The specializing compiler: a kernel plus argument values it may assume → an equivalent
-//! kernel for exactly those values.
+//! The specializing compiler: a program plus argument values it may assume → an equivalent
+//! program for exactly those values.
 //!
 //! [`specialize`] parses the validated instruction list into a tree of structured control
 //! flow, partially evaluates it, drops dead code and emits a new binary (validated again).
@@ -21,7 +21,7 @@
 //!   can be).
 //! - **Dead code.** A pure instruction (ALU, builtin, scalar move, `sarg`) whose result no
 //!   later instruction can read is dropped. Loads, stores and atomics always stay, so a
-//!   variant faults exactly where the generic kernel does.
+//!   variant faults exactly where the generic program does.
 //!
 //! Soundness follows the ISA's rules (`docs/isa.md` §5): per lane, structured SIMT code runs
 //! like a sequential program, so vector registers follow ordinary data flow (a write under a
@@ -32,7 +32,7 @@
 
 use abi::isa::{self, Builtin, FLAG_IMM, Form, Inst, Op};
 
-use crate::kernel::KernelBinary;
+use crate::ProgramBinary;
 
 /// A dispatch's shape: the grid (in workgroups) and the workgroup (in threads).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -127,18 +127,18 @@ impl Default for Limits {
     }
 }
 
-/// Why a specialization failed (the generic kernel keeps running; nothing is lost).
+/// Why a specialization failed (the generic program keeps running; nothing is lost).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum SpecializeError {
     /// The result failed validation: a bug in this compiler, reported rather than used.
-    #[error("the specialized kernel is invalid: {0}")]
+    #[error("the specialized program is invalid: {0}")]
     Invalid(String),
     /// The result is longer than the ISA allows.
-    #[error("the specialized kernel would have {0} instructions")]
+    #[error("the specialized program would have {0} instructions")]
     TooLong(usize),
 }
 
-/// A structured kernel.
+/// A structured program.
 #[derive(Clone, Debug, PartialEq)]
 enum Node {
     I(Inst),
@@ -675,11 +675,15 @@ fn prune(nodes: &mut Vec<Node>) {
     nodes.retain(|n| !matches!(n, Node::If { then, els: None, .. } if then.is_empty()));
 }
 
-/// Compiles the variant of `kernel` for argument values `binding` (see the module
-/// documentation). The result runs exactly like `kernel` on any dispatch whose arguments match
+/// Compiles the variant of `program` for argument values `binding` (see the module
+/// documentation). The result runs exactly like `program` on any dispatch whose arguments match
 /// the binding, with fewer instructions.
-pub fn specialize(kernel: &KernelBinary, binding: &Binding, limits: Limits) -> Result<KernelBinary, SpecializeError> {
-    let tree = parse(&kernel.decode());
+pub fn specialize(
+    program: &ProgramBinary,
+    binding: &Binding,
+    limits: Limits,
+) -> Result<ProgramBinary, SpecializeError> {
+    let tree = parse(&program.decode());
     let mut ev = Eval { binding, limits, budget: 0, broke: None };
     let mut k = Some(Known::start());
     let mut out = Vec::new();
@@ -690,20 +694,20 @@ pub fn specialize(kernel: &KernelBinary, binding: &Binding, limits: Limits) -> R
     let mut insts = Vec::new();
     emit(&out, &mut insts, &mut Vec::new());
     if insts.is_empty() {
-        // A kernel that does nothing observable: one `nop` keeps it a valid binary.
+        // A program that does nothing observable: one `nop` keeps it a valid binary.
         insts.push(Inst::new(Op::Nop, 0, 0, 0, 0, 0));
     }
     if insts.len() > limits.max_instructions.min(isa::MAX_INSTRUCTIONS as usize) {
         return Err(SpecializeError::TooLong(insts.len()));
     }
     let words = insts.iter().map(|i| i.canonical().encode()).collect();
-    KernelBinary::from_words(words).map_err(|e| SpecializeError::Invalid(e.to_string()))
+    ProgramBinary::from_words(words).map_err(|e| SpecializeError::Invalid(e.to_string()))
 }
 
-/// The argument slots a kernel reads with `sarg` (the highest plus one), and which of them
+/// The argument slots a program reads with `sarg` (the highest plus one), and which of them
 /// feed a memory base (buffers, not worth binding).
-pub fn argument_slots(kernel: &KernelBinary) -> (u32, Vec<u32>) {
-    let insts = kernel.decode();
+pub fn argument_slots(program: &ProgramBinary) -> (u32, Vec<u32>) {
+    let insts = program.decode();
     let mut n = 0;
     let mut base_scalars = 0u16;
     for i in &insts {
@@ -721,85 +725,4 @@ pub fn argument_slots(kernel: &KernelBinary) -> (u32, Vec<u32>) {
         }
     }
     (n, pointers)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::assemble;
-
-    fn count(b: &KernelBinary, op: Op) -> usize {
-        b.decode().iter().filter(|i| i.op == op).count()
-    }
-
-    #[test]
-    fn folds_arguments_and_unrolls_a_constant_trip_loop() {
-        let k = assemble(
-            "sarg s0, 0\n sarg s1, 1\n vfroms v1, s1\n mov v2, 0\n mov v3, 0\n loop\n cmp.lt.u v4, v2, v1\n \
-             cmp.eq v4, v4, 0\n break v4\n builtin v5, %global_id.x\n add v3, v3, v5\n add v2, v2, 1\n endloop\n \
-             builtin v6, %global_id.x\n shl v6, v6, 2\n st.u32 [s0 + v6], v3\n",
-        )
-        .unwrap();
-        let s = specialize(&k, &Binding::new([(1, 4)]), Limits::default()).unwrap();
-        assert_eq!(count(&s, Op::Loop), 0, "{}", crate::disassemble(&s));
-        assert_eq!(count(&s, Op::Break), 0);
-        assert_eq!(count(&s, Op::Add), 4, "one add per iteration: {}", crate::disassemble(&s));
-        // Unbound: the loop stays.
-        let g = specialize(&k, &Binding::default(), Limits::default()).unwrap();
-        assert_eq!(count(&g, Op::Loop), 1);
-    }
-
-    #[test]
-    fn constant_branches_go() {
-        let k = assemble(
-            "sarg s0, 0\n sarg s1, 1\n vfroms v1, s1\n builtin v2, %global_id.x\n shl v3, v2, 2\n if v1\n \
-             mov v4, 7\n else\n mov v4, 9\n endif\n st.u32 [s0 + v3], v4\n",
-        )
-        .unwrap();
-        let s = specialize(&k, &Binding::new([(1, 0)]), Limits::default()).unwrap();
-        assert_eq!(count(&s, Op::If), 0);
-        let d = crate::disassemble(&s);
-        assert!(d.contains("mov v4, 9"), "{d}");
-        assert!(!d.contains("mov v4, 7"), "{d}");
-    }
-
-    #[test]
-    fn loads_and_stores_always_stay() {
-        let k = assemble("sarg s0, 0\n mov v1, 0\n ld.u32 v2, [s0 + v1]\n").unwrap();
-        let s = specialize(&k, &Binding::new([(0, 64)]), Limits::default()).unwrap();
-        assert_eq!(count(&s, Op::Ld32), 1, "a dead load still faults where the generic one would");
-    }
-
-    #[test]
-    fn pointer_slots_are_found() {
-        let k = assemble("sarg s0, 0\n sarg s1, 2\n vfroms v1, s1\n mov v2, 0\n st.u32 [s0 + v2], v1\n").unwrap();
-        assert_eq!(argument_slots(&k), (3, vec![0]));
-    }
-
-    #[test]
-    fn binding_matches_only_its_values() {
-        let d = Dims { grid: [4, 1, 1], group: [64, 1, 1] };
-        let b = Binding::new([(2, 5), (0, 1), (2, 6)]);
-        assert_eq!(b.pairs(), &[(0, 1), (2, 6)]);
-        assert!(b.matches(&[1, 99, 6], d));
-        assert!(!b.matches(&[1, 99, 5], d));
-        assert!(!b.matches(&[1], d));
-        let b = b.with_dims(Some(d));
-        assert!(b.matches(&[1, 99, 6], d));
-        assert!(!b.matches(&[1, 99, 6], Dims { grid: [5, 1, 1], ..d }));
-    }
-
-    #[test]
-    fn a_bound_shape_folds_the_builtins_it_decides() {
-        let k = assemble(
-            "sarg s0, 0\n builtin v1, %grid_size.x\n builtin v2, %group_size.x\n mul v3, v1, v2\n \
-             builtin v4, %local_id.y\n add v3, v3, v4\n builtin v5, %global_id.x\n shl v5, v5, 2\n st.u32 [s0 + v5], v3\n",
-        )
-        .unwrap();
-        let d = Dims { grid: [3, 1, 1], group: [64, 1, 1] };
-        let s = specialize(&k, &Binding::default().with_dims(Some(d)), Limits::default()).unwrap();
-        let text = crate::disassemble(&s);
-        assert!(text.contains("mov v3, 192"), "{text}");
-        assert_eq!(count(&s, Op::Builtin), 1, "only %global_id.x stays: {text}");
-    }
 }

@@ -1,9 +1,24 @@
-//! The kernel port of a client process: [`KernelPort`] over the daemon's socket.
+//! The daemon's client: the kernel port of a client process, [`KernelPort`] over the
+//! daemon's socket.
 //!
-//! `doorbell serve` runs the kernel and the virtual GPU in a daemon; a client process opens a
-//! [`crate::Device`] with [`crate::Device::connect`] and gets the same API as the embedded
-//! mode. Every control-path call is one request and one reply on a Unix socket (crate `wire`),
-//! and the reply's typed [`KernelError`] is the one the kernel returned. Shared memory arrives
+//! `doorbell serve` runs the kernel and the virtual GPU in a daemon; a client process gets a
+//! port with [`connect`] (or [`connect_default`]), opens a `umd::Device` on it
+//! (`umd::Device::open`) and has the same API as the embedded mode:
+//!
+//! ```no_run
+//! use umd::{CommandBuffer, Device, EngineKind, QueueOptions};
+//!
+//! let dev = Device::open(wire::client::connect(std::path::Path::new("/tmp/doorbell.sock"))?)?;
+//! let ctx = dev.create_context(dev.engine(EngineKind::Compute)?)?;
+//! let mut q = ctx.create_queue(QueueOptions::user_mode())?;
+//! let buf = dev.allocate(4096)?;
+//! let done = q.submit(CommandBuffer::new().write_u32(buf.va(), 7))?;
+//! q.wait(done, None)?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! Every control-path call is one request and one reply on the Unix socket (this crate's
+//! frames), and the reply's typed [`KernelError`] is the one the kernel returned. Shared memory arrives
 //! as descriptors with the reply that hands it out, and is mapped here with
 //! [`shm::Mapping::new`], read-only where the daemon sent a read-only descriptor (the queue's
 //! kernel page with the progress fence and doorbell status, fence CurrentValue pages): such a
@@ -67,7 +82,8 @@ use abi::{
 };
 use shm::{Mapping, Prot, ReadFutex, ReadWord, RotatingPage, Shm};
 use std::sync::Mutex;
-use wire::{
+
+use crate::{
     Accepted, Channel, ConnectError, HelloKind, Limits, PROTOCOL_VERSION, Reply, Request, Response, WireError,
     WireMapping,
 };
@@ -158,7 +174,7 @@ impl RemotePort {
     pub fn connect_as(path: &Path, version: u32) -> Result<RemotePort, ConnectError> {
         let name = std::env::args().next().unwrap_or_default();
         let kind = HelloKind::Open { os_pid: std::process::id(), name };
-        let (chan, accepted) = wire::connect(path, kind, version)?;
+        let (chan, accepted) = crate::connect(path, kind, version)?;
         let lost = |error| ConnectError::Wire { path: path.display().to_string(), error };
         let process = accepted.process.ok_or(lost(WireError::Closed))?;
         chan.send(&Request::AdapterInfo, &[]).map_err(lost)?;
@@ -234,7 +250,7 @@ impl RemotePort {
                     Some(c) => c,
                     None => {
                         let kind = HelloKind::Attach { token: self.accepted.token };
-                        match wire::connect(&self.path, kind, PROTOCOL_VERSION) {
+                        match crate::connect(&self.path, kind, PROTOCOL_VERSION) {
                             Ok((c, _)) => Conn::new(c),
                             Err(_) => return Err(self.device_lost()),
                         }
@@ -305,7 +321,7 @@ impl RemotePort {
             let mut page = lock(&self.wake_page);
             if page.is_none() {
                 let mut fds: Vec<_> = fds.into_iter().map(Some).collect();
-                let fd = wire::take_fd(&mut fds, m.fd, "wake page")?;
+                let fd = crate::take_fd(&mut fds, m.fd, "wake page")?;
                 let map = Mapping::new(fd.as_fd(), m.file_offset, m.len as usize, Prot::ReadOnly)
                     .map_err(|e| WireError::Io { what: "wake page", errno: e.to_string() })?;
                 *page = Some(Arc::new(map));
@@ -322,7 +338,7 @@ impl RemotePort {
     }
 
     fn map(&self, m: WireMapping, fds: &mut [Option<OwnedFd>]) -> Result<Mapping, KernelError> {
-        let fd = wire::take_fd(fds, m.fd, "mapping").map_err(|_| self.unexpected())?;
+        let fd = crate::take_fd(fds, m.fd, "mapping").map_err(|_| self.unexpected())?;
         let prot = if m.read_only { Prot::ReadOnly } else { Prot::ReadWrite };
         Ok(Mapping::new(fd.as_fd(), m.file_offset, m.len as usize, prot)?)
     }
@@ -467,7 +483,7 @@ impl KernelPort for RemotePort {
         let page = Arc::new(RotatingPage::new(&self.dummy, 0)?);
         let aggregated = match d.aggregated {
             Some((p, offset, mask)) => {
-                let fd = wire::take_fd(&mut fds, p.fd, "aggregated doorbell").map_err(|_| self.unexpected())?;
+                let fd = crate::take_fd(&mut fds, p.fd, "aggregated doorbell").map_err(|_| self.unexpected())?;
                 let agg = Arc::new(RotatingPage::new(&self.dummy, 0)?);
                 agg.rotate_to_fd(fd.as_fd(), p.file_offset)?;
                 Some(AggregatedDoorbell { page: agg, offset, mask, gpu_va: d.aggregated_gpu_va })
@@ -490,7 +506,7 @@ impl KernelPort for RemotePort {
         let Reply::Connected(p) = reply else { return Err(self.unexpected()) };
         // `None`: disconnected again already; the dummy page stays and the status says retry.
         if let Some(p) = p {
-            let fd = wire::take_fd(&mut fds, p.fd, "doorbell page").map_err(|_| self.unexpected())?;
+            let fd = crate::take_fd(&mut fds, p.fd, "doorbell page").map_err(|_| self.unexpected())?;
             if let Some(page) = lock(&self.doorbells).get(&queue) {
                 page.rotate_to_fd(fd.as_fd(), p.file_offset)?;
             }
@@ -613,9 +629,27 @@ impl KernelPort for RemotePort {
     }
 }
 
+/// Connects to the daemon at `path` as a new client process: the port to open a
+/// `umd::Device` on ([`RemotePort::connect`], shared).
+pub fn connect(path: &Path) -> Result<Arc<dyn KernelPort>, ConnectError> {
+    Ok(Arc::new(RemotePort::connect(path)?))
+}
+
+/// [`connect`] to [`socket_path`]: `$DOORBELL_SOCKET`, else the daemon's default socket
+/// (`$XDG_RUNTIME_DIR/doorbell/doorbell.sock`, else `/tmp/doorbell-$UID/doorbell.sock`).
+pub fn connect_default() -> Result<Arc<dyn KernelPort>, ConnectError> {
+    connect(&socket_path())
+}
+
+/// The socket a client uses: `$DOORBELL_SOCKET` ([`crate::SOCKET_ENV`]), else
+/// [`crate::default_socket_path`].
+pub fn socket_path() -> std::path::PathBuf {
+    std::env::var_os(crate::SOCKET_ENV).filter(|p| !p.is_empty()).map_or_else(crate::default_socket_path, Into::into)
+}
+
 /// Asks the daemon at `path` for its status (an observer connection: no process is opened).
-pub fn daemon_status(path: &Path) -> Result<wire::DaemonStatus, ConnectError> {
-    let (chan, _) = wire::connect(path, HelloKind::Observe, PROTOCOL_VERSION)?;
+pub fn daemon_status(path: &Path) -> Result<crate::DaemonStatus, ConnectError> {
+    let (chan, _) = crate::connect(path, HelloKind::Observe, PROTOCOL_VERSION)?;
     let err = |error| ConnectError::Wire { path: path.display().to_string(), error };
     chan.send(&Request::Status, &[]).map_err(err)?;
     match chan.recv::<Response>("status").map_err(err)?.0 {
