@@ -47,7 +47,7 @@ impl Runner<'_, '_> {
     /// synthetic duration; `None`: the backlog drains), at `now`. It joins the backlog's end:
     /// it goes now if the backlog is empty and the ring has room (usually), without passing
     /// through it.
-    #[inline]
+    #[inline(always)]
     pub(super) fn submit_due(
         &mut self,
         i: usize,
