@@ -20,6 +20,7 @@
 //! Invariant: an observer that changes nothing (every checker) leaves the run byte-identical
 //! to `run::run`'s; the world it sees is the one the outputs describe.
 
+use abi::port::QUEUE_STATUS_HUNG;
 use abi::{HwQueueHandle, ProcessId};
 use kernel::System;
 
@@ -100,8 +101,16 @@ impl QueueView<'_> {
     /// Whether the kernel reset or faulted it (`USERQ QUERY_STATUS` reports it hung): it runs
     /// no more work, and what it had outstanding is lost.
     pub fn lost(&self) -> Option<String> {
-        crate::run::lost_reason(self.queue?)
+        lost_reason(self.queue?)
     }
+}
+
+/// Why the kernel reset or faulted queue `q`, if it did (`USERQ QUERY_STATUS` reports it
+/// hung: it runs no more work, and what it had outstanding is lost).
+pub(crate) fn lost_reason(q: &umd::Queue) -> Option<String> {
+    let s = q.status().ok()?;
+    (s.flags & QUEUE_STATUS_HUNG != 0)
+        .then(|| s.fault.map_or_else(|| "lost with its device".into(), |f| f.kind.to_string()))
 }
 
 /// The run at an instant, read-only (see [`Observer::instant`]).

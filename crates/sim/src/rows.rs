@@ -12,27 +12,25 @@
 //! Invariants: `rows.len() <= limit`; `stride` is a power of two; `rows[j]` is the command
 //! buffer of index `j * stride`.
 
-use crate::run::Span;
-
-/// A bounded, evenly spaced list of spans.
+/// A bounded, evenly spaced list of rows (a run's are [`crate::run::Span`]s).
 #[derive(Clone, Debug)]
-pub struct Rows {
-    rows: Vec<Span>,
+pub struct Rows<T> {
+    rows: Vec<T>,
     limit: usize,
     stride: u64,
     seen: u64,
 }
 
-impl Rows {
+impl<T> Rows<T> {
     /// At most `limit` rows (0 keeps none).
-    pub fn new(limit: usize) -> Rows {
+    pub fn new(limit: usize) -> Rows<T> {
         // Reserved up front (address space; pages are touched as rows arrive), at most a
         // million rows' worth.
         Rows { rows: Vec::with_capacity(limit.min(1 << 20)), limit, stride: 1, seen: 0 }
     }
 
     /// The next command buffer.
-    pub fn push(&mut self, s: Span) {
+    pub fn push(&mut self, s: T) {
         let index = self.seen;
         self.seen += 1;
         if self.limit == 0 || index & (self.stride - 1) != 0 {
@@ -54,7 +52,7 @@ impl Rows {
     }
 
     /// The rows, in completion order.
-    pub fn rows(&self) -> &[Span] {
+    pub fn rows(&self) -> &[T] {
         &self.rows
     }
 
@@ -69,9 +67,9 @@ impl Rows {
     }
 }
 
-impl Default for Rows {
+impl<T> Default for Rows<T> {
     /// Keeps none (and holds the invariants: a derived default's stride would be 0).
-    fn default() -> Rows {
+    fn default() -> Rows<T> {
         Rows::new(0)
     }
 }
@@ -79,6 +77,7 @@ impl Default for Rows {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::run::Span;
 
     fn span(i: u64) -> Span {
         Span::new(0, i + 1, i, i, i, 0)

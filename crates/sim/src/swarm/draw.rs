@@ -120,106 +120,119 @@ fn pick<'a, T>(rng: &mut ChaCha8Rng, xs: &'a [T]) -> &'a T {
 fn scenario_text(seed: u64, r: &mut ChaCha8Rng) -> (String, u32) {
     let mut t = String::new();
     let duration_ms = r.random_range(2..=20u32);
-    let w = |t: &mut String, s: String| {
-        t.push_str(&s);
-        t.push('\n');
-    };
     w(&mut t, format!("name = \"swarm-{seed}\"\nseed = {seed}\nduration_ms = {duration_ms}\ndrain_ms = 20000"));
     w(&mut t, "samples = 20\ntrace_queues = 0\n\n[device]".into());
+    let copy = device_text(&mut t, r);
+    let groups = r.random_range(1..=4usize);
+    let counts: Vec<u32> = (0..groups).map(|g| group_text(&mut t, r, g, copy)).collect();
+    events_text(&mut t, r, duration_ms, &counts);
+    let holds = r.random_range(0..=3u32);
+    (t, holds)
+}
+
+/// A line of the scenario.
+fn w(t: &mut String, s: String) {
+    t.push_str(&s);
+    t.push('\n');
+}
+
+/// `[device]`, `[device.tdr]` and `[cost]`; returns whether the device has a copy engine.
+fn device_text(t: &mut String, r: &mut ChaCha8Rng) -> bool {
     let copy = r.random_bool(0.4);
-    w(&mut t, format!("engines = {}", if copy { "[\"compute\", \"copy\"]" } else { "[\"compute\"]" }));
-    w(&mut t, format!("slots = {}", r.random_range(1..=8u32)));
+    w(t, format!("engines = {}", if copy { "[\"compute\", \"copy\"]" } else { "[\"compute\"]" }));
+    w(t, format!("slots = {}", r.random_range(1..=8u32)));
     if r.random_bool(0.2) {
-        w(&mut t, "doorbell_model = \"global\"".into());
+        w(t, "doorbell_model = \"global\"".into());
     } else if r.random_bool(0.35) {
-        w(&mut t, format!("doorbell_pool = {}", r.random_range(1..=6u32)));
+        w(t, format!("doorbell_pool = {}", r.random_range(1..=6u32)));
     }
     if r.random_bool(0.15) {
-        w(&mut t, "aggregated_doorbell = true".into());
+        w(t, "aggregated_doorbell = true".into());
     }
     if r.random_bool(0.15) {
-        w(&mut t, "notify_on_submit = true".into());
+        w(t, "notify_on_submit = true".into());
     }
-    w(&mut t, format!("process_quantum_us = {}", pick(r, &[200, 1000, 5000, 10000])));
-    w(&mut t, format!("gang_quantum_us = {}", pick(r, &[50, 200, 1000])));
-    w(&mut t, format!("idle_period_us = {}", pick(r, &[20, 100, 500, 2000, 20000])));
+    w(t, format!("process_quantum_us = {}", pick(r, &[200, 1000, 5000, 10000])));
+    w(t, format!("gang_quantum_us = {}", pick(r, &[50, 200, 1000])));
+    w(t, format!("idle_period_us = {}", pick(r, &[20, 100, 500, 2000, 20000])));
     if r.random_bool(0.3) {
-        w(&mut t, format!("d3_idle_ms = {}", pick(r, &[1, 2, 5])));
+        w(t, format!("d3_idle_ms = {}", pick(r, &[1, 2, 5])));
     }
     let compute = ["none", "dma_buffer", "dispatch", "thread_group", "thread", "shader"];
-    w(&mut t, format!("preemption_compute = \"{}\"", pick(r, &compute)));
-    w(&mut t, format!("preemption_copy = \"{}\"", pick(r, &["none", "dma_buffer", "chunk"])));
-    w(&mut t, "\n[device.tdr]".into());
-    w(&mut t, format!("delay_ms = {}", pick(r, &[2, 5, 20, 100])));
-    w(&mut t, format!("limit_count = {}", pick(r, &[1, 3, 5, 100])));
-    w(&mut t, format!("limit_time_ms = {}", pick(r, &[10, 1000, 60000])));
-    w(&mut t, format!("engine_reset = {}", r.random_bool(0.7)));
-    w(&mut t, format!("ddi_delay_ms = {}", pick(r, &[1, 10, 5000])));
-    w(&mut t, format!("hang_compute_ms = {}", pick(r, &[0, 3, 10, 50])));
-    w(&mut t, format!("hang_copy_ms = {}", pick(r, &[0, 3, 10, 50])));
-    w(&mut t, "\n[cost]".into());
-    w(&mut t, format!("doorbell_latency_ns = {}", pick(r, &[0, 0, 300, 2000])));
-    w(&mut t, format!("interrupt_ns = {}", pick(r, &[0, 0, 1000, 5000])));
-    w(&mut t, format!("kernel_call_ns = {}", pick(r, &[0, 0, 1500, 10000])));
-    w(&mut t, format!("turn_us = {}", pick(r, &[20, 100, 400])));
+    w(t, format!("preemption_compute = \"{}\"", pick(r, &compute)));
+    w(t, format!("preemption_copy = \"{}\"", pick(r, &["none", "dma_buffer", "chunk"])));
+    w(t, "\n[device.tdr]".into());
+    w(t, format!("delay_ms = {}", pick(r, &[2, 5, 20, 100])));
+    w(t, format!("limit_count = {}", pick(r, &[1, 3, 5, 100])));
+    w(t, format!("limit_time_ms = {}", pick(r, &[10, 1000, 60000])));
+    w(t, format!("engine_reset = {}", r.random_bool(0.7)));
+    w(t, format!("ddi_delay_ms = {}", pick(r, &[1, 10, 5000])));
+    w(t, format!("hang_compute_ms = {}", pick(r, &[0, 3, 10, 50])));
+    w(t, format!("hang_copy_ms = {}", pick(r, &[0, 3, 10, 50])));
+    w(t, "\n[cost]".into());
+    w(t, format!("doorbell_latency_ns = {}", pick(r, &[0, 0, 300, 2000])));
+    w(t, format!("interrupt_ns = {}", pick(r, &[0, 0, 1000, 5000])));
+    w(t, format!("kernel_call_ns = {}", pick(r, &[0, 0, 1500, 10000])));
+    w(t, format!("turn_us = {}", pick(r, &[20, 100, 400])));
 
-    let groups = r.random_range(1..=4usize);
-    let mut counts = Vec::new();
-    let mut signals = Vec::new();
-    for g in 0..groups {
-        let count = r.random_range(1..=8u32);
-        counts.push(count);
-        let engine = if copy && r.random_bool(0.3) { "copy" } else { "compute" };
-        w(&mut t, format!("\n[[group]]\nname = \"g{g}\"\ncount = {count}\nengine = \"{engine}\""));
-        w(&mut t, format!("priority = \"{}\"", pick(r, &["low", "normal", "normal", "high", "realtime"])));
-        if r.random_bool(0.25) {
-            w(&mut t, "path = \"kernel\"".into());
-        }
-        if r.random_bool(0.5) {
-            w(&mut t, format!("queues_per_process = {}", r.random_range(1..=3u32)));
-        }
-        w(&mut t, format!("ring_bytes = {}", pick(r, &[4096, 8192, 65536])));
-        // A dependency on an earlier group that signals (no cycles by construction).
-        let after = (g > 0 && r.random_bool(0.2)).then(|| r.random_range(0..g));
-        if let Some(a) = after {
-            w(&mut t, format!("after = \"g{a}\""));
-        }
-        let signal = r.random_bool(0.3);
-        signals.push(signal);
-        w(&mut t, "[group.workload]".into());
-        match r.random_range(0..4u32) {
-            0 | 1 => {
-                w(&mut t, format!("kind = \"closed\"\noutstanding = {}", pick(r, &[1, 2, 4])));
-                w(&mut t, format!("think_us = {}", pick(r, &[0, 5, 50])));
-            }
-            2 => w(&mut t, format!("kind = \"periodic\"\nperiod_us = {}", pick(r, &[50, 200, 1000]))),
-            _ => w(
-                &mut t,
-                format!("kind = \"bursts\"\nburst_size = {}\nburst_period_us = {}", r.random_range(1..=6u32), 500),
-            ),
-        }
-        if signal && r.random_bool(0.5) {
-            w(&mut t, "cpu_waiter = true".into());
-        }
-        w(&mut t, "[group.commands]".into());
-        if r.random_bool(0.3) {
-            w(&mut t, format!("write_data = {}", r.random_range(1..=3u32)));
-        }
-        if engine == "copy" || r.random_bool(0.2) {
-            w(&mut t, format!("fill_bytes = {}", pick(r, &[256, 65536, 262144])));
-        }
-        if r.random_bool(0.2) {
-            w(&mut t, format!("copy_bytes = {}", pick(r, &[256, 131072])));
-        }
-        if signal {
-            w(&mut t, "signal = true".into());
-        }
-        if engine == "compute" || r.random_bool(0.5) {
-            let (lo, hi) = *pick(r, &[(1, 20), (10, 200), (100, 1500)]);
-            w(&mut t, format!("synthetic = {{ dist = \"uniform\", min_us = {lo}, max_us = {hi} }}"));
-        }
+    copy
+}
+
+/// Group `g` (`g0`, `g1`, …): its queues, workload and commands; returns its queue count.
+fn group_text(t: &mut String, r: &mut ChaCha8Rng, g: usize, copy: bool) -> u32 {
+    let count = r.random_range(1..=8u32);
+    let engine = if copy && r.random_bool(0.3) { "copy" } else { "compute" };
+    w(t, format!("\n[[group]]\nname = \"g{g}\"\ncount = {count}\nengine = \"{engine}\""));
+    w(t, format!("priority = \"{}\"", pick(r, &["low", "normal", "normal", "high", "realtime"])));
+    if r.random_bool(0.25) {
+        w(t, "path = \"kernel\"".into());
     }
-    // Events inside the window, strictly before its end.
+    if r.random_bool(0.5) {
+        w(t, format!("queues_per_process = {}", r.random_range(1..=3u32)));
+    }
+    w(t, format!("ring_bytes = {}", pick(r, &[4096, 8192, 65536])));
+    // A dependency on an earlier group that signals (no cycles by construction).
+    let after = (g > 0 && r.random_bool(0.2)).then(|| r.random_range(0..g));
+    if let Some(a) = after {
+        w(t, format!("after = \"g{a}\""));
+    }
+    let signal = r.random_bool(0.3);
+    w(t, "[group.workload]".into());
+    match r.random_range(0..4u32) {
+        0 | 1 => {
+            w(t, format!("kind = \"closed\"\noutstanding = {}", pick(r, &[1, 2, 4])));
+            w(t, format!("think_us = {}", pick(r, &[0, 5, 50])));
+        }
+        2 => w(t, format!("kind = \"periodic\"\nperiod_us = {}", pick(r, &[50, 200, 1000]))),
+        _ => w(t, format!("kind = \"bursts\"\nburst_size = {}\nburst_period_us = {}", r.random_range(1..=6u32), 500)),
+    }
+    if signal && r.random_bool(0.5) {
+        w(t, "cpu_waiter = true".into());
+    }
+    w(t, "[group.commands]".into());
+    if r.random_bool(0.3) {
+        w(t, format!("write_data = {}", r.random_range(1..=3u32)));
+    }
+    if engine == "copy" || r.random_bool(0.2) {
+        w(t, format!("fill_bytes = {}", pick(r, &[256, 65536, 262144])));
+    }
+    if r.random_bool(0.2) {
+        w(t, format!("copy_bytes = {}", pick(r, &[256, 131072])));
+    }
+    if signal {
+        w(t, "signal = true".into());
+    }
+    if engine == "compute" || r.random_bool(0.5) {
+        let (lo, hi) = *pick(r, &[(1, 20), (10, 200), (100, 1500)]);
+        w(t, format!("synthetic = {{ dist = \"uniform\", min_us = {lo}, max_us = {hi} }}"));
+    }
+    count
+}
+
+/// Events inside the window, strictly before its end, on queues of the groups (`counts`
+/// queues each).
+fn events_text(t: &mut String, r: &mut ChaCha8Rng, duration_ms: u32, counts: &[u32]) {
+    let groups = counts.len();
     let events = r.random_range(0..=5u32);
     for _ in 0..events {
         let at = r.random_range(0.0..duration_ms as f64 * 0.9);
@@ -227,17 +240,15 @@ fn scenario_text(seed: u64, r: &mut ChaCha8Rng) -> (String, u32) {
         let q = r.random_range(0..counts[g]);
         let target = format!("group = \"g{g}\"\nqueue = {q}");
         match r.random_range(0..4u32) {
-            0 => w(&mut t, format!("\n[[event]]\nat_ms = {at:.3}\naction = \"kill\"\n{target}")),
-            1 => w(&mut t, format!("\n[[event]]\nat_ms = {at:.3}\naction = \"hang\"\n{target}")),
-            2 => w(&mut t, format!("\n[[event]]\nat_ms = {at:.3}\naction = \"d3\"")),
+            0 => w(t, format!("\n[[event]]\nat_ms = {at:.3}\naction = \"kill\"\n{target}")),
+            1 => w(t, format!("\n[[event]]\nat_ms = {at:.3}\naction = \"hang\"\n{target}")),
+            2 => w(t, format!("\n[[event]]\nat_ms = {at:.3}\naction = \"d3\"")),
             _ => {
                 let for_ms = pick(r, &[0.05, 0.5, 3.0, 30.0]);
-                w(&mut t, format!("\n[[event]]\nat_ms = {at:.3}\naction = \"suspend\"\n{target}\nfor_ms = {for_ms}"))
+                w(t, format!("\n[[event]]\nat_ms = {at:.3}\naction = \"suspend\"\n{target}\nfor_ms = {for_ms}"))
             }
         }
     }
-    let holds = r.random_range(0..=3u32);
-    (t, holds)
 }
 
 /// The faults beside the scenario, inside its window, in time order.
