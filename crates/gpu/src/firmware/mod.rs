@@ -450,6 +450,12 @@ struct Engine {
     /// How many of `run_list` are kernel queues (kept by [`schedule::join_run_list`] and
     /// [`schedule::leave_run_list`]), so INFO's slot split does not count them on every ask.
     kernel_queues: usize,
+    /// Whether every kernel queue of the run list fits the slots (`kernel_queues <=
+    /// hw_slots`), as the waiting set was last kept by: then an idle kernel queue waits for a
+    /// slot too (always mapped, spec 001), otherwise only one with work does
+    /// ([`schedule::Seat::should_wait`]; [`schedule::schedule`] re-keeps the set when it
+    /// changes).
+    kernel_fit: bool,
     /// The queues in hardware slots (HQDs): at most `hw_slots`; only these execute.
     hqd: Vec<FwQueueId>,
     hw_slots: usize,
@@ -623,6 +629,7 @@ impl Engine {
             timers: Timers([Some(Time::ZERO.plus(idle_period)), None, None]),
             run_list: Vec::new(),
             kernel_queues: 0,
+            kernel_fit: true,
             hqd: Vec::new(),
             hw_slots: hw_slots.max(1) as usize,
             watches: Vec::new(),
