@@ -25,6 +25,10 @@
 //! OS. Queues' context save areas are page ranges of one pool of memfd arenas
 //! ([`shm::ShmPool`]) rather than a memfd each: kernel-owned pages that no client and no GPU
 //! address space maps, so one pool serves every process.
+//!
+//! Its parts: `line.rs` (the interrupt line and the driver thread's waker), `doorbells.rs`
+//! (the three doorbell models, the pool and its victim choice), `device.rs` (the device lock
+//! a DDI holds, and the translation of device refusals); the DDIs themselves are here.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -43,98 +47,15 @@ use crate::ddi::{
     ConnectStep, DdiError, DisconnectCallback, GpuMapping, Kmd, Notification, QueueCreate, SignaledFences,
 };
 
-/// The device's interrupt line: the device's driver moves what the device raised onto it
-/// ([`InterruptLine::raise_from`]), and the KMD's ISR takes it off
-/// ([`Kmd::poll_notification`]) once it is delivered. On the live driver delivery is what it
-/// is (at once, as far as the line goes); the deterministic driver models it
-/// ([`InterruptLine::modelled`]): an interrupt reaches the ISR a fixed delivery time after the
-/// device raised it, at its modelled time, and not before the driver moved it.
-#[derive(Clone, Default)]
-pub struct InterruptLine {
-    /// Waiting interrupts, with the time each is delivered at, in delivery order (raise order
-    /// among equals).
-    waiting: Arc<Mutex<std::collections::VecDeque<(Time, Interrupt)>>>,
-    /// The modelled delivery time; `None`: deliver at once.
-    delivery: Option<Duration>,
-}
+mod device;
+mod doorbells;
+mod line;
 
-impl InterruptLine {
-    /// A line that delivers each interrupt `delivery` after the device raised it (the
-    /// deterministic driver's cost model).
-    pub fn modelled(delivery: Duration) -> InterruptLine {
-        InterruptLine { waiting: Default::default(), delivery: Some(delivery) }
-    }
-
-    /// Moves every interrupt `gpu` raised onto the line, the driver's clock reading `now`;
-    /// returns how many.
-    pub fn raise_from(&self, gpu: &mut Gpu, now: Time) -> usize {
-        // The common case, a pump with nothing raised, stays off the line's lock.
-        let Some(first) = gpu.poll_interrupt_at() else { return 0 };
-        let mut line = self.waiting.lock();
-        let mut n = 0;
-        for (raised, irq) in std::iter::once(first).chain(std::iter::from_fn(|| gpu.poll_interrupt_at())) {
-            let at = self.delivery.map_or(Time::ZERO, |d| raised.max(now).plus(d));
-            // After every interrupt delivered no later (the common case: at the back).
-            let k = line.iter().rposition(|&(t, _)| t <= at).map_or(0, |k| k + 1);
-            line.insert(k, (at, irq));
-            n += 1;
-        }
-        n
-    }
-
-    /// Whether the line models delivery time (an interrupt may wait on it after it was moved).
-    pub fn models_delivery(&self) -> bool {
-        self.delivery.is_some()
-    }
-
-    /// Whether an interrupt is delivered by `now`.
-    pub fn due(&self, now: Time) -> bool {
-        self.waiting.lock().front().is_some_and(|&(t, _)| t <= now)
-    }
-
-    /// When the next interrupt is delivered, if one waits.
-    pub fn next_delivery(&self) -> Option<Time> {
-        self.waiting.lock().front().map(|&(t, _)| t)
-    }
-
-    fn take(&self, now: Time) -> Option<Interrupt> {
-        let mut line = self.waiting.lock();
-        if line.front().is_some_and(|&(t, _)| t <= now) { line.pop_front().map(|(_, irq)| irq) } else { None }
-    }
-}
-
-/// Something that wakes the device's driver thread (the live firmware thread parks while
-/// every engine is in F1).
-pub trait DeviceWaker: Send + Sync {
-    /// Wakes it. Must not block.
-    fn wake(&self);
-}
-
-/// The device lock held for a DDI, with the attention register raised ([`VirtualKmd::device`]).
-/// Fields drop in order: the lock is released before the attention is lowered.
-struct Device<'a> {
-    gpu: parking_lot::MutexGuard<'a, Gpu>,
-    _attention: gpu::AttentionGuard<'a>,
-}
-
-/// [`VirtualKmd::device`], from the two fields (for callers holding another field mutably).
-fn lock_device<'a>(gpu: &'a Mutex<Gpu>, attention: &'a gpu::Attention) -> Device<'a> {
-    let attention = attention.raise();
-    Device { gpu: crate::spin::lock_soon(gpu), _attention: attention }
-}
-
-impl std::ops::Deref for Device<'_> {
-    type Target = Gpu;
-    fn deref(&self) -> &Gpu {
-        &self.gpu
-    }
-}
-
-impl std::ops::DerefMut for Device<'_> {
-    fn deref_mut(&mut self) -> &mut Gpu {
-        &mut self.gpu
-    }
-}
+pub(crate) use device::refused;
+use device::{Device, lock_device};
+use doorbells::Doorbells;
+pub use doorbells::VictimPolicy;
+pub use line::{DeviceWaker, InterruptLine};
 
 /// The KMD of doorbell's virtual GPU.
 pub struct VirtualKmd {
@@ -178,64 +99,6 @@ pub struct VirtualKmd {
     context_saves: ShmPool,
 }
 
-/// How the KMD hands out doorbells.
-enum Doorbells {
-    /// Dedicated: every queue index of a process's page is its own physical doorbell.
-    PerProcess,
-    /// Dedicated, virtualized over a limited pool.
-    Pool(DoorbellPool),
-    /// Global: one doorbell for every queue (spec 000: no victimization needed); each queue
-    /// rings its bit of its process's page.
-    Global,
-}
-
-/// The dedicated-doorbell model with a limited pool (spec 000 "Dedicated doorbells"): a few
-/// physical doorbells, each at offset 0 of its own BAR page (a CPU VA rotates a whole page),
-/// shared by every user-mode queue by victimizing one as the [`VictimPolicy`] says.
-struct DoorbellPool {
-    first_page: u32,
-    /// Its physical doorbells (index `j` is BAR page `first_page + j`), each held by a lease
-    /// that returns it when dropped.
-    free: crate::pool::Pool,
-    count: u32,
-    /// Connected owners and their doorbells, least recently connected first.
-    connected: std::collections::VecDeque<(HwQueueHandle, crate::pool::Lease)>,
-    policy: VictimPolicy,
-}
-
-/// Which connected doorbell the pooled model victimizes when a queue connects and every
-/// physical doorbell is taken (spec 000: "an older or least recently used hardware queue").
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum VictimPolicy {
-    /// The doorbell least recently used: connected or rung (as the firmware latched the
-    /// ring), whichever came later. A busy queue keeps its doorbell; an idle one is
-    /// victimized. The default.
-    #[default]
-    LeastRecentlyRung,
-    /// The doorbell connected longest ago, however often its queue rings it since.
-    LeastRecentlyConnected,
-}
-
-impl DoorbellPool {
-    /// The queue whose doorbell goes, by the pool's policy (`None`: none is connected). Every
-    /// bind takes a fresh step of the firmware's sequence, so last uses only tie at 0 (a
-    /// doorbell the device reports unbound); ties go to the least recently connected
-    /// (`min_by_key` keeps the first minimum).
-    fn victim(&self, gpu: &Gpu, fw: &KeyMap<HwQueueHandle, FwQueueId>) -> Option<HwQueueHandle> {
-        let mut owners = self.connected.iter().map(|(q, _)| *q);
-        match self.policy {
-            VictimPolicy::LeastRecentlyConnected => owners.next(),
-            VictimPolicy::LeastRecentlyRung => owners.min_by_key(|q| {
-                match fw.get(q).and_then(|&id| gpu.doorbell_of(id).ok().flatten()) {
-                    Some(gpu::BoundDoorbell::Word { last_used, .. }) => last_used,
-                    // Not bound as far as the device knows: the best victim there is.
-                    _ => 0,
-                }
-            }),
-        }
-    }
-}
-
 impl VirtualKmd {
     /// A KMD driving `gpu`, whose interrupts arrive on `line`; `waker` is called when an
     /// engine returns to F0.
@@ -272,32 +135,6 @@ impl VirtualKmd {
             mappings: Default::default(),
             context_saves: ShmPool::new("queue-context-save", PoolConfig::default()),
         }
-    }
-
-    /// Virtualizes user-mode doorbells over a pool of `count` physical doorbells, kept in the
-    /// last BAR pages. A device with a global doorbell has nothing to
-    /// virtualize (spec 000: "This mechanism isn't required if a GPU uses global doorbells"),
-    /// so there this does nothing and returns `false`. When the pool is full, a connect
-    /// victimizes a connected doorbell as `policy` says.
-    pub fn set_doorbell_pool(&mut self, count: u32, policy: VictimPolicy) -> bool {
-        if let Doorbells::Global = self.doorbells {
-            return false;
-        }
-        let top = self.device().doorbell_count() / abi::doorbell::DOORBELLS_PER_PAGE;
-        // Keep page 0 (kernel queues) and at least one process page.
-        let count = count.clamp(1, top.saturating_sub(2).max(1));
-        self.doorbells = Doorbells::Pool(DoorbellPool {
-            first_page: top - count,
-            free: crate::pool::Pool::new("pooled physical doorbells", 0..count, None),
-            count,
-            connected: Default::default(),
-            policy,
-        });
-        true
-    }
-
-    fn connected(&self, page: u32) -> ConnectStep {
-        ConnectStep { page_offset: page as u64 * abi::doorbell::DOORBELL_PAGE_BYTES, notify: self.notify_on_submit }
     }
 
     /// The device lock, for a DDI. The attention register is raised first
@@ -355,22 +192,6 @@ impl VirtualKmd {
         self.vms.get(&p).copied().ok_or(DdiError::UnknownAddressSpace(p))
     }
 
-    /// Unbinds `q`'s physical doorbell and frees its pool doorbell, if it holds one.
-    fn unbind(&mut self, q: HwQueueHandle) -> Result<(), DdiError> {
-        let fw = self.fw(q)?;
-        self.device().unbind_doorbell(fw).map_err(refused("queue", q))?;
-        self.release_pool_doorbell(q);
-        Ok(())
-    }
-
-    /// Frees `q`'s pool doorbell, if it holds one.
-    fn release_pool_doorbell(&mut self, q: HwQueueHandle) {
-        if let Doorbells::Pool(pool) = &mut self.doorbells {
-            // Dropping its lease returns the doorbell.
-            pool.connected.retain(|(x, _)| *x != q);
-        }
-    }
-
     /// Which submission models the device offers (amdgpu's `user_queue` parameter).
     pub fn set_user_queue_mode(&mut self, mode: abi::port::UserQueueMode) {
         self.mode = mode;
@@ -410,37 +231,6 @@ impl VirtualKmd {
     /// `NotifyWorkSubmission` after each ring (spec: for "specific and infrequent scenarios").
     pub fn set_notify_on_submit(&mut self, on: bool) {
         self.notify_on_submit = on;
-    }
-}
-
-/// A device refusal, reported against the argument that caused it and translated into the
-/// kernel's terms ([`DeviceRefusal`]): no `gpu` type crosses the DDI boundary.
-pub(crate) fn refused(field: &'static str, value: impl ToString) -> impl FnOnce(gpu::GpuError) -> DdiError {
-    use DeviceRefusal as R;
-    use gpu::GpuError as G;
-    move |e| {
-        let reason = match e {
-            G::StaleQueue(_) => R::UnknownQueue,
-            G::BadVmid(_) => R::NoAddressSpace,
-            G::BadEngine(n) => R::NoSuchEngine(n),
-            G::Overlap { va, bytes } => R::MappingOverlap { va, bytes },
-            G::BadMapping { va, bytes, why } => R::BadMapping { va, bytes, why },
-            G::QueueMemory(fault) => R::QueueMemory(fault),
-            G::BadStartPointer { wptr } => R::BadStartPointer { wptr },
-            // (The OS sized or checked the area first: not reached.)
-            G::SaveAreaTooSmall { .. } => {
-                R::QueueMemory(abi::queue::FaultKind::BadSaveArea { why: "smaller than a queue needs" })
-            }
-            G::NoGlobalDoorbellBit { bit, bits } => R::NoGlobalDoorbellBit { bit, bits },
-            G::TooManyEngines { engines, max } => R::TooManyEngines { engines, max },
-            G::NoGlobalDoorbell { model } => R::NoGlobalDoorbell { model },
-            G::BadDoorbell { index, count } => R::BadDoorbell { index, count },
-            G::Shm(e) => return DdiError::Shm(e),
-            G::NotHeld(_) => R::NotHeld,
-            G::BadTakeBack { wptr, floor, accepted, .. } => R::BadTakeBack { wptr, floor, accepted },
-            G::Hardware(e) => R::Hardware(e.to_string()),
-        };
-        DdiError::Refused { field, value: value.to_string(), reason }
     }
 }
 
@@ -571,58 +361,7 @@ impl Kmd for VirtualKmd {
         index: u32,
         callback: &mut dyn DisconnectCallback,
     ) -> Result<ConnectStep, DdiError> {
-        let fw = self.fw(queue)?;
-        let per_page = abi::doorbell::DOORBELLS_PER_PAGE;
-        let page = match &mut self.doorbells {
-            Doorbells::Global => {
-                // Every queue shares the one doorbell: nothing to victimize.
-                lock_device(&self.gpu, &self.attention)
-                    .bind_global_doorbell(fw, process_page, index)
-                    .map_err(refused("doorbell index", index))?;
-                process_page
-            }
-            Doorbells::PerProcess => {
-                let bar_index = process_page * per_page + index;
-                lock_device(&self.gpu, &self.attention)
-                    .bind_doorbell(fw, bar_index)
-                    .map_err(refused("doorbell BAR index", bar_index))?;
-                process_page
-            }
-            Doorbells::Pool(pool) => {
-                let lease = match pool.free.take() {
-                    Ok(lease) => lease,
-                    Err(e) => {
-                        // Victimize a doorbell as the policy says: the OS's callback first
-                        // (the victim's CPU VA to the dummy page, DisconnectedRetry), then the
-                        // physical disconnect, whose wptr re-read loses nothing.
-                        let victim = pool.victim(&lock_device(&self.gpu, &self.attention), &self.queues);
-                        let victim = victim.ok_or_else(|| DdiError::Refused {
-                            field: "doorbell pool",
-                            value: e.to_string(),
-                            reason: DeviceRefusal::NoDoorbellToVictimize,
-                        })?;
-                        callback.disconnect_doorbell(victim)?;
-                        self.unbind(victim)?;
-                        callback.victim_unbound(victim);
-                        let Doorbells::Pool(pool) = &self.doorbells else { unreachable!("still a pool") };
-                        pool.free.take().map_err(|e| DdiError::Refused {
-                            field: "doorbell pool",
-                            value: e.to_string(),
-                            reason: DeviceRefusal::VictimKeptDoorbell,
-                        })?
-                    }
-                };
-                let Doorbells::Pool(pool) = &mut self.doorbells else { unreachable!("still a pool") };
-                let page = pool.first_page + lease.index();
-                let bar_index = page * per_page;
-                lock_device(&self.gpu, &self.attention)
-                    .bind_doorbell(fw, bar_index)
-                    .map_err(refused("doorbell BAR index", bar_index))?;
-                pool.connected.push_back((queue, lease));
-                page
-            }
-        };
-        Ok(self.connected(page))
+        self.connect_user_doorbell(queue, process_page, index, callback)
     }
 
     fn connect_kernel_doorbell(&mut self, queue: HwQueueHandle, index: u32) -> Result<(), DdiError> {
