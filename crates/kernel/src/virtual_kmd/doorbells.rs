@@ -10,7 +10,7 @@
 use abi::HwQueueHandle;
 use abi::port::DeviceRefusal;
 use abi::slab::KeyMap;
-use gpu::{FwQueueId, Gpu};
+use gpu::{FwQueueId, Gpu, cmd};
 
 use super::{VirtualKmd, lock_device, refused};
 use crate::ddi::{ConnectStep, DdiError, DisconnectCallback};
@@ -103,7 +103,7 @@ impl VirtualKmd {
     /// Unbinds `q`'s physical doorbell and frees its pool doorbell, if it holds one.
     pub(super) fn unbind(&mut self, q: HwQueueHandle) -> Result<(), DdiError> {
         let fw = self.fw(q)?;
-        self.device().unbind_doorbell(fw).map_err(refused("queue", q))?;
+        self.device().command(cmd::UnbindDoorbell { queue: fw }).map_err(refused("queue", q))?;
         self.release_pool_doorbell(q);
         Ok(())
     }
@@ -130,14 +130,14 @@ impl VirtualKmd {
             Doorbells::Global => {
                 // Every queue shares the one doorbell: nothing to victimize.
                 lock_device(&self.gpu, &self.attention)
-                    .bind_global_doorbell(fw, process_page, index)
+                    .command(cmd::BindGlobalDoorbell { queue: fw, page: process_page, bit: index })
                     .map_err(refused("doorbell index", index))?;
                 process_page
             }
             Doorbells::PerProcess => {
                 let bar_index = process_page * per_page + index;
                 lock_device(&self.gpu, &self.attention)
-                    .bind_doorbell(fw, bar_index)
+                    .command(cmd::BindDoorbell { queue: fw, index: bar_index })
                     .map_err(refused("doorbell BAR index", bar_index))?;
                 process_page
             }
@@ -169,7 +169,7 @@ impl VirtualKmd {
                 let page = pool.first_page + lease.index();
                 let bar_index = page * per_page;
                 lock_device(&self.gpu, &self.attention)
-                    .bind_doorbell(fw, bar_index)
+                    .command(cmd::BindDoorbell { queue: fw, index: bar_index })
                     .map_err(refused("doorbell BAR index", bar_index))?;
                 pool.connected.push_back((queue, lease));
                 page

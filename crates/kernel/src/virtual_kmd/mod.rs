@@ -39,7 +39,7 @@ use abi::port::{AdapterInfo, DeviceRefusal, EngineInfo};
 use abi::queue::{Access, FaultKind};
 use abi::slab::KeyMap;
 use abi::{ContextHandle, EngineId, HwQueueHandle, PowerState, ProcessId, QueueState, Time};
-use gpu::{FenceSignaled, FwQueueId, Gpu, Interrupt, QueueConfig, Vmid};
+use gpu::{FenceSignaled, FwQueueId, Gpu, Interrupt, QueueConfig, Vmid, cmd};
 use parking_lot::Mutex;
 use shm::{PoolConfig, Shm, ShmPool, Word};
 
@@ -166,14 +166,14 @@ impl VirtualKmd {
         backing: (Arc<Shm>, u64),
         writable: bool,
     ) -> Result<GpuMapping, gpu::GpuError> {
-        self.device().vm_mut(vmid).and_then(|mut vm| vm.map(va, bytes, backing.0, backing.1, writable))?;
+        let (memory, offset) = backing;
+        self.device().command(cmd::Map { vmid, va, bytes, memory, offset, writable })?;
         let (gpu, live) = (self.gpu.clone(), self.mappings.clone());
         // Relaxed: a statistic; the mapping itself is ordered by the device lock.
         live.fetch_add(1, Ordering::Relaxed);
         Ok(GpuMapping::new(va, move || {
-            if let Ok(mut vm) = gpu.lock().vm_mut(vmid) {
-                vm.unmap(va);
-            }
+            // (An address space already gone took the mapping with it.)
+            let _ = gpu.lock().command(cmd::Unmap { vmid, va });
             live.fetch_sub(1, Ordering::Relaxed);
         }))
     }
@@ -286,14 +286,14 @@ impl Kmd for VirtualKmd {
     }
 
     fn create_address_space(&mut self, process: ProcessId) -> Result<(), DdiError> {
-        let vmid = self.device().create_vm();
+        let vmid = self.device().command(cmd::CreateVm {}).map_err(refused("process", process))?;
         self.vms.insert(process, vmid);
         Ok(())
     }
 
     fn destroy_address_space(&mut self, process: ProcessId) -> Result<(), DdiError> {
         let vmid = self.vms.remove(&process).ok_or(DdiError::UnknownAddressSpace(process))?;
-        self.device().destroy_vm(vmid).map_err(refused("process", process))
+        self.device().command(cmd::DestroyVm { vmid }).map_err(refused("process", process))
     }
 
     fn map_gpu(
@@ -339,7 +339,10 @@ impl Kmd for VirtualKmd {
             priority: desc.priority,
         };
         let ring = desc.ring_va;
-        let fw = self.device().add_queue(cfg).map_err(refused("queue memory", format!("ring at {ring:#x}")))?;
+        let fw = self
+            .device()
+            .command(cmd::AddQueue { config: cfg })
+            .map_err(refused("queue memory", format!("ring at {ring:#x}")))?;
         self.queues.insert(queue, fw);
         self.by_fw.insert(fw, queue);
         Ok(())
@@ -351,7 +354,7 @@ impl Kmd for VirtualKmd {
         self.kernel_doorbells.remove(&queue);
         self.queues.remove(&queue);
         self.by_fw.remove(&fw);
-        self.device().remove_queue(fw).map(|_| ()).map_err(refused("queue", queue))
+        self.device().command(cmd::RemoveQueue { queue: fw }).map(|_| ()).map_err(refused("queue", queue))
     }
 
     fn connect_doorbell(
@@ -368,7 +371,7 @@ impl Kmd for VirtualKmd {
         let fw = self.fw(queue)?;
         let mut g = self.device();
         let word = Word::new(g.bar(), index as u64 * abi::doorbell::DOORBELL_BYTES)?;
-        g.bind_doorbell(fw, index).map_err(refused("kernel doorbell", index))?;
+        g.command(cmd::BindDoorbell { queue: fw, index }).map_err(refused("kernel doorbell", index))?;
         drop(g);
         self.kernel_doorbells.insert(queue, word);
         Ok(())
@@ -400,11 +403,12 @@ impl Kmd for VirtualKmd {
     }
 
     fn watch_aggregated_page(&mut self, page: u32) -> Result<(), DdiError> {
-        self.device().watch_aggregated_doorbell(page).map_err(refused("aggregated doorbell page", page))
+        self.device().command(cmd::WatchAggregatedDoorbell { page }).map_err(refused("aggregated doorbell page", page))
     }
 
     fn unwatch_aggregated_page(&mut self, page: u32) {
-        self.device().unwatch_aggregated_doorbell(page);
+        // (Unwatching refuses nothing.)
+        let _ = self.device().command(cmd::UnwatchAggregatedDoorbell { page });
     }
 
     fn reserved_doorbell_pages(&self) -> std::ops::Range<u32> {
@@ -427,19 +431,19 @@ impl Kmd for VirtualKmd {
 
     fn update_monitored(&mut self, queue: HwQueueHandle, value: u64) -> Result<(), DdiError> {
         let fw = self.fw(queue)?;
-        self.device().set_monitored(fw, value).map_err(refused("queue", queue))
+        self.device().command(cmd::SetMonitored { queue: fw, value }).map_err(refused("queue", queue))
     }
 
     fn set_power(&mut self, engine: EngineId, state: PowerState, now: Time) -> Result<PowerState, DdiError> {
         let mut g = self.device();
         match state {
             PowerState::F0 => {
-                g.request_f0(engine, now).map_err(refused("engine", engine))?;
+                g.command(cmd::RequestF0 { engine, now }).map_err(refused("engine", engine))?;
                 drop(g);
                 self.waker.wake();
                 Ok(PowerState::F0)
             }
-            PowerState::F1 => match g.enter_f1(engine, now).map_err(refused("engine", engine))? {
+            PowerState::F1 => match g.command(cmd::EnterF1 { engine, now }).map_err(refused("engine", engine))? {
                 true => Ok(PowerState::F1),
                 false => Ok(PowerState::F0),
             },
@@ -452,7 +456,9 @@ impl Kmd for VirtualKmd {
         let waits = if self.native_fences { gpu::FenceWaits::Park } else { gpu::FenceWaits::Poll };
         // Checked here, once: `update_current_value` stores through it.
         Word::new(&current.0, current.1)?;
-        self.device().register_native_fence((&current.0, current.1), monitored.clone(), id, waits);
+        let register = cmd::RegisterFence { id, current: current.clone(), monitored: monitored.clone(), waits };
+        // (Registering refuses nothing.)
+        let _ = self.device().command(register);
         self.fences.insert(id, current);
         self.monitored.insert(id, monitored);
         Ok(())
@@ -462,7 +468,7 @@ impl Kmd for VirtualKmd {
         self.monitored.remove(&id);
         self.system_vas.remove(&id);
         if let Some((shm, offset)) = self.fences.remove(&id) {
-            self.device().unregister_native_fence((&shm, offset));
+            let _ = self.device().command(cmd::UnregisterFence { current: (shm, offset) });
         }
     }
 
@@ -481,7 +487,7 @@ impl Kmd for VirtualKmd {
 
     fn notify_current_values(&mut self) {
         // The firmware re-checks the queues parked on fence WAITs; wake its thread to do it.
-        self.device().notify_fences();
+        let _ = self.device().command(cmd::NotifyFences {});
         self.waker.wake();
     }
 
@@ -495,7 +501,7 @@ impl Kmd for VirtualKmd {
         let mut g = self.device();
         let mut out = Vec::with_capacity(queues.len());
         for (fw, &queue) in fws.into_iter().zip(queues) {
-            let s = g.suspend_queue(fw, now).map_err(refused("queue", queue))?;
+            let s = g.command(cmd::SuspendQueue { queue: fw, now }).map_err(refused("queue", queue))?;
             out.push(crate::ddi::Suspended { queue, ticket: s.ticket, answered: s.answered });
         }
         drop(g);
@@ -508,7 +514,7 @@ impl Kmd for VirtualKmd {
         let fws = queues.iter().map(|&q| self.fw(q)).collect::<Result<Vec<_>, _>>()?;
         let mut g = self.device();
         for (fw, q) in fws.into_iter().zip(queues) {
-            g.resume_queue(fw).map_err(refused("queue", q))?;
+            g.command(cmd::ResumeQueue { queue: fw }).map_err(refused("queue", q))?;
         }
         drop(g);
         self.waker.wake();
@@ -578,7 +584,8 @@ impl Kmd for VirtualKmd {
         let mut g = self.device();
         // The device's clock when the request reaches it (after the lock hand-over).
         let arrived = self.clock.as_ref().map_or(now, |c| c());
-        let ticket = g.request_preempt(fw, now, arrived).map_err(refused("queue", &queue))?;
+        let request = cmd::RequestPreempt { queue: fw, requested_at: now, now: arrived };
+        let ticket = g.command(request).map_err(refused("queue", &queue))?;
         drop(g);
         // A sleeping firmware thread must see the request (and raise its answer).
         self.waker.wake();
@@ -588,7 +595,7 @@ impl Kmd for VirtualKmd {
     fn reset_engine(&mut self, engine: EngineId, now: Time) -> Result<crate::ddi::EngineResetOutcome, DdiError> {
         let started = self.device_now(now);
         let mut g = self.device();
-        let r = g.reset_engine(engine, now).map_err(refused("engine", &engine))?;
+        let r = g.command(cmd::ResetEngine { engine, now }).map_err(refused("engine", &engine))?;
         let h = |fw: &FwQueueId| self.by_fw.get(fw).copied();
         // The last fence ID each guilty queue's reset aborted: the last progress value the
         // engine accepted from it.
@@ -608,7 +615,8 @@ impl Kmd for VirtualKmd {
     ) -> Result<crate::ddi::QueueResetOutcome, DdiError> {
         let fw = self.fw(queue)?;
         let started = self.device_now(now);
-        let aborted = self.device().reset_queue(fw, why, now).map_err(refused("queue", &queue))?;
+        let aborted =
+            self.device().command(cmd::ResetQueue { queue: fw, why, now }).map_err(refused("queue", &queue))?;
         self.waker.wake();
         Ok(crate::ddi::QueueResetOutcome { aborted, took: self.device_now(now).since(started) })
     }
@@ -625,18 +633,15 @@ impl Kmd for VirtualKmd {
         // put back (no engine runs the process meanwhile), and no translation outlives it (the
         // engines cache none across turns), which is the TLB invalidation.
         let vmid = self.vmid(process)?;
-        let mut g = self.device();
-        let mut vm = g.vm_mut(vmid).map_err(refused("process", process))?;
-        let m = vm.unmap(va).ok_or(DdiError::Refused {
-            field: "va",
-            value: format!("{va:#x}"),
-            reason: DeviceRefusal::BadMapping { va, bytes: 0, why: "nothing is mapped there" },
-        })?;
-        vm.map(m.va, m.bytes, m.shm, m.offset, m.writable).map_err(refused("va", format!("{va:#x}")))
+        self.device().command(cmd::Remap { vmid, va }).map_err(|e| match e {
+            gpu::GpuError::BadVmid(_) => refused("process", process)(e),
+            e => refused("va", format!("{va:#x}"))(e),
+        })
     }
 
     fn reset_from_timeout(&mut self, now: Time) -> Result<Vec<HwQueueHandle>, DdiError> {
-        let lost = self.device().reset_adapter(now);
+        // (An adapter reset refuses nothing.)
+        let lost = self.device().command(cmd::ResetAdapter { now }).unwrap_or_default();
         Ok(lost.iter().filter_map(|fw| self.by_fw.get(fw).copied()).collect())
     }
 
@@ -652,7 +657,7 @@ impl Kmd for VirtualKmd {
 
     fn take_back(&mut self, queue: HwQueueHandle, wptr: u64, now: Time) -> Result<(), DdiError> {
         let fw = self.fw(queue)?;
-        self.device().take_back(fw, wptr, now).map_err(refused("wptr", format!("{wptr:#x}")))?;
+        self.device().command(cmd::TakeBack { queue: fw, wptr, now }).map_err(refused("wptr", format!("{wptr:#x}")))?;
         // The kernel doorbell holds the last wptr rung: the next ring must differ from it.
         if let Some(word) = self.kernel_doorbells.get(&queue) {
             // Release: ordered after the firmware's new wptr, as any ring.
@@ -681,7 +686,7 @@ impl Kmd for VirtualKmd {
     ) -> Result<(), DdiError> {
         let fw = self.fw(queue)?;
         let index = kind as usize;
-        if self.device().set_fence_log(fw, index, log).map_err(refused("queue", queue))? {
+        if self.device().command(cmd::SetFenceLog { queue: fw, index, log }).map_err(refused("queue", queue))? {
             Ok(())
         } else {
             Err(DdiError::Refused {
