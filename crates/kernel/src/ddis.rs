@@ -7,7 +7,8 @@
 //! (`[log ..]`), whether a test can fail it on purpose (`[fails Kind]`, or `[fails_as Kind]`
 //! for a second DDI counted with the first), what it does to the answer (`[then ..]`: a
 //! misbehaving KMD's reset outcome) or which of the decorator's own methods handles the call
-//! (`[via ..]`). Everything that used to repeat the list is generated from it:
+//! (`[via ..]`). A `query` is only forwarded: the table refuses one that asks to be recorded
+//! or failed. Everything that used to repeat the list is generated from it:
 //!
 //! - [`crate::ddi::Kmd`], the trait (`ddi_table!(kmd)`, expanded in `ddi.rs`);
 //! - the forwarding of [`crate::ddi::Traced`], the decorator (`ddi_table!(traced)`, there too);
