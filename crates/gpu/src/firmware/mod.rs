@@ -55,18 +55,22 @@ use abi::slab::{Key, Slab};
 use abi::{EngineId, EngineKind, EngineState, PowerState, Priority, QueueState};
 use shm::{Mapping, Shm, Word};
 
+use crate::Time;
 use crate::compute::{ComputeStats, Dispatch, Progress};
+use crate::config::GpuConfig;
+use crate::error::GpuError;
 use crate::memory::{AddressSpace, Vmid};
-use crate::{GpuConfig, GpuError, Time};
 
 mod busy;
 mod cb_clock;
+mod command_log;
 mod doorbells;
 mod exec;
 mod hardware;
 pub(crate) mod preempt;
 mod schedule;
 
+pub use command_log::{CommandRecord, MemoryRecord, QueueRecord};
 use doorbells::{Binding, BitPage, MAX_POINTER, Watch, find_published_work};
 use exec::Place;
 use preempt::{FwLog, PreemptRequest, StopPoint};
@@ -163,7 +167,7 @@ pub enum Interrupt {
     Preempted {
         /// The queue.
         queue: FwQueueId,
-        /// The request's ticket ([`crate::Gpu::request_preempt`]).
+        /// The request's ticket ([`crate::cmd::RequestPreempt`]).
         ticket: u64,
         /// When it was asked for (device time).
         requested_at: Time,
@@ -550,8 +554,8 @@ pub(crate) struct Firmware {
     next_ticket: u64,
     /// Requests, answers, saves, restores and resets, in order ([`preempt::FwEvent`]).
     log: FwLog,
-    /// Raised by the kernel while it waits for the device lock ([`preempt::Attention`]).
-    attention: preempt::Attention,
+    /// Raised by the kernel while it waits for the device lock ([`crate::attention::Attention`]).
+    attention: crate::attention::Attention,
     /// With modelled timing: when the driver next lets a client act ([`crate::Gpu::set_horizon`]).
     horizon: Option<Time>,
     /// Every `PROGRESS_FENCE` executed, with its modelled end, when a tool asked for them
@@ -699,7 +703,7 @@ impl Firmware {
             preemption: cfg.preemption,
             next_ticket: 0,
             log: FwLog::default(),
-            attention: preempt::Attention::default(),
+            attention: crate::attention::Attention::default(),
             horizon: None,
             completions: None,
             hw,
