@@ -109,3 +109,55 @@ fn a_lost_device_runs_nothing_more_even_where_its_engine_cannot_preempt() {
     assert!(suspend.is_some() && suspend < reset, "{evs:#?}");
     assert!(!evs.iter().any(|e| matches!(e, Event::Ddi(Ddi::ResetFromTimeout))), "no adapter reset: {evs:#?}");
 }
+
+/// Realtime queues blocked in a `WAIT` on a high-priority queue's signal let it have the
+/// engine's only slot, even while the hang timer checks them (a preemption request and a
+/// resume each time: they make no progress), and then run. A guard beside the swarm's seeds
+/// 408 and 1519 (`sim`'s `seeds_that_found_bugs_pass_now`), which starved the queue they waited
+/// for: the check's resume made each sleeping queue a waiter for a slot again, and a queue
+/// given its slot back that blocked on the same `WAIT` held it to its quantum's end. (This
+/// smaller world passed before the fix too: the seeds need more going on at once.)
+#[test]
+fn realtime_queues_blocked_on_a_lower_priority_queue_let_it_run_through_hang_checks() {
+    use abi::Priority;
+    use abi::preempt::{ComputeGranularity, PreemptionCaps};
+    use gpu::GpuConfig;
+    use kernel::{SystemConfig, TdrConfig};
+    use std::time::Duration;
+
+    let cfg = SystemConfig {
+        gpu: GpuConfig {
+            hw_slots: 1,
+            preemption: PreemptionCaps { compute: ComputeGranularity::Thread, ..PreemptionCaps::default() },
+            ..GpuConfig::default()
+        },
+        tdr: TdrConfig { hang_compute: Some(Duration::from_millis(3)), ..TdrConfig::default() },
+        ..SystemConfig::default()
+    };
+    let sys = common::sim_with(cfg);
+    let c = common::client(&sys);
+    let opts = |priority| umd::QueueOptions { priority, ..umd::QueueOptions::user_mode() };
+    let mut waiters: Vec<umd::Queue> = (0..8).map(|_| c.ctx.create_queue(opts(Priority::Realtime)).unwrap()).collect();
+    let fence = c.device.create_fence(0, abi::port::NativeFenceType::Default).unwrap();
+    for (k, q) in waiters.iter_mut().enumerate() {
+        let mut cb = umd::CommandBuffer::new();
+        cb.wait_fence(&fence, 1).write_u32(c.buf.va() + 4 * k as u64, 1);
+        q.submit(&cb).unwrap();
+    }
+    // Long enough for several of the hang timer's checks of the blocked queues.
+    sys.run_for(Duration::from_millis(40));
+    let checks = common::events(&sys)
+        .iter()
+        .filter(|e| matches!(e, kernel::trace::Event::Ddi(kernel::trace::Ddi::PreemptQueue(_))))
+        .count();
+    assert!(checks >= 8, "the hang timer checked the blocked queues ({checks} requests)");
+    let mut high = c.ctx.create_queue(opts(Priority::High)).unwrap();
+    let mut cb = umd::CommandBuffer::new();
+    cb.signal_fence(&fence, 1);
+    let v = high.submit(&cb).unwrap();
+    high.wait(v, Some(Duration::from_millis(20))).expect("the high-priority queue gets the slot");
+    for (k, q) in waiters.iter_mut().enumerate() {
+        q.wait(1, common::T).unwrap();
+        assert_eq!(c.buf.read_u32(4 * k as u64).unwrap(), 1);
+    }
+}

@@ -291,6 +291,7 @@ impl Firmware {
                     q.last_run = at;
                     // The device time charged before this turn (its restore is part of it).
                     let charged_before = elapsed;
+                    let restored = q.saved.is_some();
                     if let Some(point) = q.saved.take() {
                         log.push(Time(now.0.saturating_add(elapsed)), preempt::FwEvent::Restored { queue: id, point });
                         // Bringing its state back occupies the engine before the queue runs.
@@ -321,7 +322,9 @@ impl Firmware {
                         horizon: horizon.filter(|&h| modelled && h > now),
                         completions: completions.as_mut(),
                     };
-                    let was_blocked = q.blocked;
+                    // Blocked before this turn, in this slot: a queue just given its slot back
+                    // that blocks again on the same `WAIT` has just blocked here all the same.
+                    let was_blocked = q.blocked && !restored;
                     let (packets, stopped) = run_queue(q, id, vms, *budget, &mut env, &mut window);
                     report.packets += packets;
                     let stopped_at = env.now();
@@ -354,8 +357,12 @@ impl Firmware {
                     report.instructions += compute.instructions - before;
                     if q.pending && q.state == QueueState::Mapped {
                         report.runnable += 1;
-                        // It has just blocked in a WAIT: its slot may go to a waiting queue
-                        // (`schedule`), so the next pass must not wait for a quantum.
+                        // It has just blocked in a WAIT (or blocks again, just back in a slot):
+                        // its slot may go to a waiting queue (`schedule`), so the next pass must
+                        // not wait for a quantum. (Before, a queue evicted while blocked, woken
+                        // and mapped again, held the slot to its quantum's end: realtime queues
+                        // waiting on a high-priority one took turns in the only slot, and it
+                        // never ran; the swarm's seed 408.)
                         if q.blocked && (packets > 0 || !was_blocked) {
                             e.resched = true;
                         }

@@ -861,8 +861,27 @@ impl Firmware {
             join_run_list(e, q, id);
         }
         e.resched = true;
-        // Back on the run list: it waits if it has work, found now or remembered from before.
+        // Back on the run list: it waits if it has work, found now or remembered from before;
+        // one that left blocked in a `WAIT` sleeps on it again (as [`schedule::unseat`] has it) until the
+        // step's check finds it may pass. (A preemption request takes a sleeping queue off the
+        // run list, which ends its sleep: without this, the hang timer's checks, which preempt
+        // and resume every queue that makes no progress, turned blocked realtime queues into
+        // waiters that took the only slot in turns from the queue they waited for: the swarm's
+        // seed 408.)
         find_published_work(e, q, id);
+        if q.blocked && q.pending && !matches!(q.state, QueueState::Mapped | QueueState::Hung) {
+            // Its condition may have changed while it was off the run list, where no check
+            // looked at it: the next check reads it whatever the fences did since.
+            if let Some(w) = q.wait_on.as_mut() {
+                w.park = false;
+            }
+            q.parked = None;
+            q.asleep = true;
+            // (Its entry may still be there: a leave drops it only at the next check.)
+            if !e.asleep.contains(&id) {
+                e.asleep.push(id);
+            }
+        }
         sync_waiting(e, q, id);
         Ok(())
     }
