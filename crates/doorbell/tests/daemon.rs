@@ -965,10 +965,11 @@ fn daemon_rss_kib(pid: i32) -> u64 {
 }
 
 /// The soak: clients SIGKILLed at random points of their work (during the handshake, while
-/// creating objects, mid-submission), `DOORBELL_SOAK_ITERS` times (1000 by default), beside
-/// survivors whose results are checked. After each kill the dead client's doorbells and
-/// doorbell pages are back; at the end the daemon's descriptors and memory are back at their
-/// baseline. Run by `.ci/run`'s live step.
+/// creating objects, mid-submission, blocked in a wait that never completes),
+/// `DOORBELL_SOAK_ITERS` times (1000 by default), beside survivors whose results are checked.
+/// After each kill the dead client's process is gone from the daemon; at the end the census is
+/// back at its baseline (no process, doorbell, doorbell page or export, hardware slot left) and
+/// so are the daemon's descriptors and memory. Run by `.ci/run`'s live step.
 #[test]
 #[ignore]
 fn soak_clients_sigkilled_at_random_points() {
@@ -988,10 +989,18 @@ fn soak_clients_sigkilled_at_random_points() {
         seed
     };
     let mut survivor = Client::spawn(&d.socket, "submit", "5000");
-    let mut kills_after_ready = 0;
+    let base_slots: u32 = base.engines.iter().map(|e| e.slots_used).sum();
+    let (mut kills_after_ready, mut kills_in_wait) = (0, 0);
     for i in 0..iters {
-        let mut victim = Client::spawn(&d.socket, "spin", "");
+        let in_wait = rand() % 4 == 0;
+        let mut victim = Client::spawn(&d.socket, if in_wait { "wait-forever" } else { "spin" }, "");
         match rand() % 3 {
+            // Blocked in a wait the daemon will never answer (its thread serves the wait and
+            // reads nothing more from the socket).
+            _ if in_wait => {
+                assert!(victim.line().starts_with("blocked "));
+                kills_in_wait += 1;
+            }
             // At once: during start-up or the handshake.
             0 => {}
             // Mid-submission, at a random point after its first work completed.
@@ -1023,11 +1032,12 @@ fn soak_clients_sigkilled_at_random_points() {
     assert_eq!(after.doorbells, base.doorbells, "doorbells");
     assert_eq!(after.doorbell_pages_used, base.doorbell_pages_used, "doorbell pages");
     assert_eq!(after.exported_doorbell_pages, 0, "doorbell page exports");
+    assert_eq!(after.engines.iter().map(|e| e.slots_used).sum::<u32>(), base_slots, "hardware slots");
     until("the daemon's descriptors to return to baseline", || d.open_fds() <= base_fds);
     let rss = daemon_rss_kib(d.pid());
     assert!(rss < base_rss + 32 * 1024, "daemon RSS {rss} KiB vs baseline {base_rss} KiB");
     eprintln!(
-        "soak: {iters} kills ({kills_after_ready} mid-submission), fds {base_fds} -> {}, rss {base_rss} -> {rss} KiB",
+        "soak: {iters} kills ({kills_after_ready} mid-submission, {kills_in_wait} blocked in a wait), fds {base_fds} -> {}, rss {base_rss} -> {rss} KiB",
         d.open_fds()
     );
 }
