@@ -206,7 +206,7 @@ fn kernel_status(e: &KernelError) -> db_status {
         }
         KernelError::CorruptLog { .. } => DB_CORRUPT,
         KernelError::Shm(s) => shm_status(s),
-        KernelError::FeatureMismatch { .. } => DB_SYSTEM,
+        KernelError::FeatureMismatch { .. } | KernelError::UnexpectedReply { .. } => DB_SYSTEM,
     }
 }
 

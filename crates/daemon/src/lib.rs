@@ -11,8 +11,12 @@
 //! - One [`HelloKind::Open`] connection = one client process = one kernel process
 //!   (`System::open_process`). The client may open further [`HelloKind::Attach`] connections
 //!   to the same process (one per thread that blocks in a wait), proved by a random token.
-//! - Each connection has a thread here, which decodes a [`Request`], calls the process's
-//!   [`KernelPort`] and answers with the typed result and the descriptors it hands out.
+//! - Each connection has a thread here, which decodes a [`Request`] and answers it with the
+//!   typed result and the descriptors it hands out (`calls.rs`). A system call arrives as
+//!   the value it is ([`abi::port::Call`]): checked against the process's limits (its ledger,
+//!   `ledger.rs`), passed to the process's `ProcessPort::call_waking` (one dispatch, in the
+//!   kernel), and its reply translated for the socket (mappings and doorbell pages become
+//!   descriptors). Nothing here lists the calls one by one.
 //! - The primary connection closing without [`Request::Goodbye`] (exit, crash, SIGKILL) ends
 //!   the process with spec 000's abnormal termination; `Goodbye` gives the normal one. Either
 //!   way the kernel gets every slot, doorbell, allocation and fence back, the attached
@@ -67,20 +71,23 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use abi::port::{AllocationDesc, DoorbellInfo, HwQueueInfo, KernelError, KernelPort, NativeFenceInfo, SubmissionMode};
-use abi::queue::DOORBELL_INDEX_ANY;
-use abi::{AllocationHandle, ContextHandle, DeviceHandle, HwQueueHandle, ProcessId};
+use abi::ProcessId;
+use abi::port::{KernelError, KernelPort};
 use kernel::{ProcessPort, System, Termination};
 use parking_lot::Mutex;
-use shm::{PageAlias, RotatingPage, Shm};
+use shm::{PageAlias, Shm};
 use tracing::{debug, info, warn};
 use wire::{
-    Channel, HandshakeError, Hello, HelloKind, HelloPrefix, Limits, Listener, MAGIC, PROTOCOL_VERSION, Reply, Request,
-    Response, Welcome, WireDoorbellInfo, WireError, WireHwQueueInfo, WireMapping, WireNativeFenceInfo, WirePage,
+    Channel, HandshakeError, Hello, HelloKind, HelloPrefix, Listener, MAGIC, PROTOCOL_VERSION, Reply, Request,
+    Response, Welcome, WireError,
 };
 
+use ledger::{Ledger, limit};
+
+mod calls;
 mod config;
 mod hangup;
+mod ledger;
 mod socket;
 mod status;
 
@@ -104,64 +111,6 @@ pub enum ServeError {
     /// The transport.
     #[error("socket: {0}")]
     Wire(#[from] WireError),
-}
-
-/// What one client process holds, as the daemon counts it (for limits and status).
-#[derive(Default)]
-struct Ledger {
-    /// Allocation -> (device, bytes).
-    allocations: HashMap<AllocationHandle, (DeviceHandle, u64)>,
-    /// Native fences (count toward the allocation limit).
-    fences: HashMap<abi::NativeFenceHandle, DeviceHandle>,
-    /// Context -> device.
-    contexts: HashMap<ContextHandle, DeviceHandle>,
-    /// Queue -> what status shows.
-    queues: HashMap<HwQueueHandle, QueueMeta>,
-    /// Devices.
-    devices: HashSet<DeviceHandle>,
-}
-
-#[derive(Clone)]
-struct QueueMeta {
-    context: ContextHandle,
-    engine: abi::EngineId,
-    /// A user-mode queue (it has a doorbell), not a kernel-mode one.
-    user_mode: bool,
-    /// Its doorbell's index in its page, once known: the one the descriptor chose, or the
-    /// kernel's choice when the doorbell is created.
-    doorbell: Option<u32>,
-    priority: abi::Priority,
-    /// The daemon-side doorbell CPU page (which BAR page the doorbell is on).
-    page: Option<Arc<RotatingPage>>,
-}
-
-impl Ledger {
-    /// Refuses one more object (allocation or fence) past the process's limit.
-    fn check_objects(&self, limits: &Limits) -> Result<(), KernelError> {
-        if self.objects() >= limits.allocations as usize {
-            return Err(limit("allocations (per-process limit)", self.objects() as u64, limits.allocations as u64));
-        }
-        Ok(())
-    }
-    fn bytes(&self) -> u64 {
-        self.allocations.values().map(|a| a.1).sum()
-    }
-    fn objects(&self) -> usize {
-        self.allocations.len() + self.fences.len()
-    }
-    fn forget_context(&mut self, c: ContextHandle) {
-        self.contexts.remove(&c);
-        self.queues.retain(|_, q| q.context != c);
-    }
-    fn forget_device(&mut self, d: DeviceHandle) {
-        self.devices.remove(&d);
-        self.allocations.retain(|_, a| a.0 != d);
-        self.fences.retain(|_, f| *f != d);
-        let gone: Vec<_> = self.contexts.iter().filter(|(_, dev)| **dev == d).map(|(c, _)| *c).collect();
-        for c in gone {
-            self.forget_context(c);
-        }
-    }
 }
 
 /// One client process.
@@ -475,14 +424,14 @@ fn serve_connection(shared: &Arc<Shared>, chan: Arc<Channel>) {
             if primary {
                 end_client(shared, &client, Termination::Normal);
             }
-            let _ = chan.send(&Response::Ok(Reply::Unit), &[]);
+            let _ = chan.send(&Response::Ok(Reply::Goodbye), &[]);
             break true;
         }
-        let wait = matches!(req, Request::WaitProgress(..) | Request::WaitNativeFences(..));
+        let wait = matches!(&req, Request::Call(c) if c.is_wait());
         // This thread reads no socket until the wait is decided: a hang-up meanwhile is the
         // watch's to notice (`hangup.rs`).
         let watched = if wait && primary { shared.hangups.during(chan.fd(), &client) } else { None };
-        let (resp, keep) = handle(shared, &client, &mut conn, req);
+        let (resp, keep) = calls::handle(shared, &client, &mut conn, req);
         drop(watched);
         let fds: Vec<BorrowedFd<'_>> = keep.iter().map(|k| k.fd()).collect();
         if let Err(e) = chan.send(&resp, &fds) {
@@ -612,261 +561,6 @@ fn end_client(shared: &Arc<Shared>, client: &Arc<Client>, how: Termination) {
     }
     shared.clients.lock().remove(&client.pid);
     info!(pid = %client.pid, ?how, "client process ended");
-}
-
-/// The page a daemon-side doorbell page shows now, exported to `pid`: the memfd that now
-/// backs that BAR page.
-/// `None` if the page shows the dummy page (the doorbell was disconnected meanwhile).
-fn export_page(shared: &Shared, pid: ProcessId, page: &RotatingPage) -> Result<Option<Arc<Shm>>, KernelError> {
-    let (id, page_offset) = page.current();
-    if id != shared.bar.id() {
-        return Ok(None);
-    }
-    let mut exports = shared.exports.lock();
-    if let Some(e) = exports.get_mut(&page_offset) {
-        e.users.insert(pid);
-        return Ok(Some(e.alias.source().clone()));
-    }
-    let memfd = Shm::new(&format!("doorbell-page-{}", page_offset / shm::PAGE_SIZE as u64), shm::PAGE_SIZE)?;
-    let alias = shared.bar.alias_page(page_offset, memfd.clone())?;
-    exports.insert(page_offset, Export { alias, users: HashSet::from([pid]) });
-    Ok(Some(memfd))
-}
-
-/// What a reply's descriptors borrow from.
-enum Keep {
-    Mapping(shm::Mapping),
-    Shm(Arc<Shm>),
-}
-
-impl Keep {
-    fn fd(&self) -> BorrowedFd<'_> {
-        match self {
-            Keep::Mapping(m) => m.fd(),
-            Keep::Shm(s) => s.fd(),
-        }
-    }
-}
-
-fn wire_mapping(m: shm::Mapping, keep: &mut Vec<Keep>) -> WireMapping {
-    let w = WireMapping {
-        fd: keep.len() as u8,
-        file_offset: m.file_offset(),
-        len: m.len() as u64,
-        read_only: m.prot() == shm::Prot::ReadOnly,
-    };
-    keep.push(Keep::Mapping(m));
-    w
-}
-
-fn limit(what: &'static str, have: u64, limit: u64) -> KernelError {
-    KernelError::Exhausted { what, detail: format!("this process holds {have}, its limit is {limit}") }
-}
-
-fn wire_fence(info: NativeFenceInfo, keep: &mut Vec<Keep>) -> WireNativeFenceInfo {
-    WireNativeFenceInfo {
-        handle: info.handle,
-        va: info.va,
-        cpu: info.cpu.map(|m| wire_mapping(m, keep)),
-        offset: info.offset,
-        global: info.global,
-        kind: info.kind,
-        cross_adapter: info.cross_adapter,
-    }
-}
-
-/// One request of a client process.
-fn handle(shared: &Arc<Shared>, client: &Arc<Client>, conn: &mut Conn, req: Request) -> (Response, Vec<Keep>) {
-    let port = &client.port;
-    let limits: Limits = shared.config.limits;
-    let timeout = |ns: Option<u64>| ns.map(Duration::from_nanos);
-    let mut keep = Vec::new();
-    let resp = (|| -> Response {
-        Ok(match req {
-            Request::AdapterInfo => Reply::AdapterInfo(port.adapter_info()),
-            Request::NativeFenceCaps => Reply::NativeFenceCaps(port.native_fence_caps()?),
-            // A page's BAR page stays the process's until it ends (the kernel's rule), so its
-            // export, like the first page's, is withdrawn when the client ends.
-            Request::CreateDoorbellPage(d) => Reply::DoorbellPage(port.create_doorbell_page(d)?),
-            Request::DestroyDoorbellPage(p) => {
-                port.destroy_doorbell_page(p)?;
-                Reply::Unit
-            }
-            Request::CreateDevice => {
-                let d = port.create_device()?;
-                client.ledger.lock().devices.insert(d);
-                Reply::Device(d)
-            }
-            Request::DestroyDevice(d) => {
-                port.destroy_device(d)?;
-                client.ledger.lock().forget_device(d);
-                Reply::Unit
-            }
-            Request::Allocate(d, desc) => {
-                let bytes = desc.bytes.div_ceil(shm::PAGE_SIZE as u64).saturating_mul(shm::PAGE_SIZE as u64);
-                {
-                    let l = client.ledger.lock();
-                    l.check_objects(&limits)?;
-                    if l.bytes().saturating_add(bytes) > limits.bytes {
-                        return Err(limit("allocation bytes (per-process limit)", l.bytes(), limits.bytes));
-                    }
-                }
-                let info = port.allocate(d, &AllocationDesc { ..desc })?;
-                client.ledger.lock().allocations.insert(info.handle, (d, info.bytes));
-                Reply::Allocation(info)
-            }
-            Request::MapAllocation(a) => Reply::Mapping(wire_mapping(port.map_allocation(a)?, &mut keep)),
-            Request::Free(a) => {
-                port.free(a)?;
-                client.ledger.lock().allocations.remove(&a);
-                Reply::Unit
-            }
-            Request::CreateContext(d, e) => {
-                let c = port.create_context(d, e)?;
-                client.ledger.lock().contexts.insert(c, d);
-                Reply::Context(c)
-            }
-            Request::DestroyContext(c) => {
-                port.destroy_context(c)?;
-                client.ledger.lock().forget_context(c);
-                Reply::Unit
-            }
-            Request::CreateHwQueue(c, desc) => {
-                {
-                    let l = client.ledger.lock();
-                    if l.queues.len() >= limits.queues as usize {
-                        return Err(limit("queues (per-process limit)", l.queues.len() as u64, limits.queues as u64));
-                    }
-                }
-                let HwQueueInfo { handle, engine, kernel_page, kernel_page_va } = port.create_hw_queue(c, &desc)?;
-                let (user_mode, doorbell) = match desc.mode {
-                    SubmissionMode::UserMode(d) => (true, Some(d.doorbell_index).filter(|&i| i != DOORBELL_INDEX_ANY)),
-                    SubmissionMode::KernelMode => (false, None),
-                };
-                let meta = QueueMeta { context: c, engine, user_mode, doorbell, priority: desc.priority, page: None };
-                client.ledger.lock().queues.insert(handle, meta);
-                Reply::HwQueue(WireHwQueueInfo {
-                    handle,
-                    engine,
-                    kernel_page: wire_mapping(kernel_page, &mut keep),
-                    kernel_page_va,
-                })
-            }
-            Request::DestroyHwQueue(q) => {
-                port.destroy_hw_queue(q)?;
-                client.ledger.lock().queues.remove(&q);
-                Reply::Unit
-            }
-            Request::CreateDoorbell(args) => {
-                let DoorbellInfo { handle, cpu_page, offset, ring, aggregated, gpu_va } =
-                    port.create_doorbell(&args)?;
-                if let Some(q) = client.ledger.lock().queues.get_mut(&args.queue) {
-                    q.page = Some(cpu_page);
-                    q.doorbell = u32::try_from(offset / abi::doorbell::DOORBELL_BYTES).ok();
-                }
-                // The aggregated page is never rotated while the process lives.
-                let aggregated_gpu_va = aggregated.as_ref().and_then(|a| a.gpu_va);
-                let aggregated = match aggregated {
-                    Some(a) => match export_page(shared, client.pid, &a.page)? {
-                        Some(memfd) => {
-                            keep.push(Keep::Shm(memfd));
-                            Some((WirePage { fd: (keep.len() - 1) as u8, file_offset: 0 }, a.offset, a.mask))
-                        }
-                        None => None,
-                    },
-                    None => None,
-                };
-                Reply::Doorbell(WireDoorbellInfo { handle, offset, ring, aggregated, gpu_va, aggregated_gpu_va })
-            }
-            Request::ConnectDoorbell(q) => {
-                port.connect_doorbell(q)?;
-                let page = client.ledger.lock().queues.get(&q).and_then(|m| m.page.clone());
-                let page = page.ok_or_else(|| KernelError::Exhausted {
-                    what: "doorbell page export",
-                    detail: format!("{q} has no doorbell page"),
-                })?;
-                match export_page(shared, client.pid, &page)? {
-                    Some(memfd) => {
-                        keep.push(Keep::Shm(memfd));
-                        Reply::Connected(Some(WirePage { fd: 0, file_offset: 0 }))
-                    }
-                    None => Reply::Connected(None),
-                }
-            }
-            Request::DestroyDoorbell(d) => {
-                port.destroy_doorbell(d)?;
-                Reply::Unit
-            }
-            Request::NotifyWorkSubmission(d) => {
-                port.notify_work_submission(d)?;
-                Reply::Unit
-            }
-            Request::SubmitCommand(q, words) => {
-                port.submit_command(q, &words)?;
-                Reply::Unit
-            }
-            Request::WaitProgress(q, v, t) => Reply::Wait(port.wait_progress_waking(q, v, timeout(t), conn.waker())?),
-            Request::QueryQueue(q) => Reply::QueueStatus(port.query_queue(q)?),
-            Request::CreateNativeFence(d, desc) => {
-                client.ledger.lock().check_objects(&limits)?;
-                let info = port.create_native_fence(d, &desc)?;
-                client.ledger.lock().fences.insert(info.handle, d);
-                Reply::NativeFence(wire_fence(info, &mut keep))
-            }
-            Request::OpenNativeFence(d, g) => {
-                let info = port.open_native_fence(d, g)?;
-                client.ledger.lock().fences.insert(info.handle, d);
-                Reply::NativeFence(wire_fence(info, &mut keep))
-            }
-            Request::OpenCrossAdapterFence(d, h) => {
-                let info = port.open_cross_adapter_fence(d, h)?;
-                client.ledger.lock().fences.insert(info.handle, d);
-                Reply::NativeFence(wire_fence(info, &mut keep))
-            }
-            Request::DestroyNativeFence(f) => {
-                port.destroy_native_fence(f)?;
-                client.ledger.lock().fences.remove(&f);
-                Reply::Unit
-            }
-            Request::SignalNativeFence(f, v) => {
-                port.signal_native_fence(f, v)?;
-                Reply::Unit
-            }
-            Request::WaitNativeFences(fences, mode, t) => {
-                Reply::Wait(port.wait_native_fences_waking(&fences, mode, timeout(t), conn.waker())?)
-            }
-            Request::QueryNativeFence(f) => Reply::FenceValues(port.query_native_fence(f)?),
-            Request::QueryPhysicalDoorbell(q) => Reply::PhysicalDoorbell(port.query_physical_doorbell(q)?),
-            Request::Status => Reply::Status(Box::new(status::collect(shared))),
-            Request::Goodbye => Reply::Unit,
-            Request::UserqSignal(q, point, fences) => {
-                port.userq_signal(q, point, &fences)?;
-                Reply::Unit
-            }
-            Request::UserqWait(q, objects) => Reply::WaitPoints(port.userq_wait(q, &objects)?),
-            Request::OpenProgressFence(q) => {
-                client.ledger.lock().check_objects(&limits)?;
-                let info = port.open_progress_fence(q)?;
-                let device = client.ledger.lock().devices.iter().next().copied();
-                if let Some(d) = device {
-                    client.ledger.lock().fences.insert(info.handle, d);
-                }
-                Reply::NativeFence(wire_fence(info, &mut keep))
-            }
-            Request::WakeWord => {
-                let offset = conn.take_wake_word(client)?;
-                let page = client.wake.lock().as_ref().map(|w| w.page.clone()).expect("made by take_wake_word");
-                Reply::WakeWord(
-                    wire_mapping(page.map_range(0, shm::PAGE_SIZE, shm::Prot::ReadOnly)?, &mut keep),
-                    offset,
-                )
-            }
-        })
-    })();
-    if resp.is_err() {
-        keep.clear();
-    }
-    (resp, keep)
 }
 
 impl std::fmt::Debug for Daemon {

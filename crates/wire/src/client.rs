@@ -17,12 +17,14 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
-//! Every control-path call is one request and one reply on the Unix socket (this crate's
-//! frames), and the reply's typed [`KernelError`] is the one the kernel returned. Shared memory arrives
-//! as descriptors with the reply that hands it out, and is mapped here with
-//! [`shm::Mapping::new`], read-only where the daemon sent a read-only descriptor (the queue's
-//! kernel page with the progress fence and doorbell status, fence CurrentValue pages): such a
-//! mapping cannot be made writable, not even with `mprotect`, because the descriptor is not.
+//! [`RemotePort`] forwards: its [`KernelPort::call`] sends the [`Call`] as it is
+//! ([`Request::Call`], this crate's frames) and answers with the kernel's reply, whose typed
+//! [`KernelError`] is the one the kernel returned. Shared memory arrives as descriptors with
+//! the reply that hands it out, and is mapped here ([`Translate`] from [`Fds`] to [`Local`]),
+//! read-only where the daemon sent a read-only descriptor (the queue's kernel page with the
+//! progress fence and doorbell status, fence CurrentValue pages): such a mapping cannot be
+//! made writable, not even with `mprotect`, because the descriptor is not. The typed methods
+//! (`create_device`, ...) are `KernelPort`'s own, unchanged.
 //!
 //! The data path never comes here: packets, wptr and the doorbell write go to memory this
 //! port mapped once, so a submission on a connected queue makes no system call.
@@ -64,6 +66,7 @@
 //! If the daemon goes away, every call fails with [`KernelError::DeviceLost`] (naming the
 //! process's first device) without blocking, and waits in progress end the same way.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
@@ -71,21 +74,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use abi::port::{
-    AdapterInfo, AggregatedDoorbell, AllocationDesc, AllocationInfo, CreateDoorbell, DoorbellInfo, HwQueueDesc,
-    HwQueueInfo, Invalid, KernelError, KernelPort, NativeFenceDesc, NativeFenceInfo, NativeFenceValues,
-    PhysicalDoorbell, QueueStatus, WaitMode, WaitOutcome,
-};
-use abi::{
-    AllocationHandle, ContextHandle, DeviceHandle, DoorbellHandle, EngineId, HwQueueHandle, NativeFenceHandle,
-    ProcessId, Time,
-};
+use abi::port::{self, AdapterInfo, Call, Invalid, KernelError, KernelPort, Local, Translate, WaitMode, WaitOutcome};
+use abi::{DeviceHandle, DoorbellHandle, HwQueueHandle, NativeFenceHandle, ProcessId, Time};
 use shm::{Mapping, Prot, ReadFutex, ReadWord, RotatingPage, Shm};
 use std::sync::Mutex;
 
 use crate::{
-    Accepted, Channel, ConnectError, HelloKind, Limits, PROTOCOL_VERSION, Reply, Request, Response, WireError,
-    WireMapping,
+    Accepted, Channel, ConnectError, Fds, HelloKind, Limits, PROTOCOL_VERSION, Reply, Request, Response, WireError,
+    WireMapping, WirePage,
 };
 
 /// The longest a blocked wait sleeps on its wake word before it looks at the socket: how long
@@ -118,7 +114,7 @@ impl Conn {
     }
 
     /// One request and its answer.
-    fn exchange(&mut self, req: &Request) -> Result<(Response, Vec<OwnedFd>), WireError> {
+    fn exchange(&mut self, req: &Request<'_>) -> Result<(Response, Vec<OwnedFd>), WireError> {
         self.settle()?;
         self.chan.send(req, &[])?;
         self.chan.recv::<Response>("response")
@@ -274,19 +270,25 @@ impl RemotePort {
         }
     }
 
-    /// One request and its reply, with the descriptors that came with it.
-    fn call(&self, req: &Request) -> Result<(Reply, Vec<Option<OwnedFd>>), KernelError> {
-        Self::answer(self.with_conn(|c| c.exchange(req))?)
+    /// A call the daemon answers: sent, and its answer read (see [`Self::receive`]).
+    fn exchange(&self, call: &Call<'_>) -> Result<Answer, KernelError> {
+        self.with_conn(|c| c.exchange(&Request::Call(Cow::Borrowed(call))))
     }
 
-    fn answer((resp, fds): (Response, Vec<OwnedFd>)) -> Result<(Reply, Vec<Option<OwnedFd>>), KernelError> {
-        Ok((resp?, fds.into_iter().map(Some).collect()))
+    /// The reply to `call` in this process's memory: its descriptors mapped
+    /// ([`Receive`]), or the kernel's refusal.
+    fn receive(&self, call: &Call<'_>, (resp, fds): Answer) -> Result<port::Reply, KernelError> {
+        let reply = match resp? {
+            Reply::Call(reply) => reply,
+            other => return Err(KernelError::UnexpectedReply { call: call.name(), reply: other.name() }),
+        };
+        reply.translate(&mut Receive { port: self, call, fds: fds.into_iter().map(Some).collect() })
     }
 
     /// A blocking wait (see the module docs): sent, then a sleep on the connection's wake
     /// word until `done` shows in memory or the answer arrives.
-    fn wait_on_word(&self, req: &Request, done: Condition<'_>) -> Result<WaitOutcome, KernelError> {
-        let (resp, _) = self.with_conn(|c| {
+    fn wait_on_word(&self, req: &Request<'_>, done: Condition<'_>) -> Result<Answer, KernelError> {
+        self.with_conn(|c| {
             c.settle()?;
             let Some(word) = self.wake_word(c)? else { return c.exchange(req) };
             c.chan.send(req, &[])?;
@@ -295,7 +297,7 @@ impl RemotePort {
                 match abi::protocol::read_wake_word(&word, done) {
                     Ok(outcome) => {
                         c.owed += 1;
-                        return Ok((Ok(Reply::Wait(outcome)), Vec::new()));
+                        return Ok((Ok(Reply::Call(port::Reply::Wait(outcome))), Vec::new()));
                     }
                     Err(seen) => {
                         if let Some(answer) = c.chan.try_recv::<Response>("response")? {
@@ -305,11 +307,7 @@ impl RemotePort {
                     }
                 }
             }
-        })?;
-        match resp? {
-            Reply::Wait(w) => Ok(w),
-            _ => Err(self.unexpected()),
-        }
+        })
     }
 
     /// The connection's wake word, asked for the first time it waits; `None` if the daemon
@@ -332,247 +330,47 @@ impl RemotePort {
         Ok(c.wake.clone())
     }
 
-    fn unexpected(&self) -> KernelError {
-        // A reply of the wrong kind is a daemon of another build: treat it as gone.
-        self.device_lost()
-    }
-
-    fn map(&self, m: WireMapping, fds: &mut [Option<OwnedFd>]) -> Result<Mapping, KernelError> {
-        let fd = crate::take_fd(fds, m.fd, "mapping").map_err(|_| self.unexpected())?;
-        let prot = if m.read_only { Prot::ReadOnly } else { Prot::ReadWrite };
-        Ok(Mapping::new(fd.as_fd(), m.file_offset, m.len as usize, prot)?)
-    }
-
-    fn unit(&self, req: Request) -> Result<(), KernelError> {
-        match self.call(&req)?.0 {
-            Reply::Unit => Ok(()),
-            _ => Err(self.unexpected()),
-        }
-    }
-
-    fn fence(&self, req: Request) -> Result<NativeFenceInfo, KernelError> {
-        let (reply, mut fds) = self.call(&req)?;
-        let Reply::NativeFence(f) = reply else { return Err(self.unexpected()) };
-        let cpu = match f.cpu {
-            Some(m) => Some(self.map(m, &mut fds)?),
-            None => None,
-        };
-        // A window of the same mapping (no call) for this port's waits.
-        if let Some(word) = cpu.as_ref().and_then(|m| Self::word_in(m, f.offset)) {
-            lock(&self.currents).insert(f.handle, word);
-        }
-        Ok(NativeFenceInfo {
-            handle: f.handle,
-            va: f.va,
-            cpu,
-            offset: f.offset,
-            global: f.global,
-            kind: f.kind,
-            cross_adapter: f.cross_adapter,
-        })
-    }
-
     /// A read-only word at `offset` of a window onto `m` (no call).
     fn word_in(m: &Mapping, offset: u64) -> Option<ReadWord> {
         ReadWord::new(Arc::new(m.window(0, m.len()).ok()?), offset).ok()
     }
 
     /// A wait: an ordinary call when it only polls (`timeout` zero), else [`Self::wait_on_word`].
-    fn wait(&self, req: Request, timeout: Option<Duration>, done: Condition<'_>) -> Result<WaitOutcome, KernelError> {
+    fn wait(&self, call: &Call<'_>, timeout: Option<Duration>, done: Condition<'_>) -> Result<Answer, KernelError> {
         // Relaxed: see `set_wake_words`.
         if timeout == Some(Duration::ZERO) || !self.wake_words.load(Ordering::Relaxed) {
-            return match self.call(&req)?.0 {
-                Reply::Wait(w) => Ok(w),
-                _ => Err(self.unexpected()),
-            };
+            return self.exchange(call);
         }
-        self.wait_on_word(&req, done)
+        self.wait_on_word(&Request::Call(Cow::Borrowed(call)), done)
     }
-}
 
-impl Drop for RemotePort {
-    /// The orderly close: spec 000's normal termination of the process (its queued work runs
-    /// out), then the connection closes.
-    fn drop(&mut self) {
-        if !self.is_lost() {
-            let conn = self.primary.get_mut().unwrap_or_else(std::sync::PoisonError::into_inner);
-            let _ = conn.exchange(&Request::Goodbye);
-        }
-    }
-}
-
-fn nanos(t: Option<Duration>) -> Option<u64> {
-    t.map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
-}
-
-impl KernelPort for RemotePort {
-    fn process(&self) -> ProcessId {
-        self.process
-    }
-    fn native_fence_caps(&self) -> Result<abi::port::NativeFenceCaps, KernelError> {
-        let Reply::NativeFenceCaps(c) = self.call(&Request::NativeFenceCaps)?.0 else {
-            return Err(self.unexpected());
-        };
-        Ok(c)
-    }
-    fn adapter_info(&self) -> AdapterInfo {
-        self.info.clone()
-    }
-    fn create_device(&self) -> Result<DeviceHandle, KernelError> {
-        let Reply::Device(d) = self.call(&Request::CreateDevice)?.0 else { return Err(self.unexpected()) };
-        lock(&self.devices).push(d);
-        Ok(d)
-    }
-    fn destroy_device(&self, device: DeviceHandle) -> Result<(), KernelError> {
-        self.unit(Request::DestroyDevice(device))?;
-        lock(&self.devices).retain(|d| *d != device);
-        Ok(())
-    }
-    fn allocate(&self, device: DeviceHandle, desc: &AllocationDesc) -> Result<AllocationInfo, KernelError> {
-        let Reply::Allocation(a) = self.call(&Request::Allocate(device, *desc))?.0 else {
-            return Err(self.unexpected());
-        };
-        Ok(a)
-    }
-    fn map_allocation(&self, allocation: AllocationHandle) -> Result<Mapping, KernelError> {
-        let (reply, mut fds) = self.call(&Request::MapAllocation(allocation))?;
-        let Reply::Mapping(m) = reply else { return Err(self.unexpected()) };
-        self.map(m, &mut fds)
-    }
-    fn free(&self, allocation: AllocationHandle) -> Result<(), KernelError> {
-        self.unit(Request::Free(allocation))
-    }
-    fn create_context(&self, device: DeviceHandle, engine: EngineId) -> Result<ContextHandle, KernelError> {
-        let Reply::Context(c) = self.call(&Request::CreateContext(device, engine))?.0 else {
-            return Err(self.unexpected());
-        };
-        Ok(c)
-    }
-    fn destroy_context(&self, context: ContextHandle) -> Result<(), KernelError> {
-        self.unit(Request::DestroyContext(context))
-    }
-    fn create_hw_queue(&self, context: ContextHandle, desc: &HwQueueDesc) -> Result<HwQueueInfo, KernelError> {
-        let (reply, mut fds) = self.call(&Request::CreateHwQueue(context, *desc))?;
-        let Reply::HwQueue(q) = reply else { return Err(self.unexpected()) };
-        let kernel_page = self.map(q.kernel_page, &mut fds)?;
-        if let Some(word) = Self::word_in(&kernel_page, abi::queue::PROGRESS_COMPLETED_OFFSET) {
-            lock(&self.progress).insert(q.handle, word);
-        }
-        Ok(HwQueueInfo { handle: q.handle, engine: q.engine, kernel_page, kernel_page_va: q.kernel_page_va })
-    }
-    fn destroy_hw_queue(&self, queue: HwQueueHandle) -> Result<(), KernelError> {
-        self.unit(Request::DestroyHwQueue(queue))?;
-        lock(&self.progress).remove(&queue);
-        if let Some(page) = lock(&self.doorbells).remove(&queue) {
-            let _ = page.rotate_to(&self.dummy, 0);
-        }
-        Ok(())
-    }
-    fn create_doorbell_page(&self, device: DeviceHandle) -> Result<abi::port::DoorbellPageInfo, KernelError> {
-        let Reply::DoorbellPage(p) = self.call(&Request::CreateDoorbellPage(device))?.0 else {
-            return Err(self.unexpected());
-        };
-        Ok(p)
-    }
-    fn destroy_doorbell_page(&self, page: abi::DoorbellPageHandle) -> Result<(), KernelError> {
-        self.unit(Request::DestroyDoorbellPage(page))
-    }
-    fn create_doorbell(&self, args: &CreateDoorbell) -> Result<DoorbellInfo, KernelError> {
-        let (reply, mut fds) = self.call(&Request::CreateDoorbell(*args))?;
-        let Reply::Doorbell(d) = reply else { return Err(self.unexpected()) };
-        let page = Arc::new(RotatingPage::new(&self.dummy, 0)?);
-        let aggregated = match d.aggregated {
-            Some((p, offset, mask)) => {
-                let fd = crate::take_fd(&mut fds, p.fd, "aggregated doorbell").map_err(|_| self.unexpected())?;
-                let agg = Arc::new(RotatingPage::new(&self.dummy, 0)?);
-                agg.rotate_to_fd(fd.as_fd(), p.file_offset)?;
-                Some(AggregatedDoorbell { page: agg, offset, mask, gpu_va: d.aggregated_gpu_va })
-            }
-            None => None,
-        };
-        lock(&self.doorbells).insert(args.queue, page.clone());
-        lock(&self.doorbell_queues).insert(d.handle, args.queue);
-        Ok(DoorbellInfo {
-            handle: d.handle,
-            cpu_page: page,
-            offset: d.offset,
-            ring: d.ring,
-            aggregated,
-            gpu_va: d.gpu_va,
-        })
-    }
-    fn connect_doorbell(&self, queue: HwQueueHandle) -> Result<(), KernelError> {
-        let (reply, mut fds) = self.call(&Request::ConnectDoorbell(queue))?;
-        let Reply::Connected(p) = reply else { return Err(self.unexpected()) };
-        // `None`: disconnected again already; the dummy page stays and the status says retry.
-        if let Some(p) = p {
-            let fd = crate::take_fd(&mut fds, p.fd, "doorbell page").map_err(|_| self.unexpected())?;
-            if let Some(page) = lock(&self.doorbells).get(&queue) {
-                page.rotate_to_fd(fd.as_fd(), p.file_offset)?;
-            }
-        }
-        Ok(())
-    }
-    fn destroy_doorbell(&self, doorbell: DoorbellHandle) -> Result<(), KernelError> {
-        self.unit(Request::DestroyDoorbell(doorbell))?;
-        if let Some(q) = lock(&self.doorbell_queues).remove(&doorbell)
-            && let Some(page) = lock(&self.doorbells).remove(&q)
-        {
-            let _ = page.rotate_to(&self.dummy, 0);
-        }
-        Ok(())
-    }
-    fn notify_work_submission(&self, doorbell: DoorbellHandle) -> Result<(), KernelError> {
-        self.unit(Request::NotifyWorkSubmission(doorbell))
-    }
-    fn submit_command(&self, queue: HwQueueHandle, words: &[u32]) -> Result<(), KernelError> {
-        self.unit(Request::SubmitCommand(queue, words.to_vec()))
-    }
+    /// [`Call::WaitProgress`]: done from memory once the queue's completed progress value
+    /// (its kernel page, mapped read-only) reaches `value`.
     fn wait_progress(
         &self,
+        call: &Call<'_>,
         queue: HwQueueHandle,
         value: u64,
         timeout: Option<Duration>,
-    ) -> Result<WaitOutcome, KernelError> {
+    ) -> Result<Answer, KernelError> {
         let word = lock(&self.progress).get(&queue).cloned();
         let done = || {
             // Acquire: pairs with the engine's release of the progress value.
             let done = word.as_ref()?.load(Ordering::Acquire);
             (done >= value).then_some(WaitOutcome::Reached(done))
         };
-        self.wait(Request::WaitProgress(queue, value, nanos(timeout)), timeout, &done)
+        self.wait(call, timeout, &done)
     }
-    fn query_queue(&self, queue: HwQueueHandle) -> Result<QueueStatus, KernelError> {
-        let Reply::QueueStatus(s) = self.call(&Request::QueryQueue(queue))?.0 else { return Err(self.unexpected()) };
-        Ok(s)
-    }
-    fn create_native_fence(
+
+    /// [`Call::WaitNativeFences`]: done from memory as the kernel would decide it, from the
+    /// fences' CurrentValues (mapped read-only).
+    fn wait_fences(
         &self,
-        device: DeviceHandle,
-        desc: &NativeFenceDesc,
-    ) -> Result<NativeFenceInfo, KernelError> {
-        self.fence(Request::CreateNativeFence(device, *desc))
-    }
-    fn open_native_fence(&self, device: DeviceHandle, global: u64) -> Result<NativeFenceInfo, KernelError> {
-        self.fence(Request::OpenNativeFence(device, global))
-    }
-    fn open_cross_adapter_fence(&self, device: DeviceHandle, handle: u64) -> Result<NativeFenceInfo, KernelError> {
-        self.fence(Request::OpenCrossAdapterFence(device, handle))
-    }
-    fn destroy_native_fence(&self, fence: NativeFenceHandle) -> Result<(), KernelError> {
-        self.unit(Request::DestroyNativeFence(fence))?;
-        lock(&self.currents).remove(&fence);
-        Ok(())
-    }
-    fn signal_native_fence(&self, fence: NativeFenceHandle, value: u64) -> Result<(), KernelError> {
-        self.unit(Request::SignalNativeFence(fence, value))
-    }
-    fn wait_native_fences(
-        &self,
+        call: &Call<'_>,
         fences: &[(NativeFenceHandle, u64)],
         mode: WaitMode,
         timeout: Option<Duration>,
-    ) -> Result<WaitOutcome, KernelError> {
+    ) -> Result<Answer, KernelError> {
         let words: Option<Vec<ReadWord>> = {
             let currents = lock(&self.currents);
             fences.iter().map(|(f, _)| currents.get(f).cloned()).collect()
@@ -592,40 +390,141 @@ impl KernelPort for RemotePort {
                 WaitMode::All => reached.all(|r| r).then_some(WaitOutcome::Reached(0)),
             }
         };
-        self.wait(Request::WaitNativeFences(fences.to_vec(), mode, nanos(timeout)), timeout, &done)
+        self.wait(call, timeout, &done)
     }
-    fn query_native_fence(&self, fence: NativeFenceHandle) -> Result<NativeFenceValues, KernelError> {
-        let Reply::FenceValues(v) = self.call(&Request::QueryNativeFence(fence))?.0 else {
-            return Err(self.unexpected());
+
+    /// Keeps what this port needs of an answered call: the devices (for device lost), each
+    /// queue's progress word and each fence's CurrentValue word (for waits), and each
+    /// doorbell's page (rotated to the dummy page when it goes).
+    fn note(&self, call: &Call<'_>, reply: &port::Reply) {
+        match (call, reply) {
+            (Call::CreateDevice, port::Reply::Device(d)) => lock(&self.devices).push(*d),
+            (Call::DestroyDevice(device), port::Reply::Unit) => lock(&self.devices).retain(|d| d != device),
+            (_, port::Reply::HwQueue(q)) => {
+                if let Some(word) = Self::word_in(&q.kernel_page, abi::queue::PROGRESS_COMPLETED_OFFSET) {
+                    lock(&self.progress).insert(q.handle, word);
+                }
+            }
+            (Call::DestroyHwQueue(queue), port::Reply::Unit) => {
+                lock(&self.progress).remove(queue);
+                self.retire_doorbell_page(*queue);
+            }
+            (Call::CreateDoorbell(args), port::Reply::Doorbell(d)) => {
+                lock(&self.doorbells).insert(args.queue, d.cpu_page.clone());
+                lock(&self.doorbell_queues).insert(d.handle, args.queue);
+            }
+            (Call::DestroyDoorbell(doorbell), port::Reply::Unit) => {
+                if let Some(q) = lock(&self.doorbell_queues).remove(doorbell) {
+                    self.retire_doorbell_page(q);
+                }
+            }
+            (_, port::Reply::NativeFence(f)) => {
+                // A window of the same mapping (no call) for this port's waits.
+                if let Some(word) = f.cpu.as_ref().and_then(|m| Self::word_in(m, f.offset)) {
+                    lock(&self.currents).insert(f.handle, word);
+                }
+            }
+            (Call::DestroyNativeFence(fence), port::Reply::Unit) => {
+                lock(&self.currents).remove(fence);
+            }
+            _ => {}
+        }
+    }
+
+    /// The queue's doorbell page goes back to the dummy page (its doorbell or queue is gone).
+    fn retire_doorbell_page(&self, queue: HwQueueHandle) {
+        if let Some(page) = lock(&self.doorbells).remove(&queue) {
+            let _ = page.rotate_to(&self.dummy, 0);
+        }
+    }
+}
+
+/// A response and the descriptors that came with it.
+type Answer = (Response, Vec<OwnedFd>);
+
+/// Translates a reply received into this process's memory: maps its descriptors, and makes
+/// each doorbell page a [`RotatingPage`] of this process.
+struct Receive<'a, 'c> {
+    port: &'a RemotePort,
+    /// The call answered (a connect names the queue whose page to rotate).
+    call: &'a Call<'c>,
+    /// The frame's descriptors, each taken once.
+    fds: Vec<Option<OwnedFd>>,
+}
+
+impl Receive<'_, '_> {
+    fn fd(&mut self, index: crate::FdRef, what: &'static str) -> Result<OwnedFd, KernelError> {
+        // A reply naming a descriptor it does not carry is a daemon of another build: gone.
+        crate::take_fd(&mut self.fds, index, what).map_err(|_| self.port.device_lost())
+    }
+}
+
+impl Translate<Fds, Local> for Receive<'_, '_> {
+    type Error = KernelError;
+
+    fn mapping(&mut self, m: WireMapping) -> Result<Mapping, KernelError> {
+        let fd = self.fd(m.fd, "mapping")?;
+        let prot = if m.read_only { Prot::ReadOnly } else { Prot::ReadWrite };
+        Ok(Mapping::new(fd.as_fd(), m.file_offset, m.len as usize, prot)?)
+    }
+
+    /// The doorbell's page starts on this process's dummy page; a connect rotates it.
+    fn doorbell_page(&mut self, (): ()) -> Result<Arc<RotatingPage>, KernelError> {
+        Ok(Arc::new(RotatingPage::new(&self.port.dummy, 0)?))
+    }
+
+    fn aggregated_page(&mut self, p: WirePage) -> Result<Option<Arc<RotatingPage>>, KernelError> {
+        let fd = self.fd(p.fd, "aggregated doorbell")?;
+        let page = Arc::new(RotatingPage::new(&self.port.dummy, 0)?);
+        page.rotate_to_fd(fd.as_fd(), p.file_offset)?;
+        Ok(Some(page))
+    }
+
+    /// Rotates the queue's doorbell page to the page the daemon handed out. `None`:
+    /// disconnected again already; the dummy page stays and the status says retry.
+    fn connected(&mut self, page: Option<WirePage>) -> Result<(), KernelError> {
+        let Some(p) = page else { return Ok(()) };
+        let Call::ConnectDoorbell(queue) = *self.call else {
+            return Err(KernelError::UnexpectedReply { call: self.call.name(), reply: "connected" });
         };
-        Ok(v)
+        let fd = self.fd(p.fd, "doorbell page")?;
+        if let Some(page) = lock(&self.port.doorbells).get(&queue) {
+            page.rotate_to_fd(fd.as_fd(), p.file_offset)?;
+        }
+        Ok(())
     }
-    fn userq_signal(
-        &self,
-        queue: HwQueueHandle,
-        point: u64,
-        fences: &[(NativeFenceHandle, u64)],
-    ) -> Result<(), KernelError> {
-        self.unit(Request::UserqSignal(queue, point, fences.to_vec()))
+}
+
+impl Drop for RemotePort {
+    /// The orderly close: spec 000's normal termination of the process (its queued work runs
+    /// out), then the connection closes.
+    fn drop(&mut self) {
+        if !self.is_lost() {
+            let conn = self.primary.get_mut().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let _ = conn.exchange(&Request::Goodbye);
+        }
     }
-    fn userq_wait(
-        &self,
-        queue: HwQueueHandle,
-        objects: &[abi::port::SyncWait],
-    ) -> Result<Vec<abi::port::WaitPoint>, KernelError> {
-        let Reply::WaitPoints(p) = self.call(&Request::UserqWait(queue, objects.to_vec()))?.0 else {
-            return Err(self.unexpected());
+}
+
+impl KernelPort for RemotePort {
+    fn process(&self) -> ProcessId {
+        self.process
+    }
+    /// Asked once, at connect.
+    fn adapter_info(&self) -> AdapterInfo {
+        self.info.clone()
+    }
+    /// Sends the call and maps what its reply hands out; a wait may end sooner, from memory
+    /// (the module docs).
+    fn call(&self, call: &Call<'_>) -> Result<port::Reply, KernelError> {
+        let answer = match *call {
+            Call::WaitProgress { queue, value, timeout } => self.wait_progress(call, queue, value, timeout)?,
+            Call::WaitNativeFences { ref fences, mode, timeout } => self.wait_fences(call, fences, mode, timeout)?,
+            _ => self.exchange(call)?,
         };
-        Ok(p)
-    }
-    fn open_progress_fence(&self, queue: HwQueueHandle) -> Result<NativeFenceInfo, KernelError> {
-        self.fence(Request::OpenProgressFence(queue))
-    }
-    fn query_physical_doorbell(&self, queue: HwQueueHandle) -> Result<Option<PhysicalDoorbell>, KernelError> {
-        let Reply::PhysicalDoorbell(p) = self.call(&Request::QueryPhysicalDoorbell(queue))?.0 else {
-            return Err(self.unexpected());
-        };
-        Ok(p)
+        let reply = self.receive(call, answer)?;
+        self.note(call, &reply);
+        Ok(reply)
     }
 }
 

@@ -9,12 +9,19 @@
 //!
 //! ## What crosses the socket
 //!
-//! Only the control path (spec 000's "system calls": [`abi::port::KernelPort`]). Each call is
-//! one [`Request`] answered by one [`Response`], which carries the typed
-//! [`abi::port::KernelError`] exactly as the embedded mode returns it. Shared memory never
-//! crosses as bytes: rings, ring control, allocations, kernel pages, fence pages and doorbell
-//! pages cross as file descriptors (`SCM_RIGHTS`) attached to the reply that hands them out,
-//! and the message names them by index ([`FdRef`]). The client maps them; from then on the
+//! Only the control path (spec 000's "system calls": [`abi::port::KernelPort`]). A system call
+//! crosses as the value it already is: [`Request::Call`] carries an [`abi::port::Call`], and
+//! the [`Response`] carries its [`abi::port::Reply`] or the typed [`abi::port::KernelError`]
+//! exactly as the embedded mode returns it. Nothing here lists the calls again. Besides the
+//! calls, a connection has a few messages of its own (the adapter info at connect, status,
+//! goodbye, the wake word).
+//!
+//! Shared memory never crosses as bytes: allocations (rings, ring control), kernel pages,
+//! fence pages and doorbell pages cross as file descriptors (`SCM_RIGHTS`) attached to the
+//! reply that hands them out. The reply is the kernel's, with its memory carried as [`Fds`]
+//! ([`abi::port::Memory`]): each mapping or page is the index of a descriptor in the frame
+//! ([`FdRef`]). The daemon translates the kernel's in-process reply into that, and the client
+//! translates it back ([`abi::port::Translate`]) and maps the descriptors; from then on the
 //! data path (packets, wptr, the doorbell write, reading the progress fence) is memory only.
 //!
 //! ## Format
@@ -43,19 +50,14 @@
 //!   caller's object table like any other handle, so a forged or replayed one is refused.
 #![forbid(unsafe_code)]
 
+use std::borrow::Cow;
 use std::io::{IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::Path;
 
-use abi::port::{
-    AdapterInfo, AllocationDesc, AllocationInfo, CreateDoorbell, HwQueueDesc, KernelError, NativeFenceDesc,
-    NativeFenceType, NativeFenceValues, PhysicalDoorbell, QueueStatus, WaitMode, WaitOutcome,
-};
-use abi::{
-    AllocationHandle, ContextHandle, DeviceHandle, DoorbellHandle, EngineId, HwQueueHandle, NativeFenceHandle,
-    ProcessId,
-};
+use abi::ProcessId;
+use abi::port::{AdapterInfo, Call, KernelError};
 use rustix::net::{
     AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags, SendAncillaryBuffer,
     SendAncillaryMessage, SendFlags, SocketAddrUnix, SocketFlags, SocketType,
@@ -71,7 +73,7 @@ pub use status::DaemonStatus;
 /// The first four bytes of every [`Hello`]: "DBL\x01".
 pub const MAGIC: u32 = u32::from_le_bytes(*b"DBL\x01");
 /// This format's version. Bumped on any change to a message's encoding.
-pub const PROTOCOL_VERSION: u32 = 7;
+pub const PROTOCOL_VERSION: u32 = 8;
 /// The largest frame payload, in bytes. A `SOCK_SEQPACKET` packet must fit the socket's send
 /// buffer (about 208 KiB by default), so frames stay well below it.
 pub const MAX_FRAME: usize = 128 << 10;
@@ -573,125 +575,40 @@ pub struct WirePage {
     pub file_offset: u64,
 }
 
-/// [`abi::port::HwQueueInfo`] with its kernel page as a descriptor.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct WireHwQueueInfo {
-    /// Its handle.
-    pub handle: HwQueueHandle,
-    /// Its engine.
-    pub engine: EngineId,
-    /// The kernel page (read-only).
-    pub kernel_page: WireMapping,
-    /// The kernel page's GPU VA.
-    pub kernel_page_va: u64,
+/// Shared memory as the socket carries it ([`abi::port::Memory`]): each mapping or page a
+/// reply hands out is a descriptor passed beside the frame (`SCM_RIGHTS`), named by its index.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Fds;
+
+impl abi::port::Memory for Fds {
+    /// Descriptor, offset, length and protection: the client maps it.
+    type Mapping = WireMapping;
+    /// Nothing: the client's doorbell page starts on a dummy page of its own, and the daemon
+    /// never hands out its BAR (see `daemon`'s "Doorbell pages across processes").
+    type DoorbellPage = ();
+    /// The memfd page the daemon shows in place of the aggregated doorbell's BAR page.
+    type AggregatedPage = WirePage;
+    /// The doorbell's page now (the memfd the daemon shows the firmware in place of the BAR
+    /// page), or `None` if the doorbell was disconnected again before the reply (an engine
+    /// went idle): the client keeps its dummy page, reads `DisconnectedRetry` and connects
+    /// again.
+    type Connected = Option<WirePage>;
 }
 
-/// [`abi::port::DoorbellInfo`]: the page the doorbell word is on, when connected.
+/// One message of a client: a system call of its process, or one of the connection's own.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct WireDoorbellInfo {
-    /// Its handle.
-    pub handle: DoorbellHandle,
-    /// The word's offset in its page.
-    pub offset: u64,
-    /// How to ring it.
-    pub ring: abi::doorbell::RingMethod,
-    /// The aggregated doorbell: its page, the engine's word's offset and the value to OR in.
-    pub aggregated: Option<(WirePage, u64, u64)>,
-    /// The doorbell's GPU VA in the process's own address space, where the GPU can ring it.
-    pub gpu_va: Option<u64>,
-    /// The aggregated doorbell word's GPU VA, where the device maps that page for the GPU.
-    pub aggregated_gpu_va: Option<u64>,
-}
-
-/// [`abi::port::NativeFenceInfo`] with its CurrentValue page as a descriptor.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct WireNativeFenceInfo {
-    /// Its handle.
-    pub handle: NativeFenceHandle,
-    /// GPU VA of CurrentValue.
-    pub va: u64,
-    /// The read-only page of CurrentValue.
-    pub cpu: Option<WireMapping>,
-    /// Offset of CurrentValue in it.
-    pub offset: u64,
-    /// The global handle of a shareable fence.
-    pub global: Option<u64>,
-    /// Its type.
-    pub kind: NativeFenceType,
-    /// Its cross-adapter handle.
-    pub cross_adapter: Option<u64>,
-}
-
-/// One control-path call ([`abi::port::KernelPort`], method by method), or a daemon query.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Request {
-    /// `adapter_info`.
+pub enum Request<'a> {
+    /// A system call ([`abi::port::Call`]), answered by [`Reply::Call`]: the client sends it
+    /// borrowed, the daemon decodes it owned.
+    Call(Cow<'a, Call<'a>>),
+    /// The adapter the process's port is opened on ([`abi::port::KernelPort::adapter_info`]),
+    /// asked once, at connect.
     AdapterInfo,
-    /// `create_device`.
-    CreateDevice,
-    /// `destroy_device`.
-    DestroyDevice(DeviceHandle),
-    /// `allocate`.
-    Allocate(DeviceHandle, AllocationDesc),
-    /// `map_allocation`.
-    MapAllocation(AllocationHandle),
-    /// `free`.
-    Free(AllocationHandle),
-    /// `create_context`.
-    CreateContext(DeviceHandle, EngineId),
-    /// `destroy_context`.
-    DestroyContext(ContextHandle),
-    /// `create_hw_queue`.
-    CreateHwQueue(ContextHandle, HwQueueDesc),
-    /// `destroy_hw_queue`.
-    DestroyHwQueue(HwQueueHandle),
-    /// `create_doorbell`.
-    CreateDoorbell(CreateDoorbell),
-    /// `connect_doorbell`.
-    ConnectDoorbell(HwQueueHandle),
-    /// `destroy_doorbell`.
-    DestroyDoorbell(DoorbellHandle),
-    /// `notify_work_submission`.
-    NotifyWorkSubmission(DoorbellHandle),
-    /// `submit_command`.
-    SubmitCommand(HwQueueHandle, Vec<u32>),
-    /// `wait_progress` (timeout in nanoseconds).
-    WaitProgress(HwQueueHandle, u64, Option<u64>),
-    /// `query_queue`.
-    QueryQueue(HwQueueHandle),
-    /// `create_native_fence`.
-    CreateNativeFence(DeviceHandle, NativeFenceDesc),
-    /// `open_native_fence`.
-    OpenNativeFence(DeviceHandle, u64),
-    /// `open_cross_adapter_fence`.
-    OpenCrossAdapterFence(DeviceHandle, u64),
-    /// `destroy_native_fence`.
-    DestroyNativeFence(NativeFenceHandle),
-    /// `signal_native_fence`.
-    SignalNativeFence(NativeFenceHandle, u64),
-    /// `wait_native_fences` (timeout in nanoseconds).
-    WaitNativeFences(Vec<(NativeFenceHandle, u64)>, WaitMode, Option<u64>),
-    /// `query_native_fence`.
-    QueryNativeFence(NativeFenceHandle),
-    /// `query_physical_doorbell`.
-    QueryPhysicalDoorbell(HwQueueHandle),
     /// What `doorbell status` shows.
     Status,
     /// The orderly close: the process ends with spec 000's normal termination (its queued
     /// work runs out first), then the daemon answers and closes the connection.
     Goodbye,
-    /// `userq_signal` (amdgpu `USERQ_SIGNAL`).
-    UserqSignal(HwQueueHandle, u64, Vec<(NativeFenceHandle, u64)>),
-    /// `userq_wait` (amdgpu `USERQ_WAIT`).
-    UserqWait(HwQueueHandle, Vec<abi::port::SyncWait>),
-    /// `open_progress_fence`.
-    OpenProgressFence(HwQueueHandle),
-    /// `native_fence_caps`.
-    NativeFenceCaps,
-    /// `create_doorbell_page`.
-    CreateDoorbellPage(DeviceHandle),
-    /// `destroy_doorbell_page`.
-    DestroyDoorbellPage(abi::DoorbellPageHandle),
     /// This connection's wake word (since version 3): the daemon bumps it and wakes its
     /// sleepers (a shared futex) when a wait this connection asks for is decided, and again
     /// once the wait's answer is sent; the client sleeps on it instead of in a read of the
@@ -702,48 +619,30 @@ pub enum Request {
 /// A successful answer.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Reply {
-    /// Nothing to return.
-    Unit,
-    /// `adapter_info`.
+    /// A system call's reply, its shared memory as descriptors of the frame.
+    Call(abi::port::Reply<Fds>),
+    /// [`Request::AdapterInfo`].
     AdapterInfo(AdapterInfo),
-    /// `create_device`.
-    Device(DeviceHandle),
-    /// `allocate`.
-    Allocation(AllocationInfo),
-    /// `map_allocation`.
-    Mapping(WireMapping),
-    /// `create_context`.
-    Context(ContextHandle),
-    /// `create_hw_queue`.
-    HwQueue(WireHwQueueInfo),
-    /// `create_doorbell`.
-    Doorbell(WireDoorbellInfo),
-    /// `connect_doorbell`: the doorbell's page now (the process's own page, a memfd the
-    /// daemon shows the firmware in place of the BAR page), or `None` if the doorbell was
-    /// disconnected again before the reply (an engine went idle): the client keeps its dummy
-    /// page, reads `DisconnectedRetry` and connects again.
-    Connected(Option<WirePage>),
-    /// A wait's outcome.
-    Wait(WaitOutcome),
-    /// `query_queue`.
-    QueueStatus(QueueStatus),
-    /// A native fence.
-    NativeFence(WireNativeFenceInfo),
-    /// `query_native_fence`.
-    FenceValues(NativeFenceValues),
-    /// `query_physical_doorbell`.
-    PhysicalDoorbell(Option<PhysicalDoorbell>),
-    /// `Status`.
+    /// [`Request::Status`].
     Status(Box<DaemonStatus>),
-    /// `userq_wait`.
-    WaitPoints(Vec<abi::port::WaitPoint>),
-    /// `native_fence_caps`.
-    NativeFenceCaps(abi::port::NativeFenceCaps),
-    /// `create_doorbell_page`.
-    DoorbellPage(abi::port::DoorbellPageInfo),
+    /// [`Request::Goodbye`]: the process has ended.
+    Goodbye,
     /// [`Request::WakeWord`]: the process's wake page (read-only) and the byte offset of this
     /// connection's 32-bit word in it.
     WakeWord(WireMapping, u64),
+}
+
+impl Reply {
+    /// The reply's kind, for errors.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Reply::Call(r) => r.name(),
+            Reply::AdapterInfo(_) => "adapter info",
+            Reply::Status(_) => "status",
+            Reply::Goodbye => "goodbye",
+            Reply::WakeWord(..) => "wake word",
+        }
+    }
 }
 
 /// The answer to a [`Request`]: typed kernel errors, exactly as in embedded mode.
@@ -764,9 +663,10 @@ mod tests {
         let (a, b) = Channel::pair().unwrap();
         let page = shm::Shm::new("t", 4096).unwrap();
         page.write_u64(0, 42).unwrap();
-        a.send(&Request::QueryQueue(HwQueueHandle::new(ProcessId(3), 1, 2)), &[page.fd()]).unwrap();
+        let query = Request::Call(Cow::Owned(Call::QueryQueue(abi::HwQueueHandle::new(ProcessId(3), 1, 2))));
+        a.send(&query, &[page.fd()]).unwrap();
         let (r, fds): (Request, _) = b.recv("request").unwrap();
-        assert_eq!(r, Request::QueryQueue(HwQueueHandle::new(ProcessId(3), 1, 2)));
+        assert_eq!(r, query);
         assert_eq!(fds.len(), 1);
         let m = shm::Mapping::new(fds[0].as_fd(), 0, 4096, shm::Prot::ReadOnly).unwrap();
         assert_eq!(m.read_u64(0).unwrap(), 42);

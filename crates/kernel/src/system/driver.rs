@@ -354,7 +354,7 @@ pub(crate) struct Inner {
     /// Signalled when CPU waits complete (the waiting threads re-check under the OS lock).
     waits_cv: Condvar,
     /// Wakers of waits whose waiter is not (only) blocked on `waits_cv`: a daemon's client
-    /// process sleeping on a futex of its own ([`super::ProcessPort::wait_progress_waking`]).
+    /// process sleeping on a futex of its own ([`super::ProcessPort::call_waking`]).
     /// Registered under the OS lock when the wait blocks, so no decision can precede it; woken
     /// (and removed) by whichever thread acts on the decision.
     wakers: Mutex<abi::slab::KeyMap<WaitId, std::task::Waker>>,

@@ -1,18 +1,16 @@
 //! A client process's kernel port: the [`abi::port::KernelPort`] a `umd::Device` runs on in
-//! the embedded mode. Each call is one input of the OS through [`Inner::call_as`].
+//! the embedded mode, and what the daemon hands each decoded call to. It implements the one
+//! method a port has, [`KernelPort::call`]: one dispatch of an [`abi::port::Call`] onto the
+//! OS, each call one input of the OS through [`Inner::call_as`], its answer an
+//! [`abi::port::Reply`] with its shared memory mapped in this process ([`abi::port::Local`]).
+//! [`ProcessPort::call_waking`] is the same dispatch with a waker for blocking waits.
 
 use std::sync::Arc;
 use std::task::Waker;
 use std::time::Duration;
 
-use abi::port::{
-    AdapterInfo, AllocationDesc, AllocationInfo, CreateDoorbell, DoorbellInfo, HwQueueDesc, HwQueueInfo, KernelError,
-    KernelPort, NativeFenceDesc, NativeFenceInfo, QueueStatus, WaitMode, WaitOutcome,
-};
-use abi::{
-    AllocationHandle, ContextHandle, DeviceHandle, DoorbellHandle, EngineId, HwQueueHandle, NativeFenceHandle,
-    ProcessId, Time,
-};
+use abi::port::{AdapterInfo, Call, KernelError, KernelPort, Reply, WaitMode, WaitOutcome};
+use abi::{HwQueueHandle, NativeFenceHandle, ProcessId, Time};
 
 use super::Termination;
 use super::driver::Inner;
@@ -26,7 +24,7 @@ pub struct ProcessPort {
 
 impl ProcessPort {
     /// One call of this process into the OS.
-    fn call<T>(&self, f: impl FnOnce(&mut Os, ProcessId, Time) -> Result<T, KernelError>) -> Result<T, KernelError> {
+    fn os<T>(&self, f: impl FnOnce(&mut Os, ProcessId, Time) -> Result<T, KernelError>) -> Result<T, KernelError> {
         self.inner.call_as(self.pid, |os, now| f(os, self.pid, now))
     }
 
@@ -38,10 +36,79 @@ impl ProcessPort {
 }
 
 impl ProcessPort {
-    /// [`KernelPort::wait_progress`], and `waker` is woken as soon as the OS decides the wait
-    /// (before this thread wakes to end it): how a daemon wakes a client process that sleeps
-    /// on a futex of its own instead of on this call's answer.
-    pub fn wait_progress_waking(
+    /// [`KernelPort::call`], and for a blocking wait ([`Call::is_wait`]) `waker` is woken as
+    /// soon as the OS decides it (before this thread wakes to end it): how a daemon wakes a
+    /// client process that sleeps on a futex of its own instead of on the call's answer.
+    pub fn call_waking(&self, call: &Call<'_>, waker: Option<&Waker>) -> Result<Reply, KernelError> {
+        let unit = |()| Reply::Unit;
+        match *call {
+            Call::NativeFenceCaps => Ok(Reply::NativeFenceCaps(self.inner.os.lock().native_fence_caps())),
+            Call::CreateDevice => self.os(|os, pid, _| os.create_device(pid)).map(Reply::Device),
+            Call::DestroyDevice(d) => self.os(|os, pid, now| os.destroy_device(pid, d, now)).map(unit),
+            Call::Allocate { device, desc } => {
+                self.os(|os, pid, now| os.allocate(pid, device, &desc, now)).map(Reply::Allocation)
+            }
+            Call::MapAllocation(a) => self.os(|os, pid, _| os.map_allocation(pid, a)).map(Reply::Mapping),
+            Call::Free(a) => self.os(|os, pid, _| os.free(pid, a)).map(unit),
+            Call::CreateContext { device, engine } => {
+                self.os(|os, pid, _| os.create_context(pid, device, engine)).map(Reply::Context)
+            }
+            Call::DestroyContext(c) => self.os(|os, pid, now| os.destroy_context(pid, c, now)).map(unit),
+            Call::CreateHwQueue { context, desc } => {
+                self.os(|os, pid, now| os.create_hw_queue(pid, context, &desc, now)).map(Reply::HwQueue)
+            }
+            Call::DestroyHwQueue(q) => self.os(|os, pid, now| os.destroy_hw_queue(pid, q, now)).map(unit),
+            Call::CreateDoorbellPage(d) => {
+                self.os(|os, pid, now| os.create_doorbell_page(pid, d, now)).map(Reply::DoorbellPage)
+            }
+            Call::DestroyDoorbellPage(p) => self.os(|os, pid, _| os.destroy_doorbell_page(pid, p)).map(unit),
+            Call::CreateDoorbell(args) => {
+                self.os(|os, pid, now| os.create_doorbell(pid, &args, now)).map(Reply::Doorbell)
+            }
+            Call::ConnectDoorbell(q) => self.os(|os, pid, now| os.connect_doorbell(pid, q, now)).map(Reply::Connected),
+            Call::DestroyDoorbell(d) => self.os(|os, pid, now| os.destroy_doorbell(pid, d, now)).map(unit),
+            Call::NotifyWorkSubmission(d) => self.os(|os, pid, now| os.notify_work_submission(pid, d, now)).map(unit),
+            Call::SubmitCommand { queue, ref words } => {
+                self.os(|os, pid, _| os.submit_command(pid, queue, words)).map(unit)
+            }
+            Call::WaitProgress { queue, value, timeout } => {
+                self.wait_progress_waking(queue, value, timeout, waker).map(Reply::Wait)
+            }
+            Call::QueryQueue(q) => self.os(|os, pid, _| os.query_queue(pid, q)).map(Reply::QueueStatus),
+            Call::CreateNativeFence { device, desc } => {
+                self.os(|os, pid, now| os.create_native_fence(pid, device, &desc, now)).map(Reply::NativeFence)
+            }
+            Call::OpenNativeFence { device, global } => {
+                self.os(|os, pid, now| os.open_native_fence(pid, device, global, now)).map(Reply::NativeFence)
+            }
+            Call::OpenCrossAdapterFence { device, handle } => {
+                self.os(|os, pid, now| os.open_cross_adapter_fence(pid, device, handle, now)).map(Reply::NativeFence)
+            }
+            Call::DestroyNativeFence(f) => self.os(|os, pid, now| os.destroy_native_fence(pid, f, now)).map(unit),
+            Call::SignalNativeFence { fence, value } => {
+                self.os(|os, pid, now| os.signal_native_fence(pid, fence, value, now)).map(unit)
+            }
+            Call::WaitNativeFences { ref fences, mode, timeout } => {
+                self.wait_native_fences_waking(fences, mode, timeout, waker).map(Reply::Wait)
+            }
+            Call::QueryNativeFence(f) => self.os(|os, pid, _| os.query_native_fence(pid, f)).map(Reply::FenceValues),
+            Call::QueryPhysicalDoorbell(q) => {
+                self.os(|os, pid, _| os.query_physical_doorbell(pid, q)).map(Reply::PhysicalDoorbell)
+            }
+            Call::UserqSignal { queue, point, ref fences } => {
+                self.os(|os, pid, now| os.userq_signal(pid, queue, point, fences, now)).map(unit)
+            }
+            Call::UserqWait { queue, ref objects } => {
+                self.os(|os, pid, now| os.userq_wait(pid, queue, objects, now)).map(Reply::WaitPoints)
+            }
+            Call::OpenProgressFence(q) => {
+                self.os(|os, pid, now| os.open_progress_fence(pid, q, now)).map(Reply::NativeFence)
+            }
+        }
+    }
+
+    /// A progress wait, `waker` woken as soon as the OS decides it.
+    fn wait_progress_waking(
         &self,
         queue: HwQueueHandle,
         value: u64,
@@ -56,8 +123,8 @@ impl ProcessPort {
         )
     }
 
-    /// [`KernelPort::wait_native_fences`] with a waker, as [`Self::wait_progress_waking`].
-    pub fn wait_native_fences_waking(
+    /// A native fence wait, `waker` woken as soon as the OS decides it.
+    fn wait_native_fences_waking(
         &self,
         fences: &[(NativeFenceHandle, u64)],
         mode: WaitMode,
@@ -88,7 +155,7 @@ impl ProcessPort {
         timeout: Option<Duration>,
         waker: Option<&Waker>,
     ) -> Result<WaitOutcome, KernelError> {
-        let start = self.call(|os, pid, now| {
+        let start = self.os(|os, pid, now| {
             let s = begin(os, pid, now);
             if let (Ok(WaitStart::Blocked(w)), Some(waker)) = (&s, waker) {
                 self.inner.set_waker(*w, waker);
@@ -122,123 +189,7 @@ impl KernelPort for ProcessPort {
     fn adapter_info(&self) -> AdapterInfo {
         self.inner.os.lock().adapter_info()
     }
-    fn native_fence_caps(&self) -> Result<abi::port::NativeFenceCaps, KernelError> {
-        Ok(self.inner.os.lock().native_fence_caps())
-    }
-    fn create_device(&self) -> Result<DeviceHandle, KernelError> {
-        self.inner.call_as(self.pid, |os, _| os.create_device(self.pid))
-    }
-    fn destroy_device(&self, device: DeviceHandle) -> Result<(), KernelError> {
-        self.call(|os, pid, now| os.destroy_device(pid, device, now))
-    }
-    fn allocate(&self, device: DeviceHandle, desc: &AllocationDesc) -> Result<AllocationInfo, KernelError> {
-        self.call(|os, pid, now| os.allocate(pid, device, desc, now))
-    }
-    fn map_allocation(&self, allocation: AllocationHandle) -> Result<shm::Mapping, KernelError> {
-        self.call(|os, pid, _| os.map_allocation(pid, allocation))
-    }
-    fn free(&self, allocation: AllocationHandle) -> Result<(), KernelError> {
-        self.call(|os, pid, _| os.free(pid, allocation))
-    }
-    fn create_context(&self, device: DeviceHandle, engine: EngineId) -> Result<ContextHandle, KernelError> {
-        self.call(|os, pid, _| os.create_context(pid, device, engine))
-    }
-    fn destroy_context(&self, context: ContextHandle) -> Result<(), KernelError> {
-        self.call(|os, pid, now| os.destroy_context(pid, context, now))
-    }
-    fn create_hw_queue(&self, context: ContextHandle, desc: &HwQueueDesc) -> Result<HwQueueInfo, KernelError> {
-        self.call(|os, pid, now| os.create_hw_queue(pid, context, desc, now))
-    }
-    fn destroy_hw_queue(&self, queue: HwQueueHandle) -> Result<(), KernelError> {
-        self.call(|os, pid, now| os.destroy_hw_queue(pid, queue, now))
-    }
-    fn create_doorbell_page(&self, device: DeviceHandle) -> Result<abi::port::DoorbellPageInfo, KernelError> {
-        self.call(|os, pid, now| os.create_doorbell_page(pid, device, now))
-    }
-    fn destroy_doorbell_page(&self, page: abi::DoorbellPageHandle) -> Result<(), KernelError> {
-        self.call(|os, pid, _| os.destroy_doorbell_page(pid, page))
-    }
-    fn create_doorbell(&self, args: &CreateDoorbell) -> Result<DoorbellInfo, KernelError> {
-        self.call(|os, pid, now| os.create_doorbell(pid, args, now))
-    }
-    fn connect_doorbell(&self, queue: HwQueueHandle) -> Result<(), KernelError> {
-        self.call(|os, pid, now| os.connect_doorbell(pid, queue, now))
-    }
-    fn destroy_doorbell(&self, doorbell: DoorbellHandle) -> Result<(), KernelError> {
-        self.call(|os, pid, now| os.destroy_doorbell(pid, doorbell, now))
-    }
-    fn notify_work_submission(&self, doorbell: DoorbellHandle) -> Result<(), KernelError> {
-        self.call(|os, pid, now| os.notify_work_submission(pid, doorbell, now))
-    }
-    fn submit_command(&self, queue: HwQueueHandle, words: &[u32]) -> Result<(), KernelError> {
-        self.call(|os, pid, _| os.submit_command(pid, queue, words))
-    }
-    fn wait_progress(
-        &self,
-        queue: HwQueueHandle,
-        value: u64,
-        timeout: Option<Duration>,
-    ) -> Result<WaitOutcome, KernelError> {
-        self.wait_progress_waking(queue, value, timeout, None)
-    }
-    fn query_queue(&self, queue: HwQueueHandle) -> Result<QueueStatus, KernelError> {
-        self.call(|os, pid, _| os.query_queue(pid, queue))
-    }
-    fn create_native_fence(
-        &self,
-        device: DeviceHandle,
-        desc: &NativeFenceDesc,
-    ) -> Result<NativeFenceInfo, KernelError> {
-        self.call(|os, pid, now| os.create_native_fence(pid, device, desc, now))
-    }
-    fn open_native_fence(&self, device: DeviceHandle, global: u64) -> Result<NativeFenceInfo, KernelError> {
-        self.call(|os, pid, now| os.open_native_fence(pid, device, global, now))
-    }
-    fn open_cross_adapter_fence(&self, device: DeviceHandle, handle: u64) -> Result<NativeFenceInfo, KernelError> {
-        self.call(|os, pid, now| os.open_cross_adapter_fence(pid, device, handle, now))
-    }
-    fn destroy_native_fence(&self, fence: NativeFenceHandle) -> Result<(), KernelError> {
-        self.call(|os, pid, now| os.destroy_native_fence(pid, fence, now))
-    }
-    fn signal_native_fence(&self, fence: NativeFenceHandle, value: u64) -> Result<(), KernelError> {
-        self.call(|os, pid, now| os.signal_native_fence(pid, fence, value, now))
-    }
-    fn wait_native_fences(
-        &self,
-        fences: &[(NativeFenceHandle, u64)],
-        mode: WaitMode,
-        timeout: Option<Duration>,
-    ) -> Result<WaitOutcome, KernelError> {
-        self.wait_native_fences_waking(fences, mode, timeout, None)
-    }
-    fn query_native_fence(&self, fence: NativeFenceHandle) -> Result<abi::port::NativeFenceValues, KernelError> {
-        self.call(|os, pid, _| os.query_native_fence(pid, fence))
-    }
-    fn query_physical_doorbell(
-        &self,
-        queue: HwQueueHandle,
-    ) -> Result<Option<abi::port::PhysicalDoorbell>, KernelError> {
-        self.call(|os, pid, _| os.query_physical_doorbell(pid, queue))
-    }
-
-    fn userq_signal(
-        &self,
-        queue: HwQueueHandle,
-        point: u64,
-        fences: &[(abi::NativeFenceHandle, u64)],
-    ) -> Result<(), KernelError> {
-        self.call(|os, pid, now| os.userq_signal(pid, queue, point, fences, now))
-    }
-
-    fn userq_wait(
-        &self,
-        queue: HwQueueHandle,
-        objects: &[abi::port::SyncWait],
-    ) -> Result<Vec<abi::port::WaitPoint>, KernelError> {
-        self.call(|os, pid, now| os.userq_wait(pid, queue, objects, now))
-    }
-
-    fn open_progress_fence(&self, queue: HwQueueHandle) -> Result<abi::port::NativeFenceInfo, KernelError> {
-        self.call(|os, pid, now| os.open_progress_fence(pid, queue, now))
+    fn call(&self, call: &Call<'_>) -> Result<Reply, KernelError> {
+        self.call_waking(call, None)
     }
 }

@@ -2,8 +2,8 @@
 //!
 //! - [`sim`], [`sim_with`], [`client`], [`client_on`]: a deterministic system and a client
 //!   (device, compute context, 1 MiB buffer) on it.
-//! - [`TapPort`]: a [`KernelPort`] that wraps a process's real port, delegates every call, and
-//!   records what it sees: the allocations behind each user-mode queue (so a test can map its
+//! - [`TapPort`]: a [`KernelPort`] that wraps a process's real port, forwards every call
+//!   ([`KernelPort::call`]), and records what it sees: the allocations behind each user-mode queue (so a test can map its
 //!   ring and ring-control blocks a second time), the doorbell's CPU page, and a [`Snapshot`]
 //!   of the queue's shared memory at the instant of each `connect_doorbell` and
 //!   `notify_work_submission` call.
@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use abi::port::{
     AdapterInfo, AllocationDesc, AllocationInfo, CreateDoorbell, DoorbellInfo, HwQueueDesc, HwQueueInfo, KernelError,
-    KernelPort, QueueStatus, SubmissionMode, WaitOutcome,
+    KernelPort, Reply, SubmissionMode,
 };
 use abi::queue::{DOORBELL_STATUS_OFFSET, PROGRESS_COMPLETED_OFFSET, QUEUE_STATE_OFFSET, QueueDescriptor};
 use abi::ring::{LAST_QUEUED_OFFSET, RPTR_OFFSET, WPTR_OFFSET};
@@ -309,70 +309,60 @@ impl TapPort {
     }
 }
 
-impl KernelPort for TapPort {
-    fn process(&self) -> ProcessId {
-        self.inner.process()
-    }
-    fn adapter_info(&self) -> AdapterInfo {
-        self.inner.adapter_info()
-    }
-    fn native_fence_caps(&self) -> Result<abi::port::NativeFenceCaps, KernelError> {
-        self.inner.native_fence_caps()
-    }
-    fn create_device(&self) -> Result<DeviceHandle, KernelError> {
-        self.log(Call::Other("create_device"));
-        self.inner.create_device()
-    }
-    fn destroy_device(&self, device: DeviceHandle) -> Result<(), KernelError> {
-        self.log(Call::Other("destroy_device"));
-        self.inner.destroy_device(device)
-    }
-    fn allocate(&self, device: DeviceHandle, desc: &AllocationDesc) -> Result<AllocationInfo, KernelError> {
-        self.log(Call::Other("allocate"));
-        let info = self.inner.allocate(device, desc)?;
-        self.state.lock().unwrap().allocs.insert(info.handle, info);
-        Ok(info)
-    }
-    fn map_allocation(&self, allocation: AllocationHandle) -> Result<Mapping, KernelError> {
-        self.log(Call::Other("map_allocation"));
-        self.inner.map_allocation(allocation)
-    }
-    fn free(&self, allocation: AllocationHandle) -> Result<(), KernelError> {
-        self.log(Call::Other("free"));
-        self.inner.free(allocation)
-    }
-    fn create_context(&self, device: DeviceHandle, engine: EngineId) -> Result<ContextHandle, KernelError> {
-        self.log(Call::Other("create_context"));
-        self.inner.create_context(device, engine)
-    }
-    fn destroy_context(&self, context: ContextHandle) -> Result<(), KernelError> {
-        self.log(Call::Other("destroy_context"));
-        self.inner.destroy_context(context)
-    }
-    fn create_hw_queue(&self, context: ContextHandle, desc: &HwQueueDesc) -> Result<HwQueueInfo, KernelError> {
-        self.log(Call::Other("create_hw_queue"));
-        let info = self.inner.create_hw_queue(context, desc)?;
-        if let SubmissionMode::UserMode(d) = desc.mode {
-            let kp = Mapping::new(info.kernel_page.fd(), info.kernel_page.file_offset(), 4096, Prot::ReadOnly)?;
-            self.state.lock().unwrap().descs.insert(info.handle, (d, kp));
+impl TapPort {
+    /// Logs `call` as the tests read it, with the queue's memory where they look at it.
+    fn log_call(&self, call: &abi::port::Call<'_>) {
+        use abi::port::Call as C;
+        match call {
+            C::ConnectDoorbell(queue) => {
+                let snap = self.snap(*queue);
+                self.log(Call::Connect(*queue, snap));
+            }
+            C::NotifyWorkSubmission(doorbell) => {
+                let tq = self.state.lock().unwrap().queues.values().find(|q| q.doorbell == *doorbell).cloned();
+                let tq = tq.expect("a doorbell created through the tap");
+                self.log(Call::Notify(tq.handle, tq.snapshot()));
+            }
+            C::SubmitCommand { queue, .. } => self.log(Call::Submit(*queue)),
+            C::WaitProgress { queue, value, .. } => self.log(Call::Wait(*queue, *value)),
+            // Queries, and fences other than cross-adapter ones, are not logged.
+            C::NativeFenceCaps
+            | C::QueryQueue(_)
+            | C::CreateNativeFence { .. }
+            | C::OpenNativeFence { .. }
+            | C::DestroyNativeFence(_)
+            | C::SignalNativeFence { .. }
+            | C::WaitNativeFences { .. }
+            | C::QueryNativeFence(_)
+            | C::QueryPhysicalDoorbell(_)
+            | C::UserqSignal { .. }
+            | C::UserqWait { .. }
+            | C::OpenProgressFence(_) => {}
+            other => self.log(Call::Other(other.name())),
         }
-        Ok(info)
     }
-    fn destroy_hw_queue(&self, queue: HwQueueHandle) -> Result<(), KernelError> {
-        self.log(Call::Other("destroy_hw_queue"));
-        self.inner.destroy_hw_queue(queue)
+
+    /// Keeps what the tests map a second time: allocations, user-mode queues' descriptors and
+    /// kernel pages, and the memory behind each doorbell.
+    fn note(&self, call: &abi::port::Call<'_>, reply: &Reply) -> Result<(), KernelError> {
+        use abi::port::Call as C;
+        match (call, reply) {
+            (C::Allocate { .. }, Reply::Allocation(info)) => {
+                self.state.lock().unwrap().allocs.insert(info.handle, *info);
+            }
+            (C::CreateHwQueue { desc, .. }, Reply::HwQueue(info)) => {
+                if let SubmissionMode::UserMode(d) = desc.mode {
+                    let kp = Mapping::new(info.kernel_page.fd(), info.kernel_page.file_offset(), 4096, Prot::ReadOnly)?;
+                    self.state.lock().unwrap().descs.insert(info.handle, (d, kp));
+                }
+            }
+            (C::CreateDoorbell(args), Reply::Doorbell(info)) => self.note_doorbell(args, info)?,
+            _ => {}
+        }
+        Ok(())
     }
-    fn create_doorbell_page(&self, device: DeviceHandle) -> Result<abi::port::DoorbellPageInfo, KernelError> {
-        self.log(Call::Other("create_doorbell_page"));
-        self.inner.create_doorbell_page(device)
-    }
-    fn destroy_doorbell_page(&self, page: abi::DoorbellPageHandle) -> Result<(), KernelError> {
-        self.log(Call::Other("destroy_doorbell_page"));
-        self.inner.destroy_doorbell_page(page)
-    }
-    fn create_doorbell(&self, args: &CreateDoorbell) -> Result<DoorbellInfo, KernelError> {
-        self.log(Call::Other("create_doorbell"));
-        let info = self.inner.create_doorbell(args)?;
+
+    fn note_doorbell(&self, args: &CreateDoorbell, info: &DoorbellInfo) -> Result<(), KernelError> {
         let ring = self.inner.map_allocation(args.ring_buffer)?;
         let control = self.inner.map_allocation(args.ring_control)?;
         let mut s = self.state.lock().unwrap();
@@ -396,79 +386,22 @@ impl KernelPort for TapPort {
             kernel_page,
         };
         s.queues.insert(args.queue, Arc::new(tq));
-        Ok(info)
+        Ok(())
     }
-    fn connect_doorbell(&self, queue: HwQueueHandle) -> Result<(), KernelError> {
-        let snap = self.snap(queue);
-        self.log(Call::Connect(queue, snap));
-        self.inner.connect_doorbell(queue)
+}
+
+impl KernelPort for TapPort {
+    fn process(&self) -> ProcessId {
+        self.inner.process()
     }
-    fn destroy_doorbell(&self, doorbell: DoorbellHandle) -> Result<(), KernelError> {
-        self.log(Call::Other("destroy_doorbell"));
-        self.inner.destroy_doorbell(doorbell)
+    fn adapter_info(&self) -> AdapterInfo {
+        self.inner.adapter_info()
     }
-    fn notify_work_submission(&self, doorbell: DoorbellHandle) -> Result<(), KernelError> {
-        let tq = self.state.lock().unwrap().queues.values().find(|q| q.doorbell == doorbell).cloned();
-        let tq = tq.expect("a doorbell created through the tap");
-        self.log(Call::Notify(tq.handle, tq.snapshot()));
-        self.inner.notify_work_submission(doorbell)
-    }
-    fn submit_command(&self, queue: HwQueueHandle, words: &[u32]) -> Result<(), KernelError> {
-        self.log(Call::Submit(queue));
-        self.inner.submit_command(queue, words)
-    }
-    fn wait_progress(
-        &self,
-        queue: HwQueueHandle,
-        value: u64,
-        timeout: Option<Duration>,
-    ) -> Result<WaitOutcome, KernelError> {
-        self.log(Call::Wait(queue, value));
-        self.inner.wait_progress(queue, value, timeout)
-    }
-    fn query_queue(&self, queue: HwQueueHandle) -> Result<QueueStatus, KernelError> {
-        self.inner.query_queue(queue)
-    }
-    fn create_native_fence(
-        &self,
-        device: DeviceHandle,
-        desc: &abi::port::NativeFenceDesc,
-    ) -> Result<abi::port::NativeFenceInfo, KernelError> {
-        self.inner.create_native_fence(device, desc)
-    }
-    fn open_native_fence(&self, device: DeviceHandle, global: u64) -> Result<abi::port::NativeFenceInfo, KernelError> {
-        self.inner.open_native_fence(device, global)
-    }
-    fn open_cross_adapter_fence(
-        &self,
-        device: DeviceHandle,
-        handle: u64,
-    ) -> Result<abi::port::NativeFenceInfo, KernelError> {
-        self.log(Call::Other("open_cross_adapter_fence"));
-        self.inner.open_cross_adapter_fence(device, handle)
-    }
-    fn destroy_native_fence(&self, fence: abi::NativeFenceHandle) -> Result<(), KernelError> {
-        self.inner.destroy_native_fence(fence)
-    }
-    fn signal_native_fence(&self, fence: abi::NativeFenceHandle, value: u64) -> Result<(), KernelError> {
-        self.inner.signal_native_fence(fence, value)
-    }
-    fn wait_native_fences(
-        &self,
-        fences: &[(abi::NativeFenceHandle, u64)],
-        mode: abi::port::WaitMode,
-        timeout: Option<Duration>,
-    ) -> Result<abi::port::WaitOutcome, KernelError> {
-        self.inner.wait_native_fences(fences, mode, timeout)
-    }
-    fn query_native_fence(&self, fence: abi::NativeFenceHandle) -> Result<abi::port::NativeFenceValues, KernelError> {
-        self.inner.query_native_fence(fence)
-    }
-    fn query_physical_doorbell(
-        &self,
-        queue: HwQueueHandle,
-    ) -> Result<Option<abi::port::PhysicalDoorbell>, KernelError> {
-        self.inner.query_physical_doorbell(queue)
+    fn call(&self, call: &abi::port::Call<'_>) -> Result<Reply, KernelError> {
+        self.log_call(call);
+        let reply = self.inner.call(call)?;
+        self.note(call, &reply)?;
+        Ok(reply)
     }
 }
 
