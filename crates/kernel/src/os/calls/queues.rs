@@ -13,7 +13,7 @@
 //! is returned before the error reaches the caller — the mappings and leases by drop, the
 //! rest by [`Os::destroy_hw_queue`]. A queue pins every allocation it runs from until it is
 //! destroyed. A queue's state has one owner, its `QueueLife` (live, or hung with its fault
-//! record), changed only by `Os::set_state`; the status query reads it, and asks the device
+//! record), changed only by `Shared::set_state`; the status query reads it, and asks the device
 //! only where a live queue runs.
 
 use std::sync::Arc;
@@ -26,70 +26,16 @@ use abi::ring::{self, RPTR_OFFSET, RingControlView, WPTR_OFFSET};
 use abi::{ContextHandle, DoorbellStatus, HwQueueHandle, Priority, ProcessId, QueueState, Time};
 use shm::{Prot, Shm};
 
-use super::submit::KERNEL_RING_BYTES;
-
-/// Bytes of each fence log while the OS traces ([`Os::set_fence_log_tracing`]): four times
-/// the spec's 4 KiB, 340 entries instead of 84.
-pub const TRACED_FENCE_LOG_BYTES: u64 = 4 * abi::fence_log::FENCE_LOG_BYTES;
-use super::{Os, Pin, Process, QueueLife, QueueObj, invalid};
-use crate::ddi::{GpuMapping, Kmd, QueueCreate};
-use crate::pool::Lease;
-use crate::trace::Event;
 use abi::fence_log::FenceLogType;
 
-/// How a queue is fed.
-pub(super) enum QueueMode {
-    /// By its client, through its ring and doorbell.
-    User {
-        /// The validated descriptor (doorbell index resolved).
-        desc: QueueDescriptor,
-        /// The client's last-queued word, when it lies in one of the process's allocations
-        /// (the queue pins it); reported, never trusted.
-        last_queued: Option<shm::ReadWord>,
-    },
-    /// By the kernel-mode scheduler.
-    Kernel(KernelRing),
-}
-
-/// A kernel-mode queue's kernel-owned ring.
-pub(super) struct KernelRing {
-    pub(super) ring: Arc<Shm>,
-    pub(super) control: RingControlView,
-    /// Its kernel doorbell.
-    pub(super) doorbell: Lease,
-    /// The kernel's own wptr and last-queued progress value.
-    pub(super) wptr: u64,
-    pub(super) last_queued: u64,
-    /// The kernel's own paging queue: every buffer on it is a paging buffer (spec 003's
-    /// resubmission rule keeps their fence IDs and runs them first).
-    pub(super) paging: bool,
-    /// Buffers on the ring not yet known complete, oldest first ([`super::submit`]).
-    pub(super) inflight: std::collections::VecDeque<super::submit::InFlight>,
-    _mappings: [GpuMapping; 2],
-}
+use super::super::Os;
+use super::super::km::KERNEL_RING_BYTES;
+use super::super::process::{KernelRing, Pin, Process, QueueLife, QueueMode, QueueObj};
+use super::super::shared::invalid;
+use crate::ddi::{Kmd, QueueCreate};
+use crate::trace::Event;
 
 impl Os {
-    /// Checks that the GPU could make `access` to `[va, va+bytes)`: aligned to `align`, inside
-    /// one mapping of the process, writable for a write. Errors name `field` and the value.
-    pub(super) fn check_access(
-        &self,
-        pid: ProcessId,
-        field: &'static str,
-        va: u64,
-        bytes: u64,
-        access: Access,
-        align: u64,
-    ) -> Result<(), KernelError> {
-        if !va.is_multiple_of(align) {
-            return Err(invalid(field, format!("{va:#x}"), Invalid::Misaligned { align }));
-        }
-        match self.ddi.vm_access(pid, va, bytes, access) {
-            Ok(()) => Ok(()),
-            Err(FaultKind::ReadOnly { .. }) => Err(invalid(field, format!("{va:#x}"), Invalid::GpuReadOnly)),
-            Err(_) => Err(KernelError::OutsideMappings { field, va, bytes }),
-        }
-    }
-
     fn validate_descriptor(
         &self,
         pid: ProcessId,
@@ -97,12 +43,12 @@ impl Os {
         engine: &abi::port::EngineInfo,
     ) -> Result<Priority, KernelError> {
         ring::check_ring_size(d.ring_bytes).map_err(|r| invalid("ring_bytes", d.ring_bytes, Invalid::RingSize(r)))?;
-        self.check_access(pid, "ring_va", d.ring_va, d.ring_bytes, Access::Read, 4)?;
+        self.cx.check_access(pid, "ring_va", d.ring_va, d.ring_bytes, Access::Read, 4)?;
         // The engine writes rptr: it must be client-writable memory, or a queue could aim it
         // at a protected word (another queue's progress fence) and forge it.
-        self.check_access(pid, "rptr_va", d.rptr_va, 8, Access::Write, 8)?;
-        self.check_access(pid, "wptr_va", d.wptr_va, 8, Access::Read, 8)?;
-        self.check_access(pid, "last_queued_va", d.last_queued_va, 8, Access::Read, 8)?;
+        self.cx.check_access(pid, "rptr_va", d.rptr_va, 8, Access::Write, 8)?;
+        self.cx.check_access(pid, "wptr_va", d.wptr_va, 8, Access::Read, 8)?;
+        self.cx.check_access(pid, "last_queued_va", d.last_queued_va, 8, Access::Read, 8)?;
         let range = engine.doorbell_first..engine.doorbell_first + engine.doorbell_count;
         if d.doorbell_index != abi::queue::DOORBELL_INDEX_ANY
             && d.doorbell_index < DOORBELLS_PER_PAGE
@@ -129,7 +75,7 @@ impl Os {
         if d.reserved != 0 {
             return Err(invalid("reserved", d.reserved, Invalid::MustBeZero));
         }
-        if d.flags & abi::queue::QUEUE_FLAG_SECURE != 0 && !self.ddi.adapter_info().secure_queues {
+        if d.flags & abi::queue::QUEUE_FLAG_SECURE != 0 && !self.cx.ddi.adapter_info().secure_queues {
             return Err(invalid(
                 "flags",
                 format!("{:#x}", d.flags),
@@ -152,9 +98,9 @@ impl Os {
         if d.context_save_va == 0 {
             return Ok(None);
         }
-        let need = self.ddi.adapter_info().queue_metadata.context_save_bytes;
+        let need = self.cx.ddi.adapter_info().queue_metadata.context_save_bytes;
         let va = d.context_save_va;
-        self.check_access(pid, "context_save_va", va, need, Access::Write, 4096)?;
+        self.cx.check_access(pid, "context_save_va", va, need, Access::Write, 4096)?;
         let p = self.proc(pid)?;
         let a = p.allocations.iter().find(|(_, a)| a.va == va).map(|(_, a)| (a.shm.clone(), a.bytes));
         match a {
@@ -183,6 +129,7 @@ impl Os {
             )),
             SubmissionMode::KernelMode if kernel_held + 1 >= einfo.hw_slots => {
                 let users = self
+                    .cx
                     .processes
                     .values()
                     .flat_map(|p| p.queues.iter())
@@ -208,10 +155,9 @@ impl Os {
         desc: &HwQueueDesc,
         now: Time,
     ) -> Result<HwQueueInfo, KernelError> {
-        self.at(now);
-        self.adapter_alive()?;
+        self.recovery.adapter_alive()?;
         let engine = self.proc(pid)?.contexts.get(ctx)?.engine;
-        let info = self.ddi.adapter_info();
+        let info = self.cx.ddi.adapter_info();
         let einfo = info
             .engines
             .iter()
@@ -236,118 +182,12 @@ impl Os {
         };
         let (mode, create) = match desc.mode {
             SubmissionMode::UserMode(d) => {
-                if !einfo.user_queues {
-                    return Err(invalid("engine", engine, Invalid::Unsupported("user-mode queues")));
-                }
-                self.validate_descriptor(pid, &d, einfo)?;
-                let mut d = d;
-                let p = self.proc(pid)?;
-                // The doorbell page: the process's own (0), or one it allocated on this
-                // queue's device. Not another device's: that device's destruction frees its
-                // pages, and a queue of this one must not pin one of them.
-                let device = p.contexts.get(ctx)?.device;
-                let page = d.doorbell_page_va;
-                if page != 0 && !p.doorbell_pages.iter().any(|(_, pg)| pg.va == page && pg.device == device) {
-                    return Err(invalid("doorbell_page_va", format!("{page:#x}"), Invalid::NoDoorbellPage));
-                }
-                // Its memory, likewise: the device's own allocations, which outlive its queues
-                // (another device's destruction would free them under the queue, and fail on
-                // the queue's pin after it had destroyed that device's contexts).
-                for (field, va, bytes) in queue_memory(&d) {
-                    if p.allocations.iter().any(|(_, a)| a.device != device && a.holds(va, bytes)) {
-                        return Err(invalid(field, format!("{va:#x}"), Invalid::OtherDevice));
-                    }
-                }
-                // The doorbells in that page of the queues that exist (a hung one keeps its own).
-                let in_page = |p: &Process| {
-                    p.queues
-                        .iter()
-                        .filter_map(move |(h, q)| {
-                            q.user_desc().filter(|o| o.doorbell_page_va == page).map(|o| (h, o.doorbell_index))
-                        })
-                        .collect::<Vec<_>>()
-                };
-                if d.doorbell_index == abi::queue::DOORBELL_INDEX_ANY {
-                    let range = einfo.doorbell_first..einfo.doorbell_first + einfo.doorbell_count;
-                    // The indices in use, gathered once (not one scan of the queues per index).
-                    let used: std::collections::BTreeSet<u32> = in_page(p).into_iter().map(|(_, i)| i).collect();
-                    d.doorbell_index =
-                        range.clone().find(|i| !used.contains(i)).ok_or_else(|| KernelError::Exhausted {
-                            what: "doorbells",
-                            detail: format!(
-                                "all doorbells {}..{} of the {} engine's range are in use",
-                                range.start, range.end, einfo.kind
-                            ),
-                        })?;
-                } else if let Some((other, _)) = in_page(p).into_iter().find(|&(_, i)| i == d.doorbell_index) {
-                    return Err(invalid("doorbell_index", d.doorbell_index, Invalid::UsedBy(other)));
-                }
-                let create = QueueCreate {
-                    process: pid,
-                    context: ctx,
-                    engine,
-                    ring_va: d.ring_va,
-                    ring_bytes: d.ring_bytes,
-                    rptr_va: d.rptr_va,
-                    wptr_va: d.wptr_va,
-                    last_queued_va: d.last_queued_va,
-                    kernel_page: kernel_page_shm.clone(),
-                    fence_logs: logs.clone(),
-                    privileged: false,
-                    priority: desc.priority,
-                    context_save: self.app_context_save(pid, &d, einfo.id)?,
-                };
-                let last_queued = self.proc(pid)?.allocations.iter().find_map(|(_, a)| {
-                    a.holds(d.last_queued_va, 8)
-                        .then(|| shm::ReadWord::new(&a.shm, d.last_queued_va - a.va).ok())
-                        .flatten()
-                });
-                (QueueMode::User { desc: d, last_queued }, create)
+                self.user_queue(pid, ctx, einfo, d, desc.priority, &kernel_page_shm, &logs)?
             }
-            SubmissionMode::KernelMode => {
-                if !einfo.kernel_queues {
-                    return Err(invalid("engine", engine, Invalid::Unsupported("kernel-mode queues")));
-                }
-                let doorbell = self.kernel_doorbells.take()?;
-                let p = self.proc(pid)?;
-                let ring = p.memory.private.alloc(KERNEL_RING_BYTES as usize)?;
-                let control_shm = p.memory.private.alloc(4096)?;
-                let ring_va = p.take_va(KERNEL_RING_BYTES);
-                let control_va = p.take_va(4096);
-                // Kernel-owned: mapped GPU read-only, never CPU-mapped for the client. A failed
-                // mapping drops the ones before it (and the doorbell lease).
-                let ring_map = self.ddi.map_gpu(pid, ring_va, KERNEL_RING_BYTES, ring.clone(), false)?;
-                let control_map = self.ddi.map_gpu(pid, control_va, 4096, control_shm.clone(), false)?;
-                let create = QueueCreate {
-                    process: pid,
-                    context: ctx,
-                    engine,
-                    ring_va,
-                    ring_bytes: KERNEL_RING_BYTES,
-                    rptr_va: control_va + RPTR_OFFSET,
-                    wptr_va: control_va + WPTR_OFFSET,
-                    last_queued_va: control_va + abi::ring::LAST_QUEUED_OFFSET,
-                    kernel_page: kernel_page_shm.clone(),
-                    fence_logs: None,
-                    privileged: true,
-                    priority: desc.priority,
-                    context_save: None,
-                };
-                let kr = KernelRing {
-                    ring,
-                    control: RingControlView::new(&control_shm, 0)?,
-                    doorbell,
-                    wptr: 0,
-                    last_queued: 0,
-                    paging: false,
-                    inflight: Default::default(),
-                    _mappings: [ring_map, control_map],
-                };
-                (QueueMode::Kernel(kr), create)
-            }
+            SubmissionMode::KernelMode => self.kernel_queue(pid, ctx, einfo, desc.priority, &kernel_page_shm)?,
         };
         let kernel_page_va = self.proc(pid)?.take_va(4096);
-        let kernel_page_mapping = self.ddi.map_gpu(pid, kernel_page_va, 4096, kernel_page_shm.clone(), false)?;
+        let kernel_page_mapping = self.cx.ddi.map_gpu(pid, kernel_page_va, 4096, kernel_page_shm.clone(), false)?;
         let user_mode = matches!(mode, QueueMode::User { .. });
         let kernel_doorbell = match &mode {
             QueueMode::Kernel(k) => Some(k.doorbell.index()),
@@ -373,17 +213,158 @@ impl Os {
             signal_on: Vec::new(),
             progress_fence: None,
         });
-        self.recovery.arm_hang_scan(now);
-        if let Err(e) = self.ddi.create_hw_queue(handle, create) {
+        self.recovery.arm_hang_scan(now, &mut self.cx.timers);
+        if let Err(e) = self.cx.ddi.create_hw_queue(handle, create) {
             self.proc(pid)?.queues.remove(handle)?;
             return Err(e.into());
         }
-        self.set_state(pid, handle, QueueLife::Live);
-        // The kernel's reference on every allocation the queue runs from, until it is
-        // destroyed: the engine reads and writes them. Pinned memory is resident: the pages of
-        // the ring and its pointers are populated now, so that neither the UMD's first
-        // submissions nor the engine's first fetches take page faults (the save area is left
-        // to its first preemption: most queues never write it).
+        self.cx.set_state(pid, handle, QueueLife::Live);
+        self.pin_queue_memory(pid, handle)?;
+        self.cx.trace.push(now, Event::QueueCreated { queue: handle, engine, user_mode });
+        self.attach_queue(pid, handle, &logs, kernel_doorbell, now)?;
+        // The UMD reads its status at every submission: resident now too (a hint, as above).
+        let _ = kernel_page_ro.populate(0, 4096);
+        Ok(HwQueueInfo { handle, engine, kernel_page: kernel_page_ro, kernel_page_va })
+    }
+
+    /// A user-mode queue's mode and creation arguments: its descriptor validated, its doorbell
+    /// page and memory the queue's device's, its doorbell index resolved and unused.
+    #[allow(clippy::too_many_arguments)]
+    fn user_queue(
+        &mut self,
+        pid: ProcessId,
+        ctx: ContextHandle,
+        einfo: &abi::port::EngineInfo,
+        d: QueueDescriptor,
+        priority: Priority,
+        kernel_page: &Arc<Shm>,
+        logs: &Option<[Arc<Shm>; 2]>,
+    ) -> Result<(QueueMode, QueueCreate), KernelError> {
+        let engine = einfo.id;
+        if !einfo.user_queues {
+            return Err(invalid("engine", engine, Invalid::Unsupported("user-mode queues")));
+        }
+        self.validate_descriptor(pid, &d, einfo)?;
+        let mut d = d;
+        let p = self.proc(pid)?;
+        // The doorbell page: the process's own (0), or one it allocated on this
+        // queue's device. Not another device's: that device's destruction frees its
+        // pages, and a queue of this one must not pin one of them.
+        let device = p.contexts.get(ctx)?.device;
+        let page = d.doorbell_page_va;
+        if page != 0 && !p.doorbell_pages.iter().any(|(_, pg)| pg.va == page && pg.device == device) {
+            return Err(invalid("doorbell_page_va", format!("{page:#x}"), Invalid::NoDoorbellPage));
+        }
+        // Its memory, likewise: the device's own allocations, which outlive its queues
+        // (another device's destruction would free them under the queue, and fail on
+        // the queue's pin after it had destroyed that device's contexts).
+        for (field, va, bytes) in queue_memory(&d) {
+            if p.allocations.iter().any(|(_, a)| a.device != device && a.holds(va, bytes)) {
+                return Err(invalid(field, format!("{va:#x}"), Invalid::OtherDevice));
+            }
+        }
+        // The doorbells in that page of the queues that exist (a hung one keeps its own).
+        let in_page = |p: &Process| {
+            p.queues
+                .iter()
+                .filter_map(move |(h, q)| {
+                    q.user_desc().filter(|o| o.doorbell_page_va == page).map(|o| (h, o.doorbell_index))
+                })
+                .collect::<Vec<_>>()
+        };
+        if d.doorbell_index == abi::queue::DOORBELL_INDEX_ANY {
+            let range = einfo.doorbell_first..einfo.doorbell_first + einfo.doorbell_count;
+            // The indices in use, gathered once (not one scan of the queues per index).
+            let used: std::collections::BTreeSet<u32> = in_page(p).into_iter().map(|(_, i)| i).collect();
+            d.doorbell_index = range.clone().find(|i| !used.contains(i)).ok_or_else(|| KernelError::Exhausted {
+                what: "doorbells",
+                detail: format!(
+                    "all doorbells {}..{} of the {} engine's range are in use",
+                    range.start, range.end, einfo.kind
+                ),
+            })?;
+        } else if let Some((other, _)) = in_page(p).into_iter().find(|&(_, i)| i == d.doorbell_index) {
+            return Err(invalid("doorbell_index", d.doorbell_index, Invalid::UsedBy(other)));
+        }
+        let create = QueueCreate {
+            process: pid,
+            context: ctx,
+            engine,
+            ring_va: d.ring_va,
+            ring_bytes: d.ring_bytes,
+            rptr_va: d.rptr_va,
+            wptr_va: d.wptr_va,
+            last_queued_va: d.last_queued_va,
+            kernel_page: kernel_page.clone(),
+            fence_logs: logs.clone(),
+            privileged: false,
+            priority,
+            context_save: self.app_context_save(pid, &d, einfo.id)?,
+        };
+        let last_queued = self.proc(pid)?.allocations.iter().find_map(|(_, a)| {
+            a.holds(d.last_queued_va, 8).then(|| shm::ReadWord::new(&a.shm, d.last_queued_va - a.va).ok()).flatten()
+        });
+        Ok((QueueMode::User { desc: d, last_queued }, create))
+    }
+
+    /// A kernel-mode queue's mode and creation arguments: a kernel-owned ring and control
+    /// page, mapped GPU read-only and never CPU-mapped for the client, and a kernel doorbell.
+    fn kernel_queue(
+        &mut self,
+        pid: ProcessId,
+        ctx: ContextHandle,
+        einfo: &abi::port::EngineInfo,
+        priority: Priority,
+        kernel_page: &Arc<Shm>,
+    ) -> Result<(QueueMode, QueueCreate), KernelError> {
+        let engine = einfo.id;
+        if !einfo.kernel_queues {
+            return Err(invalid("engine", engine, Invalid::Unsupported("kernel-mode queues")));
+        }
+        let doorbell = self.doorbells.kernel.take()?;
+        let p = self.proc(pid)?;
+        let ring = p.memory.private.alloc(KERNEL_RING_BYTES as usize)?;
+        let control_shm = p.memory.private.alloc(4096)?;
+        let ring_va = p.take_va(KERNEL_RING_BYTES);
+        let control_va = p.take_va(4096);
+        // Kernel-owned: mapped GPU read-only, never CPU-mapped for the client. A failed
+        // mapping drops the ones before it (and the doorbell lease).
+        let ring_map = self.cx.ddi.map_gpu(pid, ring_va, KERNEL_RING_BYTES, ring.clone(), false)?;
+        let control_map = self.cx.ddi.map_gpu(pid, control_va, 4096, control_shm.clone(), false)?;
+        let create = QueueCreate {
+            process: pid,
+            context: ctx,
+            engine,
+            ring_va,
+            ring_bytes: KERNEL_RING_BYTES,
+            rptr_va: control_va + RPTR_OFFSET,
+            wptr_va: control_va + WPTR_OFFSET,
+            last_queued_va: control_va + abi::ring::LAST_QUEUED_OFFSET,
+            kernel_page: kernel_page.clone(),
+            fence_logs: None,
+            privileged: true,
+            priority,
+            context_save: None,
+        };
+        let kr = KernelRing {
+            ring,
+            control: RingControlView::new(&control_shm, 0)?,
+            doorbell,
+            wptr: 0,
+            last_queued: 0,
+            paging: false,
+            inflight: Default::default(),
+            _mappings: [ring_map, control_map],
+        };
+        Ok((QueueMode::Kernel(kr), create))
+    }
+
+    /// The kernel's reference on every allocation a new user-mode queue runs from, until it is
+    /// destroyed: the engine reads and writes them. Pinned memory is resident: the pages of
+    /// the ring and its pointers are populated now, so that neither the UMD's first
+    /// submissions nor the engine's first fetches take page faults (the save area is left to
+    /// its first preemption: most queues never write it).
+    fn pin_queue_memory(&mut self, pid: ProcessId, handle: HwQueueHandle) -> Result<(), KernelError> {
         let p = self.proc(pid)?;
         if let Some(desc) = p.queues.get(handle)?.user_desc().copied() {
             let words = queue_memory(&desc);
@@ -398,41 +379,51 @@ impl Os {
                 }
             }
         }
-        self.trace.push(now, Event::QueueCreated { queue: handle, engine, user_mode });
-        if let Some([w, sg]) = &logs {
+        Ok(())
+    }
+
+    /// The last steps of a queue's creation: `DxgkDdiSetNativeFenceLogBuffer` for its fence
+    /// logs, or the connection of a kernel-mode queue's kernel doorbell. A device that refuses
+    /// leaves no queue behind: the queue goes, with everything it took.
+    fn attach_queue(
+        &mut self,
+        pid: ProcessId,
+        handle: HwQueueHandle,
+        logs: &Option<[Arc<Shm>; 2]>,
+        kernel_doorbell: Option<u32>,
+        now: Time,
+    ) -> Result<(), KernelError> {
+        if let Some([w, sg]) = logs {
             // `DxgkDdiSetNativeFenceLogBuffer`, once for waits and once for signals (spec 002
             // "Log buffer mechanism"). A device that refuses leaves no queue behind.
             for (kind, log) in [(FenceLogType::Wait, w), (FenceLogType::Signal, sg)] {
-                if let Err(e) = self.ddi.set_native_fence_log_buffer(handle, kind, log.clone()) {
+                if let Err(e) = self.cx.ddi.set_native_fence_log_buffer(handle, kind, log.clone()) {
                     self.destroy_hw_queue(pid, handle, now)?;
                     return Err(e.into());
                 }
             }
         }
         if let Some(index) = kernel_doorbell
-            && let Err(e) = self.ddi.connect_kernel_doorbell(handle, index)
+            && let Err(e) = self.cx.ddi.connect_kernel_doorbell(handle, index)
         {
             // Not an orphan: the queue goes, with everything it took.
             self.destroy_hw_queue(pid, handle, now)?;
             return Err(e.into());
         }
-        // The UMD reads its status at every submission: resident now too (a hint, as above).
-        let _ = kernel_page_ro.populate(0, 4096);
-        Ok(HwQueueInfo { handle, engine, kernel_page: kernel_page_ro, kernel_page_va })
+        Ok(())
     }
 
     /// Destroys a queue: doorbell disconnected and destroyed, then the device's queue, then
     /// the kernel's references; its CPU waiters end with `QueueLost`.
     pub fn destroy_hw_queue(&mut self, pid: ProcessId, q: HwQueueHandle, now: Time) -> Result<(), KernelError> {
-        self.at(now);
         // Its progress fence goes with it (waiters learn the fence was destroyed).
         if let Some(f) = self.queue(pid, q)?.progress_fence.take() {
             let _ = self.destroy_native_fence(pid, f, now);
         }
         if self.queue(pid, q)?.doorbell.is_some() {
-            self.destroy_doorbell_of(pid, q, now)?;
+            self.doorbells.destroy_of(&mut self.cx, pid, q, now)?;
         }
-        self.ddi.destroy_hw_queue(q)?;
+        self.cx.ddi.destroy_hw_queue(q)?;
         let p = self.proc(pid)?;
         // Dropping it unmaps its kernel page (and a kernel ring) and returns its kernel
         // doorbell.
@@ -442,30 +433,20 @@ impl Os {
                 a.pins.retain(|&pin| pin != Pin::Queue(q));
             }
         }
-        if let Ok(ctx) = p.contexts.get_mut(obj.context) {
-            let before = ctx.software_queue.len();
-            ctx.software_queue.retain(|s| s.queue != q);
-            self.km_queued -= before - ctx.software_queue.len();
-        }
+        self.km.drop_km_submissions(&mut self.cx, pid, obj.context, q);
         for &(_, w) in &obj.waiters {
-            self.complete_wait(w, Err(KernelError::QueueLost { queue: q, reason: LostReason::Destroyed }));
+            self.cx.complete_wait(w, Err(KernelError::QueueLost { queue: q, reason: LostReason::Destroyed }));
         }
         Ok(())
     }
 
     /// A fence log of `kind` in the process's private memory, of the size the OS gives logs
-    /// now ([`Os::fence_log_bytes`]), whose next free position is `start`.
+    /// now (`Fences::log_bytes`), whose next free position is `start`.
     fn new_fence_log(&mut self, pid: ProcessId, kind: FenceLogType, start: u64) -> Result<Arc<Shm>, KernelError> {
-        let bytes = self.fence_log_bytes();
+        let bytes = self.fences.log_bytes();
         let log = self.proc(pid)?.memory.private.alloc(bytes as usize)?;
         abi::fence_log::init(&log, kind, start)?;
         Ok(log)
-    }
-
-    /// Bytes of the fence logs the OS gives a user-mode queue: the spec's 4 KiB
-    /// ([`abi::fence_log::FENCE_LOG_BYTES`]), or [`TRACED_FENCE_LOG_BYTES`] while it traces.
-    pub(super) fn fence_log_bytes(&self) -> u64 {
-        if self.fence_log_tracing { TRACED_FENCE_LOG_BYTES } else { abi::fence_log::FENCE_LOG_BYTES }
     }
 
     /// Turns fence-log tracing on or off. Spec 002 "Log buffer overrun is permitted": "when
@@ -479,13 +460,13 @@ impl Os {
     /// no memory for the new one, the DDI refused) keeps its working logs at the old size and
     /// costs no other queue its new ones; the first failure is returned once all were tried.
     pub fn set_fence_log_tracing(&mut self, on: bool, now: Time) -> Result<(), KernelError> {
-        self.at(now);
-        if self.fence_log_tracing == on {
+        if self.fences.log_tracing == on {
             return Ok(());
         }
-        self.fence_log_tracing = on;
-        self.trace.push(now, Event::FenceLogTracing { on });
+        self.fences.log_tracing = on;
+        self.cx.trace.push(now, Event::FenceLogTracing { on });
         let mut queues: Vec<HwQueueHandle> = self
+            .cx
             .processes
             .values()
             .flat_map(|p| p.queues.iter().filter(|(_, q)| q.logs.is_some()).map(|(h, _)| h))
@@ -522,7 +503,6 @@ impl Os {
         kind: FenceLogType,
         now: Time,
     ) -> Result<(), KernelError> {
-        self.at(now);
         let old = self.queue(pid, q)?.logs.as_ref().map(|l| l[kind as usize].clone());
         let old = old.ok_or_else(|| invalid("queue", q, Invalid::NoFenceLog))?;
         let start =
@@ -530,12 +510,12 @@ impl Os {
         // 1.
         let log = self.new_fence_log(pid, kind, start)?;
         let entries = abi::fence_log::entries_in(log.len() as u64);
-        self.trace.push(now, Event::FenceLogRecreated { queue: q, kind, entries });
+        self.cx.trace.push(now, Event::FenceLogRecreated { queue: q, kind, entries });
         // 2.
-        self.ddi.set_native_fence_log_buffer(q, kind, log.clone())?;
+        self.cx.ddi.set_native_fence_log_buffer(q, kind, log.clone())?;
         // 3. `read_signal_logs` reads the queue's log, which is still the old one.
         if kind == FenceLogType::Signal {
-            self.drain_signal_log(q, now);
+            self.fences.drain_signal_log(&mut self.cx, q, now);
         }
         // 4.
         let qo = self.queue(pid, q)?;
@@ -555,10 +535,10 @@ impl Os {
 
     /// `USERQ QUERY_STATUS`: the queue's state from its one record (see `QueueLife`).
     pub fn query_queue(&mut self, pid: ProcessId, q: HwQueueHandle) -> Result<QueueStatus, KernelError> {
-        let last_queued = self.last_queued(pid, q);
-        let p = self.processes.get(&pid).ok_or(KernelError::ProcessTerminated(pid))?;
+        let last_queued = self.cx.last_queued(pid, q);
+        let p = self.cx.processes.get(&pid).ok_or(KernelError::ProcessTerminated(pid))?;
         let qo = p.queues.get(q)?;
-        let ddi = &self.ddi;
+        let ddi = &self.cx.ddi;
         let (state, fault) = qo.life.status(|| ddi.queue_state(q));
         let hung = if state == QueueState::Hung { abi::port::QUEUE_STATUS_HUNG } else { 0 };
         let vram_lost =
@@ -566,18 +546,6 @@ impl Os {
         // Lost with its device or adapter is not the queue's own doing.
         let guilty = fault.as_ref().is_some_and(|f| !matches!(f.kind, FaultKind::DeviceLost | FaultKind::AdapterReset));
         Ok(QueueStatus { state, fault, completed: qo.completed(), last_queued, flags: hung | vram_lost, guilty })
-    }
-
-    /// A queue's last-queued progress value: the kernel's own for a kernel-mode queue, the
-    /// client's word for a user-mode one (reported, never trusted).
-    pub(super) fn last_queued(&mut self, pid: ProcessId, q: HwQueueHandle) -> u64 {
-        let Ok(p) = self.proc(pid) else { return 0 };
-        let Ok(qo) = p.queues.get(q) else { return 0 };
-        match &qo.mode {
-            QueueMode::Kernel(k) => k.last_queued,
-            // Acquire: pairs with the UMD's release store of the value.
-            QueueMode::User { last_queued, .. } => last_queued.as_ref().map_or(0, |w| w.load(Ordering::Acquire)),
-        }
     }
 }
 
