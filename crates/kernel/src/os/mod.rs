@@ -20,8 +20,9 @@
 //! - `doorbells` ([`doorbells::Doorbells`]): the BAR, the dummy page, the pools of doorbell
 //!   pages and kernel doorbells; connect, disconnect and victimization (spec 000 "Doorbells",
 //!   "Victimizing doorbell pseudocode");
-//! - `fences` and `fence_waits` ([`fences::Fences`]): native fences, their storage, CPU waits
-//!   and signals, the MonitoredValue protocol and the fence interrupt (spec 002);
+//! - `fences`, `fence_waits` and `fence_logs` ([`fences::Fences`]): native fences, their
+//!   storage, CPU waits and signals, the MonitoredValue protocol, the fence interrupt, and the
+//!   queues' fence logs (spec 002);
 //! - `power` ([`power::Power`]): D3 and the D3 idle timer (spec 000 "Engine D-state
 //!   transitions");
 //! - `km` ([`km::KmScheduler`]): the kernel-mode path's software queues, validation and
@@ -34,7 +35,7 @@
 //!
 //! What crosses concerns is a method of [`Os`] in `calls/`, one file per seam, calling the
 //! owners in the spec's order: `objects` (processes, devices, allocations, contexts), `queues`
-//! (creation, destruction, status, fence logs), `doorbells`, `fences`, `power` (F1, D3,
+//! (creation, destruction, status), `doorbells`, `fences` (fence logs too), `power` (F1, D3,
 //! suspension, termination), `submit` (the kernel-mode path), `waits` (CPU waits on progress
 //! fences), `isr` (the interrupt service routine), `preempt` (preemption requests and
 //! answers), `tdr` (timeout detection and recovery, top to bottom, and device lost), `hang`
@@ -58,6 +59,7 @@ use crate::trace::{SharedTrace, TraceEntry};
 
 mod calls;
 mod doorbells;
+mod fence_logs;
 mod fence_waits;
 mod fences;
 mod km;

@@ -1,12 +1,14 @@
-//! The native fence calls (spec 002): each runs the fences' owner
+//! The native fence calls (spec 002), fence logs included: each runs the fences' owner
 //! ([`Fences`](super::super::fences::Fences)).
 
 use abi::Time;
+use abi::fence_log::FenceLogType;
 use abi::port::{KernelError, NativeFenceDesc, NativeFenceInfo, WaitMode, WaitOutcome};
 use abi::{DeviceHandle, HwQueueHandle, NativeFenceHandle, ProcessId};
 
 use super::super::Os;
 use super::super::fences::SYSTEM_PROCESS;
+use super::super::shared::invalid;
 use super::super::waits::{WaitId, WaitStart};
 use crate::ddi::Kmd;
 
@@ -150,5 +152,61 @@ impl Os {
         _now: Time,
     ) -> Result<NativeFenceInfo, KernelError> {
         self.fences.open_progress_fence(&mut self.cx, pid, q)
+    }
+
+    /// Turns fence-log tracing on or off. Spec 002 "Log buffer overrun is permitted": "when
+    /// tracing is enabled, the OS first increases the size of the log buffer to prevent
+    /// overruns in the first place" — so turning it on recreates every user-mode queue's two
+    /// logs at [`TRACED_FENCE_LOG_BYTES`] ([`Os::recreate_fence_log`]: nothing is lost), and
+    /// new queues get logs of that size; turning it off gives them the spec's 4 KiB again.
+    /// An overrun that still happens is flagged in the trace ([`Event::FenceLogOverrun`]).
+    ///
+    /// Every queue's logs are recreated on their own: one that fails (its old log unreadable,
+    /// no memory for the new one, the DDI refused) keeps its working logs at the old size and
+    /// costs no other queue its new ones; the first failure is returned once all were tried.
+    pub fn set_fence_log_tracing(&mut self, on: bool, now: Time) -> Result<(), KernelError> {
+        self.fences.set_fence_log_tracing(&mut self.cx, on, now)
+    }
+
+    /// Destroys and recreates a user-mode queue's fence log of `kind`, at the size the OS
+    /// gives logs now (spec 002: "Dxgkrnl can destroy and recreate a log buffer. Each time it
+    /// does, it calls DxgkDdiSetNativeFenceLogBuffer to inform KMD of the new location").
+    /// Nothing written is lost, in this order:
+    ///
+    /// 1. the new log is made, its header starting at the old log's next free position (the
+    ///    UMD's positions go on, whatever the new size: `abi::fence_log`);
+    /// 2. `DxgkDdiSetNativeFenceLogBuffer`: from its return the engine writes the new log;
+    /// 3. the old signal log is flushed (`DxgkDdiUpdateNativeFenceLogs`) and read to its end,
+    ///    and the fences it names are settled, as an interrupt's read would;
+    /// 4. the old log is dropped, and the new one is read from its start.
+    ///
+    /// A kernel-mode queue has no logs.
+    pub fn recreate_fence_log(
+        &mut self,
+        pid: ProcessId,
+        q: HwQueueHandle,
+        kind: FenceLogType,
+        now: Time,
+    ) -> Result<(), KernelError> {
+        self.fences.recreate_fence_log(&mut self.cx, pid, q, kind, now)
+    }
+
+    /// Reads a queue's fence log: the entries written after `since` entries (a previous
+    /// [`abi::fence_log::LogRead::total`], 0 at first), after the KMD's flush
+    /// (`DxgkDdiUpdateNativeFenceLogs`). For tools (the timeline) and tests; the client has no
+    /// access to its logs.
+    pub fn read_fence_log(
+        &mut self,
+        pid: ProcessId,
+        q: HwQueueHandle,
+        kind: abi::fence_log::FenceLogType,
+        since: u64,
+        _now: Time,
+    ) -> Result<abi::fence_log::LogRead, KernelError> {
+        let logs = self.queue(pid, q)?.logs.clone();
+        let logs = logs.ok_or_else(|| invalid("queue", q, abi::port::Invalid::NoFenceLog))?;
+        self.cx.ddi.flush_fence_logs(q);
+        abi::fence_log::read_since(&logs[kind as usize], since)
+            .map_err(|reason| KernelError::CorruptLog { queue: q, reason })
     }
 }

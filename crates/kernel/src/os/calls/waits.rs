@@ -13,7 +13,6 @@ use abi::port::{KernelError, WaitOutcome};
 use abi::{HwQueueHandle, ProcessId, Time};
 
 use super::super::Os;
-use super::super::shared::invalid;
 use super::super::waits::{WaitId, WaitStart};
 use crate::ddi::Kmd;
 
@@ -93,24 +92,5 @@ impl Os {
                 return Ok(());
             }
         }
-    }
-
-    /// Reads a queue's fence log: the entries written after `since` entries (a previous
-    /// [`abi::fence_log::LogRead::total`], 0 at first), after the KMD's flush
-    /// (`DxgkDdiUpdateNativeFenceLogs`). For tools (the timeline) and tests; the client has no
-    /// access to its logs.
-    pub fn read_fence_log(
-        &mut self,
-        pid: ProcessId,
-        q: HwQueueHandle,
-        kind: abi::fence_log::FenceLogType,
-        since: u64,
-        _now: Time,
-    ) -> Result<abi::fence_log::LogRead, KernelError> {
-        let logs = self.queue(pid, q)?.logs.clone();
-        let logs = logs.ok_or_else(|| invalid("queue", q, abi::port::Invalid::NoFenceLog))?;
-        self.cx.ddi.flush_fence_logs(q);
-        abi::fence_log::read_since(&logs[kind as usize], since)
-            .map_err(|reason| KernelError::CorruptLog { queue: q, reason })
     }
 }
