@@ -22,7 +22,7 @@ use abi::packet::{DataWidth, Packet};
 use abi::queue::PROGRESS_COMPLETED_OFFSET;
 use abi::ring::{self, RING_CONTROL_BYTES, RPTR_OFFSET, WPTR_OFFSET};
 use abi::{EngineId, EngineKind, Priority};
-use gpu::{Gpu, GpuConfig, QueueConfig, Time};
+use gpu::{Gpu, GpuConfig, QueueConfig, Time, cmd};
 use shm::Shm;
 
 const PER_VM: usize = 256;
@@ -73,37 +73,38 @@ fn run(queues: usize, cbs: usize, slots: u32) -> (Duration, u64) {
     for i in 0..queues {
         let j = i % PER_VM;
         if j == 0 {
-            let vmid = gpu.create_vm();
+            let vmid = gpu.command(cmd::CreateVm {}).unwrap();
             let data = Shm::new("data", (4 * PER_VM).next_multiple_of(4096)).unwrap();
             let control = Shm::new("control", RING_CONTROL_BYTES as usize * PER_VM).unwrap();
-            let mut vm = gpu.vm_mut(vmid).unwrap();
-            vm.map(DATA, data.len() as u64, data, 0, true).unwrap();
-            vm.map(CONTROL, control.len() as u64, control.clone(), 0, true).unwrap();
+            gpu.command(cmd::Map::whole(vmid, DATA, data, true)).unwrap();
+            gpu.command(cmd::Map::whole(vmid, CONTROL, control.clone(), true)).unwrap();
             vm_state = Some((vmid, control));
         }
         let (vmid, control) = vm_state.clone().unwrap();
         let ring = Shm::new("ring", ring_bytes as usize).unwrap();
         let ring_va = RINGS + j as u64 * ring_bytes;
-        gpu.vm_mut(vmid).unwrap().map(ring_va, ring_bytes, ring.clone(), 0, false).unwrap();
+        gpu.command(cmd::Map::whole(vmid, ring_va, ring.clone(), false)).unwrap();
         let page = Shm::new("kernel-page", 4096).unwrap();
         // Touch it now: a first-touch page fault in the timed loop would cost more than the
         // scheduling being measured (a running system's pages are resident).
         page.write_u64(PROGRESS_COMPLETED_OFFSET, 0).unwrap();
         let ctl = RING_CONTROL_BYTES * j as u64;
         let id = gpu
-            .add_queue(QueueConfig {
-                vmid,
-                engine: EngineId(0),
-                ring_va,
-                ring_bytes,
-                rptr_va: CONTROL + ctl + RPTR_OFFSET,
-                wptr_va: CONTROL + ctl + WPTR_OFFSET,
-                last_queued_va: None,
-                kernel_page: abi::queue::KernelPageView::new(&page).unwrap(),
-                fence_logs: None,
-                context_save: Shm::new("context-save", gpu::compute::CONTEXT_SAVE_BYTES as usize).unwrap(),
-                privileged: false,
-                priority: Priority::Normal,
+            .command(cmd::AddQueue {
+                config: QueueConfig {
+                    vmid,
+                    engine: EngineId(0),
+                    ring_va,
+                    ring_bytes,
+                    rptr_va: CONTROL + ctl + RPTR_OFFSET,
+                    wptr_va: CONTROL + ctl + WPTR_OFFSET,
+                    last_queued_va: None,
+                    kernel_page: abi::queue::KernelPageView::new(&page).unwrap(),
+                    fence_logs: None,
+                    context_save: Shm::new("context-save", gpu::compute::CONTEXT_SAVE_BYTES as usize).unwrap(),
+                    privileged: false,
+                    priority: Priority::Normal,
+                },
             })
             .unwrap();
         // Each queue writes its own word; its progress fence counts its command buffers.
@@ -118,10 +119,10 @@ fn run(queues: usize, cbs: usize, slots: u32) -> (Duration, u64) {
         }
         control.atomic_u64(ctl + WPTR_OFFSET).unwrap().store(wptr, Ordering::Release);
         if i < DOORBELLS {
-            gpu.bind_doorbell(id, i as u32).unwrap();
+            gpu.command(cmd::BindDoorbell { queue: id, index: i as u32 }).unwrap();
             gpu.bar().atomic_u64(i as u64 * 8).unwrap().store(wptr, Ordering::Release);
         } else {
-            gpu.unbind_doorbell(id).unwrap();
+            gpu.command(cmd::UnbindDoorbell { queue: id }).unwrap();
         }
         qs.push(Q { id, page });
     }

@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 use abi::doorbell::DoorbellModel;
 use abi::ring::{RPTR_OFFSET, WPTR_OFFSET};
 use abi::{EngineId, EngineKind, Priority};
-use gpu::{BoundDoorbell, FwQueueId, Gpu, GpuConfig, QueueConfig};
+use gpu::{BoundDoorbell, FwQueueId, Gpu, GpuConfig, QueueConfig, cmd};
 use shm::Shm;
 
 fn device(model: DoorbellModel) -> Gpu {
@@ -24,26 +24,25 @@ fn device(model: DoorbellModel) -> Gpu {
 
 /// An idle queue on `engine` (a ring and control block of its own in a fresh address space).
 fn queue(gpu: &mut Gpu, engine: u32) -> FwQueueId {
-    let vmid = gpu.create_vm();
+    let vmid = gpu.command(cmd::CreateVm {}).unwrap();
     let (ring, control): (Arc<Shm>, Arc<Shm>) = (Shm::new("ring", 4096).unwrap(), Shm::new("control", 4096).unwrap());
-    {
-        let mut vm = gpu.vm_mut(vmid).unwrap();
-        vm.map(0x10_0000, 4096, ring, 0, true).unwrap();
-        vm.map(0x20_0000, 4096, control, 0, true).unwrap();
-    }
-    gpu.add_queue(QueueConfig {
-        vmid,
-        engine: EngineId(engine),
-        ring_va: 0x10_0000,
-        ring_bytes: 4096,
-        rptr_va: 0x20_0000 + RPTR_OFFSET,
-        wptr_va: 0x20_0000 + WPTR_OFFSET,
-        last_queued_va: None,
-        kernel_page: abi::queue::KernelPageView::new(Shm::new("kernel-page", 4096).unwrap()).unwrap(),
-        context_save: Shm::new("context-save", gpu::compute::CONTEXT_SAVE_BYTES as usize).unwrap(),
-        fence_logs: None,
-        privileged: false,
-        priority: Priority::Normal,
+    gpu.command(cmd::Map::whole(vmid, 0x10_0000, ring, true)).unwrap();
+    gpu.command(cmd::Map::whole(vmid, 0x20_0000, control, true)).unwrap();
+    gpu.command(cmd::AddQueue {
+        config: QueueConfig {
+            vmid,
+            engine: EngineId(engine),
+            ring_va: 0x10_0000,
+            ring_bytes: 4096,
+            rptr_va: 0x20_0000 + RPTR_OFFSET,
+            wptr_va: 0x20_0000 + WPTR_OFFSET,
+            last_queued_va: None,
+            kernel_page: abi::queue::KernelPageView::new(Shm::new("kernel-page", 4096).unwrap()).unwrap(),
+            context_save: Shm::new("context-save", gpu::compute::CONTEXT_SAVE_BYTES as usize).unwrap(),
+            fence_logs: None,
+            privileged: false,
+            priority: Priority::Normal,
+        },
     })
     .unwrap()
 }
@@ -66,8 +65,8 @@ fn binds_and_rings_advance_a_doorbells_last_use_across_engines() {
     let mut gpu = device(DoorbellModel::Dedicated);
     let (a, b) = (queue(&mut gpu, 0), queue(&mut gpu, 1));
     assert_eq!(gpu.doorbell_of(a).unwrap(), None, "not bound yet");
-    gpu.bind_doorbell(a, 600).unwrap();
-    gpu.bind_doorbell(b, 700).unwrap();
+    gpu.command(cmd::BindDoorbell { queue: a, index: 600 }).unwrap();
+    gpu.command(cmd::BindDoorbell { queue: b, index: 700 }).unwrap();
     assert!(matches!(gpu.doorbell_of(a).unwrap(), Some(BoundDoorbell::Word { index: 600, .. })));
     assert!(last_used(&gpu, b) > last_used(&gpu, a), "bound later: used later");
 
@@ -85,9 +84,9 @@ fn binds_and_rings_advance_a_doorbells_last_use_across_engines() {
     assert!(last_used(&gpu, b) > last_used(&gpu, a));
 
     // Unbound: no doorbell. Bound again: a use.
-    gpu.unbind_doorbell(a).unwrap();
+    gpu.command(cmd::UnbindDoorbell { queue: a }).unwrap();
     assert_eq!(gpu.doorbell_of(a).unwrap(), None);
-    gpu.bind_doorbell(a, 601).unwrap();
+    gpu.command(cmd::BindDoorbell { queue: a, index: 601 }).unwrap();
     assert!(last_used(&gpu, a) > last_used(&gpu, b));
 }
 
@@ -95,6 +94,6 @@ fn binds_and_rings_advance_a_doorbells_last_use_across_engines() {
 fn a_global_doorbell_binding_reports_its_bit() {
     let mut gpu = device(DoorbellModel::Global);
     let q = queue(&mut gpu, 0);
-    gpu.bind_global_doorbell(q, 2, 17).unwrap();
+    gpu.command(cmd::BindGlobalDoorbell { queue: q, page: 2, bit: 17 }).unwrap();
     assert_eq!(gpu.doorbell_of(q).unwrap(), Some(BoundDoorbell::Bit { page: 2, bit: 17 }));
 }

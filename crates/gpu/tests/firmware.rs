@@ -11,7 +11,7 @@ use abi::packet::{DecodeError, Packet};
 use abi::queue::{FaultKind, PROGRESS_COMPLETED_OFFSET};
 use abi::ring::{self, RPTR_OFFSET, WPTR_OFFSET};
 use abi::{EngineId, EngineKind, Priority, QueueState};
-use gpu::{EngineState, Gpu, GpuConfig, Interrupt, PowerState, QueueConfig, Time, Vmid};
+use gpu::{EngineState, Gpu, GpuConfig, Interrupt, PowerState, QueueConfig, Time, Vmid, cmd};
 use shm::Shm;
 
 const RING: u64 = 0x10_0000;
@@ -47,35 +47,34 @@ fn rig_with(timing: gpu::Timing) -> Rig {
         ..GpuConfig::default()
     })
     .unwrap();
-    let vmid = gpu.create_vm();
+    let vmid = gpu.command(cmd::CreateVm {}).unwrap();
     let ring = Shm::new("ring", RING_BYTES as usize).unwrap();
     let control = Shm::new("control", 4096).unwrap();
     let data = Shm::new("data", 4096).unwrap();
     let page = Shm::new("kernel-page", 4096).unwrap();
-    {
-        let mut vm = gpu.vm_mut(vmid).unwrap();
-        vm.map(RING, RING_BYTES, ring.clone(), 0, true).unwrap();
-        vm.map(CONTROL, 4096, control.clone(), 0, true).unwrap();
-        vm.map(DATA, 4096, data.clone(), 0, true).unwrap();
-    }
+    gpu.command(cmd::Map::whole(vmid, RING, ring.clone(), true)).unwrap();
+    gpu.command(cmd::Map::whole(vmid, CONTROL, control.clone(), true)).unwrap();
+    gpu.command(cmd::Map::whole(vmid, DATA, data.clone(), true)).unwrap();
     let q = gpu
-        .add_queue(QueueConfig {
-            vmid,
-            engine: EngineId(0),
-            ring_va: RING,
-            ring_bytes: RING_BYTES,
-            rptr_va: CONTROL + RPTR_OFFSET,
-            wptr_va: CONTROL + WPTR_OFFSET,
-            last_queued_va: None,
-            kernel_page: abi::queue::KernelPageView::new(&page).unwrap(),
-            context_save: Shm::new("context-save", gpu::compute::CONTEXT_SAVE_BYTES as usize).unwrap(),
-            fence_logs: None,
-            privileged: false,
-            priority: Priority::Normal,
+        .command(cmd::AddQueue {
+            config: QueueConfig {
+                vmid,
+                engine: EngineId(0),
+                ring_va: RING,
+                ring_bytes: RING_BYTES,
+                rptr_va: CONTROL + RPTR_OFFSET,
+                wptr_va: CONTROL + WPTR_OFFSET,
+                last_queued_va: None,
+                kernel_page: abi::queue::KernelPageView::new(&page).unwrap(),
+                context_save: Shm::new("context-save", gpu::compute::CONTEXT_SAVE_BYTES as usize).unwrap(),
+                fence_logs: None,
+                privileged: false,
+                priority: Priority::Normal,
+            },
         })
         .unwrap();
     let slot = 512 + 3;
-    gpu.bind_doorbell(q, slot).unwrap();
+    gpu.command(cmd::BindDoorbell { queue: q, index: slot }).unwrap();
     Rig { gpu, vmid, ring, control, data, page, q, wptr: 0, slot }
 }
 
@@ -163,12 +162,12 @@ fn unbind_and_bind_reread_wptr_so_a_ring_lost_to_the_dummy_page_still_runs() {
     let mut r = rig();
     // The client published work, but its ring landed on the dummy page (never on the BAR).
     r.publish(&[Packet::Signal { va: DATA, value: 1 }]);
-    r.gpu.unbind_doorbell(r.q).unwrap();
+    r.gpu.command(cmd::UnbindDoorbell { queue: r.q }).unwrap();
     assert_eq!(r.run(10).packets, 1, "unbind's wptr re-read found the work");
     // Disconnected: new work is published; a bind finds it without any ring.
     r.publish(&[Packet::Signal { va: DATA, value: 2 }]);
     assert_eq!(r.run(20).packets, 0);
-    r.gpu.bind_doorbell(r.q, r.slot).unwrap();
+    r.gpu.command(cmd::BindDoorbell { queue: r.q, index: r.slot }).unwrap();
     assert_eq!(r.run(30).packets, 1);
     assert_eq!(r.data_u64(0), 2);
 }
@@ -185,18 +184,59 @@ fn f1_is_requested_after_the_idle_period_and_refused_while_work_is_pending() {
     assert!(irqs.contains(&Interrupt::EngineStateChange { engine: compute, state: EngineState::TransitionToF1 }));
     // Work arrives between the request and the kernel's F1 call: refused.
     r.publish(&[Packet::Signal { va: DATA, value: 9 }]);
-    assert!(!r.gpu.enter_f1(compute, Time(10_000_100)).unwrap());
+    assert!(!r.gpu.command(cmd::EnterF1 { engine: compute, now: Time(10_000_100) }).unwrap());
     assert_eq!(r.gpu.power(compute).unwrap(), PowerState::F0);
     assert_eq!(r.run(10_000_200).packets, 1, "the refused F1 left the work marked to run");
     // Idle again: F1 is granted, and an F1 engine ignores its doorbells.
-    assert!(r.gpu.enter_f1(compute, Time(20_000_000)).unwrap());
+    assert!(r.gpu.command(cmd::EnterF1 { engine: compute, now: Time(20_000_000) }).unwrap());
     r.publish(&[Packet::Signal { va: DATA, value: 10 }]);
     r.ring_doorbell();
     assert_eq!(r.run(20_000_100).packets, 0);
-    r.gpu.request_f0(compute, Time(20_000_200)).unwrap();
-    r.gpu.bind_doorbell(r.q, r.slot).unwrap();
+    r.gpu.command(cmd::RequestF0 { engine: compute, now: Time(20_000_200) }).unwrap();
+    r.gpu.command(cmd::BindDoorbell { queue: r.q, index: r.slot }).unwrap();
     assert_eq!(r.run(20_000_300).packets, 1);
     assert_eq!(r.data_u64(0), 10);
+}
+
+/// Every command is in the firmware log, at the time it reached the device, before what it
+/// did: the rig's setup (an address space, three mappings, the queue, its doorbell), then a
+/// suspend followed by its request and answer, and a refused command (logged: it was sent).
+/// The log keeps no memory a command named: the ring's region is recorded by its id.
+#[test]
+fn every_command_is_in_the_firmware_log_before_what_it_did() {
+    use gpu::{CommandRecord as C, FwEvent};
+    let mut r = rig();
+    let commands = |g: &Gpu| -> Vec<C> {
+        g.firmware_log()
+            .into_iter()
+            .filter_map(|e| match e.event {
+                FwEvent::Command(c) => Some(c),
+                _ => None,
+            })
+            .collect()
+    };
+    let setup = commands(&r.gpu);
+    assert!(matches!(setup[0], C::CreateVm {}), "{setup:?}");
+    let ring = gpu::MemoryRecord { region: Some(r.ring.id()), offset: 0 };
+    let map = C::Map { vmid: r.vmid, va: RING, bytes: RING_BYTES, memory: ring, offset: 0, writable: true };
+    assert_eq!(setup[1], map);
+    assert!(matches!(setup[2..4], [C::Map { va: CONTROL, .. }, C::Map { va: DATA, .. }]));
+    assert!(matches!(setup[4], C::AddQueue { config } if config.vmid == r.vmid && config.ring_va == RING));
+    assert_eq!(setup[5], C::BindDoorbell { queue: r.q, index: r.slot });
+    assert_eq!(setup.len(), 6);
+    assert_eq!(r.gpu.firmware_counts().commands, 6);
+
+    r.gpu.command(cmd::SuspendQueue { queue: r.q, now: Time(1_000) }).unwrap();
+    let log = r.gpu.firmware_log();
+    let at = log.iter().position(|e| e.event == FwEvent::Command(C::SuspendQueue { queue: r.q })).unwrap();
+    assert_eq!(log[at].at, Time(1_000));
+    assert!(matches!(log[at + 1].event, FwEvent::PreemptRequested { queue, .. } if queue == r.q));
+    assert!(matches!(log.last().unwrap().event, FwEvent::PreemptAnswered { queue, .. } if queue == r.q));
+
+    assert!(r.gpu.command(cmd::BindDoorbell { queue: r.q, index: u32::MAX }).is_err());
+    let last = r.gpu.firmware_log().pop().unwrap();
+    assert_eq!(last.event, FwEvent::Command(C::BindDoorbell { queue: r.q, index: u32::MAX }));
+    assert_eq!(r.gpu.firmware_counts().commands, 8);
 }
 
 /// A queue the kernel holds off the run list does not keep its engine awake, and its work is
@@ -208,19 +248,22 @@ fn f1_is_requested_after_the_idle_period_and_refused_while_work_is_pending() {
 fn a_held_queue_s_work_is_kept_through_f1_and_runs_once_resumed_and_woken() {
     let mut r = rig();
     let compute = EngineId(0);
-    assert!(r.gpu.suspend_queue(r.q, Time(1_000)).unwrap().answered);
+    assert!(r.gpu.command(cmd::SuspendQueue { queue: r.q, now: Time(1_000) }).unwrap().answered);
     r.publish(&[Packet::Signal { va: DATA, value: 7 }]);
     r.ring_doorbell();
     assert_eq!(r.run(2_000).packets, 0, "held");
     r.gpu.handle_timeout(Time(10_000_000));
     let irqs = r.irqs();
     assert!(irqs.contains(&Interrupt::EngineStateChange { engine: compute, state: EngineState::TransitionToF1 }));
-    r.gpu.unbind_doorbell(r.q).unwrap();
-    assert!(r.gpu.enter_f1(compute, Time(10_000_100)).unwrap(), "held work does not keep the engine awake");
+    r.gpu.command(cmd::UnbindDoorbell { queue: r.q }).unwrap();
+    assert!(
+        r.gpu.command(cmd::EnterF1 { engine: compute, now: Time(10_000_100) }).unwrap(),
+        "held work does not keep the engine awake"
+    );
     assert!(r.gpu.queue_has_work(r.q).unwrap(), "and is kept");
-    r.gpu.resume_queue(r.q).unwrap();
+    r.gpu.command(cmd::ResumeQueue { queue: r.q }).unwrap();
     assert_eq!(r.run(10_000_200).packets, 0, "an engine in F1 runs nothing, resumed queue or not");
-    r.gpu.request_f0(compute, Time(10_000_300)).unwrap();
+    r.gpu.command(cmd::RequestF0 { engine: compute, now: Time(10_000_300) }).unwrap();
     assert_eq!(r.run(10_000_400).packets, 1, "woken, it runs the kept work without a doorbell");
     assert_eq!(r.data_u64(0), 7);
 }
@@ -282,7 +325,14 @@ fn a_wait_on_a_native_fence_parks_until_a_fence_changes() {
     let mut r = rig();
     let monitored = Shm::new("monitored", 4096).unwrap();
     monitored.atomic_u64(0).unwrap().store(u64::MAX, Ordering::Release);
-    r.gpu.register_native_fence((&r.data, 128), shm::Word::new(&monitored, 0).unwrap(), 7, gpu::FenceWaits::Park);
+    r.gpu
+        .command(cmd::RegisterFence {
+            current: (r.data.clone(), 128),
+            monitored: shm::Word::new(&monitored, 0).unwrap(),
+            id: 7,
+            waits: gpu::FenceWaits::Park,
+        })
+        .unwrap();
     r.publish(&[Packet::Wait { va: DATA + 128, value: 2 }, Packet::Signal { va: DATA, value: 1 }]);
     r.ring_doorbell();
     assert_eq!(r.run(1).packets, 0);
@@ -291,7 +341,7 @@ fn a_wait_on_a_native_fence_parks_until_a_fence_changes() {
     for t in 2..10 {
         assert_eq!(r.run(t).packets, 0, "parked: no re-check without a fence change");
     }
-    r.gpu.notify_fences();
+    r.gpu.command(cmd::NotifyFences {}).unwrap();
     assert_eq!(r.run(10).packets, 2, "the notification made it re-check");
     assert_eq!(r.data_u64(0), 1);
 }
@@ -352,10 +402,10 @@ fn wptr_backwards_past_the_ring_or_misaligned_faults() {
 #[test]
 fn a_stale_queue_id_is_refused_after_removal() {
     let mut r = rig();
-    let rptr = r.gpu.remove_queue(r.q).unwrap();
+    let rptr = r.gpu.command(cmd::RemoveQueue { queue: r.q }).unwrap();
     assert_eq!(rptr, 0);
     assert!(matches!(r.gpu.queue_state(r.q), Err(gpu::GpuError::StaleQueue(_))));
-    assert!(r.gpu.bind_doorbell(r.q, r.slot).is_err());
+    assert!(r.gpu.command(cmd::BindDoorbell { queue: r.q, index: r.slot }).is_err());
     let _ = r.vmid;
 }
 
@@ -367,7 +417,7 @@ fn a_stale_queue_id_is_refused_after_removal() {
 fn a_queue_whose_address_space_is_destroyed_never_runs_in_the_space_that_reuses_its_vmid() {
     let mut r = rig();
     r.publish(&[Packet::Signal { va: DATA, value: 0xbad }, Packet::ProgressFence { value: 1 }]);
-    r.gpu.destroy_vm(r.vmid).unwrap();
+    r.gpu.command(cmd::DestroyVm { vmid: r.vmid }).unwrap();
     match r.irqs().as_slice() {
         [Interrupt::QueueFault { queue, fault }] => {
             assert_eq!(*queue, r.q);
@@ -377,10 +427,10 @@ fn a_queue_whose_address_space_is_destroyed_never_runs_in_the_space_that_reuses_
     }
     assert_eq!(r.gpu.queue_state(r.q), Ok(QueueState::Hung));
     // Another process's space, given the same vmid, with memory of its own at DATA.
-    let vmid = r.gpu.create_vm();
+    let vmid = r.gpu.command(cmd::CreateVm {}).unwrap();
     assert_eq!(vmid, r.vmid, "the vmid is reused");
     let other = Shm::new("other-process", 4096).unwrap();
-    r.gpu.vm_mut(vmid).unwrap().map(DATA, 4096, other.clone(), 0, true).unwrap();
+    r.gpu.command(cmd::Map::whole(vmid, DATA, other.clone(), true)).unwrap();
     r.ring_doorbell();
     for now in 1..4 {
         r.run(now * 1_000_000);
@@ -420,14 +470,11 @@ fn many(n: usize, hw_slots: u32, packet_budget: u32) -> Many {
         ..GpuConfig::default()
     })
     .unwrap();
-    let vmid = gpu.create_vm();
+    let vmid = gpu.command(cmd::CreateVm {}).unwrap();
     let control = Shm::new("control", (MANY_CONTROL_BYTES as usize * (n + 1)).next_multiple_of(4096)).unwrap();
     let data = Shm::new("data", (8 * (n + 1)).next_multiple_of(4096)).unwrap();
-    {
-        let mut vm = gpu.vm_mut(vmid).unwrap();
-        vm.map(CONTROL, control.len() as u64, control.clone(), 0, true).unwrap();
-        vm.map(DATA, data.len() as u64, data.clone(), 0, true).unwrap();
-    }
+    gpu.command(cmd::Map::whole(vmid, CONTROL, control.clone(), true)).unwrap();
+    gpu.command(cmd::Map::whole(vmid, DATA, data.clone(), true)).unwrap();
     let mut m = Many { gpu, vmid, control, data, queues: Vec::new() };
     for _ in 0..n {
         m.add();
@@ -445,26 +492,28 @@ impl Many {
         let i = self.queues.len();
         let ring = Shm::new("ring", RING_BYTES as usize).unwrap();
         let ring_va = MANY_RINGS + i as u64 * RING_BYTES;
-        self.gpu.vm_mut(self.vmid).unwrap().map(ring_va, RING_BYTES, ring.clone(), 0, false).unwrap();
+        self.gpu.command(cmd::Map::whole(self.vmid, ring_va, ring.clone(), false)).unwrap();
         let ctl = CONTROL + i as u64 * MANY_CONTROL_BYTES;
         let id = self
             .gpu
-            .add_queue(QueueConfig {
-                vmid: self.vmid,
-                engine: EngineId(0),
-                ring_va,
-                ring_bytes: RING_BYTES,
-                rptr_va: ctl + RPTR_OFFSET,
-                wptr_va: ctl + WPTR_OFFSET,
-                last_queued_va: None,
-                kernel_page: abi::queue::KernelPageView::new(Shm::new("kernel-page", 4096).unwrap()).unwrap(),
-                context_save: Shm::new("context-save", gpu::compute::CONTEXT_SAVE_BYTES as usize).unwrap(),
-                fence_logs: None,
-                privileged: false,
-                priority,
+            .command(cmd::AddQueue {
+                config: QueueConfig {
+                    vmid: self.vmid,
+                    engine: EngineId(0),
+                    ring_va,
+                    ring_bytes: RING_BYTES,
+                    rptr_va: ctl + RPTR_OFFSET,
+                    wptr_va: ctl + WPTR_OFFSET,
+                    last_queued_va: None,
+                    kernel_page: abi::queue::KernelPageView::new(Shm::new("kernel-page", 4096).unwrap()).unwrap(),
+                    context_save: Shm::new("context-save", gpu::compute::CONTEXT_SAVE_BYTES as usize).unwrap(),
+                    fence_logs: None,
+                    privileged: false,
+                    priority,
+                },
             })
             .unwrap();
-        self.gpu.bind_doorbell(id, i as u32).unwrap();
+        self.gpu.command(cmd::BindDoorbell { queue: id, index: i as u32 }).unwrap();
         self.queues.push(ManyQueue { id, ring, wptr: 0 });
         i
     }
@@ -553,8 +602,8 @@ fn a_waiting_queue_that_is_suspended_or_removed_is_never_mapped() {
     for i in [w, x, y] {
         assert_eq!(m.gpu.queue_state(m.queues[i].id).unwrap(), QueueState::Unmapped, "queue {i} waits");
     }
-    m.gpu.suspend_queue(m.queues[w].id, Time(t0)).unwrap();
-    m.gpu.remove_queue(m.queues[x].id).unwrap();
+    m.gpu.command(cmd::SuspendQueue { queue: m.queues[w].id, now: Time(t0) }).unwrap();
+    m.gpu.command(cmd::RemoveQueue { queue: m.queues[x].id }).unwrap();
     // A new queue takes X's firmware slot (a fresh generation): it has no work, so X's place in
     // the waiting order must not map it.
     let z = m.add();
@@ -574,7 +623,7 @@ fn a_waiting_queue_that_is_suspended_or_removed_is_never_mapped() {
     assert_eq!(m.word(w), 0, "suspended W never ran");
     assert_eq!(m.word(x), 0, "removed X never ran");
     // Resumed, W's remembered work runs.
-    m.gpu.resume_queue(wid).unwrap();
+    m.gpu.command(cmd::ResumeQueue { queue: wid }).unwrap();
     m.run(now + 1);
     assert_eq!(m.word(w), 7);
 }

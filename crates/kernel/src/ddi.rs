@@ -14,9 +14,12 @@
 //!   back what it did, or faults the queue): nothing is discarded on either side.
 //! - A GPU mapping is an RAII [`GpuMapping`]: dropping it unmaps, so no error path can leak
 //!   one.
-//! - [`Traced`] wraps any `Kmd`, records every DDI call in the kernel's trace ([`crate::trace::SharedTrace`]) before making
-//!   it, and can fail chosen calls on purpose ([`DdiFault`]) so the OS's error paths are
-//!   tested.
+//! - [`Traced`] wraps any `Kmd`, records every DDI call in the kernel's trace
+//!   ([`crate::trace::SharedTrace`]) before making it, and can fail chosen calls on purpose
+//!   ([`DdiFault`]) so the OS's error paths are tested.
+//! - The DDIs are declared once, in the DDI table (`crate::ddis`): [`Kmd`], `Traced`'s
+//!   forwarding, [`DdiKind`] and the trace's [`crate::trace::Ddi`] records are generated from
+//!   it, so a DDI added there is traced and can be failed like the others.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,7 +30,10 @@ use abi::queue::{Access, FaultKind, FaultRecord};
 use abi::{ContextHandle, EngineId, EngineState, HwQueueHandle, PowerState, Priority, ProcessId, QueueState, Time};
 use shm::{Shm, Word};
 
-use crate::trace::{Ddi, Event, SharedTrace};
+use crate::ddis::{Ddi, ddi_table};
+use crate::trace::{Event, SharedTrace};
+
+pub use crate::ddis::DdiKind;
 
 /// Why a DDI failed.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -85,37 +91,6 @@ impl From<DdiError> for KernelError {
             DdiError::Shm(e) => KernelError::Shm(e),
         }
     }
-}
-
-/// The DDIs that can fail, for fault injection.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum DdiKind {
-    /// [`Kmd::create_address_space`].
-    CreateAddressSpace,
-    /// [`Kmd::map_gpu`].
-    MapGpu,
-    /// [`Kmd::create_hw_queue`].
-    CreateHwQueue,
-    /// [`Kmd::connect_doorbell`].
-    ConnectDoorbell,
-    /// [`Kmd::connect_kernel_doorbell`].
-    ConnectKernelDoorbell,
-    /// [`Kmd::submit_command`].
-    SubmitCommand,
-    /// [`Kmd::take_back`].
-    TakeBack,
-    /// [`Kmd::create_native_fence`].
-    CreateNativeFence,
-    /// [`Kmd::reset_engine`] (a failed engine reset escalates to an adapter reset).
-    ResetEngine,
-    /// [`Kmd::preempt_queue`] (a failed request starts recovery at once).
-    PreemptQueue,
-    /// [`Kmd::reset_queue`] (a failed per-queue reset escalates to an adapter reset).
-    ResetQueue,
-    /// [`Kmd::migrate_allocation`] (a failed move leaves the buffer unmapped).
-    MigrateAllocation,
-    /// [`Kmd::set_native_fence_log_buffer`] (a log that cannot be replaced keeps the old one).
-    SetNativeFenceLogBuffer,
 }
 
 /// A queue the OS asks the KMD to create (`DxgkDdiCreateHwQueue`; amdgpu's MQD inputs).
@@ -324,249 +299,8 @@ impl core::fmt::Debug for GpuMapping {
     }
 }
 
-/// The DDIs the OS calls.
-pub trait Kmd: Send {
-    /// `DxgkDdiQueryAdapterInfo`: engines and doorbell caps.
-    fn adapter_info(&self) -> AdapterInfo;
-    /// The doorbell BAR (the OS maps pages of it into processes).
-    fn doorbell_bar(&self) -> Arc<Shm>;
-    /// Creates the GPU address space of a process.
-    fn create_address_space(&mut self, process: ProcessId) -> Result<(), DdiError>;
-    /// Destroys it (with whatever is still mapped).
-    fn destroy_address_space(&mut self, process: ProcessId) -> Result<(), DdiError>;
-    /// Maps `shm` at `va` in a process's address space, until the mapping is dropped.
-    fn map_gpu(
-        &mut self,
-        process: ProcessId,
-        va: u64,
-        bytes: u64,
-        shm: Arc<Shm>,
-        writable: bool,
-    ) -> Result<GpuMapping, DdiError>;
-    /// Whether the GPU could make `access` to `[va, va+bytes)`: inside one mapping, and
-    /// writable for a write.
-    fn vm_access(&self, process: ProcessId, va: u64, bytes: u64, access: Access) -> Result<(), FaultKind>;
-    /// `DxgkDdiCreateHwQueue`: the device adds the queue to its run list. The KMD allocates
-    /// what is its own business (the context save area).
-    fn create_hw_queue(&mut self, queue: HwQueueHandle, desc: QueueCreate) -> Result<(), DdiError>;
-    /// `DxgkDdiDestroyHwQueue`.
-    fn destroy_hw_queue(&mut self, queue: HwQueueHandle) -> Result<(), DdiError>;
-    /// `DxgkDdiConnectDoorbell` for a user-mode queue whose doorbell index in the process's
-    /// page `process_page` is `index`. With a limited pool and no free physical doorbell, the
-    /// KMD first victimizes one through `callback`.
-    fn connect_doorbell(
-        &mut self,
-        queue: HwQueueHandle,
-        process_page: u32,
-        index: u32,
-        callback: &mut dyn DisconnectCallback,
-    ) -> Result<ConnectStep, DdiError>;
-    /// Connects a kernel-mode queue's doorbell (kernel doorbell `index` of BAR page 0).
-    fn connect_kernel_doorbell(&mut self, queue: HwQueueHandle, index: u32) -> Result<(), DdiError>;
-    /// `DxgkDdiSubmitCommand`: the kernel-mode queue's wptr was published as `wptr`; ring its
-    /// doorbell.
-    fn submit_command(&mut self, queue: HwQueueHandle, wptr: u64, fence_id: u64) -> Result<(), DdiError>;
-    /// Where a user-mode queue with doorbell index `index` rings inside its doorbell CPU page,
-    /// and how.
-    fn doorbell_ring(&self, index: u32) -> (u64, RingMethod);
-    /// Where queues of `engine` ring their process's aggregated doorbell page, when the
-    /// device needs one: the engine's word's offset, and what the CPU ORs into it.
-    fn aggregated_doorbell(&self, engine: EngineId) -> Option<(u64, u64)>;
-    /// The device starts watching BAR page `page` as a process's aggregated doorbell.
-    fn watch_aggregated_page(&mut self, page: u32) -> Result<(), DdiError>;
-    /// It stops.
-    fn unwatch_aggregated_page(&mut self, page: u32);
-    /// BAR pages not for processes (the KMD's physical doorbell pool).
-    fn reserved_doorbell_pages(&self) -> std::ops::Range<u32>;
-    /// `DxgkDdiDisconnectDoorbell`.
-    fn disconnect_doorbell(&mut self, queue: HwQueueHandle) -> Result<(), DdiError>;
-    /// `DxgkDdiNotifyWorkSubmission`.
-    fn notify_work_submission(&mut self, queue: HwQueueHandle) -> Result<(), DdiError>;
-    /// `DxgkDdiUpdateMonitoredValues` for a queue's progress fence.
-    fn update_monitored(&mut self, queue: HwQueueHandle, value: u64) -> Result<(), DdiError>;
-    /// `DxgkDdiSetPowerComponentFState`. Returns the state the engine is in afterwards (the
-    /// device refuses F1 while work is pending).
-    fn set_power(&mut self, engine: EngineId, state: PowerState, now: Time) -> Result<PowerState, DdiError>;
-    /// `DxgkDdiCreateNativeFence`: where the fence's CurrentValue and MonitoredValue live,
-    /// and the id its notifications name.
-    fn create_native_fence(&mut self, id: u64, current: (Arc<Shm>, u64), monitored: Word) -> Result<(), DdiError>;
-    /// `DxgkDdiDestroyNativeFence`.
-    fn destroy_native_fence(&mut self, id: u64);
-    /// `DxgkDdiUpdateCurrentValuesFromCpu`: store a fence's CurrentValue and have the queues
-    /// waiting on it re-check.
-    fn update_current_value(&mut self, id: u64, value: u64) -> Result<(), DdiError>;
-    /// `DxgkDdiUpdateCurrentValuesFromCpu` with `NotificationOnly`: a shared CurrentValue
-    /// moved on another adapter; queues waiting on fences re-check.
-    fn notify_current_values(&mut self);
-    /// `DxgkddiSuspendContext`: take the context's queues off the scheduler's list ("KMD
-    /// preempts the context"), each queue by a preemption request: one that holds no slot or
-    /// may stop where it stands is answered at once; one that may not (its engine's
-    /// preemption granularity) runs on to the next point it may, and its answer is owed, as a
-    /// [`Notification::Preempted`], which the OS times out like any other request.
-    fn suspend_context(
-        &mut self,
-        context: ContextHandle,
-        queues: &[HwQueueHandle],
-        now: Time,
-    ) -> Result<Vec<Suspended>, DdiError>;
-    /// `DxgkddiResumeContext`: put them back.
-    fn resume_context(&mut self, context: ContextHandle, queues: &[HwQueueHandle]) -> Result<(), DdiError>;
-    /// `DxgkDdiUpdateNativeFenceLogs`: make the queue's pending log writes visible.
-    fn flush_fence_logs(&mut self, queue: HwQueueHandle);
-    /// The next interrupt the device raised, translated (the ISR drains these).
-    fn poll_notification(&mut self) -> Option<Notification>;
-    /// Current engine power state.
-    fn power(&self, engine: EngineId) -> PowerState;
-    /// Whether the queue has work the engine has not finished.
-    fn queue_has_work(&self, queue: HwQueueHandle) -> bool;
-    /// The device's view of a queue.
-    fn queue_state(&self, queue: HwQueueHandle) -> Option<QueueState>;
-    /// GPU mappings alive on the device (for leak checks).
-    fn live_mappings(&self) -> usize;
-    /// The physical doorbell the device has the queue bound to now (read-only, for the OS's
-    /// doorbell query).
-    fn physical_doorbell(&self, queue: HwQueueHandle) -> Option<abi::port::PhysicalDoorbell>;
-    /// `DxgkDdiPreemptCommand` (amdgpu MES `SUSPEND`): asks the engine to take `queue` off its
-    /// slot at the next point its preemption granularity allows, state saved, and to keep it
-    /// off the run list until resumed. Returns the request's ticket; the answer is a
-    /// [`Notification::Preempted`] (raised at once when the queue can stop where it stands).
-    fn preempt_queue(&mut self, queue: HwQueueHandle, now: Time) -> Result<u64, DdiError>;
-    /// `DxgkDdiResetEngine`: resets one engine. The queues that owe an answer to a preemption
-    /// request hang; every other queue there keeps its work.
-    fn reset_engine(&mut self, engine: EngineId, now: Time) -> Result<EngineResetOutcome, DdiError>;
-    /// amdgpu's per-queue reset (through the scheduling firmware): `queue` hangs with `why`
-    /// (the OS's reason: a preemption it would not answer, or the hang timer), its neighbours
-    /// are not touched. Returns the last progress value ("fence ID") the reset aborted.
-    fn reset_queue(&mut self, queue: HwQueueHandle, why: FaultKind, now: Time) -> Result<QueueResetOutcome, DdiError>;
-    /// The device time `queue` has spent executing its work in a hardware slot, in all (it
-    /// only grows): not the time it waited for a slot, was held off one, or only re-checked a
-    /// `WAIT` that did not pass. The OS's hang timer takes differences of it. `None`: the
-    /// device does not say, and the hang timer catches only a queue that does not answer its
-    /// preemption request.
-    fn queue_run_time(&self, _queue: HwQueueHandle) -> Option<Duration> {
-        None
-    }
-    /// Moves the allocation at `[va, va + bytes)` of `process` to `domain`, updates the GPU
-    /// page tables and invalidates the TLB (spec 001 migration, step 2; Windows' paging
-    /// operation). The caller has preempted every queue of the process.
-    fn migrate_allocation(
-        &mut self,
-        process: ProcessId,
-        va: u64,
-        bytes: u64,
-        domain: abi::port::MemoryDomain,
-    ) -> Result<(), DdiError>;
-    /// `DxgkDdiResetFromTimeout`: resets the adapter; every queue's state is lost. Returns the
-    /// queues that hung.
-    fn reset_from_timeout(&mut self, now: Time) -> Result<Vec<HwQueueHandle>, DdiError>;
-    /// `DxgkDdiRestartFromTimeout`: the adapter runs again after a reset.
-    fn restart_from_timeout(&mut self) -> Result<(), DdiError>;
-    /// Where a kernel-mode queue held off its engine (an answered preemption) stands in its
-    /// ring: what the preemption interrupt's last completed and preempted fence IDs tell the
-    /// OS on Windows.
-    fn held_position(&self, queue: HwQueueHandle) -> Result<HeldPosition, DdiError>;
-    /// Drops a held kernel-mode queue's unstarted work from its hardware queue, down to
-    /// `wptr` (spec 003: the OS resubmits the commands a preemption took out of the hardware
-    /// queue).
-    fn take_back(&mut self, queue: HwQueueHandle, wptr: u64, now: Time) -> Result<(), DdiError>;
-    /// `DxgkDdiOpenNativeFence`: process-local handle `local` to the fence with global id `id`
-    /// (the creator's own local handle too, for a shared fence). The default keeps nothing.
-    fn open_native_fence(&mut self, _id: u64, _local: abi::NativeFenceHandle) -> Result<(), DdiError> {
-        Ok(())
-    }
-    /// `DxgkDdiCloseNativeFence`: the local handle is gone (the global fence may live on).
-    fn close_native_fence(&mut self, _local: abi::NativeFenceHandle) {}
-    /// `DxgkDdiSetNativeFenceLogBuffer`: the queue's log of `kind` is now `log` (set at queue
-    /// creation, and again each time the OS recreates a log).
-    fn set_native_fence_log_buffer(
-        &mut self,
-        _queue: HwQueueHandle,
-        _kind: abi::fence_log::FenceLogType,
-        _log: Arc<Shm>,
-    ) -> Result<(), DdiError> {
-        Err(DdiError::Refused {
-            field: "log",
-            value: "fence log buffer".into(),
-            reason: DeviceRefusal::Unsupported("native fence logs"),
-        })
-    }
-    /// `DxgkDdiUpdateMonitoredValues`: a batch of `(fence id, MonitoredValue)`; on return every
-    /// CurrentValue a core reads was written by the device after it observed the new values
-    /// (`abi::protocol::monitored_barrier`), so the OS resamples.
-    fn update_monitored_values(&mut self, _batch: &[(u64, u64)]) -> Result<(), DdiError> {
-        Err(DdiError::Refused {
-            field: "fences",
-            value: "update monitored values".into(),
-            reason: DeviceRefusal::Unsupported("native fences"),
-        })
-    }
-    /// Adapter initialization: the KMD queries the OS's features (`IsFeatureEnabled`,
-    /// `QueryFeatureInterface`) before it advertises caps. The default ignores them.
-    fn query_features(&mut self, _os: &abi::port::OsFeatures) {}
-    /// `DXGK_NATIVE_FENCE_CAPS` (with the `DXGK_VIDSCHCAPS` bits). The default: supported as
-    /// [`AdapterInfo::native_fences`] says, one cache line per fence, nothing optional.
-    fn native_fence_caps(&self) -> abi::port::NativeFenceCaps {
-        abi::port::NativeFenceCaps {
-            supported: self.adapter_info().native_fences,
-            optimized_interrupt: false,
-            map_to_gpu_system_process: false,
-            current_value_stride: 64,
-            monitored_value_stride: 64,
-        }
-    }
-    /// `DxgkDdiCreateNativeFence` with `CurrentValueSystemProcessGpuVa` and
-    /// `MonitoredValueSystemProcessGpuVa` (`system`), for a KMD with `MapToGpuSystemProcess`.
-    /// The default ignores the VAs.
-    fn create_native_fence_in_system_process(
-        &mut self,
-        id: u64,
-        current: (Arc<Shm>, u64),
-        monitored: Word,
-        _system: (u64, u64),
-    ) -> Result<(), DdiError> {
-        self.create_native_fence(id, current, monitored)
-    }
-    /// Reads a 64-bit word through `process`'s GPU address space (the system process
-    /// included), as the device would: for tests and tools. `None` where the device could not.
-    fn read_gpu_u64(&self, _process: ProcessId, _va: u64) -> Option<u64> {
-        None
-    }
-    /// `D3DKMDT_FENCESTORAGESURFACEDATA` (spec 002 "DDI to support placement of native fence
-    /// values in local memory"): the memory segments a fence of `kind` keeps its CurrentValue
-    /// and MonitoredValue in. The default: system memory for both.
-    fn native_fence_storage(
-        &self,
-        _kind: abi::port::NativeFenceType,
-    ) -> (abi::port::MemoryDomain, abi::port::MemoryDomain) {
-        (abi::port::MemoryDomain::System, abi::port::MemoryDomain::System)
-    }
-    /// Maps the process's doorbell BAR page `page` into its own GPU address space at `va`, so
-    /// its queues can ring each other's doorbells from the GPU (spec 001). Refused where a
-    /// GPU store cannot ring a doorbell (the default).
-    fn map_doorbell_page(&mut self, _process: ProcessId, _va: u64, _page: u32) -> Result<GpuMapping, DdiError> {
-        Err(DdiError::Refused {
-            field: "page",
-            value: "doorbell page".into(),
-            reason: DeviceRefusal::Unsupported("doorbells rung from the GPU"),
-        })
-    }
-    /// Maps the process's aggregated doorbell page (BAR page `page`) into its own GPU address
-    /// space at `va` (spec 001: "the kernel driver will map a page of aggregated doorbell space
-    /// into each GPUVM space"), so a queue that submits to another from the GPU rings it as
-    /// the CPU would. Refused where a GPU store cannot ring it (the default).
-    fn map_aggregated_page(&mut self, _process: ProcessId, _va: u64, _page: u32) -> Result<GpuMapping, DdiError> {
-        Err(DdiError::Refused {
-            field: "page",
-            value: "aggregated doorbell page".into(),
-            reason: DeviceRefusal::Unsupported("aggregated doorbells rung from the GPU"),
-        })
-    }
-    /// The device's own number for `queue` (the virtual GPU's firmware queue id), for tools
-    /// that observe the device directly (the simulator); `None` if the KMD has none.
-    fn device_queue_id(&self, _queue: HwQueueHandle) -> Option<u64> {
-        None
-    }
-}
+// The trait, from the table.
+ddi_table!(kmd);
 
 /// Where a queue held off its engine stands in its ring ([`Kmd::held_position`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -667,131 +401,8 @@ impl Traced {
             None => Ok(()),
         }
     }
-}
-
-impl Kmd for Traced {
-    fn adapter_info(&self) -> AdapterInfo {
-        self.inner.adapter_info()
-    }
-    fn doorbell_bar(&self) -> Arc<Shm> {
-        self.inner.doorbell_bar()
-    }
-    fn create_address_space(&mut self, process: ProcessId) -> Result<(), DdiError> {
-        self.gate(DdiKind::CreateAddressSpace)?;
-        self.inner.create_address_space(process)
-    }
-    fn destroy_address_space(&mut self, process: ProcessId) -> Result<(), DdiError> {
-        self.inner.destroy_address_space(process)
-    }
-    fn map_gpu(
-        &mut self,
-        process: ProcessId,
-        va: u64,
-        bytes: u64,
-        shm: Arc<Shm>,
-        writable: bool,
-    ) -> Result<GpuMapping, DdiError> {
-        self.gate(DdiKind::MapGpu)?;
-        self.inner.map_gpu(process, va, bytes, shm, writable)
-    }
-    fn vm_access(&self, process: ProcessId, va: u64, bytes: u64, access: Access) -> Result<(), FaultKind> {
-        self.inner.vm_access(process, va, bytes, access)
-    }
-    fn create_hw_queue(&mut self, queue: HwQueueHandle, desc: QueueCreate) -> Result<(), DdiError> {
-        self.log(Ddi::CreateHwQueue(desc.context));
-        self.gate(DdiKind::CreateHwQueue)?;
-        self.inner.create_hw_queue(queue, desc)
-    }
-    fn destroy_hw_queue(&mut self, queue: HwQueueHandle) -> Result<(), DdiError> {
-        self.log(Ddi::DestroyHwQueue(queue));
-        self.inner.destroy_hw_queue(queue)
-    }
-    fn connect_doorbell(
-        &mut self,
-        queue: HwQueueHandle,
-        process_page: u32,
-        index: u32,
-        callback: &mut dyn DisconnectCallback,
-    ) -> Result<ConnectStep, DdiError> {
-        self.log(Ddi::ConnectDoorbell(queue));
-        self.gate(DdiKind::ConnectDoorbell)?;
-        self.inner.connect_doorbell(queue, process_page, index, callback)
-    }
-    fn connect_kernel_doorbell(&mut self, queue: HwQueueHandle, index: u32) -> Result<(), DdiError> {
-        self.log(Ddi::ConnectDoorbell(queue));
-        self.gate(DdiKind::ConnectKernelDoorbell)?;
-        self.inner.connect_kernel_doorbell(queue, index)
-    }
-    fn submit_command(&mut self, queue: HwQueueHandle, wptr: u64, fence_id: u64) -> Result<(), DdiError> {
-        self.log(Ddi::SubmitCommand { queue, fence_id });
-        self.gate(DdiKind::SubmitCommand)?;
-        self.inner.submit_command(queue, wptr, fence_id)
-    }
-    fn doorbell_ring(&self, index: u32) -> (u64, RingMethod) {
-        self.inner.doorbell_ring(index)
-    }
-    fn aggregated_doorbell(&self, engine: EngineId) -> Option<(u64, u64)> {
-        self.inner.aggregated_doorbell(engine)
-    }
-    fn watch_aggregated_page(&mut self, page: u32) -> Result<(), DdiError> {
-        self.inner.watch_aggregated_page(page)
-    }
-    fn unwatch_aggregated_page(&mut self, page: u32) {
-        self.inner.unwatch_aggregated_page(page)
-    }
-    fn reserved_doorbell_pages(&self) -> std::ops::Range<u32> {
-        self.inner.reserved_doorbell_pages()
-    }
-    fn disconnect_doorbell(&mut self, queue: HwQueueHandle) -> Result<(), DdiError> {
-        self.log(Ddi::DisconnectDoorbell(queue));
-        self.inner.disconnect_doorbell(queue)
-    }
-    fn notify_work_submission(&mut self, queue: HwQueueHandle) -> Result<(), DdiError> {
-        self.log(Ddi::NotifyWorkSubmission(queue));
-        self.inner.notify_work_submission(queue)
-    }
-    fn update_monitored(&mut self, queue: HwQueueHandle, value: u64) -> Result<(), DdiError> {
-        self.log(Ddi::UpdateMonitoredValue(queue, value));
-        self.inner.update_monitored(queue, value)
-    }
-    fn set_power(&mut self, engine: EngineId, state: PowerState, now: Time) -> Result<PowerState, DdiError> {
-        self.log(Ddi::SetPowerState(engine, state));
-        self.inner.set_power(engine, state, now)
-    }
-    fn create_native_fence(&mut self, id: u64, current: (Arc<Shm>, u64), monitored: Word) -> Result<(), DdiError> {
-        self.log(Ddi::CreateNativeFence(id));
-        self.gate(DdiKind::CreateNativeFence)?;
-        self.inner.create_native_fence(id, current, monitored)
-    }
-    fn destroy_native_fence(&mut self, id: u64) {
-        self.log(Ddi::DestroyNativeFence(id));
-        self.inner.destroy_native_fence(id)
-    }
-    fn update_current_value(&mut self, id: u64, value: u64) -> Result<(), DdiError> {
-        // Logged by the OS, which knows the fence's local handle.
-        self.inner.update_current_value(id, value)
-    }
-    fn notify_current_values(&mut self) {
-        self.inner.notify_current_values()
-    }
-    fn suspend_context(
-        &mut self,
-        context: ContextHandle,
-        queues: &[HwQueueHandle],
-        now: Time,
-    ) -> Result<Vec<Suspended>, DdiError> {
-        self.log(Ddi::SuspendContext(context));
-        self.inner.suspend_context(context, queues, now)
-    }
-    fn resume_context(&mut self, context: ContextHandle, queues: &[HwQueueHandle]) -> Result<(), DdiError> {
-        self.log(Ddi::ResumeContext(context));
-        self.inner.resume_context(context, queues)
-    }
-    fn flush_fence_logs(&mut self, queue: HwQueueHandle) {
-        self.log(Ddi::UpdateNativeFenceLogs(queue));
-        self.inner.flush_fence_logs(queue)
-    }
-    fn poll_notification(&mut self) -> Option<Notification> {
+    /// The device's notifications, after those a test injected, less those a test drops.
+    fn poll_with_injections(&mut self) -> Option<Notification> {
         if let Some(n) = self.injected.pop_front() {
             return Some(n);
         }
@@ -804,133 +415,49 @@ impl Kmd for Traced {
             return Some(n);
         }
     }
-    fn power(&self, engine: EngineId) -> PowerState {
-        self.inner.power(engine)
-    }
-    fn queue_has_work(&self, queue: HwQueueHandle) -> bool {
-        self.inner.queue_has_work(queue)
-    }
-    fn queue_run_time(&self, queue: HwQueueHandle) -> Option<Duration> {
-        self.inner.queue_run_time(queue)
-    }
-    fn queue_state(&self, queue: HwQueueHandle) -> Option<QueueState> {
-        self.inner.queue_state(queue)
-    }
-    fn live_mappings(&self) -> usize {
-        self.inner.live_mappings()
-    }
-    fn physical_doorbell(&self, queue: HwQueueHandle) -> Option<abi::port::PhysicalDoorbell> {
-        self.inner.physical_doorbell(queue)
-    }
-    fn preempt_queue(&mut self, queue: HwQueueHandle, now: Time) -> Result<u64, DdiError> {
-        self.log(Ddi::PreemptQueue(queue));
-        self.gate(DdiKind::PreemptQueue)?;
-        self.inner.preempt_queue(queue, now)
-    }
-    fn reset_engine(&mut self, engine: EngineId, now: Time) -> Result<EngineResetOutcome, DdiError> {
-        self.log(Ddi::ResetEngine(engine));
-        self.gate(DdiKind::ResetEngine)?;
-        let mut out = self.inner.reset_engine(engine, now)?;
-        match self.misbehaviour(DdiKind::ResetEngine) {
-            Some(Misbehaviour::BogusFenceId) => out.guilty.iter_mut().for_each(|g| g.1 += BOGUS_FENCE_OFFSET),
-            Some(Misbehaviour::Slow(d)) => out.took += d,
-            None => {}
+    /// A reset's outcome, falsified as the misbehaviour armed for its DDI says (if the reset
+    /// answered at all).
+    fn misbehave<T: Falsifiable>(&mut self, out: Result<T, DdiError>) -> Result<T, DdiError> {
+        let mut out = out?;
+        if let Some(m) = self.misbehaviour(T::DDI) {
+            out.falsify(m);
         }
         Ok(out)
-    }
-    fn reset_queue(&mut self, queue: HwQueueHandle, why: FaultKind, now: Time) -> Result<QueueResetOutcome, DdiError> {
-        self.log(Ddi::ResetQueue(queue));
-        self.gate(DdiKind::ResetQueue)?;
-        let mut out = self.inner.reset_queue(queue, why, now)?;
-        match self.misbehaviour(DdiKind::ResetQueue) {
-            Some(Misbehaviour::BogusFenceId) => out.aborted += BOGUS_FENCE_OFFSET,
-            Some(Misbehaviour::Slow(d)) => out.took += d,
-            None => {}
-        }
-        Ok(out)
-    }
-    fn migrate_allocation(
-        &mut self,
-        process: ProcessId,
-        va: u64,
-        bytes: u64,
-        domain: abi::port::MemoryDomain,
-    ) -> Result<(), DdiError> {
-        self.log(Ddi::MigrateAllocation { va, domain });
-        self.gate(DdiKind::MigrateAllocation)?;
-        self.inner.migrate_allocation(process, va, bytes, domain)
-    }
-    fn reset_from_timeout(&mut self, now: Time) -> Result<Vec<HwQueueHandle>, DdiError> {
-        self.log(Ddi::ResetFromTimeout);
-        self.inner.reset_from_timeout(now)
-    }
-    fn restart_from_timeout(&mut self) -> Result<(), DdiError> {
-        self.log(Ddi::RestartFromTimeout);
-        self.inner.restart_from_timeout()
-    }
-    fn native_fence_storage(
-        &self,
-        kind: abi::port::NativeFenceType,
-    ) -> (abi::port::MemoryDomain, abi::port::MemoryDomain) {
-        self.inner.native_fence_storage(kind)
-    }
-    fn device_queue_id(&self, queue: HwQueueHandle) -> Option<u64> {
-        self.inner.device_queue_id(queue)
-    }
-    fn held_position(&self, queue: HwQueueHandle) -> Result<HeldPosition, DdiError> {
-        self.inner.held_position(queue)
-    }
-    fn take_back(&mut self, queue: HwQueueHandle, wptr: u64, now: Time) -> Result<(), DdiError> {
-        self.log(Ddi::TakeBack { queue, wptr });
-        self.gate(DdiKind::TakeBack)?;
-        self.inner.take_back(queue, wptr, now)
-    }
-    fn open_native_fence(&mut self, id: u64, local: abi::NativeFenceHandle) -> Result<(), DdiError> {
-        self.log(Ddi::OpenNativeFence(local));
-        self.inner.open_native_fence(id, local)
-    }
-    fn close_native_fence(&mut self, local: abi::NativeFenceHandle) {
-        self.log(Ddi::CloseNativeFence(local));
-        self.inner.close_native_fence(local)
-    }
-    fn set_native_fence_log_buffer(
-        &mut self,
-        queue: HwQueueHandle,
-        kind: abi::fence_log::FenceLogType,
-        log: Arc<Shm>,
-    ) -> Result<(), DdiError> {
-        self.log(Ddi::SetNativeFenceLogBuffer(queue));
-        self.gate(DdiKind::SetNativeFenceLogBuffer)?;
-        self.inner.set_native_fence_log_buffer(queue, kind, log)
-    }
-    fn update_monitored_values(&mut self, batch: &[(u64, u64)]) -> Result<(), DdiError> {
-        // Logged by the OS, which knows each fence's local handle.
-        self.inner.update_monitored_values(batch)
-    }
-    fn query_features(&mut self, os: &abi::port::OsFeatures) {
-        self.inner.query_features(os)
-    }
-    fn native_fence_caps(&self) -> abi::port::NativeFenceCaps {
-        self.inner.native_fence_caps()
-    }
-    fn create_native_fence_in_system_process(
-        &mut self,
-        id: u64,
-        current: (Arc<Shm>, u64),
-        monitored: Word,
-        system: (u64, u64),
-    ) -> Result<(), DdiError> {
-        self.log(Ddi::CreateNativeFence(id));
-        self.gate(DdiKind::CreateNativeFence)?;
-        self.inner.create_native_fence_in_system_process(id, current, monitored, system)
-    }
-    fn read_gpu_u64(&self, process: ProcessId, va: u64) -> Option<u64> {
-        self.inner.read_gpu_u64(process, va)
-    }
-    fn map_doorbell_page(&mut self, process: ProcessId, va: u64, page: u32) -> Result<GpuMapping, DdiError> {
-        self.inner.map_doorbell_page(process, va, page)
-    }
-    fn map_aggregated_page(&mut self, process: ProcessId, va: u64, page: u32) -> Result<GpuMapping, DdiError> {
-        self.inner.map_aggregated_page(process, va, page)
     }
 }
+
+/// A reset's outcome that a [`Misbehaviour`] falsifies.
+trait Falsifiable {
+    /// The DDI that answers it.
+    const DDI: DdiKind;
+    /// Applies `m`.
+    fn falsify(&mut self, m: Misbehaviour);
+}
+
+impl Falsifiable for EngineResetOutcome {
+    const DDI: DdiKind = DdiKind::ResetEngine;
+    fn falsify(&mut self, m: Misbehaviour) {
+        match m {
+            Misbehaviour::BogusFenceId => self.guilty.iter_mut().for_each(|g| g.1 += BOGUS_FENCE_OFFSET),
+            Misbehaviour::Slow(d) => self.took += d,
+        }
+    }
+}
+
+impl Falsifiable for QueueResetOutcome {
+    const DDI: DdiKind = DdiKind::ResetQueue;
+    fn falsify(&mut self, m: Misbehaviour) {
+        match m {
+            Misbehaviour::BogusFenceId => self.aborted += BOGUS_FENCE_OFFSET,
+            Misbehaviour::Slow(d) => self.took += d,
+        }
+    }
+}
+
+/// A default DDI's refusal: the device does not support `what`.
+fn unsupported(field: &'static str, value: &str, what: &'static str) -> DdiError {
+    DdiError::Refused { field, value: value.into(), reason: DeviceRefusal::Unsupported(what) }
+}
+
+// `Traced` forwards every DDI, recording and gating as the table says.
+ddi_table!(traced);

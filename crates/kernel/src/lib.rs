@@ -11,7 +11,9 @@
 //!   that feeds kernel-owned rings).
 //! - [`ddi`]: the DDI boundary to the device-specific driver, typed in the kernel's own terms:
 //!   the [`ddi::Kmd`] trait, its notifications, RAII GPU mappings, and [`ddi::Traced`], the
-//!   decorator that logs every DDI call and can fail chosen ones for error-path tests.
+//!   decorator that logs every DDI call and can fail chosen ones for error-path tests. Each
+//!   DDI is declared once, in the DDI table (`ddis`), from which the trait, the decorator's
+//!   forwarding, [`ddi::DdiKind`] and the trace's [`trace::Ddi`] are generated.
 //! - [`virtual_kmd`]: [`virtual_kmd::VirtualKmd`], the KMD of the virtual GPU — the only
 //!   module that names `gpu` types.
 //! - [`trace`]: the ordered log of DDI calls and OS actions that tests assert the spec's
@@ -26,6 +28,7 @@
 
 pub mod cross;
 pub mod ddi;
+mod ddis;
 pub mod os;
 mod pool;
 mod spin;

@@ -4,16 +4,18 @@
 //! `DxgkDdiConnectDoorbell`, then the CPU VA rotation, then the status write), and
 //! `doorbell demo` prints it. It records control-path events only; the data path never
 //! touches it. The log is bounded: past [`TRACE_CAPACITY`] entries the oldest are dropped and
-//! counted.
+//! counted. What it records of a DDI call ([`Ddi`]) is declared with the DDI in the DDI
+//! table (`crate::ddis`), which this module and [`crate::ddi`] both import.
 
 use std::collections::VecDeque;
-
-use abi::queue::FaultRecord;
-use abi::{ContextHandle, DoorbellStatus, EngineId, HwQueueHandle, NativeFenceHandle};
 use std::sync::Arc;
 
-use abi::{PowerState, Time};
+use abi::queue::FaultRecord;
+use abi::{DoorbellStatus, EngineId, HwQueueHandle, NativeFenceHandle, PowerState, Time};
 use parking_lot::Mutex;
+
+pub use crate::ddis::Ddi;
+use crate::ddis::DdiKind;
 
 /// Entries kept.
 pub const TRACE_CAPACITY: usize = 1 << 16;
@@ -25,84 +27,6 @@ pub enum PageTarget {
     Bar,
     /// The dummy page (writes have no effect).
     Dummy,
-}
-
-/// A DDI call from the OS into the KMD, or a callback from the KMD into the OS.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Ddi {
-    /// `DxgkDdiCreateHwQueue`, on a context (the queue's handle exists once it returns).
-    CreateHwQueue(ContextHandle),
-    /// `DxgkDdiDestroyHwQueue`.
-    DestroyHwQueue(HwQueueHandle),
-    /// `DxgkDdiCreateDoorbell`.
-    CreateDoorbell(HwQueueHandle),
-    /// `DxgkDdiConnectDoorbell`.
-    ConnectDoorbell(HwQueueHandle),
-    /// `DxgkDdiDisconnectDoorbell`.
-    DisconnectDoorbell(HwQueueHandle),
-    /// `DxgkDdiDestroyDoorbell`.
-    DestroyDoorbell(HwQueueHandle),
-    /// `DxgkDdiNotifyWorkSubmission`.
-    NotifyWorkSubmission(HwQueueHandle),
-    /// `DxgkDdiUpdateMonitoredValues` (for progress-fence waiters).
-    UpdateMonitoredValue(HwQueueHandle, u64),
-    /// `DxgkDdiSetPowerComponentFState`.
-    SetPowerState(EngineId, PowerState),
-    /// `DxgkddiSuspendContext`.
-    SuspendContext(ContextHandle),
-    /// `DxgkddiResumeContext`.
-    ResumeContext(ContextHandle),
-    /// `DxgkDdiSubmitCommand` (the kernel-mode path), with the buffer's submission fence ID.
-    SubmitCommand {
-        /// The kernel-mode queue.
-        queue: HwQueueHandle,
-        /// Its fence ID (per engine; a resubmitted paging buffer keeps its own).
-        fence_id: u64,
-    },
-    /// `DxgkDdiCreateNativeFence`, with the global id.
-    CreateNativeFence(u64),
-    /// `DxgkDdiOpenNativeFence`: a process's local handle to a shared fence.
-    OpenNativeFence(NativeFenceHandle),
-    /// `DxgkDdiCloseNativeFence`.
-    CloseNativeFence(NativeFenceHandle),
-    /// `DxgkDdiDestroyNativeFence`, with the global id.
-    DestroyNativeFence(u64),
-    /// `DxgkDdiUpdateMonitoredValues` for a native fence.
-    UpdateMonitoredValues(NativeFenceHandle, u64),
-    /// `DxgkDdiSetNativeFenceLogBuffer` (the queue's wait and signal logs).
-    SetNativeFenceLogBuffer(HwQueueHandle),
-    /// `DxgkDdiUpdateNativeFenceLogs`: flush pending log writes before the OS reads them.
-    UpdateNativeFenceLogs(HwQueueHandle),
-    /// `DxgkDdiUpdateCurrentValuesFromCpu`.
-    UpdateCurrentValueFromCpu(NativeFenceHandle, u64),
-    /// `DxgkDdiUpdateCurrentValuesFromCpu` with `NotificationOnly`: another adapter signalled
-    /// a cross-adapter fence; the value is already in the shared storage, and the KMD rescans
-    /// its run list for queues waiting on it.
-    UpdateCurrentValueNotificationOnly(NativeFenceHandle),
-    /// `DxgkDdiPreemptCommand`: a preemption request for a queue.
-    PreemptQueue(HwQueueHandle),
-    /// `DxgkDdiResetEngine`.
-    ResetEngine(EngineId),
-    /// amdgpu's per-queue reset through the scheduling firmware.
-    ResetQueue(HwQueueHandle),
-    /// A buffer moved (its GPU VA) to a memory domain, page tables updated, TLB invalidated.
-    MigrateAllocation {
-        /// Its GPU VA.
-        va: u64,
-        /// Where it went.
-        domain: abi::port::MemoryDomain,
-    },
-    /// `DxgkDdiResetFromTimeout`: the adapter reset.
-    ResetFromTimeout,
-    /// `DxgkDdiRestartFromTimeout`.
-    RestartFromTimeout,
-    /// A held kernel-mode queue's unstarted buffers leave its hardware queue ([`crate::ddi::Kmd::take_back`]).
-    TakeBack {
-        /// The queue.
-        queue: HwQueueHandle,
-        /// Its accepted wptr after.
-        wptr: u64,
-    },
 }
 
 /// A callback from the KMD into the OS.
@@ -230,7 +154,7 @@ pub enum Event {
     /// A reset DDI took longer than `TdrDdiDelay`: treated as no answer, recovery escalates.
     DdiTimeout {
         /// The DDI.
-        ddi: crate::ddi::DdiKind,
+        ddi: DdiKind,
         /// How long it took (ms).
         took_ms: u64,
     },

@@ -418,12 +418,12 @@ fn firmware_refuses_f1_while_a_queue_has_work() {
     t.set_last_queued(2);
     t.set_wptr(w + cb.len() as u64 * 4);
     let now = sys.now();
-    assert!(!sys.with_gpu(|g| g.enter_f1(e, now)).unwrap(), "F1 with work pending");
+    assert!(!sys.with_gpu(|g| g.command(gpu::cmd::EnterF1 { engine: e, now })).unwrap(), "F1 with work pending");
     assert_eq!(sys.with_gpu(|g| g.power(e)).unwrap(), PowerState::F0);
     sys.settle();
     assert_eq!(c.buf.read_u32(4).unwrap(), 0xf2);
-    assert!(sys.with_gpu(|g| g.enter_f1(e, now)).unwrap(), "F1 once idle");
-    sys.with_gpu(|g| g.request_f0(e, now)).unwrap();
+    assert!(sys.with_gpu(|g| g.command(gpu::cmd::EnterF1 { engine: e, now })).unwrap(), "F1 once idle");
+    sys.with_gpu(|g| g.command(gpu::cmd::RequestF0 { engine: e, now })).unwrap();
 }
 
 /// A 4 KiB ring and far more work than fits: the UMD waits for rptr and never overwrites

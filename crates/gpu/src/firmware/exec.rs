@@ -84,8 +84,8 @@ pub(super) struct Env<'a> {
     pub(super) fence_epoch: &'a mut u64,
     /// Where this engine may stop a queue for a preemption.
     pub(super) stop: Stop,
-    /// The device's attention register ([`preempt::Attention`]).
-    pub(super) attention: &'a preempt::Attention,
+    /// The device's attention register ([`crate::Attention`]).
+    pub(super) attention: &'a crate::attention::Attention,
     /// The engine's sentinel doorbells ([`Engine::sentinels`]).
     pub(super) sentinels: &'a [preempt::Sentinel],
     /// The turn was cut short by [`Env::interrupted`]: the step ends here for this engine.

@@ -55,18 +55,22 @@ use abi::slab::{Key, Slab};
 use abi::{EngineId, EngineKind, EngineState, PowerState, Priority, QueueState};
 use shm::{Mapping, Shm, Word};
 
+use crate::Time;
 use crate::compute::{ComputeStats, Dispatch, Progress};
+use crate::config::GpuConfig;
+use crate::error::GpuError;
 use crate::memory::{AddressSpace, Vmid};
-use crate::{GpuConfig, GpuError, Time};
 
 mod busy;
 mod cb_clock;
+mod command_log;
 mod doorbells;
 mod exec;
 mod hardware;
 pub(crate) mod preempt;
 mod schedule;
 
+pub use command_log::{CommandRecord, MemoryRecord, QueueRecord};
 use doorbells::{Binding, BitPage, MAX_POINTER, Watch, find_published_work};
 use exec::Place;
 use preempt::{FwLog, PreemptRequest, StopPoint};
@@ -163,7 +167,7 @@ pub enum Interrupt {
     Preempted {
         /// The queue.
         queue: FwQueueId,
-        /// The request's ticket ([`crate::Gpu::request_preempt`]).
+        /// The request's ticket ([`crate::cmd::RequestPreempt`]).
         ticket: u64,
         /// When it was asked for (device time).
         requested_at: Time,
@@ -450,6 +454,12 @@ struct Engine {
     /// How many of `run_list` are kernel queues (kept by [`schedule::join_run_list`] and
     /// [`schedule::leave_run_list`]), so INFO's slot split does not count them on every ask.
     kernel_queues: usize,
+    /// Whether every kernel queue of the run list fits the slots (`kernel_queues <=
+    /// hw_slots`), as the waiting set was last kept by: then an idle kernel queue waits for a
+    /// slot too (always mapped, spec 001), otherwise only one with work does
+    /// ([`schedule::Seat::should_wait`]; [`schedule::schedule`] re-keeps the set when it
+    /// changes).
+    kernel_fit: bool,
     /// The queues in hardware slots (HQDs): at most `hw_slots`; only these execute.
     hqd: Vec<FwQueueId>,
     hw_slots: usize,
@@ -544,8 +554,8 @@ pub(crate) struct Firmware {
     next_ticket: u64,
     /// Requests, answers, saves, restores and resets, in order ([`preempt::FwEvent`]).
     log: FwLog,
-    /// Raised by the kernel while it waits for the device lock ([`preempt::Attention`]).
-    attention: preempt::Attention,
+    /// Raised by the kernel while it waits for the device lock ([`crate::attention::Attention`]).
+    attention: crate::attention::Attention,
     /// With modelled timing: when the driver next lets a client act ([`crate::Gpu::set_horizon`]).
     horizon: Option<Time>,
     /// Every `PROGRESS_FENCE` executed, with its modelled end, when a tool asked for them
@@ -623,6 +633,7 @@ impl Engine {
             timers: Timers([Some(Time::ZERO.plus(idle_period)), None, None]),
             run_list: Vec::new(),
             kernel_queues: 0,
+            kernel_fit: true,
             hqd: Vec::new(),
             hw_slots: hw_slots.max(1) as usize,
             watches: Vec::new(),
@@ -692,7 +703,7 @@ impl Firmware {
             preemption: cfg.preemption,
             next_ticket: 0,
             log: FwLog::default(),
-            attention: preempt::Attention::default(),
+            attention: crate::attention::Attention::default(),
             horizon: None,
             completions: None,
             hw,

@@ -26,7 +26,8 @@
 //! lost).
 //!
 //! Every request, stop, answer, restore and reset is recorded in the firmware log
-//! ([`FwEvent`]), in order, so tests assert the sequence.
+//! ([`FwEvent`]), in order, so tests assert the sequence; so is every command the kernel
+//! sends ([`FwEvent::Command`]), before what it did.
 //!
 //! Invariant: a queue with a request outstanding (`FwQueue::preempt`) is in a hardware slot
 //! and has work; every path that takes it off its slot otherwise (remove, suspend, reset,
@@ -35,39 +36,7 @@
 use super::*;
 pub use abi::preempt::StopPoint;
 
-/// The device's attention register: the kernel raises it before it takes the device lock
-/// for a preemption request or a reset, so that an engine in the middle of a turn ends it at
-/// its next safe point (an instruction, a chunk, a packet) and hands the lock over, instead of
-/// finishing a turn that may take a hundred microseconds. It is a hint, like an MMIO write
-/// that interrupts the command processor: the request itself is made under the lock, and a
-/// turn that ends early loses nothing (its state is saved as at any turn end).
-#[derive(Clone, Default, Debug)]
-pub struct Attention(Arc<std::sync::atomic::AtomicU32>);
-
-impl Attention {
-    /// Raises it for as long as the guard lives (several callers may hold it at once).
-    pub fn raise(&self) -> AttentionGuard<'_> {
-        // Relaxed: a hint; the lock that follows orders everything that matters.
-        self.0.fetch_add(1, Ordering::Relaxed);
-        AttentionGuard(self)
-    }
-
-    /// Whether someone is waiting for the device lock.
-    pub fn is_raised(&self) -> bool {
-        // Relaxed: see `raise`.
-        self.0.load(Ordering::Relaxed) != 0
-    }
-}
-
-/// Holds the [`Attention`] register raised.
-pub struct AttentionGuard<'a>(&'a Attention);
-
-impl Drop for AttentionGuard<'_> {
-    fn drop(&mut self) {
-        // Relaxed: see `Attention::raise`.
-        self.0.0.fetch_sub(1, Ordering::Relaxed);
-    }
-}
+use crate::attention::Attention;
 
 /// A doorbell an engine watches during its turns for a cut-in ([`Engine::sentinels`]).
 pub(super) struct Sentinel {
@@ -151,6 +120,8 @@ pub enum FwEvent {
     },
     /// The adapter was reset: every queue's state is lost.
     AdapterReset,
+    /// The kernel sent a command ([`crate::Gpu::command`]); what it did follows it.
+    Command(CommandRecord),
     /// The kernel took back the work of a held kernel queue that had not started: its
     /// accepted wptr dropped from `from` to `to` ([`Firmware::take_back`]).
     TakenBack {
@@ -206,6 +177,8 @@ pub struct FwCounts {
     pub adapter_resets: u64,
     /// [`FwEvent::TakenBack`].
     pub taken_back: u64,
+    /// [`FwEvent::Command`].
+    pub commands: u64,
 }
 
 impl FwCounts {
@@ -224,6 +197,7 @@ impl FwCounts {
             FwEvent::QueueReset { .. } => &mut self.queue_resets,
             FwEvent::AdapterReset => &mut self.adapter_resets,
             FwEvent::TakenBack { .. } => &mut self.taken_back,
+            FwEvent::Command(_) => &mut self.commands,
         };
         *n += 1;
     }
@@ -358,7 +332,7 @@ pub(super) fn finish(
     Some(req)
 }
 
-/// A context suspend's preemption of one queue ([`crate::Gpu::suspend_queue`]).
+/// A context suspend's preemption of one queue ([`crate::cmd::SuspendQueue`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Suspension {
     /// The request's ticket (in the firmware log, and in the answer).
@@ -543,6 +517,11 @@ impl Firmware {
 
     pub(crate) fn log_counts(&self) -> FwCounts {
         self.log.counts
+    }
+
+    /// Records a command the kernel sent, before the firmware acts on it.
+    pub(crate) fn log_command(&mut self, at: Time, command: CommandRecord) {
+        self.log.push(at, FwEvent::Command(command));
     }
 }
 

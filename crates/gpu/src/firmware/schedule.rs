@@ -216,9 +216,14 @@ impl Seat {
     /// always mapped so any work that goes into kernel queues will take priority") — not hung,
     /// not asleep on a `WAIT`, and not in a hardware slot (`Mapped` is exactly "in `hqd`" for a
     /// queue that is not hung).
-    pub(super) fn should_wait(&self) -> bool {
+    ///
+    /// Where kernel queues outnumber the slots (`kernel_fit` false: an engine with no
+    /// user-mode queues, since the kernel keeps a slot for those), they cannot all be mapped,
+    /// and an idle one waits no more than a user queue does: it would only hold a slot that a
+    /// kernel queue with work waits for.
+    pub(super) fn should_wait(&self, kernel_fit: bool) -> bool {
         self.on_run_list
-            && (self.pending || !self.class.user)
+            && (self.pending || (!self.class.user && kernel_fit))
             && !self.asleep
             && !matches!(self.state, QueueState::Mapped | QueueState::Hung)
     }
@@ -406,7 +411,7 @@ pub(super) fn sync_waiting<Q: Schedulable>(e: &mut Engine, q: &mut Q, id: FwQueu
 /// [`sync_waiting`] for a caller that has `q`'s seat as it stands.
 #[inline]
 fn sync_seat<Q: Schedulable>(e: &mut Engine, q: &mut Q, id: FwQueueId, seat: &Seat) {
-    let want = seat.should_wait();
+    let want = seat.should_wait(e.kernel_fit);
     match (seat.waiting, want) {
         (false, true) => e.waiting.insert(seat.class, seat.turn, id),
         (true, false) => e.waiting.remove(seat.class, seat.turn, id),
@@ -517,6 +522,7 @@ pub(super) fn schedule<Q: Schedulable>(
     quanta: Quanta,
     log: &mut FwLog,
 ) {
+    refit_kernel_queues(e, queues);
     // Every queue holds a slot (the common case: no oversubscription): nothing can wait. A
     // hung queue may linger in `hqd`; the run loop skips it.
     if e.hqd.len() == e.run_list.len() {
@@ -540,6 +546,25 @@ pub(super) fn schedule<Q: Schedulable>(
     scratch.settled =
         (!changed).then(|| Settled { waiting: e.waiting.version, quantum_timer: e.timers.get(Timer::Quantum) });
     e.pass = scratch;
+}
+
+/// Whether the engine's kernel queues all fit its slots changed since the waiting set was
+/// kept by it (a kernel queue joined or left the run list): the set is kept again, by a walk
+/// of the run list (rare: it takes a kernel queue more than the slots, or one fewer, on an
+/// engine without user-mode queues), and a pass looks.
+fn refit_kernel_queues<Q: Schedulable>(e: &mut Engine, queues: &mut Slab<Q>) {
+    let fit = e.kernel_queues <= e.hw_slots;
+    if fit == e.kernel_fit {
+        return;
+    }
+    e.kernel_fit = fit;
+    e.resched = true;
+    for k in 0..e.run_list.len() {
+        let id = e.run_list[k];
+        if let Ok(q) = queues.get_mut(id.0) {
+            sync_waiting(e, q, id);
+        }
+    }
 }
 
 /// What a pass that changed nothing (mapped, evicted and asked nothing of anyone) read, beside
@@ -954,6 +979,32 @@ mod tests {
         b.drain(normal);
         assert_eq!(b.pass(), vec![low]);
         assert_eq!(b.state(high), QueueState::Unmapped, "evicted idle");
+    }
+
+    /// Kernel queues are always mapped, idle or not, while they fit the slots; where they
+    /// outnumber them (an engine without user-mode queues) an idle one no longer waits for a
+    /// slot, and a kernel queue with work takes an idle one's. Before the fix the idle kernel
+    /// queues that ran longest ago filled the slots in one pass, the busy ones found no victim
+    /// among queues that pass had placed, and no pass came again (`doorbell sim swarm`, seed
+    /// 1654: two hung kernels never ran again, so no hang timer could end them).
+    #[test]
+    fn idle_kernel_queues_never_keep_busy_kernel_queues_off_the_slots() {
+        let mut b = Bench::new(2);
+        // The first two take the free slots on creation; the others are idle off the slots.
+        let [k0, k1, _k2, k3, busy_a, busy_b] = [0; 6].map(|_| b.add(Kind::Kernel(Priority::Normal)));
+        assert_eq!(b.e.hqd, vec![k0, k1]);
+        b.ring(busy_a);
+        b.ring(busy_b);
+        assert_eq!(b.pass(), vec![busy_a, busy_b], "work takes the idle kernel queues' slots");
+        assert_eq!(b.state(k0), QueueState::Unmapped);
+        assert!(b.e.waiting.is_empty(), "idle kernel queues do not wait where they cannot all fit");
+        // Busy ones that run dry keep their slots until work comes elsewhere.
+        b.drain(busy_a);
+        b.drain(busy_b);
+        assert_eq!(b.pass_at(MS), vec![busy_a, busy_b]);
+        b.ring(k3);
+        let held = b.pass_at(2 * MS);
+        assert!(held.contains(&k3), "{held:?}");
     }
 
     #[test]

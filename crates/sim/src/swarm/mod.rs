@@ -305,6 +305,7 @@ mod tests {
             (106, "census", "a killed process's held-back kernel-mode submission left the scheduler's wait"),
             (114, "exactly-once", "a failed reconnect read as a refusal, and the work ran anyway"),
             (117, "exactly-once", "a lost device's queue, not preemptible, ran what it had published before the loss"),
+            (1654, "hang-detected", "idle kernel queues held every slot while busy ones, hung kernels among them, waited"),
             (1940, "hang-detected", "a hung kernel waiting on a stopped upstream never starts: no timer can catch it"),
         ];
         for &(seed, checker, bug) in found {

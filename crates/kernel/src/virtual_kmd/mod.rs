@@ -25,6 +25,10 @@
 //! OS. Queues' context save areas are page ranges of one pool of memfd arenas
 //! ([`shm::ShmPool`]) rather than a memfd each: kernel-owned pages that no client and no GPU
 //! address space maps, so one pool serves every process.
+//!
+//! Its parts: `line.rs` (the interrupt line and the driver thread's waker), `doorbells.rs`
+//! (the three doorbell models, the pool and its victim choice), `device.rs` (the device lock
+//! a DDI holds, and the translation of device refusals); the DDIs themselves are here.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -35,7 +39,7 @@ use abi::port::{AdapterInfo, DeviceRefusal, EngineInfo};
 use abi::queue::{Access, FaultKind};
 use abi::slab::KeyMap;
 use abi::{ContextHandle, EngineId, HwQueueHandle, PowerState, ProcessId, QueueState, Time};
-use gpu::{FenceSignaled, FwQueueId, Gpu, Interrupt, QueueConfig, Vmid};
+use gpu::{FenceSignaled, FwQueueId, Gpu, Interrupt, QueueConfig, Vmid, cmd};
 use parking_lot::Mutex;
 use shm::{PoolConfig, Shm, ShmPool, Word};
 
@@ -43,98 +47,15 @@ use crate::ddi::{
     ConnectStep, DdiError, DisconnectCallback, GpuMapping, Kmd, Notification, QueueCreate, SignaledFences,
 };
 
-/// The device's interrupt line: the device's driver moves what the device raised onto it
-/// ([`InterruptLine::raise_from`]), and the KMD's ISR takes it off
-/// ([`Kmd::poll_notification`]) once it is delivered. On the live driver delivery is what it
-/// is (at once, as far as the line goes); the deterministic driver models it
-/// ([`InterruptLine::modelled`]): an interrupt reaches the ISR a fixed delivery time after the
-/// device raised it, at its modelled time, and not before the driver moved it.
-#[derive(Clone, Default)]
-pub struct InterruptLine {
-    /// Waiting interrupts, with the time each is delivered at, in delivery order (raise order
-    /// among equals).
-    waiting: Arc<Mutex<std::collections::VecDeque<(Time, Interrupt)>>>,
-    /// The modelled delivery time; `None`: deliver at once.
-    delivery: Option<Duration>,
-}
+mod device;
+mod doorbells;
+mod line;
 
-impl InterruptLine {
-    /// A line that delivers each interrupt `delivery` after the device raised it (the
-    /// deterministic driver's cost model).
-    pub fn modelled(delivery: Duration) -> InterruptLine {
-        InterruptLine { waiting: Default::default(), delivery: Some(delivery) }
-    }
-
-    /// Moves every interrupt `gpu` raised onto the line, the driver's clock reading `now`;
-    /// returns how many.
-    pub fn raise_from(&self, gpu: &mut Gpu, now: Time) -> usize {
-        // The common case, a pump with nothing raised, stays off the line's lock.
-        let Some(first) = gpu.poll_interrupt_at() else { return 0 };
-        let mut line = self.waiting.lock();
-        let mut n = 0;
-        for (raised, irq) in std::iter::once(first).chain(std::iter::from_fn(|| gpu.poll_interrupt_at())) {
-            let at = self.delivery.map_or(Time::ZERO, |d| raised.max(now).plus(d));
-            // After every interrupt delivered no later (the common case: at the back).
-            let k = line.iter().rposition(|&(t, _)| t <= at).map_or(0, |k| k + 1);
-            line.insert(k, (at, irq));
-            n += 1;
-        }
-        n
-    }
-
-    /// Whether the line models delivery time (an interrupt may wait on it after it was moved).
-    pub fn models_delivery(&self) -> bool {
-        self.delivery.is_some()
-    }
-
-    /// Whether an interrupt is delivered by `now`.
-    pub fn due(&self, now: Time) -> bool {
-        self.waiting.lock().front().is_some_and(|&(t, _)| t <= now)
-    }
-
-    /// When the next interrupt is delivered, if one waits.
-    pub fn next_delivery(&self) -> Option<Time> {
-        self.waiting.lock().front().map(|&(t, _)| t)
-    }
-
-    fn take(&self, now: Time) -> Option<Interrupt> {
-        let mut line = self.waiting.lock();
-        if line.front().is_some_and(|&(t, _)| t <= now) { line.pop_front().map(|(_, irq)| irq) } else { None }
-    }
-}
-
-/// Something that wakes the device's driver thread (the live firmware thread parks while
-/// every engine is in F1).
-pub trait DeviceWaker: Send + Sync {
-    /// Wakes it. Must not block.
-    fn wake(&self);
-}
-
-/// The device lock held for a DDI, with the attention register raised ([`VirtualKmd::device`]).
-/// Fields drop in order: the lock is released before the attention is lowered.
-struct Device<'a> {
-    gpu: parking_lot::MutexGuard<'a, Gpu>,
-    _attention: gpu::AttentionGuard<'a>,
-}
-
-/// [`VirtualKmd::device`], from the two fields (for callers holding another field mutably).
-fn lock_device<'a>(gpu: &'a Mutex<Gpu>, attention: &'a gpu::Attention) -> Device<'a> {
-    let attention = attention.raise();
-    Device { gpu: crate::spin::lock_soon(gpu), _attention: attention }
-}
-
-impl std::ops::Deref for Device<'_> {
-    type Target = Gpu;
-    fn deref(&self) -> &Gpu {
-        &self.gpu
-    }
-}
-
-impl std::ops::DerefMut for Device<'_> {
-    fn deref_mut(&mut self) -> &mut Gpu {
-        &mut self.gpu
-    }
-}
+pub(crate) use device::refused;
+use device::{Device, lock_device};
+use doorbells::Doorbells;
+pub use doorbells::VictimPolicy;
+pub use line::{DeviceWaker, InterruptLine};
 
 /// The KMD of doorbell's virtual GPU.
 pub struct VirtualKmd {
@@ -178,64 +99,6 @@ pub struct VirtualKmd {
     context_saves: ShmPool,
 }
 
-/// How the KMD hands out doorbells.
-enum Doorbells {
-    /// Dedicated: every queue index of a process's page is its own physical doorbell.
-    PerProcess,
-    /// Dedicated, virtualized over a limited pool.
-    Pool(DoorbellPool),
-    /// Global: one doorbell for every queue (spec 000: no victimization needed); each queue
-    /// rings its bit of its process's page.
-    Global,
-}
-
-/// The dedicated-doorbell model with a limited pool (spec 000 "Dedicated doorbells"): a few
-/// physical doorbells, each at offset 0 of its own BAR page (a CPU VA rotates a whole page),
-/// shared by every user-mode queue by victimizing one as the [`VictimPolicy`] says.
-struct DoorbellPool {
-    first_page: u32,
-    /// Its physical doorbells (index `j` is BAR page `first_page + j`), each held by a lease
-    /// that returns it when dropped.
-    free: crate::pool::Pool,
-    count: u32,
-    /// Connected owners and their doorbells, least recently connected first.
-    connected: std::collections::VecDeque<(HwQueueHandle, crate::pool::Lease)>,
-    policy: VictimPolicy,
-}
-
-/// Which connected doorbell the pooled model victimizes when a queue connects and every
-/// physical doorbell is taken (spec 000: "an older or least recently used hardware queue").
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum VictimPolicy {
-    /// The doorbell least recently used: connected or rung (as the firmware latched the
-    /// ring), whichever came later. A busy queue keeps its doorbell; an idle one is
-    /// victimized. The default.
-    #[default]
-    LeastRecentlyRung,
-    /// The doorbell connected longest ago, however often its queue rings it since.
-    LeastRecentlyConnected,
-}
-
-impl DoorbellPool {
-    /// The queue whose doorbell goes, by the pool's policy (`None`: none is connected). Every
-    /// bind takes a fresh step of the firmware's sequence, so last uses only tie at 0 (a
-    /// doorbell the device reports unbound); ties go to the least recently connected
-    /// (`min_by_key` keeps the first minimum).
-    fn victim(&self, gpu: &Gpu, fw: &KeyMap<HwQueueHandle, FwQueueId>) -> Option<HwQueueHandle> {
-        let mut owners = self.connected.iter().map(|(q, _)| *q);
-        match self.policy {
-            VictimPolicy::LeastRecentlyConnected => owners.next(),
-            VictimPolicy::LeastRecentlyRung => owners.min_by_key(|q| {
-                match fw.get(q).and_then(|&id| gpu.doorbell_of(id).ok().flatten()) {
-                    Some(gpu::BoundDoorbell::Word { last_used, .. }) => last_used,
-                    // Not bound as far as the device knows: the best victim there is.
-                    _ => 0,
-                }
-            }),
-        }
-    }
-}
-
 impl VirtualKmd {
     /// A KMD driving `gpu`, whose interrupts arrive on `line`; `waker` is called when an
     /// engine returns to F0.
@@ -274,32 +137,6 @@ impl VirtualKmd {
         }
     }
 
-    /// Virtualizes user-mode doorbells over a pool of `count` physical doorbells, kept in the
-    /// last BAR pages. A device with a global doorbell has nothing to
-    /// virtualize (spec 000: "This mechanism isn't required if a GPU uses global doorbells"),
-    /// so there this does nothing and returns `false`. When the pool is full, a connect
-    /// victimizes a connected doorbell as `policy` says.
-    pub fn set_doorbell_pool(&mut self, count: u32, policy: VictimPolicy) -> bool {
-        if let Doorbells::Global = self.doorbells {
-            return false;
-        }
-        let top = self.device().doorbell_count() / abi::doorbell::DOORBELLS_PER_PAGE;
-        // Keep page 0 (kernel queues) and at least one process page.
-        let count = count.clamp(1, top.saturating_sub(2).max(1));
-        self.doorbells = Doorbells::Pool(DoorbellPool {
-            first_page: top - count,
-            free: crate::pool::Pool::new("pooled physical doorbells", 0..count, None),
-            count,
-            connected: Default::default(),
-            policy,
-        });
-        true
-    }
-
-    fn connected(&self, page: u32) -> ConnectStep {
-        ConnectStep { page_offset: page as u64 * abi::doorbell::DOORBELL_PAGE_BYTES, notify: self.notify_on_submit }
-    }
-
     /// The device lock, for a DDI. The attention register is raised first
     /// ([`gpu::Attention`]): the firmware thread ends its turn at its next safe point and
     /// keeps off the lock until the guard drops, so a DDI waits for a check (microseconds),
@@ -329,14 +166,14 @@ impl VirtualKmd {
         backing: (Arc<Shm>, u64),
         writable: bool,
     ) -> Result<GpuMapping, gpu::GpuError> {
-        self.device().vm_mut(vmid).and_then(|mut vm| vm.map(va, bytes, backing.0, backing.1, writable))?;
+        let (memory, offset) = backing;
+        self.device().command(cmd::Map { vmid, va, bytes, memory, offset, writable })?;
         let (gpu, live) = (self.gpu.clone(), self.mappings.clone());
         // Relaxed: a statistic; the mapping itself is ordered by the device lock.
         live.fetch_add(1, Ordering::Relaxed);
         Ok(GpuMapping::new(va, move || {
-            if let Ok(mut vm) = gpu.lock().vm_mut(vmid) {
-                vm.unmap(va);
-            }
+            // (An address space already gone took the mapping with it.)
+            let _ = gpu.lock().command(cmd::Unmap { vmid, va });
             live.fetch_sub(1, Ordering::Relaxed);
         }))
     }
@@ -353,22 +190,6 @@ impl VirtualKmd {
 
     fn vmid(&self, p: ProcessId) -> Result<Vmid, DdiError> {
         self.vms.get(&p).copied().ok_or(DdiError::UnknownAddressSpace(p))
-    }
-
-    /// Unbinds `q`'s physical doorbell and frees its pool doorbell, if it holds one.
-    fn unbind(&mut self, q: HwQueueHandle) -> Result<(), DdiError> {
-        let fw = self.fw(q)?;
-        self.device().unbind_doorbell(fw).map_err(refused("queue", q))?;
-        self.release_pool_doorbell(q);
-        Ok(())
-    }
-
-    /// Frees `q`'s pool doorbell, if it holds one.
-    fn release_pool_doorbell(&mut self, q: HwQueueHandle) {
-        if let Doorbells::Pool(pool) = &mut self.doorbells {
-            // Dropping its lease returns the doorbell.
-            pool.connected.retain(|(x, _)| *x != q);
-        }
     }
 
     /// Which submission models the device offers (amdgpu's `user_queue` parameter).
@@ -410,37 +231,6 @@ impl VirtualKmd {
     /// `NotifyWorkSubmission` after each ring (spec: for "specific and infrequent scenarios").
     pub fn set_notify_on_submit(&mut self, on: bool) {
         self.notify_on_submit = on;
-    }
-}
-
-/// A device refusal, reported against the argument that caused it and translated into the
-/// kernel's terms ([`DeviceRefusal`]): no `gpu` type crosses the DDI boundary.
-pub(crate) fn refused(field: &'static str, value: impl ToString) -> impl FnOnce(gpu::GpuError) -> DdiError {
-    use DeviceRefusal as R;
-    use gpu::GpuError as G;
-    move |e| {
-        let reason = match e {
-            G::StaleQueue(_) => R::UnknownQueue,
-            G::BadVmid(_) => R::NoAddressSpace,
-            G::BadEngine(n) => R::NoSuchEngine(n),
-            G::Overlap { va, bytes } => R::MappingOverlap { va, bytes },
-            G::BadMapping { va, bytes, why } => R::BadMapping { va, bytes, why },
-            G::QueueMemory(fault) => R::QueueMemory(fault),
-            G::BadStartPointer { wptr } => R::BadStartPointer { wptr },
-            // (The OS sized or checked the area first: not reached.)
-            G::SaveAreaTooSmall { .. } => {
-                R::QueueMemory(abi::queue::FaultKind::BadSaveArea { why: "smaller than a queue needs" })
-            }
-            G::NoGlobalDoorbellBit { bit, bits } => R::NoGlobalDoorbellBit { bit, bits },
-            G::TooManyEngines { engines, max } => R::TooManyEngines { engines, max },
-            G::NoGlobalDoorbell { model } => R::NoGlobalDoorbell { model },
-            G::BadDoorbell { index, count } => R::BadDoorbell { index, count },
-            G::Shm(e) => return DdiError::Shm(e),
-            G::NotHeld(_) => R::NotHeld,
-            G::BadTakeBack { wptr, floor, accepted, .. } => R::BadTakeBack { wptr, floor, accepted },
-            G::Hardware(e) => R::Hardware(e.to_string()),
-        };
-        DdiError::Refused { field, value: value.to_string(), reason }
     }
 }
 
@@ -496,14 +286,14 @@ impl Kmd for VirtualKmd {
     }
 
     fn create_address_space(&mut self, process: ProcessId) -> Result<(), DdiError> {
-        let vmid = self.device().create_vm();
+        let vmid = self.device().command(cmd::CreateVm {}).map_err(refused("process", process))?;
         self.vms.insert(process, vmid);
         Ok(())
     }
 
     fn destroy_address_space(&mut self, process: ProcessId) -> Result<(), DdiError> {
         let vmid = self.vms.remove(&process).ok_or(DdiError::UnknownAddressSpace(process))?;
-        self.device().destroy_vm(vmid).map_err(refused("process", process))
+        self.device().command(cmd::DestroyVm { vmid }).map_err(refused("process", process))
     }
 
     fn map_gpu(
@@ -549,7 +339,10 @@ impl Kmd for VirtualKmd {
             priority: desc.priority,
         };
         let ring = desc.ring_va;
-        let fw = self.device().add_queue(cfg).map_err(refused("queue memory", format!("ring at {ring:#x}")))?;
+        let fw = self
+            .device()
+            .command(cmd::AddQueue { config: cfg })
+            .map_err(refused("queue memory", format!("ring at {ring:#x}")))?;
         self.queues.insert(queue, fw);
         self.by_fw.insert(fw, queue);
         Ok(())
@@ -561,7 +354,7 @@ impl Kmd for VirtualKmd {
         self.kernel_doorbells.remove(&queue);
         self.queues.remove(&queue);
         self.by_fw.remove(&fw);
-        self.device().remove_queue(fw).map(|_| ()).map_err(refused("queue", queue))
+        self.device().command(cmd::RemoveQueue { queue: fw }).map(|_| ()).map_err(refused("queue", queue))
     }
 
     fn connect_doorbell(
@@ -571,65 +364,14 @@ impl Kmd for VirtualKmd {
         index: u32,
         callback: &mut dyn DisconnectCallback,
     ) -> Result<ConnectStep, DdiError> {
-        let fw = self.fw(queue)?;
-        let per_page = abi::doorbell::DOORBELLS_PER_PAGE;
-        let page = match &mut self.doorbells {
-            Doorbells::Global => {
-                // Every queue shares the one doorbell: nothing to victimize.
-                lock_device(&self.gpu, &self.attention)
-                    .bind_global_doorbell(fw, process_page, index)
-                    .map_err(refused("doorbell index", index))?;
-                process_page
-            }
-            Doorbells::PerProcess => {
-                let bar_index = process_page * per_page + index;
-                lock_device(&self.gpu, &self.attention)
-                    .bind_doorbell(fw, bar_index)
-                    .map_err(refused("doorbell BAR index", bar_index))?;
-                process_page
-            }
-            Doorbells::Pool(pool) => {
-                let lease = match pool.free.take() {
-                    Ok(lease) => lease,
-                    Err(e) => {
-                        // Victimize a doorbell as the policy says: the OS's callback first
-                        // (the victim's CPU VA to the dummy page, DisconnectedRetry), then the
-                        // physical disconnect, whose wptr re-read loses nothing.
-                        let victim = pool.victim(&lock_device(&self.gpu, &self.attention), &self.queues);
-                        let victim = victim.ok_or_else(|| DdiError::Refused {
-                            field: "doorbell pool",
-                            value: e.to_string(),
-                            reason: DeviceRefusal::NoDoorbellToVictimize,
-                        })?;
-                        callback.disconnect_doorbell(victim)?;
-                        self.unbind(victim)?;
-                        callback.victim_unbound(victim);
-                        let Doorbells::Pool(pool) = &self.doorbells else { unreachable!("still a pool") };
-                        pool.free.take().map_err(|e| DdiError::Refused {
-                            field: "doorbell pool",
-                            value: e.to_string(),
-                            reason: DeviceRefusal::VictimKeptDoorbell,
-                        })?
-                    }
-                };
-                let Doorbells::Pool(pool) = &mut self.doorbells else { unreachable!("still a pool") };
-                let page = pool.first_page + lease.index();
-                let bar_index = page * per_page;
-                lock_device(&self.gpu, &self.attention)
-                    .bind_doorbell(fw, bar_index)
-                    .map_err(refused("doorbell BAR index", bar_index))?;
-                pool.connected.push_back((queue, lease));
-                page
-            }
-        };
-        Ok(self.connected(page))
+        self.connect_user_doorbell(queue, process_page, index, callback)
     }
 
     fn connect_kernel_doorbell(&mut self, queue: HwQueueHandle, index: u32) -> Result<(), DdiError> {
         let fw = self.fw(queue)?;
         let mut g = self.device();
         let word = Word::new(g.bar(), index as u64 * abi::doorbell::DOORBELL_BYTES)?;
-        g.bind_doorbell(fw, index).map_err(refused("kernel doorbell", index))?;
+        g.command(cmd::BindDoorbell { queue: fw, index }).map_err(refused("kernel doorbell", index))?;
         drop(g);
         self.kernel_doorbells.insert(queue, word);
         Ok(())
@@ -661,11 +403,12 @@ impl Kmd for VirtualKmd {
     }
 
     fn watch_aggregated_page(&mut self, page: u32) -> Result<(), DdiError> {
-        self.device().watch_aggregated_doorbell(page).map_err(refused("aggregated doorbell page", page))
+        self.device().command(cmd::WatchAggregatedDoorbell { page }).map_err(refused("aggregated doorbell page", page))
     }
 
     fn unwatch_aggregated_page(&mut self, page: u32) {
-        self.device().unwatch_aggregated_doorbell(page);
+        // (Unwatching refuses nothing.)
+        let _ = self.device().command(cmd::UnwatchAggregatedDoorbell { page });
     }
 
     fn reserved_doorbell_pages(&self) -> std::ops::Range<u32> {
@@ -688,19 +431,19 @@ impl Kmd for VirtualKmd {
 
     fn update_monitored(&mut self, queue: HwQueueHandle, value: u64) -> Result<(), DdiError> {
         let fw = self.fw(queue)?;
-        self.device().set_monitored(fw, value).map_err(refused("queue", queue))
+        self.device().command(cmd::SetMonitored { queue: fw, value }).map_err(refused("queue", queue))
     }
 
     fn set_power(&mut self, engine: EngineId, state: PowerState, now: Time) -> Result<PowerState, DdiError> {
         let mut g = self.device();
         match state {
             PowerState::F0 => {
-                g.request_f0(engine, now).map_err(refused("engine", engine))?;
+                g.command(cmd::RequestF0 { engine, now }).map_err(refused("engine", engine))?;
                 drop(g);
                 self.waker.wake();
                 Ok(PowerState::F0)
             }
-            PowerState::F1 => match g.enter_f1(engine, now).map_err(refused("engine", engine))? {
+            PowerState::F1 => match g.command(cmd::EnterF1 { engine, now }).map_err(refused("engine", engine))? {
                 true => Ok(PowerState::F1),
                 false => Ok(PowerState::F0),
             },
@@ -713,7 +456,9 @@ impl Kmd for VirtualKmd {
         let waits = if self.native_fences { gpu::FenceWaits::Park } else { gpu::FenceWaits::Poll };
         // Checked here, once: `update_current_value` stores through it.
         Word::new(&current.0, current.1)?;
-        self.device().register_native_fence((&current.0, current.1), monitored.clone(), id, waits);
+        let register = cmd::RegisterFence { id, current: current.clone(), monitored: monitored.clone(), waits };
+        // (Registering refuses nothing.)
+        let _ = self.device().command(register);
         self.fences.insert(id, current);
         self.monitored.insert(id, monitored);
         Ok(())
@@ -723,7 +468,7 @@ impl Kmd for VirtualKmd {
         self.monitored.remove(&id);
         self.system_vas.remove(&id);
         if let Some((shm, offset)) = self.fences.remove(&id) {
-            self.device().unregister_native_fence((&shm, offset));
+            let _ = self.device().command(cmd::UnregisterFence { current: (shm, offset) });
         }
     }
 
@@ -742,7 +487,7 @@ impl Kmd for VirtualKmd {
 
     fn notify_current_values(&mut self) {
         // The firmware re-checks the queues parked on fence WAITs; wake its thread to do it.
-        self.device().notify_fences();
+        let _ = self.device().command(cmd::NotifyFences {});
         self.waker.wake();
     }
 
@@ -756,7 +501,7 @@ impl Kmd for VirtualKmd {
         let mut g = self.device();
         let mut out = Vec::with_capacity(queues.len());
         for (fw, &queue) in fws.into_iter().zip(queues) {
-            let s = g.suspend_queue(fw, now).map_err(refused("queue", queue))?;
+            let s = g.command(cmd::SuspendQueue { queue: fw, now }).map_err(refused("queue", queue))?;
             out.push(crate::ddi::Suspended { queue, ticket: s.ticket, answered: s.answered });
         }
         drop(g);
@@ -769,7 +514,7 @@ impl Kmd for VirtualKmd {
         let fws = queues.iter().map(|&q| self.fw(q)).collect::<Result<Vec<_>, _>>()?;
         let mut g = self.device();
         for (fw, q) in fws.into_iter().zip(queues) {
-            g.resume_queue(fw).map_err(refused("queue", q))?;
+            g.command(cmd::ResumeQueue { queue: fw }).map_err(refused("queue", q))?;
         }
         drop(g);
         self.waker.wake();
@@ -839,7 +584,8 @@ impl Kmd for VirtualKmd {
         let mut g = self.device();
         // The device's clock when the request reaches it (after the lock hand-over).
         let arrived = self.clock.as_ref().map_or(now, |c| c());
-        let ticket = g.request_preempt(fw, now, arrived).map_err(refused("queue", &queue))?;
+        let request = cmd::RequestPreempt { queue: fw, requested_at: now, now: arrived };
+        let ticket = g.command(request).map_err(refused("queue", &queue))?;
         drop(g);
         // A sleeping firmware thread must see the request (and raise its answer).
         self.waker.wake();
@@ -849,7 +595,7 @@ impl Kmd for VirtualKmd {
     fn reset_engine(&mut self, engine: EngineId, now: Time) -> Result<crate::ddi::EngineResetOutcome, DdiError> {
         let started = self.device_now(now);
         let mut g = self.device();
-        let r = g.reset_engine(engine, now).map_err(refused("engine", &engine))?;
+        let r = g.command(cmd::ResetEngine { engine, now }).map_err(refused("engine", &engine))?;
         let h = |fw: &FwQueueId| self.by_fw.get(fw).copied();
         // The last fence ID each guilty queue's reset aborted: the last progress value the
         // engine accepted from it.
@@ -869,7 +615,8 @@ impl Kmd for VirtualKmd {
     ) -> Result<crate::ddi::QueueResetOutcome, DdiError> {
         let fw = self.fw(queue)?;
         let started = self.device_now(now);
-        let aborted = self.device().reset_queue(fw, why, now).map_err(refused("queue", &queue))?;
+        let aborted =
+            self.device().command(cmd::ResetQueue { queue: fw, why, now }).map_err(refused("queue", &queue))?;
         self.waker.wake();
         Ok(crate::ddi::QueueResetOutcome { aborted, took: self.device_now(now).since(started) })
     }
@@ -886,18 +633,15 @@ impl Kmd for VirtualKmd {
         // put back (no engine runs the process meanwhile), and no translation outlives it (the
         // engines cache none across turns), which is the TLB invalidation.
         let vmid = self.vmid(process)?;
-        let mut g = self.device();
-        let mut vm = g.vm_mut(vmid).map_err(refused("process", process))?;
-        let m = vm.unmap(va).ok_or(DdiError::Refused {
-            field: "va",
-            value: format!("{va:#x}"),
-            reason: DeviceRefusal::BadMapping { va, bytes: 0, why: "nothing is mapped there" },
-        })?;
-        vm.map(m.va, m.bytes, m.shm, m.offset, m.writable).map_err(refused("va", format!("{va:#x}")))
+        self.device().command(cmd::Remap { vmid, va }).map_err(|e| match e {
+            gpu::GpuError::BadVmid(_) => refused("process", process)(e),
+            e => refused("va", format!("{va:#x}"))(e),
+        })
     }
 
     fn reset_from_timeout(&mut self, now: Time) -> Result<Vec<HwQueueHandle>, DdiError> {
-        let lost = self.device().reset_adapter(now);
+        // (An adapter reset refuses nothing.)
+        let lost = self.device().command(cmd::ResetAdapter { now }).unwrap_or_default();
         Ok(lost.iter().filter_map(|fw| self.by_fw.get(fw).copied()).collect())
     }
 
@@ -913,7 +657,7 @@ impl Kmd for VirtualKmd {
 
     fn take_back(&mut self, queue: HwQueueHandle, wptr: u64, now: Time) -> Result<(), DdiError> {
         let fw = self.fw(queue)?;
-        self.device().take_back(fw, wptr, now).map_err(refused("wptr", format!("{wptr:#x}")))?;
+        self.device().command(cmd::TakeBack { queue: fw, wptr, now }).map_err(refused("wptr", format!("{wptr:#x}")))?;
         // The kernel doorbell holds the last wptr rung: the next ring must differ from it.
         if let Some(word) = self.kernel_doorbells.get(&queue) {
             // Release: ordered after the firmware's new wptr, as any ring.
@@ -942,7 +686,7 @@ impl Kmd for VirtualKmd {
     ) -> Result<(), DdiError> {
         let fw = self.fw(queue)?;
         let index = kind as usize;
-        if self.device().set_fence_log(fw, index, log).map_err(refused("queue", queue))? {
+        if self.device().command(cmd::SetFenceLog { queue: fw, index, log }).map_err(refused("queue", queue))? {
             Ok(())
         } else {
             Err(DdiError::Refused {
