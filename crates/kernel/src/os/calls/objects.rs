@@ -9,13 +9,8 @@
 //!
 //! # Memory
 //!
-//! A process's memory comes from three pools of memfd arenas ([`ProcessMemory`], built on
-//! [`shm::ShmPool`]): its allocations, the kernel pages it may read (queue kernel pages,
-//! fence CurrentValue pages), and the pages it must not see (fence logs, MonitoredValue
-//! pages, kernel-mode rings). An allocation is a page range of an arena, not a memfd of its
-//! own, so a queue costs no descriptor and the client's view of an allocation is a window
-//! onto the arena's one mapping. Arenas are never shared between processes or between
-//! classes, because a descriptor reaches its whole file. Freeing follows the residency rule:
+//! A process's memory is its [`ProcessMemory`]: pools of memfd arenas by protection class
+//! (the records' module, `process.rs`, says why). Freeing follows the residency rule:
 //! `free` is refused while a queue or doorbell references the allocation; once it succeeds
 //! the GPU mapping is gone, and the pages return to the arena, zeroed, when the last CPU
 //! view the client still holds drops (until then nothing else can be given them).
