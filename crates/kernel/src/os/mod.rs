@@ -42,8 +42,9 @@
 //! (amdgpu's hang timer), `migrate` and `userq` (`USERQ_SIGNAL`, `USERQ_WAIT`).
 //!
 //! Imports go one way: `calls/` imports the owners and this module; an owner imports
-//! `shared`, `process`, `timers` and `waits` (and `power::wake_engine`), never [`Os`]; the
-//! records import nothing of the OS.
+//! `shared`, `process`, `timers` and `waits` (`fence_waits` and `fence_logs` also `fences`,
+//! `doorbells` also `power::wake_engine`), never [`Os`] or `calls/`; the records import only
+//! `waits`.
 //!
 //! Lock order, for the drivers: the OS lock, then the device lock (inside the KMD). The
 //! device's driver thread never holds the device lock while it calls into the OS.
