@@ -1,7 +1,10 @@
 //! Preemption requests, timeout detection and recovery (TDR), and device lost (spec 003; spec
-//! 000's device-lost paragraph).
+//! 000's device-lost paragraph): the state is [`Recovery`]'s (the requests in flight, the
+//! settings, the recovery count and the adapter's fate); the sequences are the OS's — a TDR
+//! reads top to bottom in `calls/tdr.rs`, the hang timer in `calls/hang.rs`, requests and
+//! answers in `calls/preempt.rs`.
 //!
-//! **Preemption.** [`Os::preempt_queue`] asks the KMD to take a queue off its slot
+//! **Preemption.** [`super::Os::preempt_queue`] asks the KMD to take a queue off its slot
 //! (`DxgkDdiPreemptCommand`); the engine answers with a `Preempted` interrupt once the queue
 //! stopped at a point its granularity allows, state saved. The OS keeps every request it has
 //! not heard back from, with the time it asked.
@@ -70,22 +73,22 @@
 //! timeout is the longest a command buffer may run. On a device that reports no run time
 //! (`queue_run_time` is `None`), only the TDR path remains.
 //!
-//! **Device lost** ([`Os::device_lost`]): the device's fences become AlwaysSignaled and their
+//! **Device lost** ([`super::Os::device_lost`]): the device's fences become AlwaysSignaled and their
 //! CPU waits fail with `DeviceLost`; each of its queues is stopped (its context suspended, and
 //! a queue that does not stop at once, inside work its engine cannot preempt, reset through
-//! the firmware; a reset that fails resets the adapter) and hung, its progress waits fail with `DeviceLost`, and its doorbell is disconnected with
-//! `DisconnectedAbort`, which tells the UMD to destroy and recreate queue, doorbell and ring.
+//! the firmware; a reset that fails resets the adapter) and hung, its progress waits fail with
+//! `DeviceLost`, and its doorbell is disconnected with `DisconnectedAbort`, which tells the UMD
+//! to destroy and recreate queue, doorbell and ring.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
 use abi::port::KernelError;
-use abi::queue::{FaultKind, FaultRecord};
-use abi::{DeviceHandle, DoorbellStatus, EngineId, HwQueueHandle, ProcessId, Time};
+use abi::{EngineId, HwQueueHandle, ProcessId, Time};
 
-use super::{Os, QueueLife, WaitStart, invalid};
-use crate::ddi::{DdiKind, Kmd};
-use crate::trace::Event;
+use super::shared::{Shared, invalid};
+use super::timers::{Timer, TimerTable};
+use super::waits::WaitId;
 
 /// Timeout detection and recovery settings (Windows' `TdrDelay`, `TdrLimitCount`,
 /// `TdrLimitTime` registry values).
@@ -141,7 +144,7 @@ impl TdrConfig {
 
     /// The hang timeout of a queue on an engine of `kind`: `hang_copy` on copy and video
     /// engines, `hang_compute` otherwise.
-    fn hang_timeout(&self, kind: Option<abi::EngineKind>) -> Option<Duration> {
+    pub(super) fn hang_timeout(&self, kind: Option<abi::EngineKind>) -> Option<Duration> {
         match kind {
             Some(abi::EngineKind::Copy | abi::EngineKind::Video) => self.hang_copy,
             _ => self.hang_compute,
@@ -174,23 +177,23 @@ impl TdrConfig {
     }
 }
 
-/// How many answers [`Os::preempt_answer`] remembers.
+/// How many answers [`super::Os::preempt_answer`] remembers.
 const ANSWERS_KEPT: usize = 4096;
 
 /// A preemption request the OS has not heard back from.
 #[derive(Clone, Copy, Debug)]
-struct Pending {
-    queue: HwQueueHandle,
-    engine: EngineId,
-    at: Time,
+pub(super) struct Pending {
+    pub(super) queue: HwQueueHandle,
+    pub(super) engine: EngineId,
+    pub(super) at: Time,
     /// Why it was asked for.
-    cause: Cause,
+    pub(super) cause: Cause,
 }
 
 /// Why the OS asked for a preemption.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Cause {
-    /// A caller of [`Os::preempt_queue`]: the queue stays off the run list until resumed; no
+pub(super) enum Cause {
+    /// A caller of [`super::Os::preempt_queue`]: the queue stays off the run list until resumed; no
     /// answer in time means an engine reset.
     Request,
     /// The hang timer's check: no answer in time means a per-queue reset
@@ -206,30 +209,12 @@ enum Cause {
     Suspend,
 }
 
-/// What the hang timer knows of a queue with work outstanding (module docs): its completed
-/// progress value, since when it has not moved (the wall window, restarted by each check the
-/// queue answered), and how long the queue had run when the value was first seen (the
-/// running window's start, kept until the value moves).
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Stall {
-    value: u64,
-    since: Time,
-    /// [`Kmd::queue_run_time`] when `value` was first seen (`None`: the device does not say).
-    ran_at: Option<Duration>,
-}
-
-impl Stall {
-    /// How long the queue has run since its progress value last moved, given its run time
-    /// now.
-    fn ran(&self, run: Option<Duration>) -> Option<Duration> {
-        Some(run?.saturating_sub(self.ran_at?))
-    }
-}
-
-/// The OS's recovery state.
+/// The OS's recovery state: the preemption requests in flight (which set [`Timer::Tdr`]),
+/// the TDR settings, the recoveries counted against the limit, the answers heard, and
+/// whether the adapter is lost for good.
 #[derive(Default)]
-pub(crate) struct Recovery {
-    pub(crate) cfg: TdrConfig,
+pub(super) struct Recovery {
+    pub(super) cfg: TdrConfig,
     /// Requests not answered yet, by ticket.
     pending: BTreeMap<u64, Pending>,
     /// When recent recoveries happened (within `limit_time`).
@@ -237,25 +222,151 @@ pub(crate) struct Recovery {
     /// Set once the recovery limit was exceeded: the adapter is lost for good.
     fatal: Option<KernelError>,
     /// Answers heard.
-    pub(crate) answered: u64,
+    answered: u64,
     /// The latest answers: (ticket, latency in ns), at most [`ANSWERS_KEPT`].
     answers: VecDeque<(u64, u64)>,
     /// Recoveries done.
-    pub(crate) recoveries: u64,
+    recoveries: u64,
     /// Adapter resets so far (a queue created before the last one reports VRAM lost).
-    pub(crate) adapter_resets: u64,
-    /// When the hang timer next scans the queues (`None`: no queue to watch, or off).
-    hang_scan_at: Option<Time>,
+    pub(super) adapter_resets: u64,
     /// Teardowns waiting for every answer their process's queues owe
-    /// ([`Os::begin_preemption_wait`]).
-    pub(super) settling: Vec<(ProcessId, super::WaitId)>,
+    /// ([`super::Os::begin_preemption_wait`]).
+    settling: Vec<(ProcessId, WaitId)>,
 }
 
 impl Recovery {
-    /// When the oldest unanswered request times out.
-    pub(crate) fn poll_timeout(&self) -> Option<Time> {
-        let tdr = self.pending.values().map(|p| p.at).min().map(|t| t.plus(self.cfg.delay));
-        [tdr, self.hang_scan_at].into_iter().flatten().min()
+    /// Takes new settings: the hang timer's scans stop until a queue is created, and the
+    /// requests in flight time out after the new `TdrDelay`.
+    pub(super) fn set_cfg(&mut self, cfg: TdrConfig, timers: &mut TimerTable) {
+        self.cfg = cfg;
+        timers.set(Timer::HangScan, None);
+        self.rearm(timers);
+    }
+
+    /// `Ok` unless the adapter is lost for good.
+    pub(super) fn adapter_alive(&self) -> Result<(), KernelError> {
+        self.fatal.clone().map_or(Ok(()), Err)
+    }
+
+    /// [`Timer::Tdr`]: `TdrDelay` after the oldest request in flight.
+    fn rearm(&self, timers: &mut TimerTable) {
+        let oldest = self.pending.values().map(|p| p.at).min();
+        timers.set(Timer::Tdr, oldest.map(|t| t.plus(self.cfg.delay)));
+    }
+
+    /// Request `ticket` is in flight.
+    pub(super) fn insert(&mut self, ticket: u64, p: Pending, timers: &mut TimerTable) {
+        self.pending.insert(ticket, p);
+        self.rearm(timers);
+    }
+
+    /// Request `ticket`, answered: no longer in flight.
+    pub(super) fn take(&mut self, ticket: u64, timers: &mut TimerTable) -> Option<Pending> {
+        let p = self.pending.remove(&ticket);
+        self.rearm(timers);
+        p
+    }
+
+    /// Forgets every request of queue `q` (recovered, resumed or gone): no answer is awaited.
+    pub(super) fn forget_queue(&mut self, q: HwQueueHandle, timers: &mut TimerTable) {
+        self.forget(|p| p.queue == q, timers);
+    }
+
+    /// Forgets every request that `gone` says waits for nothing.
+    pub(super) fn forget(&mut self, gone: impl Fn(&Pending) -> bool, timers: &mut TimerTable) {
+        self.pending.retain(|_, p| !gone(p));
+        self.rearm(timers);
+    }
+
+    /// Whether queue `q` owes an answer.
+    pub(super) fn owes(&self, q: HwQueueHandle) -> bool {
+        self.pending.values().any(|p| p.queue == q)
+    }
+
+    /// The request queue `q` owes an answer to, if any.
+    pub(super) fn request_of(&self, q: HwQueueHandle) -> Option<&Pending> {
+        self.pending.values().find(|p| p.queue == q)
+    }
+
+    /// The queues that owe an answer.
+    pub(super) fn owing(&self) -> Vec<HwQueueHandle> {
+        self.pending.values().map(|p| p.queue).collect()
+    }
+
+    /// The requests unanswered for `TdrDelay` at `now`.
+    pub(super) fn overdue(&self, now: Time) -> Vec<Pending> {
+        let delay = self.cfg.delay;
+        self.pending.values().filter(|p| now >= p.at.plus(delay)).copied().collect()
+    }
+
+    /// Records an answer heard, with its latency: the last [`ANSWERS_KEPT`] are kept.
+    pub(super) fn record_answer(&mut self, ticket: u64, latency_ns: u64) {
+        self.answered += 1;
+        if self.answers.len() == ANSWERS_KEPT {
+            self.answers.pop_front();
+        }
+        self.answers.push_back((ticket, latency_ns));
+    }
+
+    /// The answer to request `ticket`, if it is among the latest kept: its latency (ns).
+    pub(super) fn answer(&self, ticket: u64) -> Option<u64> {
+        self.answers.iter().rev().find(|a| a.0 == ticket).map(|a| a.1)
+    }
+
+    /// Counts a recovery at `now`: how many fall within `TdrLimitTime`, this one included.
+    pub(super) fn count(&mut self, now: Time) -> u32 {
+        let window = self.cfg.limit_time;
+        self.recoveries += 1;
+        self.recent.push_back(now);
+        while self.recent.front().is_some_and(|&t| now.since(t) >= window) {
+            self.recent.pop_front();
+        }
+        self.recent.len() as u32
+    }
+
+    /// Past the limit, once: the adapter is lost for good, and every request is forgotten.
+    /// Returns whether this recovery made it fatal.
+    pub(super) fn check_limit(&mut self, count: u32, timers: &mut TimerTable) -> bool {
+        if count <= self.cfg.limit_count || self.fatal.is_some() {
+            return false;
+        }
+        let window_ms = self.cfg.limit_time.as_millis() as u64;
+        self.fatal = Some(KernelError::AdapterLost { recoveries: count, window_ms });
+        self.forget(|_| true, timers);
+        true
+    }
+
+    /// A teardown of `pid` waits (`id`) for every answer its queues owe.
+    pub(super) fn settle_later(&mut self, pid: ProcessId, id: WaitId) {
+        self.settling.push((pid, id));
+    }
+
+    /// The teardown wait `id` ended.
+    pub(super) fn stop_settling(&mut self, id: WaitId) {
+        self.settling.retain(|&(_, w)| w != id);
+    }
+
+    /// Process `pid` ended: its teardown waits went with it.
+    pub(super) fn forget_process(&mut self, pid: ProcessId) {
+        self.settling.retain(|&(owner, _)| owner != pid);
+    }
+
+    /// Whether some request of `pid`'s queues is still owed an answer.
+    pub(super) fn owes_for(&self, pid: ProcessId) -> bool {
+        self.pending.values().any(|p| p.queue.owner() == pid)
+    }
+
+    /// Decides the teardown waits whose process owes no answer any more.
+    pub(super) fn settle_waits(&mut self, cx: &mut Shared) {
+        if self.settling.is_empty() {
+            return;
+        }
+        let settled: Vec<WaitId> =
+            self.settling.iter().filter(|&&(pid, _)| !self.owes_for(pid)).map(|&(_, w)| w).collect();
+        self.settling.retain(|(_, w)| !settled.contains(w));
+        for w in settled {
+            cx.complete_wait(w, Ok(0));
+        }
     }
 
     /// How often the hang timer scans: a quarter of its shortest timeout, so a hang is noticed
@@ -265,573 +376,15 @@ impl Recovery {
     }
 
     /// Starts the hang timer's scans if they are not running (a queue was created).
-    pub(crate) fn arm_hang_scan(&mut self, now: Time) {
-        if self.hang_scan_at.is_none() {
-            self.hang_scan_at = self.hang_period().map(|p| now.plus(p));
-        }
-    }
-}
-
-impl Os {
-    /// Sets the TDR settings (refused with a typed error naming the field if out of range).
-    pub fn set_tdr(&mut self, cfg: TdrConfig) -> Result<(), KernelError> {
-        cfg.validate()?;
-        self.recovery.cfg = cfg;
-        self.recovery.hang_scan_at = None;
-        Ok(())
-    }
-
-    /// `Ok` unless the adapter is lost for good.
-    pub(crate) fn adapter_alive(&self) -> Result<(), KernelError> {
-        self.recovery.fatal.clone().map_or(Ok(()), Err)
-    }
-
-    /// Asks the engine to preempt queue `q` (see the module docs): it leaves its slot at the
-    /// next point the granularity allows and stays off the run list until
-    /// [`Os::resume_queue`]. Returns the request's ticket. If no answer comes within
-    /// `TdrDelay`, recovery starts.
-    pub fn preempt_queue(&mut self, pid: ProcessId, q: HwQueueHandle, now: Time) -> Result<u64, KernelError> {
-        self.at(now);
-        self.adapter_alive()?;
-        let qo = self.queue(pid, q)?;
-        qo.live(q)?;
-        let engine = qo.engine;
-        let ticket = self.request_preemption(q, engine, Cause::Request, now)?;
-        self.queue(pid, q)?.held = true;
-        Ok(ticket)
-    }
-
-    fn request_preemption(
-        &mut self,
-        q: HwQueueHandle,
-        engine: EngineId,
-        cause: Cause,
-        now: Time,
-    ) -> Result<u64, KernelError> {
-        match self.ddi.preempt_queue(q, now) {
-            Ok(ticket) => {
-                self.recovery.pending.insert(ticket, Pending { queue: q, engine, at: now, cause });
-                Ok(ticket)
-            }
-            Err(e) => {
-                // A request the KMD could not even make: the engine cannot be trusted to answer.
-                self.recover(engine, q, now);
-                self.settle_preemption_waits();
-                Err(e.into())
-            }
+    pub(super) fn arm_hang_scan(&self, now: Time, timers: &mut TimerTable) {
+        if timers.get(Timer::HangScan).is_none() {
+            timers.set(Timer::HangScan, self.hang_period().map(|p| now.plus(p)));
         }
     }
 
-    /// Takes the preemptions a context suspend made ([`Kmd::suspend_context`]) as requests:
-    /// one answered at once is an answer now (traced, as any other); one owed is kept, so
-    /// that an answer that never comes starts recovery.
-    pub(super) fn await_suspend(&mut self, suspended: Vec<crate::ddi::Suspended>, now: Time) {
-        for s in suspended {
-            let Ok(engine) = self.queue(s.queue.owner(), s.queue).map(|q| q.engine) else { continue };
-            self.recovery.pending.insert(s.ticket, Pending { queue: s.queue, engine, at: now, cause: Cause::Suspend });
-            if s.answered {
-                self.handle_preempted(s.queue, s.ticket, now, now, now);
-            }
-        }
-    }
-
-    /// Forgets the answers owed by `queues`: they were resumed (the device withdrew its
-    /// requests) or are gone.
-    pub(super) fn forget_preemptions(&mut self, queues: &[HwQueueHandle]) {
-        self.recovery.pending.retain(|_, p| !queues.contains(&p.queue));
-        self.settle_preemption_waits();
-    }
-
-    /// Starts a wait for every preemption answer process `pid`'s queues still owe: a
-    /// teardown's (spec 000, abnormal termination: "KMD preempts the context and removes it
-    /// from its HW run list", and only then are its queues and rings destroyed, so that the
-    /// hardware no longer references them). Decided when the last answer comes, or when
-    /// recovery takes a queue that would not answer (after `TdrDelay`); done at once if
-    /// nothing is owed. The driver blocks on it for at most [`Os::preemption_wait_bound`].
-    pub fn begin_preemption_wait(&mut self, pid: ProcessId, now: Time) -> WaitStart {
-        self.at(now);
-        if !self.owes_preemptions(pid) {
-            return WaitStart::Done(Ok(abi::port::WaitOutcome::Reached(0)));
-        }
-        let id = self.waits.open_for(pid);
-        self.recovery.settling.push((pid, id));
-        WaitStart::Blocked(id)
-    }
-
-    /// Ends a [`Os::begin_preemption_wait`]: whether every answer came (or recovery took the
-    /// queues that owed one).
-    pub fn end_preemption_wait(&mut self, id: super::WaitId, now: Time) -> bool {
-        self.at(now);
-        self.recovery.settling.retain(|&(_, w)| w != id);
-        matches!(self.waits.take(id), Some(Ok(_)))
-    }
-
-    /// The longest a [`Os::begin_preemption_wait`] can last: an unanswered request is
-    /// recovered after `TdrDelay`, by resets that may each take `TdrDdiDelay`.
-    pub fn preemption_wait_bound(&self) -> Duration {
-        let cfg = &self.recovery.cfg;
-        cfg.delay * 2 + cfg.ddi_delay * 2
-    }
-
-    /// Whether some preemption request of `pid`'s queues is still owed an answer.
-    fn owes_preemptions(&self, pid: ProcessId) -> bool {
-        self.recovery.pending.values().any(|p| p.queue.owner() == pid)
-    }
-
-    /// Decides the teardown waits whose process owes no answer any more.
-    fn settle_preemption_waits(&mut self) {
-        if self.recovery.settling.is_empty() {
-            return;
-        }
-        let settled: Vec<super::WaitId> =
-            self.recovery.settling.iter().filter(|&&(pid, _)| !self.owes_preemptions(pid)).map(|&(_, w)| w).collect();
-        self.recovery.settling.retain(|(_, w)| !settled.contains(w));
-        for w in settled {
-            self.complete_wait(w, Ok(0));
-        }
-    }
-
-    /// Asks queue `q` to preempt for a memory migration.
-    pub(super) fn preempt_for_migration(
-        &mut self,
-        pid: ProcessId,
-        q: HwQueueHandle,
-        now: Time,
-    ) -> Result<u64, KernelError> {
-        let engine = self.queue(pid, q)?.engine;
-        self.request_preemption(q, engine, Cause::Migration, now)
-    }
-
-    /// The queues with a preemption request not answered yet.
-    pub(super) fn pending_preemptions(&self) -> Vec<HwQueueHandle> {
-        self.recovery.pending.values().map(|p| p.queue).collect()
-    }
-
-    /// Puts a queue taken off the run list by [`Os::preempt_queue`] back on it
-    /// (`DxgkddiResumeContext` for that queue), waking its engine first (`Os::release_queue`).
-    pub fn resume_queue(&mut self, pid: ProcessId, q: HwQueueHandle, now: Time) -> Result<(), KernelError> {
-        self.at(now);
-        self.adapter_alive()?;
-        let qo = self.queue(pid, q)?;
-        qo.live(q)?;
-        qo.held = false;
-        let context = qo.context;
-        if self.proc(pid)?.contexts.get(context)?.suspended {
-            // The context's own suspension still holds the queue.
-            return Ok(());
-        }
-        self.recovery.pending.retain(|_, p| p.queue != q);
-        self.release_queue(pid, q, now)
-    }
-
-    /// The answer to request `ticket` if it came (and is among the latest
-    /// [`ANSWERS_KEPT`]): its latency, from the request to the engine's answer (ns).
-    pub fn preempt_answer(&self, ticket: u64) -> Option<u64> {
-        self.recovery.answers.iter().rev().find(|a| a.0 == ticket).map(|a| a.1)
-    }
-
-    /// The engine answered a preemption request (`requested` and `answered` are device times;
-    /// `now` is when the OS hears of it, and acts).
-    pub(super) fn handle_preempted(
-        &mut self,
-        queue: HwQueueHandle,
-        ticket: u64,
-        requested: Time,
-        answered: Time,
-        now: Time,
-    ) {
-        let Some(p) = self.recovery.pending.remove(&ticket) else {
-            // Answered after its queue was recovered, resumed or destroyed: nothing waits.
-            return;
-        };
-        self.settle_preemption_waits();
-        // The answer first, then what it lets happen.
-        self.recovery.answered += 1;
-        let latency_ns = answered.since(requested).as_nanos() as u64;
-        if self.recovery.answers.len() == ANSWERS_KEPT {
-            self.recovery.answers.pop_front();
-        }
-        self.recovery.answers.push_back((ticket, latency_ns));
-        self.trace.push(answered, Event::Preempted { queue, ticket, latency_ns });
-        if p.cause != Cause::HangCheck {
-            // Held off its engine: a kernel-mode queue's unstarted buffers are resubmitted.
-            self.take_back_unstarted(queue.owner(), queue, now);
-        }
-        if p.cause == Cause::Migration {
-            self.migration_answered(queue, now);
-        }
-        if p.cause == Cause::HangCheck {
-            // It yielded. Having run for the timeout without progress, it is hung all the
-            // same: reset, off its slot now.
-            if let Some(ran) = self.ran_without_progress(queue) {
-                let ran_ms = ran.as_millis() as u64;
-                let fault = FaultKind::HangTimeout { ran_ms };
-                self.recover_queue(p, fault, Event::HangTimeout { queue, engine: p.engine, ran_ms }, now);
-                return;
-            }
-            // Waiting, or sharing its slot: not hung. It runs on (unless the kernel took hold
-            // of it meanwhile: its context suspended, or a request of its own).
-            let _ = self.release_queue(queue.owner(), queue, now);
-        }
-    }
-
-    /// How long queue `q` has run since its progress value last moved, if that is at least
-    /// its engine's hang timeout (and the value has not moved since the hang timer saw it).
-    fn ran_without_progress(&mut self, q: HwQueueHandle) -> Option<Duration> {
-        let run = self.ddi.queue_run_time(q);
-        let timeout = self.hang_timeout(q)?;
-        let qo = self.queue(q.owner(), q).ok()?;
-        let completed = qo.completed();
-        let ran = qo.progress_seen.filter(|s| s.value == completed)?.ran(run)?;
-        (ran >= timeout).then_some(ran)
-    }
-
-    /// Queue `q`'s hang timeout ([`TdrConfig::hang_timeout`] of its engine's kind).
-    fn hang_timeout(&mut self, q: HwQueueHandle) -> Option<Duration> {
-        let engine = self.queue(q.owner(), q).ok()?.engine;
-        let kind = self.ddi.adapter_info().engines.get(engine.0 as usize).map(|e| e.kind);
-        self.recovery.cfg.hang_timeout(kind)
-    }
-
-    /// Fires what is due: every request unanswered for `TdrDelay` starts recovery (an engine
-    /// reset for a caller's request, one per engine; a per-queue reset for a hang check);
-    /// then the hang timer's scan.
-    pub(super) fn handle_recovery_timeout(&mut self, now: Time) {
-        let delay = self.recovery.cfg.delay;
-        // Requests whose queue is gone or already hung wait for nothing.
-        let gone: Vec<u64> = self
-            .recovery
-            .pending
-            .iter()
-            .filter(|(_, p)| {
-                self.processes
-                    .get(&p.queue.owner())
-                    .and_then(|pr| pr.queues.get(p.queue).ok())
-                    .is_none_or(|q| q.live(p.queue).is_err())
-            })
-            .map(|(&t, _)| t)
-            .collect();
-        for t in gone {
-            self.recovery.pending.remove(&t);
-        }
-        // (A migration waits no longer for a queue that went away or hung: see below.)
-        let due: Vec<Pending> = self.recovery.pending.values().filter(|p| now >= p.at.plus(delay)).copied().collect();
-        let mut engines: Vec<EngineId> = Vec::new();
-        for p in due {
-            match p.cause {
-                Cause::HangCheck => {
-                    let fault = FaultKind::PreemptTimeout { waited_ms: now.since(p.at).as_millis() as u64 };
-                    self.recover_queue(p, fault, Event::TdrTimeout { queue: p.queue, engine: p.engine }, now);
-                }
-                Cause::Request | Cause::Migration | Cause::Suspend if !engines.contains(&p.engine) => {
-                    engines.push(p.engine);
-                    self.recover(p.engine, p.queue, now);
-                }
-                Cause::Request | Cause::Migration | Cause::Suspend => {}
-            }
-        }
-        // Migrations and teardowns whose queues were recovered or went away proceed.
-        self.advance_migrations(now);
-        self.settle_preemption_waits();
-        if self.recovery.hang_scan_at.is_some_and(|t| now >= t) {
-            self.hang_scan(now);
-        }
-    }
-
-    /// The hang timer's scan (module docs, step 1): a queue with work outstanding whose
-    /// progress fence has not moved for its engine's hang timeout, or that has run that long
-    /// since it last moved, is asked to preempt ([`Cause::HangCheck`]). A queue the kernel
-    /// holds is not watched while held.
-    fn hang_scan(&mut self, now: Time) {
-        let kinds: Vec<abi::EngineKind> = self.ddi.adapter_info().engines.iter().map(|e| e.kind).collect();
-        let cfg = self.recovery.cfg;
-        let checking: Vec<HwQueueHandle> = self.recovery.pending.values().map(|p| p.queue).collect();
-        let mut suspects = Vec::new();
-        let mut any = false;
-        let d3 = self.d3;
-        let pids: Vec<ProcessId> = self.processes.keys().copied().collect();
-        for pid in pids {
-            let handles = self.proc(pid).map(|p| p.queues.handles()).unwrap_or_default();
-            let suspended: Vec<abi::ContextHandle> = self
-                .proc(pid)
-                .map(|p| p.contexts.iter().filter(|(_, c)| c.suspended).map(|(h, _)| h).collect())
-                .unwrap_or_default();
-            for q in handles {
-                let submitted = self.last_queued(pid, q);
-                let migrating = self.migration_holds(q);
-                let Ok(qo) = self.queue(pid, q) else { continue };
-                if qo.live(q).is_err() {
-                    continue;
-                }
-                any = true;
-                // A queue the kernel holds off its engine (a request, a migration, its context
-                // suspended, D3) makes no progress because it is held, not because it hangs:
-                // it is not watched, and its period starts over once it is released. (One
-                // that still owes the hold's answer is running, and TDR times the answer.)
-                if d3 || migrating || qo.held || suspended.contains(&qo.context) {
-                    qo.progress_seen = None;
-                    continue;
-                }
-                let timeout = cfg.hang_timeout(kinds.get(qo.engine.0 as usize).copied());
-                let completed = qo.completed();
-                let Some(t) = timeout.filter(|_| submitted > completed) else {
-                    qo.progress_seen = None;
-                    continue;
-                };
-                let (engine, seen) = (qo.engine, qo.progress_seen.filter(|s| s.value == completed));
-                // Read only for a queue with work outstanding: a device lock each.
-                let run = self.ddi.queue_run_time(q);
-                let next = match seen {
-                    None => Stall { value: completed, since: now, ran_at: run },
-                    Some(s) => {
-                        let stalled = now.since(s.since) >= t;
-                        let ran_out = s.ran(run).is_some_and(|r| r >= t);
-                        if (stalled || ran_out) && !checking.contains(&q) {
-                            suspects.push((q, engine));
-                            // The wall window starts over; the running window runs on until
-                            // the value moves.
-                            Stall { since: now, ..s }
-                        } else {
-                            s
-                        }
-                    }
-                };
-                if let Ok(qo) = self.queue(pid, q) {
-                    qo.progress_seen = Some(next);
-                }
-            }
-        }
-        for (q, engine) in suspects {
-            let _ = self.request_preemption(q, engine, Cause::HangCheck, now);
-        }
-        self.recovery.hang_scan_at = if any { self.recovery.hang_period().map(|p| now.plus(p)) } else { None };
-    }
-
-    /// The hang timer's per-queue reset (amdgpu; module docs, step 2), traced as `event`: its
-    /// check went unanswered ([`FaultKind::PreemptTimeout`]), or was answered by a queue that
-    /// ran its timeout without progress ([`FaultKind::HangTimeout`]). The queue hangs with
-    /// `kind`; a failed or refused reset escalates to an adapter reset.
-    fn recover_queue(&mut self, p: Pending, kind: FaultKind, event: Event, now: Time) {
-        self.at(now);
-        self.recovery.pending.retain(|_, x| x.queue != p.queue);
-        self.trace.push(now, event);
-        let pid = p.queue.owner();
-        let submitted = self.last_queued(pid, p.queue);
-        let completed = self.queue(pid, p.queue).map_or(0, |q| q.completed());
-        let done = match self.ddi.reset_queue(p.queue, kind.clone(), now) {
-            Ok(out) if self.ddi_too_slow(DdiKind::ResetQueue, out.took, now) => false,
-            Ok(crate::ddi::QueueResetOutcome { aborted, .. }) if completed <= aborted && aborted <= submitted => {
-                let fault = FaultRecord { kind, rptr: 0, opcode: None, in_indirect: false };
-                self.fault_queue(pid, p.queue, fault, now);
-                true
-            }
-            Ok(crate::ddi::QueueResetOutcome { aborted, .. }) => {
-                self.driver_bug(p.queue, aborted, completed, submitted, now);
-                false
-            }
-            Err(_) => false,
-        };
-        if !done {
-            self.reset_adapter(now);
-        }
-        self.count_recovery(done.then_some(p.engine), now);
-    }
-
-    /// A reset DDI that took longer than `TdrDdiDelay` counts as one that never answered:
-    /// its report is not used, and recovery escalates to the adapter.
-    fn ddi_too_slow(&mut self, ddi: DdiKind, took: Duration, now: Time) -> bool {
-        if took <= self.recovery.cfg.ddi_delay {
-            return false;
-        }
-        self.trace.push(now, Event::DdiTimeout { ddi, took_ms: took.as_millis() as u64 });
-        true
-    }
-
-    fn driver_bug(&mut self, q: HwQueueHandle, aborted: u64, completed: u64, submitted: u64, now: Time) {
-        let what = format!("reset reported fence ID {aborted} aborted on {q}, outside [{completed}, {submitted}]");
-        self.trace.push(now, Event::DriverBug { what });
-    }
-
-    /// Recovers `engine`, on which `queue`'s preemption went unanswered (module docs).
-    fn recover(&mut self, engine: EngineId, queue: HwQueueHandle, now: Time) {
-        self.at(now);
-        self.trace.push(now, Event::TdrTimeout { queue, engine });
-        // 1. The fence IDs (progress values) each queue on the engine submitted and completed.
-        let snapshot = self.progress_snapshot(Some(engine));
-        let engine_done = self.recovery.cfg.engine_reset && self.reset_engine(engine, &snapshot, now);
-        if !engine_done {
-            self.reset_adapter(now);
-        }
-        self.count_recovery(engine_done.then_some(engine), now);
-    }
-
-    /// `[(process, queue, submitted, completed)]` for every queue (on `engine`, if given).
-    fn progress_snapshot(&mut self, engine: Option<EngineId>) -> Vec<(ProcessId, HwQueueHandle, u64, u64)> {
-        let mut out = Vec::new();
-        let pids: Vec<ProcessId> = self.processes.keys().copied().collect();
-        for pid in pids {
-            let Ok(p) = self.proc(pid) else { continue };
-            let queues: Vec<(HwQueueHandle, u64)> = p
-                .queues
-                .iter()
-                .filter(|(_, q)| engine.is_none_or(|e| q.engine == e))
-                .map(|(h, q)| (h, q.completed()))
-                .collect();
-            for (h, completed) in queues {
-                let submitted = self.last_queued(pid, h);
-                out.push((pid, h, submitted, completed));
-            }
-        }
-        out
-    }
-
-    /// 2–3: the engine reset. Returns `false` if it failed or its report was refused (the
-    /// caller then resets the adapter).
-    fn reset_engine(&mut self, engine: EngineId, snapshot: &[(ProcessId, HwQueueHandle, u64, u64)], now: Time) -> bool {
-        let Ok(outcome) = self.ddi.reset_engine(engine, now) else { return false };
-        if self.ddi_too_slow(DdiKind::ResetEngine, outcome.took, now) {
-            return false;
-        }
-        // Every guilty queue's last aborted fence ID lies in what it submitted and had not
-        // completed; anything else is a driver bug, never trusted.
-        for &(q, aborted) in &outcome.guilty {
-            let (submitted, completed) = snapshot.iter().find(|s| s.1 == q).map_or((0, u64::MAX), |s| (s.2, s.3));
-            if !(completed <= aborted && aborted <= submitted) {
-                self.driver_bug(q, aborted, completed, submitted, now);
-                return false;
-            }
-        }
-        for (q, _) in outcome.guilty {
-            let Some(&(pid, ..)) = snapshot.iter().find(|s| s.1 == q) else { continue };
-            let waited =
-                self.recovery.pending.values().find(|p| p.queue == q).map_or(0, |p| now.since(p.at).as_millis());
-            self.recovery.pending.retain(|_, p| p.queue != q);
-            let fault = FaultRecord {
-                kind: FaultKind::PreemptTimeout { waited_ms: waited as u64 },
-                rptr: 0,
-                opcode: None,
-                in_indirect: false,
-            };
-            self.fault_queue(pid, q, fault, now);
-            if let Some(device) = self.device_of(pid, q) {
-                let _ = self.mark_device_error(pid, device, now);
-            }
-        }
-        true
-    }
-
-    /// 4: the adapter reset: every queue's state is lost, every device with it.
-    fn reset_adapter(&mut self, now: Time) {
-        let _ = self.ddi.reset_from_timeout(now);
-        self.recovery.adapter_resets += 1;
-        // The reset does not preserve local memory (VRAM lost): its contents are gone, and
-        // every queue created before reports it.
-        for p in self.processes.values() {
-            for (_, a) in p.allocations.iter() {
-                if a.domain == abi::port::MemoryDomain::Local {
-                    let _ = a.shm.fill_u32(0, a.shm.len() as u64 & !3, 0);
-                }
-            }
-        }
-        let _ = self.ddi.restart_from_timeout();
-        self.recovery.pending.clear();
-        self.lose_every_device(now);
-    }
-
-    fn lose_every_device(&mut self, now: Time) {
-        let pids: Vec<ProcessId> = self.processes.keys().copied().collect();
-        for pid in pids {
-            let devices = self.proc(pid).map(|p| p.devices.handles()).unwrap_or_default();
-            for d in devices {
-                let _ = self.device_lost(pid, d, now);
-            }
-        }
-    }
-
-    /// Counts a recovery; past the limit, the adapter is lost for good.
-    fn count_recovery(&mut self, engine: Option<EngineId>, now: Time) {
-        let window = self.recovery.cfg.limit_time;
-        let r = &mut self.recovery;
-        r.recoveries += 1;
-        r.recent.push_back(now);
-        while r.recent.front().is_some_and(|&t| now.since(t) >= window) {
-            r.recent.pop_front();
-        }
-        let count = r.recent.len() as u32;
-        self.trace.push(now, Event::Recovered { engine, count });
-        if count > self.recovery.cfg.limit_count && self.recovery.fatal.is_none() {
-            self.trace.push(now, Event::AdapterFatal);
-            self.recovery.fatal =
-                Some(KernelError::AdapterLost { recoveries: count, window_ms: window.as_millis() as u64 });
-            self.recovery.pending.clear();
-            // Lost for good, the adapter is stopped (`DxgkDdiResetFromTimeout`, with no
-            // restart) before its devices are lost: a context suspension only asks, and a
-            // queue inside a kernel its engine cannot preempt would go on running what was
-            // published before the loss, which its client was told is lost.
-            let _ = self.ddi.reset_from_timeout(now);
-            self.lose_every_device(now);
-        }
-    }
-
-    /// A lost device's queue that still runs is reset through the scheduling firmware
-    /// ([`Kmd::reset_queue`], [`FaultKind::DeviceLost`]), which takes it off its slot now and
-    /// answers what it owed. A reset that fails or answers too late escalates to the adapter,
-    /// as the hang timer's does, and counts as a recovery.
-    fn stop_lost_queue(&mut self, q: HwQueueHandle, now: Time) {
-        let stopped = match self.ddi.reset_queue(q, FaultKind::DeviceLost, now) {
-            Ok(out) => !self.ddi_too_slow(DdiKind::ResetQueue, out.took, now),
-            Err(_) => false,
-        };
-        if stopped {
-            self.recovery.pending.retain(|_, p| p.queue != q);
-        } else {
-            self.reset_adapter(now);
-            self.count_recovery(None, now);
-        }
-    }
-
-    fn device_of(&mut self, pid: ProcessId, q: HwQueueHandle) -> Option<DeviceHandle> {
-        let context = self.queue(pid, q).ok()?.context;
-        Some(self.proc(pid).ok()?.contexts.get(context).ok()?.device)
-    }
-
-    /// Device lost (spec 000: "In the event of any device-lost scenarios ... Dxgkrnl
-    /// disconnects the doorbell and marks the status as D3DDDI_DOORBELL_STATUS_DISCONNECTED_ABORT.
-    /// User mode is responsible for destroying the HWQueue, doorbell, ring buffer, and for
-    /// re-creating them"): see the module docs. Idempotent.
-    pub fn device_lost(&mut self, pid: ProcessId, device: DeviceHandle, now: Time) -> Result<(), KernelError> {
-        self.at(now);
-        let already = self.proc(pid)?.devices.get(device)?.error;
-        if !already {
-            self.trace.push(now, Event::DeviceLost { device });
-        }
-        // Fences AlwaysSignaled, their CPU waits failed with DeviceLost.
-        self.mark_device_error(pid, device, now)?;
-        let lost = KernelError::DeviceLost { device };
-        let contexts: Vec<_> =
-            self.proc(pid)?.contexts.iter().filter(|(_, c)| c.device == device).map(|(h, _)| h).collect();
-        for c in contexts {
-            // Its queues stop running: the context is suspended, and a queue that did not
-            // stop at once (inside work its engine cannot preempt), or all of them if the
-            // suspension failed, is reset.
-            let suspended = self.proc(pid)?.contexts.get(c)?.suspended || self.suspend_context(pid, c, now).is_ok();
-            for q in self.context_queues(pid, c)? {
-                if self.queue(pid, q)?.live(q).is_err() {
-                    continue;
-                }
-                if !suspended || self.recovery.pending.values().any(|p| p.queue == q) {
-                    self.stop_lost_queue(q, now);
-                }
-                let fault = FaultRecord { kind: FaultKind::DeviceLost, rptr: 0, opcode: None, in_indirect: false };
-                self.set_state(pid, q, QueueLife::Hung(fault));
-                let waiters = std::mem::take(&mut self.queue(pid, q)?.waiters);
-                for (_, w) in waiters {
-                    self.complete_wait(w, Err(lost.clone()));
-                }
-                self.drop_km_submissions(pid, c, q);
-                let _ = self.disconnect(pid, q, DoorbellStatus::DisconnectedAbort, now);
-            }
-        }
-        Ok(())
+    /// After a scan at `now`: the next one a period later while there is a queue to watch
+    /// (`any`), none otherwise.
+    pub(super) fn next_hang_scan(&self, any: bool, now: Time, timers: &mut TimerTable) {
+        timers.set(Timer::HangScan, if any { self.hang_period().map(|p| now.plus(p)) } else { None });
     }
 }

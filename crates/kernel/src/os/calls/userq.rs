@@ -25,14 +25,9 @@
 use abi::port::{Invalid, KernelError, SyncWait, WaitPoint};
 use abi::{HwQueueHandle, NativeFenceHandle, ProcessId, Time};
 
-use super::queues::QueueMode;
-use super::{Os, invalid};
-
-/// A pending `USERQ_SIGNAL`: when the queue's progress reaches `point`, signal `fences`.
-pub(super) struct PendingSignal {
-    pub(super) point: u64,
-    fences: Vec<(NativeFenceHandle, u64)>,
-}
+use super::super::Os;
+use super::super::process::{PendingSignal, QueueMode};
+use super::super::shared::invalid;
 
 impl Os {
     /// `USERQ_SIGNAL`: see the module docs.
@@ -44,8 +39,7 @@ impl Os {
         fences: &[(NativeFenceHandle, u64)],
         now: Time,
     ) -> Result<(), KernelError> {
-        self.at(now);
-        let last_queued = self.last_queued(pid, q);
+        let last_queued = self.cx.last_queued(pid, q);
         let p = self.proc(pid)?;
         let qo = p.queues.get(q)?;
         qo.live(q)?;
@@ -78,9 +72,8 @@ impl Os {
         pid: ProcessId,
         q: HwQueueHandle,
         objects: &[SyncWait],
-        now: Time,
+        _now: Time,
     ) -> Result<Vec<WaitPoint>, KernelError> {
-        self.at(now);
         let p = self.proc(pid)?;
         let qo = p.queues.get(q)?;
         qo.live(q)?;

@@ -9,13 +9,8 @@
 //!
 //! # Memory
 //!
-//! A process's memory comes from three pools of memfd arenas ([`ProcessMemory`], built on
-//! [`shm::ShmPool`]): its allocations, the kernel pages it may read (queue kernel pages,
-//! fence CurrentValue pages), and the pages it must not see (fence logs, MonitoredValue
-//! pages, kernel-mode rings). An allocation is a page range of an arena, not a memfd of its
-//! own, so a queue costs no descriptor and the client's view of an allocation is a window
-//! onto the arena's one mapping. Arenas are never shared between processes or between
-//! classes, because a descriptor reaches its whole file. Freeing follows the residency rule:
+//! A process's memory is its [`ProcessMemory`]: pools of memfd arenas by protection class
+//! (the records' module, `process.rs`, says why). Freeing follows the residency rule:
 //! `free` is refused while a queue or doorbell references the allocation; once it succeeds
 //! the GPU mapping is gone, and the pages return to the arena, zeroed, when the last CPU
 //! view the client still holds drops (until then nothing else can be given them).
@@ -25,36 +20,13 @@ use std::sync::Arc;
 
 use abi::port::{AllocationDesc, AllocationInfo, InUseBy, InUseObject, Invalid, KernelError};
 use abi::{AllocationHandle, ContextHandle, DeviceHandle, EngineId, ProcessId, Time};
-use shm::{PoolConfig, Prot, RotatingPage, ShmPool};
+use shm::{Prot, RotatingPage};
 
-use super::{AggregatedPage, AllocObj, ContextObj, DeviceObj, Os, Pin, Process, invalid};
+use super::super::Os;
+use super::super::process::{AggregatedPage, AllocObj, ContextObj, DeviceObj, Pin, Process, ProcessMemory};
+use super::super::shared::invalid;
 use crate::ddi::Kmd;
 use crate::table::Table;
-
-/// A process's memory: three pools of memfd arenas ([`ShmPool`]), one per protection class.
-///
-/// Whoever holds one descriptor of an arena can map all of it, so an arena holds one
-/// process's pages of one class only: no process ever shares an arena with another, and no
-/// client-writable allocation shares one with a page the client may only read or must not
-/// see. Pages shared between processes (shareable and cross-adapter fences) are not here:
-/// they get a memfd of their own.
-pub(super) struct ProcessMemory {
-    /// Its allocations (`D3DKMTCreateAllocation`): the client maps them read-write.
-    pub(super) client: ShmPool,
-    /// Kernel-written pages the client maps read-only: queue kernel pages, the
-    /// CurrentValue pages of its packed fences.
-    pub(super) readable: ShmPool,
-    /// Pages the client never maps: fence logs, MonitoredValue pages, kernel-mode rings and
-    /// their control pages.
-    pub(super) private: ShmPool,
-}
-
-impl ProcessMemory {
-    fn new(pid: ProcessId) -> ProcessMemory {
-        let pool = |class| ShmPool::new(&format!("{pid}-{class}"), PoolConfig::default());
-        ProcessMemory { client: pool("allocations"), readable: pool("readable"), private: pool("private") }
-    }
-}
 
 /// First GPU VA handed to a process.
 const VA_BASE: u64 = 0x1_0000_0000;
@@ -63,30 +35,31 @@ const MAX_ALLOCATION: u64 = 1 << 30;
 
 impl Os {
     /// Creates a process: a GPU address space and a doorbell page.
-    pub fn create_process(&mut self, now: Time) -> Result<ProcessId, KernelError> {
-        self.at(now);
-        let page = self.doorbell_pages.take()?;
+    pub fn create_process(&mut self, _now: Time) -> Result<ProcessId, KernelError> {
+        let page = self.doorbells.pages.take()?;
         // Spec 001: "the kernel driver will map a page of aggregated doorbell space into each
         // GPUVM space" — a page of its own, so no process can clear another's rings.
-        let aggregated = if self.ddi.adapter_info().aggregated_doorbell {
-            let lease = self.doorbell_pages.take()?;
-            let map =
-                Arc::new(RotatingPage::new(&self.bar, lease.index() as u64 * abi::doorbell::DOORBELL_PAGE_BYTES)?);
-            self.ddi.watch_aggregated_page(lease.index())?;
+        let aggregated = if self.cx.ddi.adapter_info().aggregated_doorbell {
+            let lease = self.doorbells.pages.take()?;
+            let map = Arc::new(RotatingPage::new(
+                &self.doorbells.bar,
+                lease.index() as u64 * abi::doorbell::DOORBELL_PAGE_BYTES,
+            )?);
+            self.cx.ddi.watch_aggregated_page(lease.index())?;
             Some(AggregatedPage { gpu: None, cpu: map, lease })
         } else {
             None
         };
-        let pid = ProcessId(self.next_pid);
+        let pid = ProcessId(self.cx.next_pid);
         let memory = ProcessMemory::new(pid);
-        if let Err(e) = self.ddi.create_address_space(pid) {
+        if let Err(e) = self.cx.ddi.create_address_space(pid) {
             if let Some(a) = &aggregated {
-                self.ddi.unwatch_aggregated_page(a.lease.index());
+                self.cx.ddi.unwatch_aggregated_page(a.lease.index());
             }
             return Err(e.into());
         }
-        self.next_pid += 1;
-        self.processes.insert(
+        self.cx.next_pid += 1;
+        self.cx.processes.insert(
             pid,
             Process {
                 doorbell_gpu: None,
@@ -112,7 +85,7 @@ impl Os {
             let p = self.proc(pid)?;
             (p.doorbell_page.index(), p.take_va(abi::doorbell::DOORBELL_PAGE_BYTES))
         };
-        if let Ok(m) = self.ddi.map_doorbell_page(pid, va, index) {
+        if let Ok(m) = self.cx.ddi.map_doorbell_page(pid, va, index) {
             self.proc(pid)?.doorbell_gpu = Some((va, m));
         }
         // The aggregated page too ("into each GPUVM space"): a queue that submits to another
@@ -120,7 +93,7 @@ impl Os {
         let p = self.proc(pid)?;
         if let Some(index) = p.aggregated.as_ref().map(|a| a.lease.index()) {
             let va = p.take_va(abi::doorbell::DOORBELL_PAGE_BYTES);
-            if let Ok(m) = self.ddi.map_aggregated_page(pid, va, index)
+            if let Ok(m) = self.cx.ddi.map_aggregated_page(pid, va, index)
                 && let Some(a) = &mut self.proc(pid)?.aggregated
             {
                 a.gpu = Some((va, m));
@@ -131,14 +104,13 @@ impl Os {
 
     /// `D3DKMTCreateDevice`.
     pub fn create_device(&mut self, pid: ProcessId) -> Result<DeviceHandle, KernelError> {
-        self.adapter_alive()?;
+        self.recovery.adapter_alive()?;
         Ok(self.proc(pid)?.devices.insert(DeviceObj::default()))
     }
 
     /// `D3DKMTDestroyDevice`: its contexts (and their queues), then its doorbell pages, then
     /// its fences, then its allocations.
     pub fn destroy_device(&mut self, pid: ProcessId, device: DeviceHandle, now: Time) -> Result<(), KernelError> {
-        self.at(now);
         let p = self.proc(pid)?;
         p.devices.get(device)?;
         let contexts: Vec<_> = p.contexts.iter().filter(|(_, c)| c.device == device).map(|(h, _)| h).collect();
@@ -170,9 +142,8 @@ impl Os {
         pid: ProcessId,
         device: DeviceHandle,
         desc: &AllocationDesc,
-        now: Time,
+        _now: Time,
     ) -> Result<AllocationInfo, KernelError> {
-        self.at(now);
         if desc.bytes == 0 || desc.bytes > MAX_ALLOCATION {
             return Err(invalid("bytes", desc.bytes, Invalid::Size { max: MAX_ALLOCATION }));
         }
@@ -181,7 +152,7 @@ impl Os {
         p.devices.get(device)?;
         let shm = p.memory.client.alloc(bytes as usize)?;
         let va = p.take_va(bytes);
-        let mapping = self.ddi.map_gpu(pid, va, bytes, shm.clone(), !desc.gpu_read_only)?;
+        let mapping = self.cx.ddi.map_gpu(pid, va, bytes, shm.clone(), !desc.gpu_read_only)?;
         let handle = self.proc(pid)?.allocations.insert(AllocObj {
             device,
             shm,
@@ -224,7 +195,7 @@ impl Os {
         device: DeviceHandle,
         engine: EngineId,
     ) -> Result<ContextHandle, KernelError> {
-        let engines = self.ddi.adapter_info().engines;
+        let engines = self.cx.ddi.adapter_info().engines;
         if !engines.iter().any(|e| e.id == engine) {
             return Err(invalid("engine", engine, Invalid::NoSuchEngine { engines: engines.len() }));
         }
@@ -235,7 +206,6 @@ impl Os {
 
     /// Destroys a context and its queues.
     pub fn destroy_context(&mut self, pid: ProcessId, c: ContextHandle, now: Time) -> Result<(), KernelError> {
-        self.at(now);
         let p = self.proc(pid)?;
         p.contexts.get(c)?;
         let queues: Vec<_> = p.queues.iter().filter(|(_, q)| q.context == c).map(|(h, _)| h).collect();
@@ -243,7 +213,7 @@ impl Os {
             self.destroy_hw_queue(pid, q, now)?;
         }
         let ctx = self.proc(pid)?.contexts.remove(c)?;
-        self.km_queued -= ctx.software_queue.len();
+        self.km.queued -= ctx.software_queue.len();
         Ok(())
     }
 
@@ -251,8 +221,7 @@ impl Os {
     /// fences; then its memory, address space and doorbell pages are returned. Ending it
     /// twice is a no-op.
     pub fn finish_termination(&mut self, pid: ProcessId, now: Time) {
-        self.at(now);
-        let Some(p) = self.processes.get(&pid) else { return };
+        let Some(p) = self.cx.processes.get(&pid) else { return };
         let (queues, fences) = (p.queues.handles(), p.fences.handles());
         for q in queues {
             // Teardown goes on past a failure: whatever is left goes with the process.
@@ -261,21 +230,21 @@ impl Os {
         for f in fences {
             let _ = self.destroy_native_fence(pid, f, now);
         }
-        let Some(p) = self.processes.remove(&pid) else { return };
+        let Some(p) = self.cx.processes.remove(&pid) else { return };
         // Waits its threads never ended (a thread killed while blocked).
-        self.waits.forget_process(pid);
-        self.recovery.settling.retain(|&(owner, _)| owner != pid);
+        self.cx.waits.forget_process(pid);
+        self.recovery.forget_process(pid);
         if let Some(a) = &p.aggregated {
             // Like its doorbells: a late write from the ended process lands on the dummy page,
             // never on the page's next owner. (Should the remap fail, the page is still
             // cleared on its way back, and the ended process has no thread left to write.)
-            let _ = a.cpu.rotate_to(&self.dummy, 0);
-            self.ddi.unwatch_aggregated_page(a.lease.index());
+            let _ = a.cpu.rotate_to(&self.doorbells.dummy, 0);
+            self.cx.ddi.unwatch_aggregated_page(a.lease.index());
         }
         // The allocations' and fence pages' mappings go first (dropped with the process),
         // then the address space; the page leases return cleared.
         drop(p);
         // It can only fail for an address space the KMD never made: nothing to undo.
-        let _ = self.ddi.destroy_address_space(pid);
+        let _ = self.cx.ddi.destroy_address_space(pid);
     }
 }

@@ -1,4 +1,5 @@
-//! The kernel-mode submission path: validation, software queues and the scheduler.
+//! The kernel-mode submission path ([`KmScheduler`]): validation, software queues, the
+//! scheduler's ring writes, and resubmission after preemption.
 //!
 //! Spec 000 keeps the traditional path beside user-mode submission: `D3DKMTSubmitCommand`
 //! validates a command buffer (the same checks the engine would make, as typed errors before
@@ -14,7 +15,7 @@
 //! list until the engine's rptr passes it. When a kernel-mode queue answers a preemption the
 //! OS asked for, the buffers it had not started are taken back out of the hardware queue
 //! ([`Kmd::take_back`]) and resubmitted: those of a paging queue (the kernel's own copy work,
-//! [`Os::set_paging_queue`]) with the **same** fence IDs, and moved before any other buffer
+//! [`super::Os::set_paging_queue`]) with the **same** fence IDs, and moved before any other buffer
 //! on that engine; every other one with a **new** fence ID. The buffer the queue stopped
 //! inside is not resubmitted: it resumes from its saved state (a split DMA buffer), so no
 //! packet that writes memory runs twice.
@@ -24,67 +25,70 @@
 //! published — or, should that invariant ever break, the queue is faulted with a typed
 //! record rather than stalled. A queue's in-flight buffers are contiguous on its ring, in
 //! submission order, ending at its wptr.
+//!
+//! A scheduling pass crosses concerns (a submission in D3 wakes the device, a `WAIT` registers
+//! on native fences, a broken ring faults its queue): it is the OS's
+//! ([`super::Os::run_scheduler`]); this owns the software queues' count, the fence IDs and
+//! the ring writes.
 
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use abi::packet::Packet;
 use abi::port::{Invalid, KernelError};
 use abi::queue::{Access, FaultKind, FaultRecord};
 use abi::ring;
+use abi::slab::KeyMap;
 use abi::{ContextHandle, EngineId, HwQueueHandle, ProcessId, Time};
 
-use super::fence::FenceWait;
-use super::queues::QueueMode;
-use super::{Os, SchedulerPass, invalid};
+use super::process::{InFlight, KmSubmission, QueueMode};
+use super::shared::{Shared, invalid};
 use crate::ddi::Kmd;
 use crate::trace::Event;
 
 /// Size of a kernel-mode queue's kernel-owned ring.
 pub const KERNEL_RING_BYTES: u64 = 64 * 1024;
 
-/// A validated command buffer on a context's software queue.
-pub(super) struct KmSubmission {
-    pub(super) queue: HwQueueHandle,
-    words: Vec<u32>,
-    /// The submission's `WAIT`s on native fences: the scheduler holds it back until they pass.
-    waits: Vec<(abi::NativeFenceHandle, u64)>,
-    /// The scheduler's registration on those fences while it waits.
-    pending: Option<Arc<FenceWait>>,
-    /// A paging buffer (the kernel's own copy work): moved before any non-paging buffer on
-    /// its engine.
-    paging: bool,
-    /// The fence ID it keeps (a resubmitted paging buffer); `None`: a new one when it moves.
-    fence_id: Option<u64>,
+/// One pass of the kernel-mode scheduler.
+#[derive(Clone, Copy, Debug)]
+pub struct SchedulerPass {
+    /// Submissions were moved onto kernel rings.
+    pub moved: bool,
+    /// Some waited for ring space (the engine frees it without telling anyone: poll soon).
+    pub ring_full: bool,
+    /// The work generation seen.
+    pub generation: u64,
 }
 
-/// A kernel-mode buffer on its queue's ring, not yet known complete.
-pub(super) struct InFlight {
-    /// Its submission fence ID.
-    fence_id: u64,
-    /// A paging buffer.
-    paging: bool,
-    /// Where it lies on the ring (byte offsets, like rptr and wptr).
-    start: u64,
-    end: u64,
-    /// Its packets, for a resubmission.
-    words: Vec<u32>,
+/// The kernel-mode scheduler's state: how many submissions wait on software queues, and each
+/// engine's next submission fence ID.
+#[derive(Default)]
+pub(super) struct KmScheduler {
+    /// Submissions on every context's software queue.
+    pub(super) queued: usize,
+    /// The next submission fence ID per engine for kernel-mode buffers (Windows'
+    /// `SubmissionFenceId`).
+    fence_ids: KeyMap<EngineId, u64>,
 }
 
-/// What one kernel-mode scheduling attempt did.
-enum Move {
-    Moved,
+/// What writing the head of a software queue onto its ring did ([`KmScheduler::write_head`]).
+pub(super) enum Written {
+    /// On the ring, wptr published: the KMD is to ring the kernel doorbell for `wptr`.
+    Moved { queue: HwQueueHandle, engine: EngineId, rptr: u64, wptr: u64, fence_id: u64 },
+    /// The ring has no room for it yet.
     NoSpace,
-    /// Held back until a fence passes; the fence's interrupt wakes the scheduler.
-    FenceWait,
+    /// A broken invariant of the kernel's own: nothing published; the queue is to fault with
+    /// `record`.
+    Broken { queue: HwQueueHandle, record: FaultRecord },
+    /// Nothing to move.
     Empty,
 }
 
-impl Os {
+impl KmScheduler {
     /// Validates a kernel-mode submission; returns its last progress value and its `WAIT`s on
     /// the process's native fences (`fences`: each fence's VA and handle).
-    fn validate_packets(
+    pub(super) fn validate_packets(
         &self,
+        cx: &Shared,
         pid: ProcessId,
         words: &[u32],
         last: u64,
@@ -97,8 +101,8 @@ impl Os {
         let mut progress = last;
         for p in packets {
             // The same checks the engine would make, as typed errors before anything runs.
-            let r = |field, va, bytes, align| self.check_access(pid, field, va, bytes, Access::Read, align);
-            let w = |field, va, bytes, align| self.check_access(pid, field, va, bytes, Access::Write, align);
+            let r = |field, va, bytes, align| cx.check_access(pid, field, va, bytes, Access::Read, align);
+            let w = |field, va, bytes, align| cx.check_access(pid, field, va, bytes, Access::Write, align);
             match p {
                 Packet::Nop { .. } | Packet::Interrupt { .. } | Packet::Synthetic { .. } => {}
                 Packet::WriteData { width, va, .. } => w("WRITE_DATA.va", va, width.bytes(), width.bytes())?,
@@ -162,9 +166,14 @@ impl Os {
     }
 
     /// `D3DKMTSubmitCommand`: validates and queues on the context's software queue.
-    pub fn submit_command(&mut self, pid: ProcessId, q: HwQueueHandle, words: &[u32]) -> Result<(), KernelError> {
-        self.adapter_alive()?;
-        let p = self.proc(pid)?;
+    pub(super) fn submit_command(
+        &mut self,
+        cx: &mut Shared,
+        pid: ProcessId,
+        q: HwQueueHandle,
+        words: &[u32],
+    ) -> Result<(), KernelError> {
+        let p = cx.proc(pid)?;
         let qo = p.queues.get(q)?;
         qo.live(q)?;
         let (ctx, last, paging) = match &qo.mode {
@@ -177,8 +186,8 @@ impl Os {
             return Err(invalid("words", words.len(), Invalid::SubmissionSize { max_dwords: KERNEL_RING_BYTES / 8 }));
         }
         let fences: Vec<(u64, abi::NativeFenceHandle)> = p.fences.iter().map(|(h, f)| (f.va, h)).collect();
-        let (progress, waits) = self.validate_packets(pid, words, last, &fences)?;
-        let p = self.proc(pid)?;
+        let (progress, waits) = self.validate_packets(cx, pid, words, last, &fences)?;
+        let p = cx.proc(pid)?;
         if let QueueMode::Kernel(k) = &mut p.queues.get_mut(q)?.mode {
             k.last_queued = progress;
             k.control.last_queued().store(progress, Ordering::Release);
@@ -191,17 +200,22 @@ impl Os {
             paging,
             fence_id: None,
         });
-        self.km_queued += 1;
-        self.stats.km_submissions += 1;
-        self.kick_scheduler();
+        self.queued += 1;
+        cx.stats.km_submissions += 1;
+        cx.kick_scheduler();
         Ok(())
     }
 
     /// Makes kernel-mode queue `q` the kernel's paging queue: its buffers are paging buffers
     /// (the copy work of eviction and migration), which a preemption resubmits with their own
     /// fence IDs, first on their engine (spec 003). Only before its first submission.
-    pub fn set_paging_queue(&mut self, pid: ProcessId, q: HwQueueHandle) -> Result<(), KernelError> {
-        let p = self.proc(pid)?;
+    pub(super) fn set_paging_queue(
+        &mut self,
+        cx: &mut Shared,
+        pid: ProcessId,
+        q: HwQueueHandle,
+    ) -> Result<(), KernelError> {
+        let p = cx.proc(pid)?;
         let qo = p.queues.get_mut(q)?;
         qo.live(q)?;
         match &mut qo.mode {
@@ -218,48 +232,10 @@ impl Os {
         }
     }
 
-    /// Runs the kernel-mode scheduler once: moves software-queue submissions onto kernel
-    /// rings, paging buffers first (spec 003: resubmitted paging buffers run "before any
-    /// other commands on that engine"). Returns what it did, and the work generation it saw.
-    pub fn run_scheduler(&mut self, now: Time) -> SchedulerPass {
-        self.at(now);
-        let (mut moved, mut ring_full) = (false, false);
-        if self.km_queued > 0 {
-            let contexts: Vec<(ProcessId, ContextHandle)> = self
-                .processes
-                .iter()
-                .flat_map(|(&pid, p)| p.contexts.handles().into_iter().map(move |c| (pid, c)))
-                .collect();
-            // Engines where a paging buffer could not move: nothing else moves there yet.
-            let mut held: Vec<EngineId> = Vec::new();
-            for paging_pass in [true, false] {
-                for &(pid, c) in &contexts {
-                    while let Some((engine, paging)) = self.head(pid, c) {
-                        if paging != paging_pass || (!paging && held.contains(&engine)) {
-                            break;
-                        }
-                        match self.move_one(pid, c, now) {
-                            Move::Moved => moved = true,
-                            Move::NoSpace => {
-                                ring_full = true;
-                                if paging {
-                                    held.push(engine);
-                                }
-                                break;
-                            }
-                            Move::FenceWait | Move::Empty => break,
-                        }
-                    }
-                }
-            }
-        }
-        SchedulerPass { moved, ring_full, generation: self.km_gen }
-    }
-
     /// The engine of the submission at the head of a context's software queue, and whether
     /// it is a paging buffer.
-    fn head(&self, pid: ProcessId, c: ContextHandle) -> Option<(EngineId, bool)> {
-        let p = self.processes.get(&pid)?;
+    pub(super) fn head(&self, cx: &Shared, pid: ProcessId, c: ContextHandle) -> Option<(EngineId, bool)> {
+        let p = cx.processes.get(&pid)?;
         let sub = p.contexts.get(c).ok()?.software_queue.front()?;
         Some((p.queues.get(sub.queue).ok()?.engine, sub.paging))
     }
@@ -268,13 +244,13 @@ impl Os {
     /// started leave its hardware queue and are resubmitted, paging ones with their fence
     /// IDs, the others with new ones (spec 003). The buffer it stopped inside stays: it
     /// resumes from its saved state.
-    pub(super) fn take_back_unstarted(&mut self, pid: ProcessId, q: HwQueueHandle, now: Time) {
+    pub(super) fn take_back_unstarted(&mut self, cx: &mut Shared, pid: ProcessId, q: HwQueueHandle, now: Time) {
         // User-mode queues keep their rings: nothing to ask the device.
-        if !self.queue(pid, q).is_ok_and(|qo| matches!(qo.mode, QueueMode::Kernel(_))) {
+        if !cx.queue(pid, q).is_ok_and(|qo| matches!(qo.mode, QueueMode::Kernel(_))) {
             return;
         }
-        let Ok(pos) = self.ddi.held_position(q) else { return };
-        let Some(p) = self.processes.get_mut(&pid) else { return };
+        let Ok(pos) = cx.ddi.held_position(q) else { return };
+        let Some(p) = cx.processes.get_mut(&pid) else { return };
         let Ok(qo) = p.queues.get_mut(q) else { return };
         let context = qo.context;
         let QueueMode::Kernel(k) = &mut qo.mode else { return };
@@ -289,16 +265,16 @@ impl Os {
         // above what it accepted.
         // Release: as any wptr publication.
         k.control.wptr().store(to, Ordering::Release);
-        if let Err(e) = self.ddi.take_back(q, to, now) {
+        if let Err(e) = cx.ddi.take_back(q, to, now) {
             // The engine keeps them: they run where they are, with the fence IDs they have.
             k.control.wptr().store(k.wptr, Ordering::Release);
-            self.trace.push(now, Event::DriverBug { what: format!("take back of {q} to {to:#x} refused: {e}") });
+            cx.trace.push(now, Event::DriverBug { what: format!("take back of {q} to {to:#x} refused: {e}") });
             return;
         }
         k.wptr = to;
         let taken: Vec<InFlight> = k.inflight.drain(first..).collect();
         let ids = |paging: bool| taken.iter().filter(|f| f.paging == paging).map(|f| f.fence_id).collect();
-        self.trace.push(now, Event::Unsubmitted { queue: q, paging: ids(true), other: ids(false) });
+        cx.trace.push(now, Event::Unsubmitted { queue: q, paging: ids(true), other: ids(false) });
         let Ok(ctx) = p.contexts.get_mut(context) else { return };
         for f in taken.into_iter().rev() {
             ctx.software_queue.push_front(KmSubmission {
@@ -310,64 +286,38 @@ impl Os {
                 // Paging buffers keep their fence IDs; the others get new ones.
                 fence_id: f.paging.then_some(f.fence_id),
             });
-            self.km_queued += 1;
+            self.queued += 1;
         }
-        self.kick_scheduler();
+        cx.kick_scheduler();
     }
 
-    /// Holds the head of a context's software queue back while its native-fence `WAIT`s are
-    /// unmet (registering the scheduler as their waiter); `true` if it may go.
-    fn fence_waits_met(&mut self, pid: ProcessId, c: ContextHandle, now: Time) -> bool {
-        let Some(p) = self.processes.get_mut(&pid) else { return false };
-        let Ok(ctx) = p.contexts.get_mut(c) else { return false };
-        let Some(sub) = ctx.software_queue.front_mut() else { return false };
-        if sub.waits.is_empty() {
-            return true;
+    /// Drops queue `q`'s pending kernel-mode submissions from its context's software queue
+    /// (a hung queue can never run them).
+    pub(super) fn drop_km_submissions(
+        &mut self,
+        cx: &mut Shared,
+        pid: ProcessId,
+        context: abi::ContextHandle,
+        q: HwQueueHandle,
+    ) {
+        if let Ok(ctx) = cx.proc(pid).and_then(|p| p.contexts.get_mut(context)) {
+            let before = ctx.software_queue.len();
+            ctx.software_queue.retain(|s| s.queue != q);
+            self.queued -= before - ctx.software_queue.len();
         }
-        let unmet: Vec<_> =
-            sub.waits.iter().copied().filter(|&(h, v)| p.fences.get(h).is_ok_and(|f| f.current() < v)).collect();
-        if !unmet.is_empty() {
-            if sub.pending.as_ref().is_none_or(|w| self.waits.is_done(w.wait)) {
-                let wait = FenceWait::for_scheduler(&mut self.waits, pid, unmet);
-                sub.pending = Some(wait.clone());
-                // Cannot fail: every fence in `unmet` was just found in the process's table.
-                let _ = self.register_wait(pid, &wait, now);
-            }
-            return false;
-        }
-        let pending = sub.pending.take();
-        sub.waits.clear();
-        if let Some(w) = pending {
-            self.forget_wait(pid, &w);
-            // Met before its answer came: nobody will end it.
-            self.waits.take(w.wait);
-        }
-        true
     }
 
-    /// Moves the head of a context's software queue onto its queue's kernel-owned ring:
-    /// wake the engine if it is in F1, write the packets, publish wptr, ring the doorbell.
-    fn move_one(&mut self, pid: ProcessId, c: ContextHandle, now: Time) -> Move {
-        // A kernel-mode submission in D3 wakes the device too.
-        // A context that cannot be resumed stays on the list for the next wake-up.
-        if self.d3 && self.power_up(now).is_ok() {
-            let _ = self.resume_after_d3(now);
-        }
-        let Some(p) = self.processes.get(&pid) else { return Move::Empty };
-        if p.contexts.get(c).map_or(true, |ctx| ctx.software_queue.is_empty()) {
-            return Move::Empty;
-        }
-        // The legacy path: a WAIT on a native fence is resolved here, by the CPU.
-        if !self.fence_waits_met(pid, c, now) {
-            return Move::FenceWait;
-        }
-        let Some(p) = self.processes.get_mut(&pid) else { return Move::Empty };
-        let Ok(ctx) = p.contexts.get_mut(c) else { return Move::Empty };
-        let Some(sub) = ctx.software_queue.front() else { return Move::Empty };
-        let qh = sub.queue;
-        let Ok(qo) = p.queues.get_mut(qh) else { return Move::Empty };
+    /// Writes the head of context `c`'s software queue onto its queue's kernel-owned ring and
+    /// publishes wptr; the submission leaves the software queue for the queue's in-flight
+    /// list, with a fence ID (its own, for a resubmitted paging buffer).
+    pub(super) fn write_head(&mut self, cx: &mut Shared, pid: ProcessId, c: ContextHandle) -> Written {
+        let Some(p) = cx.processes.get_mut(&pid) else { return Written::Empty };
+        let Ok(ctx) = p.contexts.get_mut(c) else { return Written::Empty };
+        let Some(sub) = ctx.software_queue.front() else { return Written::Empty };
+        let queue = sub.queue;
+        let Ok(qo) = p.queues.get_mut(queue) else { return Written::Empty };
         let engine = qo.engine;
-        let QueueMode::Kernel(k) = &mut qo.mode else { return Move::Empty };
+        let QueueMode::Kernel(k) = &mut qo.mode else { return Written::Empty };
         // Acquire: the engine has finished reading the ring bytes below rptr.
         let rptr = k.control.rptr().load(Ordering::Acquire);
         while k.inflight.front().is_some_and(|f| f.end <= rptr) {
@@ -375,51 +325,37 @@ impl Os {
         }
         let written = match ring::plan_write(k.wptr, KERNEL_RING_BYTES, sub.words.len() as u64) {
             // rptr is the engine's (kernel-owned memory); saturating all the same.
-            Some(plan) if plan.new_wptr.saturating_sub(rptr) > KERNEL_RING_BYTES => return Move::NoSpace,
+            Some(plan) if plan.new_wptr.saturating_sub(rptr) > KERNEL_RING_BYTES => return Written::NoSpace,
             Some(plan) => ring::write_stream(&k.ring, KERNEL_RING_BYTES, k.wptr, &plan, &[&sub.words])
                 .map(|()| plan.new_wptr)
                 .map_err(|_| "the kernel ring rejected a write inside its bounds"),
             None => Err("a submission of at most half the ring found no write plan"),
         };
-        let new_wptr = match written {
+        let wptr = match written {
             Ok(w) => w,
             Err(why) => {
-                // A broken invariant of the kernel's own: never publish what was not written,
-                // and never stall the context behind it. The queue faults, with the reason.
+                // Never publish what was not written, and never stall the context behind it.
                 let record = FaultRecord {
                     kind: FaultKind::BadField { field: "kernel ring", why },
                     rptr,
                     opcode: None,
                     in_indirect: false,
                 };
-                self.fault_queue(pid, qh, record, now);
-                return Move::Moved;
+                return Written::Broken { queue, record };
             }
         };
         let start = k.wptr;
-        k.wptr = new_wptr;
+        k.wptr = wptr;
         // Release: the packets are visible before the firmware acquires wptr.
-        k.control.wptr().store(new_wptr, Ordering::Release);
-        let Some(sub) = ctx.software_queue.pop_front() else { return Move::Empty };
-        self.km_queued -= 1;
+        k.control.wptr().store(wptr, Ordering::Release);
+        let Some(sub) = ctx.software_queue.pop_front() else { return Written::Empty };
+        self.queued -= 1;
         let fence_id = sub.fence_id.unwrap_or_else(|| {
-            let next = self.km_fence_ids.entry(engine).or_insert(1);
+            let next = self.fence_ids.entry(engine).or_insert(1);
             *next += 1;
             *next - 1
         });
-        k.inflight.push_back(InFlight { fence_id, paging: sub.paging, start, end: new_wptr, words: sub.words });
-        // DxgkDdiSubmitCommand, on an awake engine: the KMD rings the kernel doorbell.
-        let rung = self.wake_engine(engine, now).and_then(|()| Ok(self.ddi.submit_command(qh, new_wptr, fence_id)?));
-        if rung.is_err() {
-            // The wptr is published, but nothing will ring for it: the queue faults, named.
-            let record = FaultRecord {
-                kind: FaultKind::BadField { field: "kernel doorbell", why: "the engine could not be woken or rung" },
-                rptr,
-                opcode: None,
-                in_indirect: false,
-            };
-            self.fault_queue(pid, qh, record, now);
-        }
-        Move::Moved
+        k.inflight.push_back(InFlight { fence_id, paging: sub.paging, start, end: wptr, words: sub.words });
+        Written::Moved { queue, engine, rptr, wptr, fence_id }
     }
 }
