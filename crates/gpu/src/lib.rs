@@ -237,6 +237,12 @@ impl Gpu {
         self.fw.queue_state(id)
     }
 
+    /// Whether queue `id` holds one of its engine's hardware slots now (mapped there, its
+    /// state loaded or being loaded).
+    pub fn queue_in_slot(&self, id: FwQueueId) -> Result<bool, GpuError> {
+        self.fw.queue_in_slot(id)
+    }
+
     /// The fault that hung the queue.
     pub fn queue_fault(&self, id: FwQueueId) -> Result<Option<abi::queue::FaultRecord>, GpuError> {
         self.fw.queue_fault(id)

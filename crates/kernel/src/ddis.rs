@@ -241,6 +241,11 @@ macro_rules! ddi_table {
         /// device does not say, and the hang timer catches only a queue that does not answer its
         /// preemption request.
         query fn queue_run_time(self, queue: HwQueueHandle) -> Option<Duration> = { None };
+        /// Whether `queue` holds one of its engine's hardware slots now (the OS's engine
+        /// watchdog asks only a stalled engine's slot holders to preempt). A device that does
+        /// not say answers `true`: every queue with work is asked, and one without a slot
+        /// answers at once.
+        query fn queue_in_slot(self, queue: HwQueueHandle) -> bool = { true };
         /// Moves the allocation at `[va, va + bytes)` of `process` to `domain`, updates the GPU
         /// page tables and invalidates the TLB (spec 001 migration, step 2; Windows' paging
         /// operation). The caller has preempted every queue of the process.

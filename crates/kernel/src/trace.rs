@@ -158,6 +158,16 @@ pub enum Event {
         /// How long it took (ms).
         took_ms: u64,
     },
+    /// The engine watchdog found an engine that made no progress for a `TdrDelay` while a
+    /// queue with work waited for a slot: the queues in its slots are asked to preempt.
+    EngineStalled {
+        /// The engine.
+        engine: EngineId,
+        /// Its slot holders asked to preempt.
+        holders: u32,
+        /// Its queues with work waiting for a slot.
+        waiting: u32,
+    },
     /// A preemption request went unanswered for `TdrDelay`: recovery starts (spec 003).
     TdrTimeout {
         /// The queue that would not yield.
@@ -372,6 +382,11 @@ impl core::fmt::Display for Event {
                 write!(f, "{allocation} at {va:#x}: migration failed ({error}), GPU mapping taken out")
             }
             Event::DdiTimeout { ddi, took_ms } => write!(f, "{ddi:?} took {took_ms} ms, past TdrDdiDelay: escalating"),
+            Event::EngineStalled { engine, holders, waiting } => write!(
+                f,
+                "{engine}: no progress for TdrDelay with {waiting} queue(s) waiting for a slot, \
+                 asking its {holders} slot holder(s) to preempt"
+            ),
             Event::TdrTimeout { queue, engine } => {
                 write!(f, "{queue} on {engine}: TDR timeout, no answer to preemption")
             }

@@ -18,7 +18,7 @@ use gpu::{CostModel, FwEvent, GpuConfig};
 use kernel::ddi::{DdiFault, DdiKind, Misbehaviour};
 use kernel::trace::{Ddi, Event};
 use kernel::{System, SystemConfig, TdrConfig};
-use umd::{Buffer, CommandBuffer, UmdError};
+use umd::{Buffer, CommandBuffer, Queue, UmdError};
 
 use common::{T, forever};
 
@@ -1326,27 +1326,34 @@ fn teardown_waits_for_each_queue_s_answer_or_its_recovery_before_destroying_it()
     assert_eq!(n.buf.read_u32(0).unwrap(), 5);
 }
 
+/// A one-slot compute engine preempting at `level`, with `tdr`, whose only queue is blocked in
+/// a `WAIT` on its client's buffer word 0 (then writes 1 to word 1): the system, the client,
+/// the queue and the progress value of that command buffer.
+fn blocked_in_a_wait(level: ComputeGranularity, tdr: TdrConfig) -> (System, common::Client, Queue, u64) {
+    let mut cfg = slow(level, tdr);
+    cfg.gpu.hw_slots = 1;
+    let sys = common::sim_with(cfg);
+    let w = common::client(&sys);
+    let mut wq = w.user_queue();
+    let mut cb = CommandBuffer::new();
+    cb.wait(w.buf.va(), 1).write_u32(w.buf.va() + 4, 1);
+    let wv = wq.submit(&cb).unwrap();
+    (sys, w, wq, wv)
+}
+
 /// Issue 11's bad inputs: a `WAIT` that never passes costs its own queue and nothing else.
 /// Where a wait is preemptible it is not a hang: its queue gives the only slot to a neighbour at
 /// once (not at the end of a quantum), answers the hang timer's check and is never reset. Under
 /// `None` it cannot be preempted: the check goes unanswered, the queue alone is reset (Hung,
-/// reported, guilty), and the neighbour then runs.
+/// reported, guilty), and the neighbour then runs. (The hang timeout is shorter than
+/// `TdrDelay` here, so the hang timer asks before the engine watchdog would: the watchdog's
+/// own test is the next one.)
 #[test]
 fn a_wait_that_never_passes_costs_only_its_own_queue() {
     for level in [ComputeGranularity::Shader, ComputeGranularity::None] {
-        let tdr = TdrConfig {
-            delay: Duration::from_millis(100),
-            hang_compute: Some(Duration::from_millis(400)),
-            ..TdrConfig::default()
-        };
-        let mut cfg = slow(level, tdr);
-        cfg.gpu.hw_slots = 1;
-        let sys = common::sim_with(cfg);
-        let w = common::client(&sys);
-        let mut wq = w.user_queue();
-        let mut cb = CommandBuffer::new();
-        cb.wait(w.buf.va(), 1).write_u32(w.buf.va() + 4, 1);
-        let wv = wq.submit(&cb).unwrap();
+        let hang = Duration::from_millis(50);
+        let tdr = TdrConfig { delay: Duration::from_millis(100), hang_compute: Some(hang), ..TdrConfig::default() };
+        let (sys, w, wq, wv) = blocked_in_a_wait(level, tdr);
         sys.settle();
         let n = common::client(&sys);
         let mut nq = n.user_queue();
@@ -1361,7 +1368,7 @@ fn a_wait_that_never_passes_costs_only_its_own_queue() {
         let reset = evs.iter().any(|e| matches!(e, Event::Ddi(Ddi::ResetQueue(h)) if *h == wq.handle()));
         let st = wq.status().unwrap();
         if level == ComputeGranularity::None {
-            assert!(waited >= Duration::from_millis(400), "{level}: behind the blocked queue until its reset");
+            assert!(waited >= tdr.delay, "{level}: behind the blocked queue until its reset, {waited:?}");
             assert!(reset, "{level}");
             assert_eq!(st.state, QueueState::Hung);
             assert!(st.guilty && st.flags == abi::port::QUEUE_STATUS_HUNG);
@@ -1379,6 +1386,69 @@ fn a_wait_that_never_passes_costs_only_its_own_queue() {
         assert_eq!(n.buf.read_u32(0).unwrap(), 7);
         assert_ne!(nq.status().unwrap().state, QueueState::Hung, "{level}: the neighbour pays nothing");
     }
+}
+
+/// The engine watchdog (spec 000: the OS monitors whether an engine makes progress at the TDR
+/// cadence), with the hang timer off: a queue blocked in a `WAIT` its engine cannot preempt
+/// (`None`) holds the only slot while a neighbour waits for it. Without the watchdog nothing
+/// would ever ask it to leave (the firmware's quantum cannot stop it, and no request is in
+/// flight), and the neighbour would wait for good. With it, the first look after a `TdrDelay`
+/// without progress finds the engine stalled and asks the slot holder to preempt; the request
+/// goes unanswered, so TDR resets the engine: the blocked queue alone is hung and guilty, the
+/// neighbour runs and pays nothing.
+#[test]
+fn a_slot_held_in_a_wait_that_cannot_be_preempted_is_taken_back_by_the_engine_watchdog() {
+    let tdr = TdrConfig { delay: Duration::from_millis(100), hang_compute: None, ..TdrConfig::default() };
+    let (sys, _w, wq, _) = blocked_in_a_wait(ComputeGranularity::None, tdr);
+    sys.settle();
+    let n = common::client(&sys);
+    let mut nq = n.user_queue();
+    let before = common::events(&sys).len();
+    let mut cb = CommandBuffer::new();
+    cb.write_u32(n.buf.va(), 7);
+    let t0 = sys.now();
+    let nv = nq.submit(&cb).unwrap();
+    nq.wait(nv, Some(Duration::from_secs(5))).expect("the neighbour runs once the watchdog took the slot back");
+    let waited = sys.now().since(t0);
+    // A look records the engine's progress, the next finds it unmoved, and the request it
+    // sends goes unanswered for a TdrDelay: between one and three delays in all.
+    assert!(waited >= tdr.delay && waited <= tdr.delay * 3 + Duration::from_millis(50), "{waited:?}");
+    let evs = common::events_from(&sys, before);
+    let pos = |f: &dyn Fn(&Event) -> bool| evs.iter().position(f).unwrap_or_else(|| panic!("missing in {evs:#?}"));
+    let stalled = pos(&|e| matches!(e, Event::EngineStalled { holders: 1, waiting: 1, .. }));
+    let timeout = pos(&|e| matches!(e, Event::TdrTimeout { queue, .. } if *queue == wq.handle()));
+    let reset = pos(&|e| matches!(e, Event::Ddi(Ddi::ResetEngine(_))));
+    assert!(stalled < timeout && timeout < reset, "{evs:#?}");
+    assert!(!evs.iter().any(|e| matches!(e, Event::Ddi(Ddi::ResetQueue(_)))), "the hang timer is off");
+    let st = wq.status().unwrap();
+    assert_eq!(st.state, QueueState::Hung);
+    assert!(
+        st.guilty && matches!(st.fault.as_ref().map(|f| &f.kind), Some(FaultKind::PreemptTimeout { .. })),
+        "{st:?}"
+    );
+    assert_eq!(n.buf.read_u32(0).unwrap(), 7);
+    let st = nq.status().unwrap();
+    assert!(st.state != QueueState::Hung && !st.guilty, "the neighbour pays nothing: {st:?}");
+}
+
+/// The engine watchdog asks only a queue that keeps another from running: alone on its engine,
+/// a queue blocked in a `WAIT` it cannot leave (`None`, the hang timer off) for ten `TdrDelay`s
+/// is never asked to preempt, never reset, and finishes once its fence passes.
+#[test]
+fn the_engine_watchdog_leaves_a_stalled_engine_alone_when_nobody_waits_for_its_slot() {
+    let tdr = TdrConfig { delay: Duration::from_millis(100), hang_compute: None, ..TdrConfig::default() };
+    let (sys, w, wq, wv) = blocked_in_a_wait(ComputeGranularity::None, tdr);
+    sys.run_for(tdr.delay * 10);
+    let evs = common::events(&sys);
+    assert!(
+        !evs.iter()
+            .any(|e| matches!(e, Event::EngineStalled { .. } | Event::TdrTimeout { .. } | Event::Preempted { .. })),
+        "{evs:#?}"
+    );
+    w.buf.write(0, &1u32.to_le_bytes()).unwrap();
+    wq.wait(wv, T).unwrap();
+    assert_eq!(w.buf.read_u32(4).unwrap(), 1);
+    assert_ne!(wq.status().unwrap().state, QueueState::Hung);
 }
 
 /// Issue 11's bad inputs: an endless chain of indirect buffers — an indirect buffer that calls

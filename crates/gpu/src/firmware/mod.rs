@@ -980,6 +980,12 @@ impl Firmware {
         Ok(self.queue(id)?.state)
     }
 
+    pub(crate) fn queue_in_slot(&self, id: FwQueueId) -> Result<bool, GpuError> {
+        let q = self.queue(id)?;
+        let seated = self.engines.get(q.cfg.engine.0 as usize).is_some_and(|e| e.hqd.contains(&id));
+        Ok(seated && q.state == QueueState::Mapped)
+    }
+
     pub(crate) fn queue_fault(&self, id: FwQueueId) -> Result<Option<FaultRecord>, GpuError> {
         Ok(self.queue(id)?.fault.clone())
     }

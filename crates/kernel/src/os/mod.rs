@@ -8,10 +8,11 @@
 //! [`Os`] has no lock, no thread, no clock and never blocks: every input is a method taking
 //! `&mut self` and `now`; what must happen outside it comes out of [`Os::poll_output`] (a CPU
 //! wait completed, a cross-adapter fence to propagate, the kernel-mode scheduler has work),
-//! and its timers (TDR, the hang timer's scan, the D3 idle timer: one [`timers::TimerTable`])
-//! come out of [`Os::poll_timeout`] and fire in [`Os::handle_timeout`]. The drivers in
-//! [`crate::system`] own the lock, the condition variables, the clock and the blocking; they
-//! mark each entry's time with [`Os::at`], so the DDIs an entry calls are logged at its `now`.
+//! and its timers (TDR, the hang timer's scan, the engine watchdog's look, the D3 idle timer:
+//! one [`timers::TimerTable`]) come out of [`Os::poll_timeout`] and fire in
+//! [`Os::handle_timeout`]. The drivers in [`crate::system`] own the lock, the condition
+//! variables, the clock and the blocking; they mark each entry's time with [`Os::at`], so the
+//! DDIs an entry calls are logged at its `now`.
 //!
 //! **State has owners.** [`Os`] is a short list of them, as quinn-proto's `Connection` holds
 //! its `StreamsState`: each concern's state is a type of its own, in its own file, whose
@@ -39,7 +40,8 @@
 //! suspension, termination), `submit` (the kernel-mode path), `waits` (CPU waits on progress
 //! fences), `isr` (the interrupt service routine), `preempt` (preemption requests and
 //! answers), `tdr` (timeout detection and recovery, top to bottom, and device lost), `hang`
-//! (amdgpu's hang timer), `migrate` and `userq` (`USERQ_SIGNAL`, `USERQ_WAIT`).
+//! (amdgpu's hang timer), `watchdog` (the engine watchdog: progress at the TDR cadence),
+//! `migrate` and `userq` (`USERQ_SIGNAL`, `USERQ_WAIT`).
 //!
 //! Imports go one way: `calls/` imports the owners and this module; an owner imports
 //! `shared`, `process`, `timers` and `waits` (`fence_waits` and `fence_logs` also `fences`,
@@ -261,13 +263,13 @@ impl Os {
     }
 
     /// Fires what is due, timer by timer: a preemption request unanswered for `TdrDelay`
-    /// (spec 003) or the hang timer's scan starts recovery's pass ([`Os::recovery_timeout`]);
-    /// once every engine has been in F1 for the idle period, the device enters D3 — if work
+    /// (spec 003), the hang timer's scan or the engine watchdog's look starts recovery's pass
+    /// ([`Os::recovery_timeout`]); once every engine has been in F1 for the idle period, the device enters D3 — if work
     /// is queued meanwhile D3 is refused (see [`Os::enter_d3`]) and the idle timer starts
     /// over.
     pub fn handle_timeout(&mut self, now: Time) {
         let timers = self.cx.timers;
-        if timers.is_due(Timer::Tdr, now) || timers.is_due(Timer::HangScan, now) {
+        if [Timer::Tdr, Timer::HangScan, Timer::EngineWatch].iter().any(|&t| timers.is_due(t, now)) {
             self.recovery_timeout(now);
         }
         if self.cx.timers.is_due(Timer::D3Idle, now) {

@@ -73,6 +73,20 @@
 //! timeout is the longest a command buffer may run. On a device that reports no run time
 //! (`queue_run_time` is `None`), only the TDR path remains.
 //!
+//! **The engine watchdog** (spec 000: "Dxgkrnl monitors whether a GPU engine is making
+//! progress using TDR timeout cadence"). The two mechanisms above start from a request: the
+//! OS's own, or the hang timer's, which may be off. Without either, a queue that holds a
+//! hardware slot inside work its engine cannot preempt (a `WAIT` under `none` granularity,
+//! say) while the queue it waits for waits for that slot would stall the engine for good, and
+//! the firmware's own quantum cannot take the slot back. So every `TdrDelay` the OS looks at
+//! each engine: one whose queues' completed progress values have not moved since the last
+//! look, while a queue with work that the kernel does not hold waits for a slot, is stalled,
+//! and each queue with work in its slots is asked to preempt ([`Cause::Watchdog`]). An answer
+//! lets it run on at once (it is released, as after a hang check); no answer within
+//! `TdrDelay` is a TDR of the engine, as for any request. An engine that is busy without
+//! contention (one long kernel, nobody waiting) is never asked: only a queue that keeps
+//! another from running is.
+//!
 //! **Device lost** ([`super::Os::device_lost`]): the device's fences become AlwaysSignaled and their
 //! CPU waits fail with `DeviceLost`; each of its queues is stopped (its context suspended, and
 //! a queue that does not stop at once, inside work its engine cannot preempt, reset through
@@ -207,6 +221,10 @@ pub(super) enum Cause {
     /// not stop it: it leaves at its next allowed point; no answer in time means an engine
     /// reset, as for a request.
     Suspend,
+    /// The engine watchdog: the queue holds a slot of an engine that made no progress for a
+    /// `TdrDelay` while another queue waited for a slot. An answer resumes it at once; no
+    /// answer in time means an engine reset, as for a request.
+    Watchdog,
 }
 
 /// The OS's recovery state: the preemption requests in flight (which set [`Timer::Tdr`]),
@@ -232,14 +250,19 @@ pub(super) struct Recovery {
     /// Teardowns waiting for every answer their process's queues owe
     /// ([`super::Os::begin_preemption_wait`]).
     settling: Vec<(ProcessId, WaitId)>,
+    /// The engine watchdog's last look: for each engine that had a queue waiting for a slot
+    /// then, the sum of its queues' completed progress values.
+    pub(super) watched: BTreeMap<EngineId, u64>,
 }
 
 impl Recovery {
-    /// Takes new settings: the hang timer's scans stop until a queue is created, and the
-    /// requests in flight time out after the new `TdrDelay`.
+    /// Takes new settings: the hang timer's scans and the engine watchdog's looks stop until a
+    /// queue is created, and the requests in flight time out after the new `TdrDelay`.
     pub(super) fn set_cfg(&mut self, cfg: TdrConfig, timers: &mut TimerTable) {
         self.cfg = cfg;
         timers.set(Timer::HangScan, None);
+        timers.set(Timer::EngineWatch, None);
+        self.watched.clear();
         self.rearm(timers);
     }
 
@@ -386,5 +409,18 @@ impl Recovery {
     /// (`any`), none otherwise.
     pub(super) fn next_hang_scan(&self, any: bool, now: Time, timers: &mut TimerTable) {
         timers.set(Timer::HangScan, if any { self.hang_period().map(|p| now.plus(p)) } else { None });
+    }
+
+    /// Starts the engine watchdog's looks if they are not running (a queue was created).
+    pub(super) fn arm_engine_watch(&self, now: Time, timers: &mut TimerTable) {
+        if timers.get(Timer::EngineWatch).is_none() {
+            timers.set(Timer::EngineWatch, Some(now.plus(self.cfg.delay)));
+        }
+    }
+
+    /// After a look at `now`: the next one `TdrDelay` later while there is a queue to watch
+    /// (`any`), none otherwise.
+    pub(super) fn next_engine_watch(&self, any: bool, now: Time, timers: &mut TimerTable) {
+        timers.set(Timer::EngineWatch, any.then(|| now.plus(self.cfg.delay)));
     }
 }

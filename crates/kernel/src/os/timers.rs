@@ -5,8 +5,8 @@
 //!
 //! Each deadline is set by the concern that owns the timer, whenever what it depends on
 //! changes: [`Timer::Tdr`] by the preemption requests in flight ([`super::recovery`]),
-//! [`Timer::HangScan`] by the hang timer, [`Timer::D3Idle`] by the device's idle reports
-//! ([`super::power`]).
+//! [`Timer::HangScan`] by the hang timer, [`Timer::EngineWatch`] by the engine watchdog,
+//! [`Timer::D3Idle`] by the device's idle reports ([`super::power`]).
 
 use abi::Time;
 
@@ -17,12 +17,15 @@ pub(super) enum Timer {
     Tdr,
     /// The hang timer's next scan of the queues with work outstanding (amdgpu).
     HangScan,
+    /// The engine watchdog's next look at each engine's progress, every `TdrDelay` (spec 000:
+    /// the OS monitors whether an engine is making progress at the TDR cadence).
+    EngineWatch,
     /// Every engine has stayed in F1 for the D3 idle period: the device enters D3 (spec 000).
     D3Idle,
 }
 
 impl Timer {
-    const COUNT: usize = 3;
+    const COUNT: usize = 4;
 }
 
 /// At most one deadline per [`Timer`].

@@ -570,6 +570,10 @@ impl Kmd for VirtualKmd {
         self.device().queue_run_time(self.fw(queue).ok()?).ok()
     }
 
+    fn queue_in_slot(&self, queue: HwQueueHandle) -> bool {
+        self.fw(queue).is_ok_and(|fw| self.device().queue_in_slot(fw).unwrap_or(false))
+    }
+
     fn queue_state(&self, queue: HwQueueHandle) -> Option<QueueState> {
         self.device().queue_state(self.fw(queue).ok()?).ok()
     }

@@ -313,6 +313,12 @@ mod tests {
                 "idle kernel queues held every slot while busy ones, hung kernels among them, waited",
             ),
             (1940, "hang-detected", "a hung kernel waiting on a stopped upstream never starts: no timer can catch it"),
+            (1580, "liveness", "a queue blocked in a WAIT it could not leave held a slot its upstream needed"),
+            (
+                1884,
+                "exactly-once",
+                "the same with one slot: no quantum can stop it, and with no hang timer nobody asked",
+            ),
         ];
         for &(seed, checker, bug) in found {
             let r = run_seed(seed, None);

@@ -16,3 +16,4 @@ mod submit;
 mod tdr;
 mod userq;
 mod waits;
+mod watchdog;

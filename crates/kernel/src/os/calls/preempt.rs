@@ -157,7 +157,8 @@ impl Os {
         let latency_ns = answered.since(requested).as_nanos() as u64;
         self.recovery.record_answer(ticket, latency_ns);
         self.cx.trace.push(answered, Event::Preempted { queue, ticket, latency_ns });
-        if p.cause != Cause::HangCheck {
+        let checked = matches!(p.cause, Cause::HangCheck | Cause::Watchdog);
+        if !checked {
             // Held off its engine: a kernel-mode queue's unstarted buffers are resubmitted.
             self.km.take_back_unstarted(&mut self.cx, queue.owner(), queue, now);
         }
@@ -173,8 +174,12 @@ impl Os {
                 self.recover_queue(p, fault, Event::HangTimeout { queue, engine: p.engine, ran_ms }, now);
                 return;
             }
-            // Waiting, or sharing its slot: not hung. It runs on (unless the kernel took hold
-            // of it meanwhile: its context suspended, or a request of its own).
+        }
+        if checked {
+            // Waiting, or sharing its slot (a hang check), or at a point where it can let a
+            // waiting queue have its slot (the watchdog): not hung. It runs on (unless the
+            // kernel took hold of it meanwhile: its context suspended, or a request of its
+            // own).
             let _ = self.release_queue(queue.owner(), queue, now);
         }
     }

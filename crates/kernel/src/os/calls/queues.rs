@@ -214,6 +214,7 @@ impl Os {
             progress_fence: None,
         });
         self.recovery.arm_hang_scan(now, &mut self.cx.timers);
+        self.recovery.arm_engine_watch(now, &mut self.cx.timers);
         if let Err(e) = self.cx.ddi.create_hw_queue(handle, create) {
             self.proc(pid)?.queues.remove(handle)?;
             return Err(e.into());

@@ -3,8 +3,8 @@
 //!
 //! [`Os::recovery_timeout`] is what the TDR and hang-scan timers fire: each request
 //! unanswered for `TdrDelay` starts a recovery — [`Os::tdr`] for an engine (a caller's
-//! request, a migration's, a suspend's), [`Os::recover_queue`] for the hang timer's check —
-//! and then the hang timer scans. [`Os::tdr`] is the whole sequence in one place: the
+//! request, a migration's, a suspend's, the engine watchdog's), [`Os::recover_queue`] for the
+//! hang timer's check — and then the hang timer scans and the engine watchdog looks. [`Os::tdr`] is the whole sequence in one place: the
 //! snapshot, the engine reset, the guilty queues faulted and their devices in error, the
 //! innocent queues' restart, or else the adapter reset; then the recovery is counted, and
 //! past the limit the adapter is lost for good.
@@ -34,9 +34,10 @@ impl Os {
         Ok(())
     }
 
-    /// The TDR and hang-scan timers fired: every request unanswered for `TdrDelay` starts
-    /// recovery (a TDR for a caller's request, one per engine; a per-queue reset for a hang
-    /// check); then the hang timer's scan, if it is due.
+    /// The TDR, hang-scan and engine-watch timers fired: every request unanswered for
+    /// `TdrDelay` starts recovery (a TDR for a caller's request, a watchdog's, one per engine;
+    /// a per-queue reset for a hang check); then the hang timer's scan and the engine
+    /// watchdog's look, if they are due.
     pub(in crate::os) fn recovery_timeout(&mut self, now: Time) {
         // Requests whose queue is gone or already hung wait for nothing.
         let processes = &self.cx.processes;
@@ -55,11 +56,13 @@ impl Os {
                     let fault = FaultKind::PreemptTimeout { waited_ms: now.since(p.at).as_millis() as u64 };
                     self.recover_queue(p, fault, Event::TdrTimeout { queue: p.queue, engine: p.engine }, now);
                 }
-                Cause::Request | Cause::Migration | Cause::Suspend if !engines.contains(&p.engine) => {
+                Cause::Request | Cause::Migration | Cause::Suspend | Cause::Watchdog
+                    if !engines.contains(&p.engine) =>
+                {
                     engines.push(p.engine);
                     self.tdr(p.engine, p.queue, now);
                 }
-                Cause::Request | Cause::Migration | Cause::Suspend => {}
+                Cause::Request | Cause::Migration | Cause::Suspend | Cause::Watchdog => {}
             }
         }
         // Migrations and teardowns whose queues were recovered or went away proceed.
@@ -67,6 +70,9 @@ impl Os {
         self.recovery.settle_waits(&mut self.cx);
         if self.cx.timers.is_due(Timer::HangScan, now) {
             self.hang_scan(now);
+        }
+        if self.cx.timers.is_due(Timer::EngineWatch, now) {
+            self.engine_watch(now);
         }
     }
 
