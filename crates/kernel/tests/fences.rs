@@ -119,6 +119,38 @@ fn a_kernel_mode_wait_is_resolved_by_the_scheduler() {
     assert!(sys.stats().fence_interrupts > before, "the legacy path needs the interrupt");
 }
 
+/// The context's kernel-mode queues are streams of their own: one whose oldest submission is
+/// held back by a `WAIT` on a fence holds back only itself. A second kernel-mode queue of the
+/// same context runs its work meanwhile, twice, and the waiting queue's submissions then run
+/// in their order once the fence passes. (Found by the swarm, seed 1606: a queue waiting on a
+/// hung upstream held its context's four other queues back for good.)
+#[test]
+fn a_kernel_mode_wait_holds_back_only_its_own_queue() {
+    let sys = common::sim();
+    let c = common::client(&sys);
+    let f = c.device.create_fence(0, NativeFenceType::Default).unwrap();
+    let mut held = c.kernel_queue();
+    let mut other = c.kernel_queue();
+    let mut cb = CommandBuffer::new();
+    cb.wait_fence(&f, 1).write_u32(c.buf.va(), 0xa1);
+    held.submit(&cb).unwrap();
+    let mut cb = CommandBuffer::new();
+    cb.write_u32(c.buf.va(), 0xa2);
+    let hv = held.submit(&cb).unwrap();
+    for (i, word) in [(1u64, 0xb1u32), (2, 0xb2)] {
+        let mut cb = CommandBuffer::new();
+        cb.write_u32(c.buf.va() + 4 * i, word);
+        let v = other.submit(&cb).unwrap();
+        other.wait(v, T).expect("the other queue of the context is not held back");
+        assert_eq!(c.buf.read_u32(4 * i).unwrap(), word);
+    }
+    assert_eq!(held.completed(), 0, "still held back by its fence");
+    assert_eq!(c.buf.read_u32(0).unwrap(), 0);
+    f.signal(1).unwrap();
+    held.wait(hv, T).unwrap();
+    assert_eq!(c.buf.read_u32(0).unwrap(), 0xa2, "the held queue's submissions ran in order");
+}
+
 #[test]
 fn waits_on_many_fences_all_or_any() {
     let sys = common::sim();

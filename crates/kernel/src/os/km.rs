@@ -7,7 +7,9 @@
 //! submissions onto the queue's kernel-owned ring, publishes wptr and rings the kernel
 //! doorbell (`DxgkDdiSubmitCommand`). A `WAIT` on a native fence is resolved on the CPU (the
 //! legacy, CPU-mediated path of spec 002): the submission stays back until the fence passes,
-//! and the scheduler registers as a waiter so the fence's interrupt wakes it.
+//! and the scheduler registers as a waiter so the fence's interrupt wakes it. A context's
+//! queues are streams of their own: each queue's submissions leave in order, and one held back
+//! (by its fences, or a full ring) holds back only its queue, not the context's others.
 //!
 //! **Fence IDs and resubmission** (spec 003, "Allow paging command fence IDs to be
 //! reused"). Each buffer moved onto a ring gets a submission fence ID from its engine's
@@ -232,12 +234,20 @@ impl KmScheduler {
         }
     }
 
-    /// The engine of the submission at the head of a context's software queue, and whether
-    /// it is a paging buffer.
-    pub(super) fn head(&self, cx: &Shared, pid: ProcessId, c: ContextHandle) -> Option<(EngineId, bool)> {
+    /// The next submission of a context's software queue whose queue is not `stalled`: its
+    /// queue and engine, and whether it is a paging buffer. Each queue's submissions leave in
+    /// order; a queue held back (its oldest waits on a fence, its ring is full) holds back
+    /// only its own.
+    pub(super) fn head(
+        &self,
+        cx: &Shared,
+        pid: ProcessId,
+        c: ContextHandle,
+        stalled: &[HwQueueHandle],
+    ) -> Option<(HwQueueHandle, EngineId, bool)> {
         let p = cx.processes.get(&pid)?;
-        let sub = p.contexts.get(c).ok()?.software_queue.front()?;
-        Some((p.queues.get(sub.queue).ok()?.engine, sub.paging))
+        let sub = p.contexts.get(c).ok()?.software_queue.iter().find(|s| !stalled.contains(&s.queue))?;
+        Some((sub.queue, p.queues.get(sub.queue).ok()?.engine, sub.paging))
     }
 
     /// A kernel-mode queue answered a preemption the OS holds it for: the buffers it had not
@@ -307,13 +317,13 @@ impl KmScheduler {
         }
     }
 
-    /// Writes the head of context `c`'s software queue onto its queue's kernel-owned ring and
-    /// publishes wptr; the submission leaves the software queue for the queue's in-flight
+    /// Writes submission `at` of context `c`'s software queue (its queue's oldest, see
+    /// [`KmScheduler::head`]) onto its queue's kernel-owned ring and publishes wptr; the submission leaves the software queue for the queue's in-flight
     /// list, with a fence ID (its own, for a resubmitted paging buffer).
-    pub(super) fn write_head(&mut self, cx: &mut Shared, pid: ProcessId, c: ContextHandle) -> Written {
+    pub(super) fn write_head(&mut self, cx: &mut Shared, pid: ProcessId, c: ContextHandle, at: usize) -> Written {
         let Some(p) = cx.processes.get_mut(&pid) else { return Written::Empty };
         let Ok(ctx) = p.contexts.get_mut(c) else { return Written::Empty };
-        let Some(sub) = ctx.software_queue.front() else { return Written::Empty };
+        let Some(sub) = ctx.software_queue.get(at) else { return Written::Empty };
         let queue = sub.queue;
         let Ok(qo) = p.queues.get_mut(queue) else { return Written::Empty };
         let engine = qo.engine;
@@ -348,7 +358,7 @@ impl KmScheduler {
         k.wptr = wptr;
         // Release: the packets are visible before the firmware acquires wptr.
         k.control.wptr().store(wptr, Ordering::Release);
-        let Some(sub) = ctx.software_queue.pop_front() else { return Written::Empty };
+        let Some(sub) = ctx.software_queue.remove(at) else { return Written::Empty };
         self.queued -= 1;
         let fence_id = sub.fence_id.unwrap_or_else(|| {
             let next = self.fence_ids.entry(engine).or_insert(1);

@@ -54,20 +54,27 @@ impl Os {
             let mut held: Vec<EngineId> = Vec::new();
             for paging_pass in [true, false] {
                 for &(pid, c) in &contexts {
-                    while let Some((engine, paging)) = self.km.head(&self.cx, pid, c) {
+                    // A context's queues are streams of their own: one whose oldest
+                    // submission waits on a fence, or finds its ring full, holds back only
+                    // itself this pass, and the context's other queues go on.
+                    let mut stalled: Vec<HwQueueHandle> = Vec::new();
+                    while let Some((queue, engine, paging)) = self.km.head(&self.cx, pid, c, &stalled) {
                         if paging != paging_pass || (!paging && held.contains(&engine)) {
                             break;
                         }
-                        match self.move_one(pid, c, now) {
+                        match self.move_one(pid, c, queue, now) {
                             Move::Moved => moved = true,
-                            Move::NoSpace => {
+                            Move::NoSpace if paging => {
                                 ring_full = true;
-                                if paging {
-                                    held.push(engine);
-                                }
+                                held.push(engine);
                                 break;
                             }
-                            Move::FenceWait | Move::Empty => break,
+                            Move::NoSpace => {
+                                ring_full = true;
+                                stalled.push(queue);
+                            }
+                            // (Empty: its submissions went meanwhile, with its queue.)
+                            Move::FenceWait | Move::Empty => stalled.push(queue),
                         }
                     }
                 }
@@ -76,12 +83,12 @@ impl Os {
         SchedulerPass { moved, ring_full, generation: self.cx.km_gen }
     }
 
-    /// Holds the head of a context's software queue back while its native-fence `WAIT`s are
-    /// unmet (registering the scheduler as their waiter); `true` if it may go.
-    fn fence_waits_met(&mut self, pid: ProcessId, c: ContextHandle, now: Time) -> bool {
+    /// Holds submission `at` of a context's software queue back while its native-fence
+    /// `WAIT`s are unmet (registering the scheduler as their waiter); `true` if it may go.
+    fn fence_waits_met(&mut self, pid: ProcessId, c: ContextHandle, at: usize, now: Time) -> bool {
         let Some(p) = self.cx.processes.get_mut(&pid) else { return false };
         let Ok(ctx) = p.contexts.get_mut(c) else { return false };
-        let Some(sub) = ctx.software_queue.front_mut() else { return false };
+        let Some(sub) = ctx.software_queue.get_mut(at) else { return false };
         if sub.waits.is_empty() {
             return true;
         }
@@ -106,24 +113,25 @@ impl Os {
         true
     }
 
-    /// Moves the head of a context's software queue onto its queue's kernel-owned ring:
-    /// wake the device if it is in D3, wait for its fences, write the packets and publish
-    /// wptr, then ring the doorbell on an awake engine.
-    fn move_one(&mut self, pid: ProcessId, c: ContextHandle, now: Time) -> Move {
+    /// Moves queue `queue`'s oldest submission on its context's software queue onto its
+    /// kernel-owned ring: wake the device if it is in D3, wait for its fences, write the
+    /// packets and publish wptr, then ring the doorbell on an awake engine.
+    fn move_one(&mut self, pid: ProcessId, c: ContextHandle, queue: HwQueueHandle, now: Time) -> Move {
         // A kernel-mode submission in D3 wakes the device too.
         // A context that cannot be resumed stays on the list for the next wake-up.
         if self.power.d3 && self.power.power_up(&mut self.cx, now).is_ok() {
             let _ = self.resume_after_d3(now);
         }
         let Some(p) = self.cx.processes.get(&pid) else { return Move::Empty };
-        if p.contexts.get(c).map_or(true, |ctx| ctx.software_queue.is_empty()) {
+        let Some(at) = p.contexts.get(c).ok().and_then(|ctx| ctx.software_queue.iter().position(|s| s.queue == queue))
+        else {
             return Move::Empty;
-        }
+        };
         // The legacy path: a WAIT on a native fence is resolved here, by the CPU.
-        if !self.fence_waits_met(pid, c, now) {
+        if !self.fence_waits_met(pid, c, at, now) {
             return Move::FenceWait;
         }
-        match self.km.write_head(&mut self.cx, pid, c) {
+        match self.km.write_head(&mut self.cx, pid, c, at) {
             Written::Empty => Move::Empty,
             Written::NoSpace => Move::NoSpace,
             Written::Broken { queue, record } => {
