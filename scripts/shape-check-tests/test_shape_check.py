@@ -261,6 +261,20 @@ class Circles(unittest.TestCase):
         }
         self.assertEqual(check(files), [])
 
+    def test_paths_in_attribute_arguments_are_edges_but_not_in_cfg_or_doc(self):
+        # clap's derive expands `default_value_t = crate::y::K` into x's code.
+        files = {
+            "crates/a/src/lib.rs": "mod x;\nmod y;\nmod z;\n",
+            "crates/a/src/x.rs": "pub struct A {\n    #[arg(long, default_value_t = crate::y::K)]\n    f: u32,\n}\n",
+            "crates/a/src/y.rs": "pub const K: u32 = 1;\npub fn f(_: &crate::x::A) {}\n",
+            "crates/a/src/z.rs": (
+                "#[cfg_attr(feature = \"s\", derive(crate::y::D))]\n#[doc = crate::y::DOC]\npub struct B;\n"
+                "#[cfg(test)]\n#[arg(default_value_t = crate::y::K)]\npub struct T;\n"
+            ),
+        }
+        files["crates/a/src/y.rs"] += "pub fn g(_: crate::z::B) {}\n"
+        self.assertEqual(check(files), [("crates/a/src/x.rs", "import-circle:x,y")])
+
     def test_a_dispatching_root_that_defines_what_its_subcommands_use(self):
         # fixtures/hub: main.rs dispatches to its subcommands and defines the error type they
         # return; bench dispatches to bench_fences, which uses bench's helper. Both are real
