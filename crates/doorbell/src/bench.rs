@@ -14,17 +14,13 @@
 //! - `um_throughput_per_s`: tiny command buffers (one `WRITE_DATA` and the progress fence) on
 //!   one queue, sustained, until the last one completes.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use abi::EngineKind;
-use abi::port::KernelPort;
 use clap::{Args, Subcommand};
 use gpu::{GpuConfig, PowerState};
-use kernel::{System, SystemConfig};
-use umd::{CommandBuffer, Device, Queue, QueueOptions};
+use umd::{CommandBuffer, QueueOptions};
 
+use crate::measure::{DeviceKind, FloorTable, Rig, cacheline_rtt_ns, latencies, percentiles, progress, rig_with};
 use crate::{CliError, num};
 
 #[derive(Subcommand)]
@@ -121,8 +117,8 @@ pub struct SubmitArgs {
     /// run; exits with an error naming what is missing when no GPU or driver is found), or
     /// `emulated` (the GPU's engine program emulated on the CPU: a check of that path, not a
     /// GPU figure).
-    #[arg(long, value_enum, default_value_t = crate::bench_cuda::DeviceKind::Virtual)]
-    device: crate::bench_cuda::DeviceKind,
+    #[arg(long, value_enum, default_value_t = DeviceKind::Virtual)]
+    device: DeviceKind,
 }
 
 pub fn run(cmd: BenchCommand) -> Result<(), CliError> {
@@ -132,6 +128,9 @@ pub fn run(cmd: BenchCommand) -> Result<(), CliError> {
         BenchCommand::Fences(a) => crate::bench_fences::run(a.json, a.signals, a.samples as usize),
         BenchCommand::Oversubscribe(a) => crate::bench_oversub::run(a),
         BenchCommand::Neighbour(a) => crate::bench_neighbour::run(a),
+        BenchCommand::Preempt(a) if a.device != DeviceKind::Virtual => {
+            crate::bench_cuda::preempt(a.device, a.json, a.samples, a.rounds)
+        }
         BenchCommand::Preempt(a) => crate::bench_preempt::run(a),
         BenchCommand::Pgo(a) => crate::bench_pgo::run(a),
         BenchCommand::Peer(a) => crate::bench_daemon::peer(a),
@@ -139,126 +138,13 @@ pub fn run(cmd: BenchCommand) -> Result<(), CliError> {
     }
 }
 
-pub(crate) fn progress(json: bool, msg: &str) {
-    if !json {
-        eprintln!("  … {msg}");
-    }
-}
-
-/// p50 and p99 of a sample set (nearest rank, as the simulator's figures:
-/// [`sim::output::percentile`]; 0 for no samples).
-pub(crate) fn percentiles(mut v: Vec<u64>) -> (u64, u64) {
-    v.sort_unstable();
-    (sim::output::percentile(&v, 50.0), sim::output::percentile(&v, 99.0))
-}
-
-/// A benchmark's human-readable table: each latency beside its ratio to the cache-line round
-/// trip measured in the same run, labels `width` characters wide. Rows that are not latencies
-/// (rates, counts, verdicts) are printed by the benchmark, in the same columns.
-pub(crate) struct FloorTable {
-    width: usize,
-    floor: f64,
-}
-
-impl FloorTable {
-    /// Prints the column heads and the floor's own row (`floor`: ns, as measured).
-    pub(crate) fn new(width: usize, floor: f64) -> FloorTable {
-        outln!("{:<width$} {:>12} {:>12}", "measure", "value", "x floor");
-        outln!("{:<width$} {:>9} ns {:>12}", "floor: cache-line round trip", floor.round() as u64, "1.0");
-        FloorTable { width, floor }
-    }
-
-    /// A latency row.
-    pub(crate) fn ns(&self, label: &str, ns: u64) {
-        let width = self.width;
-        outln!("{label:<width$} {ns:>9} ns {:>12.1}", ns as f64 / self.floor.max(1.0));
-    }
-}
-
-/// Median round trip of one cache line between two threads, in ns.
-pub(crate) fn cacheline_rtt_ns() -> f64 {
-    #[repr(align(128))]
-    struct Line(AtomicU64);
-    let mut runs = Vec::new();
-    for _ in 0..5 {
-        let line = Arc::new(Line(AtomicU64::new(0)));
-        let n = 100_000u64;
-        let other = line.clone();
-        let t = std::thread::spawn(move || {
-            for i in 0..n {
-                // Acquire/Release: a plain hand-off; the ordering is not what is measured.
-                while other.0.load(Ordering::Acquire) != 2 * i + 1 {
-                    std::hint::spin_loop();
-                }
-                other.0.store(2 * i + 2, Ordering::Release);
-            }
-        });
-        let start = Instant::now();
-        for i in 0..n {
-            line.0.store(2 * i + 1, Ordering::Release);
-            while line.0.load(Ordering::Acquire) != 2 * i + 2 {
-                std::hint::spin_loop();
-            }
-        }
-        let el = start.elapsed();
-        let _ = t.join();
-        runs.push(el.as_nanos() as f64 / n as f64);
-    }
-    runs.sort_by(|a, b| a.total_cmp(b));
-    runs[runs.len() / 2]
-}
-
-/// A live system, one client process with a device, and a context on each engine kind.
-pub(crate) struct Rig {
-    pub(crate) sys: System,
-    _port: Arc<dyn KernelPort>,
-    pub(crate) dev: Device,
-    pub(crate) ctx: umd::Context,
-    pub(crate) copy: umd::Context,
-}
-
-/// A [`Rig`] on a device configured by `gpu`.
-pub(crate) fn rig_with(gpu: GpuConfig) -> Result<Rig, CliError> {
-    let sys = System::live(SystemConfig { gpu, ..Default::default() })?;
-    let port: Arc<dyn KernelPort> = sys.open_process()?;
-    let dev = Device::open(port.clone())?;
-    let ctx = dev.create_context(dev.engine(EngineKind::Compute)?)?;
-    let copy = dev.create_context(dev.engine(EngineKind::Copy)?)?;
-    Ok(Rig { sys, _port: port, dev, ctx, copy })
-}
-
 /// A [`Rig`] whose engines go idle after `idle`.
 fn rig(idle: Duration) -> Result<Rig, CliError> {
     rig_with(GpuConfig { idle_period: idle, ..GpuConfig::default() })
 }
 
-/// Submit-to-first-packet latencies of `samples` TIMESTAMP command buffers.
-pub(crate) fn latencies(
-    sys: &System,
-    q: &mut Queue,
-    buf: &umd::Buffer,
-    samples: usize,
-    mut before: impl FnMut() -> Result<(), CliError>,
-) -> Result<Vec<u64>, CliError> {
-    let slots = (buf.len() / 8) as usize;
-    let mut out = Vec::with_capacity(samples);
-    let mut cb = CommandBuffer::new();
-    for i in 0..samples {
-        before()?;
-        let slot = (i % slots) as u64 * 8;
-        cb.clear();
-        cb.timestamp(buf.va() + slot);
-        let t0 = sys.now();
-        let v = q.submit(&cb)?;
-        q.wait(v, Some(Duration::from_secs(10)))?;
-        let ts = buf.read_u64(slot)?;
-        out.push(ts.saturating_sub(t0.as_nanos()));
-    }
-    Ok(out)
-}
-
 fn submit(a: SubmitArgs) -> Result<(), CliError> {
-    if a.device != crate::bench_cuda::DeviceKind::Virtual {
+    if a.device != DeviceKind::Virtual {
         if a.daemon {
             return Err(CliError::Input("--daemon measures the virtual device; drop it or --device".into()));
         }

@@ -42,19 +42,8 @@ use kernel::TdrConfig;
 use umd::{Buffer, CommandBuffer, Device, Queue, QueueOptions};
 
 use crate::CliError;
-use crate::bench::{percentiles, progress};
 use crate::bench_preempt::{Gap, Spinner, system_on};
-
-/// Which hardware the engines' slots are.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum DeviceKind {
-    /// The virtual GPU (engines on CPU threads).
-    Virtual,
-    /// An NVIDIA GPU: the engine program runs there (needs a GPU and its driver).
-    Cuda,
-    /// The engine program emulated on the CPU (a check of the path, not a GPU figure).
-    Emulated,
-}
+use crate::measure::{DeviceKind, percentiles, progress};
 
 /// The hardware factory for `kind`, or the reason there is none.
 fn hardware(kind: DeviceKind) -> Result<HardwareFactory, CliError> {
@@ -134,6 +123,28 @@ fn packets_per_s(q: &mut Queue, n: usize, mut add: impl FnMut(&mut CommandBuffer
     Ok(n as f64 / t0.elapsed().as_secs_f64())
 }
 
+/// Tiny command buffers (one WRITE_DATA each) per second on a queue of `ctx`: `count` of them
+/// back to back until the last completes, its write checked.
+fn tiny_per_s(dev: &Device, ctx: &umd::Context, count: u64) -> Result<f64, CliError> {
+    let tbuf = dev.allocate(4096)?;
+    let mut tq = ctx.create_queue(QueueOptions { ring_bytes: 1 << 20, ..QueueOptions::user_mode() })?;
+    tq.set_spin(u32::MAX);
+    let mut cb = CommandBuffer::new();
+    let start = Instant::now();
+    let mut last = 0;
+    for i in 0..count {
+        cb.clear();
+        cb.write_u32(tbuf.va(), i as u32);
+        last = tq.submit(&cb)?;
+    }
+    tq.wait(last, Some(Duration::from_secs(120)))?;
+    let el = start.elapsed();
+    if tbuf.read_u32(0)? != (count - 1) as u32 {
+        return Err(CliError::Check("throughput run: the last WRITE_DATA is not visible".into()));
+    }
+    Ok(count as f64 / el.as_secs_f64())
+}
+
 /// `bench submit --device cuda|emulated`.
 pub(crate) fn submit(kind: DeviceKind, json: bool, samples: u32, throughput_count: u64) -> Result<(), CliError> {
     let hw = hardware(kind)?;
@@ -187,25 +198,9 @@ pub(crate) fn submit(kind: DeviceKind, json: bool, samples: u32, throughput_coun
     drop((big, kernel, kout, kargs));
 
     progress(json, "tiny command buffers on one queue");
-    let tbuf = dev.allocate(4096)?;
-    let mut tq = ctx.create_queue(QueueOptions { ring_bytes: 1 << 20, ..QueueOptions::user_mode() })?;
-    tq.set_spin(u32::MAX);
-    let mut cb = CommandBuffer::new();
-    let start = Instant::now();
-    let mut last = 0;
-    for i in 0..throughput_count {
-        cb.clear();
-        cb.write_u32(tbuf.va(), i as u32);
-        last = tq.submit(&cb)?;
-    }
-    tq.wait(last, Some(Duration::from_secs(120)))?;
-    let el = start.elapsed();
-    if tbuf.read_u32(0)? != (throughput_count - 1) as u32 {
-        return Err(CliError::Check("throughput run: the last WRITE_DATA is not visible".into()));
-    }
-    let throughput = throughput_count as f64 / el.as_secs_f64();
+    let throughput = tiny_per_s(&dev, &ctx, throughput_count)?;
     let device = sys.with_gpu(|g| g.hardware_name()).unwrap_or_default();
-    drop((q, tq, buf, tbuf, ctx, dev, sys));
+    drop((q, buf, ctx, dev, sys));
 
     if json {
         let mut o = serde_json::json!({

@@ -42,7 +42,7 @@ use wire::client::RemotePort;
 use crate::child::DaemonChild;
 
 use crate::CliError;
-use crate::bench::{cacheline_rtt_ns, percentiles, progress};
+use crate::measure::{cacheline_rtt_ns, percentiles, progress};
 
 /// Byte offsets in the peers' shared page: each word on its own cache line.
 const SEQ: u64 = 0;
@@ -306,6 +306,53 @@ pub struct DaemonSubmitArgs {
     pub throughput_count: u64,
 }
 
+/// The embedded (in-process) user-mode p50 of `samples` submissions, for the same run's
+/// ratio: a live system of its own, 1000 warm-up samples dropped.
+fn embedded_p50(samples: usize) -> Result<u64, CliError> {
+    let r = crate::measure::rig_with(gpu::GpuConfig { idle_period: Duration::from_secs(3600), ..Default::default() })?;
+    let buf = r.dev.allocate(1 << 20)?;
+    let mut q = r.ctx.create_queue(QueueOptions::user_mode())?;
+    q.set_spin(u32::MAX);
+    crate::measure::latencies(&r.sys, &mut q, &buf, 1000, || Ok(()))?;
+    Ok(percentiles(crate::measure::latencies(&r.sys, &mut q, &buf, samples, || Ok(()))?).0)
+}
+
+/// The p50 of `samples` round trips on `uq` (a WRITE_DATA submitted until the client sees
+/// the progress fence), after 1000 dropped ones.
+fn round_trip_p50(uq: &mut umd::Queue, buf: &umd::Buffer, samples: usize) -> Result<u64, CliError> {
+    let mut rt = Vec::with_capacity(samples);
+    let mut cb = CommandBuffer::new();
+    for i in 0..samples + 1000 {
+        cb.clear();
+        cb.write_u32(buf.va(), i as u32);
+        let t0 = Instant::now();
+        let v = uq.submit(&cb)?;
+        while uq.completed() < v {
+            std::hint::spin_loop();
+        }
+        if i >= 1000 {
+            rt.push(t0.elapsed().as_nanos() as u64);
+        }
+    }
+    Ok(percentiles(rt).0)
+}
+
+/// The p50s of a blocked client's wake-up, by the futex on the wake word and then (wake
+/// words off) by a read of the socket: a tenth of `samples` each (50 to 2,000), after 50.
+fn wakeup_p50s(port: &RemotePort, dev: &Device, ctx: &umd::Context, samples: usize) -> Result<(u64, u64), CliError> {
+    let wake_n = (samples / 10).clamp(50, 2_000);
+    let mut wq = ctx.create_queue(QueueOptions::user_mode())?;
+    let wbuf = dev.allocate(4096)?;
+    blocked_wakeups(port, &mut wq, &wbuf, 50)?;
+    let wake_futex = percentiles(blocked_wakeups(port, &mut wq, &wbuf, wake_n)?).0;
+    port.set_wake_words(false);
+    blocked_wakeups(port, &mut wq, &wbuf, 50)?;
+    let wake_socket = percentiles(blocked_wakeups(port, &mut wq, &wbuf, wake_n)?).0;
+    port.set_wake_words(true);
+    drop((wq, wbuf));
+    Ok((wake_futex, wake_socket))
+}
+
 pub fn submit(a: DaemonSubmitArgs) -> Result<(), CliError> {
     let json = a.json;
     let samples = a.samples as usize;
@@ -322,15 +369,7 @@ pub fn submit(a: DaemonSubmitArgs) -> Result<(), CliError> {
     let uring = io_uring_peer(peer_n.min(5_000));
 
     progress(json, "embedded user-mode latency (same run)");
-    let embedded = {
-        let r =
-            crate::bench::rig_with(gpu::GpuConfig { idle_period: Duration::from_secs(3600), ..Default::default() })?;
-        let buf = r.dev.allocate(1 << 20)?;
-        let mut q = r.ctx.create_queue(QueueOptions::user_mode())?;
-        q.set_spin(u32::MAX);
-        crate::bench::latencies(&r.sys, &mut q, &buf, 1000, || Ok(()))?;
-        percentiles(crate::bench::latencies(&r.sys, &mut q, &buf, samples, || Ok(()))?).0
-    };
+    let embedded = embedded_p50(samples)?;
 
     progress(json, "starting a daemon (doorbell serve) and connecting as a client process");
     let d = DaemonChild::start_with("idle_period_ms = 3600000\n")?;
@@ -344,32 +383,9 @@ pub fn submit(a: DaemonSubmitArgs) -> Result<(), CliError> {
     remote_latencies(&port, &mut uq, &buf, 1000)?;
     let (um_p50, um_p99) = percentiles(remote_latencies(&port, &mut uq, &buf, samples)?);
     progress(json, "user-mode round trip (submit until the client sees the progress fence)");
-    let mut rt = Vec::with_capacity(samples);
-    let mut cb = CommandBuffer::new();
-    for i in 0..samples + 1000 {
-        cb.clear();
-        cb.write_u32(buf.va(), i as u32);
-        let t0 = Instant::now();
-        let v = uq.submit(&cb)?;
-        while uq.completed() < v {
-            std::hint::spin_loop();
-        }
-        if i >= 1000 {
-            rt.push(t0.elapsed().as_nanos() as u64);
-        }
-    }
-    let um_rt = percentiles(rt).0;
+    let um_rt = round_trip_p50(&mut uq, &buf, samples)?;
     progress(json, "blocked client wake-up: futex on the wake word, then a read of the socket");
-    let wake_n = (samples / 10).clamp(50, 2_000);
-    let mut wq = ctx.create_queue(QueueOptions::user_mode())?;
-    let wbuf = dev.allocate(4096)?;
-    blocked_wakeups(&port, &mut wq, &wbuf, 50)?;
-    let wake_futex = percentiles(blocked_wakeups(&port, &mut wq, &wbuf, wake_n)?).0;
-    port.set_wake_words(false);
-    blocked_wakeups(&port, &mut wq, &wbuf, 50)?;
-    let wake_socket = percentiles(blocked_wakeups(&port, &mut wq, &wbuf, wake_n)?).0;
-    port.set_wake_words(true);
-    drop((wq, wbuf));
+    let (wake_futex, wake_socket) = wakeup_p50s(&port, &dev, &ctx, samples)?;
     progress(json, "kernel-mode latency over the socket");
     let mut kq = ctx.create_queue(QueueOptions::kernel_mode())?;
     kq.set_spin(0);
@@ -379,6 +395,7 @@ pub fn submit(a: DaemonSubmitArgs) -> Result<(), CliError> {
     let tbuf = dev.allocate(4096)?;
     let mut tq = ctx.create_queue(QueueOptions { ring_bytes: 1 << 20, ..QueueOptions::user_mode() })?;
     tq.set_spin(u32::MAX);
+    let mut cb = CommandBuffer::new();
     let start = Instant::now();
     let mut last = 0;
     for i in 0..a.throughput_count {

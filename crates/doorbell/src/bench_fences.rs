@@ -7,7 +7,7 @@ use gpu::GpuConfig;
 use umd::{CommandBuffer, NativeFence, Queue, QueueOptions};
 
 use crate::CliError;
-use crate::bench::{Rig, cacheline_rtt_ns, percentiles, progress, rig_with};
+use crate::measure::{Rig, cacheline_rtt_ns, percentiles, progress, rig_with};
 
 const WAIT: Option<Duration> = Some(Duration::from_secs(30));
 
@@ -146,7 +146,7 @@ pub fn run(json: bool, signals: u64, samples: usize) -> Result<(), CliError> {
         outln!("{o}");
     } else {
         outln!("doorbell bench fences ({signals} signals per ratio, {samples} samples)");
-        let t = crate::bench::FloorTable::new(44, floor);
+        let t = crate::measure::FloorTable::new(44, floor);
         outln!("{:<44} {:>12.3}", "interrupts per signal, no CPU waiter", no_waiter);
         outln!("{:<44} {:>12.3}", "interrupts per signal, a CPU waiter", with_waiter);
         outln!("{:<44} {:>12.3}", "interrupts per signal, legacy monitored", legacy);

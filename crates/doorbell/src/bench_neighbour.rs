@@ -18,6 +18,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use abi::EngineKind;
@@ -25,9 +26,9 @@ use abi::port::KernelPort;
 use clap::Args;
 use gpu::{CostModel, GpuConfig};
 use kernel::{System, SystemConfig};
-use umd::{CommandBuffer, Device, QueueOptions};
+use umd::{Buffer, CommandBuffer, Device, Queue, QueueOptions};
 
-use crate::bench::{cacheline_rtt_ns, latencies, percentiles, progress};
+use crate::measure::{cacheline_rtt_ns, latencies, percentiles, progress};
 use crate::{CliError, num};
 
 #[derive(Args)]
@@ -53,8 +54,8 @@ pub struct NeighbourArgs {
     unsliced: bool,
 }
 
-pub fn run(a: NeighbourArgs) -> Result<(), CliError> {
-    let json = a.json;
+/// The engine's cost model as `--unsliced`, `--chunk` and `--turn-us` shape it.
+fn cost_model(a: &NeighbourArgs) -> CostModel {
     let mut cost = CostModel::default();
     if a.unsliced {
         cost.bulk_chunk = 1 << 40;
@@ -66,6 +67,52 @@ pub fn run(a: NeighbourArgs) -> Result<(), CliError> {
     if let Some(t) = a.turn_us {
         cost.turn = Duration::from_micros(t);
     }
+    cost
+}
+
+/// The neighbour thread: when joined, the bytes it filled and how long that took.
+type Neighbour = JoinHandle<Result<(u64, Duration), CliError>>;
+
+/// The neighbour: a thread keeping four FILLs of `fill_bytes` on `big` outstanding on `bulk`
+/// until `stop`; it answers the bytes it filled and how long that took, its last FILL checked.
+fn spawn_neighbour(
+    mut bulk: Queue,
+    big: Buffer,
+    fill_bytes: u64,
+    stop: Arc<AtomicBool>,
+) -> Result<Neighbour, CliError> {
+    std::thread::Builder::new()
+        .name("bench-neighbour".into())
+        .spawn(move || -> Result<(u64, Duration), CliError> {
+            // Four FILLs outstanding at all times until told to stop.
+            const OUTSTANDING: u64 = 4;
+            let start = Instant::now();
+            let mut cb = CommandBuffer::new();
+            let mut submitted = 0u64;
+            let mut last = 0;
+            // Acquire: pairs with the release store that ends the run.
+            while !stop.load(Ordering::Acquire) {
+                if submitted >= OUTSTANDING {
+                    bulk.wait(last - OUTSTANDING + 1, Some(Duration::from_secs(60)))?;
+                }
+                cb.clear();
+                cb.fill(big.va(), fill_bytes, submitted as u32);
+                last = bulk.submit(&cb)?;
+                submitted += 1;
+            }
+            bulk.wait(last, Some(Duration::from_secs(600)))?;
+            let el = start.elapsed();
+            if big.read_u32(fill_bytes - 4)? != (submitted - 1) as u32 {
+                return Err(CliError::Check("neighbour: the last FILL is not what it wrote".into()));
+            }
+            Ok((submitted * fill_bytes, el))
+        })
+        .map_err(|e| CliError::Check(format!("could not start the neighbour thread: {e}")))
+}
+
+pub fn run(a: NeighbourArgs) -> Result<(), CliError> {
+    let json = a.json;
+    let cost = cost_model(&a);
     progress(json, "measuring the floor: cache-line round trip between two threads");
     let floor = cacheline_rtt_ns();
 
@@ -106,37 +153,7 @@ pub fn run(a: NeighbourArgs) -> Result<(), CliError> {
     let mut bulk = ctx_a.create_queue(QueueOptions::user_mode())?;
     bulk.set_spin(0);
     let stop = Arc::new(AtomicBool::new(false));
-    let fill_bytes = a.fill_bytes;
-    let neighbour = {
-        let stop = stop.clone();
-        std::thread::Builder::new()
-            .name("bench-neighbour".into())
-            .spawn(move || -> Result<(u64, Duration), CliError> {
-                // Four FILLs outstanding at all times until told to stop.
-                const OUTSTANDING: u64 = 4;
-                let start = Instant::now();
-                let mut cb = CommandBuffer::new();
-                let mut submitted = 0u64;
-                let mut last = 0;
-                // Acquire: pairs with the release store that ends the run.
-                while !stop.load(Ordering::Acquire) {
-                    if submitted >= OUTSTANDING {
-                        bulk.wait(last - OUTSTANDING + 1, Some(Duration::from_secs(60)))?;
-                    }
-                    cb.clear();
-                    cb.fill(big.va(), fill_bytes, submitted as u32);
-                    last = bulk.submit(&cb)?;
-                    submitted += 1;
-                }
-                bulk.wait(last, Some(Duration::from_secs(600)))?;
-                let el = start.elapsed();
-                if big.read_u32(fill_bytes - 4)? != (submitted - 1) as u32 {
-                    return Err(CliError::Check("neighbour: the last FILL is not what it wrote".into()));
-                }
-                Ok((submitted * fill_bytes, el))
-            })
-            .map_err(|e| CliError::Check(format!("could not start the neighbour thread: {e}")))?
-    };
+    let neighbour = spawn_neighbour(bulk, big, a.fill_bytes, stop.clone())?;
     // Let the neighbour get its FILLs going before measuring.
     std::thread::sleep(Duration::from_millis(20));
     let measured = latencies(&sys, &mut tiny, &buf, samples, &mut gap);
@@ -169,7 +186,7 @@ pub fn run(a: NeighbourArgs) -> Result<(), CliError> {
             cost.chunk_bytes(),
             cost.turn
         );
-        let t = crate::bench::FloorTable::new(40, floor);
+        let t = crate::measure::FloorTable::new(40, floor);
         t.ns("tiny p50, engine idle", idle_p50);
         t.ns("tiny p99, engine idle", idle_p99);
         t.ns("tiny p50, beside bulk FILLs", bulk_p50);

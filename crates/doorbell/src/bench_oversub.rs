@@ -25,7 +25,7 @@ use gpu::GpuConfig;
 use kernel::{System, SystemConfig};
 use umd::{CommandBuffer, Device, Queue, QueueOptions};
 
-use crate::bench::{cacheline_rtt_ns, percentiles, progress};
+use crate::measure::{cacheline_rtt_ns, percentiles, progress};
 use crate::{CliError, num};
 
 /// Command buffers each normal queue keeps outstanding.

@@ -35,7 +35,7 @@ use runtime::pgo::{Pipeline, Selected};
 use runtime::{Device, DeviceOptions};
 use umd::{CommandBuffer, Queue, QueueOptions};
 
-use crate::bench::{cacheline_rtt_ns, latencies, percentiles, progress};
+use crate::measure::{cacheline_rtt_ns, latencies, percentiles, progress};
 use crate::{CliError, num};
 
 #[derive(Args)]
@@ -224,6 +224,31 @@ fn feeder(
     })
 }
 
+/// The human-readable table of the kernels' generic and specialized dispatches.
+fn print_kernels(kernels: &[KernelResult]) {
+    outln!(
+        "{:<10} {:>14} {:>16} {:>8} {:>10} {:>12}",
+        "kernel",
+        "generic p50",
+        "specialized p50",
+        "speedup",
+        "identical",
+        "instructions"
+    );
+    for k in kernels {
+        outln!(
+            "{:<10} {:>11} ns {:>13} ns {:>8.2} {:>10} {:>5} -> {}",
+            k.name,
+            k.generic_ns,
+            k.specialized_ns,
+            k.generic_ns as f64 / k.specialized_ns.max(1) as f64,
+            k.identical,
+            k.instructions.0,
+            k.instructions.1
+        );
+    }
+}
+
 pub fn run(a: PgoArgs) -> Result<(), CliError> {
     let json = a.json;
     progress(json, "measuring the floor: cache-line round trip between two threads");
@@ -322,27 +347,7 @@ pub fn run(a: PgoArgs) -> Result<(), CliError> {
             a.samples,
             a.submits
         );
-        outln!(
-            "{:<10} {:>14} {:>16} {:>8} {:>10} {:>12}",
-            "kernel",
-            "generic p50",
-            "specialized p50",
-            "speedup",
-            "identical",
-            "instructions"
-        );
-        for k in &kernels {
-            outln!(
-                "{:<10} {:>11} ns {:>13} ns {:>8.2} {:>10} {:>5} -> {}",
-                k.name,
-                k.generic_ns,
-                k.specialized_ns,
-                k.generic_ns as f64 / k.specialized_ns.max(1) as f64,
-                k.identical,
-                k.instructions.0,
-                k.instructions.1
-            );
-        }
+        print_kernels(&kernels);
         outln!("{:<44} {:>9} ns", "commit -> completion event (p50)", commit_ns);
         outln!("{:<44} {:>9} ns", "foreground submit p99, background compiling", with_bg);
         outln!("{:<44} {:>9} ns", "foreground submit p99, background disabled", without_bg);

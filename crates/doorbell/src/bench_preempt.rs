@@ -37,31 +37,31 @@ use kernel::trace::Event;
 use kernel::{System, SystemConfig, TdrConfig};
 use umd::{Buffer, CommandBuffer, Device, Queue, QueueOptions};
 
-use crate::bench::{cacheline_rtt_ns, latencies, percentiles, progress};
+use crate::measure::{DeviceKind, cacheline_rtt_ns, latencies, percentiles, progress};
 use crate::{CliError, num};
 
 #[derive(Args)]
 pub struct PreemptArgs {
     /// Print one JSON object instead of a table.
     #[arg(long)]
-    json: bool,
+    pub(crate) json: bool,
     /// Samples per fine level (thread_group, thread, shader) and of the high-priority start
     /// at the finest level, 1 to 100,000; the coarse levels (dispatch, dma_buffer, and the
     /// start at dma_buffer) take at most a fifth of them, at least 20 (each waits for a
     /// dispatch or a command buffer to end).
     #[arg(long, default_value_t = 500, value_parser = num::within(1u32, 100_000))]
-    samples: u32,
+    pub(crate) samples: u32,
     /// Loop rounds per thread of the long program (1 to 10,000,000): each dispatch is 16
     /// workgroups of 64 threads.
     #[arg(long, default_value_t = 400, value_parser = num::within(1u32, 10_000_000))]
-    rounds: u32,
+    pub(crate) rounds: u32,
     /// Where the engines run: `virtual` (the default: every measure above), `cuda` (an NVIDIA
     /// GPU: a high-priority queue's start while low-priority dispatches keep every compute
     /// slot busy, beside a high-priority CUDA stream's kernel next to 1 ms blocks on every SM,
     /// in the same run; an error naming what is missing without a GPU or driver) or
     /// `emulated` (the GPU's engine program on the CPU: a check of that path).
-    #[arg(long, value_enum, default_value_t = crate::bench_cuda::DeviceKind::Virtual)]
-    device: crate::bench_cuda::DeviceKind,
+    #[arg(long, value_enum, default_value_t = DeviceKind::Virtual)]
+    pub(crate) device: DeviceKind,
 }
 
 const GROUPS: u32 = 16;
@@ -362,10 +362,9 @@ fn tdr_recover() -> Result<(u64, bool), CliError> {
     Ok((started.saturating_sub(fired.as_nanos()), ok && hung))
 }
 
+/// `bench preempt` on the virtual device (`bench::run` sends `--device cuda|emulated` to
+/// `bench_cuda::preempt`).
 pub fn run(a: PreemptArgs) -> Result<(), CliError> {
-    if a.device != crate::bench_cuda::DeviceKind::Virtual {
-        return crate::bench_cuda::preempt(a.device, a.json, a.samples, a.rounds);
-    }
     let json = a.json;
     let fine = a.samples as usize;
     let coarse = (fine / 5).max(20).min(fine);
@@ -447,7 +446,7 @@ pub fn run(a: PreemptArgs) -> Result<(), CliError> {
             a.samples,
             a.rounds
         );
-        let t = crate::bench::FloorTable::new(46, floor);
+        let t = crate::measure::FloorTable::new(46, floor);
         for (level, p50, p99) in rows {
             t.ns(&format!("preempt latency p50, {level}"), p50);
             t.ns(&format!("preempt latency p99, {level}"), p99);

@@ -24,8 +24,10 @@ mod child;
 mod demo;
 mod demo_daemon;
 mod demo_pgo;
+mod error;
 mod examples;
 mod load;
+mod measure;
 mod num;
 mod run;
 mod serve;
@@ -35,6 +37,10 @@ mod top_view;
 mod trace;
 
 use clap::{Parser, Subcommand};
+
+// Every subcommand returns it, so it lives below them all, in a module of its own; the
+// re-export keeps its path `crate::CliError`.
+pub(crate) use error::CliError;
 
 /// doorbell: the GPU work-submission stack on a virtual GPU.
 #[derive(Parser)]
@@ -124,39 +130,4 @@ fn main() -> std::process::ExitCode {
             std::process::ExitCode::FAILURE
         }
     }
-}
-
-/// Errors the CLI reports.
-#[derive(Debug, thiserror::Error)]
-pub enum CliError {
-    /// The UMD failed.
-    #[error(transparent)]
-    Umd(#[from] umd::UmdError),
-    /// The kernel failed.
-    #[error(transparent)]
-    Kernel(#[from] abi::port::KernelError),
-    /// The daemon could not be reached or refused the connection.
-    #[error(transparent)]
-    Connect(#[from] wire::ConnectError),
-    /// A background processing mode change was refused.
-    #[error(transparent)]
-    Mode(#[from] runtime::background::ModeError),
-    /// A background commit's completion event did not come.
-    #[error(transparent)]
-    CommitWait(#[from] runtime::pgo::workflow::WaitTimedOut),
-    /// Shared memory failed.
-    #[error(transparent)]
-    Shm(#[from] shm::ShmError),
-    /// A check failed.
-    #[error("check failed: {0}")]
-    Check(String),
-    /// Bad input from the command line or a file.
-    #[error("{0}")]
-    Input(String),
-    /// A run passed its `--timeout`.
-    #[error("timeout: {0}")]
-    TimedOut(String),
-    /// The hardware asked for is not there (`--device cuda` without a GPU or its driver).
-    #[error("device: {0}")]
-    Device(String),
 }

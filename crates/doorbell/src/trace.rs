@@ -24,6 +24,7 @@ use abi::port::{KernelPort, NativeFenceType};
 use clap::Args;
 use kernel::{System, SystemConfig};
 use runtime::Device;
+use runtime::background::TaskSpan;
 use serde_json::json;
 use umd::{CommandBuffer, NativeFence, Queue, QueueOptions};
 
@@ -151,26 +152,7 @@ pub fn run(a: TraceArgs) -> Result<(), CliError> {
             }
         }
     }
-    let mut workers: Vec<u32> = spans.iter().map(|s| s.worker).collect();
-    workers.sort_unstable();
-    workers.dedup();
-    for w in &workers {
-        let name = format!("background worker {w} (runtime pool)");
-        events.push(json!({"ph": "M", "name": "thread_name", "pid": 1, "tid": 100 + w, "args": {"name": name}}));
-    }
-    for s in &spans {
-        let at = |ns: u64| (ns as i128 + offset).max(0) as f64 / 1000.0;
-        events.push(json!({
-            "ph": "X",
-            "name": format!("background task {}", s.task.0),
-            "cat": "background",
-            "pid": 1,
-            "tid": 100 + s.worker,
-            "ts": at(s.start_ns),
-            "dur": (s.end_ns - s.start_ns) as f64 / 1000.0,
-            "args": {"task": s.task.0, "class": format!("{:?}", s.class), "panicked": s.panicked},
-        }));
-    }
+    background_events(&mut events, &spans, offset);
     events.push(json!({"ph": "M", "name": "process_name", "pid": 1, "args": {"name": format!("doorbell {pid}")}}));
     let boxes = events.iter().filter(|e| e["ph"] == "X" && e["cat"] != "background").count();
     let doc = json!({"traceEvents": events, "displayTimeUnit": "ns"});
@@ -184,6 +166,31 @@ pub fn run(a: TraceArgs) -> Result<(), CliError> {
         spans.len()
     );
     Ok(())
+}
+
+/// The background tasks' runs as trace events: a track per pool worker (tid 100 + worker)
+/// and a box per run, moved onto the device clock by `offset` (ns, device minus runtime).
+fn background_events(events: &mut Vec<serde_json::Value>, spans: &[TaskSpan], offset: i128) {
+    let mut workers: Vec<u32> = spans.iter().map(|s| s.worker).collect();
+    workers.sort_unstable();
+    workers.dedup();
+    for w in &workers {
+        let name = format!("background worker {w} (runtime pool)");
+        events.push(json!({"ph": "M", "name": "thread_name", "pid": 1, "tid": 100 + w, "args": {"name": name}}));
+    }
+    for s in spans {
+        let at = |ns: u64| (ns as i128 + offset).max(0) as f64 / 1000.0;
+        events.push(json!({
+            "ph": "X",
+            "name": format!("background task {}", s.task.0),
+            "cat": "background",
+            "pid": 1,
+            "tid": 100 + s.worker,
+            "ts": at(s.start_ns),
+            "dur": (s.end_ns - s.start_ns) as f64 / 1000.0,
+            "args": {"task": s.task.0, "class": format!("{:?}", s.class), "panicked": s.panicked},
+        }));
+    }
 }
 
 fn check_done(f: &NativeFence, g: &NativeFence, rounds: u64) -> Result<(), CliError> {
