@@ -292,12 +292,43 @@ impl Checker {
         self.stopped_from(self.upstream[i])
     }
 
+    /// [`Checker::upstream_stopped`], asking the kernel first whether each queue up the chain
+    /// ended ([`Checker::look_upstream`]): for a verdict on queue `i` at `now`.
+    fn upstream_stopped_now(&mut self, i: usize, now: u64, world: &World<'_>) -> bool {
+        self.look_upstream(i, now, world);
+        self.upstream_stopped(i)
+    }
+
+    /// Asks the kernel whether each queue up queue `i`'s `after` chain that is not known to
+    /// have stopped has ended. A reset upstream is otherwise noted only once its own bound
+    /// passes ([`Checker::ended_by_kernel`]), which may come after the bound of the queue that
+    /// waits on it.
+    fn look_upstream(&mut self, i: usize, now: u64, world: &World<'_>) {
+        let mut at = self.upstream[i];
+        for _ in 0..self.upstream.len() {
+            let Some(u) = at else { return };
+            let l = &self.queues[u];
+            if l.hung.is_none() && !l.killed && !l.lost {
+                self.ended_by_kernel(u, now, &world.queue(u));
+            }
+            at = self.upstream[u];
+        }
+    }
+
     /// Whether the hung kernel of queue `i` can never start: its command buffer waits
     /// (`after`) for an upstream value that will never come, the upstream having stopped
-    /// below it. Nothing then runs on the engine that a hang timer could catch.
+    /// below it (as far as the checker knows). Nothing then runs on the engine that a hang
+    /// timer could catch.
     fn hang_never_starts(&self, i: usize) -> bool {
         let (Some(u), Some(w)) = (self.upstream[i], self.queues[i].hung_waits_for) else { return false };
         self.queues[u].recorded < w && self.stopped_from(Some(u))
+    }
+
+    /// [`Checker::hang_never_starts`], asking the kernel first whether each queue up the
+    /// chain ended: for a verdict on queue `i` at `now`.
+    fn hang_never_starts_now(&mut self, i: usize, now: u64, world: &World<'_>) -> bool {
+        self.look_upstream(i, now, world);
+        self.hang_never_starts(i)
     }
 
     /// Whether queue `at`, or one further up from it, will never signal again.
@@ -516,7 +547,7 @@ impl Observer for Checker {
                 && self.hang_ns.get(engine).is_some_and(|&h| h > 0)
             {
                 let limit = at + self.hang_ns[engine] + LIVENESS_BOUND_NS;
-                if now > limit && !self.hang_never_starts(i) && !self.ended_by_kernel(i, now, &v) {
+                if now > limit && !self.hang_never_starts_now(i, now, world) && !self.ended_by_kernel(i, now, &v) {
                     let what = format!(
                         "queue {i}: its kernel hung at {:.3} ms and the {} ms hang timer never ended it",
                         at as f64 / 1e6,
@@ -534,8 +565,8 @@ impl Observer for Checker {
                 let progressed = l.progressed;
                 if l.exempt_until != u64::MAX
                     && !self.hung_engines[engine]
-                    && !self.upstream_stopped(i)
                     && now > since.saturating_add(LIVENESS_BOUND_NS)
+                    && !self.upstream_stopped_now(i, now, world)
                     && !self.ended_by_kernel(i, now, &v)
                 {
                     let what = format!(

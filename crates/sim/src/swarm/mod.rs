@@ -313,6 +313,7 @@ mod tests {
                 "idle kernel queues held every slot while busy ones, hung kernels among them, waited",
             ),
             (1940, "hang-detected", "a hung kernel waiting on a stopped upstream never starts: no timer can catch it"),
+            (514, "hang-detected", "the checker: an upstream reset before the hang's bound, noted only after it"),
             (1606, "exactly-once", "a kernel-mode queue waiting on a hung upstream held back its context's others"),
             (1580, "liveness", "a queue blocked in a WAIT it could not leave held a slot its upstream needed"),
             (
