@@ -13,7 +13,20 @@
 //! found; a ring of a queue the engine would not hear (no hardware slot, on a device that
 //! misses unmapped doorbells) is not latched — the aggregated doorbell tells instead.
 
-use super::*;
+use std::sync::atomic::Ordering;
+
+use abi::doorbell::DoorbellModel;
+use abi::protocol;
+use abi::slab::Slab;
+use abi::{PowerState, QueueState};
+use shm::Word;
+
+use crate::Time;
+use crate::error::GpuError;
+
+use super::queue::{FwQueue, FwQueueId};
+use super::schedule::mark_pending;
+use super::{Engine, Firmware, Interrupt};
 
 /// Largest rptr/wptr the firmware accepts: far enough from `u64::MAX` that pointer
 /// arithmetic (a ring's worth of bytes on top) cannot overflow.

@@ -22,7 +22,26 @@
 //! Resets and removals abort a slot and wait for its answer before they return
 //! ([`Firmware::hw_quiesce`]), as amdgpu waits for MES: the queue's memory may go right after.
 
-use super::*;
+use std::sync::atomic::Ordering;
+
+use abi::preempt::{Stop, StopPoint};
+use abi::queue::{Access, FaultKind};
+use abi::slab::Slab;
+use abi::{EngineId, EngineKind, PowerState, QueueState};
+use shm::Shm;
+
+use crate::Time;
+use crate::compute::ComputeStats;
+use crate::memory::{AddressSpace, Vmid};
+
+use super::exec::{self};
+use super::fences::FenceTable;
+use super::log::{FwEvent, FwLog};
+use super::preempt::{self};
+use super::queue::{FwQueue, FwQueueId, IbCursor, WaitOn};
+use super::schedule::{self, mark_pending, sync_waiting};
+use super::step::{self};
+use super::{Engine, FenceSignaled, Firmware, Interrupt, Irqs, StepReport};
 use crate::hw::{Hardware, HwCommand, HwEvent, HwEventKind, IndirectPosition, QueueImage, QueueRegs};
 
 /// How long a reset or removal waits for a slot's answer before it counts the queue lost.
@@ -220,7 +239,7 @@ impl Firmware {
         for e in engines.iter_mut() {
             let slots = &mut hw.slots[e.id.0 as usize];
             if e.power == PowerState::F0 {
-                exec::wake_sleepers(e, queues, vms, *fence_epoch);
+                step::wake_sleepers(e, queues, vms, *fence_epoch);
                 schedule::schedule(e, queues, now, *quanta, log);
                 let stop = e.stop;
                 report.hardware += reconcile(e, slots, queues, hw.dev.as_mut(), log, now, stop);
@@ -548,7 +567,7 @@ fn reconcile(
         }
         let Some(k) = slots.iter().position(|s| s.queue.is_none()) else { break };
         if let Some(point) = q.saved.take() {
-            log.push(now, preempt::FwEvent::Restored { queue: id, point });
+            log.push(now, FwEvent::Restored { queue: id, point });
         }
         q.last_run = now;
         if dev.command(HwCommand::Load { engine: e.id, slot: k as u32, queue: q.image(id), now }).is_ok() {
