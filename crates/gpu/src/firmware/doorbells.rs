@@ -15,10 +15,10 @@
 
 use std::sync::atomic::Ordering;
 
+use abi::QueueState;
 use abi::doorbell::DoorbellModel;
 use abi::protocol;
 use abi::slab::Slab;
-use abi::{PowerState, QueueState};
 use shm::Word;
 
 use crate::Time;
@@ -228,7 +228,7 @@ impl Firmware {
             }
         }
         // Dedicated doorbells: a watched word that changed.
-        for e in self.engines.iter_mut().filter(|e| e.power == PowerState::F0) {
+        for e in self.engines.iter_mut().filter(|e| e.power.is_on()) {
             for k in 0..e.watches.len() {
                 rang |= check_watch(e, k, &mut self.queues, &mut self.use_seq, misses);
             }
@@ -247,7 +247,7 @@ impl Firmware {
         for id in ids {
             let Ok(q) = self.queues.get(id.0) else { continue };
             let Some(e) = self.engines.get_mut(q.cfg.engine.0 as usize) else { continue };
-            if e.power != PowerState::F0 {
+            if !e.power.is_on() {
                 continue;
             }
             if let Some(&k) = e.watch_at.get(&id) {
@@ -290,7 +290,7 @@ impl Firmware {
                     let Some(id) = bp.queues[w * 64 + b as usize] else { continue };
                     let Ok(q) = queues.get_mut(id.0) else { continue };
                     let e = &mut engines[q.cfg.engine.0 as usize];
-                    if e.power == PowerState::F0 {
+                    if e.power.is_on() {
                         rang |= latch_ring(e, q, id, misses);
                     } else {
                         back |= 1 << b;
@@ -312,7 +312,7 @@ impl Firmware {
                 if rung == 0 {
                     continue;
                 }
-                if e.power != PowerState::F0 {
+                if !e.power.is_on() {
                     // Release, as a client's ring: the wptrs stay visible to whoever takes it.
                     word.get().fetch_or(rung, Ordering::Release);
                     continue;

@@ -27,7 +27,7 @@ use crate::Time;
 use crate::compute::{ComputeStats, Dispatch, Progress};
 use crate::memory::{AddressSpace, Vmid};
 
-use super::fences::{FenceTable, FenceWaits};
+use super::fences::{FenceWaits, Fences};
 use super::preempt::{self};
 use super::queue::{FwQueue, FwQueueId, IbCursor, WaitOn};
 use super::ring::{FetchWindow, fetch_indirect};
@@ -47,8 +47,9 @@ pub(super) enum Flow {
 }
 
 pub(super) struct Env<'a> {
-    pub(super) fences: &'a FenceTable,
-    pub(super) optimized_interrupts: bool,
+    /// The native fences: looked up by `WAIT`s and signals, their epoch bumped by every
+    /// packet this device executes that writes memory.
+    pub(super) fences: &'a mut Fences,
     /// Reads the device clock. With real timing, timestamps (`TIMESTAMP`, fence-log entries)
     /// read it when they execute, so they never predate work that was published after the
     /// step began.
@@ -71,8 +72,6 @@ pub(super) struct Env<'a> {
     pub(super) dispatch_budget: u64,
     pub(super) stats: &'a mut ComputeStats,
     pub(super) irqs: &'a mut super::Irqs,
-    /// The fence epoch: bumped by every packet this device executes that writes memory.
-    pub(super) fence_epoch: &'a mut u64,
     /// Where this engine may stop a queue for a preemption.
     pub(super) stop: Stop,
     /// The device's attention register ([`crate::Attention`]).
@@ -166,7 +165,7 @@ pub(super) const INTERRUPT_CHECK_INSTRUCTIONS: u64 = 32;
 /// change"); a plain memory word, which anyone may write without telling, is polled.
 pub(super) fn park_on_fence(q: &mut FwQueue, r: &crate::memory::Resolved<'_>, env: &Env<'_>) {
     if env.fences.get(&(r.shm.id(), r.offset)).is_some_and(|f| f.waits == FenceWaits::Park) {
-        q.parked = Some(*env.fence_epoch);
+        q.parked = Some(env.fences.epoch);
     }
 }
 
@@ -341,7 +340,7 @@ fn blocked(q: &mut FwQueue, env: &Env<'_>, stopped: &mut Option<StopPoint>, vmid
 /// is not there: the kernel falls back to a scan). A queue without logs (kernel-mode), and a
 /// device without the optimization, name the fence.
 fn signaled(q: &FwQueue, id: FwQueueId, fence: u64, env: &Env<'_>) -> FenceSignaled {
-    if env.optimized_interrupts && q.cfg.fence_logs.is_some() {
+    if env.fences.optimized && q.cfg.fence_logs.is_some() {
         FenceSignaled::Queues(vec![id])
     } else {
         FenceSignaled::Fences(vec![fence])
@@ -419,7 +418,7 @@ fn exec_packet(
             | Packet::IndirectBuffer { .. }
             | Packet::Synthetic { .. }
     ) {
-        *env.fence_epoch += 1;
+        env.fences.changed();
     }
     match p {
         Packet::Nop { .. } => {}

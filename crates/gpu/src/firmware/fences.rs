@@ -34,27 +34,57 @@ pub enum FenceWaits {
 /// Its keys are the kernel's own (a region id and an offset it registered): [`abi::slab::KeyHasher`].
 pub(super) type FenceTable = abi::slab::KeyMap<(u64, u64), FenceEntry>;
 
+/// The device's native fences: the table, the epoch, and how a signal's interrupt names its
+/// fences.
+pub(super) struct Fences {
+    /// Every native fence the kernel registered.
+    table: FenceTable,
+    /// Bumped whenever a native fence may have changed (see the module docs). A queue parked
+    /// on a fence `WAIT` re-checks only when it moved.
+    pub(super) epoch: u64,
+    /// Spec 002's optimized fence-signaled interrupt: a logged signal names its queue, not
+    /// its fence.
+    pub(super) optimized: bool,
+}
+
+impl Fences {
+    /// No fences yet.
+    pub(super) fn new(optimized: bool) -> Fences {
+        Fences { table: FenceTable::default(), epoch: 0, optimized }
+    }
+
+    /// The native fence whose CurrentValue is the word at `key`: (backing region id, offset).
+    pub(super) fn get(&self, key: &(u64, u64)) -> Option<&FenceEntry> {
+        self.table.get(key)
+    }
+
+    /// A native fence may have changed: every parked queue re-checks.
+    pub(super) fn changed(&mut self) {
+        self.epoch += 1;
+    }
+}
+
 impl Firmware {
     pub(crate) fn optimized_interrupts(&self) -> bool {
-        self.optimized_interrupts
+        self.fences.optimized
     }
 
     pub(crate) fn register_fence(&mut self, current: (&Shm, u64), monitored: Word, id: u64, waits: FenceWaits) {
-        self.fence_epoch += 1;
-        self.fences.insert((current.0.id(), current.1), FenceEntry { id, monitored, waits });
+        self.fences.changed();
+        self.fences.table.insert((current.0.id(), current.1), FenceEntry { id, monitored, waits });
         self.hw_fence(current.0, current.1, Some(id));
     }
 
     pub(crate) fn unregister_fence(&mut self, current: (&Shm, u64)) {
         // A queue parked on it re-checks (and faults, if the memory went with it).
-        self.fence_epoch += 1;
-        self.fences.remove(&(current.0.id(), current.1));
+        self.fences.changed();
+        self.fences.table.remove(&(current.0.id(), current.1));
         self.hw_fence(current.0, current.1, None);
     }
 
     /// Native fences may have changed behind the engines' back (a CPU update, another
     /// adapter's signal): every parked queue re-checks.
     pub(crate) fn notify_fences(&mut self) {
-        self.fence_epoch += 1;
+        self.fences.changed();
     }
 }

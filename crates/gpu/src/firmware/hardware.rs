@@ -27,7 +27,7 @@ use std::sync::atomic::Ordering;
 use abi::preempt::{Stop, StopPoint};
 use abi::queue::{Access, FaultKind};
 use abi::slab::Slab;
-use abi::{EngineId, EngineKind, PowerState, QueueState};
+use abi::{EngineId, EngineKind, QueueState};
 use shm::Shm;
 
 use crate::Time;
@@ -35,7 +35,7 @@ use crate::compute::ComputeStats;
 use crate::memory::{AddressSpace, Vmid};
 
 use super::exec::{self};
-use super::fences::FenceTable;
+use super::fences::Fences;
 use super::log::{FwEvent, FwLog};
 use super::preempt::{self};
 use super::queue::{FwQueue, FwQueueId, IbCursor, WaitOn};
@@ -164,7 +164,7 @@ impl QueueRegs {
 impl FwQueue {
     /// Off its slot (a stop's answer, or a fault): the registers the slot returned are the
     /// queue's again, and what it completed last is taken.
-    fn leave_slot(&mut self, id: FwQueueId, r: &QueueRegs, irqs: &mut Irqs, fences: &FenceTable) {
+    fn leave_slot(&mut self, id: FwQueueId, r: &QueueRegs, irqs: &mut Irqs, fences: &Fences) {
         self.hw_slot = None;
         self.take_regs(r);
         take_completed(self, id, r.completed, irqs, fences);
@@ -233,13 +233,13 @@ impl Firmware {
             self.apply_event(ev, now, vms);
         }
         self.read_progress(&mut report, false);
-        let Firmware { engines, queues, quanta, log, fence_epoch, hw, .. } = self;
+        let Firmware { engines, queues, quanta, log, fences, hw, .. } = self;
         let Some(hw) = hw.as_mut() else { return report };
         hw.events = events;
         for e in engines.iter_mut() {
             let slots = &mut hw.slots[e.id.0 as usize];
-            if e.power == PowerState::F0 {
-                step::wake_sleepers(e, queues, vms, *fence_epoch);
+            if e.power.is_on() {
+                step::wake_sleepers(e, queues, vms, fences.epoch);
                 schedule::schedule(e, queues, now, *quanta, log);
                 let stop = e.stop;
                 report.hardware += reconcile(e, slots, queues, hw.dev.as_mut(), log, now, stop);
@@ -252,8 +252,7 @@ impl Firmware {
                 .count() as u32;
             report.runnable += busy;
             if busy > 0 || !e.waiting.is_empty() {
-                e.last_busy = now;
-                e.arm_idle();
+                e.busy_at(now);
             }
         }
         report.hardware += more as u32;
@@ -262,8 +261,8 @@ impl Firmware {
 
     /// Applies one slot's report.
     fn apply_event(&mut self, ev: HwEvent, now: Time, vms: &[Option<AddressSpace>]) {
-        let optimized = self.optimized_interrupts;
-        let Firmware { engines, queues, irqs, log, fences, fence_epoch, hw, compute, .. } = self;
+        let optimized = self.fences.optimized;
+        let Firmware { engines, queues, irqs, log, fences, hw, compute, .. } = self;
         let Some(hw) = hw.as_mut() else { return };
         if hw.slots.get(ev.engine.0 as usize).and_then(|s| s.get(ev.slot as usize)).is_none() {
             return;
@@ -310,7 +309,7 @@ impl Firmware {
             HwEventKind::User { id: user } => irqs.push_back((Time::ZERO, Interrupt::User { queue: id, id: user })),
             HwEventKind::Signaled { vmid, va, value } => {
                 // The device wrote memory another queue may wait on.
-                *fence_epoch += 1;
+                fences.changed();
                 let fence = vms
                     .get(vmid.0 as usize)
                     .and_then(Option::as_ref)
@@ -509,7 +508,7 @@ impl Firmware {
 /// fence's conditional interrupt (spec 002 "native progress fence"). One interrupt for what
 /// completed since the last look: the hardware's completions are coalesced, as an EOP
 /// interrupt's are.
-fn take_completed(q: &mut FwQueue, id: FwQueueId, value: u64, irqs: &mut Irqs, fences: &FenceTable) {
+fn take_completed(q: &mut FwQueue, id: FwQueueId, value: u64, irqs: &mut Irqs, fences: &Fences) {
     if value <= q.completed {
         return;
     }

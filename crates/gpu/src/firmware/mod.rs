@@ -53,7 +53,7 @@ use abi::packet::Opcode;
 use abi::preempt::{Stop, StopPoint};
 use abi::queue::{Access, FaultKind, FaultRecord};
 use abi::slab::Slab;
-use abi::{EngineId, EngineKind, EngineState, PowerState, QueueState};
+use abi::{EngineId, EngineKind, EngineState, QueueState};
 use shm::{Shm, Word};
 
 use crate::Time;
@@ -83,9 +83,9 @@ pub use log::{FwCounts, FwEvent, FwLogEntry, Requester};
 pub use queue::{FwQueueId, QueueConfig};
 
 use doorbells::{BitPage, MAX_POINTER, Watch, find_published_work};
-use fences::FenceTable;
+use fences::Fences;
 use log::FwLog;
-use power::Timers;
+use power::{Power, Timers};
 use queue::FwQueue;
 use ring::Place;
 use schedule::{Quanta, Waiting, join_run_list, sync_waiting};
@@ -186,13 +186,10 @@ type Irqs = std::collections::VecDeque<(Time, Interrupt)>;
 struct Engine {
     id: EngineId,
     kind: EngineKind,
-    power: PowerState,
-    f1_requested: bool,
-    last_busy: Time,
+    /// Its power state and idle period ([`power`]).
+    power: Power,
     /// How long it has executed (`busy.rs`).
     busy: busy::BusyTime,
-    /// How long without work before the engine asks for F1.
-    idle_period: std::time::Duration,
     /// Its timers (the idle timer, the quantum timer).
     timers: Timers,
     /// Every queue the firmware may schedule on this engine (amdgpu's run list).
@@ -264,8 +261,8 @@ pub(crate) struct Firmware {
     wave_width: u32,
     dispatch_budget: u64,
     compute: ComputeStats,
-    fences: FenceTable,
-    optimized_interrupts: bool,
+    /// The native fences ([`fences`]).
+    fences: Fences,
     quanta: Quanta,
     engines: Vec<Engine>,
     /// The queue table (amdgpu: the MQDs the firmware was given).
@@ -283,10 +280,6 @@ pub(crate) struct Firmware {
     bar: abi::doorbell::DoorbellBar,
     /// Engines drop rings of queues without a hardware slot.
     misses_unmapped: bool,
-    /// Bumped whenever a native fence may have changed: a packet that writes memory executed
-    /// here, a CPU update or another adapter's signal (`notify_fences`), a fence registered or
-    /// destroyed. A queue parked on a fence `WAIT` re-checks only when it moved.
-    fence_epoch: u64,
     /// Bumped at every doorbell bind and every ring seen on a watched BAR word: the clock of
     /// each doorbell's `last_used` (`doorbells::Watch`).
     use_seq: u64,
@@ -348,11 +341,8 @@ impl Engine {
         Engine {
             id,
             kind,
-            power: PowerState::F0,
-            f1_requested: false,
-            last_busy: Time::ZERO,
+            power: Power::new(idle_period),
             busy: busy::BusyTime::default(),
-            idle_period,
             timers: Timers([Some(Time::ZERO.plus(idle_period)), None, None]),
             run_list: Vec::new(),
             kernel_queues: 0,
@@ -402,8 +392,7 @@ impl Firmware {
             wave_width: cfg.wave_width.clamp(1, crate::compute::MAX_WAVE as u32),
             dispatch_budget: cfg.dispatch_budget.max(1),
             compute: ComputeStats::default(),
-            fences: FenceTable::default(),
-            optimized_interrupts: cfg.optimized_fence_interrupts,
+            fences: Fences::new(cfg.optimized_fence_interrupts),
             quanta: Quanta { process: cfg.process_quantum, gang: cfg.gang_quantum },
             engines,
             queues: Slab::new(),
@@ -413,7 +402,6 @@ impl Firmware {
             aggregated: Vec::new(),
             bar,
             misses_unmapped: cfg.misses_unmapped_doorbells,
-            fence_epoch: 0,
             use_seq: 0,
             dormant: Vec::new(),
             preemption: cfg.preemption,

@@ -61,18 +61,88 @@ impl Timers {
     }
 }
 
+/// An engine's power (spec 001's F0 and F1): its state, whether it asked the kernel for F1,
+/// and when it last had work. Its idle timer is [`Timer::Idle`] in the engine's table, armed
+/// at [`Power::idle_deadline`] by [`Engine::arm_idle`].
+pub(super) struct Power {
+    /// F0 (running) or F1 (idle, runs nothing).
+    pub(super) state: PowerState,
+    /// It asked the kernel for F1 and has no answer yet.
+    f1_requested: bool,
+    /// When it last had work (its idle period runs from here).
+    last_busy: Time,
+    /// How long without work before the engine asks for F1.
+    idle_period: std::time::Duration,
+}
+
+impl Power {
+    /// An engine in F0 that has not asked for F1 and last had work at time zero.
+    pub(super) fn new(idle_period: std::time::Duration) -> Power {
+        Power { state: PowerState::F0, f1_requested: false, last_busy: Time::ZERO, idle_period }
+    }
+
+    /// In F0: the engine runs.
+    pub(super) fn is_on(&self) -> bool {
+        self.state == PowerState::F0
+    }
+
+    /// When the idle timer fires: an idle period after the engine last had work, while it is
+    /// in F0 and has not asked for F1 yet.
+    pub(super) fn idle_deadline(&self) -> Option<Time> {
+        (self.state == PowerState::F0 && !self.f1_requested).then(|| self.last_busy.plus(self.idle_period))
+    }
+
+    /// The engine had work at `now`: its idle period starts over.
+    pub(super) fn busy_at(&mut self, now: Time) {
+        self.last_busy = now;
+    }
+
+    /// The kernel asked for F0 at `now` (`request_f0`).
+    fn wake(&mut self, now: Time) {
+        self.state = PowerState::F0;
+        self.f1_requested = false;
+        self.last_busy = now;
+    }
+
+    /// The kernel answered the F1 request at `now`: refused while `busy` (the engine's idle
+    /// period starts over), granted otherwise.
+    fn answer_f1(&mut self, now: Time, busy: bool) {
+        self.f1_requested = false;
+        if busy {
+            self.last_busy = now;
+        } else {
+            self.state = PowerState::F1;
+        }
+    }
+
+    /// The idle timer fired at `now`: an engine still `busy` starts its idle period over; an
+    /// idle one asks for F1 (`true`: the caller raises the request).
+    fn idle_expired(&mut self, now: Time, busy: bool) -> bool {
+        if busy {
+            self.last_busy = now;
+        } else {
+            self.f1_requested = true;
+        }
+        !busy
+    }
+}
+
 impl Engine {
-    /// Re-arms the idle timer from `last_busy`: it runs while the engine is in F0 and has
-    /// not asked for F1 yet.
+    /// Re-arms the idle timer at [`Power::idle_deadline`].
     pub(super) fn arm_idle(&mut self) {
-        let at = (self.power == PowerState::F0 && !self.f1_requested).then(|| self.last_busy.plus(self.idle_period));
-        self.timers.set(Timer::Idle, at);
+        self.timers.set(Timer::Idle, self.power.idle_deadline());
+    }
+
+    /// The engine had work at `now`: its idle timer starts over.
+    pub(super) fn busy_at(&mut self, now: Time) {
+        self.power.busy_at(now);
+        self.arm_idle();
     }
 }
 
 impl Firmware {
     pub(crate) fn power(&self, engine: EngineId) -> Result<PowerState, GpuError> {
-        self.engines.get(engine.0 as usize).map(|e| e.power).ok_or(GpuError::BadEngine(engine.0))
+        self.engines.get(engine.0 as usize).map(|e| e.power.state).ok_or(GpuError::BadEngine(engine.0))
     }
 
     pub(crate) fn busy_ns(&self, engine: EngineId, now: Time) -> Result<u64, GpuError> {
@@ -81,9 +151,7 @@ impl Firmware {
 
     pub(crate) fn request_f0(&mut self, engine: EngineId, now: Time) -> Result<(), GpuError> {
         let e = self.engine_mut(engine)?;
-        e.power = PowerState::F0;
-        e.f1_requested = false;
-        e.last_busy = now;
+        e.power.wake(now);
         e.resched = true;
         e.arm_idle();
         Ok(())
@@ -114,13 +182,8 @@ impl Firmware {
                 busy = true;
             }
         }
-        e.f1_requested = false;
+        e.power.answer_f1(now, busy);
         e.resched = true;
-        if busy {
-            e.last_busy = now;
-        } else {
-            e.power = PowerState::F1;
-        }
         e.arm_idle();
         if !busy && !loaded.is_empty() {
             // An engine in F1 runs nothing: its slots are emptied (idle, they answer at once).
@@ -130,7 +193,7 @@ impl Firmware {
     }
 
     pub(crate) fn all_asleep(&self) -> bool {
-        self.engines.iter().all(|e| e.power == PowerState::F1)
+        self.engines.iter().all(|e| e.power.state == PowerState::F1)
     }
 
     /// Fires every expired timer of every engine.
@@ -152,10 +215,8 @@ impl Firmware {
                 // A busy queue on the run list is in a slot, in the waiting set (pending, not
                 // hung, not in a slot) or asleep on a WAIT: no scan of the run list.
                 let asleep = e.asleep.iter().any(|id| queues.get(id.0).is_ok_and(|q| q.asleep));
-                if e.hqd.iter().any(busy_queue) || !e.waiting.is_empty() || asleep {
-                    e.last_busy = now;
-                } else {
-                    e.f1_requested = true;
+                let busy = e.hqd.iter().any(busy_queue) || !e.waiting.is_empty() || asleep;
+                if e.power.idle_expired(now, busy) {
                     // Raised now: the driver takes it at its own time.
                     let irq = Interrupt::EngineStateChange { engine: e.id, state: EngineState::TransitionToF1 };
                     irqs.push_back((Time::ZERO, irq));
@@ -178,11 +239,8 @@ impl Firmware {
         self.timing == crate::cost::Timing::Modelled
             && self.irqs.is_empty()
             && self.poll_timeout().is_some_and(|t| now < t)
-            && self.engines.iter().any(|e| e.power == PowerState::F0)
-            && self
-                .engines
-                .iter()
-                .all(|e| e.power != PowerState::F0 || e.timers.get(Timer::Busy).is_some_and(|t| now < t))
+            && self.engines.iter().any(|e| e.power.is_on())
+            && self.engines.iter().all(|e| !e.power.is_on() || e.timers.get(Timer::Busy).is_some_and(|t| now < t))
     }
 
     /// The earliest modelled end of an engine's busy period.

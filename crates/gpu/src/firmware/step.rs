@@ -15,7 +15,7 @@ use std::sync::atomic::Ordering;
 use abi::preempt::StopPoint;
 use abi::queue::Access;
 use abi::slab::Slab;
-use abi::{PowerState, Priority, QueueState};
+use abi::{Priority, QueueState};
 
 use crate::Time;
 use crate::memory::AddressSpace;
@@ -63,9 +63,7 @@ impl Firmware {
             dispatch_budget,
             compute,
             fences,
-            optimized_interrupts,
             quanta,
-            fence_epoch,
             cost,
             timing,
             log,
@@ -81,13 +79,13 @@ impl Firmware {
         let (packet_ns, turn_ns) = (crate::cost::ns(cost.packet), crate::cost::ns(cost.turn));
         // The command processor's fetch buffer, emptied at each turn (see `run_queue`).
         let mut window = FetchWindow::new();
-        for e in engines.iter_mut().filter(|e| e.power == PowerState::F0) {
+        for e in engines.iter_mut().filter(|e| e.power.is_on()) {
             // Still executing the work of an earlier step (modelled timing): nothing new
             // starts before the busy period ends.
             if modelled && e.timers.get(Timer::Busy).is_some_and(|t| now < t) {
                 continue;
             }
-            wake_sleepers(e, queues, vms, *fence_epoch);
+            wake_sleepers(e, queues, vms, fences.epoch);
             let mut elapsed = 0u64;
             let mut busy = false;
             // Scheduling passes of this step: the first, and one more each time a turn is cut
@@ -145,7 +143,7 @@ impl Firmware {
                     }
                     // Parked on a fence that has not changed: nothing to re-check. (It still has
                     // work, so the engine stays awake, as for any queue blocked in a WAIT.)
-                    if q.parked == Some(*fence_epoch) && q.preempt.is_none() {
+                    if q.parked == Some(fences.epoch) && q.preempt.is_none() {
                         continue;
                     }
                     q.parked = None;
@@ -161,7 +159,6 @@ impl Firmware {
                     let before = compute.instructions;
                     let mut env = Env {
                         fences,
-                        optimized_interrupts: *optimized_interrupts,
                         clock,
                         cost,
                         packet_ns,
@@ -175,7 +172,6 @@ impl Firmware {
                         dispatch_budget: *dispatch_budget,
                         stats: compute,
                         irqs,
-                        fence_epoch,
                         stop: e.stop,
                         attention,
                         sentinels: &e.sentinels,
@@ -259,8 +255,7 @@ impl Firmware {
             e.turns = turns;
             spill_evicted(e, queues);
             if busy {
-                e.last_busy = now;
-                e.arm_idle();
+                e.busy_at(now);
             }
             if modelled && elapsed > 0 {
                 // The engine is busy until the modelled end of what it just ran.
