@@ -201,41 +201,9 @@ pub(super) fn run_queue(
                 stopped = Some(point);
                 return Ok(());
             }
-            if let Some(mut ib) = q.ib {
-                let ib_vm = match ib.vmid {
-                    Some(v) => match vms.get(v.0 as usize).and_then(Option::as_ref) {
-                        Some(vm) => vm,
-                        None => {
-                            let why = "vmid does not exist";
-                            return Err((FaultKind::BadIndirect { why }, Some(Opcode::IndirectBuffer), false));
-                        }
-                    },
-                    None => vm,
-                };
-                if ib.pos >= ib.dwords {
-                    q.ib = None;
-                    q.rptr += Opcode::IndirectBuffer.fixed_dwords().unwrap_or(5) as u64 * 4;
-                    continue;
-                }
-                let (packet, n) = fetch_indirect(ib_vm, &ib).map_err(|k| (k, None, true))?;
-                match exec(packet, q, id, ib_vm, env, true).map_err(|k| (k, Some(packet.opcode()), true))? {
-                    Flow::Blocked { va, value } => {
-                        let vmid = ib.vmid.unwrap_or(q.cfg.vmid);
-                        blocked(q, env, &mut stopped, vmid, va, value);
-                        return Ok(());
-                    }
-                    Flow::Yield => return Ok(()),
-                    Flow::Stopped(point) => {
-                        stopped = Some(point);
-                        return Ok(());
-                    }
-                    Flow::Next => {
-                        ib.pos += n as u32;
-                        q.ib = Some(ib);
-                        q.blocked = false;
-                        q.at_cb_boundary = false;
-                        done += 1;
-                    }
+            if q.ib.is_some() {
+                if indirect_packet(q, id, vm, vms, env, &mut stopped, &mut done)? {
+                    return Ok(());
                 }
                 continue;
             }
@@ -290,6 +258,58 @@ pub(super) fn run_queue(
         q.publish_rptr();
     }
     (done, stopped)
+}
+
+/// The next packet of the indirect buffer queue `q` is in (`vm`: the queue's address space),
+/// as [`run_queue`] runs ring packets: `true` when the turn ends here (blocked, yielded or
+/// stopped for a preemption). Past the buffer's end, the queue moves past its
+/// `INDIRECT_BUFFER` packet instead.
+fn indirect_packet(
+    q: &mut FwQueue,
+    id: FwQueueId,
+    vm: &AddressSpace,
+    vms: &[Option<AddressSpace>],
+    env: &mut Env<'_>,
+    stopped: &mut Option<StopPoint>,
+    done: &mut u64,
+) -> Result<bool, (FaultKind, Option<Opcode>, bool)> {
+    let Some(mut ib) = q.ib else { return Ok(false) };
+    let ib_vm = match ib.vmid {
+        Some(v) => match vms.get(v.0 as usize).and_then(Option::as_ref) {
+            Some(vm) => vm,
+            None => {
+                let why = "vmid does not exist";
+                return Err((FaultKind::BadIndirect { why }, Some(Opcode::IndirectBuffer), false));
+            }
+        },
+        None => vm,
+    };
+    if ib.pos >= ib.dwords {
+        q.ib = None;
+        q.rptr += Opcode::IndirectBuffer.fixed_dwords().unwrap_or(5) as u64 * 4;
+        return Ok(false);
+    }
+    let (packet, n) = fetch_indirect(ib_vm, &ib).map_err(|k| (k, None, true))?;
+    match exec(packet, q, id, ib_vm, env, true).map_err(|k| (k, Some(packet.opcode()), true))? {
+        Flow::Blocked { va, value } => {
+            let vmid = ib.vmid.unwrap_or(q.cfg.vmid);
+            blocked(q, env, stopped, vmid, va, value);
+            return Ok(true);
+        }
+        Flow::Yield => return Ok(true),
+        Flow::Stopped(point) => {
+            *stopped = Some(point);
+            return Ok(true);
+        }
+        Flow::Next => {
+            ib.pos += n as u32;
+            q.ib = Some(ib);
+            q.blocked = false;
+            q.at_cb_boundary = false;
+            *done += 1;
+        }
+    }
+    Ok(false)
 }
 
 /// Queue `q`'s engine faulted on its work (`fault` says where): it hangs, its partial work
@@ -501,37 +521,7 @@ fn exec_packet(
                 return Ok(Flow::Blocked { va, value });
             }
         }
-        Packet::ProgressFence { value } => {
-            if value < q.completed {
-                return Err(FaultKind::ProgressBackwards { completed: q.completed, value });
-            }
-            if q.last_queued_word.is_some() && value > q.queued {
-                return Err(FaultKind::ProgressBeyondQueued { value, last_queued: q.queued });
-            }
-            let word = q.cfg.kernel_page.progress_completed();
-            // A progress fence the kernel registered as a native fence (spec 002 "Indicating a
-            // native progress fence for hardware queues") is signalled as one: value, barrier,
-            // MonitoredValue, conditional interrupt.
-            let key = match word.region() {
-                shm::Region::Shm(s) => Some((s.id(), word.offset())),
-                _ => None,
-            };
-            match key.and_then(|k| env.fences.get(&k)) {
-                Some(f) => {
-                    if abi::protocol::signal_fence(word.get(), &f.monitored, value, || {}) {
-                        env.raise(Interrupt::NativeFenceSignaled(FenceSignaled::Fences(vec![f.id])));
-                    }
-                }
-                // Release: the command buffer's writes happen-before a waiter's acquire of the
-                // value.
-                None => word.get().store(value, Ordering::Release),
-            }
-            q.completed = value;
-            // (Its completion is recorded once its cost is charged: [`record`].)
-            if value > q.monitored {
-                env.raise(Interrupt::ProgressFence { queue: id, value });
-            }
-        }
+        Packet::ProgressFence { value } => progress_fence(q, id, env, value)?,
         Packet::Interrupt { id: user } => env.raise(Interrupt::User { queue: id, id: user }),
         Packet::Synthetic { ns } => return synthetic(q, env, ns),
         Packet::Dispatch { program, grid, group, args } => {
@@ -543,6 +533,42 @@ fn exec_packet(
 
 /// Executes a `SIGNAL` or `WAIT` with a fence-log entry ([`Packet::Logged`]): the operation,
 /// then the entry, in spec 002's order.
+/// A `PROGRESS_FENCE` writing `value`: checked against the queue's completed and last-queued
+/// values, written into its kernel page (as a native fence, if the kernel registered it as
+/// one), and the progress interrupt raised above the monitored value.
+fn progress_fence(q: &mut FwQueue, id: FwQueueId, env: &mut Env<'_>, value: u64) -> Result<(), FaultKind> {
+    if value < q.completed {
+        return Err(FaultKind::ProgressBackwards { completed: q.completed, value });
+    }
+    if q.last_queued_word.is_some() && value > q.queued {
+        return Err(FaultKind::ProgressBeyondQueued { value, last_queued: q.queued });
+    }
+    let word = q.cfg.kernel_page.progress_completed();
+    // A progress fence the kernel registered as a native fence (spec 002 "Indicating a
+    // native progress fence for hardware queues") is signalled as one: value, barrier,
+    // MonitoredValue, conditional interrupt.
+    let key = match word.region() {
+        shm::Region::Shm(s) => Some((s.id(), word.offset())),
+        _ => None,
+    };
+    match key.and_then(|k| env.fences.get(&k)) {
+        Some(f) => {
+            if abi::protocol::signal_fence(word.get(), &f.monitored, value, || {}) {
+                env.raise(Interrupt::NativeFenceSignaled(FenceSignaled::Fences(vec![f.id])));
+            }
+        }
+        // Release: the command buffer's writes happen-before a waiter's acquire of the
+        // value.
+        None => word.get().store(value, Ordering::Release),
+    }
+    q.completed = value;
+    // (Its completion is recorded once its cost is charged: [`record`].)
+    if value > q.monitored {
+        env.raise(Interrupt::ProgressFence { queue: id, value });
+    }
+    Ok(())
+}
+
 #[expect(clippy::too_many_arguments, reason = "the packet's four fields beside the usual four")]
 fn exec_logged(
     q: &mut FwQueue,

@@ -43,7 +43,6 @@ use abi::preempt::{Stop, StopPoint};
 use crate::Time;
 
 use super::Engine;
-use super::log::{FwEvent, Requester};
 use super::preempt::PreemptRequest;
 use super::queue::{FwQueue, FwQueueId};
 

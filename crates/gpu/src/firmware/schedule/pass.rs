@@ -227,24 +227,12 @@ fn pass<Q: Schedulable>(
     scratch: &mut PassScratch,
 ) -> bool {
     let PassScratch { holders, evicted, asked, .. } = scratch;
-    holders.clear();
     evicted.clear();
     asked.clear();
-    // The holders, read once: a hung one lingering in `hqd` leaves it here.
-    let slots = e.hqd.len();
-    e.hqd.retain(|&id| {
-        let Ok(q) = queues.get(id.0) else { return false };
-        let seat = q.seat();
-        let mapped = seat.state == QueueState::Mapped;
-        if mapped {
-            holders.push(Holder::of(id, &seat, false));
-        }
-        mapped
-    });
+    let mut changed = read_holders(e, queues, holders);
     // A holder blocked in a `WAIT` that does not pass uses its slot for nothing, and may be
     // stopped there at every granularity but `None` (spec 003): it yields to any waiter.
     let blocked_yields = e.stop.allows_blocked_wait();
-    let mut changed = e.hqd.len() != slots;
     if e.waiting.is_empty() {
         return changed;
     }
@@ -295,10 +283,7 @@ fn pass<Q: Schedulable>(
                 && !q.may_stop_now(e.stop)
             {
                 if q.request_stop(now) {
-                    log.push(
-                        now,
-                        super::FwEvent::PreemptRequested { queue: v, ticket: 0, by: super::Requester::Scheduler },
-                    );
+                    log.push(now, FwEvent::PreemptRequested { queue: v, ticket: 0, by: Requester::Scheduler });
                 }
                 holders[k].placed = true;
                 continue;
@@ -339,6 +324,30 @@ fn pass<Q: Schedulable>(
             unseat(e, q, v);
         }
     }
+    arm_quantum_timer(e, holders, asked, quanta);
+    changed
+}
+
+/// Reads the slot holders into `holders`, once: a hung one lingering in `hqd` leaves it here
+/// (`true`: one did).
+fn read_holders<Q: Schedulable>(e: &mut Engine, queues: &Slab<Q>, holders: &mut Vec<Holder>) -> bool {
+    holders.clear();
+    let slots = e.hqd.len();
+    e.hqd.retain(|&id| {
+        let Ok(q) = queues.get(id.0) else { return false };
+        let seat = q.seat();
+        let mapped = seat.state == QueueState::Mapped;
+        if mapped {
+            holders.push(Holder::of(id, &seat, false));
+        }
+        mapped
+    });
+    e.hqd.len() != slots
+}
+
+/// Arms the quantum timer after a pass: when the first busy holder's quantum runs out against
+/// a class still waiting, if one does. (`asked`: the pass's answers per kind of holder.)
+fn arm_quantum_timer(e: &mut Engine, holders: &[Holder], asked: &mut Vec<(HolderKind, (bool, bool))>, quanta: Quanta) {
     // Look again when the first holder's quantum runs out against a class still waiting (it
     // lies ahead: a holder past its quantum would have been evicted above). The classes still
     // waiting are the ones the walk left behind and those of the queues evicted in this pass:
@@ -381,5 +390,4 @@ fn pass<Q: Schedulable>(
         }
     }
     e.timers.set(Timer::Quantum, quantum_end);
-    changed
 }
