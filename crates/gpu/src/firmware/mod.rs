@@ -44,17 +44,23 @@
 //! [`Firmware::poll_timeout`]), [`fences`] (the native fence table and epoch), [`log`] (the
 //! firmware log), [`preempt`] (requests, answers, resets) and [`hardware`] (slots on real
 //! hardware). This module holds the queue table, the engines and the queue commands.
+//!
+//! **State has owners.** [`Firmware`] composes them, as the kernel's `Os` does: an engine's
+//! power is a [`power::Power`] (F0/F1, its F1 request, its idle period), the native fences a
+//! [`fences::Fences`] (table, epoch, interrupt mode), the doorbell side a
+//! [`doorbells::Doorbells`] (BAR, bit pages, aggregated pages, dormant words, use clock), the
+//! firmware log a [`log::FwLog`], the waiting set a [`schedule::Waiting`]. A step borrows what
+//! its turns share once ([`step`]'s `Step`), rather than field by field at each turn.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use abi::doorbell::DoorbellModel;
 use abi::packet::Opcode;
 use abi::preempt::{Stop, StopPoint};
 use abi::queue::{Access, FaultKind, FaultRecord};
 use abi::slab::Slab;
 use abi::{EngineId, EngineKind, EngineState, QueueState};
-use shm::{Shm, Word};
+use shm::Shm;
 
 use crate::Time;
 use crate::compute::ComputeStats;
@@ -82,7 +88,7 @@ pub use fences::FenceWaits;
 pub use log::{FwCounts, FwEvent, FwLogEntry, Requester};
 pub use queue::{FwQueueId, QueueConfig};
 
-use doorbells::{BitPage, MAX_POINTER, Watch, find_published_work};
+use doorbells::{Doorbells, MAX_POINTER, Watch, find_published_work};
 use fences::Fences;
 use log::FwLog;
 use power::{Power, Timers};
@@ -270,23 +276,9 @@ pub(crate) struct Firmware {
     /// Interrupts raised and not yet taken, each with the device time it was raised at
     /// ([`Irqs`]).
     irqs: Irqs,
-    /// Spec 000's doorbell model.
-    model: DoorbellModel,
-    /// The global model's bit pages, by BAR page.
-    bit_pages: std::collections::BTreeMap<u32, BitPage>,
-    /// Aggregated doorbell pages being watched (when engines miss unmapped queues' doorbells).
-    aggregated: Vec<(u32, Vec<Word>)>,
-    /// The doorbell BAR the engines watch.
-    bar: abi::doorbell::DoorbellBar,
-    /// Engines drop rings of queues without a hardware slot.
-    misses_unmapped: bool,
-    /// Bumped at every doorbell bind and every ring seen on a watched BAR word: the clock of
-    /// each doorbell's `last_used` (`doorbells::Watch`).
-    use_seq: u64,
-    /// BAR doorbell words of queues the kernel disconnected (unbound), still theirs until
-    /// another binding takes the word: a change is a ring from the GPU, raised as
-    /// [`Interrupt::DisconnectedRing`] (`doorbells::Dormant`).
-    dormant: Vec<doorbells::Dormant>,
+    /// The doorbell BAR, its model, and the firmware's doorbell state beside the engines'
+    /// watches ([`doorbells`]).
+    doorbells: Doorbells,
     /// Where engines may stop work for a preemption (`D3DKMDT_PREEMPTION_CAPS`).
     preemption: abi::preempt::PreemptionCaps,
     /// The last preemption ticket handed out.
@@ -397,13 +389,7 @@ impl Firmware {
             engines,
             queues: Slab::new(),
             irqs: Default::default(),
-            model: cfg.doorbell_model,
-            bit_pages: Default::default(),
-            aggregated: Vec::new(),
-            bar,
-            misses_unmapped: cfg.misses_unmapped_doorbells,
-            use_seq: 0,
-            dormant: Vec::new(),
+            doorbells: Doorbells::new(bar, cfg.doorbell_model, cfg.misses_unmapped_doorbells),
             preemption: cfg.preemption,
             next_ticket: 0,
             log: FwLog::default(),
@@ -598,7 +584,7 @@ impl Firmware {
     ) -> Result<u64, GpuError> {
         // Loaded in a hardware slot: abandoned there first (the queue's memory may go next).
         self.hw_quiesce(&[id], true, now, vms);
-        self.dormant.retain(|d| d.queue != id);
+        self.doorbells.dormant.retain(|d| d.queue != id);
         let (e, q) = self.engine_and_queue(id)?;
         doorbells::forget_watch(e, id);
         schedule::leave_run_list(e, q, id);
