@@ -1,8 +1,8 @@
 //! Execution: fetch, decode and execute packets, write fence logs (spec 001's packet
 //! processing; spec 002's fence log buffers and conditional interrupts).
 //!
-//! [`Firmware::step`] runs every engine in F0: the scheduling pass, then each pending slot
-//! holder in round-robin order, for up to `packet_budget` packets each. A queue reads its wptr
+//! [`super::Firmware::step`] gives each pending slot holder a turn ([`run_queue`]) of up to
+//! `packet_budget` packets or its turn's device time, whichever ends first. A queue reads its wptr
 //! (acquire), validates it, then fetches, decodes and executes, publishing rptr (release) as
 //! it goes. Fetching goes through the turn's [`FetchWindow`], the command processor's fetch
 //! buffer: published ring words are read from client memory once, in runs, and every packet
@@ -76,7 +76,7 @@ pub(super) struct Env<'a> {
     pub(super) stop: Stop,
     /// The device's attention register ([`crate::Attention`]).
     pub(super) attention: &'a crate::attention::Attention,
-    /// The engine's sentinel doorbells ([`Engine::sentinels`]).
+    /// The engine's sentinel doorbells ([`super::Engine::sentinels`]).
     pub(super) sentinels: &'a [preempt::Sentinel],
     /// The turn was cut short by [`Env::interrupted`]: the step ends here for this engine.
     pub(super) cut: bool,

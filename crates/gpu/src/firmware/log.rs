@@ -77,7 +77,7 @@ pub enum FwEvent {
     /// The kernel sent a command ([`crate::Gpu::command`]); what it did follows it.
     Command(CommandRecord),
     /// The kernel took back the work of a held kernel queue that had not started: its
-    /// accepted wptr dropped from `from` to `to` ([`Firmware::take_back`]).
+    /// accepted wptr dropped from `from` to `to` ([`super::Firmware::take_back`]).
     TakenBack {
         /// The queue.
         queue: FwQueueId,
@@ -98,7 +98,7 @@ pub struct FwLogEntry {
 }
 
 /// The most entries the firmware log keeps (the oldest go first).
-const LOG_ENTRIES: usize = 4096;
+pub(super) const LOG_ENTRIES: usize = 4096;
 
 /// How many events of each kind the firmware has logged since the device started, however
 /// many the bounded log still holds ([`crate::Gpu::firmware_counts`]).

@@ -6,7 +6,7 @@
 //! in the queue". Concretely, for each engine in F0:
 //!
 //! 1. [`Firmware::poll_doorbells`]: a watched BAR word that changed marks its queue *pending*
-//!    ([`mark_pending`]).
+//!    ([`schedule::mark_pending`]).
 //! 2. [`Firmware::step`]: each pending queue in a hardware slot, in round-robin order, reads its
 //!    wptr (acquire), validates it, then fetches, decodes and executes up to `packet_budget`
 //!    packets, publishing rptr (release) as it goes. A queue with nothing left stops being
@@ -30,10 +30,10 @@
 //! decides who holds the slots. It never scans the run list, which may hold thousands of
 //! queues: each engine keeps a **waiting set** ([`Engine::waiting`]), ordered like the
 //! scheduler's waiting order (kernel queues, then priority, then whoever ran longest ago, then
-//! run-list order) and grouped by [`Class`] so a pass looks at one head per class. Its
+//! run-list order) and grouped by [`schedule::Class`] so a pass looks at one head per class. Its
 //! invariant: a queue is in the waiting set exactly when it is on the run list, pending, not
 //! hung, not asleep on a `WAIT` and not in a slot ([`schedule::Seat::should_wait`]). Every `pending = true` goes through
-//! [`mark_pending`], and every other change of those facts (suspend, resume, remove, map,
+//! [`schedule::mark_pending`], and every other change of those facts (suspend, resume, remove, map,
 //! evict) through [`sync_waiting`], which keep it.
 //!
 //! The firmware is split along the spec's seams: [`doorbells`] (bindings, the global model's
@@ -247,7 +247,7 @@ struct Engine {
     asleep_epoch: u64,
     /// Queues the scheduler evicted in this step, whose dispatch state may still be live
     /// ([`FwQueue::live`]): written to their save areas at the end of the step
-    /// ([`step::spill_evicted`]), so that the queue that took the slot starts first. Nobody can
+    /// (`step.rs`'s `spill_evicted`), so that the queue that took the slot starts first. Nobody can
     /// look at a save area during a step (the kernel waits for the device lock), and a queue
     /// mapped again in the same step simply keeps its state.
     unspilled: Vec<FwQueueId>,
@@ -417,7 +417,7 @@ impl Firmware {
         self.queues.get_mut(id.0).map_err(|_| GpuError::StaleQueue(id))
     }
 
-    /// A queue and its engine, both mutable (for [`mark_pending`] and [`sync_waiting`]).
+    /// A queue and its engine, both mutable (for [`schedule::mark_pending`] and [`sync_waiting`]).
     fn engine_and_queue(&mut self, id: FwQueueId) -> Result<(&mut Engine, &mut FwQueue), GpuError> {
         let q = self.queues.get_mut(id.0).map_err(|_| GpuError::StaleQueue(id))?;
         let engine = q.cfg.engine.0;

@@ -374,7 +374,7 @@ impl Firmware {
         self.preemption
     }
 
-    /// The firmware log, oldest first (at most [`LOG_ENTRIES`]).
+    /// The firmware log, oldest first (at most [`super::log::LOG_ENTRIES`]).
     pub(crate) fn log(&self) -> impl Iterator<Item = &FwLogEntry> {
         self.log.entries.iter()
     }

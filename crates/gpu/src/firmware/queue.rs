@@ -120,7 +120,7 @@ pub(super) struct FwQueue {
     /// turns that ran packets, instructions or chunks of its ring. A turn that only re-checked
     /// a `WAIT` that did not pass adds nothing, nor does time off a slot (waiting for one,
     /// preempted, suspended, its engine in F1). The kernel's hang timer reads it
-    /// ([`Firmware::queue_run_ns`]) to tell a queue that runs without progress from one that
+    /// ([`super::Firmware::queue_run_ns`]) to tell a queue that runs without progress from one that
     /// waits.
     pub(super) run_ns: u64,
     /// A `DISPATCH` at rptr is part-way done: its state is in `live`, or in the context save
@@ -152,24 +152,24 @@ pub(super) struct FwQueue {
     /// Its current command buffer's start and execution time, while completions are
     /// recorded.
     pub(super) cb: CbClock,
-    /// The condition of the last `WAIT` it blocked on (what [`step::wake_sleepers`] checks
+    /// The condition of the last `WAIT` it blocked on (what [`super::step::wake_sleepers`] checks
     /// while it sleeps off its slot).
     pub(super) wait_on: Option<WaitOn>,
-    /// Off its slot and asleep on that `WAIT` ([`schedule::unseat`]).
+    /// Off its slot and asleep on that `WAIT` ([`super::schedule::unseat`]).
     pub(super) asleep: bool,
     /// When its address space got the slot it holds (the process quantum runs from here;
-    /// see [`schedule::Seat::process_start`]).
+    /// see [`super::schedule::Seat::process_start`]).
     pub(super) process_start: Time,
     /// Preempted with its state saved at this point; the first turn after logs the restore.
     pub(super) saved: Option<StopPoint>,
-    /// Its place in run-list order: stamped from [`Engine::next_seq`] each time it joins the
+    /// Its place in run-list order: stamped from [`super::Engine::next_seq`] each time it joins the
     /// run list, so among waiting queues that ran at the same time the earlier joiner goes
     /// first, as in a stable sort of the run list.
     pub(super) seq: u64,
-    /// In its engine's waiting set ([`Engine::waiting`]), under its [`schedule::Seat`]'s class
-    /// and turn. Kept equal to [`schedule::Seat::should_wait`] by [`sync_waiting`].
+    /// In its engine's waiting set ([`super::Engine::waiting`]), under its [`super::schedule::Seat`]'s class
+    /// and turn. Kept equal to [`super::schedule::Seat::should_wait`] by [`super::schedule::sync_waiting`].
     pub(super) waiting: bool,
-    /// Loaded in this hardware slot of its engine ([`hardware`]): its execution state is the
+    /// Loaded in this hardware slot of its engine ([`super::hardware`]): its execution state is the
     /// slot's until the slot answers a stop.
     pub(super) hw_slot: Option<u32>,
 }
@@ -237,7 +237,7 @@ impl FwQueue {
     }
 
     /// Writes the state of a dispatch kept live in the queue's slot to its context save area:
-    /// the queue is leaving its slot. Cannot fail for a queue [`Firmware::add_queue`] accepted
+    /// the queue is leaving its slot. Cannot fail for a queue [`super::Firmware::add_queue`] accepted
     /// (its save area holds [`crate::compute::CONTEXT_SAVE_BYTES`], the most any state takes);
     /// should it, the queue hangs with the fault and its dispatch is lost.
     pub(super) fn spill(&mut self) {

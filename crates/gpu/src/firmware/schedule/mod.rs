@@ -10,14 +10,14 @@
 //! in a slot ([`Seat::should_wait`]). Every `pending = true` goes through [`mark_pending`], and
 //! every other change of those facts (admit, suspend, resume, remove, map, evict, sleep, wake)
 //! through [`sync_waiting`], which keep it. When a holder's quantum will run out against a
-//! waiting queue, the pass arms the engine's quantum timer ([`super::Timer::Quantum`]). A pass
+//! waiting queue, the pass arms the engine's quantum timer ([`super::power::Timer::Quantum`]). A pass
 //! that would read what the last one read, when that one changed nothing, is not taken
-//! ([`Settled`]): it would change nothing again.
+//! ([`pass::Settled`]): it would change nothing again.
 //!
 //! A queue blocked in a `WAIT` that does not pass uses its slot for nothing, and spec 003 makes
 //! such a wait preemptible: a blocked holder yields its slot to any waiter, and once off its
 //! slot it *sleeps* ([`unseat`]) — out of the waiting set, in [`Engine::asleep`] — until the
-//! `WAIT`'s condition holds ([`wake`], from the step's check in [`super::exec`]). So a queue
+//! `WAIT`'s condition holds ([`wake`], from the step's check in [`super::step`]). So a queue
 //! that cannot run never holds or takes a slot a queue that can run wants, and a consumer
 //! never starves the producer it waits for. Quanta are two-level, as MES's: the gang quantum
 //! between queues of one address space runs from when the holder got its slot, the process
@@ -257,7 +257,7 @@ pub(super) fn wake<Q: Schedulable>(e: &mut Engine, q: &mut Q, id: FwQueueId) {
 
 /// Marks queue `id` (`q`, on engine `e`) as having work: the one way `pending` becomes true.
 ///
-/// Every discovery of work goes through here — a doorbell ring ([`Firmware::poll_doorbells`]),
+/// Every discovery of work goes through here — a doorbell ring ([`super::Firmware::poll_doorbells`]),
 /// the wptr re-reads of a doorbell bind or unbind, a context resume, a refused F1 — so that the
 /// waiting set stays exact: a queue that is on the run list but not in a hardware slot (and not
 /// hung) joins [`Engine::waiting`] here, and an unmapped queue that gains work asks for a

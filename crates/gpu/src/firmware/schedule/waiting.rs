@@ -27,7 +27,7 @@ pub(in crate::firmware) struct Class {
 /// A waiting queue's turn within its class: whoever ran longest ago first, then run-list order.
 pub(in crate::firmware) type Turn = (Time, u64);
 
-/// An engine's waiting queues (see [`FwQueue::should_wait`]), by class, each class in turn
+/// An engine's waiting queues (see [`super::Seat::should_wait`]), by class, each class in turn
 /// order. Walking the class heads in class order merges them into the scheduler's waiting
 /// order `(!privileged, Reverse(priority), last_run, run-list order)`. Empty classes are
 /// dropped. `heads` keeps every class's first queue in that order, so a pass finds the first
@@ -42,7 +42,7 @@ pub(in crate::firmware) struct Waiting {
     /// count, not a walk.
     groups: [u32; 2 * PRIORITIES],
     /// Bumped by every insertion and removal: the set is the same as when it was last read
-    /// while this stands ([`Settled`]).
+    /// while this stands ([`super::pass::Settled`]).
     pub(in crate::firmware) version: u64,
 }
 
