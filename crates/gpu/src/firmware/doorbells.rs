@@ -128,7 +128,7 @@ impl Firmware {
         // ring; and work published before the bind is found by the wptr re-read below.
         // Relaxed: the binding is published to the client by the kernel's status store,
         // which comes after.
-        let last = self.queue(id)?.wptr;
+        let last = self.queue(id)?.ring.wptr;
         let word = self.doorbells.bar.doorbell(index)?;
         word.get().store(last, Ordering::Relaxed);
         self.doorbells.use_seq += 1;
@@ -362,7 +362,7 @@ impl Firmware {
                 for k in 0..e.run_list.len() {
                     let id = e.run_list[k];
                     let Ok(q) = queues.get_mut(id.0) else { continue };
-                    if !q.pending && q.state != QueueState::Hung && q.wptr_moved() {
+                    if !q.pending && q.state != QueueState::Hung && q.ring.wptr_moved() {
                         mark_pending(e, q, id);
                         rang = true;
                     }
@@ -438,7 +438,7 @@ pub(super) fn forget_watch(e: &mut Engine, id: FwQueueId) {
 /// client published work no ring announced: what a doorbell bind or unbind and a resume do,
 /// so that nothing published while disconnected or suspended is lost.
 pub(super) fn find_published_work(e: &mut Engine, q: &mut FwQueue, id: FwQueueId) {
-    if q.state != QueueState::Hung && q.has_work() {
+    if q.state != QueueState::Hung && q.ring.has_work() {
         mark_pending(e, q, id);
     }
 }
@@ -453,7 +453,7 @@ pub(super) fn latch_ring(e: &mut Engine, q: &mut FwQueue, id: FwQueueId, misses_
     }
     // A ring of an idle queue without a slot that published nothing new (a spurious or
     // foreign ring) must not win it a slot: it would only evict a holder to run nothing.
-    if q.state != QueueState::Mapped && !q.pending && !q.wptr_moved() {
+    if q.state != QueueState::Mapped && !q.pending && !q.ring.wptr_moved() {
         return false;
     }
     mark_pending(e, q, id);

@@ -177,7 +177,7 @@ pub(super) fn run_queue(
     env: &mut Env<'_>,
     window: &mut FetchWindow,
 ) -> (u64, Option<StopPoint>) {
-    let start_rptr = q.rptr;
+    let start_rptr = q.ring.rptr;
     let mut done = 0u64;
     let mut stopped = None;
     // The window is keyed by ring pointer, and another queue's pointers are not this one's.
@@ -201,15 +201,15 @@ pub(super) fn run_queue(
                 stopped = Some(point);
                 return Ok(());
             }
-            if q.ib.is_some() {
+            if q.ring.ib.is_some() {
                 if indirect_packet(q, id, vm, vms, env, &mut stopped, &mut done)? {
                     return Ok(());
                 }
                 continue;
             }
-            if q.rptr == q.wptr {
-                q.refresh_wptr().map_err(|k| (k, None, false))?;
-                if q.rptr == q.wptr {
+            if q.ring.rptr == q.ring.wptr {
+                q.ring.refresh_wptr(q.cfg.ring_bytes).map_err(|k| (k, None, false))?;
+                if q.ring.rptr == q.ring.wptr {
                     q.pending = false;
                     return Ok(());
                 }
@@ -235,8 +235,8 @@ pub(super) fn run_queue(
                     return Ok(());
                 }
                 Flow::Next => {
-                    if q.ib.is_none() {
-                        q.rptr += n as u64 * 4;
+                    if q.ring.ib.is_none() {
+                        q.ring.rptr += n as u64 * 4;
                     }
                     q.blocked = false;
                     // The end of a command buffer: every submission ends with its progress fence.
@@ -248,14 +248,14 @@ pub(super) fn run_queue(
         Ok(())
     })();
     if let Err((kind, opcode, in_indirect)) = result {
-        let fault = FaultRecord { kind, rptr: q.rptr, opcode, in_indirect };
+        let fault = FaultRecord { kind, rptr: q.ring.rptr, opcode, in_indirect };
         self::fault(q, fault.clone());
         // Raised where the queue stopped (a fault costs no packet time).
         let at = if env.timing == crate::cost::Timing::Modelled { env.now() } else { Time::ZERO };
         env.irqs.push_back((at, Interrupt::QueueFault { queue: id, fault }));
     }
-    if q.rptr != start_rptr {
-        q.publish_rptr();
+    if q.ring.rptr != start_rptr {
+        q.ring.publish_rptr();
     }
     (done, stopped)
 }
@@ -273,7 +273,7 @@ fn indirect_packet(
     stopped: &mut Option<StopPoint>,
     done: &mut u64,
 ) -> Result<bool, (FaultKind, Option<Opcode>, bool)> {
-    let Some(mut ib) = q.ib else { return Ok(false) };
+    let Some(mut ib) = q.ring.ib else { return Ok(false) };
     let ib_vm = match ib.vmid {
         Some(v) => match vms.get(v.0 as usize).and_then(Option::as_ref) {
             Some(vm) => vm,
@@ -285,8 +285,8 @@ fn indirect_packet(
         None => vm,
     };
     if ib.pos >= ib.dwords {
-        q.ib = None;
-        q.rptr += Opcode::IndirectBuffer.fixed_dwords().unwrap_or(5) as u64 * 4;
+        q.ring.ib = None;
+        q.ring.rptr += Opcode::IndirectBuffer.fixed_dwords().unwrap_or(5) as u64 * 4;
         return Ok(false);
     }
     let (packet, n) = fetch_indirect(ib_vm, &ib).map_err(|k| (k, None, true))?;
@@ -303,7 +303,7 @@ fn indirect_packet(
         }
         Flow::Next => {
             ib.pos += n as u32;
-            q.ib = Some(ib);
+            q.ring.ib = Some(ib);
             q.blocked = false;
             q.at_cb_boundary = false;
             *done += 1;
@@ -333,7 +333,7 @@ fn stop_point(q: &FwQueue, stop: Stop) -> Option<StopPoint> {
         StopPoint::Instruction
     } else if q.bulk_done.is_some() {
         StopPoint::Chunk
-    } else if q.ib.is_none() && q.at_cb_boundary {
+    } else if q.ring.ib.is_none() && q.at_cb_boundary {
         StopPoint::CommandBuffer
     } else {
         StopPoint::Packet
@@ -482,7 +482,7 @@ fn exec_packet(
             if vmid.is_none() {
                 vm.translate(va, dwords as u64 * 4, Access::Read)?;
             }
-            q.ib = Some(IbCursor { va, dwords, pos: 0, vmid });
+            q.ring.ib = Some(IbCursor { va, dwords, pos: 0, vmid });
         }
         Packet::Signal { va, value } => {
             let r = vm.translate_aligned(va, 8, Access::Write)?;
@@ -540,8 +540,8 @@ fn progress_fence(q: &mut FwQueue, id: FwQueueId, env: &mut Env<'_>, value: u64)
     if value < q.completed {
         return Err(FaultKind::ProgressBackwards { completed: q.completed, value });
     }
-    if q.last_queued_word.is_some() && value > q.queued {
-        return Err(FaultKind::ProgressBeyondQueued { value, last_queued: q.queued });
+    if q.ring.last_queued_word.is_some() && value > q.ring.queued {
+        return Err(FaultKind::ProgressBeyondQueued { value, last_queued: q.ring.queued });
     }
     let word = q.cfg.kernel_page.progress_completed();
     // A progress fence the kernel registered as a native fence (spec 002 "Indicating a

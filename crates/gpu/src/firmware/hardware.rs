@@ -148,11 +148,11 @@ impl QueueRegs {
     /// The registers of `q` as the firmware holds them (the MQD).
     fn of(q: &FwQueue) -> QueueRegs {
         QueueRegs {
-            rptr: q.rptr,
-            wptr: q.wptr,
-            queued: q.queued,
+            rptr: q.ring.rptr,
+            wptr: q.ring.wptr,
+            queued: q.ring.queued,
             completed: q.completed,
-            ib: q.ib.map(|ib| IndirectPosition { va: ib.va, dwords: ib.dwords, pos: ib.pos, vmid: ib.vmid }),
+            ib: q.ring.ib.map(|ib| IndirectPosition { va: ib.va, dwords: ib.dwords, pos: ib.pos, vmid: ib.vmid }),
             bulk_done: q.bulk_done,
             dispatch_active: q.dispatch_active,
             at_cb_boundary: q.at_cb_boundary,
@@ -172,10 +172,10 @@ impl FwQueue {
 
     /// Takes back the registers a slot returned.
     fn take_regs(&mut self, r: &QueueRegs) {
-        self.rptr = r.rptr;
-        self.wptr = r.wptr;
-        self.queued = r.queued;
-        self.ib = r.ib.map(|ib| IbCursor { va: ib.va, dwords: ib.dwords, pos: ib.pos, vmid: ib.vmid });
+        self.ring.rptr = r.rptr;
+        self.ring.wptr = r.wptr;
+        self.ring.queued = r.queued;
+        self.ring.ib = r.ib.map(|ib| IbCursor { va: ib.va, dwords: ib.dwords, pos: ib.pos, vmid: ib.vmid });
         self.bulk_done = r.bulk_done;
         self.dispatch_active = r.dispatch_active;
         self.at_cb_boundary = r.at_cb_boundary;
@@ -188,12 +188,12 @@ impl FwQueue {
         QueueImage {
             queue: id,
             vmid: self.cfg.vmid,
-            ring: (&self.ring.shm, self.ring.offset),
+            ring: (&self.ring.mem.shm, self.ring.mem.offset),
             ring_va: self.cfg.ring_va,
             ring_bytes: self.cfg.ring_bytes,
-            rptr_word: &self.rptr_word,
-            wptr_word: &self.wptr_word,
-            last_queued_word: self.last_queued_word.as_ref(),
+            rptr_word: &self.ring.rptr_word,
+            wptr_word: &self.ring.wptr_word,
+            last_queued_word: self.ring.last_queued_word.as_ref(),
             completed_word: self.cfg.kernel_page.progress_completed(),
             fence_logs: self.cfg.fence_logs.as_ref(),
             context_save: &self.cfg.context_save,
@@ -287,9 +287,9 @@ impl Firmware {
             HwEventKind::Idle => {
                 q.blocked = false;
                 if let Some(r) = hw.dev.progress(ev.engine, ev.slot).regs {
-                    q.rptr = r.rptr.max(q.rptr);
+                    q.ring.rptr = r.rptr.max(q.ring.rptr);
                 }
-                if q.pending && !q.has_work() {
+                if q.pending && !q.ring.has_work() {
                     q.pending = false;
                     e.resched = true;
                     sync_waiting(e, q, id);
@@ -348,7 +348,7 @@ impl Firmware {
                     && q.preempt.is_some()
                 {
                     preempt::finish(e, q, id, point, now, log, Some(&mut *irqs));
-                } else if q.state != QueueState::Hung && q.has_work() {
+                } else if q.state != QueueState::Hung && q.ring.has_work() {
                     // Off its slot with work (powering down, a request withdrawn): it is
                     // loaded again when its engine runs and it holds a slot.
                     mark_pending(e, q, id);
@@ -389,9 +389,9 @@ impl Firmware {
                 let done = q.cfg.kernel_page.progress_completed().get().load(Ordering::Acquire);
                 take_completed(q, id, done, irqs, fences);
                 let Some(regs) = regs else { continue };
-                q.rptr = q.rptr.max(regs.rptr);
-                q.wptr = q.wptr.max(regs.wptr);
-                q.queued = q.queued.max(regs.queued);
+                q.ring.rptr = q.ring.rptr.max(regs.rptr);
+                q.ring.wptr = q.ring.wptr.max(regs.wptr);
+                q.ring.queued = q.ring.queued.max(regs.queued);
             }
         }
     }

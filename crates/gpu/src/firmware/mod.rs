@@ -92,7 +92,7 @@ use doorbells::{Doorbells, MAX_POINTER, Watch, find_published_work};
 use fences::Fences;
 use log::FwLog;
 use power::{Power, Timers};
-use queue::FwQueue;
+use queue::{FwQueue, Ring};
 use ring::Place;
 use schedule::{Quanta, Waiting, join_run_list, sync_waiting};
 
@@ -450,16 +450,9 @@ impl Firmware {
         let engine = cfg.engine;
         let q = FwQueue {
             cfg,
-            ring,
-            rptr_word,
-            wptr_word,
-            queued: last_queued_word.as_ref().map_or(0, |w| w.get().load(Ordering::Acquire)),
-            last_queued_word,
+            ring: Ring::new(ring, rptr_word, wptr_word, last_queued_word, start),
             state: QueueState::Unmapped,
-            rptr: start,
-            wptr: start,
             pending: false,
-            ib: None,
             monitored: u64::MAX,
             completed: 0,
             doorbell: None,
@@ -485,7 +478,7 @@ impl Firmware {
             waiting: false,
             hw_slot: None,
         };
-        q.publish_rptr();
+        q.ring.publish_rptr();
         let id = FwQueueId(self.queues.insert(q));
         let (e, q) = self.engine_and_queue(id)?;
         debug_assert_eq!(e.id, engine);
@@ -591,7 +584,7 @@ impl Firmware {
         let binding = q.doorbell.take();
         self.forget_bit(id, binding);
         let q = self.queues.remove(id.0).map_err(|_| GpuError::StaleQueue(id))?;
-        Ok(q.rptr)
+        Ok(q.ring.rptr)
     }
 
     /// Address space `vmid` was destroyed: every queue that runs in it, and every kernel queue
@@ -601,7 +594,7 @@ impl Firmware {
     /// its hardware slot first, hangs (a preemption it owed is answered) and raises
     /// [`Interrupt::QueueFault`], with the record its next turn would have made.
     pub(crate) fn address_space_destroyed(&mut self, vmid: Vmid, now: Time, vms: &[Option<AddressSpace>]) {
-        let in_space = |q: &FwQueue| q.cfg.vmid == vmid || q.ib.is_some_and(|ib| ib.vmid == Some(vmid));
+        let in_space = |q: &FwQueue| q.cfg.vmid == vmid || q.ring.ib.is_some_and(|ib| ib.vmid == Some(vmid));
         let doomed: Vec<FwQueueId> = self
             .queues
             .iter()
@@ -626,7 +619,7 @@ impl Firmware {
                 (FaultKind::BadIndirect { why: "vmid does not exist" }, Some(Opcode::IndirectBuffer), true)
             };
             preempt::hang(q, kind.clone());
-            let fault = FaultRecord { kind, rptr: q.rptr, opcode, in_indirect };
+            let fault = FaultRecord { kind, rptr: q.ring.rptr, opcode, in_indirect };
             q.fault = Some(fault.clone());
             if q.preempt.is_some() {
                 preempt::finish(e, q, id, StopPoint::Idle, now, log, Some(&mut *irqs));
@@ -672,7 +665,7 @@ impl Firmware {
 
     pub(crate) fn queue_progress(&self, id: FwQueueId) -> Result<(u64, u64), GpuError> {
         let q = self.queue(id)?;
-        Ok((q.completed, q.queued))
+        Ok((q.completed, q.ring.queued))
     }
 
     /// Queue `id`'s executed device time ([`FwQueue::run_ns`]).
@@ -681,7 +674,7 @@ impl Firmware {
     }
 
     pub(crate) fn queue_has_work(&self, id: FwQueueId) -> Result<bool, GpuError> {
-        Ok(self.queue(id)?.has_work())
+        Ok(self.queue(id)?.ring.has_work())
     }
 
     pub(crate) fn poll_interrupt(&mut self) -> Option<(Time, Interrupt)> {

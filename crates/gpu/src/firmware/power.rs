@@ -177,7 +177,7 @@ impl Firmware {
         for k in 0..e.run_list.len() {
             let id = e.run_list[k];
             let q = queues.get_mut(id.0).map_err(|_| GpuError::StaleQueue(id))?;
-            if q.state != QueueState::Hung && (q.pending || q.has_work()) {
+            if q.state != QueueState::Hung && (q.pending || q.ring.has_work()) {
                 mark_pending(e, q, id);
                 busy = true;
             }

@@ -96,20 +96,20 @@ pub struct EngineReset {
 impl FwQueue {
     /// The packet at rptr is part-way done (an indirect buffer, a dispatch, a bulk copy).
     pub(super) fn has_partial_packet(&self) -> bool {
-        self.ib.is_some() || self.dispatch_active || self.bulk_done.is_some()
+        self.ring.ib.is_some() || self.dispatch_active || self.bulk_done.is_some()
     }
 
     /// Where the queue stands between two of its turns: the point it would stop at if it
     /// stopped now (`None`: in the middle of something no level can cut, which never happens
     /// between turns, or with work and no state).
     pub(super) fn standing_point(&self) -> StopPoint {
-        if !self.pending && !self.has_work() {
+        if !self.pending && !self.ring.has_work() {
             StopPoint::Idle
         } else if self.dispatch_active {
             StopPoint::Instruction
         } else if self.bulk_done.is_some() {
             StopPoint::Chunk
-        } else if self.ib.is_none() && self.at_cb_boundary {
+        } else if self.ring.ib.is_none() && self.at_cb_boundary {
             StopPoint::CommandBuffer
         } else {
             StopPoint::Packet
@@ -167,7 +167,7 @@ pub(super) fn finish(
     e.resched = true;
     // Work left is what the client published beyond rptr (a queue that stopped at the end
     // of its last command buffer has none, and nothing to save).
-    let work = q.has_work();
+    let work = q.ring.has_work();
     if !work {
         q.pending = false;
     }
@@ -266,7 +266,7 @@ impl Firmware {
                 }
                 _ if q.state == QueueState::Hung => {}
                 _ => {
-                    let work = q.pending || q.has_work();
+                    let work = q.pending || q.ring.has_work();
                     q.state = if work { QueueState::Preempted } else { QueueState::Unmapped };
                     if work {
                         q.spill();
@@ -290,7 +290,7 @@ impl Firmware {
         if q.on_run_list || q.preempt.is_some() || q.state == QueueState::Hung {
             return Err(GpuError::NotHeld(id));
         }
-        Ok(RingPosition { rptr: q.rptr, wptr: q.wptr, started: q.has_partial_packet() })
+        Ok(RingPosition { rptr: q.ring.rptr, wptr: q.ring.wptr, started: q.has_partial_packet() })
     }
 
     /// Takes back the work a held kernel queue has not started: its accepted wptr drops to
@@ -307,8 +307,8 @@ impl Firmware {
         if !q.cfg.privileged || !wptr.is_multiple_of(4) || wptr < floor || wptr > pos.wptr {
             return Err(GpuError::BadTakeBack { wptr, floor, accepted: pos.wptr, privileged: q.cfg.privileged });
         }
-        q.wptr = wptr;
-        q.pending = q.has_work();
+        q.ring.wptr = wptr;
+        q.pending = q.ring.has_work();
         log.push(now, FwEvent::TakenBack { queue: id, from: pos.wptr, to: wptr });
         Ok(())
     }
@@ -336,7 +336,7 @@ impl Firmware {
         e.resched = true;
         sync_waiting(e, q, id);
         log.push(now, FwEvent::QueueReset { queue: id });
-        Ok(q.queued)
+        Ok(q.ring.queued)
     }
 
     /// Resets the adapter (`DxgkDdiResetFromTimeout`): every queue's state is lost; each one
@@ -398,8 +398,8 @@ pub(super) fn hang(q: &mut FwQueue, kind: FaultKind) {
     q.dispatch_active = false;
     q.live = None;
     q.bulk_done = None;
-    q.ib = None;
+    q.ring.ib = None;
     q.blocked = false;
     q.asleep = false;
-    q.fault = Some(FaultRecord { kind, rptr: q.rptr, opcode: None, in_indirect: false });
+    q.fault = Some(FaultRecord { kind, rptr: q.ring.rptr, opcode: None, in_indirect: false });
 }

@@ -1,9 +1,10 @@
-//! A queue as the firmware keeps it (amdgpu: the MQD it was given): its configuration, its
-//! protocol words and its pointers as the firmware validated them, and what execution, the
-//! scheduler and preemption keep of it between turns.
+//! A queue as the firmware keeps it (amdgpu: the MQD it was given): its configuration, where
+//! it stands in its ring ([`Ring`]: the ring cursor, its protocol words and its pointers as
+//! the firmware validated them, owned by execution), and what execution, the scheduler and
+//! preemption keep of it between turns.
 //!
 //! Invariants: the firmware keeps its own copies of rptr and of the last wptr it validated
-//! ([`FwQueue::refresh_wptr`]), so a client that scribbles over its rptr word cannot make the
+//! ([`Ring::refresh_wptr`]), so a client that scribbles over its rptr word cannot make the
 //! engine re-run or skip work, and a wptr that moves backwards, is not dword aligned or runs
 //! more than a ring ahead hangs the queue: `rptr <= wptr <= rptr + ring_bytes`.
 
@@ -93,9 +94,13 @@ pub(super) struct IbCursor {
     pub(super) vmid: Option<Vmid>,
 }
 
-pub(super) struct FwQueue {
-    pub(super) cfg: QueueConfig,
-    pub(super) ring: Place,
+/// Where a queue stands in its ring (amdgpu: the MQD's ring registers): the ring's memory and
+/// the protocol words, rptr and wptr as the firmware validated them, the last-queued value
+/// read with that wptr, and the indirect buffer being executed. Execution moves it; the
+/// doorbell side and the kernel's no-loss checks read it.
+pub(super) struct Ring {
+    /// The ring's memory.
+    pub(super) mem: Place,
     pub(super) rptr_word: Word,
     pub(super) wptr_word: Word,
     /// The client's last-queued word ([`QueueConfig::last_queued_va`]).
@@ -103,11 +108,95 @@ pub(super) struct FwQueue {
     /// Its value as read right after the last wptr the firmware validated: the most a
     /// `PROGRESS_FENCE` in the work that wptr published may write.
     pub(super) queued: u64,
-    pub(super) state: QueueState,
     pub(super) rptr: u64,
     pub(super) wptr: u64,
-    pub(super) pending: bool,
     pub(super) ib: Option<IbCursor>,
+}
+
+impl Ring {
+    /// A ring at `start` (its rptr and wptr), its last-queued value read now.
+    pub(super) fn new(
+        mem: Place,
+        rptr_word: Word,
+        wptr_word: Word,
+        last_queued_word: Option<Word>,
+        start: u64,
+    ) -> Ring {
+        Ring {
+            mem,
+            rptr_word,
+            wptr_word,
+            queued: last_queued_word.as_ref().map_or(0, |w| w.get().load(Ordering::Acquire)),
+            last_queued_word,
+            rptr: start,
+            wptr: start,
+            ib: None,
+        }
+    }
+
+    /// Reads and validates the client's wptr (`ring_bytes`: the ring's size).
+    pub(super) fn refresh_wptr(&mut self, ring_bytes: u64) -> Result<(), FaultKind> {
+        // Acquire: pairs with the client's release store of wptr, so the packets it covers are
+        // visible before we fetch them.
+        // The last-queued value is read with it, after it (spec 000: the client stores it
+        // before it publishes wptr), so it covers every command buffer up to `new`.
+        let (new, queued) = match &self.last_queued_word {
+            Some(q) => {
+                let (w, v) = abi::protocol::read_wptr_and_last_queued(&self.wptr_word, q);
+                (w, Some(v))
+            }
+            None => (self.wptr_word.get().load(Ordering::Acquire), None),
+        };
+        if new == self.wptr {
+            return Ok(());
+        }
+        if !new.is_multiple_of(4) {
+            return Err(FaultKind::WptrMisaligned { wptr: new });
+        }
+        if new < self.wptr {
+            return Err(FaultKind::WptrBackwards { old: self.wptr, new });
+        }
+        if new - self.rptr > ring_bytes {
+            return Err(FaultKind::WptrPastRing { rptr: self.rptr, wptr: new, ring_bytes });
+        }
+        self.wptr = new;
+        if let Some(v) = queued {
+            self.queued = v;
+        }
+        Ok(())
+    }
+
+    /// Whether the client published work the engine has not fetched (a cheap acquire read,
+    /// for rings of queues without a slot and the aggregated doorbell's poll).
+    pub(super) fn wptr_moved(&self) -> bool {
+        // Acquire: pairs with the client's release store of wptr (and the aggregated ring
+        // after it), so the packets are visible once we run them.
+        self.wptr_word.get().load(Ordering::Acquire) != self.wptr
+    }
+
+    /// Raw check for unconsumed work, without validation (used for the no-loss checks).
+    pub(super) fn has_work(&self) -> bool {
+        // The firmware half of the Dekker pair (`abi::protocol`): the kernel published the new
+        // doorbell status before asking for this check, so either the client saw that status
+        // or this re-read sees its wptr.
+        let w = abi::protocol::recheck_wptr(&self.wptr_word);
+        self.ib.is_some() || w != self.rptr
+    }
+
+    pub(super) fn publish_rptr(&self) {
+        // Release: the client may reuse ring bytes below rptr once it sees it; our reads of
+        // them happen before.
+        self.rptr_word.get().store(self.rptr, Ordering::Release);
+    }
+}
+
+/// A queue in the firmware's table (see the module docs).
+pub(super) struct FwQueue {
+    pub(super) cfg: QueueConfig,
+    /// Where it stands in its ring ([`Ring`]).
+    pub(super) ring: Ring,
+    pub(super) state: QueueState,
+    pub(super) pending: bool,
     pub(super) monitored: u64,
     pub(super) completed: u64,
     pub(super) doorbell: Option<Binding>,
@@ -187,55 +276,6 @@ pub(super) struct WaitOn {
 }
 
 impl FwQueue {
-    /// Reads and validates the client's wptr.
-    pub(super) fn refresh_wptr(&mut self) -> Result<(), FaultKind> {
-        // Acquire: pairs with the client's release store of wptr, so the packets it covers are
-        // visible before we fetch them.
-        // The last-queued value is read with it, after it (spec 000: the client stores it
-        // before it publishes wptr), so it covers every command buffer up to `new`.
-        let (new, queued) = match &self.last_queued_word {
-            Some(q) => {
-                let (w, v) = abi::protocol::read_wptr_and_last_queued(&self.wptr_word, q);
-                (w, Some(v))
-            }
-            None => (self.wptr_word.get().load(Ordering::Acquire), None),
-        };
-        if new == self.wptr {
-            return Ok(());
-        }
-        if !new.is_multiple_of(4) {
-            return Err(FaultKind::WptrMisaligned { wptr: new });
-        }
-        if new < self.wptr {
-            return Err(FaultKind::WptrBackwards { old: self.wptr, new });
-        }
-        if new - self.rptr > self.cfg.ring_bytes {
-            return Err(FaultKind::WptrPastRing { rptr: self.rptr, wptr: new, ring_bytes: self.cfg.ring_bytes });
-        }
-        self.wptr = new;
-        if let Some(v) = queued {
-            self.queued = v;
-        }
-        Ok(())
-    }
-
-    /// Whether the client published work the engine has not fetched (a cheap acquire read,
-    /// for rings of queues without a slot and the aggregated doorbell's poll).
-    pub(super) fn wptr_moved(&self) -> bool {
-        // Acquire: pairs with the client's release store of wptr (and the aggregated ring
-        // after it), so the packets are visible once we run them.
-        self.wptr_word.get().load(Ordering::Acquire) != self.wptr
-    }
-
-    /// Raw check for unconsumed work, without validation (used for the no-loss checks).
-    pub(super) fn has_work(&self) -> bool {
-        // The firmware half of the Dekker pair (`abi::protocol`): the kernel published the new
-        // doorbell status before asking for this check, so either the client saw that status
-        // or this re-read sees its wptr.
-        let w = abi::protocol::recheck_wptr(&self.wptr_word);
-        self.ib.is_some() || w != self.rptr
-    }
-
     /// Writes the state of a dispatch kept live in the queue's slot to its context save area:
     /// the queue is leaving its slot. Cannot fail for a queue [`super::Firmware::add_queue`] accepted
     /// (its save area holds [`crate::compute::CONTEXT_SAVE_BYTES`], the most any state takes);
@@ -246,11 +286,5 @@ impl FwQueue {
         {
             preempt::hang(self, kind);
         }
-    }
-
-    pub(super) fn publish_rptr(&self) {
-        // Release: the client may reuse ring bytes below rptr once it sees it; our reads of
-        // them happen before.
-        self.rptr_word.get().store(self.rptr, Ordering::Release);
     }
 }

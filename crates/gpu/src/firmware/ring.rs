@@ -77,19 +77,20 @@ impl FetchWindow {
     /// Where `q`'s rptr is in the window, fetching from rptr on if it is not there, or if
     /// fewer than `need` words from it are.
     fn at(&mut self, q: &FwQueue, need: usize) -> Result<usize, (FaultKind, Option<Opcode>)> {
-        let at = q.rptr.wrapping_sub(self.start) / 4;
-        if q.rptr >= self.start && at + need as u64 <= self.len as u64 {
+        let at = q.ring.rptr.wrapping_sub(self.start) / 4;
+        if q.ring.rptr >= self.start && at + need as u64 <= self.len as u64 {
             return Ok(at as usize);
         }
         let ring_bytes = q.cfg.ring_bytes;
-        let off = q.rptr & (ring_bytes - 1);
+        let off = q.ring.rptr & (ring_bytes - 1);
         // Published words from rptr on, up to wptr and the ring's end (rptr < wptr here).
-        let n = ((q.wptr - q.rptr).min(ring_bytes - off) / 4).min(FETCH_DWORDS as u64) as usize;
+        let n = ((q.ring.wptr - q.ring.rptr).min(ring_bytes - off) / 4).min(FETCH_DWORDS as u64) as usize;
         q.ring
+            .mem
             .shm
-            .read_u32s(q.ring.offset + off, &mut self.words[..n])
+            .read_u32s(q.ring.mem.offset + off, &mut self.words[..n])
             .map_err(|_| (outside(q.cfg.ring_va + off, n as u64 * 4), None))?;
-        self.start = q.rptr;
+        self.start = q.ring.rptr;
         self.len = n;
         Ok(0)
     }
@@ -101,14 +102,14 @@ impl FetchWindow {
         let header = Header(self.words[at]);
         let op = header.check().map_err(|e| (FaultKind::BadPacket(e), None))?;
         let ring_bytes = q.cfg.ring_bytes;
-        let off = q.rptr & (ring_bytes - 1);
+        let off = q.ring.rptr & (ring_bytes - 1);
         let n = header.dwords();
         let bytes = n as u64 * 4;
         if off + bytes > ring_bytes {
             return Err((FaultKind::PastRingEnd { offset: off, dwords: n as u64, ring_bytes }, Some(op)));
         }
-        if q.rptr.checked_add(bytes).is_none_or(|end| end > q.wptr) {
-            return Err((FaultKind::PastWptr { rptr: q.rptr, dwords: n as u64, wptr: q.wptr }, Some(op)));
+        if q.ring.rptr.checked_add(bytes).is_none_or(|end| end > q.ring.wptr) {
+            return Err((FaultKind::PastWptr { rptr: q.ring.rptr, dwords: n as u64, wptr: q.ring.wptr }, Some(op)));
         }
         if op == Opcode::Nop {
             return Ok((Packet::Nop { dwords: n as u16 }, n));
