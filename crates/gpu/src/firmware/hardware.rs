@@ -568,7 +568,7 @@ fn reconcile(
         if let Some(point) = q.saved.take() {
             log.push(now, FwEvent::Restored { queue: id, point });
         }
-        q.last_run = now;
+        q.sched.last_run = now;
         if dev.command(HwCommand::Load { engine: e.id, slot: k as u32, queue: q.image(id), now }).is_ok() {
             slots[k] = HwSlot { queue: Some(id), leaving: false };
             q.hw_slot = Some(k as u32);

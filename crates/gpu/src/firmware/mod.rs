@@ -92,7 +92,7 @@ use doorbells::{Doorbells, MAX_POINTER, Watch, find_published_work};
 use fences::Fences;
 use log::FwLog;
 use power::{Power, Timers};
-use queue::{FwQueue, Ring};
+use queue::{FwQueue, Ring, SchedState};
 use ring::Place;
 use schedule::{Quanta, Waiting, join_run_list, sync_waiting};
 
@@ -457,25 +457,19 @@ impl Firmware {
             completed: 0,
             doorbell: None,
             fault: None,
-            slice_start: Time::ZERO,
-            last_run: Time::ZERO,
+            sched: SchedState::default(),
             run_ns: 0,
             dispatch_active: false,
             live: None,
             bulk_done: None,
             wait_observed: None,
             parked: None,
-            on_run_list: false,
             preempt: None,
             at_cb_boundary: true,
             blocked: false,
             cb: cb_clock::CbClock::default(),
             wait_on: None,
-            asleep: false,
-            process_start: Time::ZERO,
             saved: None,
-            seq: 0,
-            waiting: false,
             hw_slot: None,
         };
         q.ring.publish_rptr();
@@ -540,7 +534,7 @@ impl Firmware {
         }
         // A request not answered yet is withdrawn: the kernel wants it running.
         q.preempt = None;
-        if !q.on_run_list {
+        if !q.sched.on_run_list {
             join_run_list(e, q, id);
         }
         e.resched = true;
@@ -559,7 +553,7 @@ impl Firmware {
                 w.park = false;
             }
             q.parked = None;
-            q.asleep = true;
+            q.sched.asleep = true;
             // (Its entry may still be there: a leave drops it only at the next check.)
             if !e.asleep.contains(&id) {
                 e.asleep.push(id);

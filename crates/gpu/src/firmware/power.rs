@@ -214,7 +214,7 @@ impl Firmware {
                     |id: &FwQueueId| queues.get(id.0).is_ok_and(|q| q.pending && q.state != QueueState::Hung);
                 // A busy queue on the run list is in a slot, in the waiting set (pending, not
                 // hung, not in a slot) or asleep on a WAIT: no scan of the run list.
-                let asleep = e.asleep.iter().any(|id| queues.get(id.0).is_ok_and(|q| q.asleep));
+                let asleep = e.asleep.iter().any(|id| queues.get(id.0).is_ok_and(|q| q.sched.asleep));
                 let busy = e.hqd.iter().any(busy_queue) || !e.waiting.is_empty() || asleep;
                 if e.power.idle_expired(now, busy) {
                     // Raised now: the driver takes it at its own time.

@@ -287,7 +287,7 @@ impl Firmware {
     /// through, a dispatch or bulk copy with saved state), and the last wptr accepted.
     pub(crate) fn held_position(&self, id: FwQueueId) -> Result<RingPosition, GpuError> {
         let q = self.queue(id)?;
-        if q.on_run_list || q.preempt.is_some() || q.state == QueueState::Hung {
+        if q.sched.on_run_list || q.preempt.is_some() || q.state == QueueState::Hung {
             return Err(GpuError::NotHeld(id));
         }
         Ok(RingPosition { rptr: q.ring.rptr, wptr: q.ring.wptr, started: q.has_partial_packet() })
@@ -400,6 +400,6 @@ pub(super) fn hang(q: &mut FwQueue, kind: FaultKind) {
     q.bulk_done = None;
     q.ring.ib = None;
     q.blocked = false;
-    q.asleep = false;
+    q.sched.asleep = false;
     q.fault = Some(FaultRecord { kind, rptr: q.ring.rptr, opcode: None, in_indirect: false });
 }

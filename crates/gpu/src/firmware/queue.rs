@@ -190,6 +190,34 @@ impl Ring {
     }
 }
 
+/// What the scheduler keeps of a queue between passes (a [`super::schedule::Seat`] is what a
+/// pass reads of it, with the queue's state): its place on the run list, when its quanta
+/// started and when it last ran, and whether it waits for a slot or sleeps off one. The
+/// scheduler's functions write it ([`super::schedule::Schedulable`]); besides, a turn stamps
+/// `last_run`, a resume puts a queue blocked in a `WAIT` back to sleep, and a hang ends its
+/// sleep.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct SchedState {
+    /// When it last got a hardware slot (its quantum runs from here).
+    pub(super) slice_start: Time,
+    /// When it last executed.
+    pub(super) last_run: Time,
+    /// On its engine's run list (not suspended).
+    pub(super) on_run_list: bool,
+    /// Off its slot and asleep on that `WAIT` ([`super::schedule::unseat`]).
+    pub(super) asleep: bool,
+    /// When its address space got the slot it holds (the process quantum runs from here;
+    /// see [`super::schedule::Seat::process_start`]).
+    pub(super) process_start: Time,
+    /// Its place in run-list order: stamped from [`super::Engine::next_seq`] each time it joins the
+    /// run list, so among waiting queues that ran at the same time the earlier joiner goes
+    /// first, as in a stable sort of the run list.
+    pub(super) seq: u64,
+    /// In its engine's waiting set ([`super::Engine::waiting`]), under its [`super::schedule::Seat`]'s class
+    /// and turn. Kept equal to [`super::schedule::Seat::should_wait`] by [`super::schedule::sync_waiting`].
+    pub(super) waiting: bool,
+}
+
 /// A queue in the firmware's table (see the module docs).
 pub(super) struct FwQueue {
     pub(super) cfg: QueueConfig,
@@ -201,10 +229,8 @@ pub(super) struct FwQueue {
     pub(super) completed: u64,
     pub(super) doorbell: Option<Binding>,
     pub(super) fault: Option<FaultRecord>,
-    /// When it last got a hardware slot (its quantum runs from here).
-    pub(super) slice_start: Time,
-    /// When it last executed.
-    pub(super) last_run: Time,
+    /// What the scheduler keeps of it ([`SchedState`]).
+    pub(super) sched: SchedState,
     /// Device time it has spent executing its work in a hardware slot (ns, only grows): the
     /// turns that ran packets, instructions or chunks of its ring. A turn that only re-checked
     /// a `WAIT` that did not pass adds nothing, nor does time off a slot (waiting for one,
@@ -229,8 +255,6 @@ pub(super) struct FwQueue {
     /// Blocked in a `WAIT` on a native fence, as of this fence epoch: not re-checked until a
     /// fence changes.
     pub(super) parked: Option<u64>,
-    /// On its engine's run list (not suspended).
-    pub(super) on_run_list: bool,
     /// A preemption request it has not answered yet ([`preempt`]).
     pub(super) preempt: Option<PreemptRequest>,
     /// It last completed a `PROGRESS_FENCE` (or nothing yet): it stands at the end of a
@@ -244,20 +268,8 @@ pub(super) struct FwQueue {
     /// The condition of the last `WAIT` it blocked on (what [`super::step::wake_sleepers`] checks
     /// while it sleeps off its slot).
     pub(super) wait_on: Option<WaitOn>,
-    /// Off its slot and asleep on that `WAIT` ([`super::schedule::unseat`]).
-    pub(super) asleep: bool,
-    /// When its address space got the slot it holds (the process quantum runs from here;
-    /// see [`super::schedule::Seat::process_start`]).
-    pub(super) process_start: Time,
     /// Preempted with its state saved at this point; the first turn after logs the restore.
     pub(super) saved: Option<StopPoint>,
-    /// Its place in run-list order: stamped from [`super::Engine::next_seq`] each time it joins the
-    /// run list, so among waiting queues that ran at the same time the earlier joiner goes
-    /// first, as in a stable sort of the run list.
-    pub(super) seq: u64,
-    /// In its engine's waiting set ([`super::Engine::waiting`]), under its [`super::schedule::Seat`]'s class
-    /// and turn. Kept equal to [`super::schedule::Seat::should_wait`] by [`super::schedule::sync_waiting`].
-    pub(super) waiting: bool,
     /// Loaded in this hardware slot of its engine ([`super::hardware`]): its execution state is the
     /// slot's until the slot answers a stop.
     pub(super) hw_slot: Option<u32>,

@@ -336,7 +336,7 @@ impl Step<'_> {
             return Turn::Skipped;
         }
         q.parked = None;
-        q.last_run = at;
+        q.sched.last_run = at;
         // The device time charged before this turn (its restore is part of it).
         let charged_before = es.elapsed;
         let restored = q.saved.is_some();
@@ -436,7 +436,7 @@ pub(super) fn wake_sleepers(e: &mut Engine, queues: &mut Slab<FwQueue>, vms: &[O
     let mut k = 0;
     while k < e.asleep.len() {
         let id = e.asleep[k];
-        let Some(q) = queues.get_mut(id.0).ok().filter(|q| q.asleep) else {
+        let Some(q) = queues.get_mut(id.0).ok().filter(|q| q.sched.asleep) else {
             e.asleep.swap_remove(k);
             continue;
         };

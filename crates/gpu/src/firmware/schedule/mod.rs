@@ -143,15 +143,15 @@ impl Schedulable for FwQueue {
                 priority: std::cmp::Reverse(self.cfg.priority),
                 vmid: self.cfg.vmid,
             },
-            turn: (self.last_run, self.seq),
+            turn: (self.sched.last_run, self.sched.seq),
             state: self.state,
             pending: self.pending,
-            slice_start: self.slice_start,
-            process_start: self.process_start,
+            slice_start: self.sched.slice_start,
+            process_start: self.sched.process_start,
             blocked: self.blocked,
-            asleep: self.asleep,
-            on_run_list: self.on_run_list,
-            waiting: self.waiting,
+            asleep: self.sched.asleep,
+            on_run_list: self.sched.on_run_list,
+            waiting: self.sched.waiting,
             loaded: self.hw_slot.is_some(),
         }
     }
@@ -162,19 +162,19 @@ impl Schedulable for FwQueue {
         self.pending = true;
     }
     fn set_slice_start(&mut self, now: Time, process_start: Time) {
-        self.slice_start = now;
-        self.process_start = process_start;
+        self.sched.slice_start = now;
+        self.sched.process_start = process_start;
     }
     fn set_asleep(&mut self, asleep: bool) {
-        self.asleep = asleep;
+        self.sched.asleep = asleep;
     }
     fn set_waiting(&mut self, waiting: bool) {
-        self.waiting = waiting;
+        self.sched.waiting = waiting;
     }
     fn set_run_list(&mut self, seq: Option<u64>) {
-        self.on_run_list = seq.is_some();
+        self.sched.on_run_list = seq.is_some();
         if let Some(seq) = seq {
-            self.seq = seq;
+            self.sched.seq = seq;
         }
     }
     fn may_stop_now(&self, stop: Stop) -> bool {
