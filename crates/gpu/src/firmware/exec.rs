@@ -195,7 +195,7 @@ pub(super) fn run_queue(
         // A turn ends after `budget` packets or when its device time is spent, whichever
         // comes first (at least one packet, or one slice of one, always runs).
         while done < budget as u64 && (done == 0 || !(env.turn_over() || env.interrupted())) {
-            if q.preempt.is_some()
+            if q.preempt.request.is_some()
                 && let Some(point) = stop_point(q, env.stop)
             {
                 stopped = Some(point);
@@ -348,7 +348,7 @@ fn blocked(q: &mut FwQueue, env: &Env<'_>, stopped: &mut Option<StopPoint>, vmid
     q.blocked = true;
     // (`park_on_fence` just decided whether it parks.)
     q.wait_on = Some(WaitOn { vmid, va, value, park: q.parked.is_some() });
-    if q.preempt.is_some() && env.stop.allows_blocked_wait() {
+    if q.preempt.request.is_some() && env.stop.allows_blocked_wait() {
         *stopped = Some(StopPoint::Packet);
     }
 }
@@ -686,7 +686,7 @@ fn exec_dispatch(
     // Asked to leave the slot: run to the next boundary the engine can stop at inside a
     // dispatch (an instruction boundary was taken before the packet; `Dispatch` and
     // coarser levels let the dispatch finish).
-    let stop_at = q.preempt.and(env.stop.in_dispatch());
+    let stop_at = q.preempt.request.and(env.stop.in_dispatch());
     // In sub-slices, so the turn can end at the next check if it is interrupted.
     let mut left = budget;
     let progress = loop {
@@ -735,7 +735,7 @@ fn synthetic(q: &mut FwQueue, env: &mut Env<'_>, total: u64) -> Result<Flow, Fau
     done += n;
     if done < total {
         q.bulk_done = Some(done);
-        if q.preempt.is_some() && env.stop.allows(StopPoint::Chunk) {
+        if q.preempt.request.is_some() && env.stop.allows(StopPoint::Chunk) {
             return Ok(Flow::Stopped(StopPoint::Chunk));
         }
         // A slice ends the turn: a check, so a ring (or the horizon) met meanwhile cuts the
@@ -767,7 +767,7 @@ fn bulk(
         env.charge(env.cost.bulk_ns(n));
         env.bytes += n;
         done += n;
-        if done < total && q.preempt.is_some() && env.stop.allows(StopPoint::Chunk) {
+        if done < total && q.preempt.request.is_some() && env.stop.allows(StopPoint::Chunk) {
             q.bulk_done = Some(done);
             return Ok(Flow::Stopped(StopPoint::Chunk));
         }

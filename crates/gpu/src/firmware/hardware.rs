@@ -336,7 +336,7 @@ impl Firmware {
                 irqs.push_back((Time::ZERO, Interrupt::QueueFault { queue: id, fault: record }));
                 e.resched = true;
                 // A preemption it owed is answered: it stopped (hung).
-                if q.preempt.is_some() {
+                if q.preempt.request.is_some() {
                     preempt::finish(e, q, id, StopPoint::Idle, now, log, Some(&mut *irqs));
                 }
                 sync_waiting(e, q, id);
@@ -345,7 +345,7 @@ impl Firmware {
                 *slot = HwSlot::default();
                 q.leave_slot(id, &regs, irqs, fences);
                 if let Some(point) = point
-                    && q.preempt.is_some()
+                    && q.preempt.request.is_some()
                 {
                     preempt::finish(e, q, id, point, now, log, Some(&mut *irqs));
                 } else if q.state != QueueState::Hung && q.ring.has_work() {
@@ -547,7 +547,7 @@ fn reconcile(
         }
         let cmd = match queues.get(id.0) {
             Ok(q) if q.state == QueueState::Hung => HwCommand::Abort { engine: e.id, slot: k as u32 },
-            Ok(q) if q.preempt.is_some() || q.state != QueueState::Mapped || !e.hqd.contains(&id) => {
+            Ok(q) if q.preempt.request.is_some() || q.state != QueueState::Mapped || !e.hqd.contains(&id) => {
                 HwCommand::Stop { engine: e.id, slot: k as u32, rule: stop }
             }
             Ok(_) => continue,
@@ -561,11 +561,11 @@ fn reconcile(
     for h in 0..e.hqd.len() {
         let id = e.hqd[h];
         let Ok(q) = queues.get_mut(id.0) else { continue };
-        if q.hw_slot.is_some() || q.state != QueueState::Mapped || q.preempt.is_some() {
+        if q.hw_slot.is_some() || q.state != QueueState::Mapped || q.preempt.request.is_some() {
             continue;
         }
         let Some(k) = slots.iter().position(|s| s.queue.is_none()) else { break };
-        if let Some(point) = q.saved.take() {
+        if let Some(point) = q.preempt.saved.take() {
             log.push(now, FwEvent::Restored { queue: id, point });
         }
         q.sched.last_run = now;

@@ -92,6 +92,7 @@ use doorbells::{Doorbells, MAX_POINTER, Watch, find_published_work};
 use fences::Fences;
 use log::FwLog;
 use power::{Power, Timers};
+use preempt::Preemption;
 use queue::{FwQueue, Ring, SchedState};
 use ring::Place;
 use schedule::{Quanta, Waiting, join_run_list, sync_waiting};
@@ -464,12 +465,11 @@ impl Firmware {
             bulk_done: None,
             wait_observed: None,
             parked: None,
-            preempt: None,
+            preempt: Preemption::default(),
             at_cb_boundary: true,
             blocked: false,
             cb: cb_clock::CbClock::default(),
             wait_on: None,
-            saved: None,
             hw_slot: None,
         };
         q.ring.publish_rptr();
@@ -496,20 +496,20 @@ impl Firmware {
         let mut in_slot = e.hqd.contains(&id) && q.state == QueueState::Mapped;
         if in_slot && !q.may_stop_now(Engine::stop_rule(e.kind, caps)) {
             // It runs on to an allowed point; a request the kernel made already stands.
-            let ticket = match q.preempt {
+            let ticket = match q.preempt.request {
                 Some(r) if r.by == Requester::Os => r.ticket,
                 _ => {
                     *next_ticket += 1;
                     let ticket = *next_ticket;
                     log.push(now, FwEvent::PreemptRequested { queue: id, ticket, by: Requester::Os });
-                    q.preempt = Some(preempt::PreemptRequest { ticket, at: now, by: Requester::Os });
+                    q.preempt.request = Some(preempt::PreemptRequest { ticket, at: now, by: Requester::Os });
                     ticket
                 }
             };
             return Ok(preempt::Suspension { ticket, answered: false });
         }
         // A request still owed an answer gets it: the queue stops here (and leaves its slot).
-        if q.preempt.is_some() {
+        if q.preempt.request.is_some() {
             let point = q.standing_point();
             preempt::finish(e, q, id, point, now, log, Some(&mut *irqs));
             in_slot = false;
@@ -518,7 +518,7 @@ impl Firmware {
         *next_ticket += 1;
         let ticket = *next_ticket;
         log.push(now, FwEvent::PreemptRequested { queue: id, ticket, by: Requester::Os });
-        q.preempt = Some(preempt::PreemptRequest { ticket, at: now, by: Requester::Os });
+        q.preempt.request = Some(preempt::PreemptRequest { ticket, at: now, by: Requester::Os });
         // Off a slot, it stands where it last stopped, its state already saved.
         let point = if in_slot { q.standing_point() } else { StopPoint::Idle };
         preempt::finish(e, q, id, point, now, log, None);
@@ -533,7 +533,7 @@ impl Firmware {
             return Ok(());
         }
         // A request not answered yet is withdrawn: the kernel wants it running.
-        q.preempt = None;
+        q.preempt.request = None;
         if !q.sched.on_run_list {
             join_run_list(e, q, id);
         }
@@ -615,7 +615,7 @@ impl Firmware {
             preempt::hang(q, kind.clone());
             let fault = FaultRecord { kind, rptr: q.ring.rptr, opcode, in_indirect };
             q.fault = Some(fault.clone());
-            if q.preempt.is_some() {
+            if q.preempt.request.is_some() {
                 preempt::finish(e, q, id, StopPoint::Idle, now, log, Some(&mut *irqs));
             }
             e.resched = true;

@@ -29,7 +29,7 @@
 //! ([`FwEvent`]), in order, so tests assert the sequence; so is every command the kernel
 //! sends ([`FwEvent::Command`]), before what it did.
 //!
-//! Invariant: a queue with a request outstanding (`FwQueue::preempt`) is in a hardware slot
+//! Invariant: a queue with a request outstanding ([`Preemption::request`]) is in a hardware slot
 //! and has work; every path that takes it off its slot otherwise (remove, suspend, reset,
 //! hang) answers or drops the request.
 
@@ -50,6 +50,16 @@ use super::{Engine, Firmware, Interrupt};
 pub use abi::preempt::StopPoint;
 
 use crate::attention::Attention;
+
+/// A queue's preemption state (see the module docs): the request it owes an answer, and
+/// where it stopped when it last left a slot with its state saved.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Preemption {
+    /// A preemption request it has not answered yet.
+    pub(super) request: Option<PreemptRequest>,
+    /// Preempted with its state saved at this point; the first turn after logs the restore.
+    pub(super) saved: Option<StopPoint>,
+}
 
 /// A doorbell an engine watches during its turns for a cut-in ([`Engine::sentinels`]).
 pub(super) struct Sentinel {
@@ -119,7 +129,7 @@ impl FwQueue {
     /// The kernel's preemption request this queue owes an answer to, if any (an engine reset
     /// hangs a queue that owes one).
     pub(super) fn kernel_request(&self) -> Option<PreemptRequest> {
-        self.preempt.filter(|r| r.by == Requester::Os)
+        self.preempt.request.filter(|r| r.by == Requester::Os)
     }
 
     /// Whether the engine's rule lets it stop where it stands (a blocked `WAIT` counts as a
@@ -160,7 +170,7 @@ pub(super) fn finish(
     log: &mut FwLog,
     irqs: Option<&mut super::Irqs>,
 ) -> Option<PreemptRequest> {
-    let req = q.preempt.take()?;
+    let req = q.preempt.request.take()?;
     // Off its slot: a dispatch it kept live there goes to the save area.
     q.spill();
     e.hqd.retain(|&h| h != id);
@@ -178,7 +188,7 @@ pub(super) fn finish(
     }
     if work && point != StopPoint::Idle {
         log.push(at, FwEvent::StateSaved { queue: id, point });
-        q.saved = Some(point);
+        q.preempt.saved = Some(point);
     }
     match req.by {
         Requester::Os => schedule::leave_run_list(e, q, id),
@@ -223,7 +233,7 @@ impl Firmware {
         let stop = Engine::stop_rule(e.kind, caps);
         let in_slot = e.hqd.contains(&id) && q.state == QueueState::Mapped;
         // An earlier request of the scheduler is taken over: the kernel's is the stronger.
-        q.preempt = Some(PreemptRequest { ticket, at: requested_at, by: Requester::Os });
+        q.preempt.request = Some(PreemptRequest { ticket, at: requested_at, by: Requester::Os });
         if !in_slot || q.may_stop_now(stop) {
             // (Without a slot it stands where it last stopped, its state already saved.)
             let point = q.standing_point();
@@ -257,7 +267,7 @@ impl Firmware {
         for id in std::mem::take(&mut e.hqd) {
             let Ok(q) = queues.get_mut(id.0) else { continue };
             let owed = q.kernel_request();
-            q.preempt = None;
+            q.preempt.request = None;
             match owed {
                 Some(req) => {
                     let waited_ms = now.since(req.at).as_millis() as u64;
@@ -270,7 +280,7 @@ impl Firmware {
                     q.state = if work { QueueState::Preempted } else { QueueState::Unmapped };
                     if work {
                         q.spill();
-                        q.saved = Some(q.standing_point());
+                        q.preempt.saved = Some(q.standing_point());
                         out.preempted.push(id);
                     }
                 }
@@ -287,7 +297,7 @@ impl Firmware {
     /// through, a dispatch or bulk copy with saved state), and the last wptr accepted.
     pub(crate) fn held_position(&self, id: FwQueueId) -> Result<RingPosition, GpuError> {
         let q = self.queue(id)?;
-        if q.sched.on_run_list || q.preempt.is_some() || q.state == QueueState::Hung {
+        if q.sched.on_run_list || q.preempt.request.is_some() || q.state == QueueState::Hung {
             return Err(GpuError::NotHeld(id));
         }
         Ok(RingPosition { rptr: q.ring.rptr, wptr: q.ring.wptr, started: q.has_partial_packet() })
@@ -330,7 +340,7 @@ impl Firmware {
         let Firmware { engines, queues, log, .. } = self;
         let q = queues.get_mut(id.0).map_err(|_| GpuError::StaleQueue(id))?;
         let e = engines.get_mut(q.cfg.engine.0 as usize).ok_or(GpuError::BadEngine(q.cfg.engine.0))?;
-        q.preempt = None;
+        q.preempt.request = None;
         hang(q, why);
         e.hqd.retain(|&h| h != id);
         e.resched = true;
@@ -352,7 +362,7 @@ impl Firmware {
             for k in 0..e.run_list.len() {
                 let id = e.run_list[k];
                 let Ok(q) = queues.get_mut(id.0) else { continue };
-                q.preempt = None;
+                q.preempt.request = None;
                 if q.state != QueueState::Hung {
                     hang(q, FaultKind::AdapterReset);
                     lost.push(id);

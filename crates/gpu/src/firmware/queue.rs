@@ -11,7 +11,6 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use abi::preempt::StopPoint;
 use abi::queue::{FaultKind, FaultRecord};
 use abi::slab::Key;
 use abi::{EngineId, Priority, QueueState};
@@ -23,7 +22,7 @@ use crate::memory::Vmid;
 
 use super::cb_clock::CbClock;
 use super::doorbells::Binding;
-use super::preempt::{self, PreemptRequest};
+use super::preempt::{self, Preemption};
 use super::ring::Place;
 
 /// A queue in the firmware's table: its entry and the entry's generation (a key of the
@@ -255,8 +254,9 @@ pub(super) struct FwQueue {
     /// Blocked in a `WAIT` on a native fence, as of this fence epoch: not re-checked until a
     /// fence changes.
     pub(super) parked: Option<u64>,
-    /// A preemption request it has not answered yet ([`preempt`]).
-    pub(super) preempt: Option<PreemptRequest>,
+    /// Its preemption state: the request it owes an answer, where its state was saved
+    /// ([`Preemption`]).
+    pub(super) preempt: Preemption,
     /// It last completed a `PROGRESS_FENCE` (or nothing yet): it stands at the end of a
     /// command buffer, where `DmaBuffer` preemption stops.
     pub(super) at_cb_boundary: bool,
@@ -268,8 +268,6 @@ pub(super) struct FwQueue {
     /// The condition of the last `WAIT` it blocked on (what [`super::step::wake_sleepers`] checks
     /// while it sleeps off its slot).
     pub(super) wait_on: Option<WaitOn>,
-    /// Preempted with its state saved at this point; the first turn after logs the restore.
-    pub(super) saved: Option<StopPoint>,
     /// Loaded in this hardware slot of its engine ([`super::hardware`]): its execution state is the
     /// slot's until the slot answers a stop.
     pub(super) hw_slot: Option<u32>,

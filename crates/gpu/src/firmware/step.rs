@@ -332,15 +332,15 @@ impl Step<'_> {
         }
         // Parked on a fence that has not changed: nothing to re-check. (It still has
         // work, so the engine stays awake, as for any queue blocked in a WAIT.)
-        if q.parked == Some(self.turn.fences.epoch) && q.preempt.is_none() {
+        if q.parked == Some(self.turn.fences.epoch) && q.preempt.request.is_none() {
             return Turn::Skipped;
         }
         q.parked = None;
         q.sched.last_run = at;
         // The device time charged before this turn (its restore is part of it).
         let charged_before = es.elapsed;
-        let restored = q.saved.is_some();
-        if let Some(point) = q.saved.take() {
+        let restored = q.preempt.saved.is_some();
+        if let Some(point) = q.preempt.saved.take() {
             self.log.push(Time(self.turn.now.0.saturating_add(es.elapsed)), FwEvent::Restored { queue: id, point });
             // Bringing its state back occupies the engine before the queue runs.
             es.elapsed = es.elapsed.saturating_add(self.turn.cost.restore_ns(point));
@@ -373,7 +373,7 @@ impl Step<'_> {
         }
         // A preemption is answered once the queue stopped at an allowed point, ran
         // dry or hung.
-        if q.preempt.is_some() && (stopped.is_some() || !q.pending || q.state != QueueState::Mapped) {
+        if q.preempt.request.is_some() && (stopped.is_some() || !q.pending || q.state != QueueState::Mapped) {
             return Turn::Ran { cut, answer: Some((stopped.unwrap_or(StopPoint::Idle), stopped_at)) };
         }
         report.bytes += bytes;

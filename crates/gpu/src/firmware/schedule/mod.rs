@@ -182,14 +182,14 @@ impl Schedulable for FwQueue {
     }
     fn saved_at_eviction(&mut self) -> StopPoint {
         let point = self.standing_point();
-        self.saved = Some(point);
+        self.preempt.saved = Some(point);
         point
     }
     fn request_stop(&mut self, now: Time) -> bool {
-        if self.preempt.is_some() {
+        if self.preempt.request.is_some() {
             return false;
         }
-        self.preempt = Some(PreemptRequest { ticket: 0, at: now, by: super::Requester::Scheduler });
+        self.preempt.request = Some(PreemptRequest { ticket: 0, at: now, by: super::Requester::Scheduler });
         true
     }
 }
