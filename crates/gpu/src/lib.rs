@@ -59,10 +59,10 @@ pub use attention::{Attention, AttentionGuard};
 pub use config::{ConfigError, GpuConfig};
 pub use cost::{CostModel, Timing};
 pub use error::GpuError;
-pub use firmware::preempt::{EngineReset, FwCounts, FwEvent, FwLogEntry, Requester, RingPosition, Suspension};
+pub use firmware::preempt::{EngineReset, RingPosition, Suspension};
 pub use firmware::{
-    CommandRecord, Completion, FenceSignaled, FenceWaits, FwQueueId, Interrupt, MemoryRecord, QueueConfig, QueueRecord,
-    StepReport,
+    CommandRecord, Completion, FenceSignaled, FenceWaits, FwCounts, FwEvent, FwLogEntry, FwQueueId, Interrupt,
+    MemoryRecord, QueueConfig, QueueRecord, Requester, StepReport,
 };
 pub use memory::{AddressSpace, GpuMapping, Vmid};
 

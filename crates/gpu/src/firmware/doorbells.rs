@@ -13,7 +13,20 @@
 //! found; a ring of a queue the engine would not hear (no hardware slot, on a device that
 //! misses unmapped doorbells) is not latched — the aggregated doorbell tells instead.
 
-use super::*;
+use std::sync::atomic::Ordering;
+
+use abi::QueueState;
+use abi::doorbell::DoorbellModel;
+use abi::protocol;
+use abi::slab::Slab;
+use shm::Word;
+
+use crate::Time;
+use crate::error::GpuError;
+
+use super::queue::{FwQueue, FwQueueId};
+use super::schedule::mark_pending;
+use super::{Engine, Firmware, Interrupt};
 
 /// Largest rptr/wptr the firmware accepts: far enough from `u64::MAX` that pointer
 /// arithmetic (a ring's worth of bytes on top) cannot overflow.
@@ -50,14 +63,14 @@ pub(super) struct Watch {
     pub(super) word: Word,
     pub(super) queue: FwQueueId,
     pub(super) last: u64,
-    /// When the doorbell was last used: the firmware's use sequence ([`Firmware::use_seq`]) at
+    /// When the doorbell was last used: the firmware's use sequence ([`Doorbells::use_seq`]) at
     /// its bind or at the last ring seen, whichever came later. The KMD reads it
     /// ([`Firmware::doorbell_of`]) to victimize the least recently rung doorbell, so the data
     /// path needs no kernel call to keep it.
     pub(super) last_used: u64,
 }
 
-/// A disconnected queue's BAR word, watched for rings from the GPU ([`Firmware::dormant`]).
+/// A disconnected queue's BAR word, watched for rings from the GPU ([`Doorbells::dormant`]).
 pub(super) struct Dormant {
     pub(super) index: u32,
     pub(super) word: Word,
@@ -65,10 +78,48 @@ pub(super) struct Dormant {
     pub(super) last: u64,
 }
 
+/// The firmware's doorbells beside the engines' watches ([`Engine::watches`]): the BAR and
+/// its model, the global model's bit pages, the aggregated pages, the disconnected words
+/// watched for rings from the GPU, and the use clock the KMD victimizes by.
+pub(super) struct Doorbells {
+    /// Spec 000's doorbell model.
+    pub(super) model: DoorbellModel,
+    /// The global model's bit pages, by BAR page.
+    pub(super) bit_pages: std::collections::BTreeMap<u32, BitPage>,
+    /// Aggregated doorbell pages being watched (when engines miss unmapped queues' doorbells).
+    pub(super) aggregated: Vec<(u32, Vec<Word>)>,
+    /// The doorbell BAR the engines watch.
+    pub(super) bar: abi::doorbell::DoorbellBar,
+    /// Engines drop rings of queues without a hardware slot.
+    pub(super) misses_unmapped: bool,
+    /// Bumped at every doorbell bind and every ring seen on a watched BAR word: the clock of
+    /// each doorbell's `last_used` ([`Watch`]).
+    pub(super) use_seq: u64,
+    /// BAR doorbell words of queues the kernel disconnected (unbound), still theirs until
+    /// another binding takes the word: a change is a ring from the GPU, raised as
+    /// [`Interrupt::DisconnectedRing`] ([`Dormant`]).
+    pub(super) dormant: Vec<Dormant>,
+}
+
+impl Doorbells {
+    /// No doorbell bound yet on `bar`, of `model`.
+    pub(super) fn new(bar: abi::doorbell::DoorbellBar, model: DoorbellModel, misses_unmapped: bool) -> Doorbells {
+        Doorbells {
+            model,
+            bit_pages: Default::default(),
+            aggregated: Vec::new(),
+            bar,
+            misses_unmapped,
+            use_seq: 0,
+            dormant: Vec::new(),
+        }
+    }
+}
+
 impl Firmware {
     pub(crate) fn bind_doorbell(&mut self, id: FwQueueId, index: u32) -> Result<(), GpuError> {
         // The word is someone's live doorbell again (or this queue's): no longer dormant.
-        self.dormant.retain(|d| d.index != index && d.queue != id);
+        self.doorbells.dormant.retain(|d| d.index != index && d.queue != id);
         // Reset the word to the queue's wptr as the firmware last validated it: a ring is a
         // change of the word, and every value a client can write except that one is a
         // change — the next wptr moves forward, and a bad one (backwards, misaligned,
@@ -77,11 +128,11 @@ impl Firmware {
         // ring; and work published before the bind is found by the wptr re-read below.
         // Relaxed: the binding is published to the client by the kernel's status store,
         // which comes after.
-        let last = self.queue(id)?.wptr;
-        let word = self.bar.doorbell(index)?;
+        let last = self.queue(id)?.ring.wptr;
+        let word = self.doorbells.bar.doorbell(index)?;
         word.get().store(last, Ordering::Relaxed);
-        self.use_seq += 1;
-        let last_used = self.use_seq;
+        self.doorbells.use_seq += 1;
+        let last_used = self.doorbells.use_seq;
         let (e, q) = self.engine_and_queue(id)?;
         forget_watch(e, id);
         e.watches.push(Some(Watch { word, queue: id, last, last_used }));
@@ -95,26 +146,29 @@ impl Firmware {
 
     /// Binds queue `id` to bit `bit` of the global-doorbell bit page `page` (its process's).
     pub(crate) fn bind_global_doorbell(&mut self, id: FwQueueId, page: u32, bit: u32) -> Result<(), GpuError> {
-        if self.model != DoorbellModel::Global {
-            return Err(GpuError::NoGlobalDoorbell { model: self.model });
+        if self.doorbells.model != DoorbellModel::Global {
+            return Err(GpuError::NoGlobalDoorbell { model: self.doorbells.model });
         }
         if bit >= BITS_PER_PAGE {
             return Err(GpuError::NoGlobalDoorbellBit { bit, bits: BITS_PER_PAGE });
         }
         let old = self.queue(id)?.doorbell;
         self.forget_bit(id, old);
-        if !self.bit_pages.contains_key(&page) {
-            let words = (0..BITS_PER_PAGE / 64).map(|w| self.bar.page_word(page, w)).collect::<Result<_, _>>()?;
-            self.bit_pages.insert(page, BitPage { words, queues: vec![None; BITS_PER_PAGE as usize], bound: [0; 8] });
+        if !self.doorbells.bit_pages.contains_key(&page) {
+            let words =
+                (0..BITS_PER_PAGE / 64).map(|w| self.doorbells.bar.page_word(page, w)).collect::<Result<_, _>>()?;
+            self.doorbells
+                .bit_pages
+                .insert(page, BitPage { words, queues: vec![None; BITS_PER_PAGE as usize], bound: [0; 8] });
         }
-        let bp = self.bit_pages.get_mut(&page).expect("inserted above");
+        let bp = self.doorbells.bit_pages.get_mut(&page).expect("inserted above");
         // A queue that held the bit before loses it (the OS hands each index out once).
         if let Some(prev) = bp.queues[bit as usize].replace(id)
             && let Ok(q) = self.queue_mut(prev)
         {
             q.doorbell = None;
         }
-        let bp = self.bit_pages.get_mut(&page).expect("inserted above");
+        let bp = self.doorbells.bit_pages.get_mut(&page).expect("inserted above");
         bp.bound[bit as usize / 64] |= 1 << (bit % 64);
         // Nothing to reset: a bit a previous owner of this index left set only makes us
         // re-read this queue's wptr once.
@@ -129,13 +183,13 @@ impl Firmware {
     /// Drops queue `id`'s bit, if `binding` is one.
     pub(super) fn forget_bit(&mut self, id: FwQueueId, binding: Option<Binding>) {
         let Some(Binding::Bit { page, bit }) = binding else { return };
-        let Some(bp) = self.bit_pages.get_mut(&page) else { return };
+        let Some(bp) = self.doorbells.bit_pages.get_mut(&page) else { return };
         if bp.queues[bit as usize] == Some(id) {
             bp.queues[bit as usize] = None;
             bp.bound[bit as usize / 64] &= !(1 << (bit % 64));
         }
         if bp.bound.iter().all(|&w| w == 0) {
-            self.bit_pages.remove(&page);
+            self.doorbells.bit_pages.remove(&page);
         }
     }
 
@@ -144,17 +198,18 @@ impl Firmware {
     /// from the GPU (a queue submitting to another, spec 001) — and no store erases another
     /// engine's ring.
     pub(crate) fn watch_aggregated(&mut self, page: u32) -> Result<(), GpuError> {
-        if !self.aggregated.iter().any(|(p, _)| *p == page) {
-            let words =
-                (0..self.engines.len() as u32).map(|e| self.bar.page_word(page, e)).collect::<Result<_, _>>()?;
-            self.aggregated.push((page, words));
+        if !self.doorbells.aggregated.iter().any(|(p, _)| *p == page) {
+            let words = (0..self.engines.len() as u32)
+                .map(|e| self.doorbells.bar.page_word(page, e))
+                .collect::<Result<_, _>>()?;
+            self.doorbells.aggregated.push((page, words));
         }
         Ok(())
     }
 
     /// Stops watching it.
     pub(crate) fn unwatch_aggregated(&mut self, page: u32) {
-        self.aggregated.retain(|(p, _)| *p != page);
+        self.doorbells.aggregated.retain(|(p, _)| *p != page);
     }
 
     /// Which doorbell queue `id` answers to now, and for a BAR word when it was last used:
@@ -172,23 +227,23 @@ impl Firmware {
     }
 
     pub(crate) fn model(&self) -> DoorbellModel {
-        self.model
+        self.doorbells.model
     }
 
     pub(crate) fn misses_unmapped(&self) -> bool {
-        self.misses_unmapped
+        self.doorbells.misses_unmapped
     }
 
     pub(crate) fn unbind_doorbell(&mut self, id: FwQueueId) -> Result<(), GpuError> {
         let binding = self.queue(id)?.doorbell;
         if let Some(Binding::Word(index)) = binding
-            && let Ok(word) = self.bar.doorbell(index)
+            && let Ok(word) = self.doorbells.bar.doorbell(index)
         {
             // Relaxed: a snapshot to compare later loads against; the re-read below finds
             // whatever was published before it.
             let last = word.get().load(Ordering::Relaxed);
-            self.dormant.retain(|d| d.index != index && d.queue != id);
-            self.dormant.push(Dormant { index, word, queue: id, last });
+            self.doorbells.dormant.retain(|d| d.index != index && d.queue != id);
+            self.doorbells.dormant.push(Dormant { index, word, queue: id, last });
         }
         self.forget_bit(id, binding);
         let (e, q) = self.engine_and_queue(id)?;
@@ -201,10 +256,10 @@ impl Firmware {
     }
 
     pub(crate) fn poll_doorbells(&mut self) -> bool {
-        let misses = self.misses_unmapped;
+        let misses = self.doorbells.misses_unmapped;
         let mut rang = false;
         // Disconnected doorbells rung from the GPU: the kernel reconnects them.
-        for d in &mut self.dormant {
+        for d in &mut self.doorbells.dormant {
             // Acquire: as for a watched word.
             let v = d.word.get().load(Ordering::Acquire);
             if v != d.last {
@@ -215,9 +270,9 @@ impl Firmware {
             }
         }
         // Dedicated doorbells: a watched word that changed.
-        for e in self.engines.iter_mut().filter(|e| e.power == PowerState::F0) {
+        for e in self.engines.iter_mut().filter(|e| e.power.is_on()) {
             for k in 0..e.watches.len() {
-                rang |= check_watch(e, k, &mut self.queues, &mut self.use_seq, misses);
+                rang |= check_watch(e, k, &mut self.queues, &mut self.doorbells.use_seq, misses);
             }
         }
         rang | self.poll_shared_doorbells()
@@ -229,16 +284,16 @@ impl Firmware {
     /// every global-doorbell bit page and aggregated doorbell (a few words per process).
     /// Unknown or unbound queues are skipped.
     pub(crate) fn poll_doorbells_of(&mut self, ids: impl IntoIterator<Item = FwQueueId>) -> bool {
-        let misses = self.misses_unmapped;
+        let misses = self.doorbells.misses_unmapped;
         let mut rang = false;
         for id in ids {
             let Ok(q) = self.queues.get(id.0) else { continue };
             let Some(e) = self.engines.get_mut(q.cfg.engine.0 as usize) else { continue };
-            if e.power != PowerState::F0 {
+            if !e.power.is_on() {
                 continue;
             }
             if let Some(&k) = e.watch_at.get(&id) {
-                rang |= check_watch(e, k, &mut self.queues, &mut self.use_seq, misses);
+                rang |= check_watch(e, k, &mut self.queues, &mut self.doorbells.use_seq, misses);
             }
         }
         rang | self.poll_shared_doorbells()
@@ -248,7 +303,7 @@ impl Firmware {
     /// call) where every queue has a dedicated doorbell and no aggregated one.
     #[inline]
     fn poll_shared_doorbells(&mut self) -> bool {
-        if self.bit_pages.is_empty() && self.aggregated.is_empty() {
+        if self.doorbells.bit_pages.is_empty() && self.doorbells.aggregated.is_empty() {
             return false;
         }
         self.poll_shared_pages()
@@ -256,14 +311,14 @@ impl Firmware {
 
     /// [`Firmware::poll_shared_doorbells`] when there are pages to look at.
     fn poll_shared_pages(&mut self) -> bool {
-        let misses = self.misses_unmapped;
+        let misses = self.doorbells.misses_unmapped;
         let mut rang = false;
         // Global-doorbell bit pages: each set bit names a queue of that page's process. A bit
         // of a queue whose engine is in F1 goes back (the engine is not watching); a bit that
         // names no queue is dropped. Either way a bit only ever makes the firmware re-read one
         // queue's wptr.
-        let Firmware { bit_pages, queues, engines, .. } = self;
-        for bp in bit_pages.values() {
+        let Firmware { doorbells, queues, engines, .. } = self;
+        for bp in doorbells.bit_pages.values() {
             for (w, &bound) in bp.bound.iter().enumerate() {
                 if bound == 0 {
                     continue;
@@ -277,7 +332,7 @@ impl Firmware {
                     let Some(id) = bp.queues[w * 64 + b as usize] else { continue };
                     let Ok(q) = queues.get_mut(id.0) else { continue };
                     let e = &mut engines[q.cfg.engine.0 as usize];
-                    if e.power == PowerState::F0 {
+                    if e.power.is_on() {
                         rang |= latch_ring(e, q, id, misses);
                     } else {
                         back |= 1 << b;
@@ -292,14 +347,14 @@ impl Firmware {
         // Aggregated doorbells (one page per process): word `e` set says some queue of engine
         // `e` rang, perhaps one without a slot whose own ring was missed. Poll the wptrs of
         // that engine's queues; a ring of an engine in F1 goes back.
-        let Firmware { aggregated, engines, queues, .. } = self;
-        for (_, words) in aggregated.iter() {
+        let Firmware { doorbells, engines, queues, .. } = self;
+        for (_, words) in doorbells.aggregated.iter() {
             for (e, word) in engines.iter_mut().zip(words) {
                 let rung = protocol::take_rings(word);
                 if rung == 0 {
                     continue;
                 }
-                if e.power != PowerState::F0 {
+                if !e.power.is_on() {
                     // Release, as a client's ring: the wptrs stay visible to whoever takes it.
                     word.get().fetch_or(rung, Ordering::Release);
                     continue;
@@ -307,7 +362,7 @@ impl Firmware {
                 for k in 0..e.run_list.len() {
                     let id = e.run_list[k];
                     let Ok(q) = queues.get_mut(id.0) else { continue };
-                    if !q.pending && q.state != QueueState::Hung && q.wptr_moved() {
+                    if !q.pending && q.state != QueueState::Hung && q.ring.wptr_moved() {
                         mark_pending(e, q, id);
                         rang = true;
                     }
@@ -383,7 +438,7 @@ pub(super) fn forget_watch(e: &mut Engine, id: FwQueueId) {
 /// client published work no ring announced: what a doorbell bind or unbind and a resume do,
 /// so that nothing published while disconnected or suspended is lost.
 pub(super) fn find_published_work(e: &mut Engine, q: &mut FwQueue, id: FwQueueId) {
-    if q.state != QueueState::Hung && q.has_work() {
+    if q.state != QueueState::Hung && q.ring.has_work() {
         mark_pending(e, q, id);
     }
 }
@@ -398,7 +453,7 @@ pub(super) fn latch_ring(e: &mut Engine, q: &mut FwQueue, id: FwQueueId, misses_
     }
     // A ring of an idle queue without a slot that published nothing new (a spurious or
     // foreign ring) must not win it a slot: it would only evict a holder to run nothing.
-    if q.state != QueueState::Mapped && !q.pending && !q.wptr_moved() {
+    if q.state != QueueState::Mapped && !q.pending && !q.ring.wptr_moved() {
         return false;
     }
     mark_pending(e, q, id);

@@ -1,8 +1,8 @@
 //! Execution: fetch, decode and execute packets, write fence logs (spec 001's packet
 //! processing; spec 002's fence log buffers and conditional interrupts).
 //!
-//! [`Firmware::step`] runs every engine in F0: the scheduling pass, then each pending slot
-//! holder in round-robin order, for up to `packet_budget` packets each. A queue reads its wptr
+//! [`super::Firmware::step`] gives each pending slot holder a turn ([`run_queue`]) of up to
+//! `packet_budget` packets or its turn's device time, whichever ends first. A queue reads its wptr
 //! (acquire), validates it, then fetches, decodes and executes, publishing rptr (release) as
 //! it goes. Fetching goes through the turn's [`FetchWindow`], the command processor's fetch
 //! buffer: published ring words are read from client memory once, in runs, and every packet
@@ -14,33 +14,24 @@
 //! nothing a client writes makes the device panic — every bad packet, address or pointer
 //! becomes a typed [`FaultKind`] that hangs only its queue.
 
-use super::*;
+use std::sync::atomic::Ordering;
 
-/// A region and an offset in it, resolved once when the queue is added.
-#[derive(Clone)]
-pub(super) struct Place {
-    pub(super) shm: Arc<Shm>,
-    pub(super) offset: u64,
-}
+use abi::fence_log::{self, FenceLogEntry, FenceLogOp};
+use abi::packet::{DataWidth, LoggedOp, Opcode, Packet};
+use abi::preempt::{Stop, StopPoint};
+use abi::queue::{Access, FaultKind, FaultRecord};
+use abi::{EngineKind, QueueState};
+use shm::Mapping;
 
-impl Place {
-    pub(super) fn resolve(vm: &AddressSpace, va: u64, bytes: u64, access: Access) -> Result<Place, FaultKind> {
-        vm.translate(va, bytes, access)?;
-        let m = vm.find(va).ok_or(FaultKind::OutsideMappings { va, bytes, access })?;
-        Ok(Place { shm: m.shm.clone(), offset: m.offset + (va - m.va) })
-    }
+use crate::Time;
+use crate::compute::{ComputeStats, Dispatch, Progress};
+use crate::memory::{AddressSpace, Vmid};
 
-    /// The protocol word at `va` (a queue's rptr, wptr or last-queued value): 8-aligned and
-    /// inside one mapping the queue may reach with `access`, checked here, once.
-    pub(super) fn word_at(vm: &AddressSpace, va: u64, access: Access) -> Result<Word, FaultKind> {
-        let misaligned = FaultKind::Misaligned { va, align: 8, access };
-        if !va.is_multiple_of(8) {
-            return Err(misaligned);
-        }
-        let p = Place::resolve(vm, va, 8, access)?;
-        Word::new(&p.shm, p.offset).map_err(|_| misaligned)
-    }
-}
+use super::fences::{FenceWaits, Fences};
+use super::preempt::{self};
+use super::queue::{FwQueue, FwQueueId, IbCursor, WaitOn};
+use super::ring::{FetchWindow, fetch_indirect};
+use super::{FenceSignaled, Interrupt};
 
 /// Outcome of executing one packet.
 pub(super) enum Flow {
@@ -56,8 +47,9 @@ pub(super) enum Flow {
 }
 
 pub(super) struct Env<'a> {
-    pub(super) fences: &'a FenceTable,
-    pub(super) optimized_interrupts: bool,
+    /// The native fences: looked up by `WAIT`s and signals, their epoch bumped by every
+    /// packet this device executes that writes memory.
+    pub(super) fences: &'a mut Fences,
     /// Reads the device clock. With real timing, timestamps (`TIMESTAMP`, fence-log entries)
     /// read it when they execute, so they never predate work that was published after the
     /// step began.
@@ -80,13 +72,11 @@ pub(super) struct Env<'a> {
     pub(super) dispatch_budget: u64,
     pub(super) stats: &'a mut ComputeStats,
     pub(super) irqs: &'a mut super::Irqs,
-    /// The fence epoch: bumped by every packet this device executes that writes memory.
-    pub(super) fence_epoch: &'a mut u64,
     /// Where this engine may stop a queue for a preemption.
     pub(super) stop: Stop,
     /// The device's attention register ([`crate::Attention`]).
     pub(super) attention: &'a crate::attention::Attention,
-    /// The engine's sentinel doorbells ([`Engine::sentinels`]).
+    /// The engine's sentinel doorbells ([`super::Engine::sentinels`]).
     pub(super) sentinels: &'a [preempt::Sentinel],
     /// The turn was cut short by [`Env::interrupted`]: the step ends here for this engine.
     pub(super) cut: bool,
@@ -169,254 +159,13 @@ impl Env<'_> {
 /// the interpreter about 4% of its speed against unsliced runs (3% at 64, 6% at 16).
 pub(super) const INTERRUPT_CHECK_INSTRUCTIONS: u64 = 32;
 
-/// The most scheduling passes an engine takes again in one step for rings heard on its
-/// sentinel doorbells ([`Firmware::step`]). A live step gives each busy holder a turn (a
-/// hundred microseconds of device time each), so a high-priority client may ring many times
-/// within one.
-const MAX_CUT_IN_PASSES: u32 = 64;
-
-/// A step's lists of turns on one engine ([`Firmware::step`]), kept by the engine between
-/// steps so that a step allocates nothing.
-#[derive(Default)]
-pub(super) struct Turns {
-    /// This pass's slot holders in turn order, each with its priority (read once).
-    order: Vec<(std::cmp::Reverse<Priority>, FwQueueId)>,
-    /// Holders whose turn in this step is over.
-    had_turn: Vec<FwQueueId>,
-}
-
-impl Firmware {
-    pub(crate) fn step(&mut self, clock: &dyn Fn() -> Time, vms: &[Option<AddressSpace>]) -> StepReport {
-        if self.hw.is_some() {
-            return self.step_hardware(clock, vms);
-        }
-        let now = clock();
-        self.last_step = now;
-        let mut report = StepReport::default();
-        let Firmware {
-            engines,
-            queues,
-            irqs,
-            budget,
-            wave_width,
-            dispatch_budget,
-            compute,
-            fences,
-            optimized_interrupts,
-            quanta,
-            fence_epoch,
-            cost,
-            timing,
-            log,
-            attention,
-            completions,
-            use_seq,
-            misses_unmapped,
-            horizon,
-            ..
-        } = self;
-        let modelled = *timing == crate::cost::Timing::Modelled;
-        // What every packet costs, and how long a turn lasts (ns).
-        let (packet_ns, turn_ns) = (crate::cost::ns(cost.packet), crate::cost::ns(cost.turn));
-        // The command processor's fetch buffer, emptied at each turn (see `run_queue`).
-        let mut window = FetchWindow::new();
-        for e in engines.iter_mut().filter(|e| e.power == PowerState::F0) {
-            // Still executing the work of an earlier step (modelled timing): nothing new
-            // starts before the busy period ends.
-            if modelled && e.timers.get(Timer::Busy).is_some_and(|t| now < t) {
-                continue;
-            }
-            wake_sleepers(e, queues, vms, *fence_epoch);
-            let mut elapsed = 0u64;
-            let mut busy = false;
-            // Scheduling passes of this step: the first, and one more each time a turn is cut
-            // short by a ring on a sentinel doorbell (below).
-            let mut passes = 0;
-            // Holders whose turn in this step is over (a pass after a cut-in gives the others
-            // theirs, and a queue that rang again another). The engine's lists, kept between
-            // steps: a step allocates nothing.
-            let mut turns = std::mem::take(&mut e.turns);
-            turns.had_turn.clear();
-            loop {
-                // The device time of this pass: a pass after a cut-in starts where the cut turn
-                // ended.
-                let at = match passes {
-                    0 => now,
-                    _ if modelled => Time(now.0.saturating_add(elapsed)),
-                    _ => clock(),
-                };
-                passes += 1;
-                schedule::schedule(e, queues, at, *quanta, log);
-                watch_sentinels(e, queues);
-                let mut answered = Vec::new();
-                let n = e.hqd.len();
-                // Slot holders take their turns by priority, round-robin among equals: a queue
-                // that just cut in runs first. (Each holder's priority is read once; the sort
-                // is stable.)
-                turns.order.clear();
-                let (later, from_cursor) = e.hqd.split_at(e.cursor.checked_rem(n).unwrap_or(0));
-                turns.order.extend(
-                    from_cursor
-                        .iter()
-                        .chain(later)
-                        .map(|&id| (std::cmp::Reverse(queues.get(id.0).map_or(Priority::Low, |q| q.cfg.priority)), id)),
-                );
-                turns.order.sort_by_key(|&(priority, _)| priority);
-                let mut cut = false;
-                for k in 0..turns.order.len() {
-                    if cut {
-                        break;
-                    }
-                    let id = turns.order[k].1;
-                    if k > 0 {
-                        // A queue that went idle in an earlier turn of this step (a high-priority
-                        // queue that just finished) is watched from now on: its next ring must
-                        // cut the turns still to come, not wait for the step to end.
-                        watch_sentinels(e, queues);
-                    }
-                    let Ok(q) = queues.get_mut(id.0) else { continue };
-                    if !q.pending || q.state != QueueState::Mapped {
-                        continue;
-                    }
-                    busy = true;
-                    if turns.had_turn.contains(&id) {
-                        continue;
-                    }
-                    // Parked on a fence that has not changed: nothing to re-check. (It still has
-                    // work, so the engine stays awake, as for any queue blocked in a WAIT.)
-                    if q.parked == Some(*fence_epoch) && q.preempt.is_none() {
-                        continue;
-                    }
-                    q.parked = None;
-                    q.last_run = at;
-                    // The device time charged before this turn (its restore is part of it).
-                    let charged_before = elapsed;
-                    let restored = q.saved.is_some();
-                    if let Some(point) = q.saved.take() {
-                        log.push(Time(now.0.saturating_add(elapsed)), preempt::FwEvent::Restored { queue: id, point });
-                        // Bringing its state back occupies the engine before the queue runs.
-                        elapsed = elapsed.saturating_add(cost.restore_ns(point));
-                    }
-                    let before = compute.instructions;
-                    let mut env = Env {
-                        fences,
-                        optimized_interrupts: *optimized_interrupts,
-                        clock,
-                        cost,
-                        packet_ns,
-                        timing: *timing,
-                        start: now,
-                        elapsed,
-                        turn_end: elapsed.saturating_add(turn_ns),
-                        bytes: 0,
-                        kind: e.kind,
-                        wave_width: *wave_width,
-                        dispatch_budget: *dispatch_budget,
-                        stats: compute,
-                        irqs,
-                        fence_epoch,
-                        stop: e.stop,
-                        attention,
-                        sentinels: &e.sentinels,
-                        cut: false,
-                        horizon: horizon.filter(|&h| modelled && h > now),
-                        completions: completions.as_mut(),
-                    };
-                    // Blocked before this turn, in this slot: a queue just given its slot back
-                    // that blocks again on the same `WAIT` has just blocked here all the same.
-                    let was_blocked = q.blocked && !restored;
-                    let (packets, stopped) = run_queue(q, id, vms, *budget, &mut env, &mut window);
-                    report.packets += packets;
-                    let stopped_at = env.now();
-                    // The engine was busy for what the turn charged, ending where it stopped:
-                    // with modelled timing exactly the turn; with real timing (engines share
-                    // the firmware thread) its own work, not the other engines' before it.
-                    let charged = env.elapsed.saturating_sub(charged_before);
-                    if packets > 0 || charged > 0 {
-                        e.busy.record(Time(stopped_at.0.saturating_sub(charged)), stopped_at);
-                    }
-                    // The queue ran for what the turn charged, unless the turn only re-checked
-                    // a `WAIT` that still does not pass: waiting is not running (the hang
-                    // timer's measure, `FwQueue::run_ns`).
-                    if packets > 0 || !q.blocked {
-                        q.run_ns = q.run_ns.saturating_add(charged);
-                    }
-                    elapsed = env.elapsed;
-                    cut = env.cut;
-                    if !cut {
-                        turns.had_turn.push(id);
-                    }
-                    // A preemption is answered once the queue stopped at an allowed point, ran
-                    // dry or hung.
-                    // (Answered after the round: answering takes the queue out of `hqd`.)
-                    if q.preempt.is_some() && (stopped.is_some() || !q.pending || q.state != QueueState::Mapped) {
-                        answered.push((id, stopped.unwrap_or(StopPoint::Idle), stopped_at));
-                        continue;
-                    }
-                    report.bytes += env.bytes;
-                    report.instructions += compute.instructions - before;
-                    if q.pending && q.state == QueueState::Mapped {
-                        report.runnable += 1;
-                        // It has just blocked in a WAIT (or blocks again, just back in a slot):
-                        // its slot may go to a waiting queue (`schedule`), so the next pass must
-                        // not wait for a quantum. (Before, a queue evicted while blocked, woken
-                        // and mapped again, held the slot to its quantum's end: realtime queues
-                        // waiting on a high-priority one took turns in the only slot, and it
-                        // never ran; the swarm's seed 408.)
-                        if q.blocked && (packets > 0 || !was_blocked) {
-                            e.resched = true;
-                        }
-                    } else {
-                        // Idle or hung: its slot may go to a waiting queue.
-                        e.resched = true;
-                    }
-                }
-                if n > 0 && passes == 1 {
-                    e.cursor = (e.cursor + 1) % n;
-                }
-                for (id, point, at) in answered {
-                    if let Ok(q) = queues.get_mut(id.0) {
-                        preempt::finish(e, q, id, point, at, log, Some(&mut *irqs));
-                    }
-                }
-                // A turn cut short by a ring on a sentinel doorbell — a queue that would take a
-                // busy holder's slot — rather than by the kernel's attention (which wants the
-                // device lock): the ring is latched here and the scheduling pass taken again,
-                // so that queue starts now, not after the rest of the step, the driver's work
-                // between steps and the next doorbell poll (as a hardware scheduler reacts to
-                // the doorbell write itself). The holders whose turn is over in this step wait
-                // for the next; the queues that rang get a new turn. Bounded, so a client
-                // ringing without pause cannot hold the step.
-                if !(cut
-                    && passes <= MAX_CUT_IN_PASSES
-                    && !attention.is_raised()
-                    && doorbells::latch_sentinels(e, queues, use_seq, *misses_unmapped, &mut turns.had_turn))
-                {
-                    break;
-                }
-            }
-            e.turns = turns;
-            spill_evicted(e, queues);
-            if busy {
-                e.last_busy = now;
-                e.arm_idle();
-            }
-            if modelled && elapsed > 0 {
-                // The engine is busy until the modelled end of what it just ran.
-                e.timers.set(Timer::Busy, Some(Time(now.0.saturating_add(elapsed))));
-            }
-        }
-        report
-    }
-}
-
 /// Runs one queue for up to `budget` packets. Returns packets executed.
 /// A `WAIT` blocked on the word `r` resolves to: if it is a native fence, the queue parks
 /// until a fence changes (spec 002: "the firmware re-checks blocked queues when fences
 /// change"); a plain memory word, which anyone may write without telling, is polled.
 pub(super) fn park_on_fence(q: &mut FwQueue, r: &crate::memory::Resolved<'_>, env: &Env<'_>) {
     if env.fences.get(&(r.shm.id(), r.offset)).is_some_and(|f| f.waits == FenceWaits::Park) {
-        q.parked = Some(*env.fence_epoch);
+        q.parked = Some(env.fences.epoch);
     }
 }
 
@@ -428,7 +177,7 @@ pub(super) fn run_queue(
     env: &mut Env<'_>,
     window: &mut FetchWindow,
 ) -> (u64, Option<StopPoint>) {
-    let start_rptr = q.rptr;
+    let start_rptr = q.ring.rptr;
     let mut done = 0u64;
     let mut stopped = None;
     // The window is keyed by ring pointer, and another queue's pointers are not this one's.
@@ -446,53 +195,21 @@ pub(super) fn run_queue(
         // A turn ends after `budget` packets or when its device time is spent, whichever
         // comes first (at least one packet, or one slice of one, always runs).
         while done < budget as u64 && (done == 0 || !(env.turn_over() || env.interrupted())) {
-            if q.preempt.is_some()
+            if q.preempt.request.is_some()
                 && let Some(point) = stop_point(q, env.stop)
             {
                 stopped = Some(point);
                 return Ok(());
             }
-            if let Some(mut ib) = q.ib {
-                let ib_vm = match ib.vmid {
-                    Some(v) => match vms.get(v.0 as usize).and_then(Option::as_ref) {
-                        Some(vm) => vm,
-                        None => {
-                            let why = "vmid does not exist";
-                            return Err((FaultKind::BadIndirect { why }, Some(Opcode::IndirectBuffer), false));
-                        }
-                    },
-                    None => vm,
-                };
-                if ib.pos >= ib.dwords {
-                    q.ib = None;
-                    q.rptr += Opcode::IndirectBuffer.fixed_dwords().unwrap_or(5) as u64 * 4;
-                    continue;
-                }
-                let (packet, n) = fetch_indirect(ib_vm, &ib).map_err(|k| (k, None, true))?;
-                match exec(packet, q, id, ib_vm, env, true).map_err(|k| (k, Some(packet.opcode()), true))? {
-                    Flow::Blocked { va, value } => {
-                        let vmid = ib.vmid.unwrap_or(q.cfg.vmid);
-                        blocked(q, env, &mut stopped, vmid, va, value);
-                        return Ok(());
-                    }
-                    Flow::Yield => return Ok(()),
-                    Flow::Stopped(point) => {
-                        stopped = Some(point);
-                        return Ok(());
-                    }
-                    Flow::Next => {
-                        ib.pos += n as u32;
-                        q.ib = Some(ib);
-                        q.blocked = false;
-                        q.at_cb_boundary = false;
-                        done += 1;
-                    }
+            if q.ring.ib.is_some() {
+                if indirect_packet(q, id, vm, vms, env, &mut stopped, &mut done)? {
+                    return Ok(());
                 }
                 continue;
             }
-            if q.rptr == q.wptr {
-                q.refresh_wptr().map_err(|k| (k, None, false))?;
-                if q.rptr == q.wptr {
+            if q.ring.rptr == q.ring.wptr {
+                q.ring.refresh_wptr(q.cfg.ring_bytes).map_err(|k| (k, None, false))?;
+                if q.ring.rptr == q.ring.wptr {
                     q.pending = false;
                     return Ok(());
                 }
@@ -518,8 +235,8 @@ pub(super) fn run_queue(
                     return Ok(());
                 }
                 Flow::Next => {
-                    if q.ib.is_none() {
-                        q.rptr += n as u64 * 4;
+                    if q.ring.ib.is_none() {
+                        q.ring.rptr += n as u64 * 4;
                     }
                     q.blocked = false;
                     // The end of a command buffer: every submission ends with its progress fence.
@@ -531,16 +248,68 @@ pub(super) fn run_queue(
         Ok(())
     })();
     if let Err((kind, opcode, in_indirect)) = result {
-        let fault = FaultRecord { kind, rptr: q.rptr, opcode, in_indirect };
+        let fault = FaultRecord { kind, rptr: q.ring.rptr, opcode, in_indirect };
         self::fault(q, fault.clone());
         // Raised where the queue stopped (a fault costs no packet time).
         let at = if env.timing == crate::cost::Timing::Modelled { env.now() } else { Time::ZERO };
         env.irqs.push_back((at, Interrupt::QueueFault { queue: id, fault }));
     }
-    if q.rptr != start_rptr {
-        q.publish_rptr();
+    if q.ring.rptr != start_rptr {
+        q.ring.publish_rptr();
     }
     (done, stopped)
+}
+
+/// The next packet of the indirect buffer queue `q` is in (`vm`: the queue's address space),
+/// as [`run_queue`] runs ring packets: `true` when the turn ends here (blocked, yielded or
+/// stopped for a preemption). Past the buffer's end, the queue moves past its
+/// `INDIRECT_BUFFER` packet instead.
+fn indirect_packet(
+    q: &mut FwQueue,
+    id: FwQueueId,
+    vm: &AddressSpace,
+    vms: &[Option<AddressSpace>],
+    env: &mut Env<'_>,
+    stopped: &mut Option<StopPoint>,
+    done: &mut u64,
+) -> Result<bool, (FaultKind, Option<Opcode>, bool)> {
+    let Some(mut ib) = q.ring.ib else { return Ok(false) };
+    let ib_vm = match ib.vmid {
+        Some(v) => match vms.get(v.0 as usize).and_then(Option::as_ref) {
+            Some(vm) => vm,
+            None => {
+                let why = "vmid does not exist";
+                return Err((FaultKind::BadIndirect { why }, Some(Opcode::IndirectBuffer), false));
+            }
+        },
+        None => vm,
+    };
+    if ib.pos >= ib.dwords {
+        q.ring.ib = None;
+        q.ring.rptr += Opcode::IndirectBuffer.fixed_dwords().unwrap_or(5) as u64 * 4;
+        return Ok(false);
+    }
+    let (packet, n) = fetch_indirect(ib_vm, &ib).map_err(|k| (k, None, true))?;
+    match exec(packet, q, id, ib_vm, env, true).map_err(|k| (k, Some(packet.opcode()), true))? {
+        Flow::Blocked { va, value } => {
+            let vmid = ib.vmid.unwrap_or(q.cfg.vmid);
+            blocked(q, env, stopped, vmid, va, value);
+            return Ok(true);
+        }
+        Flow::Yield => return Ok(true),
+        Flow::Stopped(point) => {
+            *stopped = Some(point);
+            return Ok(true);
+        }
+        Flow::Next => {
+            ib.pos += n as u32;
+            q.ring.ib = Some(ib);
+            q.blocked = false;
+            q.at_cb_boundary = false;
+            *done += 1;
+        }
+    }
+    Ok(false)
 }
 
 /// Queue `q`'s engine faulted on its work (`fault` says where): it hangs, its partial work
@@ -564,86 +333,12 @@ fn stop_point(q: &FwQueue, stop: Stop) -> Option<StopPoint> {
         StopPoint::Instruction
     } else if q.bulk_done.is_some() {
         StopPoint::Chunk
-    } else if q.ib.is_none() && q.at_cb_boundary {
+    } else if q.ring.ib.is_none() && q.at_cb_boundary {
         StopPoint::CommandBuffer
     } else {
         StopPoint::Packet
     };
     stop.allows(point).then_some(point)
-}
-
-/// Writes the live dispatch state of the queues evicted in this step to their save areas
-/// ([`Engine::unspilled`]), unless a later pass of the step mapped them again.
-fn spill_evicted(e: &mut Engine, queues: &mut Slab<FwQueue>) {
-    for id in e.unspilled.drain(..) {
-        if let Ok(q) = queues.get_mut(id.0)
-            && q.state != QueueState::Mapped
-        {
-            q.spill();
-        }
-    }
-}
-
-/// Wakes the queues of `e` asleep on a `WAIT` whose condition now holds
-/// ([`schedule::wake`]: they wait for a slot again), and drops the entries of queues that no
-/// longer sleep. A queue waiting on a native fence whose changes the device hears of is only
-/// re-checked when the fence epoch moved since the last check; one waiting on plain memory,
-/// which anyone may write without telling, at every step (one load each). A condition that can
-/// no longer be read (its memory unmapped) wakes the queue, which faults when it runs.
-pub(super) fn wake_sleepers(e: &mut Engine, queues: &mut Slab<FwQueue>, vms: &[Option<AddressSpace>], epoch: u64) {
-    if e.asleep.is_empty() {
-        return;
-    }
-    let moved = std::mem::replace(&mut e.asleep_epoch, epoch) != epoch;
-    let mut k = 0;
-    while k < e.asleep.len() {
-        let id = e.asleep[k];
-        let Some(q) = queues.get_mut(id.0).ok().filter(|q| q.asleep) else {
-            e.asleep.swap_remove(k);
-            continue;
-        };
-        let passes = match q.wait_on {
-            Some(w) if w.park && !moved => false,
-            Some(w) => vms
-                .get(w.vmid.0 as usize)
-                .and_then(Option::as_ref)
-                .and_then(|vm| vm.translate_aligned(w.va, 8, Access::Read).ok())
-                // Acquire: pairs with the signaller's release store, as the WAIT's own read.
-                .and_then(|r| r.shm.load_u64(r.offset, Ordering::Acquire).ok())
-                .is_none_or(|v| v >= w.value),
-            None => true,
-        };
-        if passes {
-            e.asleep.swap_remove(k);
-            q.parked = None;
-            schedule::wake(e, q, id);
-        } else {
-            k += 1;
-        }
-    }
-}
-
-/// Rebuilds `e`'s sentinel doorbells ([`Engine::sentinels`]) for this step: the watched
-/// doorbells of idle queues with a higher priority than the lowest busy slot holder. Skipped
-/// (no sentinels) on an engine with more than [`preempt::MAX_SENTINEL_WATCHES`] doorbells.
-#[inline]
-fn watch_sentinels(e: &mut Engine, queues: &Slab<FwQueue>) {
-    e.sentinels.clear();
-    if e.watch_at.len() > preempt::MAX_SENTINEL_WATCHES {
-        return;
-    }
-    watch_sentinels_of(e, queues);
-}
-
-/// [`watch_sentinels`] on an engine with few enough doorbells.
-fn watch_sentinels_of(e: &mut Engine, queues: &Slab<FwQueue>) {
-    let busy = |id: &FwQueueId| queues.get(id.0).ok().filter(|q| q.pending && q.state == QueueState::Mapped);
-    let Some(lowest) = e.hqd.iter().filter_map(busy).map(|q| q.cfg.priority).min() else { return };
-    for w in e.watches.iter().flatten() {
-        if queues.get(w.queue.0).is_ok_and(|q| !q.pending && q.cfg.priority > lowest && q.state != QueueState::Hung) {
-            e.sentinels.push(preempt::Sentinel { word: w.word.clone(), last: w.last, queue: w.queue });
-        }
-    }
 }
 
 /// A `WAIT` on the word at `va` of `vmid` that has not reached `value`: the queue stays
@@ -653,118 +348,9 @@ fn blocked(q: &mut FwQueue, env: &Env<'_>, stopped: &mut Option<StopPoint>, vmid
     q.blocked = true;
     // (`park_on_fence` just decided whether it parks.)
     q.wait_on = Some(WaitOn { vmid, va, value, park: q.parked.is_some() });
-    if q.preempt.is_some() && env.stop.allows_blocked_wait() {
+    if q.preempt.request.is_some() && env.stop.allows_blocked_wait() {
         *stopped = Some(StopPoint::Packet);
     }
-}
-
-/// Dwords the command processor fetches from a ring at once ([`FetchWindow`]): 256 bytes, four
-/// cache lines.
-const FETCH_DWORDS: usize = 64;
-
-/// The command processor's fetch buffer for one turn of one queue: published ring words, read
-/// from client memory once, in runs of up to [`FETCH_DWORDS`], and decoded from here, so a
-/// packet costs no access to the ring of its own. Keyed by ring pointer: pointers are
-/// monotonic byte counts that never repeat, so a word fetched for a pointer stays that
-/// pointer's word for the turn. Only published words are fetched (below the wptr the firmware
-/// validated), never past the ring's end.
-pub(super) struct FetchWindow {
-    /// The words, and room after them for the longest fixed packet, so that every fixed
-    /// packet in the window is decoded from one fixed-size view.
-    words: [u32; FETCH_DWORDS + MAX_FIXED_PACKET_DWORDS],
-    /// Ring pointer of `words[0]`.
-    start: u64,
-    /// Words fetched.
-    len: usize,
-}
-
-impl FetchWindow {
-    /// An empty window: the first packet fetches.
-    pub(super) fn new() -> FetchWindow {
-        FetchWindow { words: [0; FETCH_DWORDS + MAX_FIXED_PACKET_DWORDS], start: 0, len: 0 }
-    }
-
-    /// Empties the window, for another queue's turn (its words stay, unread).
-    pub(super) fn clear(&mut self) {
-        self.len = 0;
-    }
-
-    /// Where `q`'s rptr is in the window, fetching from rptr on if it is not there, or if
-    /// fewer than `need` words from it are.
-    fn at(&mut self, q: &FwQueue, need: usize) -> Result<usize, (FaultKind, Option<Opcode>)> {
-        let at = q.rptr.wrapping_sub(self.start) / 4;
-        if q.rptr >= self.start && at + need as u64 <= self.len as u64 {
-            return Ok(at as usize);
-        }
-        let ring_bytes = q.cfg.ring_bytes;
-        let off = q.rptr & (ring_bytes - 1);
-        // Published words from rptr on, up to wptr and the ring's end (rptr < wptr here).
-        let n = ((q.wptr - q.rptr).min(ring_bytes - off) / 4).min(FETCH_DWORDS as u64) as usize;
-        q.ring
-            .shm
-            .read_u32s(q.ring.offset + off, &mut self.words[..n])
-            .map_err(|_| (outside(q.cfg.ring_va + off, n as u64 * 4), None))?;
-        self.start = q.rptr;
-        self.len = n;
-        Ok(0)
-    }
-
-    /// Fetches and decodes the packet at `q`'s rptr (which is below its wptr): its header,
-    /// checked, then the rest of it.
-    pub(super) fn fetch(&mut self, q: &FwQueue) -> Result<(Packet, usize), (FaultKind, Option<Opcode>)> {
-        let at = self.at(q, 1)?;
-        let header = Header(self.words[at]);
-        let op = header.check().map_err(|e| (FaultKind::BadPacket(e), None))?;
-        let ring_bytes = q.cfg.ring_bytes;
-        let off = q.rptr & (ring_bytes - 1);
-        let n = header.dwords();
-        let bytes = n as u64 * 4;
-        if off + bytes > ring_bytes {
-            return Err((FaultKind::PastRingEnd { offset: off, dwords: n as u64, ring_bytes }, Some(op)));
-        }
-        if q.rptr.checked_add(bytes).is_none_or(|end| end > q.wptr) {
-            return Err((FaultKind::PastWptr { rptr: q.rptr, dwords: n as u64, wptr: q.wptr }, Some(op)));
-        }
-        if op == Opcode::Nop {
-            return Ok((Packet::Nop { dwords: n as u16 }, n));
-        }
-        // A fixed packet: at most MAX_FIXED_PACKET_DWORDS (`Header::check`), all published
-        // (checked above). If it runs past the window, the window moves to it. The header is
-        // not decoded again: the device decodes the header it checked.
-        let at = if at + n <= self.len { at } else { self.at(q, n)? };
-        let w = self.words[at..].first_chunk().expect("the window has room for a fixed packet after any word");
-        Packet::decode_fixed(header, op, w).map_err(|e| (FaultKind::BadPacket(e), Some(op)))
-    }
-}
-
-/// Fetches and decodes the next packet of an indirect buffer.
-pub(super) fn fetch_indirect(vm: &AddressSpace, ib: &IbCursor) -> Result<(Packet, usize), FaultKind> {
-    let va = ib.va + ib.pos as u64 * 4;
-    let r = vm.translate(va, 4, Access::Read)?;
-    let header = Header(r.shm.read_u32(r.offset).map_err(|_| outside(va, 4))?);
-    let op = header.check().map_err(FaultKind::BadPacket)?;
-    let n = header.dwords();
-    let have = (ib.dwords - ib.pos) as usize;
-    if n > have {
-        return Err(FaultKind::BadPacket(abi::packet::DecodeError::Truncated { need: n, have }));
-    }
-    let r = vm.translate(va, n as u64 * 4, Access::Read)?;
-    read_body(r.shm, r.offset, header, op)
-}
-
-/// Reads the rest of the packet whose header, read and checked already, is at `offset` of
-/// `m`, and decodes it. The header is not read again: the device decodes what it checked,
-/// whatever shared memory holds by now.
-pub(super) fn read_body(m: &Mapping, offset: u64, header: Header, op: Opcode) -> Result<(Packet, usize), FaultKind> {
-    let n = header.dwords();
-    if op == Opcode::Nop {
-        return Ok((Packet::Nop { dwords: n as u16 }, n));
-    }
-    // Fixed-size packets are at most MAX_FIXED_PACKET_DWORDS long (checked by `Header::check`).
-    let mut buf = [0u32; MAX_FIXED_PACKET_DWORDS];
-    let body = &mut buf[1..n.min(MAX_FIXED_PACKET_DWORDS)];
-    m.read_u32s(offset + 4, body).map_err(|_| outside(offset, n as u64 * 4))?;
-    Packet::decode_fixed(header, op, &buf).map_err(FaultKind::BadPacket)
 }
 
 /// What a native fence signal's interrupt names (spec 002 "Optimized native fence signaled
@@ -774,7 +360,7 @@ pub(super) fn read_body(m: &Mapping, offset: u64, header: Header, op: Opcode) ->
 /// is not there: the kernel falls back to a scan). A queue without logs (kernel-mode), and a
 /// device without the optimization, name the fence.
 fn signaled(q: &FwQueue, id: FwQueueId, fence: u64, env: &Env<'_>) -> FenceSignaled {
-    if env.optimized_interrupts && q.cfg.fence_logs.is_some() {
+    if env.fences.optimized && q.cfg.fence_logs.is_some() {
         FenceSignaled::Queues(vec![id])
     } else {
         FenceSignaled::Fences(vec![fence])
@@ -852,7 +438,7 @@ fn exec_packet(
             | Packet::IndirectBuffer { .. }
             | Packet::Synthetic { .. }
     ) {
-        *env.fence_epoch += 1;
+        env.fences.changed();
     }
     match p {
         Packet::Nop { .. } => {}
@@ -896,7 +482,7 @@ fn exec_packet(
             if vmid.is_none() {
                 vm.translate(va, dwords as u64 * 4, Access::Read)?;
             }
-            q.ib = Some(IbCursor { va, dwords, pos: 0, vmid });
+            q.ring.ib = Some(IbCursor { va, dwords, pos: 0, vmid });
         }
         Packet::Signal { va, value } => {
             let r = vm.translate_aligned(va, 8, Access::Write)?;
@@ -935,37 +521,7 @@ fn exec_packet(
                 return Ok(Flow::Blocked { va, value });
             }
         }
-        Packet::ProgressFence { value } => {
-            if value < q.completed {
-                return Err(FaultKind::ProgressBackwards { completed: q.completed, value });
-            }
-            if q.last_queued_word.is_some() && value > q.queued {
-                return Err(FaultKind::ProgressBeyondQueued { value, last_queued: q.queued });
-            }
-            let word = q.cfg.kernel_page.progress_completed();
-            // A progress fence the kernel registered as a native fence (spec 002 "Indicating a
-            // native progress fence for hardware queues") is signalled as one: value, barrier,
-            // MonitoredValue, conditional interrupt.
-            let key = match word.region() {
-                shm::Region::Shm(s) => Some((s.id(), word.offset())),
-                _ => None,
-            };
-            match key.and_then(|k| env.fences.get(&k)) {
-                Some(f) => {
-                    if abi::protocol::signal_fence(word.get(), &f.monitored, value, || {}) {
-                        env.raise(Interrupt::NativeFenceSignaled(FenceSignaled::Fences(vec![f.id])));
-                    }
-                }
-                // Release: the command buffer's writes happen-before a waiter's acquire of the
-                // value.
-                None => word.get().store(value, Ordering::Release),
-            }
-            q.completed = value;
-            // (Its completion is recorded once its cost is charged: [`record`].)
-            if value > q.monitored {
-                env.raise(Interrupt::ProgressFence { queue: id, value });
-            }
-        }
+        Packet::ProgressFence { value } => progress_fence(q, id, env, value)?,
         Packet::Interrupt { id: user } => env.raise(Interrupt::User { queue: id, id: user }),
         Packet::Synthetic { ns } => return synthetic(q, env, ns),
         Packet::Dispatch { program, grid, group, args } => {
@@ -977,6 +533,42 @@ fn exec_packet(
 
 /// Executes a `SIGNAL` or `WAIT` with a fence-log entry ([`Packet::Logged`]): the operation,
 /// then the entry, in spec 002's order.
+/// A `PROGRESS_FENCE` writing `value`: checked against the queue's completed and last-queued
+/// values, written into its kernel page (as a native fence, if the kernel registered it as
+/// one), and the progress interrupt raised above the monitored value.
+fn progress_fence(q: &mut FwQueue, id: FwQueueId, env: &mut Env<'_>, value: u64) -> Result<(), FaultKind> {
+    if value < q.completed {
+        return Err(FaultKind::ProgressBackwards { completed: q.completed, value });
+    }
+    if q.ring.last_queued_word.is_some() && value > q.ring.queued {
+        return Err(FaultKind::ProgressBeyondQueued { value, last_queued: q.ring.queued });
+    }
+    let word = q.cfg.kernel_page.progress_completed();
+    // A progress fence the kernel registered as a native fence (spec 002 "Indicating a
+    // native progress fence for hardware queues") is signalled as one: value, barrier,
+    // MonitoredValue, conditional interrupt.
+    let key = match word.region() {
+        shm::Region::Shm(s) => Some((s.id(), word.offset())),
+        _ => None,
+    };
+    match key.and_then(|k| env.fences.get(&k)) {
+        Some(f) => {
+            if abi::protocol::signal_fence(word.get(), &f.monitored, value, || {}) {
+                env.raise(Interrupt::NativeFenceSignaled(FenceSignaled::Fences(vec![f.id])));
+            }
+        }
+        // Release: the command buffer's writes happen-before a waiter's acquire of the
+        // value.
+        None => word.get().store(value, Ordering::Release),
+    }
+    q.completed = value;
+    // (Its completion is recorded once its cost is charged: [`record`].)
+    if value > q.monitored {
+        env.raise(Interrupt::ProgressFence { queue: id, value });
+    }
+    Ok(())
+}
+
 #[expect(clippy::too_many_arguments, reason = "the packet's four fields beside the usual four")]
 fn exec_logged(
     q: &mut FwQueue,
@@ -1094,7 +686,7 @@ fn exec_dispatch(
     // Asked to leave the slot: run to the next boundary the engine can stop at inside a
     // dispatch (an instruction boundary was taken before the packet; `Dispatch` and
     // coarser levels let the dispatch finish).
-    let stop_at = q.preempt.and(env.stop.in_dispatch());
+    let stop_at = q.preempt.request.and(env.stop.in_dispatch());
     // In sub-slices, so the turn can end at the next check if it is interrupted.
     let mut left = budget;
     let progress = loop {
@@ -1143,7 +735,7 @@ fn synthetic(q: &mut FwQueue, env: &mut Env<'_>, total: u64) -> Result<Flow, Fau
     done += n;
     if done < total {
         q.bulk_done = Some(done);
-        if q.preempt.is_some() && env.stop.allows(StopPoint::Chunk) {
+        if q.preempt.request.is_some() && env.stop.allows(StopPoint::Chunk) {
             return Ok(Flow::Stopped(StopPoint::Chunk));
         }
         // A slice ends the turn: a check, so a ring (or the horizon) met meanwhile cuts the
@@ -1175,7 +767,7 @@ fn bulk(
         env.charge(env.cost.bulk_ns(n));
         env.bytes += n;
         done += n;
-        if done < total && q.preempt.is_some() && env.stop.allows(StopPoint::Chunk) {
+        if done < total && q.preempt.request.is_some() && env.stop.allows(StopPoint::Chunk) {
             q.bulk_done = Some(done);
             return Ok(Flow::Stopped(StopPoint::Chunk));
         }

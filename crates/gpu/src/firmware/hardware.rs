@@ -22,7 +22,26 @@
 //! Resets and removals abort a slot and wait for its answer before they return
 //! ([`Firmware::hw_quiesce`]), as amdgpu waits for MES: the queue's memory may go right after.
 
-use super::*;
+use std::sync::atomic::Ordering;
+
+use abi::preempt::{Stop, StopPoint};
+use abi::queue::{Access, FaultKind};
+use abi::slab::Slab;
+use abi::{EngineId, EngineKind, QueueState};
+use shm::Shm;
+
+use crate::Time;
+use crate::compute::ComputeStats;
+use crate::memory::{AddressSpace, Vmid};
+
+use super::exec::{self};
+use super::fences::Fences;
+use super::log::{FwEvent, FwLog};
+use super::preempt::{self};
+use super::queue::{FwQueue, FwQueueId, IbCursor, WaitOn};
+use super::schedule::{self, mark_pending, sync_waiting};
+use super::step::{self};
+use super::{Engine, FenceSignaled, Firmware, Interrupt, Irqs, StepReport};
 use crate::hw::{Hardware, HwCommand, HwEvent, HwEventKind, IndirectPosition, QueueImage, QueueRegs};
 
 /// How long a reset or removal waits for a slot's answer before it counts the queue lost.
@@ -129,11 +148,11 @@ impl QueueRegs {
     /// The registers of `q` as the firmware holds them (the MQD).
     fn of(q: &FwQueue) -> QueueRegs {
         QueueRegs {
-            rptr: q.rptr,
-            wptr: q.wptr,
-            queued: q.queued,
+            rptr: q.ring.rptr,
+            wptr: q.ring.wptr,
+            queued: q.ring.queued,
             completed: q.completed,
-            ib: q.ib.map(|ib| IndirectPosition { va: ib.va, dwords: ib.dwords, pos: ib.pos, vmid: ib.vmid }),
+            ib: q.ring.ib.map(|ib| IndirectPosition { va: ib.va, dwords: ib.dwords, pos: ib.pos, vmid: ib.vmid }),
             bulk_done: q.bulk_done,
             dispatch_active: q.dispatch_active,
             at_cb_boundary: q.at_cb_boundary,
@@ -145,7 +164,7 @@ impl QueueRegs {
 impl FwQueue {
     /// Off its slot (a stop's answer, or a fault): the registers the slot returned are the
     /// queue's again, and what it completed last is taken.
-    fn leave_slot(&mut self, id: FwQueueId, r: &QueueRegs, irqs: &mut Irqs, fences: &FenceTable) {
+    fn leave_slot(&mut self, id: FwQueueId, r: &QueueRegs, irqs: &mut Irqs, fences: &Fences) {
         self.hw_slot = None;
         self.take_regs(r);
         take_completed(self, id, r.completed, irqs, fences);
@@ -153,10 +172,10 @@ impl FwQueue {
 
     /// Takes back the registers a slot returned.
     fn take_regs(&mut self, r: &QueueRegs) {
-        self.rptr = r.rptr;
-        self.wptr = r.wptr;
-        self.queued = r.queued;
-        self.ib = r.ib.map(|ib| IbCursor { va: ib.va, dwords: ib.dwords, pos: ib.pos, vmid: ib.vmid });
+        self.ring.rptr = r.rptr;
+        self.ring.wptr = r.wptr;
+        self.ring.queued = r.queued;
+        self.ring.ib = r.ib.map(|ib| IbCursor { va: ib.va, dwords: ib.dwords, pos: ib.pos, vmid: ib.vmid });
         self.bulk_done = r.bulk_done;
         self.dispatch_active = r.dispatch_active;
         self.at_cb_boundary = r.at_cb_boundary;
@@ -169,12 +188,12 @@ impl FwQueue {
         QueueImage {
             queue: id,
             vmid: self.cfg.vmid,
-            ring: (&self.ring.shm, self.ring.offset),
+            ring: (&self.ring.mem.shm, self.ring.mem.offset),
             ring_va: self.cfg.ring_va,
             ring_bytes: self.cfg.ring_bytes,
-            rptr_word: &self.rptr_word,
-            wptr_word: &self.wptr_word,
-            last_queued_word: self.last_queued_word.as_ref(),
+            rptr_word: &self.ring.rptr_word,
+            wptr_word: &self.ring.wptr_word,
+            last_queued_word: self.ring.last_queued_word.as_ref(),
             completed_word: self.cfg.kernel_page.progress_completed(),
             fence_logs: self.cfg.fence_logs.as_ref(),
             context_save: &self.cfg.context_save,
@@ -214,13 +233,13 @@ impl Firmware {
             self.apply_event(ev, now, vms);
         }
         self.read_progress(&mut report, false);
-        let Firmware { engines, queues, quanta, log, fence_epoch, hw, .. } = self;
+        let Firmware { engines, queues, quanta, log, fences, hw, .. } = self;
         let Some(hw) = hw.as_mut() else { return report };
         hw.events = events;
         for e in engines.iter_mut() {
             let slots = &mut hw.slots[e.id.0 as usize];
-            if e.power == PowerState::F0 {
-                exec::wake_sleepers(e, queues, vms, *fence_epoch);
+            if e.power.is_on() {
+                step::wake_sleepers(e, queues, vms, fences.epoch);
                 schedule::schedule(e, queues, now, *quanta, log);
                 let stop = e.stop;
                 report.hardware += reconcile(e, slots, queues, hw.dev.as_mut(), log, now, stop);
@@ -233,8 +252,7 @@ impl Firmware {
                 .count() as u32;
             report.runnable += busy;
             if busy > 0 || !e.waiting.is_empty() {
-                e.last_busy = now;
-                e.arm_idle();
+                e.busy_at(now);
             }
         }
         report.hardware += more as u32;
@@ -243,8 +261,8 @@ impl Firmware {
 
     /// Applies one slot's report.
     fn apply_event(&mut self, ev: HwEvent, now: Time, vms: &[Option<AddressSpace>]) {
-        let optimized = self.optimized_interrupts;
-        let Firmware { engines, queues, irqs, log, fences, fence_epoch, hw, compute, .. } = self;
+        let optimized = self.fences.optimized;
+        let Firmware { engines, queues, irqs, log, fences, hw, compute, .. } = self;
         let Some(hw) = hw.as_mut() else { return };
         if hw.slots.get(ev.engine.0 as usize).and_then(|s| s.get(ev.slot as usize)).is_none() {
             return;
@@ -269,9 +287,9 @@ impl Firmware {
             HwEventKind::Idle => {
                 q.blocked = false;
                 if let Some(r) = hw.dev.progress(ev.engine, ev.slot).regs {
-                    q.rptr = r.rptr.max(q.rptr);
+                    q.ring.rptr = r.rptr.max(q.ring.rptr);
                 }
-                if q.pending && !q.has_work() {
+                if q.pending && !q.ring.has_work() {
                     q.pending = false;
                     e.resched = true;
                     sync_waiting(e, q, id);
@@ -291,7 +309,7 @@ impl Firmware {
             HwEventKind::User { id: user } => irqs.push_back((Time::ZERO, Interrupt::User { queue: id, id: user })),
             HwEventKind::Signaled { vmid, va, value } => {
                 // The device wrote memory another queue may wait on.
-                *fence_epoch += 1;
+                fences.changed();
                 let fence = vms
                     .get(vmid.0 as usize)
                     .and_then(Option::as_ref)
@@ -318,7 +336,7 @@ impl Firmware {
                 irqs.push_back((Time::ZERO, Interrupt::QueueFault { queue: id, fault: record }));
                 e.resched = true;
                 // A preemption it owed is answered: it stopped (hung).
-                if q.preempt.is_some() {
+                if q.preempt.request.is_some() {
                     preempt::finish(e, q, id, StopPoint::Idle, now, log, Some(&mut *irqs));
                 }
                 sync_waiting(e, q, id);
@@ -327,10 +345,10 @@ impl Firmware {
                 *slot = HwSlot::default();
                 q.leave_slot(id, &regs, irqs, fences);
                 if let Some(point) = point
-                    && q.preempt.is_some()
+                    && q.preempt.request.is_some()
                 {
                     preempt::finish(e, q, id, point, now, log, Some(&mut *irqs));
-                } else if q.state != QueueState::Hung && q.has_work() {
+                } else if q.state != QueueState::Hung && q.ring.has_work() {
                     // Off its slot with work (powering down, a request withdrawn): it is
                     // loaded again when its engine runs and it holds a slot.
                     mark_pending(e, q, id);
@@ -371,9 +389,9 @@ impl Firmware {
                 let done = q.cfg.kernel_page.progress_completed().get().load(Ordering::Acquire);
                 take_completed(q, id, done, irqs, fences);
                 let Some(regs) = regs else { continue };
-                q.rptr = q.rptr.max(regs.rptr);
-                q.wptr = q.wptr.max(regs.wptr);
-                q.queued = q.queued.max(regs.queued);
+                q.ring.rptr = q.ring.rptr.max(regs.rptr);
+                q.ring.wptr = q.ring.wptr.max(regs.wptr);
+                q.ring.queued = q.ring.queued.max(regs.queued);
             }
         }
     }
@@ -490,7 +508,7 @@ impl Firmware {
 /// fence's conditional interrupt (spec 002 "native progress fence"). One interrupt for what
 /// completed since the last look: the hardware's completions are coalesced, as an EOP
 /// interrupt's are.
-fn take_completed(q: &mut FwQueue, id: FwQueueId, value: u64, irqs: &mut Irqs, fences: &FenceTable) {
+fn take_completed(q: &mut FwQueue, id: FwQueueId, value: u64, irqs: &mut Irqs, fences: &Fences) {
     if value <= q.completed {
         return;
     }
@@ -529,7 +547,7 @@ fn reconcile(
         }
         let cmd = match queues.get(id.0) {
             Ok(q) if q.state == QueueState::Hung => HwCommand::Abort { engine: e.id, slot: k as u32 },
-            Ok(q) if q.preempt.is_some() || q.state != QueueState::Mapped || !e.hqd.contains(&id) => {
+            Ok(q) if q.preempt.request.is_some() || q.state != QueueState::Mapped || !e.hqd.contains(&id) => {
                 HwCommand::Stop { engine: e.id, slot: k as u32, rule: stop }
             }
             Ok(_) => continue,
@@ -543,14 +561,14 @@ fn reconcile(
     for h in 0..e.hqd.len() {
         let id = e.hqd[h];
         let Ok(q) = queues.get_mut(id.0) else { continue };
-        if q.hw_slot.is_some() || q.state != QueueState::Mapped || q.preempt.is_some() {
+        if q.hw_slot.is_some() || q.state != QueueState::Mapped || q.preempt.request.is_some() {
             continue;
         }
         let Some(k) = slots.iter().position(|s| s.queue.is_none()) else { break };
-        if let Some(point) = q.saved.take() {
-            log.push(now, preempt::FwEvent::Restored { queue: id, point });
+        if let Some(point) = q.preempt.saved.take() {
+            log.push(now, FwEvent::Restored { queue: id, point });
         }
-        q.last_run = now;
+        q.sched.last_run = now;
         if dev.command(HwCommand::Load { engine: e.id, slot: k as u32, queue: q.image(id), now }).is_ok() {
             slots[k] = HwSlot { queue: Some(id), leaving: false };
             q.hw_slot = Some(k as u32);

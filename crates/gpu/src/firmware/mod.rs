@@ -6,7 +6,7 @@
 //! in the queue". Concretely, for each engine in F0:
 //!
 //! 1. [`Firmware::poll_doorbells`]: a watched BAR word that changed marks its queue *pending*
-//!    ([`mark_pending`]).
+//!    ([`schedule::mark_pending`]).
 //! 2. [`Firmware::step`]: each pending queue in a hardware slot, in round-robin order, reads its
 //!    wptr (acquire), validates it, then fetches, decodes and executes up to `packet_budget`
 //!    packets, publishing rptr (release) as it goes. A queue with nothing left stops being
@@ -30,33 +30,40 @@
 //! decides who holds the slots. It never scans the run list, which may hold thousands of
 //! queues: each engine keeps a **waiting set** ([`Engine::waiting`]), ordered like the
 //! scheduler's waiting order (kernel queues, then priority, then whoever ran longest ago, then
-//! run-list order) and grouped by [`Class`] so a pass looks at one head per class. Its
+//! run-list order) and grouped by [`schedule::Class`] so a pass looks at one head per class. Its
 //! invariant: a queue is in the waiting set exactly when it is on the run list, pending, not
 //! hung, not asleep on a `WAIT` and not in a slot ([`schedule::Seat::should_wait`]). Every `pending = true` goes through
-//! [`mark_pending`], and every other change of those facts (suspend, resume, remove, map,
+//! [`schedule::mark_pending`], and every other change of those facts (suspend, resume, remove, map,
 //! evict) through [`sync_waiting`], which keep it.
 //!
 //! The firmware is split along the spec's seams: [`doorbells`] (bindings, the global model's
 //! bit pages, aggregated pages, latching rings), [`schedule`] (classes, the waiting set,
-//! quanta, the slot assignment), [`exec`] (fetch, decode, execute, fence logs, the step).
-//! This module holds the queue table, the engines, power, and the per-engine timer table
-//! ([`Timers`]) that feeds [`Firmware::poll_timeout`].
+//! quanta, the slot assignment), [`step`] (the step: passes, turns, cut-ins), [`exec`]
+//! (decode, execute, fence logs), [`ring`] (where rings are, the fetch window), [`queue`]
+//! (a queue's table entry), [`power`] (F0/F1 and the per-engine timer table that feeds
+//! [`Firmware::poll_timeout`]), [`fences`] (the native fence table and epoch), [`log`] (the
+//! firmware log), [`preempt`] (requests, answers, resets) and [`hardware`] (slots on real
+//! hardware). This module holds the queue table, the engines and the queue commands.
+//!
+//! **State has owners.** [`Firmware`] composes them, as the kernel's `Os` does: an engine's
+//! power is a [`power::Power`] (F0/F1, its F1 request, its idle period), the native fences a
+//! [`fences::Fences`] (table, epoch, interrupt mode), the doorbell side a
+//! [`doorbells::Doorbells`] (BAR, bit pages, aggregated pages, dormant words, use clock), the
+//! firmware log a [`log::FwLog`], the waiting set a [`schedule::Waiting`]. A step borrows what
+//! its turns share once ([`step`]'s `Step`), rather than field by field at each turn.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use abi::doorbell::DoorbellModel;
-use abi::fence_log::{self, FenceLogEntry, FenceLogOp};
-use abi::packet::{DataWidth, Header, LoggedOp, MAX_FIXED_PACKET_DWORDS, Opcode, Packet};
-use abi::preempt::Stop;
-use abi::protocol;
+use abi::packet::Opcode;
+use abi::preempt::{Stop, StopPoint};
 use abi::queue::{Access, FaultKind, FaultRecord};
-use abi::slab::{Key, Slab};
-use abi::{EngineId, EngineKind, EngineState, PowerState, Priority, QueueState};
-use shm::{Mapping, Shm, Word};
+use abi::slab::Slab;
+use abi::{EngineId, EngineKind, EngineState, QueueState};
+use shm::Shm;
 
 use crate::Time;
-use crate::compute::{ComputeStats, Dispatch, Progress};
+use crate::compute::ComputeStats;
 use crate::config::GpuConfig;
 use crate::error::GpuError;
 use crate::memory::{AddressSpace, Vmid};
@@ -66,74 +73,29 @@ mod cb_clock;
 mod command_log;
 mod doorbells;
 mod exec;
+mod fences;
 mod hardware;
+mod log;
+mod power;
 pub(crate) mod preempt;
+mod queue;
+mod ring;
 mod schedule;
+mod step;
 
 pub use command_log::{CommandRecord, MemoryRecord, QueueRecord};
-use doorbells::{Binding, BitPage, MAX_POINTER, Watch, find_published_work};
-use exec::Place;
-use preempt::{FwLog, PreemptRequest, StopPoint};
-use schedule::{Quanta, Waiting, join_run_list, mark_pending, sync_waiting};
+pub use fences::FenceWaits;
+pub use log::{FwCounts, FwEvent, FwLogEntry, Requester};
+pub use queue::{FwQueueId, QueueConfig};
 
-/// A queue in the firmware's table: its entry and the entry's generation (a key of the
-/// workspace's generation-checked slab), so a removed queue's id never names its successor.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct FwQueueId(Key);
-
-impl FwQueueId {
-    /// The id as one number (generation in the high half, entry in the low half), for tools
-    /// that key their own tables by it.
-    pub fn to_bits(self) -> u64 {
-        (self.0.generation() as u64) << 32 | self.0.index() as u64
-    }
-
-    /// The id [`FwQueueId::to_bits`] gave (a stale one names nothing; lookups say so).
-    pub fn from_bits(bits: u64) -> FwQueueId {
-        FwQueueId(Key::from_parts(bits as u32, (bits >> 32) as u32))
-    }
-}
-
-impl core::fmt::Display for FwQueueId {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        write!(f, "fwq{}.g{}", self.0.index(), self.0.generation())
-    }
-}
-
-/// What the kernel gives the firmware to add a queue (the engine-specific MQD).
-#[derive(Clone)]
-pub struct QueueConfig {
-    /// Address space the queue runs in.
-    pub vmid: Vmid,
-    /// Engine.
-    pub engine: EngineId,
-    /// Ring GPU VA.
-    pub ring_va: u64,
-    /// Ring size (validated by the kernel: power of two ≥ 4 KiB).
-    pub ring_bytes: u64,
-    /// rptr word GPU VA.
-    pub rptr_va: u64,
-    /// wptr word GPU VA.
-    pub wptr_va: u64,
-    /// GPU VA of the queue's last-queued progress value (spec 000's
-    /// `HwQueueProgressFenceLastQueuedValue`), which the firmware reads right after each wptr
-    /// it validates: a `PROGRESS_FENCE` above it faults the queue
-    /// ([`FaultKind::ProgressBeyondQueued`]). `None`: progress values are only checked to move
-    /// forward.
-    pub last_queued_va: Option<u64>,
-    /// The queue's kernel page; `PROGRESS_FENCE` writes its completed value.
-    pub kernel_page: abi::queue::KernelPageView<Word>,
-    /// The queue's two fence logs, `[waits, signals]` (`DxgkDdiSetNativeFenceLogBuffer`);
-    /// `None` for kernel-mode queues, which log nothing.
-    pub fence_logs: Option<[Arc<Shm>; 2]>,
-    /// The queue's context save area (kernel-owned, [`crate::compute::CONTEXT_SAVE_BYTES`]):
-    /// where an interrupted `DISPATCH` keeps its state between slices.
-    pub context_save: Arc<Shm>,
-    /// A kernel queue: may select a vmid in `INDIRECT_BUFFER`.
-    pub privileged: bool,
-    /// Priority.
-    pub priority: Priority,
-}
+use doorbells::{Doorbells, MAX_POINTER, Watch, find_published_work};
+use fences::Fences;
+use log::FwLog;
+use power::{Power, Timers};
+use preempt::Preemption;
+use queue::{FwQueue, Ring, SchedState};
+use ring::Place;
+use schedule::{Quanta, Waiting, join_run_list, sync_waiting};
 
 /// What the firmware raises on the interrupt line.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -221,177 +183,6 @@ pub struct StepReport {
     pub hardware: u32,
 }
 
-/// An indirect buffer being executed.
-#[derive(Clone, Copy, Debug)]
-struct IbCursor {
-    va: u64,
-    dwords: u32,
-    pos: u32,
-    vmid: Option<Vmid>,
-}
-
-struct FwQueue {
-    cfg: QueueConfig,
-    ring: Place,
-    rptr_word: Word,
-    wptr_word: Word,
-    /// The client's last-queued word ([`QueueConfig::last_queued_va`]).
-    last_queued_word: Option<Word>,
-    /// Its value as read right after the last wptr the firmware validated: the most a
-    /// `PROGRESS_FENCE` in the work that wptr published may write.
-    queued: u64,
-    state: QueueState,
-    rptr: u64,
-    wptr: u64,
-    pending: bool,
-    ib: Option<IbCursor>,
-    monitored: u64,
-    completed: u64,
-    doorbell: Option<Binding>,
-    fault: Option<FaultRecord>,
-    /// When it last got a hardware slot (its quantum runs from here).
-    slice_start: Time,
-    /// When it last executed.
-    last_run: Time,
-    /// Device time it has spent executing its work in a hardware slot (ns, only grows): the
-    /// turns that ran packets, instructions or chunks of its ring. A turn that only re-checked
-    /// a `WAIT` that did not pass adds nothing, nor does time off a slot (waiting for one,
-    /// preempted, suspended, its engine in F1). The kernel's hang timer reads it
-    /// ([`Firmware::queue_run_ns`]) to tell a queue that runs without progress from one that
-    /// waits.
-    run_ns: u64,
-    /// A `DISPATCH` at rptr is part-way done: its state is in `live`, or in the context save
-    /// area.
-    dispatch_active: bool,
-    /// That dispatch's state while the queue holds its hardware slot. As on hardware, a mapped
-    /// queue's waves stay on the engine between its turns; they reach the context save area
-    /// only when the queue leaves its slot ([`FwQueue::spill`]: an eviction, a preemption, a
-    /// reset that spares it). So a turn that ends, or is cut short for a higher-priority
-    /// queue, saves and restores nothing.
-    live: Option<Box<Dispatch>>,
-    /// A `COPY`/`FILL` at rptr is part-way done: this many bytes of it are (a chunk
-    /// boundary, [`crate::cost::CostModel::bulk_chunk`]).
-    bulk_done: Option<u64>,
-    /// When the engine first saw the logged `WAIT` it is blocked on (the log's observed time).
-    wait_observed: Option<Time>,
-    /// Blocked in a `WAIT` on a native fence, as of this fence epoch: not re-checked until a
-    /// fence changes.
-    parked: Option<u64>,
-    /// On its engine's run list (not suspended).
-    on_run_list: bool,
-    /// A preemption request it has not answered yet ([`preempt`]).
-    preempt: Option<PreemptRequest>,
-    /// It last completed a `PROGRESS_FENCE` (or nothing yet): it stands at the end of a
-    /// command buffer, where `DmaBuffer` preemption stops.
-    at_cb_boundary: bool,
-    /// Its last turn ended in a `WAIT` that did not pass.
-    blocked: bool,
-    /// Its current command buffer's start and execution time, while completions are
-    /// recorded.
-    cb: cb_clock::CbClock,
-    /// The condition of the last `WAIT` it blocked on (what [`exec::wake_sleepers`] checks
-    /// while it sleeps off its slot).
-    wait_on: Option<WaitOn>,
-    /// Off its slot and asleep on that `WAIT` ([`schedule::unseat`]).
-    asleep: bool,
-    /// When its address space got the slot it holds (the process quantum runs from here;
-    /// see [`schedule::Seat::process_start`]).
-    process_start: Time,
-    /// Preempted with its state saved at this point; the first turn after logs the restore.
-    saved: Option<StopPoint>,
-    /// Its place in run-list order: stamped from [`Engine::next_seq`] each time it joins the
-    /// run list, so among waiting queues that ran at the same time the earlier joiner goes
-    /// first, as in a stable sort of the run list.
-    seq: u64,
-    /// In its engine's waiting set ([`Engine::waiting`]), under its [`schedule::Seat`]'s class
-    /// and turn. Kept equal to [`schedule::Seat::should_wait`] by [`sync_waiting`].
-    waiting: bool,
-    /// Loaded in this hardware slot of its engine ([`hardware`]): its execution state is the
-    /// slot's until the slot answers a stop.
-    hw_slot: Option<u32>,
-}
-
-/// The condition a `WAIT` blocks on: the 64-bit word at `va` of address space `vmid` reaching
-/// `value`.
-#[derive(Clone, Copy, Debug)]
-struct WaitOn {
-    vmid: Vmid,
-    va: u64,
-    value: u64,
-    /// The word is a native fence whose changes the device hears of (`FenceWaits::Park`): it
-    /// can only have passed if the fence epoch moved.
-    park: bool,
-}
-
-impl FwQueue {
-    /// Reads and validates the client's wptr.
-    fn refresh_wptr(&mut self) -> Result<(), FaultKind> {
-        // Acquire: pairs with the client's release store of wptr, so the packets it covers are
-        // visible before we fetch them.
-        // The last-queued value is read with it, after it (spec 000: the client stores it
-        // before it publishes wptr), so it covers every command buffer up to `new`.
-        let (new, queued) = match &self.last_queued_word {
-            Some(q) => {
-                let (w, v) = abi::protocol::read_wptr_and_last_queued(&self.wptr_word, q);
-                (w, Some(v))
-            }
-            None => (self.wptr_word.get().load(Ordering::Acquire), None),
-        };
-        if new == self.wptr {
-            return Ok(());
-        }
-        if !new.is_multiple_of(4) {
-            return Err(FaultKind::WptrMisaligned { wptr: new });
-        }
-        if new < self.wptr {
-            return Err(FaultKind::WptrBackwards { old: self.wptr, new });
-        }
-        if new - self.rptr > self.cfg.ring_bytes {
-            return Err(FaultKind::WptrPastRing { rptr: self.rptr, wptr: new, ring_bytes: self.cfg.ring_bytes });
-        }
-        self.wptr = new;
-        if let Some(v) = queued {
-            self.queued = v;
-        }
-        Ok(())
-    }
-
-    /// Whether the client published work the engine has not fetched (a cheap acquire read,
-    /// for rings of queues without a slot and the aggregated doorbell's poll).
-    fn wptr_moved(&self) -> bool {
-        // Acquire: pairs with the client's release store of wptr (and the aggregated ring
-        // after it), so the packets are visible once we run them.
-        self.wptr_word.get().load(Ordering::Acquire) != self.wptr
-    }
-
-    /// Raw check for unconsumed work, without validation (used for the no-loss checks).
-    fn has_work(&self) -> bool {
-        // The firmware half of the Dekker pair (`abi::protocol`): the kernel published the new
-        // doorbell status before asking for this check, so either the client saw that status
-        // or this re-read sees its wptr.
-        let w = abi::protocol::recheck_wptr(&self.wptr_word);
-        self.ib.is_some() || w != self.rptr
-    }
-
-    /// Writes the state of a dispatch kept live in the queue's slot to its context save area:
-    /// the queue is leaving its slot. Cannot fail for a queue [`Firmware::add_queue`] accepted
-    /// (its save area holds [`crate::compute::CONTEXT_SAVE_BYTES`], the most any state takes);
-    /// should it, the queue hangs with the fault and its dispatch is lost.
-    fn spill(&mut self) {
-        if let Some(d) = self.live.take()
-            && let Err(kind) = d.save(&self.cfg.context_save, 0)
-        {
-            preempt::hang(self, kind);
-        }
-    }
-
-    fn publish_rptr(&self) {
-        // Release: the client may reuse ring bytes below rptr once it sees it; our reads of
-        // them happen before.
-        self.rptr_word.get().store(self.rptr, Ordering::Release);
-    }
-}
-
 /// Raised interrupts, oldest first, each with the device time it was raised at: with modelled
 /// timing, a packet's interrupt carries the packet's modelled time inside its step (the step
 /// runs at its start, the engine is busy until its modelled end); an interrupt raised outside
@@ -399,54 +190,13 @@ impl FwQueue {
 /// known (it is delivered when the driver takes it).
 type Irqs = std::collections::VecDeque<(Time, Interrupt)>;
 
-/// A firmware timer: every deadline at which an engine acts without an input.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Timer {
-    /// The engine has been idle for its idle period: ask the kernel for F1.
-    Idle,
-    /// A slot holder's quantum runs out against a waiting queue: redo the slot assignment.
-    Quantum,
-    /// With modelled timing: the engine finishes the work of its last step (the modelled
-    /// end of its busy period) and may run again.
-    Busy,
-}
-
-impl Timer {
-    const COUNT: usize = 3;
-}
-
-/// One engine's timer table (quinn-proto's `TimerTable`): at most one deadline per
-/// [`Timer`]. [`Firmware::poll_timeout`] is the earliest deadline over every engine, and
-/// [`Firmware::handle_timeout`] fires the expired ones, so a driver that sleeps until
-/// `poll_timeout` (the deterministic one jumps its clock there) misses none.
-#[derive(Clone, Copy, Debug, Default)]
-struct Timers([Option<Time>; Timer::COUNT]);
-
-impl Timers {
-    fn set(&mut self, timer: Timer, at: Option<Time>) {
-        self.0[timer as usize] = at;
-    }
-    fn get(&self, timer: Timer) -> Option<Time> {
-        self.0[timer as usize]
-    }
-    fn expired(&self, timer: Timer, now: Time) -> bool {
-        self.get(timer).is_some_and(|t| now >= t)
-    }
-    fn earliest(&self) -> Option<Time> {
-        self.0.iter().flatten().min().copied()
-    }
-}
-
 struct Engine {
     id: EngineId,
     kind: EngineKind,
-    power: PowerState,
-    f1_requested: bool,
-    last_busy: Time,
+    /// Its power state and idle period ([`power`]).
+    power: Power,
     /// How long it has executed (`busy.rs`).
     busy: busy::BusyTime,
-    /// How long without work before the engine asks for F1.
-    idle_period: std::time::Duration,
     /// Its timers (the idle timer, the quantum timer).
     timers: Timers,
     /// Every queue the firmware may schedule on this engine (amdgpu's run list).
@@ -491,21 +241,21 @@ struct Engine {
     /// Queues mapped into a hardware slot so far (slot changes, for the simulator's counts).
     slot_maps: u64,
     /// Queues asleep off their slots on a `WAIT` that did not pass ([`schedule::unseat`]),
-    /// checked at each step until it does ([`exec::wake_sleepers`]). An entry whose queue no
+    /// checked at each step until it does ([`step::wake_sleepers`]). An entry whose queue no
     /// longer sleeps (suspended, removed, hung) is dropped at the next check.
     asleep: Vec<FwQueueId>,
     /// The fence epoch at the last check of `asleep`.
     asleep_epoch: u64,
     /// Queues the scheduler evicted in this step, whose dispatch state may still be live
     /// ([`FwQueue::live`]): written to their save areas at the end of the step
-    /// ([`exec::spill_evicted`]), so that the queue that took the slot starts first. Nobody can
+    /// (`step.rs`'s `spill_evicted`), so that the queue that took the slot starts first. Nobody can
     /// look at a save area during a step (the kernel waits for the device lock), and a queue
     /// mapped again in the same step simply keeps its state.
     unspilled: Vec<FwQueueId>,
     /// A scheduling pass's working lists, kept between passes ([`schedule::PassScratch`]).
     pass: schedule::PassScratch,
-    /// A step's lists of turns, kept between steps ([`exec::Turns`]).
-    turns: exec::Turns,
+    /// A step's lists of turns, kept between steps ([`step::Turns`]).
+    turns: step::Turns,
 }
 
 /// The firmware state machine. See the module docs.
@@ -518,8 +268,8 @@ pub(crate) struct Firmware {
     wave_width: u32,
     dispatch_budget: u64,
     compute: ComputeStats,
-    fences: FenceTable,
-    optimized_interrupts: bool,
+    /// The native fences ([`fences`]).
+    fences: Fences,
     quanta: Quanta,
     engines: Vec<Engine>,
     /// The queue table (amdgpu: the MQDs the firmware was given).
@@ -527,32 +277,14 @@ pub(crate) struct Firmware {
     /// Interrupts raised and not yet taken, each with the device time it was raised at
     /// ([`Irqs`]).
     irqs: Irqs,
-    /// Spec 000's doorbell model.
-    model: DoorbellModel,
-    /// The global model's bit pages, by BAR page.
-    bit_pages: std::collections::BTreeMap<u32, BitPage>,
-    /// Aggregated doorbell pages being watched (when engines miss unmapped queues' doorbells).
-    aggregated: Vec<(u32, Vec<Word>)>,
-    /// The doorbell BAR the engines watch.
-    bar: abi::doorbell::DoorbellBar,
-    /// Engines drop rings of queues without a hardware slot.
-    misses_unmapped: bool,
-    /// Bumped whenever a native fence may have changed: a packet that writes memory executed
-    /// here, a CPU update or another adapter's signal (`notify_fences`), a fence registered or
-    /// destroyed. A queue parked on a fence `WAIT` re-checks only when it moved.
-    fence_epoch: u64,
-    /// Bumped at every doorbell bind and every ring seen on a watched BAR word: the clock of
-    /// each doorbell's `last_used` (`doorbells::Watch`).
-    use_seq: u64,
-    /// BAR doorbell words of queues the kernel disconnected (unbound), still theirs until
-    /// another binding takes the word: a change is a ring from the GPU, raised as
-    /// [`Interrupt::DisconnectedRing`] (`doorbells::Dormant`).
-    dormant: Vec<doorbells::Dormant>,
+    /// The doorbell BAR, its model, and the firmware's doorbell state beside the engines'
+    /// watches ([`doorbells`]).
+    doorbells: Doorbells,
     /// Where engines may stop work for a preemption (`D3DKMDT_PREEMPTION_CAPS`).
     preemption: abi::preempt::PreemptionCaps,
     /// The last preemption ticket handed out.
     next_ticket: u64,
-    /// Requests, answers, saves, restores and resets, in order ([`preempt::FwEvent`]).
+    /// Requests, answers, saves, restores and resets, in order ([`FwEvent`]).
     log: FwLog,
     /// Raised by the kernel while it waits for the device lock ([`crate::attention::Attention`]).
     attention: crate::attention::Attention,
@@ -595,29 +327,6 @@ pub struct Completion {
     pub exec_ns: u64,
 }
 
-/// A native fence the firmware knows (`DxgkDdiCreateNativeFence`).
-struct FenceEntry {
-    id: u64,
-    monitored: Word,
-    waits: FenceWaits,
-}
-
-/// How a `WAIT` on a native fence waits.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum FenceWaits {
-    /// It parks until a fence may have changed: the device is told of every change it does
-    /// not make itself (a native-fence KMD announces CPU updates and other adapters' signals).
-    Park,
-    /// It polls, as for plain memory: nobody announces changes (a monitored fence on an
-    /// adapter without native fences, which its scheduler writes from the CPU).
-    Poll,
-}
-
-/// Native fences by where their CurrentValue lives: (backing region id, offset). Keyed by
-/// the memory rather than a VA, so every mapping of a shared fence finds the same entry.
-/// Its keys are the kernel's own (a region id and an offset it registered): [`abi::slab::KeyHasher`].
-type FenceTable = abi::slab::KeyMap<(u64, u64), FenceEntry>;
-
 impl Engine {
     /// An engine in F0 with `hw_slots` hardware slots (at least one), an empty run list, and
     /// its idle timer armed.
@@ -625,11 +334,8 @@ impl Engine {
         Engine {
             id,
             kind,
-            power: PowerState::F0,
-            f1_requested: false,
-            last_busy: Time::ZERO,
+            power: Power::new(idle_period),
             busy: busy::BusyTime::default(),
-            idle_period,
             timers: Timers([Some(Time::ZERO.plus(idle_period)), None, None]),
             run_list: Vec::new(),
             kernel_queues: 0,
@@ -651,13 +357,6 @@ impl Engine {
             pass: Default::default(),
             turns: Default::default(),
         }
-    }
-
-    /// Re-arms the idle timer from `last_busy`: it runs while the engine is in F0 and has
-    /// not asked for F1 yet.
-    fn arm_idle(&mut self) {
-        let at = (self.power == PowerState::F0 && !self.f1_requested).then(|| self.last_busy.plus(self.idle_period));
-        self.timers.set(Timer::Idle, at);
     }
 }
 
@@ -686,20 +385,12 @@ impl Firmware {
             wave_width: cfg.wave_width.clamp(1, crate::compute::MAX_WAVE as u32),
             dispatch_budget: cfg.dispatch_budget.max(1),
             compute: ComputeStats::default(),
-            fences: FenceTable::default(),
-            optimized_interrupts: cfg.optimized_fence_interrupts,
+            fences: Fences::new(cfg.optimized_fence_interrupts),
             quanta: Quanta { process: cfg.process_quantum, gang: cfg.gang_quantum },
             engines,
             queues: Slab::new(),
             irqs: Default::default(),
-            model: cfg.doorbell_model,
-            bit_pages: Default::default(),
-            aggregated: Vec::new(),
-            bar,
-            misses_unmapped: cfg.misses_unmapped_doorbells,
-            fence_epoch: 0,
-            use_seq: 0,
-            dormant: Vec::new(),
+            doorbells: Doorbells::new(bar, cfg.doorbell_model, cfg.misses_unmapped_doorbells),
             preemption: cfg.preemption,
             next_ticket: 0,
             log: FwLog::default(),
@@ -727,7 +418,7 @@ impl Firmware {
         self.queues.get_mut(id.0).map_err(|_| GpuError::StaleQueue(id))
     }
 
-    /// A queue and its engine, both mutable (for [`mark_pending`] and [`sync_waiting`]).
+    /// A queue and its engine, both mutable (for [`schedule::mark_pending`] and [`sync_waiting`]).
     fn engine_and_queue(&mut self, id: FwQueueId) -> Result<(&mut Engine, &mut FwQueue), GpuError> {
         let q = self.queues.get_mut(id.0).map_err(|_| GpuError::StaleQueue(id))?;
         let engine = q.cfg.engine.0;
@@ -760,42 +451,28 @@ impl Firmware {
         let engine = cfg.engine;
         let q = FwQueue {
             cfg,
-            ring,
-            rptr_word,
-            wptr_word,
-            queued: last_queued_word.as_ref().map_or(0, |w| w.get().load(Ordering::Acquire)),
-            last_queued_word,
+            ring: Ring::new(ring, rptr_word, wptr_word, last_queued_word, start),
             state: QueueState::Unmapped,
-            rptr: start,
-            wptr: start,
             pending: false,
-            ib: None,
             monitored: u64::MAX,
             completed: 0,
             doorbell: None,
             fault: None,
-            slice_start: Time::ZERO,
-            last_run: Time::ZERO,
+            sched: SchedState::default(),
             run_ns: 0,
             dispatch_active: false,
             live: None,
             bulk_done: None,
             wait_observed: None,
             parked: None,
-            on_run_list: false,
-            preempt: None,
+            preempt: Preemption::default(),
             at_cb_boundary: true,
             blocked: false,
             cb: cb_clock::CbClock::default(),
             wait_on: None,
-            asleep: false,
-            process_start: Time::ZERO,
-            saved: None,
-            seq: 0,
-            waiting: false,
             hw_slot: None,
         };
-        q.publish_rptr();
+        q.ring.publish_rptr();
         let id = FwQueueId(self.queues.insert(q));
         let (e, q) = self.engine_and_queue(id)?;
         debug_assert_eq!(e.id, engine);
@@ -819,20 +496,20 @@ impl Firmware {
         let mut in_slot = e.hqd.contains(&id) && q.state == QueueState::Mapped;
         if in_slot && !q.may_stop_now(Engine::stop_rule(e.kind, caps)) {
             // It runs on to an allowed point; a request the kernel made already stands.
-            let ticket = match q.preempt {
-                Some(r) if r.by == preempt::Requester::Os => r.ticket,
+            let ticket = match q.preempt.request {
+                Some(r) if r.by == Requester::Os => r.ticket,
                 _ => {
                     *next_ticket += 1;
                     let ticket = *next_ticket;
-                    log.push(now, preempt::FwEvent::PreemptRequested { queue: id, ticket, by: preempt::Requester::Os });
-                    q.preempt = Some(preempt::PreemptRequest { ticket, at: now, by: preempt::Requester::Os });
+                    log.push(now, FwEvent::PreemptRequested { queue: id, ticket, by: Requester::Os });
+                    q.preempt.request = Some(preempt::PreemptRequest { ticket, at: now, by: Requester::Os });
                     ticket
                 }
             };
             return Ok(preempt::Suspension { ticket, answered: false });
         }
         // A request still owed an answer gets it: the queue stops here (and leaves its slot).
-        if q.preempt.is_some() {
+        if q.preempt.request.is_some() {
             let point = q.standing_point();
             preempt::finish(e, q, id, point, now, log, Some(&mut *irqs));
             in_slot = false;
@@ -840,8 +517,8 @@ impl Firmware {
         // The suspend's own request, answered here.
         *next_ticket += 1;
         let ticket = *next_ticket;
-        log.push(now, preempt::FwEvent::PreemptRequested { queue: id, ticket, by: preempt::Requester::Os });
-        q.preempt = Some(preempt::PreemptRequest { ticket, at: now, by: preempt::Requester::Os });
+        log.push(now, FwEvent::PreemptRequested { queue: id, ticket, by: Requester::Os });
+        q.preempt.request = Some(preempt::PreemptRequest { ticket, at: now, by: Requester::Os });
         // Off a slot, it stands where it last stopped, its state already saved.
         let point = if in_slot { q.standing_point() } else { StopPoint::Idle };
         preempt::finish(e, q, id, point, now, log, None);
@@ -856,8 +533,8 @@ impl Firmware {
             return Ok(());
         }
         // A request not answered yet is withdrawn: the kernel wants it running.
-        q.preempt = None;
-        if !q.on_run_list {
+        q.preempt.request = None;
+        if !q.sched.on_run_list {
             join_run_list(e, q, id);
         }
         e.resched = true;
@@ -876,7 +553,7 @@ impl Firmware {
                 w.park = false;
             }
             q.parked = None;
-            q.asleep = true;
+            q.sched.asleep = true;
             // (Its entry may still be there: a leave drops it only at the next check.)
             if !e.asleep.contains(&id) {
                 e.asleep.push(id);
@@ -894,14 +571,14 @@ impl Firmware {
     ) -> Result<u64, GpuError> {
         // Loaded in a hardware slot: abandoned there first (the queue's memory may go next).
         self.hw_quiesce(&[id], true, now, vms);
-        self.dormant.retain(|d| d.queue != id);
+        self.doorbells.dormant.retain(|d| d.queue != id);
         let (e, q) = self.engine_and_queue(id)?;
         doorbells::forget_watch(e, id);
         schedule::leave_run_list(e, q, id);
         let binding = q.doorbell.take();
         self.forget_bit(id, binding);
         let q = self.queues.remove(id.0).map_err(|_| GpuError::StaleQueue(id))?;
-        Ok(q.rptr)
+        Ok(q.ring.rptr)
     }
 
     /// Address space `vmid` was destroyed: every queue that runs in it, and every kernel queue
@@ -911,7 +588,7 @@ impl Firmware {
     /// its hardware slot first, hangs (a preemption it owed is answered) and raises
     /// [`Interrupt::QueueFault`], with the record its next turn would have made.
     pub(crate) fn address_space_destroyed(&mut self, vmid: Vmid, now: Time, vms: &[Option<AddressSpace>]) {
-        let in_space = |q: &FwQueue| q.cfg.vmid == vmid || q.ib.is_some_and(|ib| ib.vmid == Some(vmid));
+        let in_space = |q: &FwQueue| q.cfg.vmid == vmid || q.ring.ib.is_some_and(|ib| ib.vmid == Some(vmid));
         let doomed: Vec<FwQueueId> = self
             .queues
             .iter()
@@ -936,9 +613,9 @@ impl Firmware {
                 (FaultKind::BadIndirect { why: "vmid does not exist" }, Some(Opcode::IndirectBuffer), true)
             };
             preempt::hang(q, kind.clone());
-            let fault = FaultRecord { kind, rptr: q.rptr, opcode, in_indirect };
+            let fault = FaultRecord { kind, rptr: q.ring.rptr, opcode, in_indirect };
             q.fault = Some(fault.clone());
-            if q.preempt.is_some() {
+            if q.preempt.request.is_some() {
                 preempt::finish(e, q, id, StopPoint::Idle, now, log, Some(&mut *irqs));
             }
             e.resched = true;
@@ -951,10 +628,6 @@ impl Firmware {
     pub(crate) fn kernel_slots(&self, engine: EngineId) -> Result<(u32, u32), GpuError> {
         let e = self.engines.get(engine.0 as usize).ok_or(GpuError::BadEngine(engine.0))?;
         Ok((e.hw_slots as u32, e.kernel_queues.min(e.hw_slots) as u32))
-    }
-
-    pub(crate) fn optimized_interrupts(&self) -> bool {
-        self.optimized_interrupts
     }
 
     /// Replaces the queue's fence log `index` (0 waits, 1 signals); `false` if the queue has
@@ -992,7 +665,7 @@ impl Firmware {
 
     pub(crate) fn queue_progress(&self, id: FwQueueId) -> Result<(u64, u64), GpuError> {
         let q = self.queue(id)?;
-        Ok((q.completed, q.queued))
+        Ok((q.completed, q.ring.queued))
     }
 
     /// Queue `id`'s executed device time ([`FwQueue::run_ns`]).
@@ -1001,126 +674,7 @@ impl Firmware {
     }
 
     pub(crate) fn queue_has_work(&self, id: FwQueueId) -> Result<bool, GpuError> {
-        Ok(self.queue(id)?.has_work())
-    }
-
-    pub(crate) fn power(&self, engine: EngineId) -> Result<PowerState, GpuError> {
-        self.engines.get(engine.0 as usize).map(|e| e.power).ok_or(GpuError::BadEngine(engine.0))
-    }
-
-    pub(crate) fn busy_ns(&self, engine: EngineId, now: Time) -> Result<u64, GpuError> {
-        self.engines.get(engine.0 as usize).map(|e| e.busy.at(now)).ok_or(GpuError::BadEngine(engine.0))
-    }
-
-    pub(crate) fn request_f0(&mut self, engine: EngineId, now: Time) -> Result<(), GpuError> {
-        let e = self.engine_mut(engine)?;
-        e.power = PowerState::F0;
-        e.f1_requested = false;
-        e.last_busy = now;
-        e.resched = true;
-        e.arm_idle();
-        Ok(())
-    }
-
-    pub(crate) fn enter_f1(
-        &mut self,
-        engine: EngineId,
-        now: Time,
-        vms: &[Option<AddressSpace>],
-    ) -> Result<bool, GpuError> {
-        // Hardware slots: where their queues stand now (they run between steps), and off the
-        // slots if the engine powers down (below).
-        let loaded = self.loaded_on(engine);
-        if !loaded.is_empty() {
-            let mut report = StepReport::default();
-            self.read_progress(&mut report, true);
-        }
-        let Firmware { engines, queues, .. } = self;
-        let e = engines.get_mut(engine.0 as usize).ok_or(GpuError::BadEngine(engine.0))?;
-        let mut busy = false;
-        // A scan of the whole run list, but a rare one (the kernel's answer to an idle request).
-        for k in 0..e.run_list.len() {
-            let id = e.run_list[k];
-            let q = queues.get_mut(id.0).map_err(|_| GpuError::StaleQueue(id))?;
-            if q.state != QueueState::Hung && (q.pending || q.has_work()) {
-                mark_pending(e, q, id);
-                busy = true;
-            }
-        }
-        e.f1_requested = false;
-        e.resched = true;
-        if busy {
-            e.last_busy = now;
-        } else {
-            e.power = PowerState::F1;
-        }
-        e.arm_idle();
-        if !busy && !loaded.is_empty() {
-            // An engine in F1 runs nothing: its slots are emptied (idle, they answer at once).
-            self.hw_quiesce(&loaded, false, now, vms);
-        }
-        Ok(!busy)
-    }
-
-    pub(crate) fn all_asleep(&self) -> bool {
-        self.engines.iter().all(|e| e.power == PowerState::F1)
-    }
-
-    /// Fires every expired timer of every engine.
-    pub(crate) fn handle_timeout(&mut self, now: Time) {
-        let Firmware { engines, queues, irqs, .. } = self;
-        for e in engines.iter_mut() {
-            if e.timers.expired(Timer::Busy, now) {
-                // The modelled work is done: the engine may run again (its step checks).
-                e.timers.set(Timer::Busy, None);
-            }
-            if e.timers.expired(Timer::Quantum, now) {
-                // The slot assignment looks again at the engine's next step.
-                e.timers.set(Timer::Quantum, None);
-                e.resched = true;
-            }
-            if e.timers.expired(Timer::Idle, now) {
-                let busy_queue =
-                    |id: &FwQueueId| queues.get(id.0).is_ok_and(|q| q.pending && q.state != QueueState::Hung);
-                // A busy queue on the run list is in a slot, in the waiting set (pending, not
-                // hung, not in a slot) or asleep on a WAIT: no scan of the run list.
-                let asleep = e.asleep.iter().any(|id| queues.get(id.0).is_ok_and(|q| q.asleep));
-                if e.hqd.iter().any(busy_queue) || !e.waiting.is_empty() || asleep {
-                    e.last_busy = now;
-                } else {
-                    e.f1_requested = true;
-                    // Raised now: the driver takes it at its own time.
-                    let irq = Interrupt::EngineStateChange { engine: e.id, state: EngineState::TransitionToF1 };
-                    irqs.push_back((Time::ZERO, irq));
-                }
-                e.arm_idle();
-            }
-        }
-    }
-
-    /// The earliest timer of any engine.
-    pub(crate) fn poll_timeout(&self) -> Option<Time> {
-        self.engines.iter().filter_map(|e| e.timers.earliest()).min()
-    }
-
-    /// Whether the device has nothing to do at `now` but wait for its engines' modelled work
-    /// to end: timing is modelled, no interrupt waits to be raised, no timer is due, and every
-    /// engine in F0 (one at least) is busy with the work of an earlier step, which [`Self::step`]
-    /// skips. A step and a timer check at `now` would then change nothing.
-    pub(crate) fn waits_for_busy_engines(&self, now: Time) -> bool {
-        self.timing == crate::cost::Timing::Modelled
-            && self.irqs.is_empty()
-            && self.poll_timeout().is_some_and(|t| now < t)
-            && self.engines.iter().any(|e| e.power == PowerState::F0)
-            && self
-                .engines
-                .iter()
-                .all(|e| e.power != PowerState::F0 || e.timers.get(Timer::Busy).is_some_and(|t| now < t))
-    }
-
-    /// The earliest modelled end of an engine's busy period.
-    pub(crate) fn busy_until(&self) -> Option<Time> {
-        self.engines.iter().filter_map(|e| e.timers.get(Timer::Busy)).min()
+        Ok(self.queue(id)?.ring.has_work())
     }
 
     pub(crate) fn poll_interrupt(&mut self) -> Option<(Time, Interrupt)> {
@@ -1129,25 +683,6 @@ impl Firmware {
 
     pub(crate) fn compute_stats(&self) -> ComputeStats {
         self.compute
-    }
-
-    pub(crate) fn register_fence(&mut self, current: (&Shm, u64), monitored: Word, id: u64, waits: FenceWaits) {
-        self.fence_epoch += 1;
-        self.fences.insert((current.0.id(), current.1), FenceEntry { id, monitored, waits });
-        self.hw_fence(current.0, current.1, Some(id));
-    }
-
-    pub(crate) fn unregister_fence(&mut self, current: (&Shm, u64)) {
-        // A queue parked on it re-checks (and faults, if the memory went with it).
-        self.fence_epoch += 1;
-        self.fences.remove(&(current.0.id(), current.1));
-        self.hw_fence(current.0, current.1, None);
-    }
-
-    /// Native fences may have changed behind the engines' back (a CPU update, another
-    /// adapter's signal): every parked queue re-checks.
-    pub(crate) fn notify_fences(&mut self) {
-        self.fence_epoch += 1;
     }
 
     pub(crate) fn set_horizon(&mut self, at: Option<Time>) {

@@ -29,14 +29,37 @@
 //! ([`FwEvent`]), in order, so tests assert the sequence; so is every command the kernel
 //! sends ([`FwEvent::Command`]), before what it did.
 //!
-//! Invariant: a queue with a request outstanding (`FwQueue::preempt`) is in a hardware slot
+//! Invariant: a queue with a request outstanding ([`Preemption::request`]) is in a hardware slot
 //! and has work; every path that takes it off its slot otherwise (remove, suspend, reset,
 //! hang) answers or drops the request.
 
-use super::*;
+use abi::preempt::Stop;
+use abi::queue::{FaultKind, FaultRecord};
+use abi::{EngineId, EngineKind, QueueState};
+use shm::Word;
+
+use crate::Time;
+use crate::error::GpuError;
+use crate::memory::AddressSpace;
+
+use super::command_log::CommandRecord;
+use super::log::{FwCounts, FwEvent, FwLog, FwLogEntry, Requester};
+use super::queue::{FwQueue, FwQueueId};
+use super::schedule::{self, sync_waiting};
+use super::{Engine, Firmware, Interrupt};
 pub use abi::preempt::StopPoint;
 
 use crate::attention::Attention;
+
+/// A queue's preemption state (see the module docs): the request it owes an answer, and
+/// where it stopped when it last left a slot with its state saved.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Preemption {
+    /// A preemption request it has not answered yet.
+    pub(super) request: Option<PreemptRequest>,
+    /// Preempted with its state saved at this point; the first turn after logs the restore.
+    pub(super) saved: Option<StopPoint>,
+}
 
 /// A doorbell an engine watches during its turns for a cut-in ([`Engine::sentinels`]).
 pub(super) struct Sentinel {
@@ -52,86 +75,12 @@ pub(super) struct Sentinel {
 /// queues on the engine, a higher-priority ring is heard at the engine's next step instead.
 pub(super) const MAX_SENTINEL_WATCHES: usize = 64;
 
-/// Who asked for a preemption.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Requester {
-    /// The kernel (`DxgkDdiPreemptCommand`, MES `SUSPEND`): the queue is held off the run
-    /// list until resumed, and the answer is an interrupt.
-    Os,
-    /// The firmware's scheduler: the queue goes back to waiting for a slot.
-    Scheduler,
-}
-
 /// An outstanding request.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct PreemptRequest {
     pub(super) ticket: u64,
     pub(super) at: Time,
     pub(super) by: Requester,
-}
-
-/// One entry of the firmware log.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum FwEvent {
-    /// A preemption was asked for.
-    PreemptRequested {
-        /// The queue.
-        queue: FwQueueId,
-        /// The request's ticket (0 for the scheduler's own).
-        ticket: u64,
-        /// Who asked.
-        by: Requester,
-    },
-    /// The queue stopped at `point`, its state in the context save area.
-    StateSaved {
-        /// The queue.
-        queue: FwQueueId,
-        /// Where it stopped.
-        point: StopPoint,
-    },
-    /// The request was answered: the queue is off its slot.
-    PreemptAnswered {
-        /// The queue.
-        queue: FwQueueId,
-        /// The request's ticket.
-        ticket: u64,
-        /// When it was asked for.
-        requested_at: Time,
-    },
-    /// A preempted queue runs again from its saved state.
-    Restored {
-        /// The queue.
-        queue: FwQueueId,
-        /// Where it had stopped.
-        point: StopPoint,
-    },
-    /// An engine was reset; these queues would not yield and now hang.
-    EngineReset {
-        /// The engine.
-        engine: EngineId,
-        /// The guilty queues.
-        guilty: Vec<FwQueueId>,
-    },
-    /// One queue was reset (amdgpu's per-queue reset through the scheduling firmware): it
-    /// hangs; no other queue is touched.
-    QueueReset {
-        /// The queue.
-        queue: FwQueueId,
-    },
-    /// The adapter was reset: every queue's state is lost.
-    AdapterReset,
-    /// The kernel sent a command ([`crate::Gpu::command`]); what it did follows it.
-    Command(CommandRecord),
-    /// The kernel took back the work of a held kernel queue that had not started: its
-    /// accepted wptr dropped from `from` to `to` ([`Firmware::take_back`]).
-    TakenBack {
-        /// The queue.
-        queue: FwQueueId,
-        /// The accepted wptr before.
-        from: u64,
-        /// And after.
-        to: u64,
-    },
 }
 
 /// Where a queue held for the kernel stands in its ring ([`crate::Gpu::held_position`]).
@@ -143,81 +92,6 @@ pub struct RingPosition {
     pub wptr: u64,
     /// That packet has started (its state is saved): it resumes, never restarts.
     pub started: bool,
-}
-
-/// A timed [`FwEvent`].
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct FwLogEntry {
-    /// Device time.
-    pub at: Time,
-    /// What happened.
-    pub event: FwEvent,
-}
-
-/// The most entries the firmware log keeps (the oldest go first).
-pub(super) const LOG_ENTRIES: usize = 4096;
-
-/// How many events of each kind the firmware has logged since the device started, however
-/// many the bounded log still holds ([`crate::Gpu::firmware_counts`]).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct FwCounts {
-    /// [`FwEvent::PreemptRequested`].
-    pub preempts_requested: u64,
-    /// [`FwEvent::StateSaved`].
-    pub states_saved: u64,
-    /// [`FwEvent::PreemptAnswered`].
-    pub preempts_answered: u64,
-    /// [`FwEvent::Restored`].
-    pub restored: u64,
-    /// [`FwEvent::EngineReset`].
-    pub engine_resets: u64,
-    /// [`FwEvent::QueueReset`].
-    pub queue_resets: u64,
-    /// [`FwEvent::AdapterReset`].
-    pub adapter_resets: u64,
-    /// [`FwEvent::TakenBack`].
-    pub taken_back: u64,
-    /// [`FwEvent::Command`].
-    pub commands: u64,
-}
-
-impl FwCounts {
-    /// Resets of any scope: queue, engine and adapter.
-    pub fn recoveries(&self) -> u64 {
-        self.queue_resets + self.engine_resets + self.adapter_resets
-    }
-
-    fn count(&mut self, event: &FwEvent) {
-        let n = match event {
-            FwEvent::PreemptRequested { .. } => &mut self.preempts_requested,
-            FwEvent::StateSaved { .. } => &mut self.states_saved,
-            FwEvent::PreemptAnswered { .. } => &mut self.preempts_answered,
-            FwEvent::Restored { .. } => &mut self.restored,
-            FwEvent::EngineReset { .. } => &mut self.engine_resets,
-            FwEvent::QueueReset { .. } => &mut self.queue_resets,
-            FwEvent::AdapterReset => &mut self.adapter_resets,
-            FwEvent::TakenBack { .. } => &mut self.taken_back,
-            FwEvent::Command(_) => &mut self.commands,
-        };
-        *n += 1;
-    }
-}
-
-/// The firmware log: bounded, oldest first, with exact counts of everything it ever held.
-#[derive(Default)]
-pub(super) struct FwLog {
-    pub(super) entries: std::collections::VecDeque<FwLogEntry>,
-    pub(super) counts: FwCounts,
-}
-
-impl FwLog {
-    pub(super) fn push(&mut self, at: Time, event: FwEvent) {
-        self.counts.count(&event);
-        if self.entries.len() == LOG_ENTRIES {
-            self.entries.pop_front();
-        }
-        self.entries.push_back(FwLogEntry { at, event });
-    }
 }
 
 /// What an engine reset did ([`Firmware::reset_engine`]).
@@ -232,20 +106,20 @@ pub struct EngineReset {
 impl FwQueue {
     /// The packet at rptr is part-way done (an indirect buffer, a dispatch, a bulk copy).
     pub(super) fn has_partial_packet(&self) -> bool {
-        self.ib.is_some() || self.dispatch_active || self.bulk_done.is_some()
+        self.ring.ib.is_some() || self.dispatch_active || self.bulk_done.is_some()
     }
 
     /// Where the queue stands between two of its turns: the point it would stop at if it
     /// stopped now (`None`: in the middle of something no level can cut, which never happens
     /// between turns, or with work and no state).
     pub(super) fn standing_point(&self) -> StopPoint {
-        if !self.pending && !self.has_work() {
+        if !self.pending && !self.ring.has_work() {
             StopPoint::Idle
         } else if self.dispatch_active {
             StopPoint::Instruction
         } else if self.bulk_done.is_some() {
             StopPoint::Chunk
-        } else if self.ib.is_none() && self.at_cb_boundary {
+        } else if self.ring.ib.is_none() && self.at_cb_boundary {
             StopPoint::CommandBuffer
         } else {
             StopPoint::Packet
@@ -255,7 +129,7 @@ impl FwQueue {
     /// The kernel's preemption request this queue owes an answer to, if any (an engine reset
     /// hangs a queue that owes one).
     pub(super) fn kernel_request(&self) -> Option<PreemptRequest> {
-        self.preempt.filter(|r| r.by == Requester::Os)
+        self.preempt.request.filter(|r| r.by == Requester::Os)
     }
 
     /// Whether the engine's rule lets it stop where it stands (a blocked `WAIT` counts as a
@@ -296,14 +170,14 @@ pub(super) fn finish(
     log: &mut FwLog,
     irqs: Option<&mut super::Irqs>,
 ) -> Option<PreemptRequest> {
-    let req = q.preempt.take()?;
+    let req = q.preempt.request.take()?;
     // Off its slot: a dispatch it kept live there goes to the save area.
     q.spill();
     e.hqd.retain(|&h| h != id);
     e.resched = true;
     // Work left is what the client published beyond rptr (a queue that stopped at the end
     // of its last command buffer has none, and nothing to save).
-    let work = q.has_work();
+    let work = q.ring.has_work();
     if !work {
         q.pending = false;
     }
@@ -314,7 +188,7 @@ pub(super) fn finish(
     }
     if work && point != StopPoint::Idle {
         log.push(at, FwEvent::StateSaved { queue: id, point });
-        q.saved = Some(point);
+        q.preempt.saved = Some(point);
     }
     match req.by {
         Requester::Os => schedule::leave_run_list(e, q, id),
@@ -359,7 +233,7 @@ impl Firmware {
         let stop = Engine::stop_rule(e.kind, caps);
         let in_slot = e.hqd.contains(&id) && q.state == QueueState::Mapped;
         // An earlier request of the scheduler is taken over: the kernel's is the stronger.
-        q.preempt = Some(PreemptRequest { ticket, at: requested_at, by: Requester::Os });
+        q.preempt.request = Some(PreemptRequest { ticket, at: requested_at, by: Requester::Os });
         if !in_slot || q.may_stop_now(stop) {
             // (Without a slot it stands where it last stopped, its state already saved.)
             let point = q.standing_point();
@@ -393,7 +267,7 @@ impl Firmware {
         for id in std::mem::take(&mut e.hqd) {
             let Ok(q) = queues.get_mut(id.0) else { continue };
             let owed = q.kernel_request();
-            q.preempt = None;
+            q.preempt.request = None;
             match owed {
                 Some(req) => {
                     let waited_ms = now.since(req.at).as_millis() as u64;
@@ -402,11 +276,11 @@ impl Firmware {
                 }
                 _ if q.state == QueueState::Hung => {}
                 _ => {
-                    let work = q.pending || q.has_work();
+                    let work = q.pending || q.ring.has_work();
                     q.state = if work { QueueState::Preempted } else { QueueState::Unmapped };
                     if work {
                         q.spill();
-                        q.saved = Some(q.standing_point());
+                        q.preempt.saved = Some(q.standing_point());
                         out.preempted.push(id);
                     }
                 }
@@ -423,10 +297,10 @@ impl Firmware {
     /// through, a dispatch or bulk copy with saved state), and the last wptr accepted.
     pub(crate) fn held_position(&self, id: FwQueueId) -> Result<RingPosition, GpuError> {
         let q = self.queue(id)?;
-        if q.on_run_list || q.preempt.is_some() || q.state == QueueState::Hung {
+        if q.sched.on_run_list || q.preempt.request.is_some() || q.state == QueueState::Hung {
             return Err(GpuError::NotHeld(id));
         }
-        Ok(RingPosition { rptr: q.rptr, wptr: q.wptr, started: q.has_partial_packet() })
+        Ok(RingPosition { rptr: q.ring.rptr, wptr: q.ring.wptr, started: q.has_partial_packet() })
     }
 
     /// Takes back the work a held kernel queue has not started: its accepted wptr drops to
@@ -443,8 +317,8 @@ impl Firmware {
         if !q.cfg.privileged || !wptr.is_multiple_of(4) || wptr < floor || wptr > pos.wptr {
             return Err(GpuError::BadTakeBack { wptr, floor, accepted: pos.wptr, privileged: q.cfg.privileged });
         }
-        q.wptr = wptr;
-        q.pending = q.has_work();
+        q.ring.wptr = wptr;
+        q.pending = q.ring.has_work();
         log.push(now, FwEvent::TakenBack { queue: id, from: pos.wptr, to: wptr });
         Ok(())
     }
@@ -466,13 +340,13 @@ impl Firmware {
         let Firmware { engines, queues, log, .. } = self;
         let q = queues.get_mut(id.0).map_err(|_| GpuError::StaleQueue(id))?;
         let e = engines.get_mut(q.cfg.engine.0 as usize).ok_or(GpuError::BadEngine(q.cfg.engine.0))?;
-        q.preempt = None;
+        q.preempt.request = None;
         hang(q, why);
         e.hqd.retain(|&h| h != id);
         e.resched = true;
         sync_waiting(e, q, id);
         log.push(now, FwEvent::QueueReset { queue: id });
-        Ok(q.queued)
+        Ok(q.ring.queued)
     }
 
     /// Resets the adapter (`DxgkDdiResetFromTimeout`): every queue's state is lost; each one
@@ -488,7 +362,7 @@ impl Firmware {
             for k in 0..e.run_list.len() {
                 let id = e.run_list[k];
                 let Ok(q) = queues.get_mut(id.0) else { continue };
-                q.preempt = None;
+                q.preempt.request = None;
                 if q.state != QueueState::Hung {
                     hang(q, FaultKind::AdapterReset);
                     lost.push(id);
@@ -510,7 +384,7 @@ impl Firmware {
         self.preemption
     }
 
-    /// The firmware log, oldest first (at most [`LOG_ENTRIES`]).
+    /// The firmware log, oldest first (at most [`super::log::LOG_ENTRIES`]).
     pub(crate) fn log(&self) -> impl Iterator<Item = &FwLogEntry> {
         self.log.entries.iter()
     }
@@ -534,8 +408,8 @@ pub(super) fn hang(q: &mut FwQueue, kind: FaultKind) {
     q.dispatch_active = false;
     q.live = None;
     q.bulk_done = None;
-    q.ib = None;
+    q.ring.ib = None;
     q.blocked = false;
-    q.asleep = false;
-    q.fault = Some(FaultRecord { kind, rptr: q.rptr, opcode: None, in_indirect: false });
+    q.sched.asleep = false;
+    q.fault = Some(FaultRecord { kind, rptr: q.ring.rptr, opcode: None, in_indirect: false });
 }
