@@ -250,8 +250,8 @@ pub(super) struct Recovery {
     /// Teardowns waiting for every answer their process's queues owe
     /// ([`super::Os::begin_preemption_wait`]).
     settling: Vec<(ProcessId, WaitId)>,
-    /// The engine watchdog's last look: for each engine that had a queue waiting for a slot
-    /// then, the sum of its queues' completed progress values.
+    /// The engine watchdog's last look: for each engine that had a queue with work the kernel
+    /// does not hold then, the sum of its queues' completed progress values.
     pub(super) watched: BTreeMap<EngineId, u64>,
 }
 
