@@ -87,7 +87,7 @@ use timers::Timer;
 pub use fences::{FENCE_STRIDE, SYSTEM_PROCESS, TRACED_FENCE_LOG_BYTES};
 pub use km::{KERNEL_RING_BYTES, SchedulerPass};
 pub use recovery::TdrConfig;
-pub use shared::{OsStats, Output};
+pub use shared::{BrokenTwin, OsStats, Output};
 pub use waits::{WaitId, WaitStart};
 
 /// What the kernel holds, for leak checks: every count returns to its start once the objects
@@ -215,6 +215,11 @@ impl Os {
     /// D3 "after a longer idle period"); `None` leaves D3 to [`Os::enter_d3`] alone.
     pub fn set_d3_idle(&mut self, period: Option<std::time::Duration>) {
         self.power.set_d3_idle(period, &mut self.cx.timers);
+    }
+
+    /// Breaks rule `b` on purpose from now on (a swarm checker's broken twin).
+    pub fn break_deliberately(&mut self, b: BrokenTwin) {
+        self.cx.broken.push(b);
     }
 
     /// Arms a DDI fault (see [`crate::ddi::Traced`]).

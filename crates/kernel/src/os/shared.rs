@@ -76,6 +76,18 @@ pub(super) struct Shared {
     /// Every timer of the OS.
     pub(super) timers: TimerTable,
     pub(super) stats: OsStats,
+    /// Rules broken on purpose ([`BrokenTwin`]): none in every real system.
+    pub(super) broken: Vec<BrokenTwin>,
+}
+
+/// A rule of the spec the kernel breaks on purpose, so that a checker can show it catches the
+/// break (the swarm's broken twins, issue 27; `sim::swarm::check::Inject`). Only
+/// [`crate::System::break_deliberately`] sets one; nothing else in the kernel knows them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BrokenTwin {
+    /// A queue that faulted or hung keeps its doorbell connected (spec 001: its doorbell must
+    /// read `DisconnectedAbort`).
+    HungQueueKeepsDoorbell,
 }
 
 impl Shared {
@@ -90,7 +102,13 @@ impl Shared {
             km_gen: 0,
             timers: TimerTable::default(),
             stats: OsStats::default(),
+            broken: Vec::new(),
         }
+    }
+
+    /// Whether rule `b` is broken on purpose ([`BrokenTwin`]).
+    pub(super) fn breaks(&self, b: BrokenTwin) -> bool {
+        !self.broken.is_empty() && self.broken.contains(&b)
     }
 
     /// Process `pid`, if it lives.

@@ -329,6 +329,12 @@ impl System {
         self.inner.os.lock().census()
     }
 
+    /// Breaks a rule of the spec on purpose from now on ([`crate::os::BrokenTwin`]): for the
+    /// swarm's broken twins, which show that a checker catches the break.
+    pub fn break_deliberately(&self, b: crate::os::BrokenTwin) {
+        self.inner.os.lock().break_deliberately(b);
+    }
+
     /// Fails a chosen DDI call on purpose (see [`crate::ddi::Traced`]), to test the kernel's
     /// error paths.
     pub fn inject_ddi_fault(&self, fault: DdiFault) {

@@ -20,13 +20,17 @@
 //!   ends (is reset, lost) within the timer plus the liveness bound of its hung submission,
 //!   unless that kernel never starts: its command buffer waits (`after`) for a value that a
 //!   stopped upstream queue never signals.
+//! - `fault-record`: a queue the kernel hung (a fault, a reset, a hang) reports it: its
+//!   `QUERY_STATUS` carries a fault record, and a user-mode queue's doorbell reads
+//!   `DisconnectedAbort` (spec 001), so its client learns the loss on its next ring. It looks
+//!   whenever the kernel's fault count moves.
 //! - `census`: once every client process ended, the kernel holds nothing: no process, queue,
 //!   doorbell, allocation, fence, doorbell page, GPU mapping or wait.
 //!
 //! Each has a deliberately broken twin ([`Inject`]), a fault in the system under test that its
 //! checker must catch: completions the device stops writing for one queue, a completion
 //! written twice, a progress value written backwards, a process the kernel never frees, a hang
-//! timer that does not fire. `swarm::tests` run each twin until it is caught.
+//! timer that does not fire, a hung queue whose doorbell the kernel leaves connected. `swarm::tests` run each twin until it is caught.
 //!
 //! Invariant: a checker changes nothing in the run unless a fault of the seed or a twin says
 //! so; the first violation of each checker is kept (with the queue's recent history), later
@@ -44,7 +48,8 @@ use crate::observe::{Observer, Record, World};
 use crate::scenario::Action;
 
 /// The checkers' names, in the order they are reported.
-pub const CHECKERS: [&str; 5] = ["exactly-once", "monotone-fence", "liveness", "hang-detected", "census"];
+pub const CHECKERS: [&str; 6] =
+    ["exactly-once", "monotone-fence", "liveness", "hang-detected", "fault-record", "census"];
 
 /// A live queue with work progresses within this long (ns) of its oldest command buffer's
 /// submission, its last progress and the last fault that could delay it. Longer than any
@@ -70,6 +75,8 @@ pub enum Inject {
     /// The per-queue hang timer does not fire: the system runs with it off while the checker
     /// expects it (`hang-detected`).
     SilentHangTimer,
+    /// The kernel leaves a hung queue's doorbell connected (`fault-record`).
+    HungDoorbell,
 }
 
 impl Inject {
@@ -80,6 +87,7 @@ impl Inject {
         Inject::BackwardsFence,
         Inject::Leak,
         Inject::SilentHangTimer,
+        Inject::HungDoorbell,
     ];
     /// The checker that must catch it.
     pub fn caught_by(self) -> &'static str {
@@ -89,6 +97,7 @@ impl Inject {
             Inject::BackwardsFence => "monotone-fence",
             Inject::Leak => "census",
             Inject::SilentHangTimer => "hang-detected",
+            Inject::HungDoorbell => "fault-record",
         }
     }
     /// Its name on the command line.
@@ -99,6 +108,7 @@ impl Inject {
             Inject::BackwardsFence => "backwards-fence",
             Inject::Leak => "leak",
             Inject::SilentHangTimer => "silent-hang-timer",
+            Inject::HungDoorbell => "hung-doorbell",
         }
     }
 }
@@ -145,6 +155,8 @@ struct Ledger {
     lost: bool,
     /// The runner reported it ended (noted once).
     ended: bool,
+    /// `fault-record` found it hung and looked at its report (once).
+    fault_checked: bool,
     history: VecDeque<String>,
 }
 
@@ -171,6 +183,10 @@ pub struct Checker {
     group_first: Vec<usize>,
     /// Each group's engine (index).
     group_engine: Vec<usize>,
+    /// Each group's queues are kernel-mode (no doorbell of their own).
+    group_kernel_mode: Vec<bool>,
+    /// The kernel's fault count when `fault-record` last looked.
+    faults_seen: u64,
     /// Each queue's upstream queue (`after`): the one whose fence its command buffers wait for.
     upstream: Vec<Option<usize>>,
     /// Per engine: a hung kernel holds it (not detected yet, or never: no hang timer).
@@ -192,6 +208,7 @@ pub struct Checker {
     repeated: bool,
     backwards: bool,
     leaked: Option<Arc<ProcessPort>>,
+    broke: bool,
     /// The run's end (the window), for twins that act halfway.
     window: u64,
 }
@@ -230,6 +247,8 @@ impl Checker {
             queues: (0..n).map(|_| Ledger::default()).collect(),
             group_first,
             group_engine: plan.groups.iter().map(|g| g.engine).collect(),
+            group_kernel_mode: plan.groups.iter().map(|g| g.kernel_mode).collect(),
+            faults_seen: 0,
             upstream,
             hung_engines: vec![false; plan.system.gpu.engines.len()],
             hang_ns,
@@ -243,6 +262,7 @@ impl Checker {
             repeated: false,
             backwards: false,
             leaked: None,
+            broke: false,
             window: plan.duration.unwrap_or(0),
         }
     }
@@ -282,6 +302,39 @@ impl Checker {
         l.lost = true;
         l.note(now, format!("found lost: {why}"));
         true
+    }
+
+    /// `fault-record`: every queue the kernel hung since the last look reports it (a fault
+    /// record in `QUERY_STATUS`; a user-mode queue's doorbell reads `DisconnectedAbort`).
+    /// Looks only when the kernel's fault count moved (a status query per queue and instant
+    /// would slow every run).
+    fn check_fault_records(&mut self, now: u64, world: &World<'_>) {
+        let faults = world.system().stats().faults;
+        if faults == self.faults_seen {
+            return;
+        }
+        self.faults_seen = faults;
+        for i in 0..world.queue_count() {
+            let v = world.queue(i);
+            let (Some(q), false) = (v.queue, self.queues[i].fault_checked) else { continue };
+            let Ok(s) = q.status() else { continue };
+            if s.flags & abi::port::QUEUE_STATUS_HUNG == 0 {
+                continue;
+            }
+            let l = &mut self.queues[i];
+            l.fault_checked = true;
+            l.lost = true;
+            l.note(now, format!("found hung: {:?}", s.fault.as_ref().map(|f| &f.kind)));
+            if s.fault.is_none() {
+                let what = format!("queue {i}: hung, and QUERY_STATUS carries no fault record");
+                self.violate("fault-record", now, Some(i), what);
+            }
+            let bell = q.doorbell_status();
+            if !self.group_kernel_mode[v.group] && !matches!(bell, Ok(abi::DoorbellStatus::DisconnectedAbort)) {
+                let what = format!("queue {i}: hung, and its doorbell reads {bell:?}, not DisconnectedAbort");
+                self.violate("fault-record", now, Some(i), what);
+            }
+        }
     }
 
     /// Whether queue `i` waits (on the GPU, `after`) for a queue that will never signal again:
@@ -496,6 +549,11 @@ impl Observer for Checker {
         if self.inject == Some(Inject::Leak) && self.leaked.is_none() {
             self.leaked = world.system().open_process().ok();
         }
+        if self.inject == Some(Inject::HungDoorbell) && !self.broke {
+            self.broke = true;
+            world.system().break_deliberately(kernel::os::BrokenTwin::HungQueueKeepsDoorbell);
+        }
+        self.check_fault_records(now, world);
         // Engines a hung kernel still holds: their other queues may wait behind it for as long
         // as it is not detected (hang-detected reports that, where a timer should detect it).
         let mut hung_engines = vec![false; self.hang_ns.len()];

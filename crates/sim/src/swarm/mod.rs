@@ -6,7 +6,8 @@
 //! population of processes and queues with workloads, and a fault schedule), runs it on the
 //! deterministic driver through [`crate::run::run_observed`], and [`check`]'s checkers look at
 //! it at every instant: completions exactly once, fences that never go backwards, liveness
-//! after the faults, hangs detected where a hang timer runs, an empty census at teardown. A
+//! after the faults, hangs detected where a hang timer runs, hung queues that report their
+//! fault (a record, a `DisconnectedAbort` doorbell), an empty census at teardown. A
 //! violation names its checker, the instant, the queue's recent history and the command that
 //! replays the seed, which gives the same run byte for byte (the simulator's determinism:
 //! `tests/determinism.rs`).

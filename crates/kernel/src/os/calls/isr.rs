@@ -11,6 +11,7 @@ use abi::{DoorbellStatus, HwQueueHandle, ProcessId, Time};
 
 use super::super::Os;
 use super::super::process::QueueLife;
+use super::super::shared::BrokenTwin;
 use crate::ddi::{Kmd, Notification};
 use crate::trace::Event;
 
@@ -76,6 +77,9 @@ impl Os {
             self.cx.complete_wait(w, Err(err.clone()));
         }
         self.km.drop_km_submissions(&mut self.cx, pid, context, q);
+        if self.cx.breaks(BrokenTwin::HungQueueKeepsDoorbell) {
+            return;
+        }
         // The queue is hung either way; a doorbell that cannot be disconnected stays bound
         // to a queue the firmware no longer runs.
         let _ = self.doorbells.disconnect(&mut self.cx, pid, q, DoorbellStatus::DisconnectedAbort, now);
