@@ -108,7 +108,7 @@ impl Shared {
 
     /// Whether rule `b` is broken on purpose ([`BrokenTwin`]).
     pub(super) fn breaks(&self, b: BrokenTwin) -> bool {
-        !self.broken.is_empty() && self.broken.contains(&b)
+        self.broken.contains(&b)
     }
 
     /// Process `pid`, if it lives.

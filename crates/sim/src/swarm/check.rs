@@ -30,7 +30,8 @@
 //! Each has a deliberately broken twin ([`Inject`]), a fault in the system under test that its
 //! checker must catch: completions the device stops writing for one queue, a completion
 //! written twice, a progress value written backwards, a process the kernel never frees, a hang
-//! timer that does not fire, a hung queue whose doorbell the kernel leaves connected. `swarm::tests` run each twin until it is caught.
+//! timer that does not fire, a hung queue whose doorbell the kernel leaves connected.
+//! `swarm::tests` run each twin until it is caught.
 //!
 //! Invariant: a checker changes nothing in the run unless a fault of the seed or a twin says
 //! so; the first violation of each checker is kept (with the queue's recent history), later
@@ -208,7 +209,8 @@ pub struct Checker {
     repeated: bool,
     backwards: bool,
     leaked: Option<Arc<ProcessPort>>,
-    broke: bool,
+    /// The kernel's broken twin is armed (once, at the first instant).
+    kernel_broken: bool,
     /// The run's end (the window), for twins that act halfway.
     window: u64,
 }
@@ -262,7 +264,7 @@ impl Checker {
             repeated: false,
             backwards: false,
             leaked: None,
-            broke: false,
+            kernel_broken: false,
             window: plan.duration.unwrap_or(0),
         }
     }
@@ -549,8 +551,8 @@ impl Observer for Checker {
         if self.inject == Some(Inject::Leak) && self.leaked.is_none() {
             self.leaked = world.system().open_process().ok();
         }
-        if self.inject == Some(Inject::HungDoorbell) && !self.broke {
-            self.broke = true;
+        if self.inject == Some(Inject::HungDoorbell) && !self.kernel_broken {
+            self.kernel_broken = true;
             world.system().break_deliberately(kernel::os::BrokenTwin::HungQueueKeepsDoorbell);
         }
         self.check_fault_records(now, world);
