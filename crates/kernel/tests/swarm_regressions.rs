@@ -161,3 +161,41 @@ fn realtime_queues_blocked_on_a_lower_priority_queue_let_it_run_through_hang_che
         assert_eq!(c.buf.read_u32(4 * k as u64).unwrap(), 1);
     }
 }
+
+/// A process that opened another's shared fence and then lost its device (killed, say)
+/// leaves the fence to its creator: its own waiters end with `DeviceLost`, but the value is
+/// the creator's. Before the fix the consumer's device error wrote AlwaysSignaled into the
+/// shared value, so the producer's CPU waiter woke as if its value were reached, and the
+/// producer's next GPU signal took the fence from `u64::MAX` back down (seed 1689, the swarm's
+/// `cpu-wait` checker: "a CPU wait for fence value 79 returned with the fence at 9").
+#[test]
+fn a_consumer_that_loses_its_device_leaves_its_producers_shared_fence_alone() {
+    let sys = common::sim();
+    let producer = common::client(&sys);
+    let consumer = common::client(&sys);
+    let desc =
+        abi::port::NativeFenceDesc { shareable: true, ..abi::port::NativeFenceDesc::new(0, NativeFenceType::Default) };
+    let made = producer.device.create_fence_with(&desc).unwrap();
+    let opened = consumer.device.open_fence(made.global().expect("shareable")).unwrap();
+    made.signal(1).unwrap();
+    let (p, c) = (producer.port.process(), consumer.port.process());
+    let producer_wait = sys.begin_fence_wait(p, &[(made.handle(), 2)], WaitMode::All).unwrap().expect("blocks at 1");
+    let consumer_wait = sys.begin_fence_wait(c, &[(opened.handle(), 2)], WaitMode::All).unwrap().expect("blocks at 1");
+    sys.mark_device_error(c, consumer.device.handle()).unwrap();
+    assert!(
+        matches!(consumer_wait.result(), Some(Err(abi::port::KernelError::DeviceLost { .. }))),
+        "the consumer's waiter learns its device is lost: {:?}",
+        consumer_wait.result()
+    );
+    assert_eq!(made.value().unwrap(), 1, "the shared value is still the producer's");
+    assert!(producer_wait.result().is_none(), "the producer's waiter still waits");
+    // The producer goes on signalling, and its waiter wakes at its value.
+    let mut q = producer.user_queue();
+    let mut cb = umd::CommandBuffer::new();
+    cb.signal_fence(&made, 2);
+    let v = q.submit(&cb).unwrap();
+    q.wait(v, common::T).unwrap();
+    assert_eq!(made.value().unwrap(), 2);
+    assert_eq!(sys.end_fence_wait(p, &producer_wait), Ok(abi::port::WaitOutcome::Reached(0)));
+    assert!(sys.end_fence_wait(c, &consumer_wait).is_err());
+}

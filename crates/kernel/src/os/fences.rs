@@ -182,6 +182,7 @@ impl Fences {
             monitored,
             _slot: slot,
             shared: desc.shareable,
+            opened: false,
             cross,
             waiters: Vec::new(),
             _mapping: mapping,
@@ -333,6 +334,7 @@ impl Fences {
             monitored,
             _slot: None,
             shared: false,
+            opened: true,
             cross: Some(handle),
             waiters: Vec::new(),
             _mapping: Some(mapping),
@@ -436,6 +438,7 @@ impl Fences {
             monitored,
             _slot: None,
             shared: true,
+            opened: true,
             cross,
             waiters: Vec::new(),
             _mapping: Some(mapping),
@@ -574,8 +577,9 @@ impl Fences {
         (if cross_adapter { abi::port::MemoryDomain::System } else { current }, monitored)
     }
 
-    /// A device in error: every fence it owns becomes AlwaysSignaled (CurrentValue =
-    /// `u64::MAX`, so GPU waits pass), and its blocked CPU waiters end with `DeviceLost`.
+    /// A device in error: its blocked CPU waiters end with `DeviceLost`, and every fence it
+    /// created becomes AlwaysSignaled (CurrentValue = `u64::MAX`, so GPU waits pass); one it
+    /// opened from another device keeps its creator's value.
     pub(super) fn mark_device_error(
         &mut self,
         cx: &mut Shared,
@@ -587,28 +591,35 @@ impl Fences {
         cx.trace.push(now, Event::DeviceError { device });
         let lost = KernelError::DeviceLost { device };
         let p = cx.proc(pid)?;
-        // A queue's progress fence is the engine's to write; its waiters end below.
-        let mine: Vec<NativeFenceHandle> =
-            p.fences.iter().filter(|(_, f)| f.device == device && !f.engine_only).map(|(h, _)| h).collect();
-        let progress: Vec<Arc<FenceWait>> = p
+        // Every CPU wait on the device's fences ends with DeviceLost, first: a wait the
+        // AlwaysSignaled value below satisfied would otherwise report its value reached.
+        let waits: Vec<Arc<FenceWait>> = p
             .fences
             .iter()
-            .filter(|(_, f)| f.device == device && f.engine_only)
+            .filter(|(_, f)| f.device == device)
             .flat_map(|(_, f)| f.waiters.iter().map(|(_, w)| w.clone()))
             .collect();
-        let mut waits = Vec::new();
+        for w in &waits {
+            self.complete_fence_wait(cx, w, Err(lost.clone()));
+            self.forget_wait(cx, pid, w);
+        }
+        // AlwaysSignaled goes only into the fences the device itself signals: a queue's
+        // progress fence is the engine's to write, and a fence the device opened is its
+        // creator's, whose queues still signal it and whose waiters still wait on it (a
+        // consumer that dies must not complete its producer's fence, nor see it fall back).
+        let p = cx.proc(pid)?;
+        let mine: Vec<NativeFenceHandle> = p
+            .fences
+            .iter()
+            .filter(|(_, f)| f.device == device && !f.engine_only && !f.opened)
+            .map(|(h, _)| h)
+            .collect();
         for &h in &mine {
-            let f = cx.proc(pid)?.fences.get(h)?;
-            waits.extend(f.waiters.iter().map(|(_, w)| w.clone()));
-            let id = f.id;
+            let id = cx.proc(pid)?.fences.get(h)?.id;
             cx.trace.push(now, Event::Ddi(Ddi::UpdateCurrentValueFromCpu(h, abi::port::FENCE_ALWAYS_SIGNALED)));
             cx.ddi.update_current_value(id, abi::port::FENCE_ALWAYS_SIGNALED)?;
             // The other adapters' waiters see the shared value pass too.
             self.note_signaled(cx, id, now);
-        }
-        for w in waits.into_iter().chain(progress) {
-            self.complete_fence_wait(cx, &w, Err(lost.clone()));
-            self.forget_wait(cx, pid, &w);
         }
         Ok(())
     }
@@ -658,6 +669,7 @@ impl Fences {
                     monitored,
                     _slot: None,
                     shared: false,
+                    opened: false,
                     cross: None,
                     waiters: Vec::new(),
                     _mapping: None,

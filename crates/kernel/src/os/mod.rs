@@ -53,7 +53,7 @@
 
 use std::sync::Arc;
 
-use abi::port::{AdapterInfo, KernelError};
+use abi::port::{AdapterInfo, KernelError, WaitOutcome};
 use abi::{EngineId, HwQueueHandle, PowerState, ProcessId, Time};
 use shm::Shm;
 
@@ -338,6 +338,12 @@ impl Os {
     /// Whether a wait has been decided.
     pub fn wait_done(&self, id: WaitId) -> bool {
         self.cx.waits.is_done(id)
+    }
+
+    /// A fence wait's result once decided, without ending the wait (for checkers: the thread
+    /// collects it with [`Os::end_fence_wait`]).
+    pub fn fence_wait_result(&self, id: WaitId) -> Option<Result<WaitOutcome, KernelError>> {
+        self.cx.waits.result(id).map(|r| r.clone().map(WaitOutcome::Reached))
     }
 
     /// Whether submissions wait on software queues.

@@ -391,6 +391,10 @@ pub(super) struct FenceObj {
     pub(super) _slot: Option<Lease>,
     /// Created shareable (opened with global and local handles).
     pub(super) shared: bool,
+    /// Opened from another instance (a shared fence's global handle, a cross-adapter fence
+    /// another adapter created): the value is the creator's to signal, so this instance's
+    /// device error leaves it alone.
+    pub(super) opened: bool,
     /// Its cross-adapter handle, for a cross-adapter fence.
     pub(super) cross: Option<u64>,
     pub(super) waiters: Vec<(u64, Arc<FenceWait>)>,

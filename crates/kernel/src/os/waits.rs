@@ -56,6 +56,10 @@ impl Waits {
     pub(super) fn is_done(&self, id: WaitId) -> bool {
         !matches!(self.results.get(&id), Some(None))
     }
+    /// Wait `id`'s result, if decided, left in place for its thread to take.
+    pub(super) fn result(&self, id: WaitId) -> Option<&Result<u64, KernelError>> {
+        self.results.get(&id)?.as_ref()
+    }
     /// Decides wait `id` with `r`, once: `false` if it is not registered or already decided
     /// (a later decision is ignored).
     pub(super) fn decide(&mut self, id: WaitId, r: Result<u64, KernelError>) -> bool {

@@ -183,6 +183,12 @@ impl FenceWaitHandle {
     pub fn is_done(&self) -> bool {
         self.inner.os.lock().wait_done(self.id)
     }
+
+    /// The wait's result once decided (`None` before), left for [`System::end_fence_wait`]
+    /// to collect: what a checker reads to tell when the kernel woke the waiter.
+    pub fn result(&self) -> Option<Result<WaitOutcome, KernelError>> {
+        self.inner.os.lock().fence_wait_result(self.id)
+    }
 }
 
 /// An embedded system. Cheap to clone.
