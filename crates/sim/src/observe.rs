@@ -1,6 +1,6 @@
 //! Watching a run from inside: the hook the swarm's checkers and fault schedules use.
 //!
-//! [`crate::run::run_observed`] calls an [`Observer`] at four points of the runner's loop
+//! [`crate::run::run_observed`] calls an [`Observer`] at six points of the runner's loop
 //! (`run::run` passes none, and pays one branch per instant for it):
 //!
 //! - [`Observer::completions`]: the device's completion records of an instant, each mapped to
@@ -9,6 +9,8 @@
 //!   repeat one), which is what a device that loses or repeats a completion looks like to
 //!   everything above it.
 //! - [`Observer::submitted`]: a command buffer the queue accepted, with its progress value.
+//! - [`Observer::cpu_wait`]: a CPU wait on a queue's signal fence, as its client began it and
+//!   as it ended it, with the kernel's result and the fence's value at that moment.
 //! - [`Observer::scenario_event`]: a scenario event (kill, hang, D3, suspend) as it is applied.
 //! - [`Observer::instant`]: once per instant of the loop, after the world ran and the
 //!   completions were retired, with a read-only [`World`] (every queue's state as its client
@@ -20,9 +22,11 @@
 //! Invariant: an observer that changes nothing (every checker) leaves the run byte-identical
 //! to `run::run`'s; the world it sees is the one the outputs describe.
 
-use abi::port::QUEUE_STATUS_HUNG;
+use std::collections::VecDeque;
+
+use abi::port::{KernelError, QUEUE_STATUS_HUNG, WaitOutcome};
 use abi::{HwQueueHandle, ProcessId};
-use kernel::System;
+use kernel::{FenceWaitHandle, System};
 
 /// A completion record of the device, mapped to the runner's queue.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -39,6 +43,21 @@ pub struct Record {
     pub execution: u64,
 }
 
+/// A CPU wait looked at ([`Observer::cpu_wait`]).
+#[derive(Clone, Debug)]
+pub struct WaitLook {
+    /// The queue whose fence it waits on (global index).
+    pub queue: usize,
+    /// The fence value it waits for.
+    pub value: u64,
+    /// The fence's CurrentValue at the look.
+    pub fence: u64,
+    /// The kernel's result by then; `None` while it still waits.
+    pub result: Option<Result<WaitOutcome, KernelError>>,
+    /// The client ended it (otherwise it just began it).
+    pub ended: bool,
+}
+
 /// What watches a run. Every method has an empty default.
 pub trait Observer {
     /// The device's completion records of the instant `now` (ns since the run's start), in
@@ -49,6 +68,12 @@ pub trait Observer {
     /// Queue `queue` accepted a command buffer at `now` whose progress value is `value`.
     fn submitted(&mut self, queue: usize, value: u64, now: u64) {
         let _ = (queue, value, now);
+    }
+    /// A CPU wait of a queue's client on the fence its command buffers signal, as the client
+    /// began it and as it ended it (once it saw the command buffer complete). While it lasts,
+    /// [`QueueView::waits`] shows it at every instant.
+    fn cpu_wait(&mut self, now: u64, look: &WaitLook) {
+        let _ = (now, look);
     }
     /// A scenario event, just before the runner applies it (the world as it was).
     fn scenario_event(&mut self, now: u64, action: &crate::scenario::Action, world: &World<'_>) {
@@ -95,6 +120,10 @@ pub struct QueueView<'a> {
     pub handle: Option<HwQueueHandle>,
     /// The queue itself, while it exists (for queries: `status`, `doorbell_status`; read only when needed).
     pub queue: Option<&'a umd::Queue>,
+    /// The fence its command buffers signal (when a group waits on it or a CPU waiter does).
+    pub signal: Option<&'a umd::NativeFence>,
+    /// The CPU waits its client holds on that fence: (value, wait), oldest first.
+    pub waits: &'a VecDeque<(u64, FenceWaitHandle)>,
 }
 
 impl QueueView<'_> {

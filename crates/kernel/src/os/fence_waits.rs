@@ -15,7 +15,7 @@ use abi::{HwQueueHandle, NativeFenceHandle, ProcessId};
 
 use super::fences::Fences;
 use super::process::{FenceWait, Process};
-use super::shared::{Shared, invalid};
+use super::shared::{BrokenTwin, Shared, invalid};
 use super::waits::{WaitId, WaitStart};
 use crate::ddi::{Kmd, SignaledFences};
 use crate::trace::{Ddi, Event};
@@ -134,6 +134,8 @@ impl Fences {
                 round.push(*t);
             }
         }
+        // Only the swarm's broken twin wakes a waiter one value early.
+        let early = cx.breaks(BrokenTwin::EarlyFenceWake) as u64;
         while !round.is_empty() {
             // 1. Wake what the CurrentValues satisfy. The fences those waits also named (but
             // this round does not settle) get their raised MonitoredValue in the same batch.
@@ -144,7 +146,7 @@ impl Fences {
                 let done: Vec<(Arc<FenceWait>, u64)> = f
                     .waiters
                     .iter()
-                    .filter_map(|(_, w)| evaluate(p, &w.conds, w.mode).map(|r| (w.clone(), r)))
+                    .filter_map(|(_, w)| evaluate_within(p, &w.conds, w.mode, early).map(|r| (w.clone(), r)))
                     .collect();
                 for (w, r) in &done {
                     self.complete_fence_wait(cx, w, Ok(*r));
@@ -413,7 +415,14 @@ impl Fences {
 
 /// Whether a wait is satisfied: for `Any`, the index of a reached fence; for `All`, 0.
 fn evaluate(p: &Process, conds: &[(NativeFenceHandle, u64)], mode: WaitMode) -> Option<u64> {
-    let reached = |&(h, v): &(NativeFenceHandle, u64)| p.fences.get(h).is_ok_and(|f| f.current() >= v);
+    evaluate_within(p, conds, mode, 0)
+}
+
+/// [`evaluate`], with a fence `early` below its value counting as reached (0 but in the
+/// broken twin [`BrokenTwin::EarlyFenceWake`]).
+fn evaluate_within(p: &Process, conds: &[(NativeFenceHandle, u64)], mode: WaitMode, early: u64) -> Option<u64> {
+    let reached =
+        |&(h, v): &(NativeFenceHandle, u64)| p.fences.get(h).is_ok_and(|f| f.current().saturating_add(early) >= v);
     match mode {
         WaitMode::Any => conds.iter().position(reached).map(|i| i as u64),
         WaitMode::All => conds.iter().all(reached).then_some(0),

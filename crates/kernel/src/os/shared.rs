@@ -56,6 +56,8 @@ pub struct OsStats {
     pub monitored_updates: u64,
     /// MonitoredValues those calls carried.
     pub monitored_values: u64,
+    /// Threads' CPU waits decided (reached, timed out by the kernel, failed), once each.
+    pub waits_decided: u64,
 }
 
 /// The parts of the OS every concern shares.
@@ -88,6 +90,9 @@ pub enum BrokenTwin {
     /// A queue that faulted or hung keeps its doorbell connected (spec 001: its doorbell must
     /// read `DisconnectedAbort`).
     HungQueueKeepsDoorbell,
+    /// A CPU wait on a native fence wakes one value early: a fence one below the value waited
+    /// for satisfies it (spec 002: a wait is satisfied when CurrentValue reaches its value).
+    EarlyFenceWake,
 }
 
 impl Shared {
@@ -133,6 +138,7 @@ impl Shared {
     /// Decides wait `id` (once; later decisions are ignored) and tells the driver.
     pub(super) fn complete_wait(&mut self, id: WaitId, r: Result<u64, KernelError>) {
         if self.waits.decide(id, r) {
+            self.stats.waits_decided += 1;
             self.outputs.push_back(Output::WaitCompleted(id));
         }
     }

@@ -12,6 +12,7 @@ use abi::port::KernelPort;
 use super::events::Ev;
 use super::outcome::Span;
 use super::state::{Acc, Clients, Clock, Runner, Stack, with_world};
+use super::submit::look;
 use crate::observe::Record;
 use crate::scenario::{Load, Plan};
 
@@ -45,19 +46,32 @@ impl Runner<'_, '_> {
             o.completions(now - t0, &mut acc.records);
         }
         let mut records = std::mem::take(&mut acc.records);
+        let watched = observer.is_some();
         for c in records.drain(..) {
-            retire_one(plan, stack, clients, clock, acc, c);
+            retire_one(plan, stack, clients, clock, acc, c, watched);
         }
         acc.records = records;
         if let Some(o) = observer.as_deref_mut() {
+            for look in acc.wait_ends.drain(..) {
+                o.cpu_wait(now - t0, &look);
+            }
             with_world(stack, clients, |world| o.instant(now - t0, world));
         }
     }
 }
 
-/// Retires what completion record `c` ends.
+/// Retires what completion record `c` ends; with an observer `watched`, the CPU waits it ends
+/// are kept for it.
 #[inline]
-fn retire_one(plan: &Plan, stack: &Stack, clients: &mut Clients, clock: &mut Clock, acc: &mut Acc, c: Record) {
+fn retire_one(
+    plan: &Plan,
+    stack: &Stack,
+    clients: &mut Clients,
+    clock: &mut Clock,
+    acc: &mut Acc,
+    c: Record,
+    watched: bool,
+) {
     let (t0, i) = (stack.t0, c.queue);
     let q = &mut clients.qs[i];
     let at = c.at + t0;
@@ -108,9 +122,12 @@ fn retire_one(plan: &Plan, stack: &Stack, clients: &mut Clients, clock: &mut Clo
     }
     // CPU waits for what completed end (the waiter wakes and goes away).
     while q.waits.front().is_some_and(|(v, _)| *v <= c.value) {
-        let (_, w) = q.waits.pop_front().expect("checked");
+        let w = q.waits.pop_front().expect("checked");
         let pid = clients.procs[q.client].port.process();
-        let _ = stack.sys.end_fence_wait(pid, &w);
+        let r = stack.sys.end_fence_wait(pid, &w.1);
+        if watched {
+            acc.wait_ends.push(look(i, q, &w, Some(r)));
+        }
     }
     // Space freed: a backlog submission goes now (at the completion's time).
     if !q.backlog.is_empty() && q.outstanding.len() < q.cap {

@@ -84,6 +84,7 @@ impl<'p, 'o> Runner<'p, 'o> {
             last_completion: 0,
             comps: Vec::new(),
             records: Vec::new(),
+            wait_ends: Vec::new(),
         };
         let bells = Bells { latency: plan.doorbell_latency, ..Bells::default() };
         Ok(Runner { plan, seed, stack, clients, bells, clock, acc, observer })

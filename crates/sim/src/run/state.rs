@@ -18,7 +18,7 @@ use umd::{CommandBuffer, Device, NativeFence, Queue};
 
 use super::events::Events;
 use super::outcome::{Mark, QueueResult, Sample, Span};
-use crate::observe::{Observer, QueueView, Record, World};
+use crate::observe::{Observer, QueueView, Record, WaitLook, World};
 use crate::rows::Rows;
 use crate::scenario::Plan;
 
@@ -188,6 +188,8 @@ pub(super) struct Acc {
     /// The device's completion records of an instant, and those mapped to our queues.
     pub(super) comps: Vec<gpu::Completion>,
     pub(super) records: Vec<Record>,
+    /// CPU waits the clients ended at an instant, for the observer (only while one watches).
+    pub(super) wait_ends: Vec<WaitLook>,
 }
 
 /// Completions per bucket of the time series, by completion time (ns since the run's start).
@@ -264,6 +266,8 @@ fn queue_view<'a>(q: &'a SimQ, clients: &[Client], t0: u64) -> QueueView<'a> {
         outstanding: q.outstanding.len(),
         handle: q.q.as_ref().map(Queue::handle),
         queue: q.q.as_ref(),
+        signal: q.signal.as_ref(),
+        waits: &q.waits,
     }
 }
 

@@ -16,6 +16,7 @@ use super::advance::ring;
 use super::events::Ev;
 use super::outcome::RunError;
 use super::state::{Client, Clients, Encoded, Runner, SimQ};
+use crate::observe::WaitLook;
 use crate::scenario::{Duration as Dist, Load, Plan};
 
 /// A hung kernel: a synthetic dispatch this long (ns) never ends within any run.
@@ -152,6 +153,9 @@ impl Runner<'_, '_> {
         }
         if self.plan.groups[q.group].cpu_waiter {
             begin_wait(&self.stack.sys, procs, q)?;
+            if let (Some(o), Some(look)) = (self.observer.as_deref_mut(), q.waits.back().map(|w| look(i, q, w, None))) {
+                o.cpu_wait(now - t0, &look);
+            }
         }
         *in_flight += 1;
         if tally.count(signals, self.plan) {
@@ -308,6 +312,23 @@ fn begin_wait(sys: &kernel::System, clients: &[Client], q: &mut SimQ) -> Result<
         Err(e) => return Err(e.into()),
     }
     Ok(())
+}
+
+/// Queue `i`'s CPU wait `w` as the observer sees it: the kernel's result so far, or
+/// `ended` (the result its end collected; `None` for one still undecided).
+pub(super) fn look(
+    i: usize,
+    q: &SimQ,
+    w: &(u64, kernel::FenceWaitHandle),
+    ended: Option<Result<abi::port::WaitOutcome, abi::port::KernelError>>,
+) -> WaitLook {
+    let fence = q.signal.as_ref().and_then(|f| f.value().ok()).unwrap_or(0);
+    let (result, ended) = match ended {
+        Some(Ok(abi::port::WaitOutcome::TimedOut)) => (None, true),
+        Some(r) => (Some(r), true),
+        None => (w.1.result(), false),
+    };
+    WaitLook { queue: i, value: w.0, fence, result, ended }
 }
 
 /// An exponential draw with this mean (ns).

@@ -9,6 +9,11 @@
 //!   lost, refused) and the runner accounted it with the reason.
 //! - `monotone-fence`: a queue's completion records rise, and its progress fence as the client
 //!   reads it never goes backwards.
+//! - `cpu-wait`: a CPU wait on a queue's signal fence returns only when its condition holds
+//!   (the fence at its value) or with a typed reason (`KernelError`): looked at when its
+//!   client begins it (the kernel's resample may decide it at once), at every instant it
+//!   lasts, and when its client ends it. (A wait still undecided after its fence passed is
+//!   no violation: the waiter wakes on the interrupt, which the client may outrun.)
 //! - `liveness`: a live queue with work makes progress within [`LIVENESS_BOUND_NS`] of its
 //!   oldest command buffer's submission, of its last progress and of the last fault that could
 //!   delay it (a hold, a suspend, a DDI failure, a D3 request, a kill, a hang), unless it is held
@@ -30,7 +35,8 @@
 //! Each has a deliberately broken twin ([`Inject`]), a fault in the system under test that its
 //! checker must catch: completions the device stops writing for one queue, a completion
 //! written twice, a progress value written backwards, a process the kernel never frees, a hang
-//! timer that does not fire, a hung queue whose doorbell the kernel leaves connected.
+//! timer that does not fire, a hung queue whose doorbell the kernel leaves connected, a CPU
+//! wait the kernel wakes one value early.
 //! `swarm::tests` run each twin until it is caught.
 //!
 //! Invariant: a checker changes nothing in the run unless a fault of the seed or a twin says
@@ -41,16 +47,17 @@ use std::collections::{BTreeMap, VecDeque};
 use std::fmt::Write;
 use std::sync::Arc;
 
+use abi::port::WaitOutcome;
 use kernel::{ProcessPort, System};
 
 use super::draw::Fault;
 use crate::Plan;
-use crate::observe::{Observer, Record, World};
+use crate::observe::{Observer, Record, WaitLook, World};
 use crate::scenario::Action;
 
 /// The checkers' names, in the order they are reported.
-pub const CHECKERS: [&str; 6] =
-    ["exactly-once", "monotone-fence", "liveness", "hang-detected", "fault-record", "census"];
+pub const CHECKERS: [&str; 7] =
+    ["exactly-once", "monotone-fence", "cpu-wait", "liveness", "hang-detected", "fault-record", "census"];
 
 /// A live queue with work progresses within this long (ns) of its oldest command buffer's
 /// submission, its last progress and the last fault that could delay it. Longer than any
@@ -78,6 +85,8 @@ pub enum Inject {
     SilentHangTimer,
     /// The kernel leaves a hung queue's doorbell connected (`fault-record`).
     HungDoorbell,
+    /// The kernel wakes a CPU wait one fence value early (`cpu-wait`).
+    EarlyWake,
 }
 
 impl Inject {
@@ -89,6 +98,7 @@ impl Inject {
         Inject::Leak,
         Inject::SilentHangTimer,
         Inject::HungDoorbell,
+        Inject::EarlyWake,
     ];
     /// The checker that must catch it.
     pub fn caught_by(self) -> &'static str {
@@ -99,6 +109,7 @@ impl Inject {
             Inject::Leak => "census",
             Inject::SilentHangTimer => "hang-detected",
             Inject::HungDoorbell => "fault-record",
+            Inject::EarlyWake => "cpu-wait",
         }
     }
     /// Its name on the command line.
@@ -110,6 +121,15 @@ impl Inject {
             Inject::Leak => "leak",
             Inject::SilentHangTimer => "silent-hang-timer",
             Inject::HungDoorbell => "hung-doorbell",
+            Inject::EarlyWake => "early-wake",
+        }
+    }
+    /// The rule the kernel breaks for it, if the twin is the kernel's.
+    fn kernel_twin(self) -> Option<kernel::os::BrokenTwin> {
+        match self {
+            Inject::HungDoorbell => Some(kernel::os::BrokenTwin::HungQueueKeepsDoorbell),
+            Inject::EarlyWake => Some(kernel::os::BrokenTwin::EarlyFenceWake),
+            _ => None,
         }
     }
 }
@@ -188,6 +208,10 @@ pub struct Checker {
     group_kernel_mode: Vec<bool>,
     /// The kernel's fault count when `fault-record` last looked.
     faults_seen: u64,
+    /// The kernel's count of decided CPU waits when `cpu-wait` last looked, and the queues
+    /// whose clients wait on the CPU (`cpu_waiter` groups).
+    waits_decided_seen: u64,
+    waiting_queues: Vec<usize>,
     /// Each queue's upstream queue (`after`): the one whose fence its command buffers wait for.
     upstream: Vec<Option<usize>>,
     /// Per engine: a hung kernel holds it (not detected yet, or never: no hang timer).
@@ -232,6 +256,13 @@ impl Checker {
                 (0..g.count as usize).map(move |k| up.map(|(first, count)| first + k % count))
             })
             .collect();
+        let waiting_queues = plan
+            .groups
+            .iter()
+            .zip(&group_first)
+            .filter(|(g, _)| g.cpu_waiter)
+            .flat_map(|(g, &first)| first..first + g.count as usize)
+            .collect();
         let tdr = &plan.system.tdr;
         let hang_ns = plan
             .system
@@ -251,6 +282,8 @@ impl Checker {
             group_engine: plan.groups.iter().map(|g| g.engine).collect(),
             group_kernel_mode: plan.groups.iter().map(|g| g.kernel_mode).collect(),
             faults_seen: 0,
+            waits_decided_seen: 0,
+            waiting_queues,
             upstream,
             hung_engines: vec![false; plan.system.gpu.engines.len()],
             hang_ns,
@@ -310,8 +343,8 @@ impl Checker {
     /// record in `QUERY_STATUS`; a user-mode queue's doorbell reads `DisconnectedAbort`).
     /// Looks only when the kernel's fault count moved (a status query per queue and instant
     /// would slow every run).
-    fn check_fault_records(&mut self, now: u64, world: &World<'_>) {
-        let faults = world.system().stats().faults;
+    fn check_fault_records(&mut self, now: u64, world: &World<'_>, stats: &kernel::os::OsStats) {
+        let faults = stats.faults;
         if faults == self.faults_seen {
             return;
         }
@@ -335,6 +368,50 @@ impl Checker {
             if !self.group_kernel_mode[v.group] && !matches!(bell, Ok(abi::DoorbellStatus::DisconnectedAbort)) {
                 let what = format!("queue {i}: hung, and its doorbell reads {bell:?}, not DisconnectedAbort");
                 self.violate("fault-record", now, Some(i), what);
+            }
+        }
+    }
+
+    /// `cpu-wait`: a wait the kernel decided as reached has its fence at its value.
+    fn check_wait(&mut self, now: u64, look: &WaitLook) {
+        let l = &mut self.queues[look.queue];
+        match &look.result {
+            Some(Ok(WaitOutcome::Reached(_))) if look.fence < look.value => {
+                let what = format!(
+                    "queue {}: a CPU wait for fence value {} returned with the fence at {}{}",
+                    look.queue,
+                    look.value,
+                    look.fence,
+                    if look.ended { " (as its client ended it)" } else { "" }
+                );
+                l.note(now, format!("CPU wait for {} woken at fence {}", look.value, look.fence));
+                self.violate("cpu-wait", now, Some(look.queue), what);
+            }
+            _ => {}
+        }
+    }
+
+    /// `cpu-wait` on the waits the clients still hold: the kernel may have decided one since
+    /// its client began it (an interrupt, a resample).
+    fn check_held_waits(&mut self, now: u64, world: &World<'_>, stats: &kernel::os::OsStats) {
+        // Only a decision can break it: look when the kernel's count of them moved.
+        let decided = stats.waits_decided;
+        if decided == self.waits_decided_seen {
+            return;
+        }
+        self.waits_decided_seen = decided;
+        for k in 0..self.waiting_queues.len() {
+            let i = self.waiting_queues[k];
+            let v = world.queue(i);
+            let (Some(&(value, _)), Some(signal)) = (v.waits.back(), v.signal) else { continue };
+            // The fence rises: a wait below its value is reached, whatever the kernel said.
+            let fence = signal.value().unwrap_or(u64::MAX);
+            if fence >= value {
+                continue;
+            }
+            for (value, w) in v.waits.iter().rev().take_while(|(value, _)| fence < *value) {
+                let look = WaitLook { queue: i, value: *value, fence, result: w.result(), ended: false };
+                self.check_wait(now, &look);
             }
         }
     }
@@ -481,6 +558,10 @@ impl Observer for Checker {
         self.scenario_event_at(now, action, world);
     }
 
+    fn cpu_wait(&mut self, now: u64, look: &WaitLook) {
+        self.check_wait(now, look);
+    }
+
     fn completions(&mut self, now: u64, records: &mut Vec<Record>) {
         // The twins that break the device's records.
         match self.inject {
@@ -551,11 +632,15 @@ impl Observer for Checker {
         if self.inject == Some(Inject::Leak) && self.leaked.is_none() {
             self.leaked = world.system().open_process().ok();
         }
-        if self.inject == Some(Inject::HungDoorbell) && !self.kernel_broken {
+        if let Some(b) = self.inject.and_then(Inject::kernel_twin)
+            && !self.kernel_broken
+        {
             self.kernel_broken = true;
-            world.system().break_deliberately(kernel::os::BrokenTwin::HungQueueKeepsDoorbell);
+            world.system().break_deliberately(b);
         }
-        self.check_fault_records(now, world);
+        let stats = world.system().stats();
+        self.check_fault_records(now, world, &stats);
+        self.check_held_waits(now, world, &stats);
         // Engines a hung kernel still holds: their other queues may wait behind it for as long
         // as it is not detected (hang-detected reports that, where a timer should detect it).
         let mut hung_engines = vec![false; self.hang_ns.len()];
