@@ -6,7 +6,18 @@ mod common;
 
 use abi::port::KernelPort;
 use abi::port::{NativeFenceType, WaitMode};
-use kernel::Termination;
+use abi::preempt::{ComputeGranularity, PreemptionCaps};
+use gpu::GpuConfig;
+use kernel::{SystemConfig, TdrConfig, Termination};
+
+/// A system whose compute engines stop for preemption at `compute`, with TDR settings `tdr`.
+fn compute_preemption(compute: ComputeGranularity, tdr: TdrConfig) -> SystemConfig {
+    SystemConfig {
+        gpu: GpuConfig { preemption: PreemptionCaps { compute, ..PreemptionCaps::default() }, ..GpuConfig::default() },
+        tdr,
+        ..SystemConfig::default()
+    }
+}
 
 /// A process killed while a thread of it was blocked in a CPU fence wait takes the wait with
 /// it: the kernel's census counts none afterwards. Before the fix
@@ -71,20 +82,10 @@ fn a_failed_reconnect_after_publishing_reports_the_published_value_and_the_work_
 /// adapter's fatal recovery lost every device while a queue drained a long backlog).
 #[test]
 fn a_lost_device_runs_nothing_more_even_where_its_engine_cannot_preempt() {
-    use abi::preempt::{ComputeGranularity, PreemptionCaps};
-    use gpu::GpuConfig;
-    use kernel::SystemConfig;
     use kernel::trace::{Ddi, Event};
     use std::time::Duration;
 
-    let cfg = SystemConfig {
-        gpu: GpuConfig {
-            preemption: PreemptionCaps { compute: ComputeGranularity::None, ..PreemptionCaps::default() },
-            ..GpuConfig::default()
-        },
-        ..SystemConfig::default()
-    };
-    let sys = common::sim_with(cfg);
+    let sys = common::sim_with(compute_preemption(ComputeGranularity::None, TdrConfig::default()));
     let c = common::client(&sys);
     let mut q = c.user_queue();
     let mut long = umd::CommandBuffer::new();
@@ -120,9 +121,6 @@ fn a_lost_device_runs_nothing_more_even_where_its_engine_cannot_preempt() {
 #[test]
 fn realtime_queues_blocked_on_a_lower_priority_queue_let_it_run_through_hang_checks() {
     use abi::Priority;
-    use abi::preempt::{ComputeGranularity, PreemptionCaps};
-    use gpu::GpuConfig;
-    use kernel::{SystemConfig, TdrConfig};
     use std::time::Duration;
 
     let cfg = SystemConfig {
@@ -166,8 +164,9 @@ fn realtime_queues_blocked_on_a_lower_priority_queue_let_it_run_through_hang_che
 /// leaves the fence to its creator: its own waiters end with `DeviceLost`, but the value is
 /// the creator's. Before the fix the consumer's device error wrote AlwaysSignaled into the
 /// shared value, so the producer's CPU waiter woke as if its value were reached, and the
-/// producer's next GPU signal took the fence from `u64::MAX` back down (seed 1689, the swarm's
-/// `cpu-wait` checker: "a CPU wait for fence value 79 returned with the fence at 9").
+/// producer's next GPU signal took the fence from `u64::MAX` back down (first seen by the
+/// swarm's `cpu-wait`: "a CPU wait for fence value 79 returned with the fence at 9"; on the
+/// current draw seed 56, `monotone-fence`: "its signal fence read 1 after 18446744073709551615").
 #[test]
 fn a_consumer_that_loses_its_device_leaves_its_producers_shared_fence_alone() {
     let sys = common::sim();
@@ -198,4 +197,55 @@ fn a_consumer_that_loses_its_device_leaves_its_producers_shared_fence_alone() {
     assert_eq!(made.value().unwrap(), 2);
     assert_eq!(sys.end_fence_wait(p, &producer_wait), Ok(abi::port::WaitOutcome::Reached(0)));
     assert!(sys.end_fence_wait(c, &consumer_wait).is_err());
+}
+
+/// A TDR takes the guilty queue's whole device with it: the device's fences go AlwaysSignaled
+/// (`u64::MAX`), so a queue of that device left running would signal them back down. Before
+/// the fix its other queues ran on after the reset (the swarm's seed 19, `monotone-fence`: "its
+/// signal fence read 65 after 18446744073709551615"); now they are lost with the device, and
+/// another process's queue on the same engine runs on.
+#[test]
+fn a_tdr_loses_the_guilty_queue_s_whole_device_so_its_fences_never_fall_back() {
+    use abi::port::{FENCE_ALWAYS_SIGNALED, NativeFenceType};
+    use abi::queue::FaultKind;
+    use std::time::Duration;
+    use umd::CommandBuffer;
+
+    let tdr = TdrConfig { delay: Duration::from_millis(100), ..TdrConfig::default() };
+    let sys = common::sim_with(compute_preemption(ComputeGranularity::Dispatch, tdr));
+    let c = common::client(&sys);
+    // The guilty queue: an endless kernel that cannot be cut.
+    let spin = c.device.upload(&common::forever()).unwrap();
+    let mut hog = c.user_queue();
+    let mut cb = CommandBuffer::new();
+    cb.dispatch(spin.va(), [1, 1, 1], [64, 1, 1], c.buf.va());
+    hog.submit(&cb).unwrap();
+    // Its sibling on the same device: signals 1, then waits on memory before signalling 2.
+    let fence = c.device.create_fence(0, NativeFenceType::Default).unwrap();
+    let mut sibling = c.user_queue();
+    let mut cb = CommandBuffer::new();
+    cb.signal_fence(&fence, 1).wait(c.buf.va() + 256, 1).signal_fence(&fence, 2);
+    sibling.submit(&cb).unwrap();
+    // Another process on the same engine.
+    let n = common::client(&sys);
+    let mut other = n.user_queue();
+    sys.run_for(Duration::from_millis(20));
+    assert_eq!(fence.value().unwrap(), 1, "the sibling ran up to its WAIT");
+    sys.preempt_queue(c.port.process(), hog.handle()).unwrap();
+    sys.run_for(Duration::from_millis(300));
+    assert_eq!(hog.status().unwrap().state, abi::QueueState::Hung, "the TDR hung the guilty queue");
+    assert_eq!(fence.value().unwrap(), FENCE_ALWAYS_SIGNALED, "its device's fences are AlwaysSignaled");
+    // The sibling's WAIT would pass now: nothing of the lost device may run it.
+    c.buf.write_u64(256, 1).unwrap();
+    sys.run_for(Duration::from_millis(50));
+    assert_eq!(fence.value().unwrap(), FENCE_ALWAYS_SIGNALED, "no queue of the lost device signals it back down");
+    let st = sibling.status().unwrap();
+    assert_eq!(st.state, abi::QueueState::Hung);
+    assert!(matches!(st.fault.as_ref().map(|f| &f.kind), Some(FaultKind::DeviceLost)), "{st:?}");
+    // Another process's queue keeps the engine.
+    let mut cb = CommandBuffer::new();
+    cb.write_u32(n.buf.va(), 7);
+    let v = other.submit(&cb).unwrap();
+    other.wait(v, common::T).unwrap();
+    assert_eq!(n.buf.read_u32(0).unwrap(), 7);
 }

@@ -22,9 +22,11 @@
 //!    reports the queues that would not yield and the last fence ID it aborted on each; a
 //!    report outside `[completed, submitted]` is a driver bug — refused, logged, and recovery
 //!    escalates;
-//! 3. each guilty queue is hung and reported (doorbell `DisconnectedAbort`, its status, its
-//!    device's fences AlwaysSignaled as for a device error); every other queue on the engine
-//!    was preempted with its state saved and keeps its work;
+//! 3. each guilty queue is hung and reported (doorbell `DisconnectedAbort`, its status), and
+//!    its device is lost whole, as Windows puts it in error (its fences AlwaysSignaled, its
+//!    other queues stopped and hung with `DeviceLost`: one left running would signal those
+//!    fences back down); every other device's queue on the engine was preempted with its
+//!    state saved and keeps its work;
 //! 4. without engine reset, or when it fails, is refused, or takes longer than `TdrDdiDelay`
 //!    ([`TdrConfig::ddi_delay`]; the DDIs are synchronous here, so a reset that returns late
 //!    stands for one that never answered, and its report is not used):

@@ -84,8 +84,9 @@ impl Os {
     ///    that queue submitted and had not completed;
     /// 3. each guilty queue (the ones that would not yield) hangs and is reported, its
     ///    request answered by the reset;
-    /// 4. its device is in error: its fences AlwaysSignaled, its CPU waiters failed;
-    /// 5. the innocent queues restart;
+    /// 4. its device is lost ([`Os::device_lost`]): its fences AlwaysSignaled, its CPU waiters
+    ///    failed, its other queues stopped and reported lost with it;
+    /// 5. the innocent queues (of the other devices) restart;
     /// 6. without engine reset, or when it failed or was not trusted: the adapter reset;
     /// 7. the recovery counts against `TdrLimitCount`.
     pub(super) fn tdr(&mut self, engine: EngineId, queue: HwQueueHandle, now: Time) {
@@ -111,9 +112,11 @@ impl Os {
                 in_indirect: false,
             };
             self.fault_queue(pid, q, fault, now);
-            // 4.
+            // 4. Its device is lost, as Windows puts the guilty device in error: its fences
+            // AlwaysSignaled, its CPU waiters failed, and its other queues stopped, for a
+            // queue of it that ran on would signal its fences back down from u64::MAX.
             if let Some(device) = self.device_of(pid, q) {
-                let _ = self.mark_device_error(pid, device, now);
+                let _ = self.device_lost(pid, device, now);
             }
         }
         // 5. The innocent queues restart. The reset took each one off its slot with its
