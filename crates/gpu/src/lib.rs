@@ -61,8 +61,8 @@ pub use cost::{CostModel, Timing};
 pub use error::GpuError;
 pub use firmware::preempt::{EngineReset, RingPosition, Suspension};
 pub use firmware::{
-    CommandRecord, Completion, FenceSignaled, FenceWaits, FwCounts, FwEvent, FwLogEntry, FwQueueId, Interrupt,
-    MemoryRecord, QueueConfig, QueueRecord, Requester, StepReport,
+    BrokenTwin, CommandRecord, Completion, FenceSignaled, FenceWaits, FwCounts, FwEvent, FwLogEntry, FwQueueId,
+    Interrupt, MemoryRecord, QueueConfig, QueueRecord, Requester, StepReport,
 };
 pub use memory::{AddressSpace, GpuMapping, Vmid};
 
@@ -251,6 +251,12 @@ impl Gpu {
     /// Whether the queue has unconsumed work (`rptr != wptr`).
     pub fn queue_has_work(&self, id: FwQueueId) -> Result<bool, GpuError> {
         self.fw.queue_has_work(id)
+    }
+
+    /// Breaks a rule of the power protocol on purpose from now on: a swarm checker's broken
+    /// twin ([`BrokenTwin`]), never a real device's behaviour.
+    pub fn break_deliberately(&mut self, b: BrokenTwin) {
+        self.fw.break_deliberately(b)
     }
 
     /// Engine power state.

@@ -86,6 +86,7 @@ mod step;
 pub use command_log::{CommandRecord, MemoryRecord, QueueRecord};
 pub use fences::FenceWaits;
 pub use log::{FwCounts, FwEvent, FwLogEntry, Requester};
+pub use power::BrokenTwin;
 pub use queue::{FwQueueId, QueueConfig};
 
 use doorbells::{Doorbells, MAX_POINTER, Watch, find_published_work};

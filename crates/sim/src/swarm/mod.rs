@@ -322,6 +322,16 @@ mod tests {
                 "exactly-once",
                 "the same with one slot: no quantum can stop it, and with no hang timer nobody asked",
             ),
+            (
+                56,
+                "monotone-fence",
+                "a killed consumer wrote AlwaysSignaled into its producer's shared fence, which fell back",
+            ),
+            (
+                19,
+                "monotone-fence",
+                "a TDR left the guilty device's other queues running: they signalled its fences back down",
+            ),
         ];
         for &(seed, checker, bug) in found {
             let r = run_seed(seed, None);

@@ -7,8 +7,9 @@
 //! - `exactly-once`: a completion record names a command buffer that was submitted and not
 //!   completed before; at the end every command buffer completed, or its queue ended (killed,
 //!   lost, refused) and the runner accounted it with the reason.
-//! - `monotone-fence`: a queue's completion records rise, and its progress fence as the client
-//!   reads it never goes backwards.
+//! - `monotone-fence`: a queue's completion records rise, and neither its progress fence nor
+//!   the native fence its command buffers signal (where one is waited on) goes backwards as
+//!   the client reads them.
 //! - `cpu-wait`: a CPU wait on a queue's signal fence returns only when its condition holds
 //!   (the fence at its value) or with a typed reason (`KernelError`): looked at when its
 //!   client begins it (the kernel's resample may decide it at once), at every instant it
@@ -29,6 +30,11 @@
 //!   `QUERY_STATUS` carries a fault record, and a user-mode queue's doorbell reads
 //!   `DisconnectedAbort` (spec 001), so its client learns the loss on its next ring. It looks
 //!   whenever the kernel's fault count moves.
+//! - `f1-idle`: an engine enters F1 only when every queue on its run list is idle; a queue
+//!   held off it (answered preemption, suspended context) keeps the work its client waits
+//!   for in its ring (spec 000, "Engine F-state transitions": the rule). It looks, through the device's
+//!   read-only queries, at the engines in F1 whenever the kernel's count of F1 entries moves:
+//!   clients act only after the look, so work seen then was there when F1 was granted.
 //! - `census`: once every client process ended, the kernel holds nothing: no process, queue,
 //!   doorbell, allocation, fence, doorbell page, GPU mapping or wait.
 //!
@@ -36,7 +42,8 @@
 //! checker must catch: completions the device stops writing for one queue, a completion
 //! written twice, a progress value written backwards, a process the kernel never frees, a hang
 //! timer that does not fire, a hung queue whose doorbell the kernel leaves connected, a CPU
-//! wait the kernel wakes one value early.
+//! wait the kernel wakes one value early, an engine that powers down with work (the device's
+//! [`gpu::BrokenTwin`]).
 //! `swarm::tests` run each twin until it is caught.
 //!
 //! Invariant: a checker changes nothing in the run unless a fault of the seed or a twin says
@@ -47,8 +54,12 @@ use std::collections::{BTreeMap, VecDeque};
 use std::fmt::Write;
 use std::sync::Arc;
 
-use abi::port::WaitOutcome;
 use kernel::{ProcessPort, System};
+
+mod looks;
+mod twin;
+
+pub use twin::Inject;
 
 use super::draw::Fault;
 use crate::Plan;
@@ -56,8 +67,8 @@ use crate::observe::{Observer, Record, WaitLook, World};
 use crate::scenario::Action;
 
 /// The checkers' names, in the order they are reported.
-pub const CHECKERS: [&str; 7] =
-    ["exactly-once", "monotone-fence", "cpu-wait", "liveness", "hang-detected", "fault-record", "census"];
+pub const CHECKERS: [&str; 8] =
+    ["exactly-once", "monotone-fence", "cpu-wait", "liveness", "hang-detected", "fault-record", "f1-idle", "census"];
 
 /// A live queue with work progresses within this long (ns) of its oldest command buffer's
 /// submission, its last progress and the last fault that could delay it. Longer than any
@@ -67,72 +78,6 @@ pub const LIVENESS_BOUND_NS: u64 = 8_000_000_000;
 
 /// Entries of a queue's history kept for a violation's report.
 const HISTORY: usize = 12;
-
-/// A deliberately broken twin: a fault of the system under test that a checker must catch.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Inject {
-    /// The device stops writing one queue's completions halfway through the window
-    /// (`liveness`, `exactly-once`).
-    LostCompletions,
-    /// The device writes one completion twice (`exactly-once`).
-    RepeatedCompletion,
-    /// The device writes one progress value lower than the one before (`monotone-fence`).
-    BackwardsFence,
-    /// The kernel never frees one process (`census`).
-    Leak,
-    /// The per-queue hang timer does not fire: the system runs with it off while the checker
-    /// expects it (`hang-detected`).
-    SilentHangTimer,
-    /// The kernel leaves a hung queue's doorbell connected (`fault-record`).
-    HungDoorbell,
-    /// The kernel wakes a CPU wait one fence value early (`cpu-wait`).
-    EarlyWake,
-}
-
-impl Inject {
-    /// Every twin.
-    pub const ALL: &'static [Inject] = &[
-        Inject::LostCompletions,
-        Inject::RepeatedCompletion,
-        Inject::BackwardsFence,
-        Inject::Leak,
-        Inject::SilentHangTimer,
-        Inject::HungDoorbell,
-        Inject::EarlyWake,
-    ];
-    /// The checker that must catch it.
-    pub fn caught_by(self) -> &'static str {
-        match self {
-            Inject::LostCompletions => "liveness",
-            Inject::RepeatedCompletion => "exactly-once",
-            Inject::BackwardsFence => "monotone-fence",
-            Inject::Leak => "census",
-            Inject::SilentHangTimer => "hang-detected",
-            Inject::HungDoorbell => "fault-record",
-            Inject::EarlyWake => "cpu-wait",
-        }
-    }
-    /// Its name on the command line.
-    pub fn name(self) -> &'static str {
-        match self {
-            Inject::LostCompletions => "lost-completions",
-            Inject::RepeatedCompletion => "repeated-completion",
-            Inject::BackwardsFence => "backwards-fence",
-            Inject::Leak => "leak",
-            Inject::SilentHangTimer => "silent-hang-timer",
-            Inject::HungDoorbell => "hung-doorbell",
-            Inject::EarlyWake => "early-wake",
-        }
-    }
-    /// The rule the kernel breaks for it, if the twin is the kernel's.
-    fn kernel_twin(self) -> Option<kernel::os::BrokenTwin> {
-        match self {
-            Inject::HungDoorbell => Some(kernel::os::BrokenTwin::HungQueueKeepsDoorbell),
-            Inject::EarlyWake => Some(kernel::os::BrokenTwin::EarlyFenceWake),
-            _ => None,
-        }
-    }
-}
 
 /// One invariant broken.
 #[derive(Clone, Debug, serde::Serialize)]
@@ -159,8 +104,10 @@ struct Ledger {
     /// Highest progress value accepted, and the highest the device recorded.
     submitted: u64,
     recorded: u64,
-    /// The progress fence last read.
+    /// The progress fence last read, and the signal fence (the native fence its command
+    /// buffers signal, where a queue or a CPU waiter waits on it).
     read: u64,
+    signal_read: u64,
     /// When it last progressed (a record, or a submission to an idle queue).
     progressed: u64,
     /// Exempt from liveness until then (held, suspended).
@@ -212,6 +159,9 @@ pub struct Checker {
     /// whose clients wait on the CPU (`cpu_waiter` groups).
     waits_decided_seen: u64,
     waiting_queues: Vec<usize>,
+    /// The kernel's count of F1 entries when `f1-idle` last looked, and each engine's queues.
+    f1_entries_seen: u64,
+    engine_queues: Vec<Vec<usize>>,
     /// Each queue's upstream queue (`after`): the one whose fence its command buffers wait for.
     upstream: Vec<Option<usize>>,
     /// Per engine: a hung kernel holds it (not detected yet, or never: no hang timer).
@@ -233,8 +183,8 @@ pub struct Checker {
     repeated: bool,
     backwards: bool,
     leaked: Option<Arc<ProcessPort>>,
-    /// The kernel's broken twin is armed (once, at the first instant).
-    kernel_broken: bool,
+    /// The kernel's or the device's broken twin is armed (once, at the first instant).
+    twin_armed: bool,
     /// The run's end (the window), for twins that act halfway.
     window: u64,
 }
@@ -263,6 +213,10 @@ impl Checker {
             .filter(|(g, _)| g.cpu_waiter)
             .flat_map(|(g, &first)| first..first + g.count as usize)
             .collect();
+        let mut engine_queues = vec![Vec::new(); plan.system.gpu.engines.len()];
+        for (g, &first) in plan.groups.iter().zip(&group_first) {
+            engine_queues[g.engine].extend(first..first + g.count as usize);
+        }
         let tdr = &plan.system.tdr;
         let hang_ns = plan
             .system
@@ -284,6 +238,8 @@ impl Checker {
             faults_seen: 0,
             waits_decided_seen: 0,
             waiting_queues,
+            f1_entries_seen: 0,
+            engine_queues,
             upstream,
             hung_engines: vec![false; plan.system.gpu.engines.len()],
             hang_ns,
@@ -297,7 +253,7 @@ impl Checker {
             repeated: false,
             backwards: false,
             leaked: None,
-            kernel_broken: false,
+            twin_armed: false,
             window: plan.duration.unwrap_or(0),
         }
     }
@@ -337,83 +293,6 @@ impl Checker {
         l.lost = true;
         l.note(now, format!("found lost: {why}"));
         true
-    }
-
-    /// `fault-record`: every queue the kernel hung since the last look reports it (a fault
-    /// record in `QUERY_STATUS`; a user-mode queue's doorbell reads `DisconnectedAbort`).
-    /// Looks only when the kernel's fault count moved (a status query per queue and instant
-    /// would slow every run).
-    fn check_fault_records(&mut self, now: u64, world: &World<'_>, stats: &kernel::os::OsStats) {
-        let faults = stats.faults;
-        if faults == self.faults_seen {
-            return;
-        }
-        self.faults_seen = faults;
-        for i in 0..world.queue_count() {
-            let v = world.queue(i);
-            let (Some(q), false) = (v.queue, self.queues[i].fault_checked) else { continue };
-            let Ok(s) = q.status() else { continue };
-            if s.flags & abi::port::QUEUE_STATUS_HUNG == 0 {
-                continue;
-            }
-            let l = &mut self.queues[i];
-            l.fault_checked = true;
-            l.lost = true;
-            l.note(now, format!("found hung: {:?}", s.fault.as_ref().map(|f| &f.kind)));
-            if s.fault.is_none() {
-                let what = format!("queue {i}: hung, and QUERY_STATUS carries no fault record");
-                self.violate("fault-record", now, Some(i), what);
-            }
-            let bell = q.doorbell_status();
-            if !self.group_kernel_mode[v.group] && !matches!(bell, Ok(abi::DoorbellStatus::DisconnectedAbort)) {
-                let what = format!("queue {i}: hung, and its doorbell reads {bell:?}, not DisconnectedAbort");
-                self.violate("fault-record", now, Some(i), what);
-            }
-        }
-    }
-
-    /// `cpu-wait`: a wait the kernel decided as reached has its fence at its value.
-    fn check_wait(&mut self, now: u64, look: &WaitLook) {
-        let l = &mut self.queues[look.queue];
-        match &look.result {
-            Some(Ok(WaitOutcome::Reached(_))) if look.fence < look.value => {
-                let what = format!(
-                    "queue {}: a CPU wait for fence value {} returned with the fence at {}{}",
-                    look.queue,
-                    look.value,
-                    look.fence,
-                    if look.ended { " (as its client ended it)" } else { "" }
-                );
-                l.note(now, format!("CPU wait for {} woken at fence {}", look.value, look.fence));
-                self.violate("cpu-wait", now, Some(look.queue), what);
-            }
-            _ => {}
-        }
-    }
-
-    /// `cpu-wait` on the waits the clients still hold: the kernel may have decided one since
-    /// its client began it (an interrupt, a resample).
-    fn check_held_waits(&mut self, now: u64, world: &World<'_>, stats: &kernel::os::OsStats) {
-        // Only a decision can break it: look when the kernel's count of them moved.
-        let decided = stats.waits_decided;
-        if decided == self.waits_decided_seen {
-            return;
-        }
-        self.waits_decided_seen = decided;
-        for k in 0..self.waiting_queues.len() {
-            let i = self.waiting_queues[k];
-            let v = world.queue(i);
-            let (Some(&(value, _)), Some(signal)) = (v.waits.back(), v.signal) else { continue };
-            // The fence rises: a wait below its value is reached, whatever the kernel said.
-            let fence = signal.value().unwrap_or(u64::MAX);
-            if fence >= value {
-                continue;
-            }
-            for (value, w) in v.waits.iter().rev().take_while(|(value, _)| fence < *value) {
-                let look = WaitLook { queue: i, value: *value, fence, result: w.result(), ended: false };
-                self.check_wait(now, &look);
-            }
-        }
     }
 
     /// Whether queue `i` waits (on the GPU, `after`) for a queue that will never signal again:
@@ -628,17 +507,24 @@ impl Observer for Checker {
 
     fn instant(&mut self, now: u64, world: &World<'_>) {
         self.instants += 1;
+        let stats = world.system().stats();
+        // Before this instant's faults (a resume among them): the engines as the run left them.
+        self.check_f1(now, world, &stats);
         self.apply_faults(now, world);
         if self.inject == Some(Inject::Leak) && self.leaked.is_none() {
             self.leaked = world.system().open_process().ok();
         }
-        if let Some(b) = self.inject.and_then(Inject::kernel_twin)
-            && !self.kernel_broken
+        if let Some(twin) = self.inject
+            && !self.twin_armed
         {
-            self.kernel_broken = true;
-            world.system().break_deliberately(b);
+            self.twin_armed = true;
+            if let Some(b) = twin.kernel_twin() {
+                world.system().break_deliberately(b);
+            }
+            if let Some(b) = twin.gpu_twin() {
+                world.system().with_gpu(|g| g.break_deliberately(b));
+            }
         }
-        let stats = world.system().stats();
         self.check_fault_records(now, world, &stats);
         self.check_held_waits(now, world, &stats);
         // Engines a hung kernel still holds: their other queues may wait behind it for as long
@@ -670,6 +556,18 @@ impl Observer for Checker {
                 }
                 let l = &mut self.queues[i];
                 l.read = l.read.max(read);
+            }
+            if let (Some(signal), true) = (v.signal, v.live)
+                && let Ok(value) = signal.value()
+            {
+                let l = &mut self.queues[i];
+                if value < l.signal_read {
+                    let what = format!("queue {i}: its signal fence read {value} after {}", l.signal_read);
+                    l.note(now, format!("signal fence {value}"));
+                    self.violate("monotone-fence", now, Some(i), what);
+                }
+                let l = &mut self.queues[i];
+                l.signal_read = l.signal_read.max(value);
             }
             let l = &self.queues[i];
             if let Some(why) = v.ended {
