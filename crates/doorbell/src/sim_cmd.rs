@@ -72,7 +72,7 @@ enum SimCommand {
     /// census at teardown). A violation prints its checker, instant, the queue's history and
     /// the command that replays the seed. Exits 1 on any violation.
     #[command(
-        after_help = "Examples:\n  doorbell sim swarm --seeds 2000 --json\n  doorbell sim swarm --seeds 1 --from 417 --print\n  doorbell sim swarm --seeds 20 --inject leak      (a broken twin: must report violations)\n\nTwins (--inject): lost-completions, repeated-completion, backwards-fence, leak, silent-hang-timer, hung-doorbell, early-wake, busy-f1.\nSee docs/swarm.md."
+        after_help = "Examples:\n  doorbell sim swarm --seeds 2000 --json\n  doorbell sim swarm --seeds 1 --from 417 --print\n  doorbell sim swarm --seeds 20 --inject leak      (a broken twin: must report violations)\n\nTwins (--inject): lost-completions, repeated-completion, backwards-fence, leak, silent-hang-timer, hung-doorbell, early-wake, busy-f1, spurious-interrupts.\nSee docs/swarm.md."
     )]
     Swarm {
         /// Seeds to run.

@@ -61,8 +61,8 @@ pub use cost::{CostModel, Timing};
 pub use error::GpuError;
 pub use firmware::preempt::{EngineReset, RingPosition, Suspension};
 pub use firmware::{
-    BrokenTwin, CommandRecord, Completion, FenceSignaled, FenceWaits, FwCounts, FwEvent, FwLogEntry, FwQueueId,
-    Interrupt, MemoryRecord, QueueConfig, QueueRecord, Requester, StepReport,
+    BrokenTwin, CommandRecord, Completion, FenceSignal, FenceSignaled, FenceWaits, FwCounts, FwEvent, FwLogEntry,
+    FwQueueId, Interrupt, MemoryRecord, QueueConfig, QueueRecord, Requester, StepReport,
 };
 pub use memory::{AddressSpace, GpuMapping, Vmid};
 
@@ -253,8 +253,8 @@ impl Gpu {
         self.fw.queue_has_work(id)
     }
 
-    /// Breaks a rule of the power protocol on purpose from now on: a swarm checker's broken
-    /// twin ([`BrokenTwin`]), never a real device's behaviour.
+    /// Breaks a rule of the spec on purpose from now on: a swarm checker's broken twin
+    /// ([`BrokenTwin`]), never a real device's behaviour.
     pub fn break_deliberately(&mut self, b: BrokenTwin) {
         self.fw.break_deliberately(b)
     }
@@ -366,6 +366,18 @@ impl Gpu {
         {
             out.append(c);
         }
+    }
+
+    /// Starts (`true`) or stops the record of every native-fence signal the engines execute
+    /// ([`FenceSignal`]: its value, the MonitoredValue it was checked against, whether it
+    /// raised the interrupt), for a checker of spec 002's conditional interrupt. Off by default.
+    pub fn record_fence_signals(&mut self, on: bool) {
+        self.fw.record_fence_signals(on)
+    }
+
+    /// Moves the fence signals recorded since the last call into `out`, oldest first.
+    pub fn take_fence_signals(&mut self, out: &mut Vec<FenceSignal>) {
+        self.fw.take_fence_signals(out)
     }
 }
 

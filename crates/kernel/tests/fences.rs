@@ -355,3 +355,31 @@ fn a_device_in_error_signals_every_fence_stops_its_queues_and_waits_report_it() 
     let e = g.signal(u64::MAX).unwrap_err();
     assert_eq!(common::umd_refusal(&e), Some(("value", &abi::port::Invalid::Reserved)), "{e}");
 }
+
+/// The device's record of fence signals (`Gpu::record_fence_signals`, the swarm's
+/// `interrupts` checker) shows spec 002's conditional interrupt signal by signal: with no
+/// waiter the MonitoredValue is `u64::MAX` and nothing is raised; with a CPU waiter for 3 it
+/// is 2, so a signal of 2 raises nothing and a signal of 3 raises the interrupt.
+#[test]
+fn the_device_records_each_fence_signal_with_the_monitored_value_it_checked() {
+    let sys = common::sim();
+    sys.with_gpu(|g| g.record_fence_signals(true));
+    let c = common::client(&sys);
+    let f = c.device.create_fence(0, NativeFenceType::Default).unwrap();
+    let mut q = c.user_queue();
+    let mut signals = Vec::new();
+    let mut signal = |value: u64| {
+        let mut cb = CommandBuffer::new();
+        cb.signal_fence(&f, value);
+        let v = q.submit(&cb).unwrap();
+        q.wait(v, T).unwrap();
+        signals.clear();
+        sys.take_fence_signals(&mut signals);
+        signals.iter().map(|s| (s.value, s.monitored, s.raised)).collect::<Vec<_>>()
+    };
+    assert_eq!(signal(1), [(1, u64::MAX, false)], "no waiter: nothing is due");
+    let wait = sys.begin_fence_wait(c.port.process(), &[(f.handle(), 3)], WaitMode::All).unwrap().expect("it blocks");
+    assert_eq!(signal(2), [(2, 2, false)], "below the waiter's value");
+    assert_eq!(signal(3), [(3, 2, true)], "the waiter's value reached: the interrupt");
+    assert!(matches!(sys.end_fence_wait(c.port.process(), &wait), Ok(abi::port::WaitOutcome::Reached(_))));
+}

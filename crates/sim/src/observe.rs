@@ -1,6 +1,6 @@
 //! Watching a run from inside: the hook the swarm's checkers and fault schedules use.
 //!
-//! [`crate::run::run_observed`] calls an [`Observer`] at six points of the runner's loop
+//! [`crate::run::run_observed`] calls an [`Observer`] at seven points of the runner's loop
 //! (`run::run` passes none, and pays one branch per instant for it):
 //!
 //! - [`Observer::completions`]: the device's completion records of an instant, each mapped to
@@ -8,6 +8,9 @@
 //!   them as the device wrote them; a deliberately broken twin may alter them (drop one,
 //!   repeat one), which is what a device that loses or repeats a completion looks like to
 //!   everything above it.
+//! - [`Observer::fence_signals`]: every native-fence signal the device executed in the
+//!   instant ([`gpu::FenceSignal`]: the value, the MonitoredValue it was checked against,
+//!   whether it raised the interrupt), recorded only for a run with an observer.
 //! - [`Observer::submitted`]: a command buffer the queue accepted, with its progress value.
 //! - [`Observer::cpu_wait`]: a CPU wait on a queue's signal fence, as its client began it and
 //!   as it ended it, with the kernel's result and the fence's value at that moment.
@@ -64,6 +67,10 @@ pub trait Observer {
     /// the order it wrote them.
     fn completions(&mut self, now: u64, records: &mut Vec<Record>) {
         let _ = (now, records);
+    }
+    /// The native-fence signals the device executed by the instant `now`, oldest first.
+    fn fence_signals(&mut self, now: u64, signals: &[gpu::FenceSignal]) {
+        let _ = (now, signals);
     }
     /// Queue `queue` accepted a command buffer at `now` whose progress value is `value`.
     fn submitted(&mut self, queue: usize, value: u64, now: u64) {

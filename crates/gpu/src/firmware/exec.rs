@@ -487,15 +487,12 @@ fn exec_packet(
         Packet::Signal { va, value } => {
             let r = vm.translate_aligned(va, 8, Access::Write)?;
             let word = r.shm.atomic_u64(r.offset).map_err(|_| wfault(va, 8))?;
-            match env.fences.get(&(r.shm.id(), r.offset)) {
-                // A plain SIGNAL that lands on a native fence still owes its CPU waiters the
-                // interrupt check: a fence is a fence whatever the packet's flags say.
-                Some(f) => {
-                    let monitored = &f.monitored;
-                    if abi::protocol::signal_fence(word, monitored, value, || {}) {
-                        env.raise(Interrupt::NativeFenceSignaled(signaled(q, id, f.id, env)));
-                    }
-                }
+            let at = env.now();
+            // A plain SIGNAL that lands on a native fence still owes its CPU waiters the
+            // interrupt check: a fence is a fence whatever the packet's flags say.
+            match env.fences.signal(&(r.shm.id(), r.offset), word, value, at, || {}) {
+                Some((fence, true)) => env.raise(Interrupt::NativeFenceSignaled(signaled(q, id, fence, env))),
+                Some((_, false)) => {}
                 // Release: everything the queue wrote before the signal is visible to whoever
                 // acquires the new value.
                 None => word.store(value, Ordering::Release),
@@ -503,12 +500,15 @@ fn exec_packet(
         }
         Packet::SignalFence { va, value } => {
             let r = vm.translate_aligned(va, 8, Access::Write)?;
-            let Some(f) = env.fences.get(&(r.shm.id(), r.offset)) else { return Err(FaultKind::NotAFence { va }) };
+            let key = (r.shm.id(), r.offset);
+            if env.fences.get(&key).is_none() {
+                return Err(FaultKind::NotAFence { va });
+            }
             let current = r.shm.atomic_u64(r.offset).map_err(|_| wfault(va, 8))?;
-            let monitored = &f.monitored;
+            let at = env.now();
             // Store CurrentValue, barrier, read MonitoredValue (spec 002, `abi::protocol`).
-            if abi::protocol::signal_fence(current, monitored, value, || {}) {
-                env.raise(Interrupt::NativeFenceSignaled(signaled(q, id, f.id, env)));
+            if let Some((fence, true)) = env.fences.signal(&key, current, value, at, || {}) {
+                env.raise(Interrupt::NativeFenceSignaled(signaled(q, id, fence, env)));
             }
         }
         Packet::Logged { op, va, value, position } => return exec_logged(q, id, vm, env, op, va, value, position),
@@ -551,12 +551,10 @@ fn progress_fence(q: &mut FwQueue, id: FwQueueId, env: &mut Env<'_>, value: u64)
         shm::Region::Shm(s) => Some((s.id(), word.offset())),
         _ => None,
     };
-    match key.and_then(|k| env.fences.get(&k)) {
-        Some(f) => {
-            if abi::protocol::signal_fence(word.get(), &f.monitored, value, || {}) {
-                env.raise(Interrupt::NativeFenceSignaled(FenceSignaled::Fences(vec![f.id])));
-            }
-        }
+    let at = env.now();
+    match key.and_then(|k| env.fences.signal(&k, word.get(), value, at, || {})) {
+        Some((fence, true)) => env.raise(Interrupt::NativeFenceSignaled(FenceSignaled::Fences(vec![fence]))),
+        Some((_, false)) => {}
         // Release: the command buffer's writes happen-before a waiter's acquire of the
         // value.
         None => word.get().store(value, Ordering::Release),
@@ -593,8 +591,10 @@ fn exec_logged(
         }
         _ => FaultKind::BadField { field: "log entry", why: "the queue's fence log holds no entry" },
     })?;
-    let fence = vm.translate_aligned(va, 8, Access::Read).ok().and_then(|r| env.fences.get(&(r.shm.id(), r.offset)));
+    let key = vm.translate_aligned(va, 8, Access::Read).ok().map(|r| (r.shm.id(), r.offset));
+    let fence = key.and_then(|k| env.fences.get(&k));
     let handle = fence.map_or(0, |f| f.id);
+    let is_fence = fence.is_some();
     match op {
         LoggedOp::Wait => {
             let r = vm.translate_aligned(va, 8, Access::Read)?;
@@ -633,21 +633,19 @@ fn exec_logged(
                 end_timestamp: now.as_nanos(),
                 ..Default::default()
             };
-            if op == LoggedOp::Signal && fence.is_none() {
+            if op == LoggedOp::Signal && !is_fence {
                 current.store(value, Ordering::Release);
                 fence_log::append(log, slot, entry_of(handle));
                 std::sync::atomic::fence(Ordering::SeqCst);
             } else {
                 // A fence signal (flagged, or a plain one landing on a fence).
-                let Some(f) = fence else { return Err(FaultKind::NotAFence { va }) };
-                let monitored = &f.monitored;
+                let (Some(key), true) = (key, is_fence) else { return Err(FaultKind::NotAFence { va }) };
                 // 1. value; 2. entry; 3. index — inside the protocol, before its barrier
                 // (4) and the interrupt check (5): spec 002 "Order of operations".
-                let interrupt = abi::protocol::signal_fence(current, monitored, value, || {
-                    fence_log::append(log, slot, entry_of(f.id))
-                });
-                if interrupt {
-                    env.raise(Interrupt::NativeFenceSignaled(signaled(q, id, f.id, env)));
+                let signal =
+                    env.fences.signal(&key, current, value, now, || fence_log::append(log, slot, entry_of(handle)));
+                if let Some((fence, true)) = signal {
+                    env.raise(Interrupt::NativeFenceSignaled(signaled(q, id, fence, env)));
                 }
             }
         }

@@ -82,12 +82,14 @@ mod queue;
 mod ring;
 mod schedule;
 mod step;
+mod twin;
 
 pub use command_log::{CommandRecord, MemoryRecord, QueueRecord};
+pub use fences::FenceSignal;
 pub use fences::FenceWaits;
 pub use log::{FwCounts, FwEvent, FwLogEntry, Requester};
-pub use power::BrokenTwin;
 pub use queue::{FwQueueId, QueueConfig};
+pub use twin::BrokenTwin;
 
 use doorbells::{Doorbells, MAX_POINTER, Watch, find_published_work};
 use fences::Fences;

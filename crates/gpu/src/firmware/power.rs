@@ -4,8 +4,8 @@
 //! ([`Interrupt::EngineStateChange`] with `TransitionToF1`); the kernel answers with
 //! [`Firmware::enter_f1`], which is refused while any queue on the run list has work (each is
 //! marked pending, so none is lost), or with [`Firmware::request_f0`]. A queue the kernel holds
-//! off the run list keeps its work through F1. ([`BrokenTwin::F1WithWork`] breaks that rule on
-//! purpose, for the swarm checker that must catch it.)
+//! off the run list keeps its work through F1. ([`super::BrokenTwin::F1WithWork`] breaks that
+//! rule on purpose, for the swarm checker that must catch it.)
 //!
 //! Every deadline at which an engine acts without an input is a [`Timer`] in the engine's
 //! timer table ([`Timers`], quinn-proto's `TimerTable`): the idle timer (here), the quantum
@@ -62,18 +62,6 @@ impl Timers {
     }
 }
 
-/// A rule of the power protocol (spec 000) the firmware breaks on purpose, so that a checker can
-/// show it catches the break (the swarm's broken twins, issue 27; `sim::swarm::check::Inject`).
-/// Only [`crate::Gpu::break_deliberately`] sets one; every real device keeps the rule.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum BrokenTwin {
-    /// An engine asks for F1 once its idle period has passed since it last ran, and enters it
-    /// when the kernel asks, whatever its queues hold (a queue asleep on a `WAIT`, one waiting
-    /// for a slot), where an engine may enter F1 only when every queue on its run list is idle
-    /// (spec 000, "Engine F-state transitions").
-    F1WithWork,
-}
-
 /// An engine's power (spec 001's F0 and F1): its state, whether it asked the kernel for F1,
 /// and when it last had work. Its idle timer is [`Timer::Idle`] in the engine's table, armed
 /// at [`Power::idle_deadline`] by [`Engine::arm_idle`].
@@ -86,8 +74,9 @@ pub(super) struct Power {
     last_busy: Time,
     /// How long without work before the engine asks for F1.
     idle_period: std::time::Duration,
-    /// It counts every queue as idle ([`BrokenTwin::F1WithWork`]): false in every real device.
-    broken: bool,
+    /// It counts every queue as idle ([`super::BrokenTwin::F1WithWork`]): false in every real
+    /// device.
+    pub(super) broken: bool,
 }
 
 impl Power {
@@ -208,13 +197,6 @@ impl Firmware {
             self.hw_quiesce(&loaded, false, now, vms);
         }
         Ok(granted)
-    }
-
-    /// Breaks rule `b` on every engine from now on (a swarm checker's broken twin).
-    pub(crate) fn break_deliberately(&mut self, b: BrokenTwin) {
-        match b {
-            BrokenTwin::F1WithWork => self.engines.iter_mut().for_each(|e| e.power.broken = true),
-        }
     }
 
     pub(crate) fn all_asleep(&self) -> bool {

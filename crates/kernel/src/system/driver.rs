@@ -75,6 +75,8 @@ pub(crate) enum Driver {
         /// The world's count of changes ([`SimWorld::changes`]) when this adapter's device last
         /// handed over its completion record ([`super::System::take_completions`]).
         completions_taken: AtomicU64,
+        /// The same for its record of fence signals ([`super::System::take_fence_signals`]).
+        signals_taken: AtomicU64,
     },
 }
 

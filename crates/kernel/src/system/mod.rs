@@ -264,7 +264,11 @@ impl System {
             cfg,
             world.clock.clone(),
             Arc::new(ThreadWaker::default()),
-            Driver::Sim { world: world.clone(), completions_taken: AtomicU64::new(u64::MAX) },
+            Driver::Sim {
+                world: world.clone(),
+                completions_taken: AtomicU64::new(u64::MAX),
+                signals_taken: AtomicU64::new(u64::MAX),
+            },
         )?;
         world.members.lock().push(Arc::downgrade(&sys.inner));
         Ok(sys)
@@ -564,6 +568,13 @@ impl System {
         self.inner.call_as(pid, |os, now| os.resume_queue(pid, q, now))
     }
 
+    /// A look at the device that changes nothing (a checker's query): unlike
+    /// [`System::with_gpu`], it leaves the deterministic driver's knowledge of what the world
+    /// does next alone.
+    pub fn inspect_gpu<T>(&self, f: impl FnOnce(&Gpu) -> T) -> T {
+        f(&self.inner.gpu.lock())
+    }
+
     /// Direct access to the device, for tests and tools that inspect it.
     pub fn with_gpu<T>(&self, f: impl FnOnce(&mut Gpu) -> T) -> T {
         let r = f(&mut self.inner.gpu.lock());
@@ -580,15 +591,38 @@ impl System {
     /// the last (nothing changed in the world) finds nothing new and leaves the device alone.
     #[inline]
     pub fn take_completions(&self, out: &mut Vec<gpu::Completion>) {
-        if let Driver::Sim { world, completions_taken } = &self.inner.driver {
-            // Relaxed: the deterministic driver's own state (one thread drives it).
-            let changes = world.changes();
-            if completions_taken.load(Ordering::Relaxed) == changes {
-                return;
-            }
-            completions_taken.store(changes, Ordering::Relaxed);
+        if let Driver::Sim { world, completions_taken, .. } = &self.inner.driver
+            && !Self::changed_since(world, completions_taken)
+        {
+            return;
         }
         self.take_recorded(out);
+    }
+
+    /// Moves the native-fence signals the device recorded since the last call into `out`
+    /// ([`Gpu::take_fence_signals`]; [`Gpu::record_fence_signals`] turns the recording on), as
+    /// [`System::take_completions`] moves completions: without telling the deterministic
+    /// driver anything changed, and without a look at the device while nothing did.
+    #[inline]
+    pub fn take_fence_signals(&self, out: &mut Vec<gpu::FenceSignal>) {
+        if let Driver::Sim { world, signals_taken, .. } = &self.inner.driver
+            && !Self::changed_since(world, signals_taken)
+        {
+            return;
+        }
+        self.inner.gpu.lock().take_fence_signals(out);
+    }
+
+    /// Whether the world changed since `taken` was last set, which this sets.
+    #[inline]
+    fn changed_since(world: &SimWorld, taken: &AtomicU64) -> bool {
+        // Relaxed: the deterministic driver's own state (one thread drives it).
+        let changes = world.changes();
+        if taken.load(Ordering::Relaxed) == changes {
+            return false;
+        }
+        taken.store(changes, Ordering::Relaxed);
+        true
     }
 
     /// [`System::take_completions`] from the device.

@@ -52,6 +52,11 @@ impl Runner<'_, '_> {
         }
         acc.records = records;
         if let Some(o) = observer.as_deref_mut() {
+            stack.sys.take_fence_signals(&mut acc.signals);
+            if !acc.signals.is_empty() {
+                o.fence_signals(now - t0, &acc.signals);
+                acc.signals.clear();
+            }
             for look in acc.wait_ends.drain(..) {
                 o.cpu_wait(now - t0, &look);
             }

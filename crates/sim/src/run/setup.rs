@@ -34,7 +34,11 @@ impl<'p, 'o> Runner<'p, 'o> {
     /// trace's sample of queues. Nothing is scheduled yet ([`Runner::start`]).
     pub(super) fn setup(plan: &'p Plan, seed: u64, observer: Option<&'o mut dyn Observer>) -> Result<Self, RunError> {
         let sys = System::sim(plan.system.clone())?;
-        sys.with_gpu(|g| g.record_completions(true));
+        let observed = observer.is_some();
+        sys.with_gpu(|g| {
+            g.record_completions(true);
+            g.record_fence_signals(observed);
+        });
         let engines: Vec<String> = plan.system.gpu.engines.iter().map(|e| format!("{e:?}").to_lowercase()).collect();
         let Built { mut clients, group_first, fw_map } = build_queues(&sys, plan, seed)?;
         connect_dependencies(plan, &mut clients, &group_first)?;
@@ -85,6 +89,7 @@ impl<'p, 'o> Runner<'p, 'o> {
             comps: Vec::new(),
             records: Vec::new(),
             wait_ends: Vec::new(),
+            signals: Vec::new(),
         };
         let bells = Bells { latency: plan.doorbell_latency, ..Bells::default() };
         Ok(Runner { plan, seed, stack, clients, bells, clock, acc, observer })

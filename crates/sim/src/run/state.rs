@@ -190,6 +190,9 @@ pub(super) struct Acc {
     pub(super) records: Vec<Record>,
     /// CPU waits the clients ended at an instant, for the observer (only while one watches).
     pub(super) wait_ends: Vec<WaitLook>,
+    /// The device's native-fence signals of an instant, for the observer
+    /// ([`crate::observe::Observer::fence_signals`]; recorded only where there is one).
+    pub(super) signals: Vec<gpu::FenceSignal>,
 }
 
 /// Completions per bucket of the time series, by completion time (ns since the run's start).

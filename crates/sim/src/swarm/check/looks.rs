@@ -112,7 +112,7 @@ impl Checker {
                 let Ok(Some(bits)) = sys.device_queue_id(v.process, handle) else { continue };
                 let id = gpu::FwQueueId::from_bits(bits);
                 let Ok((state, work)) =
-                    sys.with_gpu(|g| Ok::<_, gpu::GpuError>((g.queue_state(id)?, g.queue_has_work(id)?)))
+                    sys.inspect_gpu(|g| Ok::<_, gpu::GpuError>((g.queue_state(id)?, g.queue_has_work(id)?)))
                 else {
                     continue;
                 };

@@ -35,6 +35,11 @@
 //!   for in its ring (spec 000, "Engine F-state transitions": the rule). It looks, through the device's
 //!   read-only queries, at the engines in F1 whenever the kernel's count of F1 entries moves:
 //!   clients act only after the look, so work seen then was there when F1 was granted.
+//! - `interrupts`: a native-fence signal raises its interrupt exactly when the value written
+//!   passes the fence's MonitoredValue (spec 002: none without a waiter whose value is
+//!   reached, and never none with one), as the device's record of every signal shows it
+//!   ([`gpu::FenceSignal`], [`Observer::fence_signals`]). That the MonitoredValue itself
+//!   follows the kernel's waiters is `cpu-wait`'s and `liveness`'s to notice.
 //! - `census`: once every client process ended, the kernel holds nothing: no process, queue,
 //!   doorbell, allocation, fence, doorbell page, GPU mapping or wait.
 //!
@@ -42,8 +47,8 @@
 //! checker must catch: completions the device stops writing for one queue, a completion
 //! written twice, a progress value written backwards, a process the kernel never frees, a hang
 //! timer that does not fire, a hung queue whose doorbell the kernel leaves connected, a CPU
-//! wait the kernel wakes one value early, an engine that powers down with work (the device's
-//! [`gpu::BrokenTwin`]).
+//! wait the kernel wakes one value early, an engine that powers down with work, a device that raises a fence's interrupt on every
+//! signal (the last two the device's [`gpu::BrokenTwin`]).
 //! `swarm::tests` run each twin until it is caught.
 //!
 //! Invariant: a checker changes nothing in the run unless a fault of the seed or a twin says
@@ -67,8 +72,17 @@ use crate::observe::{Observer, Record, WaitLook, World};
 use crate::scenario::Action;
 
 /// The checkers' names, in the order they are reported.
-pub const CHECKERS: [&str; 8] =
-    ["exactly-once", "monotone-fence", "cpu-wait", "liveness", "hang-detected", "fault-record", "f1-idle", "census"];
+pub const CHECKERS: [&str; 9] = [
+    "exactly-once",
+    "monotone-fence",
+    "cpu-wait",
+    "liveness",
+    "hang-detected",
+    "fault-record",
+    "f1-idle",
+    "interrupts",
+    "census",
+];
 
 /// A live queue with work progresses within this long (ns) of its oldest command buffer's
 /// submission, its last progress and the last fault that could delay it. Longer than any
@@ -439,6 +453,31 @@ impl Observer for Checker {
 
     fn cpu_wait(&mut self, now: u64, look: &WaitLook) {
         self.check_wait(now, look);
+    }
+
+    fn fence_signals(&mut self, now: u64, signals: &[gpu::FenceSignal]) {
+        // `interrupts`: spec 002's conditional interrupt, signal by signal. The value passes
+        // the MonitoredValue (the least value a CPU waiter waits for, less one; u64::MAX with
+        // none) exactly when some waiter's value is reached: then the interrupt is owed (a
+        // waiter would sleep through its value otherwise), and without it none is due.
+        for s in signals {
+            let due = s.value > s.monitored;
+            if s.raised == due {
+                continue;
+            }
+            let what = if s.raised {
+                format!(
+                    "fence {}: the signal of {} at {} ns raised an interrupt with MonitoredValue {} (no waiter's value reached)",
+                    s.fence, s.value, s.at.0, s.monitored
+                )
+            } else {
+                format!(
+                    "fence {}: the signal of {} at {} ns passed MonitoredValue {} and raised no interrupt (a waiter's wake-up lost)",
+                    s.fence, s.value, s.at.0, s.monitored
+                )
+            };
+            self.violate("interrupts", now, None, what);
+        }
     }
 
     fn completions(&mut self, now: u64, records: &mut Vec<Record>) {

@@ -31,6 +31,9 @@ pub enum Inject {
     /// An engine enters F1 with work on its run list (a queue asleep on a `WAIT`): the
     /// device's [`gpu::BrokenTwin::F1WithWork`] (`f1-idle`).
     BusyF1,
+    /// Every native-fence signal raises its interrupt, waiter or not: the device's
+    /// [`gpu::BrokenTwin::SpuriousFenceInterrupts`] (`interrupts`).
+    SpuriousInterrupts,
 }
 
 impl Inject {
@@ -44,6 +47,7 @@ impl Inject {
         Inject::HungDoorbell,
         Inject::EarlyWake,
         Inject::BusyF1,
+        Inject::SpuriousInterrupts,
     ];
     /// The checker that must catch it.
     pub fn caught_by(self) -> &'static str {
@@ -56,6 +60,7 @@ impl Inject {
             Inject::HungDoorbell => "fault-record",
             Inject::EarlyWake => "cpu-wait",
             Inject::BusyF1 => "f1-idle",
+            Inject::SpuriousInterrupts => "interrupts",
         }
     }
     /// Its name on the command line.
@@ -69,6 +74,7 @@ impl Inject {
             Inject::HungDoorbell => "hung-doorbell",
             Inject::EarlyWake => "early-wake",
             Inject::BusyF1 => "busy-f1",
+            Inject::SpuriousInterrupts => "spurious-interrupts",
         }
     }
     /// The rule the kernel breaks for it, if the twin is the kernel's.
@@ -83,6 +89,7 @@ impl Inject {
     pub(super) fn gpu_twin(self) -> Option<gpu::BrokenTwin> {
         match self {
             Inject::BusyF1 => Some(gpu::BrokenTwin::F1WithWork),
+            Inject::SpuriousInterrupts => Some(gpu::BrokenTwin::SpuriousFenceInterrupts),
             _ => None,
         }
     }
