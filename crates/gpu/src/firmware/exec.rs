@@ -89,6 +89,13 @@ pub(super) struct Env<'a> {
 }
 
 impl Env<'_> {
+    /// The time a native-fence signal executing now is recorded at ([`super::FenceSignal`]):
+    /// [`Env::now`] while a tool records signals; otherwise unread, and not worth the live
+    /// driver's clock read on every signal.
+    pub(super) fn signal_time(&self) -> Time {
+        if self.fences.recording() { self.now() } else { Time::ZERO }
+    }
+
     /// Device time now: with modelled timing, the step's start plus what the engine ran so
     /// far in it; with real timing, the clock.
     pub(super) fn now(&self) -> Time {
@@ -487,7 +494,7 @@ fn exec_packet(
         Packet::Signal { va, value } => {
             let r = vm.translate_aligned(va, 8, Access::Write)?;
             let word = r.shm.atomic_u64(r.offset).map_err(|_| wfault(va, 8))?;
-            let at = env.now();
+            let at = env.signal_time();
             // A plain SIGNAL that lands on a native fence still owes its CPU waiters the
             // interrupt check: a fence is a fence whatever the packet's flags say.
             match env.fences.signal(&(r.shm.id(), r.offset), word, value, at, || {}) {
@@ -505,7 +512,7 @@ fn exec_packet(
                 return Err(FaultKind::NotAFence { va });
             }
             let current = r.shm.atomic_u64(r.offset).map_err(|_| wfault(va, 8))?;
-            let at = env.now();
+            let at = env.signal_time();
             // Store CurrentValue, barrier, read MonitoredValue (spec 002, `abi::protocol`).
             if let Some((fence, true)) = env.fences.signal(&key, current, value, at, || {}) {
                 env.raise(Interrupt::NativeFenceSignaled(signaled(q, id, fence, env)));
@@ -551,7 +558,7 @@ fn progress_fence(q: &mut FwQueue, id: FwQueueId, env: &mut Env<'_>, value: u64)
         shm::Region::Shm(s) => Some((s.id(), word.offset())),
         _ => None,
     };
-    let at = env.now();
+    let at = env.signal_time();
     match key.and_then(|k| env.fences.signal(&k, word.get(), value, at, || {})) {
         Some((fence, true)) => env.raise(Interrupt::NativeFenceSignaled(FenceSignaled::Fences(vec![fence]))),
         Some((_, false)) => {}

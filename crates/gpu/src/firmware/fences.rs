@@ -84,6 +84,11 @@ impl Fences {
         Fences { table: FenceTable::default(), epoch: 0, optimized, signals: None, always_raise: false }
     }
 
+    /// Whether a tool records every signal ([`crate::Gpu::record_fence_signals`]).
+    pub(super) fn recording(&self) -> bool {
+        self.signals.is_some()
+    }
+
     /// Signals the native fence whose CurrentValue is `current` (at `key`) with `value`:
     /// spec 002's store, `log` (a fence-log entry goes between the store and the barrier), the
     /// barrier and the MonitoredValue check ([`abi::protocol::signal_fence`]). Returns the
