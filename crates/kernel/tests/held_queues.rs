@@ -184,11 +184,7 @@ fn quantum_expiries_do_not_map_a_held_queue() {
     let hogs: Vec<_> = (0..2)
         .map(|_| {
             let h = common::client(&sys);
-            let spin = h.device.upload(&common::forever()).unwrap();
-            let mut q = h.user_queue();
-            let mut cb = CommandBuffer::new();
-            cb.dispatch(spin.va(), [1, 1, 1], [64, 1, 1], h.buf.va());
-            q.submit(&cb).unwrap();
+            let (q, spin) = h.endless_queue();
             (h, q, spin)
         })
         .collect();

@@ -20,7 +20,7 @@ use kernel::trace::{Ddi, Event};
 use kernel::{System, SystemConfig, TdrConfig};
 use umd::{Buffer, CommandBuffer, Queue, UmdError};
 
-use common::{T, forever};
+use common::T;
 
 const GROUPS: u32 = 4;
 const GROUP: u32 = 64;
@@ -236,11 +236,7 @@ fn slow(level: ComputeGranularity, tdr: TdrConfig) -> SystemConfig {
 /// An endless kernel on a user-mode compute queue of a new process.
 fn hog(sys: &System) -> (common::Client, umd::Queue, Buffer) {
     let c = common::client(sys);
-    let spin = c.device.upload(&forever()).unwrap();
-    let mut q = c.user_queue();
-    let mut cb = CommandBuffer::new();
-    cb.dispatch(spin.va(), [1, 1, 1], [64, 1, 1], c.buf.va());
-    q.submit(&cb).unwrap();
+    let (q, spin) = c.endless_queue();
     (c, q, spin)
 }
 

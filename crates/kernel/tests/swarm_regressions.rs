@@ -215,11 +215,7 @@ fn a_tdr_loses_the_guilty_queue_s_whole_device_so_its_fences_never_fall_back() {
     let sys = common::sim_with(compute_preemption(ComputeGranularity::Dispatch, tdr));
     let c = common::client(&sys);
     // The guilty queue: an endless kernel that cannot be cut.
-    let spin = c.device.upload(&common::forever()).unwrap();
-    let mut hog = c.user_queue();
-    let mut cb = CommandBuffer::new();
-    cb.dispatch(spin.va(), [1, 1, 1], [64, 1, 1], c.buf.va());
-    hog.submit(&cb).unwrap();
+    let (hog, _spin) = c.endless_queue();
     // Its sibling on the same device: signals 1, then waits on memory before signalling 2.
     let fence = c.device.create_fence(0, NativeFenceType::Default).unwrap();
     let mut sibling = c.user_queue();

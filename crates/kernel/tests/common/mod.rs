@@ -110,6 +110,17 @@ impl Client {
     pub fn kernel_queue(&self) -> Queue {
         self.ctx.create_queue(QueueOptions::kernel_mode()).expect("kernel queue")
     }
+    /// A new user-mode queue running a kernel that never ends ([`forever`], one group of 64
+    /// threads, its arguments this client's buffer), and the program's buffer, which must
+    /// live as long as the queue runs it.
+    pub fn endless_queue(&self) -> (Queue, Buffer) {
+        let spin = self.device.upload(&forever()).expect("upload");
+        let mut q = self.user_queue();
+        let mut cb = umd::CommandBuffer::new();
+        cb.dispatch(spin.va(), [1, 1, 1], [64, 1, 1], self.buf.va());
+        q.submit(&cb).expect("submit");
+        (q, spin)
+    }
     /// A context on the first engine of `kind`.
     pub fn context(&self, kind: EngineKind) -> Context {
         let e = self.device.engine(kind).expect("engine");
