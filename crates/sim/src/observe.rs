@@ -53,8 +53,8 @@ pub struct WaitLook {
     pub queue: usize,
     /// The fence value it waits for.
     pub value: u64,
-    /// The fence's CurrentValue at the look.
-    pub fence: u64,
+    /// The fence's CurrentValue at the look (`None`: it could not be read).
+    pub fence: Option<u64>,
     /// The kernel's result by then; `None` while it still waits.
     pub result: Option<Result<WaitOutcome, KernelError>>,
     /// The client ended it (otherwise it just began it).

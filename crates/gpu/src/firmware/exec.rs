@@ -646,7 +646,7 @@ fn exec_logged(
                 std::sync::atomic::fence(Ordering::SeqCst);
             } else {
                 // A fence signal (flagged, or a plain one landing on a fence).
-                let (Some(key), true) = (key, is_fence) else { return Err(FaultKind::NotAFence { va }) };
+                let Some(key) = key.filter(|_| is_fence) else { return Err(FaultKind::NotAFence { va }) };
                 // 1. value; 2. entry; 3. index — inside the protocol, before its barrier
                 // (4) and the interrupt check (5): spec 002 "Order of operations".
                 let signal =

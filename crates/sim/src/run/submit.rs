@@ -322,7 +322,7 @@ pub(super) fn look(
     w: &(u64, kernel::FenceWaitHandle),
     ended: Option<Result<abi::port::WaitOutcome, abi::port::KernelError>>,
 ) -> WaitLook {
-    let fence = q.signal.as_ref().and_then(|f| f.value().ok()).unwrap_or(0);
+    let fence = q.signal.as_ref().and_then(|f| f.value().ok());
     let (result, ended) = match ended {
         Some(Ok(abi::port::WaitOutcome::TimedOut)) => (None, true),
         Some(r) => (Some(r), true),

@@ -135,8 +135,9 @@ impl Os {
         self.fences.end_fence_wait(&mut self.cx, pid, id)
     }
 
-    /// A device in error: every fence it owns becomes AlwaysSignaled (CurrentValue =
-    /// `u64::MAX`, so GPU waits pass), and its blocked CPU waiters end with `DeviceLost`.
+    /// A device in error: its blocked CPU waiters end with `DeviceLost`, and every fence it
+    /// created becomes AlwaysSignaled (CurrentValue = `u64::MAX`, so GPU waits pass); one it
+    /// opened keeps its creator's value.
     pub fn mark_device_error(&mut self, pid: ProcessId, device: DeviceHandle, now: Time) -> Result<(), KernelError> {
         self.fences.mark_device_error(&mut self.cx, pid, device, now)
     }

@@ -45,21 +45,18 @@ impl Checker {
 
     /// `cpu-wait`: a wait the kernel decided as reached has its fence at its value.
     pub(super) fn check_wait(&mut self, now: u64, look: &WaitLook) {
-        let l = &mut self.queues[look.queue];
-        match &look.result {
-            Some(Ok(WaitOutcome::Reached(_))) if look.fence < look.value => {
-                let what = format!(
-                    "queue {}: a CPU wait for fence value {} returned with the fence at {}{}",
-                    look.queue,
-                    look.value,
-                    look.fence,
-                    if look.ended { " (as its client ended it)" } else { "" }
-                );
-                l.note(now, format!("CPU wait for {} woken at fence {}", look.value, look.fence));
-                self.violate("cpu-wait", now, Some(look.queue), what);
-            }
-            _ => {}
+        let (Some(Ok(WaitOutcome::Reached(_))), Some(fence)) = (&look.result, look.fence) else { return };
+        if fence >= look.value {
+            return;
         }
+        let what = format!(
+            "queue {}: a CPU wait for fence value {} returned with the fence at {fence}{}",
+            look.queue,
+            look.value,
+            if look.ended { " (as its client ended it)" } else { "" }
+        );
+        self.queues[look.queue].note(now, format!("CPU wait for {} woken at fence {fence}", look.value));
+        self.violate("cpu-wait", now, Some(look.queue), what);
     }
 
     /// `cpu-wait` on the waits the clients still hold: the kernel may have decided one since
@@ -76,12 +73,12 @@ impl Checker {
             let v = world.queue(i);
             let (Some(&(value, _)), Some(signal)) = (v.waits.back(), v.signal) else { continue };
             // The fence rises: a wait below its value is reached, whatever the kernel said.
-            let fence = signal.value().unwrap_or(u64::MAX);
+            let Ok(fence) = signal.value() else { continue };
             if fence >= value {
                 continue;
             }
             for (value, w) in v.waits.iter().rev().take_while(|(value, _)| fence < *value) {
-                let look = WaitLook { queue: i, value: *value, fence, result: w.result(), ended: false };
+                let look = WaitLook { queue: i, value: *value, fence: Some(fence), result: w.result(), ended: false };
                 self.check_wait(now, &look);
             }
         }
